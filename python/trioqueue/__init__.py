@@ -1,0 +1,96 @@
+"""trioqueue: a reliable, at-least-once job queue for Trio.
+
+Quick start::
+
+    from trioqueue import Queue, MemoryStorage
+
+    async def send_email(job):
+        return {"sent": True}
+
+    async with Queue(MemoryStorage(), handler=send_email, concurrency=5) as queue:
+        await queue.enqueue("email-1", {"to": "a@example.com"})
+        result = await queue.enqueue_and_wait("email-2", {"to": "b@example.com"}, timeout=30)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobTimeoutError,
+    StorageError,
+    TrioQueueError,
+    ValidationError,
+)
+from ._models import (
+    EVENT_NAMES,
+    CancelResult,
+    CancelStatus,
+    EnqueueResult,
+    EnqueueStatus,
+    ExecutionContext,
+    Job,
+    JobError,
+    JobState,
+    JobStatus,
+    QueueEvent,
+    UpdateTTLStatus,
+)
+from ._queue import JobNotFinishedError, Queue
+from ._reaper import LeaderElection, Reaper
+from ._retry import ExponentialBackoff
+from ._serde import JsonSerde, Serde
+from .storage import MemoryStorage, Storage
+
+if TYPE_CHECKING:
+    from .storage.file import FileStorage
+    from .storage.redis import RedisStorage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EVENT_NAMES",
+    "CancelResult",
+    "CancelStatus",
+    "EnqueueResult",
+    "EnqueueStatus",
+    "ExecutionContext",
+    "ExponentialBackoff",
+    "FileStorage",
+    "Job",
+    "JobCancelledError",
+    "JobError",
+    "JobFailedError",
+    "JobNotFinishedError",
+    "JobState",
+    "JobStatus",
+    "JobTimeoutError",
+    "JsonSerde",
+    "LeaderElection",
+    "MemoryStorage",
+    "Queue",
+    "QueueEvent",
+    "Reaper",
+    "RedisStorage",
+    "Serde",
+    "Storage",
+    "StorageError",
+    "TrioQueueError",
+    "UpdateTTLStatus",
+    "ValidationError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Optional backends are imported on first use (RedisStorage needs valkey-glide).
+    if name == "FileStorage":
+        from .storage.file import FileStorage
+
+        return FileStorage
+    if name == "RedisStorage":
+        from .storage.redis import RedisStorage
+
+        return RedisStorage
+    raise AttributeError(f"module 'trioqueue' has no attribute {name!r}")

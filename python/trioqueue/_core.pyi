@@ -1,0 +1,97 @@
+"""Rust core of trioqueue: envelope codec, job-state strings and a lock-free MPMC queue."""
+
+from collections.abc import Iterable
+from typing import Final, Literal, final
+
+__all__ = [
+    "ENVELOPE_VERSION",
+    "CodecError",
+    "MpmcQueue",
+    "StateError",
+    "decode_envelope",
+    "encode_envelope",
+    "envelope_id",
+    "envelope_with_attempts",
+    "format_state",
+    "parse_state",
+]
+
+ENVELOPE_VERSION: Final[int]
+"""Envelope format version written by this build (and the highest it reads): 1."""
+
+_StateKind = Literal["queued", "processing", "failing", "completed", "failed"]
+
+class CodecError(ValueError):
+    """Envelope bytes are empty, truncated, corrupt or from a newer format version."""
+
+class StateError(ValueError):
+    """A job state string is malformed, or state fields are invalid."""
+
+def encode_envelope(
+    id: str,
+    payload: bytes,
+    created_at_ms: int,
+    attempts: int,
+    max_attempts: int,
+    result_ttl_ms: int,
+    correlation_id: str | None = None,
+) -> bytes:
+    """Encode a job envelope.
+
+    Ints must be >= 0 (``ValueError`` otherwise); ``created_at_ms`` and
+    ``result_ttl_ms`` must fit in 64 bits, ``attempts`` and ``max_attempts`` in
+    32 bits (``OverflowError`` otherwise).
+    """
+
+def decode_envelope(
+    data: bytes,
+) -> tuple[str, bytes, int, int, int, int, str | None]:
+    """Decode an envelope into
+    ``(id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id)``.
+
+    Raises ``CodecError`` for bad bytes; unknown optional fields are skipped.
+    """
+
+def envelope_id(data: bytes) -> str:
+    """Return the envelope's id without copying its payload (raises ``CodecError``)."""
+
+def envelope_with_attempts(data: bytes, attempts: int) -> bytes:
+    """Return the same envelope with ``attempts`` replaced; every other byte,
+    including unknown optional fields, is kept (raises ``CodecError``)."""
+
+def parse_state(s: str) -> tuple[_StateKind, int, str | int | None]:
+    """Parse a job state string into ``(kind, ms, extra)``.
+
+    ``queued:<ms>``, ``completed:<ms>``, ``failed:<ms>`` -> extra ``None``;
+    ``processing:<ms>:<worker_id>`` -> extra is the worker id (may contain ``:``);
+    ``failing:<ms>:<attempts>`` -> extra is the attempts ``int``.
+    Raises ``StateError`` naming the bad string.
+    """
+
+def format_state(kind: str, ms: int, extra: str | int | None = None) -> str:
+    """Inverse of :func:`parse_state`; raises ``StateError`` when ``kind``,
+    ``ms`` or ``extra`` do not fit (processing needs a non-empty ``str`` worker
+    id, failing an ``int`` attempts, the other kinds ``None``)."""
+
+@final
+class MpmcQueue:
+    """Lock-free multi-producer multi-consumer FIFO of ``bytes`` objects.
+
+    Holds the very objects pushed (``q.pop() is item``) and is safe to share
+    between threads.
+    """
+
+    def __init__(self) -> None: ...
+    def push(self, item: bytes) -> None:
+        """Append one ``bytes`` object (``TypeError`` for anything else)."""
+
+    def push_many(self, items: Iterable[bytes]) -> None:
+        """Append every item in order; nothing is pushed if one is not ``bytes``."""
+
+    def pop(self) -> bytes | None:
+        """Remove and return the oldest item, or ``None`` if the queue is empty."""
+
+    def pop_many(self, n: int) -> list[bytes]:
+        """Remove and return up to ``n`` items, oldest first."""
+
+    def __len__(self) -> int: ...

@@ -1,0 +1,46 @@
+"""The exceptions trioqueue raises. All derive from :class:`TrioQueueError`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._models import JobError
+
+
+class TrioQueueError(Exception):
+    """Base class of every error raised by trioqueue."""
+
+
+class ValidationError(TrioQueueError, ValueError):
+    """Bad input (an id, a TTL, a timeout, a payload...). Nothing was written."""
+
+
+class StorageError(TrioQueueError):
+    """The storage backend failed (connection lost, corrupt data, ...)."""
+
+
+class JobTimeoutError(TrioQueueError, TimeoutError):
+    """``enqueue_and_wait`` gave up waiting; the job may still run and complete later."""
+
+    def __init__(self, job_id: str, timeout: float) -> None:
+        super().__init__(f"job {job_id!r} did not finish within {timeout:g} s")
+        self.job_id = job_id
+        self.timeout = timeout
+
+
+class JobFailedError(TrioQueueError):
+    """The job failed for good; :attr:`error` holds the stored error."""
+
+    def __init__(self, job_id: str, error: JobError) -> None:
+        super().__init__(f"job {job_id!r} failed: {error.type}: {error.message}")
+        self.job_id = job_id
+        self.error = error
+
+
+class JobCancelledError(TrioQueueError):
+    """The job was cancelled (by :meth:`Queue.cancel`) while it was being waited on."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id!r} was cancelled")
+        self.job_id = job_id

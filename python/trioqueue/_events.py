@@ -1,0 +1,81 @@
+"""Event callbacks: registration and a dispatcher task that runs them in order."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from ._errors import ValidationError
+from ._models import EVENT_NAMES, QueueEvent
+
+__all__ = ["EventCallback", "Emitter"]
+
+logger = logging.getLogger("trioqueue")
+
+EventCallback = Callable[[QueueEvent], Awaitable[None] | None]
+
+
+class Emitter:
+    """Holds ``on()`` callbacks and delivers events to them from one dispatcher task.
+
+    Emitting never blocks and never raises: events go into an unbounded channel that the
+    dispatcher (started with :meth:`run` in the owner's nursery) drains, awaiting async
+    callbacks one at a time. A callback that raises is logged and reported as an
+    ``error`` event (an ``error`` callback that raises is only logged).
+    """
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self._callbacks: dict[str, list[EventCallback]] = {}
+        self._send: trio.MemorySendChannel[QueueEvent] | None = None
+
+    def on(self, name: str, callback: EventCallback) -> EventCallback:
+        if name not in EVENT_NAMES:
+            raise ValidationError(f"unknown event {name!r}; expected one of {sorted(EVENT_NAMES)}")
+        if not callable(callback):
+            raise ValidationError(f"callback for {name!r} must be callable, got {callback!r}")
+        self._callbacks.setdefault(name, []).append(callback)
+        return callback
+
+    def wants(self, name: str) -> bool:
+        return name in self._callbacks
+
+    def emit(self, name: str, job_id: str | None = None, **data: Any) -> None:
+        if name not in self._callbacks:
+            if name == "error":
+                logger.warning("trioqueue[%s] error: %s", self.queue, data.get("error") or data)
+            return
+        if self._send is None:
+            return
+        try:
+            self._send.send_nowait(QueueEvent(name, self.queue, job_id, data))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Deliver events until :meth:`close`; then drain what is left and return."""
+        send, receive = trio.open_memory_channel[QueueEvent](math.inf)
+        self._send = send
+        task_status.started()
+        async with receive:
+            async for event in receive:
+                for callback in self._callbacks.get(event.name, ()):
+                    try:
+                        ret = callback(event)
+                        if inspect.isawaitable(ret):
+                            await ret
+                    except Exception as exc:
+                        logger.exception("trioqueue[%s] %s callback %r failed", self.queue, event.name, callback)
+                        if event.name != "error":
+                            self.emit("error", event.job_id, error=exc, where=f"{event.name} callback")
+
+    def close(self) -> None:
+        """Stop accepting events; :meth:`run` returns once it has delivered the rest."""
+        if self._send is not None:
+            self._send.close()
+            self._send = None

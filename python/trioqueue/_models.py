@@ -1,0 +1,147 @@
+"""Public value types: status enums, results, jobs and events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class JobState(StrEnum):
+    """The state of a job in the registry."""
+
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    FAILING = "failing"  # failed an attempt, waiting for its retry
+    COMPLETED = "completed"
+    FAILED = "failed"  # failed for good
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED)
+
+
+class EnqueueStatus(StrEnum):
+    QUEUED = "queued"
+    DUPLICATE = "duplicate"
+    COMPLETED = "completed"
+
+
+class CancelStatus(StrEnum):
+    CANCELLED = "cancelled"
+    NOT_FOUND = "not_found"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class UpdateTTLStatus(StrEnum):
+    UPDATED = "updated"
+    NOT_FOUND = "not_found"
+    NOT_TERMINAL = "not_terminal"
+    MISSING_PAYLOAD = "missing_payload"
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    """A stored failure: the exception's type name, message and traceback text."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What :meth:`Queue.enqueue` did.
+
+    ``status`` is ``queued`` (a new job), ``duplicate`` (the id is already known;
+    ``existing_state`` says in which state) or ``completed`` (the id completed earlier and
+    its cached ``result`` is returned).
+    """
+
+    id: str
+    status: EnqueueStatus
+    existing_state: JobState | None = None
+    result: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    id: str
+    status: CancelStatus
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """A registry look-up: the job's state and, once terminal, its result or error."""
+
+    id: str
+    state: JobState
+    created_at: float  # seconds since the epoch
+    attempts: int
+    result: Any = None
+    error: JobError | None = None
+    worker_id: str | None = None
+    updated_at: float = 0.0  # when the job entered ``state`` (seconds since the epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Generic[T]):
+    """What a handler receives. ``attempts`` is 1-based: 1 on the first run."""
+
+    id: str
+    payload: T
+    attempts: int
+    max_attempts: int
+    created_at: float
+    worker_id: str
+    correlation_id: str | None = None
+
+
+@dataclass(slots=True)
+class ExecutionContext:
+    """Passed to ``after_execution`` after the last attempt, before the terminal state is stored.
+
+    The hook may change ``result``, ``error`` (set it to ``None`` to turn a failure into a
+    success, or set one to fail a success) and ``ttl`` (seconds the result/error is cached).
+    """
+
+    job: Job[Any]
+    result: Any
+    error: JobError | None
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    """An event delivered to callbacks registered with :meth:`Queue.on`.
+
+    ``name`` is one of :data:`EVENT_NAMES`; ``job_id`` is set for job events; ``data``
+    carries event details (``error`` for ``error``/``failed``/``failing``, ``worker_id``...).
+    """
+
+    name: str
+    queue: str
+    job_id: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+EVENT_NAMES = frozenset(
+    {
+        "started",
+        "stopped",
+        "error",
+        "enqueued",
+        "completed",
+        "failed",
+        "failing",
+        "requeued",
+        "cancelled",
+        "stalled",
+        "leadership_acquired",
+        "leadership_lost",
+    }
+)

@@ -1,0 +1,775 @@
+"""The Queue: producer API, request/response, and the supervised consumer."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar, overload
+
+import trio
+
+from . import _validate as check
+from ._core import CodecError, decode_envelope, encode_envelope, parse_state
+from ._errors import JobCancelledError, JobFailedError, JobTimeoutError, TrioQueueError, ValidationError
+from ._events import Emitter, EventCallback
+from ._models import (
+    CancelResult,
+    EnqueueResult,
+    EnqueueStatus,
+    ExecutionContext,
+    Job,
+    JobError,
+    JobState,
+    JobStatus,
+    UpdateTTLStatus,
+)
+from ._reaper import LeaderElection, Reaper
+from ._retry import ExponentialBackoff, RetryDelay, retry_policy
+from ._serde import JsonSerde, Serde, decode_error, encode_error
+from .storage._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+
+__all__ = ["Handler", "JobNotFinishedError", "Queue"]
+
+logger = logging.getLogger("trioqueue")
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
+AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
+
+_TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+_STORAGE_EVENT_NAMES = frozenset({"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled"})
+# Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
+_CLEANUP_TIMEOUT = 10.0
+_RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
+
+
+class JobNotFinishedError(TrioQueueError, LookupError):
+    """``get_result`` on a job that is unknown or has no result yet."""
+
+    def __init__(self, job_id: str, state: str | None) -> None:
+        what = "is unknown (never enqueued, cancelled, or its result expired)" if state is None else f"is {state}"
+        super().__init__(f"job {job_id!r} {what}: no result to return")
+        self.job_id = job_id
+        self.state = state
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _job_error(exc: BaseException) -> JobError:
+    return JobError(
+        type(exc).__qualname__,
+        str(exc),
+        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+class _Waiter:
+    """One ``enqueue_and_wait`` caller parked until its job's terminal event."""
+
+    __slots__ = ("event", "kind", "result", "error", "resync")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.kind: str | None = None
+        self.result: bytes | None = None
+        self.error: bytes | None = None
+        self.resync = False
+
+    def resolve(self, ev: StorageEvent) -> None:
+        if self.kind is None:
+            self.kind, self.result, self.error = ev.kind, ev.result, ev.error
+            self.event.set()
+
+    def wake_for_resync(self) -> None:
+        if self.kind is None:
+            self.resync = True
+            self.event.set()
+
+
+class Queue(Generic[P, R]):
+    """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
+
+    ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
+    and, if a handler is set, starts ``concurrency`` consumers, their heartbeat, and a
+    :class:`~trioqueue.Reaper` (leader-elected, so one per queue is active). On exit it
+    stops gracefully: no new jobs are claimed, prefetched jobs go back to the queue, running
+    handlers finish, results are stored, and the worker unregisters. If the enclosing cancel
+    scope is cancelled instead, running handlers are cancelled and their jobs go back to
+    the queue. ``await nursery.start(queue.run)`` does the same as a service; cancel the
+    nursery for a forced stop or call :meth:`stop` for a graceful one.
+
+    All durations are seconds. ``name`` isolates this queue's jobs within the storage.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        name: str | None = None,
+        handler: Handler | None = None,
+        concurrency: int = 1,
+        worker_id: str | None = None,
+        max_attempts: int = 3,
+        retry_delay: RetryDelay = ExponentialBackoff(),
+        job_timeout: float | None = None,
+        block_timeout: float = 5.0,
+        visibility_timeout: float = 30.0,
+        result_ttl: float = 3600.0,
+        payload_serde: Serde | None = None,
+        result_serde: Serde | None = None,
+        after_execution: AfterExecution | None = None,
+        prefetch: int | None = None,
+        reaper: bool = True,
+    ) -> None:
+        if not isinstance(storage, Storage):
+            raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
+        self.storage = storage
+        self.name = check.job_id(name) if name is not None else "default"
+        self.concurrency = check.positive_int("concurrency", concurrency)
+        self.worker_id = check.job_id(worker_id) if worker_id is not None else default_worker_id()
+        self.max_attempts = check.positive_int("max_attempts", max_attempts)
+        self.job_timeout = None if job_timeout is None else check.seconds("job_timeout", job_timeout)
+        self.block_timeout = check.seconds("block_timeout", block_timeout)
+        self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
+        self.result_ttl = check.seconds("result_ttl", result_ttl)
+        self.prefetch = self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
+        self._retry_delay = retry_policy(retry_delay)
+        self.payload_serde: Serde = payload_serde or JsonSerde()
+        self.result_serde: Serde = result_serde or self.payload_serde
+        for what, serde in (("payload_serde", self.payload_serde), ("result_serde", self.result_serde)):
+            if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
+                raise ValidationError(f"{what} must have dumps(value) -> bytes and loads(bytes) methods")
+        self._after_execution = after_execution
+        self._running = False
+        self._handler: Handler | None = None
+        self._handler_is_async = True
+        if handler is not None:
+            self.execute(handler)
+        self._use_reaper = reaper
+        self._events = Emitter(self.name)
+        self._waiters: dict[str, list[_Waiter]] = {}
+        self._stop_requested = trio.Event()
+        self._consumer: _Consumer | None = None
+        self._cm_nursery: trio.Nursery | None = None
+        self._cm: Any = None
+
+    # -- configuration -----------------------------------------------------------------
+
+    @overload
+    def execute(self, fn: None = None) -> Callable[[Handler], Handler]: ...
+    @overload
+    def execute(self, fn: Handler) -> Handler: ...
+
+    def execute(self, fn: Handler | None = None) -> Handler | Callable[[Handler], Handler]:
+        """Register the job handler; usable as ``@queue.execute``. An ``async def`` handler
+        runs in the queue's nursery; a plain function runs in a worker thread (it cannot be
+        interrupted, so a ``job_timeout`` only abandons it)."""
+        if fn is None:
+            return self.execute
+        if not callable(fn):
+            raise ValidationError(f"handler must be callable, got {fn!r}")
+        if self._running:
+            raise TrioQueueError("set the handler before the queue starts")
+        self._handler = fn
+        self._handler_is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
+        )
+        return fn
+
+    def on(self, name: str, callback: EventCallback | None = None) -> Any:
+        """Call ``callback(event)`` (sync or async) for each event ``name``; usable as a
+        decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``,
+        ``failed``, ``failing``, ``requeued``, ``cancelled``, ``stalled``,
+        ``leadership_acquired``, ``leadership_lost``. Job events come from the storage's
+        event stream, so a producer also sees completions done by other workers."""
+        if callback is None:
+            return lambda cb: self._events.on(name, cb)
+        return self._events.on(name, callback)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._cm = trio.open_nursery()
+        nursery = await self._cm.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            # ``run`` failed before it started: nothing runs in the nursery; close it
+            # without wrapping the error in an ExceptionGroup.
+            await self._cm.__aexit__(None, None, None)
+            raise
+        self._cm_nursery = nursery
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self.stop()
+        cm, self._cm, self._cm_nursery = self._cm, None, None
+        return await cm.__aexit__(exc_type, exc, tb)
+
+    def stop(self) -> None:
+        """Ask a running queue to stop gracefully; :meth:`run` returns when it has."""
+        self._stop_requested.set()
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the queue until :meth:`stop` (graceful) or cancellation (forced).
+
+        Reports started once the storage is open, the event subscription is live and the
+        consumers (if any) are claiming jobs.
+        """
+        if self._running:
+            raise TrioQueueError(f"queue {self.name!r} is already running")
+        self._running = True
+        self._stop_requested = trio.Event()
+        try:
+            await self.storage.open()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(self._events.run)
+                    await nursery.start(self._listen)
+                    consumer = None
+                    if self._handler is not None:
+                        consumer = self._consumer = _Consumer(self)
+                        await nursery.start(consumer.run)
+                        if self._use_reaper:
+                            reaper = Reaper(
+                                self.storage,
+                                name=self.name,
+                                visibility_timeout=self.visibility_timeout,
+                                leader_election=LeaderElection(
+                                    lock_ttl=self.visibility_timeout,
+                                    renewal_interval=self.visibility_timeout / 3,
+                                    acquire_retry_interval=self.visibility_timeout / 3,
+                                ),
+                                _emitter=self._events,
+                            )
+                            nursery.start_soon(reaper.run)
+                    self._events.emit("started", worker_id=self.worker_id)
+                    task_status.started()
+                    await self._stop_requested.wait()
+                    if consumer is not None:
+                        await consumer.stop()
+                    self._events.emit("stopped", worker_id=self.worker_id)
+                    self._events.close()
+                    self._release_waiters()
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self.storage.aclose()
+        finally:
+            self._running = False
+            self._consumer = None
+
+    def _release_waiters(self) -> None:
+        for waiters in self._waiters.values():
+            for w in waiters:
+                w.wake_for_resync()
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise TrioQueueError(
+                f"queue {self.name!r} is not running: use `async with queue:` or `await nursery.start(queue.run)`"
+            )
+
+    # -- notifications -----------------------------------------------------------------
+
+    async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        events = self._events
+        async with self.storage.subscribe(self.name) as receive:
+            task_status.started()
+            async for batch in receive:
+                waiters = self._waiters
+                for ev in batch:
+                    kind = ev.kind
+                    if waiters:
+                        if kind in _TERMINAL_EVENTS:
+                            for w in waiters.get(ev.job_id, ()):
+                                w.resolve(ev)
+                        elif kind == "resync":
+                            self._release_waiters()
+                    if kind in _STORAGE_EVENT_NAMES:
+                        if events.wants(kind):
+                            data: dict[str, Any] = {"worker_id": ev.worker_id}
+                            if ev.error is not None:
+                                data["error"] = decode_error(ev.error)
+                            events.emit(kind, ev.job_id, **data)
+                    elif kind == "fenced":
+                        events.emit(
+                            "error",
+                            ev.job_id,
+                            worker_id=ev.worker_id,
+                            error=f"settlement of job {ev.job_id!r} by worker {ev.worker_id!r} refused: "
+                            "the worker no longer held it (it was recovered as stalled)",
+                        )
+                    elif kind == "error":
+                        events.emit("error", ev.job_id or None, error=ev.error.decode() if ev.error else "storage error")
+
+    # -- producer API ------------------------------------------------------------------
+
+    def _new_job(self, job_id: Any, payload: Any, max_attempts: int | None, result_ttl: float | None) -> NewJob:
+        jid = check.job_id(job_id)
+        attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
+        ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
+        try:
+            data = self.payload_serde.dumps(payload)
+        except Exception as exc:
+            raise ValidationError(
+                f"payload of job {jid!r} cannot be encoded by {type(self.payload_serde).__name__}: {exc}"
+            ) from exc
+        if not isinstance(data, bytes):
+            raise ValidationError(
+                f"{type(self.payload_serde).__name__}.dumps returned {type(data).__name__}, not bytes (job {jid!r})"
+            )
+        envelope = encode_envelope(jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000))
+        return NewJob(jid, envelope, attempts, ttl)
+
+    def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
+        status = outcome.status
+        if status is EnqueueStatus.QUEUED:
+            return EnqueueResult(job_id, status)
+        state = JobState(parse_state(outcome.state)[0]) if outcome.state else None
+        if status is EnqueueStatus.COMPLETED:
+            return EnqueueResult(job_id, status, state, self._load_result(job_id, outcome.result))
+        return EnqueueResult(job_id, status, state)
+
+    def _load_result(self, job_id: str, data: bytes | None) -> Any:
+        if data is None:
+            return None
+        try:
+            return self.result_serde.loads(data)
+        except Exception as exc:
+            raise TrioQueueError(f"stored result of job {job_id!r} cannot be decoded: {exc}") from exc
+
+    async def enqueue(
+        self, job_id: str, payload: P, *, max_attempts: int | None = None, result_ttl: float | None = None
+    ) -> EnqueueResult:
+        """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
+        queued/processing/failing, or failed and still cached) or ``completed`` with the
+        cached result. The first accepted enqueue fixes the job's ``max_attempts`` and
+        ``result_ttl``. Raises :class:`ValidationError` (writing nothing) on bad input."""
+        new = self._new_job(job_id, payload, max_attempts, result_ttl)
+        self._check_running()
+        [outcome] = await self.storage.enqueue(self.name, [new])
+        return self._enqueue_result(new.id, outcome)
+
+    async def enqueue_many(
+        self,
+        jobs: Iterable[tuple[str, P]],
+        *,
+        max_attempts: int | None = None,
+        result_ttl: float | None = None,
+    ) -> list[EnqueueResult]:
+        """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
+        order). Everything is validated first: one bad job means nothing is written."""
+        new = [self._new_job(jid, payload, max_attempts, result_ttl) for jid, payload in jobs]
+        self._check_running()
+        if not new:
+            await trio.lowlevel.checkpoint()
+            return []
+        outcomes = await self.storage.enqueue(self.name, new)
+        return [self._enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
+
+    async def enqueue_and_wait(
+        self,
+        job_id: str,
+        payload: P,
+        *,
+        timeout: float = 30.0,
+        max_attempts: int | None = None,
+        result_ttl: float | None = None,
+    ) -> Any:
+        """Enqueue (or join an in-flight job with the same id) and return its result.
+
+        Raises :class:`JobTimeoutError` after ``timeout`` seconds (the job keeps going),
+        :class:`JobFailedError` if it failed for good, :class:`JobCancelledError` if it is
+        cancelled meanwhile. A completed id returns its cached result at once. Driven by the
+        storage's event stream (the wait is registered before enqueueing), never by polling;
+        an enclosing cancel scope cancels the wait, not the job.
+        """
+        timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
+        new = self._new_job(job_id, payload, max_attempts, result_ttl)
+        self._check_running()
+        jid = new.id
+        waiter = _Waiter()
+        self._waiters.setdefault(jid, []).append(waiter)
+        try:
+            with trio.move_on_after(timeout):
+                [outcome] = await self.storage.enqueue(self.name, [new])
+                if outcome.status is EnqueueStatus.COMPLETED:
+                    return self._load_result(jid, outcome.result)
+                if outcome.status is EnqueueStatus.DUPLICATE and outcome.state and outcome.state.startswith("failed"):
+                    await self._raise_stored_failure(jid, None)
+                while True:
+                    await waiter.event.wait()
+                    if not waiter.resync:
+                        return await self._waiter_outcome(jid, waiter)
+                    # The event stream may have lost our notice: read the registry.
+                    if not self._running:
+                        raise TrioQueueError(f"queue {self.name!r} stopped while waiting for job {jid!r}")
+                    waiter.resync = False
+                    waiter.event = trio.Event()
+                    record = await self.storage.get_job(self.name, jid)
+                    done = self._terminal_from_record(jid, record)
+                    if done is not None:
+                        waiter.resolve(done)
+            raise JobTimeoutError(jid, timeout)
+        finally:
+            waiters = self._waiters.get(jid)
+            if waiters is not None:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[jid]
+
+    @staticmethod
+    def _terminal_from_record(job_id: str, record: JobRecord | None) -> StorageEvent | None:
+        if record is None:
+            return StorageEvent("cancelled", job_id)
+        kind = record.state.partition(":")[0]
+        if kind == "completed":
+            return StorageEvent("completed", job_id, result=record.result)
+        if kind == "failed":
+            return StorageEvent("failed", job_id, error=record.error)
+        return None
+
+    async def _waiter_outcome(self, job_id: str, waiter: _Waiter) -> Any:
+        if waiter.kind == "completed":
+            if waiter.result is None:
+                record = await self.storage.get_job(self.name, job_id)
+                if record is None or record.result is None:
+                    raise TrioQueueError(f"job {job_id!r} completed but its result is no longer stored")
+                return self._load_result(job_id, record.result)
+            return self._load_result(job_id, waiter.result)
+        if waiter.kind == "failed":
+            await self._raise_stored_failure(job_id, waiter.error)
+        raise JobCancelledError(job_id)
+
+    async def _raise_stored_failure(self, job_id: str, error: bytes | None) -> None:
+        if error is None:
+            record = await self.storage.get_job(self.name, job_id)
+            error = record.error if record is not None else None
+        job_error = decode_error(error) if error is not None else JobError("UnknownError", "error not stored")
+        raise JobFailedError(job_id, job_error)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel a queued (or failing, waiting for its retry) job: it will never run and
+        its id becomes free. Running and finished jobs are not touched: the status says why."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        return CancelResult(jid, await self.storage.cancel(self.name, jid))
+
+    async def get_status(self, job_id: str) -> JobStatus | None:
+        """The job's registry entry, or ``None`` if the id is unknown (or expired)."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        record = await self.storage.get_job(self.name, jid)
+        if record is None:
+            return None
+        kind, ms, extra = parse_state(record.state)
+        return JobStatus(
+            id=jid,
+            state=JobState(kind),
+            created_at=record.created_at_ms / 1000,
+            attempts=record.attempts,
+            result=self._load_result(jid, record.result) if kind == "completed" else None,
+            error=decode_error(record.error) if record.error is not None else None,
+            worker_id=extra if kind == "processing" else None,  # type: ignore[arg-type]
+            updated_at=ms / 1000,
+        )
+
+    async def get_result(self, job_id: str) -> Any:
+        """The cached result of a completed job. Raises :class:`JobFailedError` for a failed
+        one and :class:`JobNotFinishedError` for an unknown or unfinished one."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        record = await self.storage.get_job(self.name, jid)
+        if record is None:
+            raise JobNotFinishedError(jid, None)
+        kind = record.state.partition(":")[0]
+        if kind == "completed":
+            return self._load_result(jid, record.result)
+        if kind == "failed":
+            await self._raise_stored_failure(jid, record.error)
+        raise JobNotFinishedError(jid, kind)
+
+    async def update_result_ttl(self, job_id: str, ttl: float) -> UpdateTTLStatus:
+        """Keep a finished job's result (or error) for ``ttl`` more seconds from now."""
+        jid = check.job_id(job_id)
+        ttl = check.seconds("ttl", ttl, job=jid)
+        self._check_running()
+        return await self.storage.update_result_ttl(self.name, jid, ttl)
+
+    # -- executing one job -------------------------------------------------------------
+
+    async def _call_handler(self, job: Job[Any]) -> Any:
+        handler = self._handler
+        assert handler is not None
+        if self._handler_is_async:
+            return await handler(job)  # type: ignore[misc]
+        result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _execute(self, claim: Claim) -> Settlement:
+        """Run one attempt; return how to settle it. Only ``Cancelled`` (and other
+        BaseExceptions) escape: every failure of the job becomes a settlement."""
+        try:
+            jid, raw, created_ms, _, max_attempts, ttl_ms, corr = decode_envelope(claim.envelope)
+        except CodecError as exc:
+            error = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
+            return Settlement(SettleKind.FAIL, claim.id, encode_error(error), ttl=self.result_ttl)
+        ttl = ttl_ms / 1000 if ttl_ms else self.result_ttl
+        try:
+            payload = self.payload_serde.loads(raw)
+        except Exception as exc:
+            # A payload that cannot be decoded never will be: fail for good, no retry.
+            error = _job_error(exc)
+            error = JobError("PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", error.traceback)
+            return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl)
+        job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, self.worker_id, corr)
+        error: JobError | None = None
+        result: Any = None
+        try:
+            if self.job_timeout is None:
+                result = await self._call_handler(job)
+            else:
+                with trio.move_on_after(self.job_timeout) as scope:
+                    result = await self._call_handler(job)
+                if scope.cancelled_caught:
+                    error = JobError("JobTimeoutError", f"job {jid!r} exceeded job_timeout of {self.job_timeout:g} s")
+        except Exception as exc:
+            error = _job_error(exc)
+        data = b""
+        if error is None:
+            try:
+                data = self._dump_result(jid, result)
+            except TrioQueueError as exc:
+                error = _job_error(exc)
+        if error is not None and claim.attempts < max_attempts:
+            delay = self._retry_delay(claim.attempts)
+            return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=max(0.0, float(delay)))
+        if self._after_execution is not None:
+            ctx = ExecutionContext(job, result if error is None else None, error, ttl)
+            try:
+                ret = self._after_execution(ctx)
+                if inspect.isawaitable(ret):
+                    await ret
+                error, ttl = ctx.error, check.seconds("context.ttl", ctx.ttl, job=jid)
+                if error is None:
+                    data = self._dump_result(jid, ctx.result)
+            except Exception as exc:
+                self._events.emit("error", jid, error=exc, where="after_execution")
+        if error is None:
+            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl)
+        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl)
+
+    def _dump_result(self, job_id: str, result: Any) -> bytes:
+        try:
+            data = self.result_serde.dumps(result)
+        except Exception as exc:
+            raise TrioQueueError(
+                f"result of job {job_id!r} cannot be encoded by {type(self.result_serde).__name__}: {exc}"
+            ) from exc
+        if not isinstance(data, bytes):
+            raise TrioQueueError(f"{type(self.result_serde).__name__}.dumps returned {type(data).__name__}, not bytes")
+        return data
+
+    def __repr__(self) -> str:
+        role = "consumer" if self._handler is not None else "producer"
+        return f"<Queue {self.name!r} {role} worker_id={self.worker_id!r} storage={self.storage!r}>"
+
+
+class _Consumer:
+    """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
+    them in batches: no Trio task, lock or round trip per job.
+
+    Every claimed job is *held* (counted in ``held``) from its claim until its settlement
+    is stored, and is in exactly one of: ``buffer`` (claimed, not started), ``running``,
+    ``pending`` (finished, settlement not stored yet).
+    """
+
+    def __init__(self, queue: Queue[Any, Any]) -> None:
+        self.q = queue
+        self.storage = queue.storage
+        self.buffer: deque[Claim] = deque()
+        self.running: set[str] = set()
+        self.pending: list[Settlement] = []
+        self.held = 0
+        self.limit = queue.concurrency + queue.prefetch
+        self.work = trio.lowlevel.ParkingLot()  # idle workers
+        self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
+        self.settle_wakeup = trio.lowlevel.ParkingLot()
+        self.fetch_scope = trio.CancelScope()
+        self.draining = False
+        self.workers_left = queue.concurrency
+        self.settled_all = trio.Event()
+        self.done = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        q = self.q
+        try:
+            await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
+            await self._reconcile()  # jobs a previous run of this worker id left behind
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._settle_loop)
+                for _ in range(q.concurrency):
+                    nursery.start_soon(self._worker)
+                nursery.start_soon(self._fetch_loop)
+                task_status.started()
+                await self.settled_all.wait()
+                nursery.cancel_scope.cancel()  # the heartbeat
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
+                await self._reconcile()
+                await self.storage.unregister_worker(q.name, q.worker_id)
+        finally:
+            # Forced stop (or a crash): hand back everything that was not settled. What
+            # cannot be written now stays in our processing list for the reaper.
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
+                try:
+                    if self.pending:
+                        batch, self.pending = self.pending, []
+                        await self.storage.settle(q.name, q.worker_id, batch)
+                    if self.held:
+                        await self._reconcile()
+                except Exception as exc:
+                    q._events.emit("error", error=exc, where="consumer cleanup")
+            self.done.set()
+
+    async def stop(self) -> None:
+        """Graceful: stop claiming, give prefetched jobs back, let running ones finish."""
+        self.draining = True
+        self.fetch_scope.cancel()
+        if self.buffer:
+            ids = [c.id for c in self.buffer]
+            self.buffer.clear()
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
+                try:
+                    self.held -= await self.storage.release(self.q.name, self.q.worker_id, ids)
+                except Exception as exc:
+                    self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
+        self.work.unpark_all()
+        self.settle_wakeup.unpark_all()
+        await self.done.wait()
+
+    async def _reconcile(self) -> None:
+        """Release jobs in our processing list that we are not running (left by a
+        cancelled claim, or by an earlier run of this worker id)."""
+        q = self.q
+        held = await self.storage.held_jobs(q.name, q.worker_id)
+        busy = self.running | {s.id for s in self.pending}
+        orphans = [j for j in held if j not in busy]
+        if orphans:
+            await self.storage.release(q.name, q.worker_id, orphans)
+            gone = set(orphans)
+            before = len(self.buffer)
+            kept = [c for c in self.buffer if c.id not in gone]
+            self.buffer.clear()  # mutate in place: the workers hold a reference
+            self.buffer.extend(kept)
+            self.held -= before - len(kept)
+
+    async def _fetch_loop(self) -> None:
+        q = self.q
+        backoff = _RETRY_BACKOFF[0]
+        with self.fetch_scope:
+            while True:
+                while self.held >= self.limit:
+                    await self.capacity.park()
+                try:
+                    claims = await self.storage.dequeue(
+                        q.name, q.worker_id, self.limit - self.held, q.block_timeout, q.visibility_timeout
+                    )
+                except Exception as exc:
+                    q._events.emit("error", error=exc, where="claiming jobs")
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, _RETRY_BACKOFF[1])
+                    continue
+                backoff = _RETRY_BACKOFF[0]
+                if claims:
+                    self.held += len(claims)
+                    self.buffer.extend(claims)
+                    self.work.unpark(count=len(claims))
+        # A claim cancelled mid-flight may have moved a job we never saw (Redis):
+        # give such jobs back now rather than wait for the reaper.
+        with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
+            try:
+                await self._reconcile()
+            except Exception as exc:
+                q._events.emit("error", error=exc, where="reconciling after the last claim")
+
+    async def _worker(self) -> None:
+        q = self.q
+        buffer = self.buffer
+        try:
+            while True:
+                if not buffer:
+                    if self.draining:
+                        return
+                    await self.work.park()
+                    continue
+                claim = buffer.popleft()
+                self.running.add(claim.id)
+                try:
+                    settlement = await q._execute(claim)
+                finally:
+                    self.running.discard(claim.id)
+                self.pending.append(settlement)
+                self.settle_wakeup.unpark()
+                await trio.lowlevel.checkpoint()
+        finally:
+            self.workers_left -= 1
+            if self.workers_left == 0:
+                self.settle_wakeup.unpark_all()
+
+    async def _settle_loop(self) -> None:
+        q = self.q
+        backoff = _RETRY_BACKOFF[0]
+        while True:
+            if not self.pending:
+                if self.workers_left == 0:
+                    self.settled_all.set()
+                    return
+                await self.settle_wakeup.park()
+                continue
+            batch, self.pending = self.pending, []
+            try:
+                with trio.CancelScope(shield=self.draining):
+                    results = await self.storage.settle(q.name, q.worker_id, batch)
+            except Exception as exc:
+                self.pending[:0] = batch  # keep them: acknowledged work is never dropped
+                q._events.emit("error", error=exc, where="storing results")
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, _RETRY_BACKOFF[1])
+                continue
+            backoff = _RETRY_BACKOFF[0]
+            self.held -= len(batch)
+            self.capacity.unpark_all()
+            del results  # refusals (fenced) arrive as events on the stream
+
+    async def _heartbeat_loop(self) -> None:
+        q = self.q
+        interval = q.visibility_timeout / 3
+        while True:
+            await trio.sleep(interval)
+            ids = [*self.running, *(c.id for c in self.buffer), *(s.id for s in self.pending)]
+            try:
+                await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, ids, q.visibility_timeout)
+            except Exception as exc:
+                q._events.emit("error", error=exc, where="heartbeat")

@@ -1,0 +1,195 @@
+"""The Reaper: puts back the jobs of workers that died or stopped renewing their leases."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Self
+
+import trio
+
+from . import _validate as check
+from ._events import Emitter, EventCallback
+from .storage._base import Storage
+
+__all__ = ["LeaderElection", "Reaper"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElection:
+    """Run at most one active reaper per queue: the one holding a lock with a TTL.
+
+    The leader renews the lock every ``renewal_interval`` seconds; a follower tries to take
+    it every ``acquire_retry_interval`` seconds, so when the leader dies another reaper
+    takes over within about ``lock_ttl + acquire_retry_interval``.
+    """
+
+    lock_ttl: float = 30.0
+    renewal_interval: float = 10.0
+    acquire_retry_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        check.seconds("lock_ttl", self.lock_ttl)
+        check.seconds("renewal_interval", self.renewal_interval)
+        check.seconds("acquire_retry_interval", self.acquire_retry_interval)
+        if self.renewal_interval >= self.lock_ttl:
+            raise check.ValidationError(
+                f"renewal_interval ({self.renewal_interval:g} s) must be shorter than lock_ttl ({self.lock_ttl:g} s)"
+            )
+
+
+class Reaper:
+    """Recovers stalled jobs of one queue: jobs whose lease expired (their worker stopped
+    renewing it) or whose worker's heartbeat expired. Each recovery counts as an attempt:
+    below ``max_attempts`` the job is queued again, otherwise it fails with a
+    ``StalledJobError``.
+
+    It sleeps until the earliest pending lease deadline (a timer per processing job, kept by
+    the storage) and rescans at least every ``scan_interval`` seconds (default
+    ``visibility_timeout / 10``), so a missed event never strands a job. A
+    :class:`~trioqueue.Queue` with a handler runs one itself; run your own for producers-only
+    deployments or for a dedicated reaper process: ``async with Reaper(storage):`` or
+    ``await nursery.start(reaper.run)``. Events: ``stalled``, ``leadership_acquired``,
+    ``leadership_lost``, ``error``.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        *,
+        name: str | None = None,
+        visibility_timeout: float = 30.0,
+        scan_interval: float | None = None,
+        leader_election: LeaderElection | None = None,
+        owner_id: str | None = None,
+        _emitter: Emitter | None = None,
+    ) -> None:
+        self.storage = storage
+        self.name = check.job_id(name) if name is not None else "default"
+        self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
+        self.scan_interval = (
+            min(max(self.visibility_timeout / 10, 0.05), 5.0)
+            if scan_interval is None
+            else check.seconds("scan_interval", scan_interval)
+        )
+        self.leader_election = leader_election
+        self.owner_id = owner_id or f"reaper-{uuid.uuid4().hex[:12]}"
+        self._own_events = _emitter is None
+        self._events = _emitter or Emitter(self.name)
+        self._is_leader = False
+        self._cm: Any = None
+
+    @property
+    def lock_name(self) -> str:
+        return f"{self.name}:reaper"
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this reaper is the active one (always, without leader election)."""
+        return self._is_leader
+
+    def on(self, name: str, callback: EventCallback) -> EventCallback:
+        """Call ``callback(event)`` for each event ``name`` (see the class docstring)."""
+        return self._events.on(name, callback)
+
+    async def __aenter__(self) -> Self:
+        self._cm = trio.open_nursery()
+        nursery = await self._cm.__aenter__()
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            await self._cm.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        cm, self._cm = self._cm, None
+        cm.cancel_scope.cancel()
+        return await cm.__aexit__(*exc_info)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Reap until cancelled. Reports started once the storage is open (a follower keeps
+        trying to become leader in the background)."""
+        await self.storage.open()
+        try:
+            async with trio.open_nursery() as nursery:
+                if self._own_events:
+                    await nursery.start(self._events.run)
+                task_status.started()
+                if self.leader_election is None:
+                    self._is_leader = True
+                    await self._reap_forever()
+                else:
+                    await self._lead_when_elected(self.leader_election)
+        finally:
+            self._is_leader = False
+            with trio.CancelScope(shield=True):
+                if self.leader_election is not None:
+                    with trio.move_on_after(5.0):
+                        try:
+                            await self.storage.release_lock(self.lock_name, self.owner_id)
+                        except Exception:
+                            pass
+                await self.storage.aclose()
+
+    async def _lead_when_elected(self, election: LeaderElection) -> None:
+        while True:
+            try:
+                leader = await self.storage.acquire_lock(self.lock_name, self.owner_id, election.lock_ttl)
+            except Exception as exc:
+                self._events.emit("error", error=exc, where="acquiring the reaper lock")
+                leader = False
+            if not leader:
+                await trio.sleep(election.acquire_retry_interval)
+                continue
+            self._is_leader = True
+            self._events.emit("leadership_acquired", owner=self.owner_id)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._reap_forever)
+                await self._keep_lock(election)
+                nursery.cancel_scope.cancel()
+            self._is_leader = False
+            self._events.emit("leadership_lost", owner=self.owner_id)
+
+    async def _keep_lock(self, election: LeaderElection) -> None:
+        """Renew the lock until renewal is refused or has failed for longer than its TTL."""
+        renewed_at = time.monotonic()
+        while True:
+            await trio.sleep(election.renewal_interval)
+            try:
+                if not await self.storage.acquire_lock(self.lock_name, self.owner_id, election.lock_ttl):
+                    return
+                renewed_at = time.monotonic()
+            except Exception as exc:
+                self._events.emit("error", error=exc, where="renewing the reaper lock")
+                if time.monotonic() - renewed_at >= election.lock_ttl - election.renewal_interval:
+                    return
+
+    async def reap_once(self) -> list[tuple[str, str]]:
+        """One scan: recover every stalled job now. Returns ``[(job_id, outcome), ...]``."""
+        recovered, _ = await self.storage.recover_stalled(self.name)
+        for job_id, outcome in recovered:
+            self._emit_recovery(job_id, outcome)
+        return recovered
+
+    def _emit_recovery(self, job_id: str, outcome: str) -> None:
+        # The storage publishes ``stalled`` on the queue's event stream (which a Queue
+        # forwards); a standalone reaper reports it to its own callbacks too.
+        if self._own_events:
+            self._events.emit("stalled", job_id, outcome=outcome)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            try:
+                recovered, next_deadline = await self.storage.recover_stalled(self.name)
+            except Exception as exc:
+                self._events.emit("error", error=exc, where="recovering stalled jobs")
+                await trio.sleep(self.scan_interval)
+                continue
+            for job_id, outcome in recovered:
+                self._emit_recovery(job_id, outcome)
+            pause = self.scan_interval
+            if next_deadline is not None:
+                pause = min(pause, max(0.0, next_deadline - time.time()) + 0.005)
+            await trio.sleep(pause)

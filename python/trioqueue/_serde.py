@@ -1,0 +1,53 @@
+"""Pluggable serialization of payloads and results, and the fixed encoding of errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, runtime_checkable
+
+from ._models import JobError
+
+__all__ = ["JsonSerde", "Serde", "decode_error", "encode_error"]
+
+
+@runtime_checkable
+class Serde(Protocol):
+    """Turns Python values into bytes and back. ``dumps`` raises on values it cannot encode."""
+
+    def dumps(self, value: Any, /) -> bytes: ...
+
+    def loads(self, data: bytes, /) -> Any: ...
+
+
+class JsonSerde:
+    """Compact UTF-8 JSON (the default). Tuples come back as lists, as with ``json``."""
+
+    __slots__ = ("_encoder", "_decoder")
+
+    def __init__(self) -> None:
+        self._encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+        self._decoder = json.JSONDecoder().decode
+
+    def dumps(self, value: Any, /) -> bytes:
+        return self._encoder(value).encode()
+
+    def loads(self, data: bytes, /) -> Any:
+        return self._decoder(data.decode())
+
+
+_error_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def encode_error(error: JobError) -> bytes:
+    """Errors are always stored as JSON ``{"type", "message", "traceback"}`` so that every
+    backend (including Lua scripts, which build stalled-job errors) can write them."""
+    return _error_encoder({"type": error.type, "message": error.message, "traceback": error.traceback}).encode()
+
+
+def decode_error(data: bytes) -> JobError:
+    """Inverse of :func:`encode_error`; never raises (damage becomes a readable error)."""
+    try:
+        obj = json.loads(data)
+        return JobError(str(obj.get("type", "Error")), str(obj.get("message", "")), str(obj.get("traceback", "")))
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return JobError("CorruptError", f"stored error could not be decoded: {data[:200]!r}")

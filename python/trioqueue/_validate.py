@@ -1,0 +1,55 @@
+"""Input checks shared by the public API. Each raises :class:`ValidationError` naming the problem."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._errors import ValidationError
+
+MAX_ID_BYTES = 1024
+
+
+def job_id(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"job id must be a str, got {type(value).__name__}: {value!r:.80}")
+    if not value:
+        raise ValidationError("job id must not be empty")
+    if len(value) > MAX_ID_BYTES // 4 and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise ValidationError(f"job id is over {MAX_ID_BYTES} bytes (UTF-8): {value[:40]!r}...")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValidationError(f"job id {value!r:.80} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
+def seconds(name: str, value: Any, *, job: str | None = None) -> float:
+    """A duration: a finite number > 0."""
+    where = f" (job {job!r})" if job is not None else ""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{name} must be a number of seconds, got {type(value).__name__}{where}")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValidationError(f"{name} must be finite and > 0, got {value!r}{where}")
+    return value
+
+
+def non_negative_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError(f"{name} must be finite and >= 0, got {value!r}")
+    return value
+
+
+def positive_int(name: str, value: Any, *, job: str | None = None) -> int:
+    where = f" (job {job!r})" if job is not None else ""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{name} must be an int, got {type(value).__name__}{where}")
+    if value < 1:
+        raise ValidationError(f"{name} must be >= 1, got {value}{where}")
+    if value > 2**31:
+        raise ValidationError(f"{name} is too large: {value}{where}")
+    return value

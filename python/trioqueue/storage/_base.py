@@ -1,0 +1,291 @@
+"""The storage interface every backend implements.
+
+A backend stores, for each *queue name*, the reliable-queue structures:
+
+- a FIFO **ready list** of job envelopes (opaque ``bytes`` made by the Rust codec);
+- a **processing list per worker**: a claim atomically moves a job from the ready list
+  into the claiming worker's list, sets its state to ``processing`` and gives it a
+  **lease** (a deadline); the worker settles it (complete / fail / retry) in one atomic
+  step, or the reaper recovers it once the lease has expired;
+- a **delayed set** of jobs waiting for a retry (state ``failing``), promoted back to the
+  ready list when due;
+- the **job registry**: ``id -> state`` (state strings ``queued:<ms>``,
+  ``processing:<ms>:<worker_id>``, ``failing:<ms>:<attempts>``, ``completed:<ms>``,
+  ``failed:<ms>``), the attempt counter, and once terminal the serialized result or error,
+  each with its own TTL; when it expires the id is forgotten (free to be enqueued again);
+- a **worker registry** with heartbeat TTLs, **leader locks** for the reaper, and an
+  **event stream** per queue (job transitions, used for ``enqueue_and_wait`` and
+  ``Queue.on``).
+
+All methods are async and are Trio checkpoints. Every mutating method is atomic: it either
+happens entirely or not at all (a Lua script on Redis, a lock-protected step in memory,
+a rename on disk). Times are seconds (float); state strings carry wall-clock milliseconds.
+
+To write a backend, subclass :class:`Storage`, implement the abstract methods, and add a
+fixture for it to ``tests/conftest.py``: the conformance suite in ``tests/test_storage.py``
+then runs against it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Self
+
+import trio
+
+from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
+
+__all__ = [
+    "Claim",
+    "EnqueueOutcome",
+    "JobRecord",
+    "NewJob",
+    "Settlement",
+    "SettleKind",
+    "Storage",
+    "StorageEvent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps."""
+
+    id: str
+    envelope: bytes
+    max_attempts: int
+    result_ttl: float  # seconds the result/error (and the dedup entry) is kept once terminal
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOutcome:
+    """What an enqueue-if-absent did for one job.
+
+    ``status`` is ``queued``, ``duplicate`` (``state`` is the existing state string) or
+    ``completed`` (``result`` holds the cached serialized result).
+    """
+
+    status: EnqueueStatus
+    state: str | None = None
+    result: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A job moved into a worker's processing list. ``attempts`` counts this delivery (1-based)."""
+
+    id: str
+    envelope: bytes
+    attempts: int
+
+
+class SettleKind(StrEnum):
+    COMPLETE = "complete"  # store result, state completed, notify
+    FAIL = "fail"  # store error, state failed, notify
+    RETRY = "retry"  # state failing, back to the ready list after ``delay``
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The end of one attempt, acknowledged by the worker that holds the job.
+
+    ``data`` is the serialized result (COMPLETE) or error (FAIL, RETRY); ``ttl`` is the
+    result/error TTL in seconds (COMPLETE, FAIL) and ``delay`` the retry delay (RETRY).
+    """
+
+    kind: SettleKind
+    id: str
+    data: bytes
+    ttl: float = 0.0
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A registry entry as stored: ``state`` is the raw state string."""
+
+    id: str
+    state: str
+    created_at_ms: int
+    attempts: int
+    max_attempts: int
+    result: bytes | None = None
+    error: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StorageEvent:
+    """One transition, as published on a queue's event stream.
+
+    ``kind`` is one of ``enqueued``, ``completed``, ``failed``, ``failing``, ``requeued``,
+    ``cancelled``, ``stalled``, ``fenced`` (a settlement refused because the worker no
+    longer owned the job) or ``resync`` (the stream may have lost events: subscribers must
+    re-check what they wait for; ``job_id`` is empty). ``result``/``error`` may carry the
+    serialized result or error of ``completed``/``failed`` so that a waiter need not read
+    it back; when they are ``None`` the waiter reads the registry.
+    """
+
+    kind: str
+    job_id: str
+    worker_id: str | None = None
+    result: bytes | None = None
+    error: bytes | None = None
+
+
+class Storage(abc.ABC):
+    """Abstract storage backend. See the module docstring for the data model.
+
+    Lifecycle: ``async with storage:`` (or ``await storage.open()`` /
+    ``await storage.aclose()``). Opening is reference-counted, so several
+    :class:`~trioqueue.Queue` objects may share one storage; each opens it on start and
+    closes it on stop, and the backend really connects on the first open and disconnects
+    on the last close.
+    """
+
+    def __init__(self) -> None:
+        self._open_count = 0
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (on the first call); later calls only count."""
+        if self._open_count == 0:
+            await self._connect()
+        self._open_count += 1
+
+    async def aclose(self) -> None:
+        """Disconnect on the last matching close. Safe to call under cancellation."""
+        if self._open_count <= 0:
+            return
+        self._open_count -= 1
+        if self._open_count == 0:
+            await self._disconnect()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _connect(self) -> None:  # noqa: B027 - optional hook
+        """Backend hook: acquire connections/files. Default: nothing."""
+
+    async def _disconnect(self) -> None:  # noqa: B027 - optional hook
+        """Backend hook: release them. Called shielded from cancellation. Default: nothing."""
+
+    # -- producers -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        """Atomically, for each job in order: if the id is unknown, register it as
+        ``queued:<now>`` with attempts 0 and append its envelope to the ready list
+        (publishing ``enqueued``); if the id is completed and its result is cached, return
+        it; otherwise return ``duplicate`` with the existing state. The same id twice in
+        one batch: the second is a duplicate of the first."""
+
+    @abc.abstractmethod
+    async def cancel(self, queue: str, job_id: str) -> CancelStatus:
+        """Cancel a ``queued`` or ``failing`` job: forget it (its id becomes free), make sure
+        it is never claimed, publish ``cancelled``. Otherwise return ``processing``,
+        ``completed``, ``failed`` or ``not_found`` and change nothing."""
+
+    @abc.abstractmethod
+    async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
+        """The registry entry of a job, with its result/error if terminal and cached."""
+
+    @abc.abstractmethod
+    async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
+        """Set the TTL (from now) of a terminal job's result or error, and of its registry
+        entry. ``not_terminal`` if the job is not completed/failed, ``missing_payload`` if
+        the registry says terminal but the result/error is gone."""
+
+    # -- consumers -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def dequeue(
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+    ) -> list[Claim]:
+        """Claim up to ``max_jobs`` jobs in FIFO order, waiting up to ``timeout`` seconds for
+        the first one; return ``[]`` on timeout.
+
+        Each claim atomically moves the job from the ready list to ``worker_id``'s
+        processing list, increments its attempt counter, sets its state to
+        ``processing:<now>:<worker_id>`` and its lease deadline to ``now + lease``. Due
+        delayed jobs are promoted to the ready list first (publishing ``requeued``).
+        Cancelled or stale entries are skipped and dropped.
+
+        Cancellation: if the call is cancelled, no job may be left claimed-but-unreturned
+        in a way the worker cannot see: a job claimed at the moment of cancellation either
+        stays in the ready list or is in the worker's processing list (where
+        :meth:`held_jobs` finds it and :meth:`release` gives it back).
+        """
+
+    @abc.abstractmethod
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        """Acknowledge finished attempts, each atomically: remove the job from the worker's
+        processing list and store its outcome (completed/failed with TTL, or failing and
+        scheduled for retry), publishing ``completed``/``failed``/``failing``.
+
+        Fencing: a settlement for a job that is not in ``worker_id``'s processing list (the
+        reaper recovered it, or it was never claimed) changes nothing, publishes
+        ``fenced``, and yields ``False`` at its index; otherwise ``True``."""
+
+    @abc.abstractmethod
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+        """Give claimed-but-unstarted jobs back: move each from the worker's processing list
+        to the *front* of the ready list, state ``queued``, attempt counter decremented
+        (the attempt did not happen). Returns how many were released. Used at shutdown and
+        when reconciling after a cancelled claim."""
+
+    @abc.abstractmethod
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        """Ids in ``worker_id``'s processing list."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
+        """Register/refresh a live worker for ``ttl`` seconds and extend the leases of the
+        jobs it is running (those still in its processing list) to ``now + lease``."""
+
+    @abc.abstractmethod
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        """Remove a worker from the registry (its processing list should be empty)."""
+
+    @abc.abstractmethod
+    async def workers(self, queue: str) -> dict[str, float]:
+        """Live workers: ``worker_id -> heartbeat expiry`` (seconds since the epoch)."""
+
+    # -- reaper ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        """Recover every processing job whose lease has expired or whose worker is no
+        longer registered as alive: if its attempts are below its max_attempts it goes back
+        to the ready list (state ``queued``), else it is failed for good with a
+        ``StalledJobError`` error stored for its result TTL. Publishes ``stalled`` and then
+        ``requeued``/``failed`` for each.
+
+        Returns ``([(job_id, "requeued" | "failed"), ...], next_deadline)`` where
+        ``next_deadline`` is the earliest lease deadline still pending (seconds since the
+        epoch), or ``None``: the reaper sleeps until then."""
+
+    @abc.abstractmethod
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Take (or, if ``owner`` already holds it, renew) the leader lock ``name`` for
+        ``ttl`` seconds. True if ``owner`` holds it afterwards."""
+
+    @abc.abstractmethod
+    async def release_lock(self, name: str, owner: str) -> bool:
+        """Release the lock if ``owner`` holds it. True if it did."""
+
+    # -- events ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def subscribe(self, queue: str) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[list[StorageEvent]]]:
+        """An async context manager yielding a receive channel of event batches for
+        ``queue``, in publication order. Subscribed once ``__aenter__`` returns (no event
+        published after that is missed, barring ``resync``); unsubscribed on exit."""

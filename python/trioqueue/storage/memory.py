@@ -1,0 +1,534 @@
+"""MemoryStorage: the in-process backend, on the Rust lock-free queue.
+
+Every mutating operation is one step under a single ``threading.Lock`` (the in-process
+equivalent of a Lua script), so one instance may be shared by producers and consumers of
+one Trio run *and* by several Trio runs in different OS threads. Wake-ups and events cross
+threads through each waiter's own ``TrioToken``.
+
+Nothing survives the process: use :class:`~trioqueue.FileStorage` or
+:class:`~trioqueue.RedisStorage` for durability.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from itertools import count
+
+import trio
+
+from .._core import MpmcQueue, envelope_id, format_state
+from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
+from .._serde import encode_error
+from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+
+__all__ = ["MemoryStorage"]
+
+_QUEUED = "queued"
+_PROCESSING = "processing"
+_FAILING = "failing"
+_COMPLETED = "completed"
+_FAILED = "failed"
+_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+
+
+class _Rec:
+    __slots__ = (
+        "id",
+        "kind",
+        "ts_ms",
+        "worker",
+        "attempts",
+        "max_attempts",
+        "result_ttl",
+        "envelope",
+        "created_at_ms",
+        "result",
+        "error",
+        "expires_at",
+        "lease_deadline",
+        "run_at",
+    )
+
+    def __init__(self, job: NewJob, now_ms: int) -> None:
+        self.id = job.id
+        self.kind = _QUEUED
+        self.ts_ms = now_ms
+        self.worker: str | None = None
+        self.attempts = 0
+        self.max_attempts = job.max_attempts
+        self.result_ttl = job.result_ttl
+        self.envelope = job.envelope
+        self.created_at_ms = now_ms
+        self.result: bytes | None = None
+        self.error: bytes | None = None
+        self.expires_at = math.inf
+        self.lease_deadline = math.inf
+        self.run_at = math.inf
+
+    def state(self) -> str:
+        if self.kind == _PROCESSING:
+            return format_state(_PROCESSING, self.ts_ms, self.worker)
+        if self.kind == _FAILING:
+            return format_state(_FAILING, self.ts_ms, self.attempts)
+        return format_state(self.kind, self.ts_ms)
+
+
+class _Waiter:
+    """A Trio task parked in one thread, woken from any thread."""
+
+    __slots__ = ("thread", "token", "event")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.token = trio.lowlevel.current_trio_token()
+        self.event = trio.Event()
+
+    def wake(self) -> None:
+        if self.thread == threading.get_ident():
+            self.event.set()
+        else:
+            try:
+                self.token.run_sync_soon(self.event.set)
+            except trio.RunFinishedError:
+                pass
+
+
+class _Subscriber:
+    __slots__ = ("thread", "token", "send")
+
+    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]]) -> None:
+        self.thread = threading.get_ident()
+        self.token = trio.lowlevel.current_trio_token()
+        self.send = send
+
+    def deliver(self, events: list[StorageEvent]) -> None:
+        if self.thread == threading.get_ident():
+            _send_quietly(self.send, events)
+        else:
+            try:
+                self.token.run_sync_soon(_send_quietly, self.send, events)
+            except trio.RunFinishedError:
+                pass
+
+
+def _send_quietly(send: trio.MemorySendChannel[list[StorageEvent]], events: list[StorageEvent]) -> None:
+    try:
+        send.send_nowait(events)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass
+
+
+class _Q:
+    """The structures of one queue name."""
+
+    __slots__ = ("ready", "front", "jobs", "processing", "delayed", "expiry", "waiters", "subscribers", "workers")
+
+    def __init__(self) -> None:
+        self.ready = MpmcQueue()  # envelopes, FIFO; stale entries are skipped at claim time
+        self.front: deque[bytes] = deque()  # released jobs, claimed before ``ready``
+        self.jobs: dict[str, _Rec] = {}
+        self.processing: dict[str, dict[str, _Rec]] = {}
+        self.delayed: list[tuple[float, int, _Rec]] = []  # (run_at, seq, rec)
+        self.expiry: list[tuple[float, int, _Rec]] = []  # (expires_at, seq, rec)
+        self.waiters: set[_Waiter] = set()
+        self.subscribers: list[_Subscriber] = []
+        self.workers: dict[str, float] = {}
+
+
+class MemoryStorage(Storage):
+    """In-process storage. Fast, thread-safe, and gone when the process exits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._queues: dict[str, _Q] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
+        self._seq = count()
+
+    # -- helpers (called with the lock held) -------------------------------------------
+
+    def _q(self, name: str) -> _Q:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = _Q()
+        return q
+
+    def _expire(self, q: _Q, now: float) -> None:
+        heap = q.expiry
+        while heap and heap[0][0] <= now:
+            expires_at, _, rec = heapq.heappop(heap)
+            if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
+                del q.jobs[rec.id]
+
+    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
+        rec.kind = kind
+        rec.ts_ms = int(now * 1000)
+        rec.worker = None
+        rec.lease_deadline = math.inf
+        rec.expires_at = now + ttl
+        heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
+
+    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
+        heap = q.delayed
+        while heap and heap[0][0] <= now:
+            run_at, _, rec = heapq.heappop(heap)
+            if rec.kind == _FAILING and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
+                rec.kind = _QUEUED
+                rec.ts_ms = int(now * 1000)
+                rec.run_at = math.inf
+                q.ready.push(rec.envelope)
+                events.append(StorageEvent("requeued", rec.id))
+
+    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        if events:
+            for sub in q.subscribers:
+                sub.deliver(events)
+
+    def _wake(self, q: _Q) -> None:
+        for w in q.waiters:
+            w.wake()
+
+    # -- producers ---------------------------------------------------------------------
+
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        now_ms = int(now * 1000)
+        outcomes: list[EnqueueOutcome] = []
+        events: list[StorageEvent] = []
+        envelopes: list[bytes] = []
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            table = q.jobs
+            for job in jobs:
+                rec = table.get(job.id)
+                if rec is None:
+                    table[job.id] = _Rec(job, now_ms)
+                    envelopes.append(job.envelope)
+                    outcomes.append(_QUEUED_OUTCOME)
+                    events.append(StorageEvent("enqueued", job.id))
+                elif rec.kind == _COMPLETED and rec.result is not None:
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result))
+                else:
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state()))
+            if envelopes:
+                q.ready.push_many(envelopes)
+                self._publish(q, events)
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return outcomes
+
+    async def cancel(self, queue: str, job_id: str) -> CancelStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            rec = q.jobs.get(job_id)
+            if rec is None:
+                status = CancelStatus.NOT_FOUND
+            elif rec.kind in (_QUEUED, _FAILING):
+                # The envelope may still sit in the ready list or the delayed heap: it is
+                # skipped there because its record is gone.
+                del q.jobs[job_id]
+                rec.kind = "cancelled"
+                status = CancelStatus.CANCELLED
+                self._publish(q, [StorageEvent("cancelled", job_id)])
+            else:
+                status = CancelStatus(rec.kind)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return status
+
+    async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            rec = q.jobs.get(job_id)
+            if rec is None:
+                return None
+            return JobRecord(
+                rec.id, rec.state(), rec.created_at_ms, rec.attempts, rec.max_attempts, rec.result, rec.error
+            )
+
+    async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            rec = q.jobs.get(job_id)
+            if rec is None:
+                status = UpdateTTLStatus.NOT_FOUND
+            elif rec.kind not in (_COMPLETED, _FAILED):
+                status = UpdateTTLStatus.NOT_TERMINAL
+            elif (rec.result if rec.kind == _COMPLETED else rec.error) is None:
+                status = UpdateTTLStatus.MISSING_PAYLOAD
+            else:
+                rec.expires_at = now + ttl
+                heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
+                status = UpdateTTLStatus.UPDATED
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return status
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float) -> list[Claim]:
+        events: list[StorageEvent] = []
+        self._promote(q, now, events)
+        now_ms = int(now * 1000)
+        deadline = now + lease
+        claims: list[Claim] = []
+        proc = q.processing.get(worker_id)
+        if proc is None:
+            proc = q.processing[worker_id] = {}
+        table = q.jobs
+        while len(claims) < max_jobs:
+            want = max_jobs - len(claims)
+            if q.front:
+                envelopes = [q.front.popleft() for _ in range(min(want, len(q.front)))]
+            else:
+                envelopes = q.ready.pop_many(want)
+                if not envelopes:
+                    break
+            for env in envelopes:
+                job_id = envelope_id(env)
+                rec = table.get(job_id)
+                if rec is None or rec.envelope is not env or rec.kind != _QUEUED:
+                    continue  # cancelled, or a stale copy
+                rec.kind = _PROCESSING
+                rec.ts_ms = now_ms
+                rec.worker = worker_id
+                rec.attempts += 1
+                rec.lease_deadline = deadline
+                proc[job_id] = rec
+                claims.append(Claim(job_id, env, rec.attempts))
+        self._publish(q, events)
+        return claims
+
+    async def dequeue(
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+    ) -> list[Claim]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        give_up = trio.current_time() + timeout
+        while True:
+            waiter = None
+            with self._lock:
+                q = self._q(queue)
+                now = time.time()
+                claims = self._claim(q, worker_id, max_jobs, lease, now)
+                if not claims:
+                    waiter = _Waiter()
+                    q.waiters.add(waiter)
+                    next_due = q.delayed[0][0] - now if q.delayed else math.inf
+            if waiter is None:
+                # Claimed: return without a cancellable checkpoint, so the claims are
+                # never dropped by a cancellation after the fact.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return claims
+            try:
+                with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
+                    await waiter.event.wait()
+            finally:
+                with self._lock:
+                    q.waiters.discard(waiter)
+            if trio.current_time() >= give_up:
+                with self._lock:
+                    claims = self._claim(q, worker_id, max_jobs, lease, time.time())
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return claims
+
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        out: list[bool] = []
+        events: list[StorageEvent] = []
+        retried = False
+        with self._lock:
+            q = self._q(queue)
+            proc = q.processing.get(worker_id, {})
+            for s in settlements:
+                rec = proc.pop(s.id, None)
+                if rec is None:
+                    out.append(False)
+                    events.append(StorageEvent("fenced", s.id, worker_id))
+                    continue
+                out.append(True)
+                if s.kind is SettleKind.COMPLETE:
+                    rec.result = s.data
+                    self._set_terminal(q, rec, _COMPLETED, now, s.ttl)
+                    events.append(StorageEvent("completed", s.id, worker_id, result=s.data))
+                elif s.kind is SettleKind.FAIL:
+                    rec.error = s.data
+                    self._set_terminal(q, rec, _FAILED, now, s.ttl)
+                    events.append(StorageEvent("failed", s.id, worker_id, error=s.data))
+                else:
+                    rec.kind = _FAILING
+                    rec.ts_ms = int(now * 1000)
+                    rec.worker = None
+                    rec.error = s.data
+                    rec.lease_deadline = math.inf
+                    rec.run_at = now + s.delay
+                    heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
+                    events.append(StorageEvent("failing", s.id, worker_id, error=s.data))
+                    retried = True
+            self._publish(q, events)
+            if retried:
+                self._wake(q)  # waiters recompute when the next retry is due
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now_ms = int(time.time() * 1000)
+        events: list[StorageEvent] = []
+        with self._lock:
+            q = self._q(queue)
+            proc = q.processing.get(worker_id, {})
+            released: list[bytes] = []
+            for job_id in job_ids:
+                rec = proc.pop(job_id, None)
+                if rec is None:
+                    continue
+                rec.kind = _QUEUED
+                rec.ts_ms = now_ms
+                rec.worker = None
+                rec.attempts -= 1
+                rec.lease_deadline = math.inf
+                released.append(rec.envelope)
+                events.append(StorageEvent("requeued", job_id, worker_id))
+            q.front.extendleft(reversed(released))
+            if released:
+                self._publish(q, events)
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return len(released)
+
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return list(self._q(queue).processing.get(worker_id, {}))
+
+    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            q = self._q(queue)
+            q.workers[worker_id] = now + ttl
+            proc = q.processing.get(worker_id, {})
+            for job_id in job_ids:
+                rec = proc.get(job_id)
+                if rec is not None:
+                    rec.lease_deadline = now + lease
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            q.workers.pop(worker_id, None)
+            if not q.processing.get(worker_id, True):
+                del q.processing[worker_id]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def workers(self, queue: str) -> dict[str, float]:
+        await trio.lowlevel.checkpoint()
+        now = time.time()
+        with self._lock:
+            return {w: t for w, t in self._q(queue).workers.items() if t > now}
+
+    # -- reaper ------------------------------------------------------------------------
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        recovered: list[tuple[str, str]] = []
+        events: list[StorageEvent] = []
+        next_deadline = math.inf
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            for worker_id, proc in list(q.processing.items()):
+                alive_until = q.workers.get(worker_id, 0.0)
+                for job_id, rec in list(proc.items()):
+                    if rec.lease_deadline > now and alive_until > now:
+                        next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
+                        continue
+                    del proc[job_id]
+                    events.append(StorageEvent("stalled", job_id, worker_id))
+                    rec.worker = None
+                    rec.lease_deadline = math.inf
+                    if rec.attempts < rec.max_attempts:
+                        rec.kind = _QUEUED
+                        rec.ts_ms = int(now * 1000)
+                        q.ready.push(rec.envelope)
+                        events.append(StorageEvent("requeued", job_id, worker_id))
+                        recovered.append((job_id, "requeued"))
+                    else:
+                        rec.error = encode_error(_stalled_error(job_id, worker_id, rec.attempts))
+                        self._set_terminal(q, rec, _FAILED, now, rec.result_ttl)
+                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error))
+                        recovered.append((job_id, "failed"))
+                if not proc and worker_id not in q.workers:
+                    del q.processing[worker_id]
+            self._publish(q, events)
+            if recovered:
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            holder = self._locks.get(name)
+            ok = holder is None or holder[0] == owner or holder[1] <= now
+            if ok:
+                self._locks[name] = (owner, now + ttl)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            holder = self._locks.get(name)
+            ok = holder is not None and holder[0] == owner
+            if ok:
+                del self._locks[name]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    # -- events ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
+        sub = _Subscriber(send)
+        with self._lock:
+            q = self._q(queue)
+            q.subscribers = [*q.subscribers, sub]
+        await trio.lowlevel.checkpoint()
+        try:
+            yield receive
+        finally:
+            with self._lock:
+                q.subscribers = [s for s in q.subscribers if s is not sub]
+            send.close()
+            receive.close()
+
+    def __repr__(self) -> str:
+        return f"MemoryStorage(queues={sorted(self._queues)!r})"
+
+
+def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
+    return JobError(
+        "StalledJobError",
+        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
+        f"and has used all {attempts} attempts",
+    )

@@ -1,0 +1,15 @@
+//! Rust core of trioqueue.
+//!
+//! The logic lives in plain Rust modules that do not depend on PyO3
+//! ([`codec`], [`state`], [`mpmc`]); the `python` feature adds the thin
+//! binding layer that maturin builds into `trioqueue._core`.
+
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+
+pub mod codec;
+pub mod mpmc;
+pub mod state;
+
+#[cfg(feature = "python")]
+mod python;

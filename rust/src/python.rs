@@ -1,0 +1,336 @@
+//! Thin PyO3 binding layer: `trioqueue._core`.
+//!
+//! All logic lives in [`crate::codec`], [`crate::state`] and [`crate::mpmc`];
+//! this module only converts arguments and results and maps errors to Python
+//! exceptions. Hot paths avoid intermediate copies (envelopes are written
+//! straight into the new `bytes` object) and never release the GIL, since
+//! every operation is far shorter than a GIL hand-off.
+
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::{create_exception, intern};
+
+use crate::codec::{self, Envelope};
+use crate::mpmc::Mpmc;
+use crate::state::{self, Extra, State};
+
+create_exception!(
+    trioqueue._core,
+    CodecError,
+    PyValueError,
+    "Raised when envelope bytes cannot be decoded."
+);
+create_exception!(
+    trioqueue._core,
+    StateError,
+    PyValueError,
+    "Raised for a malformed job state string or invalid state fields."
+);
+
+impl From<codec::CodecError> for PyErr {
+    #[cold]
+    fn from(e: codec::CodecError) -> PyErr {
+        CodecError::new_err(e.to_string())
+    }
+}
+
+impl From<state::StateError> for PyErr {
+    #[cold]
+    fn from(e: state::StateError) -> PyErr {
+        StateError::new_err(e.to_string())
+    }
+}
+
+#[cold]
+fn internal_buffer_error(_: codec::BufferTooSmall) -> PyErr {
+    PyRuntimeError::new_err("trioqueue internal error: envelope size miscomputed")
+}
+
+/// Builds the error for an int argument that does not fit `bits` unsigned bits.
+#[cold]
+#[inline(never)]
+fn int_arg_error(obj: &Bound<'_, PyAny>, name: &str, bits: u32) -> PyErr {
+    if obj.is_instance_of::<PyInt>() {
+        if obj.lt(0i32).unwrap_or(false) {
+            PyValueError::new_err(format!("{name} must be >= 0, got {obj}"))
+        } else {
+            PyOverflowError::new_err(format!(
+                "{name} must fit in an unsigned {bits}-bit integer, got {obj}"
+            ))
+        }
+    } else {
+        let ty = obj
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".to_owned());
+        PyTypeError::new_err(format!("{name} must be an int, got {ty}"))
+    }
+}
+
+#[inline]
+fn arg_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
+    obj.extract::<u64>().map_err(|_| int_arg_error(obj, name, 64))
+}
+
+#[inline]
+fn arg_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
+    match obj.extract::<u64>().ok().and_then(|v| u32::try_from(v).ok()) {
+        Some(v) => Ok(v),
+        None => Err(int_arg_error(obj, name, 32)),
+    }
+}
+
+/// Encodes a job envelope (format version 1) to bytes.
+#[pyfunction]
+#[pyo3(signature = (id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id=None))]
+#[allow(clippy::too_many_arguments)]
+fn encode_envelope<'py>(
+    py: Python<'py>,
+    id: &str,
+    payload: &[u8],
+    created_at_ms: &Bound<'py, PyAny>,
+    attempts: &Bound<'py, PyAny>,
+    max_attempts: &Bound<'py, PyAny>,
+    result_ttl_ms: &Bound<'py, PyAny>,
+    correlation_id: Option<&str>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let env = Envelope {
+        id,
+        payload,
+        created_at_ms: arg_u64(created_at_ms, "created_at_ms")?,
+        attempts: arg_u32(attempts, "attempts")?,
+        max_attempts: arg_u32(max_attempts, "max_attempts")?,
+        result_ttl_ms: arg_u64(result_ttl_ms, "result_ttl_ms")?,
+        correlation_id,
+    };
+    let len = codec::encoded_len(&env);
+    PyBytes::new_with(py, len, |buf| {
+        codec::encode_into(&env, buf)
+            .map(|_| ())
+            .map_err(internal_buffer_error)
+    })
+}
+
+/// Decodes an envelope into
+/// `(id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id)`.
+#[pyfunction]
+fn decode_envelope<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
+    let env = codec::decode(data)?;
+    let cid = match env.correlation_id {
+        Some(c) => PyString::new(py, c).into_any(),
+        None => py.None().into_bound(py),
+    };
+    let items: [Bound<'py, PyAny>; 7] = [
+        PyString::new(py, env.id).into_any(),
+        PyBytes::new(py, env.payload).into_any(),
+        env.created_at_ms.into_pyobject(py)?.into_any(),
+        env.attempts.into_pyobject(py)?.into_any(),
+        env.max_attempts.into_pyobject(py)?.into_any(),
+        env.result_ttl_ms.into_pyobject(py)?.into_any(),
+        cid,
+    ];
+    PyTuple::new(py, items)
+}
+
+/// Returns the id of an envelope without copying its payload.
+#[pyfunction]
+fn envelope_id<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyString>> {
+    Ok(PyString::new(py, codec::envelope_id(data)?))
+}
+
+/// Returns a copy of the envelope with `attempts` replaced (other fields,
+/// including unknown optional ones, are kept byte for byte).
+#[pyfunction]
+fn envelope_with_attempts<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    attempts: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let attempts = arg_u32(attempts, "attempts")?;
+    let w = codec::with_attempts(data, attempts)?;
+    PyBytes::new_with(py, w.len(), |buf| {
+        w.write_into(buf).map(|_| ()).map_err(internal_buffer_error)
+    })
+}
+
+/// Parses a job state string into `(kind, ms, extra)`.
+#[pyfunction]
+fn parse_state<'py>(py: Python<'py>, s: &str) -> PyResult<Bound<'py, PyTuple>> {
+    let st = state::parse(s)?;
+    let ms = st.ms().into_pyobject(py)?.into_any();
+    let (kind, extra) = match st {
+        State::Queued { .. } => (intern!(py, "queued"), py.None().into_bound(py)),
+        State::Completed { .. } => (intern!(py, "completed"), py.None().into_bound(py)),
+        State::Failed { .. } => (intern!(py, "failed"), py.None().into_bound(py)),
+        State::Processing { worker_id, .. } => (
+            intern!(py, "processing"),
+            PyString::new(py, worker_id).into_any(),
+        ),
+        State::Failing { attempts, .. } => (
+            intern!(py, "failing"),
+            attempts.into_pyobject(py)?.into_any(),
+        ),
+    };
+    PyTuple::new(py, [kind.clone().into_any(), ms, extra])
+}
+
+/// Formats a job state string from `(kind, ms, extra)`, validating the parts.
+#[pyfunction]
+#[pyo3(signature = (kind, ms, extra=None))]
+fn format_state<'py>(
+    py: Python<'py>,
+    kind: &str,
+    ms: &Bound<'py, PyAny>,
+    extra: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyString>> {
+    let ms = match ms.extract::<u64>() {
+        Ok(v) => v,
+        Err(_) if ms.is_instance_of::<PyInt>() => {
+            return Err(StateError::new_err(format!(
+                "state timestamp must be a non-negative int that fits in 64 bits, got {ms}"
+            )))
+        }
+        Err(_) => return Err(int_arg_error(ms, "ms", 64)),
+    };
+    let extra = match extra {
+        None => Extra::None,
+        Some(obj) if obj.is_none() => Extra::None,
+        Some(obj) => {
+            if let Ok(s) = obj.cast::<PyString>() {
+                Extra::Str(s.to_str()?)
+            } else if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+                match obj.extract::<u64>() {
+                    Ok(v) => Extra::Int(v),
+                    Err(_) => {
+                        return Err(StateError::new_err(format!(
+                            "state attempts must be a non-negative int, got {obj}"
+                        )))
+                    }
+                }
+            } else {
+                return Err(StateError::new_err(format!(
+                    "state extra field must be None, a str worker id or an int attempts \
+                     count, got {}",
+                    obj.repr().map(|r| r.to_string()).unwrap_or_default()
+                )));
+            }
+        }
+    };
+    let text = state::format_parts(kind, ms, extra)?;
+    Ok(PyString::new(py, &text))
+}
+
+/// Lock-free multi-producer multi-consumer FIFO of `bytes` objects.
+///
+/// Stores the very objects pushed (no copies), so `q.pop() is item`.
+#[pyclass(frozen, module = "trioqueue._core")]
+struct MpmcQueue {
+    inner: Mpmc<Py<PyBytes>>,
+}
+
+#[cold]
+#[inline(never)]
+fn not_bytes(method: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    PyTypeError::new_err(format!("MpmcQueue.{method}() expects bytes items, got {ty}"))
+}
+
+#[inline]
+fn as_bytes(method: &str, obj: Bound<'_, PyAny>) -> PyResult<Py<PyBytes>> {
+    match obj.cast_into::<PyBytes>() {
+        Ok(b) => Ok(b.unbind()),
+        Err(e) => Err(not_bytes(method, &e.into_inner())),
+    }
+}
+
+#[pymethods]
+impl MpmcQueue {
+    #[new]
+    fn new() -> Self {
+        MpmcQueue { inner: Mpmc::new() }
+    }
+
+    /// Appends one bytes object.
+    fn push(&self, item: &Bound<'_, PyAny>) -> PyResult<()> {
+        match item.cast::<PyBytes>() {
+            Ok(b) => {
+                self.inner.push(b.clone().unbind());
+                Ok(())
+            }
+            Err(_) => Err(not_bytes("push", item)),
+        }
+    }
+
+    /// Appends every bytes object of an iterable, in order (all or nothing:
+    /// nothing is pushed if one item is not bytes).
+    fn push_many(&self, items: &Bound<'_, PyAny>) -> PyResult<()> {
+        if items.is_instance_of::<PyBytes>() {
+            return Err(PyTypeError::new_err(
+                "MpmcQueue.push_many() expects an iterable of bytes, got a single bytes \
+                 object (use push())",
+            ));
+        }
+        let mut batch: Vec<Py<PyBytes>> = Vec::new();
+        if let Ok(list) = items.cast::<PyList>() {
+            batch.reserve(list.len());
+            for obj in list.iter() {
+                batch.push(as_bytes("push_many", obj)?);
+            }
+        } else if let Ok(tuple) = items.cast::<PyTuple>() {
+            batch.reserve(tuple.len());
+            for obj in tuple.iter() {
+                batch.push(as_bytes("push_many", obj)?);
+            }
+        } else {
+            for obj in items.try_iter()? {
+                batch.push(as_bytes("push_many", obj?)?);
+            }
+        }
+        self.inner.push_many(batch);
+        Ok(())
+    }
+
+    /// Removes and returns the oldest item, or None if empty.
+    fn pop(&self) -> Option<Py<PyBytes>> {
+        self.inner.pop()
+    }
+
+    /// Removes and returns up to `n` items, oldest first.
+    fn pop_many<'py>(&self, py: Python<'py>, n: isize) -> PyResult<Bound<'py, PyList>> {
+        let n = usize::try_from(n)
+            .map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
+        let items = self.inner.pop_many(n);
+        PyList::new(py, items)
+    }
+
+    fn _noop(&self) {}
+    #[pyo3(signature = (item, /))]
+    fn _noop1(&self, item: &Bound<'_, PyAny>) -> bool { item.is_none() }
+    fn _noop1kw(&self, item: &Bound<'_, PyAny>) -> bool { item.is_none() }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
+
+#[pymodule(name = "_core")]
+fn trioqueue_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("ENVELOPE_VERSION", codec::ENVELOPE_VERSION)?;
+    m.add("CodecError", py.get_type::<CodecError>())?;
+    m.add("StateError", py.get_type::<StateError>())?;
+    m.add_function(wrap_pyfunction!(encode_envelope, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_envelope, m)?)?;
+    m.add_function(wrap_pyfunction!(envelope_id, m)?)?;
+    m.add_function(wrap_pyfunction!(envelope_with_attempts, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_state, m)?)?;
+    m.add_function(wrap_pyfunction!(format_state, m)?)?;
+    m.add_class::<MpmcQueue>()?;
+    Ok(())
+}

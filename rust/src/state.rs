@@ -1,0 +1,314 @@
+//! Job state strings (no Python dependency).
+//!
+//! ```text
+//! queued:<ms>
+//! processing:<ms>:<worker_id>      worker_id: non-empty, may contain ':'
+//! failing:<ms>:<attempts>
+//! completed:<ms>
+//! failed:<ms>
+//! ```
+//!
+//! `<ms>` is a u64 and `<attempts>` a u32, both written as plain ASCII
+//! decimal digits.
+
+use std::fmt;
+
+/// The five kinds of state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Queued,
+    Processing,
+    Failing,
+    Completed,
+    Failed,
+}
+
+impl Kind {
+    /// The kind's name as used in state strings.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Queued => "queued",
+            Kind::Processing => "processing",
+            Kind::Failing => "failing",
+            Kind::Completed => "completed",
+            Kind::Failed => "failed",
+        }
+    }
+
+    /// Looks a kind up by name.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Some(match name {
+            "queued" => Kind::Queued,
+            "processing" => Kind::Processing,
+            "failing" => Kind::Failing,
+            "completed" => Kind::Completed,
+            "failed" => Kind::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// A parsed state, borrowing the worker id from the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State<'a> {
+    Queued { ms: u64 },
+    Processing { ms: u64, worker_id: &'a str },
+    Failing { ms: u64, attempts: u32 },
+    Completed { ms: u64 },
+    Failed { ms: u64 },
+}
+
+impl State<'_> {
+    pub fn kind(&self) -> Kind {
+        match self {
+            State::Queued { .. } => Kind::Queued,
+            State::Processing { .. } => Kind::Processing,
+            State::Failing { .. } => Kind::Failing,
+            State::Completed { .. } => Kind::Completed,
+            State::Failed { .. } => Kind::Failed,
+        }
+    }
+
+    pub fn ms(&self) -> u64 {
+        match *self {
+            State::Queued { ms }
+            | State::Processing { ms, .. }
+            | State::Failing { ms, .. }
+            | State::Completed { ms }
+            | State::Failed { ms } => ms,
+        }
+    }
+}
+
+/// Why a state string could not be parsed or a state could not be formatted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateError {
+    /// The string is not a valid state; `reason` says why.
+    Invalid { input: String, reason: &'static str },
+    /// The kind name is unknown.
+    UnknownKind(String),
+    /// Fields given to [`format_parts`] do not fit the kind.
+    BadFields(String),
+}
+
+impl fmt::Display for StateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateError::Invalid { input, reason } => {
+                write!(f, "invalid job state {input:?}: {reason}")
+            }
+            StateError::UnknownKind(kind) => write!(
+                f,
+                "unknown job state kind {kind:?} (expected one of queued, processing, \
+                 failing, completed, failed)"
+            ),
+            StateError::BadFields(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
+
+/// Parses a non-empty run of ASCII digits into a u64 (no sign, no spaces).
+#[inline]
+fn parse_u64(s: &str) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for b in s.bytes() {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(d))?;
+    }
+    Some(v)
+}
+
+/// Parses a state string.
+pub fn parse(s: &str) -> Result<State<'_>, StateError> {
+    let invalid = |reason: &'static str| StateError::Invalid {
+        input: s.to_owned(),
+        reason,
+    };
+    let (kind, rest) = s
+        .split_once(':')
+        .ok_or_else(|| invalid("expected '<kind>:<ms>...'"))?;
+    let kind = Kind::from_name(kind).ok_or_else(|| invalid("unknown kind"))?;
+    let bad_ms = "timestamp must be a non-negative integer of ASCII digits that fits in 64 bits";
+    match kind {
+        Kind::Queued | Kind::Completed | Kind::Failed => {
+            let ms = parse_u64(rest).ok_or_else(|| invalid(bad_ms))?;
+            Ok(match kind {
+                Kind::Queued => State::Queued { ms },
+                Kind::Completed => State::Completed { ms },
+                _ => State::Failed { ms },
+            })
+        }
+        Kind::Processing => {
+            let (ms, worker_id) = rest
+                .split_once(':')
+                .ok_or_else(|| invalid("expected 'processing:<ms>:<worker_id>'"))?;
+            let ms = parse_u64(ms).ok_or_else(|| invalid(bad_ms))?;
+            if worker_id.is_empty() {
+                return Err(invalid("worker id must not be empty"));
+            }
+            Ok(State::Processing { ms, worker_id })
+        }
+        Kind::Failing => {
+            let (ms, attempts) = rest
+                .split_once(':')
+                .ok_or_else(|| invalid("expected 'failing:<ms>:<attempts>'"))?;
+            let ms = parse_u64(ms).ok_or_else(|| invalid(bad_ms))?;
+            let attempts = parse_u64(attempts)
+                .and_then(|a| u32::try_from(a).ok())
+                .ok_or_else(|| {
+                    invalid("attempts must be a non-negative integer of ASCII digits that fits in 32 bits")
+                })?;
+            Ok(State::Failing { ms, attempts })
+        }
+    }
+}
+
+/// Formats a state.
+pub fn format(state: &State<'_>) -> String {
+    let kind = state.kind().as_str();
+    match *state {
+        State::Processing { ms, worker_id } => format!("{kind}:{ms}:{worker_id}"),
+        State::Failing { ms, attempts } => format!("{kind}:{ms}:{attempts}"),
+        State::Queued { ms } | State::Completed { ms } | State::Failed { ms } => {
+            format!("{kind}:{ms}")
+        }
+    }
+}
+
+/// The third field of a state, as given to [`format_parts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extra<'a> {
+    None,
+    Str(&'a str),
+    Int(u64),
+}
+
+/// Builds and validates a state from loose parts (used by the Python layer).
+pub fn from_parts<'a>(kind: &str, ms: u64, extra: Extra<'a>) -> Result<State<'a>, StateError> {
+    let k = Kind::from_name(kind).ok_or_else(|| StateError::UnknownKind(kind.to_owned()))?;
+    match (k, extra) {
+        (Kind::Queued, Extra::None) => Ok(State::Queued { ms }),
+        (Kind::Completed, Extra::None) => Ok(State::Completed { ms }),
+        (Kind::Failed, Extra::None) => Ok(State::Failed { ms }),
+        (Kind::Processing, Extra::Str(w)) if !w.is_empty() => {
+            Ok(State::Processing { ms, worker_id: w })
+        }
+        (Kind::Processing, _) => Err(StateError::BadFields(
+            "a 'processing' state needs a non-empty str worker id".to_owned(),
+        )),
+        (Kind::Failing, Extra::Int(a)) => match u32::try_from(a) {
+            Ok(attempts) => Ok(State::Failing { ms, attempts }),
+            Err(_) => Err(StateError::BadFields(format!(
+                "a 'failing' state's attempts must fit in 32 bits, got {a}"
+            ))),
+        },
+        (Kind::Failing, _) => Err(StateError::BadFields(
+            "a 'failing' state needs an int attempts count".to_owned(),
+        )),
+        (k, _) => Err(StateError::BadFields(format!(
+            "a '{}' state takes no extra field (pass None)",
+            k.as_str()
+        ))),
+    }
+}
+
+/// Formats a state from loose parts, validating them.
+pub fn format_parts(kind: &str, ms: u64, extra: Extra<'_>) -> Result<String, StateError> {
+    Ok(format(&from_parts(kind, ms, extra)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let cases = [
+            State::Queued { ms: 0 },
+            State::Queued { ms: u64::MAX },
+            State::Processing { ms: 17, worker_id: "w1" },
+            State::Processing { ms: 17, worker_id: "host:1234:abc" },
+            State::Processing { ms: 17, worker_id: ":" },
+            State::Processing { ms: 17, worker_id: "ü::x:" },
+            State::Failing { ms: 99, attempts: 3 },
+            State::Failing { ms: 99, attempts: u32::MAX },
+            State::Completed { ms: 5 },
+            State::Failed { ms: 6 },
+        ];
+        for st in cases {
+            let s = format(&st);
+            assert_eq!(parse(&s), Ok(st), "{s}");
+        }
+        assert_eq!(format(&State::Processing { ms: 1, worker_id: "a:b" }), "processing:1:a:b");
+    }
+
+    #[test]
+    fn parse_examples() {
+        assert_eq!(parse("queued:123"), Ok(State::Queued { ms: 123 }));
+        assert_eq!(
+            parse("processing:5:w:x"),
+            Ok(State::Processing { ms: 5, worker_id: "w:x" })
+        );
+        assert_eq!(parse("failing:5:2"), Ok(State::Failing { ms: 5, attempts: 2 }));
+    }
+
+    #[test]
+    fn parse_rejects() {
+        for bad in [
+            "",
+            "queued",
+            "queued:",
+            "queued:-1",
+            "queued:+1",
+            "queued: 1",
+            "queued:1:",
+            "queued:1:x",
+            "queued:18446744073709551616",
+            "Queued:1",
+            "bogus:1",
+            "processing:1",
+            "processing:1:",
+            "processing::w",
+            "processing:x:w",
+            "failing:1",
+            "failing:1:",
+            "failing:1:x",
+            "failing:1:2:3",
+            "failing:1:4294967296",
+            "completed:1.5",
+            "failed:١",
+        ] {
+            let err = parse(bad).expect_err(bad);
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn from_parts_validates() {
+        assert_eq!(format_parts("queued", 1, Extra::None).as_deref(), Ok("queued:1"));
+        assert_eq!(
+            format_parts("processing", 1, Extra::Str("a:b")).as_deref(),
+            Ok("processing:1:a:b")
+        );
+        assert_eq!(format_parts("failing", 1, Extra::Int(2)).as_deref(), Ok("failing:1:2"));
+        assert!(format_parts("processing", 1, Extra::Str("")).is_err());
+        assert!(format_parts("processing", 1, Extra::None).is_err());
+        assert!(format_parts("processing", 1, Extra::Int(1)).is_err());
+        assert!(format_parts("failing", 1, Extra::Str("1")).is_err());
+        assert!(format_parts("failing", 1, Extra::Int(1 << 32)).is_err());
+        assert!(format_parts("queued", 1, Extra::Int(1)).is_err());
+        assert!(format_parts("completed", 1, Extra::Str("x")).is_err());
+        assert!(matches!(
+            format_parts("nope", 1, Extra::None),
+            Err(StateError::UnknownKind(_))
+        ));
+    }
+}

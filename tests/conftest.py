@@ -1,0 +1,44 @@
+"""Fixtures shared by the suite.
+
+``storage`` is parametrised over every backend: a test that takes it is part of the
+storage conformance suite and runs once per backend. A backend joins by adding its name to
+``BACKENDS`` and a branch to ``_make_storage`` (servers it needs are session fixtures in
+their own plugin module, listed in ``pytest_plugins``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from trioqueue import MemoryStorage, Storage
+
+pytest_plugins: list[str] = []
+
+BACKENDS = ["memory"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def storage(backend: str, request: pytest.FixtureRequest, tmp_path) -> AsyncIterator[Storage]:
+    """A fresh, opened storage of each backend (its own keys/directory)."""
+    st = _make_storage(backend, request, tmp_path)
+    async with st:
+        yield st
+
+
+def _make_storage(backend: str, request: pytest.FixtureRequest, tmp_path) -> Storage:
+    if backend == "memory":
+        return MemoryStorage()
+    raise AssertionError(f"unknown backend {backend}")
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"

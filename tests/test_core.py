@@ -1,0 +1,348 @@
+"""Round-trip and robustness tests of the Rust extension ``trioqueue._core``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trioqueue import _core
+
+U64 = st.integers(min_value=0, max_value=2**64 - 1)
+U32 = st.integers(min_value=0, max_value=2**32 - 1)
+# Python str may hold lone surrogates, which are not valid UTF-8 text.
+TEXT = st.text(st.characters(exclude_categories=["Cs"]))
+ENVELOPES = st.tuples(TEXT, st.binary(), U64, U32, U32, U64, st.none() | TEXT)
+
+
+def test_version() -> None:
+    assert _core.ENVELOPE_VERSION == 1
+    assert issubclass(_core.CodecError, ValueError)
+    assert issubclass(_core.StateError, ValueError)
+
+
+# --------------------------------------------------------------------- envelope
+
+
+@given(ENVELOPES)
+def test_envelope_round_trip(fields: tuple) -> None:
+    data = _core.encode_envelope(*fields)
+    assert isinstance(data, bytes)
+    assert data[0] == 1
+    assert _core.decode_envelope(data) == fields
+    assert _core.envelope_id(data) == fields[0]
+
+
+@given(ENVELOPES, U32)
+def test_envelope_with_attempts(fields: tuple, attempts: int) -> None:
+    data = _core.encode_envelope(*fields)
+    out = _core.envelope_with_attempts(data, attempts)
+    expected = (*fields[:3], attempts, *fields[4:])
+    assert _core.decode_envelope(out) == expected
+    assert _core.envelope_with_attempts(out, fields[3]) == data
+
+
+def test_envelope_default_correlation_id() -> None:
+    data = _core.encode_envelope("id", b"p", 1, 2, 3, 4)
+    assert _core.decode_envelope(data) == ("id", b"p", 1, 2, 3, 4, None)
+
+
+@given(ENVELOPES)
+def test_truncated_envelope_raises(fields: tuple) -> None:
+    data = _core.encode_envelope(*fields)
+    no_cid = _core.encode_envelope(*fields[:6])
+    for cut in range(len(data)):
+        prefix = data[:cut]
+        if prefix == no_cid:
+            # Cut exactly before the optional correlation-id field: still valid.
+            assert _core.decode_envelope(prefix)[6] is None
+            continue
+        with pytest.raises(_core.CodecError):
+            _core.decode_envelope(prefix)
+        with pytest.raises(_core.CodecError):
+            _core.envelope_id(prefix)
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=80))
+def test_garbage_never_crashes(data: bytes) -> None:
+    try:
+        fields = _core.decode_envelope(data)
+    except _core.CodecError as exc:
+        assert str(exc)
+        with pytest.raises(_core.CodecError):
+            _core.envelope_id(data)
+        with pytest.raises(_core.CodecError):
+            _core.envelope_with_attempts(data, 1)
+    else:
+        assert _core.decode_envelope(_core.encode_envelope(*fields)) == fields
+
+
+@given(ENVELOPES, st.data())
+def test_flipped_byte_never_crashes(fields: tuple, data: st.DataObject) -> None:
+    raw = bytearray(_core.encode_envelope(*fields))
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] = data.draw(st.integers(0, 255))
+    try:
+        _core.decode_envelope(bytes(raw))
+    except _core.CodecError:
+        pass
+
+
+def test_future_version_message() -> None:
+    data = bytearray(_core.encode_envelope("id", b"", 0, 0, 0, 0))
+    data[0] = 7
+    with pytest.raises(_core.CodecError, match=r"version 7 is newer .*\(max 1\); upgrade trioqueue"):
+        _core.decode_envelope(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\x00",
+        b"\x01",
+        b"\x01\x80\x00\x00\x00\x00\x00\x00",  # overlong varint
+        b"\x01" + b"\xff" * 10 + b"\x01",  # varint overflow
+        b"\x01\x00\x80\x80\x80\x80\x10\x00\x00\x00\x00",  # attempts > u32
+        b"\x01\x00\x00\x00\x00\x01\xff\x00",  # id not UTF-8
+        b"\x01\x00\x00\x00\x00\x00\x05ab",  # payload length past the end
+        b"\x01\x00\x00\x00\x00\x00\x00\x07\x05ab",  # TLV past the end
+        b"\x01\x00\x00\x00\x00\x00\x00\x09",  # TLV tag without length
+        b"\x01\x00\x00\x00\x00\x00\x00\x00\x00",  # reserved tag 0
+        b"\x01\x00\x00\x00\x00\x00\x00\x01\x01a\x01\x01b",  # duplicate correlation id
+    ],
+)
+def test_corrupt_envelopes(data: bytes) -> None:
+    with pytest.raises(_core.CodecError):
+        _core.decode_envelope(data)
+
+
+def test_unknown_tlv_fields_are_skipped_and_kept() -> None:
+    data = _core.encode_envelope("id", b"x", 1, 2, 3, 4) + b"\x09\x02ab" + b"\x01\x01c"
+    assert _core.decode_envelope(data) == ("id", b"x", 1, 2, 3, 4, "c")
+    assert _core.envelope_with_attempts(data, 9).endswith(b"\x09\x02ab\x01\x01c")
+
+
+@pytest.mark.parametrize(
+    ("index", "value", "exc"),
+    [
+        (2, -1, ValueError),
+        (2, 2**64, OverflowError),
+        (3, -1, ValueError),
+        (3, 2**32, OverflowError),
+        (4, 2**32, OverflowError),
+        (5, 2**70, OverflowError),
+        (5, "1", TypeError),
+        (5, 1.0, TypeError),
+    ],
+)
+def test_encode_validates_ints(index: int, value: object, exc: type[Exception]) -> None:
+    args: list[object] = ["id", b"", 0, 0, 0, 0]
+    args[index] = value
+    with pytest.raises(exc):
+        _core.encode_envelope(*args)  # type: ignore[arg-type]
+
+
+def test_encode_rejects_wrong_types() -> None:
+    with pytest.raises(TypeError):
+        _core.encode_envelope("id", "payload", 0, 0, 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _core.encode_envelope(b"id", b"", 0, 0, 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        _core.envelope_with_attempts(_core.encode_envelope("i", b"", 0, 0, 0, 0), -1)
+
+
+# ------------------------------------------------------------------------ state
+
+MS = U64
+WORKER = TEXT.filter(bool)
+
+
+@given(
+    st.one_of(
+        st.tuples(st.sampled_from(["queued", "completed", "failed"]), MS, st.none()),
+        st.tuples(st.just("processing"), MS, WORKER),
+        st.tuples(st.just("failing"), MS, U32),
+    )
+)
+def test_state_round_trip(parts: tuple) -> None:
+    s = _core.format_state(*parts)
+    assert s == ":".join(str(p) for p in parts if p is not None)
+    assert _core.parse_state(s) == parts
+
+
+@given(MS, st.lists(TEXT, min_size=2, max_size=5).map(":".join).filter(bool))
+def test_worker_id_with_colons(ms: int, worker: str) -> None:
+    s = f"processing:{ms}:{worker}"
+    assert _core.parse_state(s) == ("processing", ms, worker)
+    assert _core.format_state("processing", ms, worker) == s
+
+
+def test_state_kind_is_interned() -> None:
+    a = _core.parse_state("queued:1")[0]
+    b = _core.parse_state("queued:2")[0]
+    assert a is b
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "queued",
+        "queued:",
+        "queued:-1",
+        "queued: 1",
+        "queued:1:2",
+        "queued:18446744073709551616",
+        "QUEUED:1",
+        "running:1",
+        "processing:1",
+        "processing:1:",
+        "processing::w",
+        "failing:1",
+        "failing:1:x",
+        "failing:1:4294967296",
+        "completed:1.0",
+    ],
+)
+def test_parse_state_rejects(bad: str) -> None:
+    with pytest.raises(_core.StateError) as info:
+        _core.parse_state(bad)
+    assert repr(bad)[1:-1] in str(info.value)
+
+
+@given(st.text(max_size=30))
+def test_parse_state_never_crashes(s: str) -> None:
+    try:
+        kind, ms, extra = _core.parse_state(s)
+    except (_core.StateError, UnicodeEncodeError):
+        pass
+    else:
+        assert _core.parse_state(_core.format_state(kind, ms, extra)) == (kind, ms, extra)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("processing", 1),
+        ("processing", 1, ""),
+        ("processing", 1, 5),
+        ("failing", 1),
+        ("failing", 1, "2"),
+        ("failing", 1, -1),
+        ("failing", 1, True),
+        ("failing", 1, 2**32),
+        ("queued", 1, "w"),
+        ("completed", 1, 0),
+        ("nope", 1),
+        ("queued", -1),
+        ("queued", 2**64),
+    ],
+)
+def test_format_state_validates(args: tuple) -> None:
+    with pytest.raises(_core.StateError):
+        _core.format_state(*args)
+
+
+# ------------------------------------------------------------------------ queue
+
+
+def test_queue_fifo_and_identity() -> None:
+    q = _core.MpmcQueue()
+    assert len(q) == 0
+    assert q.pop() is None
+    assert q.pop_many(5) == []
+    items = [bytes([i]) * 3 for i in range(10)]
+    q.push(items[0])
+    q.push_many(items[1:4])
+    q.push_many(tuple(items[4:6]))
+    q.push_many(iter(items[6:]))
+    assert len(q) == 10
+    assert q.pop() is items[0]
+    got = q.pop_many(3)
+    assert got == items[1:4]
+    assert all(a is b for a, b in zip(got, items[1:4]))
+    rest = q.pop_many(100)
+    assert all(a is b for a, b in zip(rest, items[4:], strict=True))
+    assert len(q) == 0
+    assert q.pop_many(0) == []
+
+
+@given(st.lists(st.binary(), max_size=50), st.integers(1, 60))
+def test_queue_matches_deque(items: list[bytes], n: int) -> None:
+    q = _core.MpmcQueue()
+    q.push_many(items)
+    out: list[bytes] = []
+    while batch := q.pop_many(n):
+        out.extend(batch)
+    assert len(out) == len(items)
+    assert all(a is b for a, b in zip(out, items))
+
+
+def test_queue_rejects_non_bytes() -> None:
+    q = _core.MpmcQueue()
+    with pytest.raises(TypeError):
+        q.push("text")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        q.push(bytearray(b"x"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        q.push_many([b"a", 1])  # type: ignore[list-item]
+    assert len(q) == 0  # all or nothing
+    with pytest.raises(TypeError):
+        q.push_many(b"abc")
+    with pytest.raises(TypeError):
+        q.push_many(5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        q.pop_many(-1)
+
+
+def test_queue_threads_nothing_lost_or_duplicated() -> None:
+    producers, consumers, per_producer = 4, 4, 5_000
+    total = producers * per_producer
+    q = _core.MpmcQueue()
+    items = [f"{p}-{i}".encode() for p in range(producers) for i in range(per_producer)]
+    got: list[list[bytes]] = [[] for _ in range(consumers)]
+    taken = [0]
+    lock = threading.Lock()
+
+    def produce(p: int) -> None:
+        mine = items[p * per_producer : (p + 1) * per_producer]
+        for i in range(0, len(mine), 50):
+            if i % 100 == 0:
+                q.push_many(mine[i : i + 50])
+            else:
+                for it in mine[i : i + 50]:
+                    q.push(it)
+
+    def consume(c: int) -> None:
+        while True:
+            with lock:
+                if taken[0] >= total:
+                    return
+            batch = q.pop_many(7) if c % 2 else ([x] if (x := q.pop()) is not None else [])
+            if batch:
+                got[c].extend(batch)
+                with lock:
+                    taken[0] += len(batch)
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+    threads += [threading.Thread(target=consume, args=(c,)) for c in range(consumers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    flat = [x for part in got for x in part]
+    assert len(flat) == total
+    assert len({id(x) for x in flat}) == total
+    assert {id(x) for x in flat} == {id(x) for x in items}
+    # Each consumer sees each producer's items in order.
+    index = {id(x): i for i, x in enumerate(items)}
+    for part in got:
+        for p in range(producers):
+            seq = [index[id(x)] for x in part if index[id(x)] // per_producer == p]
+            assert seq == sorted(seq)
+    assert len(q) == 0
