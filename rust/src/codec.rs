@@ -70,23 +70,35 @@ impl fmt::Display for CodecError {
                  (max {ENVELOPE_VERSION}); upgrade trioqueue"
             ),
             CodecError::Truncated { field, offset } => {
-                write!(f, "truncated envelope: data ends inside {field} (at byte {offset})")
+                write!(
+                    f,
+                    "truncated envelope: data ends inside {field} (at byte {offset})"
+                )
             }
             CodecError::Overflow { field, offset } => {
-                write!(f, "corrupt envelope: {field} at byte {offset} is out of range")
+                write!(
+                    f,
+                    "corrupt envelope: {field} at byte {offset} is out of range"
+                )
             }
             CodecError::Overlong { field, offset } => write!(
                 f,
                 "corrupt envelope: {field} at byte {offset} is an overlong varint"
             ),
             CodecError::InvalidUtf8 { field, offset } => {
-                write!(f, "corrupt envelope: {field} at byte {offset} is not valid UTF-8")
+                write!(
+                    f,
+                    "corrupt envelope: {field} at byte {offset} is not valid UTF-8"
+                )
             }
             CodecError::ReservedTag { offset } => {
                 write!(f, "corrupt envelope: reserved field tag 0 at byte {offset}")
             }
             CodecError::DuplicateField { field, offset } => {
-                write!(f, "corrupt envelope: duplicate {field} field at byte {offset}")
+                write!(
+                    f,
+                    "corrupt envelope: duplicate {field} field at byte {offset}"
+                )
             }
         }
     }
@@ -255,18 +267,27 @@ impl<'a> Reader<'a> {
             let b = self.byte(field)?;
             let group = u64::from(b & 0x7f);
             if shift == 63 && group > 1 {
-                return Err(CodecError::Overflow { field, offset: start });
+                return Err(CodecError::Overflow {
+                    field,
+                    offset: start,
+                });
             }
             value |= group << shift;
             if b & 0x80 == 0 {
                 if b == 0 {
-                    return Err(CodecError::Overlong { field, offset: start });
+                    return Err(CodecError::Overlong {
+                        field,
+                        offset: start,
+                    });
                 }
                 return Ok(value);
             }
             shift += 7;
             if shift > 63 {
-                return Err(CodecError::Overflow { field, offset: start });
+                return Err(CodecError::Overflow {
+                    field,
+                    offset: start,
+                });
             }
         }
     }
@@ -275,13 +296,19 @@ impl<'a> Reader<'a> {
     fn varint_u32(&mut self, field: &'static str) -> Result<u32, CodecError> {
         let start = self.pos;
         let v = self.varint(field)?;
-        u32::try_from(v).map_err(|_| CodecError::Overflow { field, offset: start })
+        u32::try_from(v).map_err(|_| CodecError::Overflow {
+            field,
+            offset: start,
+        })
     }
 
     #[inline]
     fn bytes(&mut self, len: u64, field: &'static str) -> Result<&'a [u8], CodecError> {
         let start = self.pos;
-        let truncated = CodecError::Truncated { field, offset: start };
+        let truncated = CodecError::Truncated {
+            field,
+            offset: start,
+        };
         let len = usize::try_from(len).map_err(|_| truncated.clone())?;
         let end = start.checked_add(len).ok_or_else(|| truncated.clone())?;
         let out = self.data.get(start..end).ok_or(truncated)?;
@@ -299,7 +326,10 @@ impl<'a> Reader<'a> {
     fn utf8(&mut self, field: &'static str) -> Result<&'a str, CodecError> {
         let start = self.pos;
         let raw = self.len_prefixed(field)?;
-        std::str::from_utf8(raw).map_err(|_| CodecError::InvalidUtf8 { field, offset: start })
+        std::str::from_utf8(raw).map_err(|_| CodecError::InvalidUtf8 {
+            field,
+            offset: start,
+        })
     }
 }
 
@@ -461,7 +491,16 @@ mod tests {
 
     #[test]
     fn varint_len_matches_encoding() {
-        for v in [0u64, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
             let mut buf = [0u8; MAX_VARINT_LEN];
             assert_eq!(write_varint(&mut buf, v), varint_len(v), "{v}");
         }
@@ -521,7 +560,13 @@ mod tests {
 
     #[test]
     fn truncation_at_every_offset_fails() {
-        for env in [sample(), Envelope { correlation_id: None, ..sample() }] {
+        for env in [
+            sample(),
+            Envelope {
+                correlation_id: None,
+                ..sample()
+            },
+        ] {
             let bytes = encode(&env);
             for cut in 0..bytes.len() {
                 let prefix = bytes.get(..cut).unwrap_or_default();
@@ -530,7 +575,13 @@ mod tests {
                 match decode(prefix) {
                     Ok(got) => {
                         assert!(env.correlation_id.is_some());
-                        assert_eq!(got, Envelope { correlation_id: None, ..env });
+                        assert_eq!(
+                            got,
+                            Envelope {
+                                correlation_id: None,
+                                ..env
+                            }
+                        );
                     }
                     Err(e) => assert!(!e.to_string().is_empty()),
                 }
@@ -587,7 +638,10 @@ mod tests {
         // created_at_ms = 0 encoded in two bytes.
         assert!(matches!(
             decode(&[1, 0x80, 0x00]),
-            Err(CodecError::Overlong { field: "created_at_ms", .. })
+            Err(CodecError::Overlong {
+                field: "created_at_ms",
+                ..
+            })
         ));
         // 11-byte varint.
         let mut d = vec![1u8];
@@ -603,23 +657,36 @@ mod tests {
         let d = [1u8, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0, 0, 0];
         assert!(matches!(
             decode(&d),
-            Err(CodecError::Overflow { field: "attempts", .. })
+            Err(CodecError::Overflow {
+                field: "attempts",
+                ..
+            })
         ));
         // u64::MAX itself is fine.
-        let env = Envelope { created_at_ms: u64::MAX, ..sample() };
+        let env = Envelope {
+            created_at_ms: u64::MAX,
+            ..sample()
+        };
         assert_eq!(decode(&encode(&env)), Ok(env));
     }
 
     #[test]
     fn invalid_utf8() {
-        let env = Envelope { id: "ab", correlation_id: Some("cd"), ..sample() };
+        let env = Envelope {
+            id: "ab",
+            correlation_id: Some("cd"),
+            ..sample()
+        };
         let bytes = encode(&env);
         let id_pos = bytes.windows(2).position(|w| w == b"ab").unwrap_or(0);
         let mut bad = bytes.clone();
         if let Some(b) = bad.get_mut(id_pos) {
             *b = 0xff;
         }
-        assert!(matches!(decode(&bad), Err(CodecError::InvalidUtf8 { field: "id", .. })));
+        assert!(matches!(
+            decode(&bad),
+            Err(CodecError::InvalidUtf8 { field: "id", .. })
+        ));
         let cid_pos = bytes.len() - 2;
         let mut bad = bytes;
         if let Some(b) = bad.get_mut(cid_pos) {
@@ -627,18 +694,30 @@ mod tests {
         }
         assert!(matches!(
             decode(&bad),
-            Err(CodecError::InvalidUtf8 { field: "correlation_id", .. })
+            Err(CodecError::InvalidUtf8 {
+                field: "correlation_id",
+                ..
+            })
         ));
     }
 
     #[test]
     fn tlv_fields() {
-        let env = Envelope { correlation_id: None, ..sample() };
+        let env = Envelope {
+            correlation_id: None,
+            ..sample()
+        };
         let base = encode(&env);
         // Unknown tags are skipped, before and after the correlation id.
         let mut d = base.clone();
         d.extend([7, 3, b'x', b'y', b'z', 1, 2, b'h', b'i', 200, 0]);
-        assert_eq!(decode(&d), Ok(Envelope { correlation_id: Some("hi"), ..env }));
+        assert_eq!(
+            decode(&d),
+            Ok(Envelope {
+                correlation_id: Some("hi"),
+                ..env
+            })
+        );
         // TLV length running past the end.
         let mut d = base.clone();
         d.extend([7, 5, b'x']);
@@ -668,7 +747,13 @@ mod tests {
             assert_eq!(w.write_into(&mut buf), Ok(out.len()));
             assert_eq!(buf, out);
             assert!(out.ends_with(&[9, 2, 0xaa, 0xbb]));
-            assert_eq!(decode(&out), Ok(Envelope { attempts, ..sample() }));
+            assert_eq!(
+                decode(&out),
+                Ok(Envelope {
+                    attempts,
+                    ..sample()
+                })
+            );
         }
         assert!(with_attempts(b"", 1).is_err());
         assert!(w_err(&[2, 0]));

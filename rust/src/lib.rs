@@ -5,7 +5,10 @@
 //! binding layer that maturin builds into `trioqueue._core`.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
-#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing))]
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 pub mod codec;
 pub mod mpmc;

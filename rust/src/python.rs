@@ -71,12 +71,17 @@ fn int_arg_error(obj: &Bound<'_, PyAny>, name: &str, bits: u32) -> PyErr {
 
 #[inline]
 fn arg_u64(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u64> {
-    obj.extract::<u64>().map_err(|_| int_arg_error(obj, name, 64))
+    obj.extract::<u64>()
+        .map_err(|_| int_arg_error(obj, name, 64))
 }
 
 #[inline]
 fn arg_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
-    match obj.extract::<u64>().ok().and_then(|v| u32::try_from(v).ok()) {
+    match obj
+        .extract::<u64>()
+        .ok()
+        .and_then(|v| u32::try_from(v).ok())
+    {
         Some(v) => Ok(v),
         None => Err(int_arg_error(obj, name, 32)),
     }
@@ -218,8 +223,13 @@ fn format_state<'py>(
             }
         }
     };
-    let text = state::format_parts(kind, ms, extra)?;
-    Ok(PyString::new(py, &text))
+    let st = state::from_parts(kind, ms, extra)?;
+    let text = state::StateText::new(&st);
+    let mut stack = [0u8; 128];
+    if let Some(s) = text.write_into(&mut stack) {
+        return Ok(PyString::new(py, s));
+    }
+    Ok(PyString::new(py, &text.to_text()))
 }
 
 /// Lock-free multi-producer multi-consumer FIFO of `bytes` objects.
@@ -238,7 +248,9 @@ fn not_bytes(method: &str, obj: &Bound<'_, PyAny>) -> PyErr {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".to_owned());
-    PyTypeError::new_err(format!("MpmcQueue.{method}() expects bytes items, got {ty}"))
+    PyTypeError::new_err(format!(
+        "MpmcQueue.{method}() expects bytes items, got {ty}"
+    ))
 }
 
 #[inline]
@@ -308,11 +320,6 @@ impl MpmcQueue {
         let items = self.inner.pop_many(n);
         PyList::new(py, items)
     }
-
-    fn _noop(&self) {}
-    #[pyo3(signature = (item, /))]
-    fn _noop1(&self, item: &Bound<'_, PyAny>) -> bool { item.is_none() }
-    fn _noop1kw(&self, item: &Bound<'_, PyAny>) -> bool { item.is_none() }
 
     fn __len__(&self) -> usize {
         self.inner.len()

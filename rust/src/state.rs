@@ -171,16 +171,134 @@ pub fn parse(s: &str) -> Result<State<'_>, StateError> {
     }
 }
 
-/// Formats a state.
-pub fn format(state: &State<'_>) -> String {
-    let kind = state.kind().as_str();
-    match *state {
-        State::Processing { ms, worker_id } => format!("{kind}:{ms}:{worker_id}"),
-        State::Failing { ms, attempts } => format!("{kind}:{ms}:{attempts}"),
-        State::Queued { ms } | State::Completed { ms } | State::Failed { ms } => {
-            format!("{kind}:{ms}")
+/// Decimal digits of a u64, formatted without allocating.
+#[derive(Clone, Copy)]
+pub struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    #[inline]
+    pub fn new(mut v: u64) -> Self {
+        // Two digits per division, as in `itoa`.
+        const PAIRS: &[u8; 200] = b"\
+            0001020304050607080910111213141516171819\
+            2021222324252627282930313233343536373839\
+            4041424344454647484950515253545556575859\
+            6061626364656667686970717273747576777879\
+            8081828384858687888990919293949596979899";
+        let mut buf = [b'0'; 20];
+        let mut start = buf.len();
+        while v >= 10 && start >= 2 {
+            let pair = (v % 100) as usize * 2;
+            v /= 100;
+            start -= 2;
+            if let (Some(dst), Some(src)) =
+                (buf.get_mut(start..start + 2), PAIRS.get(pair..pair + 2))
+            {
+                dst.copy_from_slice(src);
+            }
+        }
+        if v > 0 || start == buf.len() {
+            // One digit left (or the value was 0).
+            start -= 1;
+            if let Some(slot) = buf.get_mut(start) {
+                *slot = b'0' + (v % 10) as u8;
+            }
+        }
+        // (A pair is only taken while v >= 10, so the leading pair never
+        // starts with '0'.)
+        Digits { buf, start }
+    }
+
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+}
+
+/// A state ready to be written as text without allocating: `kind:ms[:extra]`.
+pub struct StateText<'a> {
+    kind: &'static str,
+    ms: Digits,
+    extra: &'a [u8],
+    extra_digits: Option<Digits>,
+}
+
+impl<'a> StateText<'a> {
+    #[inline]
+    pub fn new(state: &State<'a>) -> Self {
+        let (extra, extra_digits) = match *state {
+            State::Processing { worker_id, .. } => (worker_id.as_bytes(), None),
+            State::Failing { attempts, .. } => (&[][..], Some(Digits::new(u64::from(attempts)))),
+            _ => (&[][..], None),
+        };
+        StateText {
+            kind: state.kind().as_str(),
+            ms: Digits::new(state.ms()),
+            extra,
+            extra_digits,
         }
     }
+
+    #[inline]
+    fn extra_bytes(&self) -> Option<&[u8]> {
+        match &self.extra_digits {
+            Some(d) => Some(d.as_bytes()),
+            None if !self.extra.is_empty() => Some(self.extra),
+            None => None,
+        }
+    }
+
+    /// Length of the text in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.kind.len()
+            + 1
+            + self.ms.as_bytes().len()
+            + self.extra_bytes().map_or(0, |e| 1 + e.len())
+    }
+
+    /// Always false; provided for clippy.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes the text to the front of `out`; returns the written prefix as
+    /// a `str`, or `None` if `out` is too small.
+    #[inline]
+    pub fn write_into<'b>(&self, out: &'b mut [u8]) -> Option<&'b str> {
+        let mut pos = 0;
+        let mut put = |bytes: &[u8]| -> Option<()> {
+            let end = pos + bytes.len();
+            out.get_mut(pos..end)?.copy_from_slice(bytes);
+            pos = end;
+            Some(())
+        };
+        put(self.kind.as_bytes())?;
+        put(b":")?;
+        put(self.ms.as_bytes())?;
+        if let Some(extra) = self.extra_bytes() {
+            put(b":")?;
+            put(extra)?;
+        }
+        // Every piece is ASCII or a whole &str, so this always succeeds.
+        std::str::from_utf8(out.get(..pos)?).ok()
+    }
+
+    /// The text as a new `String`.
+    pub fn to_text(&self) -> String {
+        let mut buf = vec![0u8; self.len()];
+        let n = self.write_into(&mut buf).map_or(0, str::len);
+        buf.truncate(n);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// Formats a state.
+pub fn format(state: &State<'_>) -> String {
+    StateText::new(state).to_text()
 }
 
 /// The third field of a state, as given to [`format_parts`].
@@ -234,12 +352,30 @@ mod tests {
         let cases = [
             State::Queued { ms: 0 },
             State::Queued { ms: u64::MAX },
-            State::Processing { ms: 17, worker_id: "w1" },
-            State::Processing { ms: 17, worker_id: "host:1234:abc" },
-            State::Processing { ms: 17, worker_id: ":" },
-            State::Processing { ms: 17, worker_id: "ü::x:" },
-            State::Failing { ms: 99, attempts: 3 },
-            State::Failing { ms: 99, attempts: u32::MAX },
+            State::Processing {
+                ms: 17,
+                worker_id: "w1",
+            },
+            State::Processing {
+                ms: 17,
+                worker_id: "host:1234:abc",
+            },
+            State::Processing {
+                ms: 17,
+                worker_id: ":",
+            },
+            State::Processing {
+                ms: 17,
+                worker_id: "ü::x:",
+            },
+            State::Failing {
+                ms: 99,
+                attempts: 3,
+            },
+            State::Failing {
+                ms: 99,
+                attempts: u32::MAX,
+            },
             State::Completed { ms: 5 },
             State::Failed { ms: 6 },
         ];
@@ -247,7 +383,48 @@ mod tests {
             let s = format(&st);
             assert_eq!(parse(&s), Ok(st), "{s}");
         }
-        assert_eq!(format(&State::Processing { ms: 1, worker_id: "a:b" }), "processing:1:a:b");
+        assert_eq!(
+            format(&State::Processing {
+                ms: 1,
+                worker_id: "a:b"
+            }),
+            "processing:1:a:b"
+        );
+    }
+
+    #[test]
+    fn digits() {
+        for v in [
+            0u64,
+            1,
+            7,
+            9,
+            10,
+            11,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            1_732_000_000_123,
+            u64::MAX - 1,
+            u64::MAX,
+        ]
+        .into_iter()
+        .chain((0..100_000).map(|i| i * 7919))
+        {
+            assert_eq!(Digits::new(v).as_bytes(), v.to_string().as_bytes());
+        }
+        let st = State::Processing {
+            ms: 12,
+            worker_id: "w:1",
+        };
+        let text = StateText::new(&st);
+        let mut small = [0u8; 8];
+        assert_eq!(text.write_into(&mut small), None);
+        let mut big = [0u8; 64];
+        assert_eq!(text.write_into(&mut big), Some("processing:12:w:1"));
+        assert_eq!(text.len(), "processing:12:w:1".len());
     }
 
     #[test]
@@ -255,9 +432,15 @@ mod tests {
         assert_eq!(parse("queued:123"), Ok(State::Queued { ms: 123 }));
         assert_eq!(
             parse("processing:5:w:x"),
-            Ok(State::Processing { ms: 5, worker_id: "w:x" })
+            Ok(State::Processing {
+                ms: 5,
+                worker_id: "w:x"
+            })
         );
-        assert_eq!(parse("failing:5:2"), Ok(State::Failing { ms: 5, attempts: 2 }));
+        assert_eq!(
+            parse("failing:5:2"),
+            Ok(State::Failing { ms: 5, attempts: 2 })
+        );
     }
 
     #[test]
@@ -293,12 +476,18 @@ mod tests {
 
     #[test]
     fn from_parts_validates() {
-        assert_eq!(format_parts("queued", 1, Extra::None).as_deref(), Ok("queued:1"));
+        assert_eq!(
+            format_parts("queued", 1, Extra::None).as_deref(),
+            Ok("queued:1")
+        );
         assert_eq!(
             format_parts("processing", 1, Extra::Str("a:b")).as_deref(),
             Ok("processing:1:a:b")
         );
-        assert_eq!(format_parts("failing", 1, Extra::Int(2)).as_deref(), Ok("failing:1:2"));
+        assert_eq!(
+            format_parts("failing", 1, Extra::Int(2)).as_deref(),
+            Ok("failing:1:2")
+        );
         assert!(format_parts("processing", 1, Extra::Str("")).is_err());
         assert!(format_parts("processing", 1, Extra::None).is_err());
         assert!(format_parts("processing", 1, Extra::Int(1)).is_err());

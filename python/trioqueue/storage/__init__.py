@@ -1,16 +1,28 @@
 """Storage backends and the interface they implement."""
 
 from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from .file import FileStorage
 from .memory import MemoryStorage
 
 __all__ = [
     "Claim",
     "EnqueueOutcome",
+    "FileStorage",
     "JobRecord",
     "MemoryStorage",
+    "RedisStorage",
     "NewJob",
     "Settlement",
     "SettleKind",
     "Storage",
     "StorageEvent",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # RedisStorage needs valkey-glide, an optional extra: import it only when asked for.
+    if name == "RedisStorage":
+        from .redis import RedisStorage
+
+        return RedisStorage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,6 +32,7 @@ import abc
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import NamedTuple
 from enum import StrEnum
 from typing import Self
 
@@ -51,8 +52,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class NewJob:
+class NewJob(NamedTuple):
     """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps."""
 
     id: str
@@ -61,8 +61,7 @@ class NewJob:
     result_ttl: float  # seconds the result/error (and the dedup entry) is kept once terminal
 
 
-@dataclass(frozen=True, slots=True)
-class EnqueueOutcome:
+class EnqueueOutcome(NamedTuple):
     """What an enqueue-if-absent did for one job.
 
     ``status`` is ``queued``, ``duplicate`` (``state`` is the existing state string) or
@@ -74,8 +73,7 @@ class EnqueueOutcome:
     result: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     """A job moved into a worker's processing list. ``attempts`` counts this delivery (1-based)."""
 
     id: str
@@ -89,8 +87,7 @@ class SettleKind(StrEnum):
     RETRY = "retry"  # state failing, back to the ready list after ``delay``
 
 
-@dataclass(frozen=True, slots=True)
-class Settlement:
+class Settlement(NamedTuple):
     """The end of one attempt, acknowledged by the worker that holds the job.
 
     ``data`` is the serialized result (COMPLETE) or error (FAIL, RETRY); ``ttl`` is the
@@ -117,8 +114,7 @@ class JobRecord:
     error: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StorageEvent:
+class StorageEvent(NamedTuple):
     """One transition, as published on a queue's event stream.
 
     ``kind`` is one of ``enqueued``, ``completed``, ``failed``, ``failing``, ``requeued``,

@@ -392,3 +392,51 @@ def sync_now(fds: list[int], dirs: set[int]) -> None:
 
 INF = math.inf
 __all__ += ["INF", "clean_tmp", "errno", "pid_alive", "sync_now", "tmp_name"]
+
+
+class Watch:
+    """A shared inotify watch of some directories, for any number of tasks of one Trio run.
+
+    One waiting task at a time reads the descriptor (``wait_readable`` admits one) and bumps
+    ``gen``; the others park on an event. A waiter passes the ``gen`` it saw *before*
+    checking the files, so a change between its check and its wait is never missed.
+    (Creating and closing an inotify instance per wait costs ~1 ms in ``close``: hence one
+    long-lived watch per queue.)
+    """
+
+    def __init__(self, paths: list[str], mask: int) -> None:
+        self.ino = Inotify()
+        try:
+            for p in paths:
+                self.ino.add(p, mask)
+        except BaseException:
+            self.ino.close()
+            raise
+        self.gen = 0
+        self._reading = False
+        self._event = trio.Event()
+
+    async def wait(self, since: int, timeout: float) -> None:
+        deadline = trio.current_time() + timeout
+        while self.gen == since:
+            left = deadline - trio.current_time()
+            if left <= 0:
+                await trio.lowlevel.checkpoint()
+                return
+            if not self._reading:
+                self._reading = True
+                try:
+                    with trio.move_on_after(left):
+                        await trio.lowlevel.wait_readable(self.ino.fd)
+                        self.ino.drain()
+                        self.gen += 1
+                finally:
+                    self._reading = False
+                    ev, self._event = self._event, trio.Event()
+                    ev.set()
+            else:
+                with trio.move_on_after(left):
+                    await self._event.wait()
+
+    def close(self) -> None:
+        self.ino.close()

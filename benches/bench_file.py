@@ -1,0 +1,183 @@
+"""FileStorage throughput and latency, with a plain fsynced-file-per-job baseline.
+
+    python benches/bench_file.py [--quick]
+
+Writes benches/results/file.md. Every figure is measured in this run on this machine, in
+a temporary directory on the same file system as the repository (not tmpfs).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from trioqueue._core import encode_envelope
+from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
+
+ROOT = Path(__file__).resolve().parent
+QUICK = "--quick" in sys.argv
+
+
+def job(job_id: str) -> NewJob:
+    env = encode_envelope(job_id, b'{"x":1}', int(time.time() * 1000), 0, 3, 3_600_000)
+    return NewJob(job_id, env, 3, 3600.0)
+
+
+def baseline(directory: Path, n: int) -> float:
+    """One fsynced file per job: temp file, fsync, rename, fsync of the directory."""
+    directory.mkdir(parents=True)
+    dfd = os.open(directory, os.O_RDONLY)
+    data = job("baseline").envelope
+    t = time.perf_counter()
+    for i in range(n):
+        tmp = directory / f".tmp{i}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(tmp, directory / f"job{i}")
+        os.fsync(dfd)
+    el = time.perf_counter() - t
+    os.close(dfd)
+    return n / el
+
+
+async def bench_sequential(d: Path, n: int) -> float:
+    async with FileStorage(d) as st:
+        jobs = [job(f"s{i}") for i in range(n)]
+        t = time.perf_counter()
+        for j in jobs:
+            await st.enqueue("q", [j])
+        return n / (time.perf_counter() - t)
+
+
+async def bench_concurrent(d: Path, n: int, tasks: int = 50) -> float:
+    async with FileStorage(d) as st:
+        per = n // tasks
+
+        async def producer(k: int) -> None:
+            for i in range(per):
+                await st.enqueue("q", [job(f"c{k}-{i}")])
+
+        t = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for k in range(tasks):
+                nursery.start_soon(producer, k)
+        return per * tasks / (time.perf_counter() - t)
+
+
+async def bench_batched(d: Path, n: int, batch: int = 1000) -> float:
+    async with FileStorage(d) as st:
+        jobs = [job(f"b{i}") for i in range(n)]
+        t = time.perf_counter()
+        for s in range(0, n, batch):
+            await st.enqueue("q", jobs[s : s + batch])
+        return n / (time.perf_counter() - t)
+
+
+async def bench_processing(d: Path, n: int, batch: int = 100) -> float:
+    async with FileStorage(d) as st:
+        for s in range(0, n, 1000):
+            await st.enqueue("q", [job(f"p{i}") for i in range(s, min(n, s + 1000))])
+        t = time.perf_counter()
+        done = 0
+        while done < n:
+            claims = await st.dequeue("q", "w", batch, 0, 60)
+            ok = await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=3600) for c in claims])
+            done += sum(ok)
+        return n / (time.perf_counter() - t)
+
+
+async def bench_latency(d: Path, n: int) -> tuple[float, float]:
+    """Enqueue into an idle queue while a consumer is blocked in dequeue; time to claim."""
+    async with FileStorage(d) as st:
+        lat: list[float] = []
+        for i in range(n):
+            started = trio.Event()
+            result: list[float] = []
+
+            async def consumer() -> None:
+                started.set()
+                claims = await st.dequeue("q", "w", 1, 10.0, 60)
+                result.append(time.perf_counter())
+                await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=60) for c in claims])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consumer)
+                await started.wait()
+                await trio.sleep(0.002)  # let the consumer block in its inotify wait
+                t0 = time.perf_counter()
+                await st.enqueue("q", [job(f"l{i}")])
+            lat.append(result[0] - t0)
+        lat.sort()
+        return statistics.median(lat) * 1000, lat[int(len(lat) * 0.99) - 1] * 1000
+
+
+def main() -> None:
+    n = 1000 if QUICK else 5000
+    work = Path(tempfile.mkdtemp(prefix="bench-file-", dir=ROOT))
+    try:
+        base = baseline(work / "baseline", n)
+        seq = trio.run(bench_sequential, work / "seq", n)
+        conc = trio.run(bench_concurrent, work / "conc", n)
+        batched = trio.run(bench_batched, work / "batch", n * 4)
+        proc = trio.run(bench_processing, work / "proc", n * 2)
+        p50, p99 = trio.run(bench_latency, work / "lat", 100 if QUICK else 300)
+        seq_nf = trio.run(lambda: _nofsync(bench_sequential, work / "seq-nf", n))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [
+        ("baseline: plain loop, one fsynced file per job", base, "1.00"),
+        ("enqueue, 1 job per call, sequential", seq, f"{seq / base:.2f}"),
+        ("enqueue, 1 job per call, 50 concurrent tasks (group commit)", conc, f"{conc / base:.2f}"),
+        ("enqueue, batches of 1000", batched, f"{batched / base:.2f}"),
+        ("processing: dequeue 100 + settle (complete), sequential", proc, f"{proc / base:.2f}"),
+        ("enqueue, 1 job per call, sequential, fsync=False", seq_nf, f"{seq_nf / base:.2f}"),
+    ]
+    lines = [
+        "# FileStorage benchmark",
+        "",
+        f"`python benches/bench_file.py{' --quick' if QUICK else ''}` on {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, file system of the repository "
+        f"(fsync on unless stated). n = {n} jobs per enqueue run ({n * 4} batched, {n * 2} processed).",
+        "",
+        "| what | jobs/s | ratio to baseline |",
+        "| --- | ---: | ---: |",
+        *[f"| {name} | {rate:,.0f} | {ratio} |" for name, rate, ratio in rows],
+        "",
+        "Dequeue latency on an idle queue (a consumer blocked in `dequeue`, woken by inotify; "
+        "from just before `enqueue` to the claim's return, including the enqueue's fsync):",
+        "",
+        f"- p50: {p50:.2f} ms",
+        f"- p99: {p99:.2f} ms",
+        "",
+    ]
+    out = ROOT / "results" / "file.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+async def _nofsync(fn, d: Path, n: int) -> float:  # type: ignore[no-untyped-def]
+    orig = FileStorage.__init__
+
+    def init(self, directory, *, fsync=True, rescan_interval=1.0):  # type: ignore[no-untyped-def]
+        orig(self, directory, fsync=False, rescan_interval=rescan_interval)
+
+    FileStorage.__init__ = init  # type: ignore[method-assign]
+    try:
+        return await fn(d, n)
+    finally:
+        FileStorage.__init__ = orig  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The only module that touches the valkey-glide API: a small adapter for RedisStorage.
+
+What it encodes (see /work/shared/notes/redis-clients-under-trio.md for the measurements):
+
+- one shared *command* client (multiplexed, never given a blocking command);
+- *blocking* clients, one per concurrent blocking call, closed (not reused) when their
+  call is cancelled: the server then drops the blocked command;
+- *subscriber* clients with a pub/sub configuration whose messages are delivered by a
+  callback that GLIDE runs on the Trio thread (its pipe reader system task), so no
+  ``get_pubsub_message()`` is ever pending, let alone cancelled: nothing can be lost to a
+  cancelled receive;
+- retries with backoff on connection errors/timeouts/``LOADING`` while GLIDE reconnects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import trio
+
+from .._errors import StorageError
+
+try:
+    import glide as _g
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "RedisStorage needs valkey-glide: pip install 'trioqueue[redis]'"
+    ) from exc
+
+__all__ = ["ConnParams", "GlideAdapter", "Script", "parse_url"]
+
+Script = _g.Script
+
+_RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "connection", "Connection",
+                   "Broken pipe", "reset by peer", "disconnected", "Disconnected")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnParams:
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    insecure_tls: bool = False
+    cluster: bool = False
+    request_timeout: float = 5.0
+    connect_timeout: float = 5.0
+    client_name: str | None = None
+
+
+def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParams:
+    """``redis://[user[:password]@]host[:port][/db][?ssl_cert_reqs=none]``; ``rediss://`` for TLS."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "valkey", "valkeys"):
+        raise ValueError(f"unsupported URL scheme {parts.scheme!r} (use redis:// or rediss://)")
+    query = parse_qs(parts.query)
+    db_text = parts.path.lstrip("/") or query.get("db", ["0"])[0]
+    cert_reqs = query.get("ssl_cert_reqs", [""])[0].lower()
+    params = dict(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 6379,
+        db=int(db_text or 0),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+        tls=parts.scheme in ("rediss", "valkeys"),
+        insecure_tls=cert_reqs in ("none", "cert_none"),
+        cluster=cluster,
+    )
+    params.update({k: v for k, v in overrides.items() if v is not None})
+    return ConnParams(**params)
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (_g.ConnectionError, _g.TimeoutError)):
+        return True
+    if isinstance(exc, _g.RequestError):
+        text = str(exc)
+        return any(t in text for t in _RETRYABLE_TEXT)
+    return False
+
+
+class GlideAdapter:
+    """Creates and drives the GLIDE clients of one RedisStorage."""
+
+    def __init__(
+        self,
+        params: ConnParams,
+        *,
+        client: Any = None,
+        retry_timeout: float = 30.0,
+        on_fault: Callable[[], None] | None = None,
+    ) -> None:
+        self.params = params
+        self.retry_timeout = retry_timeout
+        self._external = client
+        self._client: Any = client
+        self._on_fault = on_fault or (lambda: None)
+        self._idle_blockers: list[Any] = []
+        self._closed = False
+        self._reconnect_lock: trio.Lock | None = None
+
+    # -- configuration -------------------------------------------------------------
+
+    def _config(self, *, request_timeout: float, pubsub: tuple[str, Callable[..., None]] | None = None) -> Any:
+        p = self.params
+        creds = _g.ServerCredentials(password=p.password, username=p.username) if p.password is not None else None
+        adv_kwargs: dict[str, Any] = {"connection_timeout": int(p.connect_timeout * 1000)}
+        if p.tls and p.insecure_tls:
+            adv_kwargs["tls_config"] = _g.TlsAdvancedConfiguration(use_insecure_tls=True)
+        kwargs: dict[str, Any] = dict(
+            addresses=[_g.NodeAddress(p.host, p.port)],
+            use_tls=p.tls,
+            credentials=creds,
+            request_timeout=int(request_timeout * 1000),
+            reconnect_strategy=_g.BackoffStrategy(num_of_retries=8, factor=10, exponent_base=2, jitter_percent=20),
+            client_name=p.client_name,
+        )
+        if p.cluster:
+            kwargs["advanced_config"] = _g.AdvancedGlideClusterClientConfiguration(**adv_kwargs)
+            if pubsub is not None:
+                channel, cb = pubsub
+                modes = _g.GlideClusterClientConfiguration.PubSubChannelModes
+                kwargs["pubsub_subscriptions"] = _g.GlideClusterClientConfiguration.PubSubSubscriptions(
+                    channels_and_patterns={modes.Exact: {channel}}, callback=cb, context=None
+                )
+            return _g.GlideClusterClientConfiguration(**kwargs)
+        kwargs["database_id"] = p.db or None
+        kwargs["advanced_config"] = _g.AdvancedGlideClientConfiguration(**adv_kwargs)
+        if pubsub is not None:
+            channel, cb = pubsub
+            modes = _g.GlideClientConfiguration.PubSubChannelModes
+            kwargs["pubsub_subscriptions"] = _g.GlideClientConfiguration.PubSubSubscriptions(
+                channels_and_patterns={modes.Exact: {channel}}, callback=cb, context=None
+            )
+        return _g.GlideClientConfiguration(**kwargs)
+
+    async def _create(self, config: Any) -> Any:
+        cls = _g.GlideClusterClient if self.params.cluster else _g.GlideClient
+        return await cls.create(config)
+
+    async def _create_retrying(self, config: Any) -> Any:
+        return await self._retry(lambda: self._create(config))
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self._closed = False
+        self._reconnect_lock = trio.Lock()
+        if self._client is None:
+            self._client = await self._create_retrying(self._config(request_timeout=self.params.request_timeout))
+
+    async def close(self) -> None:
+        self._closed = True
+        blockers, self._idle_blockers = self._idle_blockers, []
+        for c in blockers:
+            await _close_quietly(c)
+        if self._client is not None and self._client is not self._external:
+            await _close_quietly(self._client)
+        self._client = self._external
+
+    # -- commands --------------------------------------------------------------------
+
+    async def _retry(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        delay = 0.02
+        deadline = trio.current_time() + self.retry_timeout
+        while True:
+            try:
+                return await fn()
+            except _g.ClosingError as exc:
+                if self._closed or self._client is None or self._client is self._external:
+                    raise StorageError(f"Redis client closed: {exc}") from exc
+                err: BaseException = exc
+                await self._replace_client()
+            except _g.GlideError as exc:
+                if not _is_retryable(exc):
+                    raise StorageError(f"Redis error: {exc}") from exc
+                err = exc
+            self._on_fault()
+            if trio.current_time() + delay > deadline:
+                raise StorageError(f"Redis unavailable for {self.retry_timeout:g} s: {err}") from err
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _replace_client(self) -> None:
+        assert self._reconnect_lock is not None
+        old = self._client
+        async with self._reconnect_lock:
+            if self._client is old:
+                try:
+                    new = await self._create(self._config(request_timeout=self.params.request_timeout))
+                except _g.GlideError:
+                    return
+                self._client = new
+                await _close_quietly(old)
+
+    async def script(self, script: Any, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> Any:
+        """EVALSHA (GLIDE loads the script again on NOSCRIPT), retried on connection faults."""
+        return await self._retry(lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
+
+    async def command(self, args: Sequence[str | bytes]) -> Any:
+        return await self._retry(lambda: self._client.custom_command(list(args)))
+
+    # -- blocking move ---------------------------------------------------------------
+
+    async def blocking_move(self, src: str, dst: str, timeout: float) -> bytes | None:
+        """``BLMOVE src dst LEFT RIGHT timeout`` on a dedicated client.
+
+        Cancellation closes that client (the server drops the blocked command); a client
+        whose call completed goes back to the idle pool. Connection faults are raised as
+        :class:`StorageError` after the client was discarded (the caller retries)."""
+        client = self._idle_blockers.pop() if self._idle_blockers else None
+        if client is None:
+            client = await self._create(self._config(request_timeout=timeout + 5.0))
+        ok = False
+        try:
+            result = await client.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
+            ok = True
+        except _g.GlideError as exc:
+            self._on_fault()
+            raise StorageError(f"blocking claim failed: {exc}") from exc
+        finally:
+            if ok and not self._closed:
+                self._idle_blockers.append(client)
+            else:
+                with trio.CancelScope(shield=True):
+                    await _close_quietly(client)
+        return result
+
+    # -- pub/sub ---------------------------------------------------------------------
+
+    async def subscriber(self, channel: str, on_message: Callable[[bytes], None]) -> Any:
+        """A client subscribed to ``channel``; ``on_message(payload)`` runs on the Trio thread."""
+
+        def callback(msg: Any, _context: Any) -> None:
+            on_message(msg.message)
+
+        client = await self._create_retrying(
+            self._config(request_timeout=self.params.request_timeout, pubsub=(channel, callback))
+        )
+        await self.wait_subscribed(client, channel)
+        return client
+
+    async def wait_subscribed(self, client: Any, channel: str, timeout: float = 10.0) -> None:
+        want = channel.encode()
+        with trio.move_on_after(timeout):
+            delay = 0.005
+            while True:
+                try:
+                    state = await client.get_subscriptions()
+                    actual = set().union(*state.actual_subscriptions.values()) if state.actual_subscriptions else set()
+                    if want in actual or channel in actual:
+                        return
+                except _g.GlideError:
+                    pass
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        raise StorageError(f"could not subscribe to {channel!r}")
+
+    async def connection_id(self, client: Any) -> int | None:
+        """The server-side id of ``client``'s connection, or None if unreachable."""
+        try:
+            if self.params.cluster:
+                return hash(str(await client.custom_command(["CLIENT", "ID"], _g.AllNodes())))
+            return int(await client.custom_command(["CLIENT", "ID"]))
+        except _g.GlideError:
+            return None
+
+    @staticmethod
+    async def close_client(client: Any) -> None:
+        await _close_quietly(client)
+
+
+async def _close_quietly(client: Any) -> None:
+    with trio.CancelScope(shield=True):
+        try:
+            await client.close()
+        except Exception:  # noqa: BLE001 - already closed/broken: nothing to release
+            pass
+

