@@ -154,7 +154,7 @@ def main() -> None:
         *[f"| {name} | {rate:,.0f} | {ratio} |" for name, rate, ratio in rows],
         "",
         "Dequeue latency on an idle queue (a consumer blocked in `dequeue`, woken by inotify; "
-        "from just before `enqueue` to the claim's return, including the enqueue's fsync):",
+        "from just before `enqueue` to the claim's return; the marker is visible before the enqueue's group-commit fsync ends):",
         "",
         f"- p50: {p50:.2f} ms",
         f"- p99: {p99:.2f} ms",

@@ -10,6 +10,8 @@ import trio
 
 from trioqueue import Job, MemoryStorage, Queue
 
+from support import Recorder
+
 
 def test_two_trio_runs_in_two_threads_share_one_storage() -> None:
     storage = MemoryStorage()
@@ -31,7 +33,9 @@ def test_two_trio_runs_in_two_threads_share_one_storage() -> None:
 
     async def producer() -> None:
         await trio.to_thread.run_sync(consumer_ready.wait)
+        completed = Recorder()
         async with Queue(storage, name="shared") as q:
+            q.on("completed", completed)
             await q.enqueue_many([(f"bulk-{i}", i) for i in range(total)])
             # request/response across threads: notifications cross via TrioTokens
             with trio.fail_after(30):
@@ -42,8 +46,7 @@ def test_two_trio_runs_in_two_threads_share_one_storage() -> None:
                             results[f"rr-{i}"] = await q.enqueue_and_wait(f"rr-{i}", i)
 
                         nursery.start_soon(wait_one)
-                while (await q.get_status(f"bulk-{total - 1}")).state != "completed":
-                    await trio.sleep(0.01)
+                await completed.wait_until(lambda evs: len(evs) >= total + 50)
 
     def run(fn: Any) -> None:
         try:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from trioqueue import (
     CancelStatus,
@@ -31,6 +32,8 @@ from trioqueue import (
 )
 from trioqueue.storage import NewJob
 
+from support import Recorder
+
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
 
@@ -47,13 +50,16 @@ async def test_enqueue_and_process(storage: Storage, queue_name: str) -> None:
         done.set()
         return job.payload["n"] * 2
 
+    completed = Recorder()
     async with Queue(storage, name=queue_name, handler=handler, worker_id="w:1", **FAST) as q:
+        q.on("completed", completed)
         r = await q.enqueue("job-1", {"n": 21})
         assert r.status is EnqueueStatus.QUEUED and r.id == "job-1"
         with trio.fail_after(10):
             await done.wait()
-            while (status := await q.get_status("job-1")).state is not JobState.COMPLETED:
-                await trio.sleep(0.01)
+            await completed.wait_for("completed", "job-1")
+        status = await q.get_status("job-1")
+        assert status is not None and status.state is JobState.COMPLETED
         assert status.result == 42 and status.attempts == 1 and status.error is None
         assert await q.get_result("job-1") == 42
     [job] = seen
@@ -147,7 +153,7 @@ async def test_enqueue_and_wait_joins_inflight_duplicate(storage: Storage, queue
                 await started.wait()
                 for _ in range(3):
                     nursery.start_soon(wait_one)
-                await trio.sleep(0.05)
+                await trio.testing.wait_all_tasks_blocked()
                 r = await q.enqueue("same", "p2")
                 assert r.status is EnqueueStatus.DUPLICATE and r.existing_state is JobState.PROCESSING
                 release.set()
@@ -175,7 +181,9 @@ async def test_cancel_queued_job_never_runs(storage: Storage, queue_name: str) -
 
 
 async def test_cancel_while_waited_on(storage: Storage, queue_name: str) -> None:
+    enqueued = Recorder()
     async with Queue(storage, name=queue_name) as producer:
+        producer.on("enqueued", enqueued)
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
                 outcome: list[BaseException] = []
@@ -188,8 +196,7 @@ async def test_cancel_while_waited_on(storage: Storage, queue_name: str) -> None
                         outcome.append(exc)
 
                 await nursery.start(waiter)
-                while await producer.get_status("c") is None:
-                    await trio.sleep(0.01)
+                await enqueued.wait_for("enqueued", "c")
                 assert (await producer.cancel("c")).status is CancelStatus.CANCELLED
         assert len(outcome) == 1 and outcome[0].job_id == "c"
 
@@ -220,7 +227,7 @@ async def test_cancel_statuses_of_running_and_finished_jobs(storage: Storage, qu
 
 async def test_retries_until_success_with_events(storage: Storage, queue_name: str) -> None:
     attempts: list[int] = []
-    events: list[tuple[str, str | None]] = []
+    recorder = Recorder()
 
     async def flaky(job: Job[Any]) -> str:
         attempts.append(job.attempts)
@@ -230,14 +237,13 @@ async def test_retries_until_success_with_events(storage: Storage, queue_name: s
 
     q = Queue(storage, name=queue_name, handler=flaky, max_attempts=3, **FAST)
     for name in ("enqueued", "failing", "requeued", "completed"):
-        q.on(name, lambda ev: events.append((ev.name, ev.job_id)))
+        q.on(name, recorder)
     async with q:
         with trio.fail_after(10):
             assert await q.enqueue_and_wait("flaky", None) == "finally"
-            while ("completed", "flaky") not in events:
-                await trio.sleep(0.01)
+            await recorder.wait_for("completed", "flaky")
     assert attempts == [1, 2, 3]
-    counts = Counter(name for name, _ in events)
+    counts = Counter(e.name for e in recorder.events)
     assert counts["enqueued"] == 1 and counts["failing"] == 2 and counts["completed"] == 1
     assert counts["requeued"] == 2
 
@@ -473,12 +479,21 @@ async def test_graceful_stop_finishes_running_and_returns_prefetched(storage: St
     async with Queue(storage, name=queue_name) as producer:
         await producer.enqueue_many([("first", 1), ("second", 2), ("third", 3)])
         consumer = Queue(storage, name=queue_name, handler=gated, concurrency=1, prefetch=2, **FAST)
+        handed_back: list[str] = []
+        both_back = trio.Event()
+
+        def on_requeued(ev: QueueEvent) -> None:
+            handed_back.append(ev.job_id)
+            if len(handed_back) == 2:
+                both_back.set()
+
+        producer.on("requeued", on_requeued)
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
                 await nursery.start(consumer.run)
                 await started.wait()
-                consumer.stop()  # graceful: "first" must still finish
-                await trio.sleep(0.05)
+                consumer.stop()  # graceful: prefetched jobs go back, "first" still finishes
+                await both_back.wait()
                 release.set()
         assert ran == ["first"]
         assert (await producer.get_status("first")).state is JobState.COMPLETED
@@ -516,15 +531,15 @@ async def test_reaper_recovers_job_of_dead_worker(storage: Storage, queue_name: 
     await storage.enqueue(queue_name, [_raw_job("orphan")])
     [c] = await storage.dequeue(queue_name, "dead-worker", 1, 1.0, 0.3)
     assert c.id == "orphan"
-    stalled: list[QueueEvent] = []
+    stalled = Recorder()
     q = Queue(storage, name=queue_name, handler=echo, visibility_timeout=1.0, **FAST)
-    q.on("stalled", stalled.append)
+    q.on("stalled", stalled)
     async with q:
         with trio.fail_after(15):
             result = await q.enqueue_and_wait("orphan", None)
+            await stalled.wait_for("stalled")
         assert result["attempt"] == 2
-        while not stalled:
-            await trio.sleep(0.01)
+    stalled = stalled.events  # type: ignore[assignment]
     assert stalled[0].job_id == "orphan" and stalled[0].data["worker_id"] == "dead-worker"
 
 
@@ -547,24 +562,26 @@ async def test_long_job_of_live_worker_is_not_recovered(storage: Storage, queue_
 
 async def test_reaper_leader_election_fails_over(storage: Storage, queue_name: str) -> None:
     election = LeaderElection(lock_ttl=0.5, renewal_interval=0.15, acquire_retry_interval=0.1)
-    events: list[tuple[str, str]] = []
+    recorder = Recorder()
     a = Reaper(storage, name=queue_name, leader_election=election, owner_id="A")
     b = Reaper(storage, name=queue_name, leader_election=election, owner_id="B")
     for r in (a, b):
-        r.on("leadership_acquired", lambda ev: events.append((ev.name, ev.data["owner"])))
+        r.on("leadership_acquired", recorder)
+        r.on("leadership_lost", recorder)
     with trio.fail_after(15):
         async with trio.open_nursery() as nursery:
             async with a:
-                while not a.is_leader:
-                    await trio.sleep(0.01)
+                await recorder.wait_for("leadership_acquired")
+                assert a.is_leader
                 await nursery.start(b.run)
-                await trio.sleep(0.7)  # longer than the TTL: a keeps renewing
+                await trio.sleep(0.7)  # longer than the lock TTL: a must keep renewing it
                 assert a.is_leader and not b.is_leader
             # a stopped (released its lock): b takes over
-            while not b.is_leader:
-                await trio.sleep(0.01)
+            await recorder.wait_for("leadership_acquired", count=2)
+            assert b.is_leader
             nursery.cancel_scope.cancel()
-    assert events[:2] == [("leadership_acquired", "A"), ("leadership_acquired", "B")]
+    owners = [(e.name, e.data["owner"]) for e in recorder.events]
+    assert owners[:2] == [("leadership_acquired", "A"), ("leadership_acquired", "B")]
 
 
 async def test_reaper_takes_over_after_leader_dies_without_release(storage: Storage, queue_name: str) -> None:
@@ -572,54 +589,59 @@ async def test_reaper_takes_over_after_leader_dies_without_release(storage: Stor
     # A leader that died holding the lock: it was taken and never renewed or released.
     assert await storage.acquire_lock(f"{queue_name}:reaper", "ghost", 0.4)
     b = Reaper(storage, name=queue_name, leader_election=election, owner_id="B")
+    recorder = Recorder()
+    b.on("leadership_acquired", recorder)
     with trio.fail_after(10):
         async with b:
             assert not b.is_leader
-            while not b.is_leader:
-                await trio.sleep(0.01)
+            await recorder.wait_for("leadership_acquired")
+            assert b.is_leader
 
 
 async def test_lifecycle_events_and_async_callbacks(storage: Storage, queue_name: str) -> None:
     seen: list[str] = []
+    completed_seen = trio.Event()
 
     async def async_cb(ev: QueueEvent) -> None:
         await trio.lowlevel.checkpoint()
         seen.append(f"async:{ev.name}")
+        if ev.name == "completed":
+            completed_seen.set()
 
     def broken(ev: QueueEvent) -> None:
         raise RuntimeError("callback bug")
 
-    errors: list[QueueEvent] = []
+    errors = Recorder()
     q = Queue(storage, name=queue_name, handler=echo, **FAST)
     q.on("started", async_cb)
     q.on("completed", async_cb)
     q.on("completed", broken)
     q.on("stopped", lambda ev: seen.append("stopped"))
-    q.on("error", errors.append)
+    q.on("error", errors)
     async with q:
         with trio.fail_after(10):
             await q.enqueue_and_wait("e", 1)
-            while "async:completed" not in seen or not errors:
-                await trio.sleep(0.01)
+            await completed_seen.wait()
+            await errors.wait_for("error")
     assert seen == ["async:started", "async:completed", "stopped"]
-    assert errors[0].data["where"] == "completed callback"
+    assert errors.events[0].data["where"] == "completed callback"
 
 
 async def test_failed_event_after_last_attempt(storage: Storage, queue_name: str) -> None:
-    failed: list[QueueEvent] = []
+    failed = Recorder()
 
     async def bad(job: Job[Any]) -> None:
         raise OSError("disk")
 
     q = Queue(storage, name=queue_name, handler=bad, max_attempts=1, **FAST)
-    q.on("failed", failed.append)
+    q.on("failed", failed)
     async with q:
         with trio.fail_after(10), pytest.raises(JobFailedError):
             await q.enqueue_and_wait("x", 1)
         with trio.fail_after(10):
-            while not failed:
-                await trio.sleep(0.01)
-    assert failed[0].job_id == "x" and failed[0].data["error"].type == "OSError"
+            await failed.wait_for("failed", "x")
+    [event] = failed.events
+    assert event.job_id == "x" and event.data["error"].type == "OSError"
 
 
 async def test_undecodable_payload_fails_without_retry(storage: Storage, queue_name: str) -> None:
@@ -638,3 +660,34 @@ def _raw_job(job_id: str) -> NewJob:
     from trioqueue._core import encode_envelope
 
     return NewJob(job_id, encode_envelope(job_id, b"null", 0, 0, 3, 60_000), 3, 60.0)
+
+
+async def test_body_exception_propagates_unwrapped_and_jobs_go_back(storage: Storage, queue_name: str) -> None:
+    started = trio.Event()
+
+    async def forever(job: Job[Any]) -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue("j", 1)
+        with pytest.raises(KeyError, match="app bug"):
+            async with Queue(storage, name=queue_name, handler=forever, **FAST):
+                with trio.fail_after(10):
+                    await started.wait()
+                raise KeyError("app bug")
+        status = await producer.get_status("j")
+        assert status is not None and status.state is JobState.QUEUED and status.attempts == 0
+
+
+async def test_run_as_a_service_with_nursery_start(storage: Storage, queue_name: str) -> None:
+    q = Queue(storage, name=queue_name, handler=echo, **FAST)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(q.run)
+            assert q.running
+            assert await q.enqueue_and_wait("svc", 5) == {"echo": 5, "attempt": 1}
+            with pytest.raises(TrioQueueError, match="already running"):
+                await q.run()
+            q.stop()
+    assert not q.running

@@ -295,6 +295,7 @@ async def _restart_scenario(server: RedisServer) -> None:
     acked: list[str] = []
     done: set[str] = set()
     stop_producing = trio.Event()
+    producer_done = trio.Event()
     lease = 2.0
     async with st:
 
@@ -306,6 +307,7 @@ async def _restart_scenario(server: RedisServer) -> None:
                 outcomes = await st.enqueue("q", [_job(x) for x in ids])
                 acked.extend(x for x, o in zip(ids, outcomes, strict=True) if o.status == "queued")
                 await trio.sleep(0.005)
+            producer_done.set()
 
         async def consumer(worker: str) -> None:
             while True:
@@ -340,7 +342,7 @@ async def _restart_scenario(server: RedisServer) -> None:
                 before = len(done)
                 await _wait_until(lambda: _gt(lambda: len(done), before + 50), timeout=30)
             stop_producing.set()
-            await trio.sleep(0)
+            await producer_done.wait()
 
             async def all_done() -> bool:
                 return set(acked) <= done
@@ -359,3 +361,49 @@ async def _gt(value, n: int) -> bool:
 
 
 _ = (math, time)
+
+
+HELPER = __import__("pathlib").Path(__file__).parent / "helpers" / "redis_worker.py"
+
+
+async def test_sigkilled_worker_process_job_is_recovered(redis_url: str) -> None:
+    """A worker process claims a job and is SIGKILLed mid-job: once its heartbeat expires
+    recover_stalled requeues the job and another worker completes it (attempt 2)."""
+    import subprocess
+    import sys
+
+    prefix = _prefix()
+    st = RedisStorage(redis_url, prefix=prefix)
+    async with st, st.subscribe("q") as rx:
+        await st.enqueue("q", [_job("victim")])
+        proc = subprocess.Popen(
+            [sys.executable, str(HELPER), "claim-and-hang", redis_url, prefix, "q", "doomed", "30", "0.6"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            line = await trio.to_thread.run_sync(proc.stdout.readline)
+            assert line.split() == ["CLAIMED", "victim"]
+            assert "doomed" in await st.workers("q")
+            proc.kill()
+            await trio.to_thread.run_sync(proc.wait)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        # the lease (30 s) is far away: it is the dead worker's heartbeat that expires
+        recovered, next_deadline = await st.recover_stalled("q")
+        if not recovered:
+            assert next_deadline is not None
+            await trio.sleep(max(0.0, next_deadline - time.time()) + 0.01)  # the reaper sleeps until then
+            recovered, _ = await st.recover_stalled("q")
+        assert recovered == [("victim", "requeued")]
+        claims = await st.dequeue("q", "healthy", 1, 1, 30)
+        assert [(c.id, c.attempts) for c in claims] == [("victim", 2)]
+        assert await st.settle("q", "healthy", [Settlement(SettleKind.COMPLETE, "victim", b"ok", ttl=60)]) == [True]
+        kinds = []
+        with trio.fail_after(5):
+            while "completed" not in kinds:
+                kinds += [e.kind for e in await rx.receive() if e.job_id == "victim"]
+        assert kinds == ["enqueued", "stalled", "requeued", "completed"]

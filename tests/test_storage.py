@@ -11,6 +11,7 @@ import math
 
 import pytest
 import trio
+import trio.testing
 
 from trioqueue import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from trioqueue._core import encode_envelope, parse_state
@@ -74,7 +75,7 @@ async def test_blocking_dequeue_wakes_on_enqueue(storage: Storage, queue_name: s
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             await nursery.start(consumer)
-            await trio.sleep(0.05)  # let the consumer block first
+            await trio.testing.wait_all_tasks_blocked()  # the consumer is blocked in dequeue
             await storage.enqueue(queue_name, [job("late")])
     assert [c.id for c in got] == ["late"]
 

@@ -100,7 +100,7 @@ async def run_demo(
     request_failures = 0
     start = time.perf_counter()
     async with AsyncExitStack() as stack:
-        queue = Queue(storage, name="demo", handler=handler, concurrency=concurrency, max_attempts=3, retry_delay=0.05)
+        queue: Queue[dict[str, Any], Any] = Queue(storage, name="demo", handler=handler, concurrency=concurrency, max_attempts=3, retry_delay=0.05)
         for name in ("completed", "failed", "failing"):
             queue.on(name, count)
         await stack.enter_async_context(queue)

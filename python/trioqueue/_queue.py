@@ -215,10 +215,15 @@ class Queue(Generic[P, R]):
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        self.stop()
-        cm, self._cm, self._cm_nursery = self._cm, None, None
-        return await cm.__aexit__(exc_type, exc, tb)
+    ) -> bool:
+        cm, nursery, self._cm, self._cm_nursery = self._cm, self._cm_nursery, None, None
+        if exc is None:
+            self.stop()  # graceful
+        elif nursery is not None and not isinstance(exc, trio.Cancelled):
+            nursery.cancel_scope.cancel()  # the body failed: forced stop, jobs go back
+        # The body's own exception propagates as it is, not wrapped in an ExceptionGroup.
+        await cm.__aexit__(None, None, None)
+        return False
 
     def stop(self) -> None:
         """Ask a running queue to stop gracefully; :meth:`run` returns when it has."""
@@ -533,16 +538,17 @@ class Queue(Generic[P, R]):
         try:
             jid, raw, created_ms, _, max_attempts, ttl_ms, corr = decode_envelope(claim.envelope)
         except CodecError as exc:
-            error = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
-            return Settlement(SettleKind.FAIL, claim.id, encode_error(error), ttl=self.result_ttl)
+            bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
+            return Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=self.result_ttl)
         ttl = ttl_ms / 1000 if ttl_ms else self.result_ttl
         try:
             payload = self.payload_serde.loads(raw)
         except Exception as exc:
             # A payload that cannot be decoded never will be: fail for good, no retry.
-            error = _job_error(exc)
-            error = JobError("PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", error.traceback)
-            return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl)
+            bad = JobError(
+                "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", _job_error(exc).traceback
+            )
+            return Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl)
         job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, self.worker_id, corr)
         error: JobError | None = None
         result: Any = None

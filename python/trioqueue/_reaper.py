@@ -104,10 +104,12 @@ class Reaper:
             raise
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        cm, self._cm = self._cm, None
-        self._nursery.cancel_scope.cancel()
-        return await cm.__aexit__(*exc_info)
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        cm, nursery, self._cm, self._nursery = self._cm, self._nursery, None, None
+        if nursery is not None:
+            nursery.cancel_scope.cancel()
+        await cm.__aexit__(None, None, None)
+        return False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reap until cancelled. Reports started once the storage is open (a follower keeps

@@ -110,6 +110,9 @@ class GlideAdapter:
         p = self.params
         creds = _g.ServerCredentials(password=p.password, username=p.username) if p.password is not None else None
         adv_kwargs: dict[str, Any] = {"connection_timeout": int(p.connect_timeout * 1000)}
+        if pubsub is not None:
+            # after a reconnect GLIDE re-subscribes at its next reconciliation (default ~3 s)
+            adv_kwargs["pubsub_reconciliation_interval"] = 100
         if p.tls and p.insecure_tls:
             adv_kwargs["tls_config"] = _g.TlsAdvancedConfiguration(use_insecure_tls=True)
         kwargs: dict[str, Any] = dict(

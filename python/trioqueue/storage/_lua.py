@@ -148,54 +148,65 @@ local function promote(now)
 end
 """
 
-# ARGV: worker, max_jobs, lease_ms, moved entry ('' if none).
+# ARGV: worker, max_jobs, lease_ms, moved entry ('' if none), reconcile ('1': also claim
+# entries of the worker's list that a blocking move put there but no claim followed,
+# e.g. its reply was lost to a fault or its caller was cancelled).
 # Returns {{id, envelope, attempts}..., next delayed run-at ms or false}.
 CLAIM = _PRELUDE + _PROMOTE + r"""
-local W, MX, LEASE, MOVED = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local W, MX, LEASE, MOVED, RECONCILE = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local now = now_ms()
 local P = pk(W)
 redis.call('SADD', B .. ':procs', W)
 promote(now)
 local out = {}
+-- 'claim' | 'held' (already claimed by W: leave it) | 'stale'
 local function try(entry)
   local tok, id = split(entry)
-  if not id then return false end
+  if not id then return 'stale' end
   local st = redis.call('HGET', J, id)
-  if not starts(st, 'queued:') then return false end
-  local h = redis.call('HMGET', jk(id), 'k', 'e')
-  if h[1] ~= tok then return false end
+  local h = redis.call('HMGET', jk(id), 'k', 'e', 'w')
+  if not st or h[1] ~= tok then return 'stale' end
+  if starts(st, 'processing:') and h[3] == W then return 'held' end
+  if not starts(st, 'queued:') then return 'stale' end
   local a = redis.call('HINCRBY', jk(id), 'a', 1)
   redis.call('HSET', jk(id), 'w', W)
   redis.call('HSET', J, id, 'processing:' .. now .. ':' .. W)
   redis.call('ZADD', L, now + LEASE, id)
   out[#out + 1] = {id, h[2], a}
-  return true
+  return 'claim'
 end
-if MOVED ~= '' then
+if RECONCILE == '1' then
+  for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
+    if #out >= MX then break end
+    if try(e) == 'stale' then redis.call('LREM', P, 1, e) end
+  end
+end
+if MOVED ~= '' and #out < MX then
   -- moved into P by the blocking client; claim it only if it is still there
   if redis.call('LPOS', P, MOVED, 'RANK', -1) then
-    if not try(MOVED) then redis.call('LREM', P, -1, MOVED) end
+    if try(MOVED) == 'stale' then redis.call('LREM', P, -1, MOVED) end
   end
 end
 while #out < MX do
   local entry = redis.call('LPOP', Q)
   if not entry then break end
-  if try(entry) then redis.call('RPUSH', P, entry) end
+  if try(entry) == 'claim' then redis.call('RPUSH', P, entry) end
 end
 flush()
 local nd = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
 return {out, nd[2] or false}
 """
 
-# ARGV: worker, then (kind c|f|r, id, data, ttl_ms, delay_ms) per settlement.
-# Returns a list of 1 (settled) / 0 (fenced).
+# ARGV: worker, call token, then (kind c|f|r, id, data, ttl_ms, delay_ms) per settlement.
+# Returns a list of 1 (settled) / 0 (fenced). A retry of the same call (its reply was lost)
+# finds its token on the job and answers 1 again instead of fencing.
 SETTLE = _PRELUDE + r"""
-local W = ARGV[1]
+local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
 local P = pk(W)
 local out = {}
 local wake = false
-for i = 2, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local kind, id, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local ttl, delay = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
   local st = redis.call('HGET', J, id)
@@ -205,10 +216,15 @@ for i = 2, #ARGV, 5 do
     if h[1] ~= W or redis.call('LREM', P, 1, h[2] .. ':' .. id) == 0 then h = nil end
   end
   if not h then
-    ev('fenced', id, W)
-    out[#out + 1] = 0
+    if st and redis.call('HGET', jk(id), 'z') == CALL then
+      out[#out + 1] = 1
+    else
+      ev('fenced', id, W)
+      out[#out + 1] = 0
+    end
   else
     out[#out + 1] = 1
+    redis.call('HSET', jk(id), 'z', CALL)
     redis.call('ZREM', L, id)
     if kind == 'c' then
       setpx(B .. ':result:' .. id, data, ttl)

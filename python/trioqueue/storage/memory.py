@@ -176,14 +176,17 @@ class MemoryStorage(Storage):
 
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
         heap = q.delayed
+        due: list[bytes] = []
         while heap and heap[0][0] <= now:
             run_at, _, rec = heapq.heappop(heap)
             if rec.kind == _FAILING and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
                 rec.kind = _QUEUED
                 rec.ts_ms = int(now * 1000)
                 rec.run_at = math.inf
-                q.ready.push(rec.envelope)
+                due.append(rec.envelope)
                 events.append(StorageEvent("requeued", rec.id))
+        if due:
+            q.ready.push_many(due)  # batch calls: where the Rust queue beats a deque
 
     def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
         if events:
@@ -451,6 +454,7 @@ class MemoryStorage(Storage):
         recovered: list[tuple[str, str]] = []
         events: list[StorageEvent] = []
         next_deadline = math.inf
+        requeue: list[bytes] = []
         with self._lock:
             q = self._q(queue)
             self._expire(q, now)
@@ -467,7 +471,7 @@ class MemoryStorage(Storage):
                     if rec.attempts < rec.max_attempts:
                         rec.kind = _QUEUED
                         rec.ts_ms = int(now * 1000)
-                        q.ready.push(rec.envelope)
+                        requeue.append(rec.envelope)
                         events.append(StorageEvent("requeued", job_id, worker_id))
                         recovered.append((job_id, "requeued"))
                     else:
@@ -477,6 +481,8 @@ class MemoryStorage(Storage):
                         recovered.append((job_id, "failed"))
                 if not proc and worker_id not in q.workers:
                     del q.processing[worker_id]
+            if requeue:
+                q.ready.push_many(requeue)
             self._publish(q, events)
             if recovered:
                 self._wake(q)

@@ -147,6 +147,9 @@ class RedisStorage(Storage):
         self._scripts: dict[str, Any] = {}
         self._coalescers: dict[str, _Coalescer] = {}
         self._subs: set[_Sub] = set()
+        # (queue, worker) whose blocking move failed or was cancelled: the server may have
+        # moved a job into the worker's list anyway; its next claim adopts such entries.
+        self._unclaimed_moves: set[tuple[str, str]] = set()
         self._call_seq = 0
         self._call_prefix = os.urandom(6).hex()
 
@@ -281,7 +284,13 @@ class RedisStorage(Storage):
     async def _claim(
         self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes
     ) -> tuple[list[Claim], float | None]:
-        reply = await self._run_shielded("claim", queue, [worker_id, str(max_jobs), str(_ms(lease)), moved])
+        key = (queue, worker_id)
+        reconcile = b"1" if key in self._unclaimed_moves else b"0"
+        reply = await self._run_shielded(
+            "claim", queue, [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile]
+        )
+        if reconcile == b"1":
+            self._unclaimed_moves.discard(key)
         claims = [Claim(_text(i), env, int(a)) for i, env, a in reply[0]]
         next_due = float(reply[1]) / 1000 if reply[1] is not None else None
         return claims, next_due
@@ -309,8 +318,12 @@ class RedisStorage(Storage):
                 moved = await self._adapter.blocking_move(src, dst, block)
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
+                self._unclaimed_moves.add((queue, worker_id))
                 await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
                 backoff = min(backoff * 2, 1.0)
+            except BaseException:  # cancelled: the move may still have happened
+                self._unclaimed_moves.add((queue, worker_id))
+                raise
             claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, moved or b"")
             if claims:
                 return claims
@@ -319,7 +332,7 @@ class RedisStorage(Storage):
         await trio.lowlevel.checkpoint_if_cancelled()
         if not settlements:
             return []
-        args: list[Any] = [worker_id]
+        args: list[Any] = [worker_id, self._call_token()]
         for s in settlements:
             args += [_KIND_CODE[s.kind], s.id, s.data, str(_ms(s.ttl)), str(_ms(s.delay))]
         reply = await self._run_shielded("settle", queue, args)

@@ -1,0 +1,35 @@
+"""Test helpers shared by the suite (imported as ``support``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from trioqueue import QueueEvent
+
+
+class Recorder:
+    """An event callback that records what it is given and lets a test wait for a
+    condition on the recorded events (woken by each event, never by a timer)."""
+
+    def __init__(self) -> None:
+        self.events: list[QueueEvent] = []
+        self._changed = trio.Event()
+
+    def __call__(self, event: QueueEvent) -> None:
+        self.events.append(event)
+        self._changed.set()
+
+    def ids(self, name: str | None = None) -> list[str | None]:
+        return [e.job_id for e in self.events if name is None or e.name == name]
+
+    async def wait_until(self, predicate: Callable[[list[QueueEvent]], bool]) -> None:
+        while not predicate(self.events):
+            self._changed = trio.Event()
+            await self._changed.wait()
+
+    async def wait_for(self, name: str, job_id: str | None = None, count: int = 1) -> None:
+        await self.wait_until(
+            lambda evs: sum(1 for e in evs if e.name == name and (job_id is None or e.job_id == job_id)) >= count
+        )
