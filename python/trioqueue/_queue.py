@@ -75,6 +75,17 @@ def _job_error(exc: BaseException) -> JobError:
     )
 
 
+def _encode(serde: Serde, value: Any, what: str, error: type[TrioQueueError]) -> bytes:
+    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``."""
+    try:
+        data = serde.dumps(value)
+    except Exception as exc:
+        raise error(f"{what} cannot be encoded by {type(serde).__name__}: {exc}") from exc
+    if not isinstance(data, bytes):
+        raise error(f"{what}: {type(serde).__name__}.dumps returned {type(data).__name__}, not bytes")
+    return data
+
+
 class _Waiter:
     """One ``enqueue_and_wait`` caller parked until its job's terminal event."""
 
@@ -332,16 +343,7 @@ class Queue(Generic[P, R]):
         jid = check.job_id(job_id)
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
-        try:
-            data = self.payload_serde.dumps(payload)
-        except Exception as exc:
-            raise ValidationError(
-                f"payload of job {jid!r} cannot be encoded by {type(self.payload_serde).__name__}: {exc}"
-            ) from exc
-        if not isinstance(data, bytes):
-            raise ValidationError(
-                f"{type(self.payload_serde).__name__}.dumps returned {type(data).__name__}, not bytes (job {jid!r})"
-            )
+        data = _encode(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
         envelope = encode_envelope(jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000))
         return NewJob(jid, envelope, attempts, ttl)
 
@@ -587,15 +589,7 @@ class Queue(Generic[P, R]):
         return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl)
 
     def _dump_result(self, job_id: str, result: Any) -> bytes:
-        try:
-            data = self.result_serde.dumps(result)
-        except Exception as exc:
-            raise TrioQueueError(
-                f"result of job {job_id!r} cannot be encoded by {type(self.result_serde).__name__}: {exc}"
-            ) from exc
-        if not isinstance(data, bytes):
-            raise TrioQueueError(f"{type(self.result_serde).__name__}.dumps returned {type(data).__name__}, not bytes")
-        return data
+        return _encode(self.result_serde, result, f"result of job {job_id!r}", TrioQueueError)
 
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"

@@ -1,0 +1,43 @@
+"""The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
+
+The tests are the ones of tests/test_storage.py, imported here; this module's ``storage``
+fixture overrides the parametrised one so they run once, on the cluster.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+pytest.importorskip("glide")
+
+from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
+
+from trioqueue.storage import NewJob, Storage  # noqa: E402
+from trioqueue.storage.redis import RedisStorage  # noqa: E402
+
+
+@pytest.fixture
+def backend() -> str:
+    return "redis-cluster"
+
+
+@pytest.fixture
+async def storage(redis_cluster_url: str) -> AsyncIterator[Storage]:
+    st = RedisStorage(redis_cluster_url, prefix=f"c-{uuid.uuid4().hex[:12]}", cluster=True)
+    async with st:
+        yield st
+
+
+async def test_cluster_queues_live_in_different_slots(redis_cluster_url: str) -> None:
+    """Several queues spread over the masters; each queue's scripts run on its own slot."""
+    st = RedisStorage(redis_cluster_url, prefix=f"c-{uuid.uuid4().hex[:12]}", cluster=True)
+    async with st:
+        names = [f"q{i}" for i in range(12)]
+        for name in names:
+            await st.enqueue(name, [NewJob("j", b"e", 3, 60.0)])
+        for name in names:
+            claims = await st.dequeue(name, "w", 10, 1, 30)
+            assert [c.id for c in claims] == ["j"]
