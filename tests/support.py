@@ -33,3 +33,27 @@ class Recorder:
         await self.wait_until(
             lambda evs: sum(1 for e in evs if e.name == name and (job_id is None or e.job_id == job_id)) >= count
         )
+
+
+class ProcessLines:
+    """Line-by-line reader of a child process's stdout, under Trio."""
+
+    def __init__(self, process: trio.Process) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self._stream = process.stdout
+        self._buf = b""
+
+    async def readline(self) -> str:
+        while b"\n" not in self._buf:
+            chunk = await self._stream.receive_some(4096)
+            if not chunk:
+                raise EOFError(f"process {self.process.pid} closed its stdout (exit code {self.process.returncode})")
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode()
+
+    async def wait_for(self, prefix: str) -> str:
+        while not (line := await self.readline()).startswith(prefix):
+            pass
+        return line

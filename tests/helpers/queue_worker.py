@@ -1,0 +1,91 @@
+"""A real worker process for the crash tests (tests/test_processes.py).
+
+    python queue_worker.py worker SPEC_JSON
+    python queue_worker.py reaper SPEC_JSON
+
+SPEC_JSON: {"backend": "file", "directory": ...} or {"backend": "redis", "url": ..., "prefix": ...},
+plus "queue", "worker_id", "concurrency", "visibility_timeout", "log" (a file every job
+start is appended to: "<job id> <worker id> <attempt>"), and for reapers "lock_ttl".
+
+``worker`` runs a Queue whose handler logs the start, sleeps ``payload["seconds"]`` and
+returns ``{"id", "by"}``; prints ``READY`` once running. ``reaper`` runs a leader-elected
+Reaper and prints ``LEADER <owner>`` / ``FOLLOWER <owner>``. Both stop gracefully on
+SIGTERM and die on SIGKILL, which is the point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import trio
+
+from trioqueue import Job, LeaderElection, Queue, Reaper, Storage
+
+
+def make_storage(spec: dict[str, Any]) -> Storage:
+    if spec["backend"] == "file":
+        from trioqueue.storage.file import FileStorage
+
+        return FileStorage(spec["directory"])
+    if spec["backend"] == "redis":
+        from trioqueue.storage.redis import RedisStorage
+
+        return RedisStorage(spec["url"], prefix=spec["prefix"])
+    raise SystemExit(f"unknown backend {spec['backend']}")
+
+
+async def worker(spec: dict[str, Any]) -> None:
+    worker_id = spec["worker_id"]
+    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def handler(job: Job[Any]) -> dict[str, Any]:
+        os.write(log_fd, f"{job.id} {worker_id} {job.attempts}\n".encode())
+        await trio.sleep(job.payload.get("seconds", 0))
+        return {"id": job.id, "by": worker_id}
+
+    queue: Queue[Any, Any] = Queue(
+        make_storage(spec),
+        name=spec["queue"],
+        handler=handler,
+        worker_id=worker_id,
+        concurrency=spec.get("concurrency", 4),
+        visibility_timeout=spec.get("visibility_timeout", 1.0),
+        block_timeout=0.5,
+        retry_delay=0,
+        max_attempts=spec.get("max_attempts", 10),
+    )
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with queue:
+            print("READY", flush=True)
+            async for _ in signals:
+                break
+
+
+async def reaper(spec: dict[str, Any]) -> None:
+    ttl = spec.get("lock_ttl", 1.0)
+    r = Reaper(
+        make_storage(spec),
+        name=spec["queue"],
+        owner_id=spec["worker_id"],
+        leader_election=LeaderElection(lock_ttl=ttl, renewal_interval=ttl / 4, acquire_retry_interval=ttl / 10),
+    )
+    r.on("leadership_acquired", lambda ev: print("LEADER", ev.data["owner"], flush=True))
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with r:
+            print("FOLLOWER" if not r.is_leader else "LEADER", r.owner_id, flush=True)
+            async for _ in signals:
+                break
+
+
+def main() -> None:
+    mode, spec_json = sys.argv[1:3]
+    spec = json.loads(spec_json)
+    trio.run({"worker": worker, "reaper": reaper}[mode], spec)
+
+
+if __name__ == "__main__":
+    main()
