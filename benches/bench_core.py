@@ -259,6 +259,70 @@ def bench_state(t: Table, repeat: int, n: int) -> None:
     t.add("state", "format_state (mix of 5 kinds)", best_ops(format_(_core.format_state), repeat), "f-string + checks", best_ops(format_(py_format_state), repeat))
 
 
+# ------------------------------------------------------------------ events
+
+
+def py_decode_events(payload: bytes) -> list[tuple[str, str, str | None, bytes | None, bytes | None]]:
+    """The plain-Python twin: the Redis backend's decoder before the Rust one."""
+    out = []
+    fields: list[bytes | None] = []
+    i, n = 0, len(payload)
+    while i < n:
+        if payload[i] == 0x2D:  # '-'
+            fields.append(None)
+            i += 1
+        else:
+            c = payload.index(b":", i)
+            size = int(payload[i:c])
+            fields.append(payload[c + 1 : c + 1 + size])
+            i = c + 1 + size
+        if len(fields) == 5:
+            kind, job_id, worker, result, error = fields
+            out.append(
+                (
+                    (kind or b"").decode(),
+                    (job_id or b"").decode(),
+                    worker.decode() if worker is not None else None,
+                    result,
+                    error,
+                )
+            )
+            fields = []
+    return out
+
+
+def _event_message(count: int) -> bytes:
+    parts = []
+    for i in range(count):
+        kind, worker, result = ("completed", b"host:1234:abcd", b'{"ok":true,"n":%d}' % i) if i % 2 else ("enqueued", None, None)
+        for f in (kind.encode(), f"job-{i:06}".encode(), worker, result, None):
+            parts.append(b"-" if f is None else str(len(f)).encode() + b":" + f)
+    return b"".join(parts)
+
+
+def bench_events(t: Table, repeat: int, n: int) -> None:
+    for size in (1, 100):
+        msg = _event_message(size)
+        assert _core.decode_events(msg) == py_decode_events(msg)
+        rounds = range(max(1, n // size))
+
+        def run(f: Callable[[bytes], object]) -> Callable[[], int]:
+            def go() -> int:
+                for _ in rounds:
+                    f(msg)
+                return len(rounds) * size
+
+            return go
+
+        t.add(
+            "events",
+            f"decode_events, {size} event(s) per message",
+            best_ops(run(_core.decode_events), repeat),
+            "index/slice/int/decode loop",
+            best_ops(run(py_decode_events), repeat),
+        )
+
+
 # ------------------------------------------------------------------- queue
 
 
@@ -526,6 +590,7 @@ def main() -> None:
     t = Table()
     bench_envelope(t, args.repeat, n)
     bench_state(t, args.repeat, n)
+    bench_events(t, args.repeat, n)
     bench_queue_single(t, args.repeat, n)
     bench_queue_threads(t, max(3, args.repeat // 2 + 1), n)
     md = t.markdown(header)

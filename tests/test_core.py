@@ -346,3 +346,50 @@ def test_queue_threads_nothing_lost_or_duplicated() -> None:
             seq = [index[id(x)] for x in part if index[id(x)] // per_producer == p]
             assert seq == sorted(seq)
     assert len(q) == 0
+
+
+# -- event-stream messages ---------------------------------------------------------
+
+
+def _py_encode_events(events: list[tuple[str, str, str | None, bytes | None, bytes | None]]) -> bytes:
+    """The Lua scripts' ``ns()`` encoding, written independently in Python."""
+    out = bytearray()
+    for ev in events:
+        for f in ev:
+            if f is None:
+                out += b"-"
+            else:
+                b = f.encode() if isinstance(f, str) else f
+                out += str(len(b)).encode() + b":" + b
+    return bytes(out)
+
+
+event_tuples = st.tuples(
+    st.sampled_from(["enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "fenced"]),
+    st.text(max_size=50),
+    st.none() | st.text(max_size=20),
+    st.none() | st.binary(max_size=200),
+    st.none() | st.binary(max_size=200),
+)
+
+
+@given(st.lists(event_tuples, max_size=20))
+def test_decode_events_round_trip(events: list) -> None:
+    assert _core.decode_events(_py_encode_events(events)) == events
+
+
+@given(st.binary(max_size=200))
+def test_decode_events_garbage_raises_cleanly(data: bytes) -> None:
+    try:
+        out = _core.decode_events(data)
+    except _core.EventsError as exc:
+        assert "event" in str(exc)
+    else:
+        assert all(len(ev) == 5 for ev in out)
+
+
+def test_decode_events_truncated() -> None:
+    wire = _py_encode_events([("completed", "job", "w", b"result", None)])
+    for cut in range(1, len(wire)):
+        with pytest.raises(_core.EventsError):
+            _core.decode_events(wire[:cut])

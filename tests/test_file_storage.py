@@ -16,7 +16,7 @@ import trio
 
 from trioqueue._core import encode_envelope
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
-from trioqueue.storage._fsutil import encode_name, unpack_record
+from trioqueue.storage._fsutil import encode_name, read_rec
 
 HELPER = str(Path(__file__).parent / "helpers" / "fs_proc.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
@@ -109,7 +109,7 @@ async def test_killed_producer_loses_no_acknowledged_job(tmp_path: Path) -> None
     assert not [f for f in files if f.name.startswith(".tmp-")]
     for f in files:
         if f.parent.name == "jobs":
-            unpack_record(f.read_bytes())  # every record parses
+            assert read_rec(str(f), f.name) is not None  # every record parses
 
 
 async def test_two_producers_two_consumers(tmp_path: Path) -> None:
@@ -172,7 +172,9 @@ async def test_odd_ids_stay_inside_and_round_trip(tmp_path: Path) -> None:
 async def test_corrupt_job_file_is_quarantined(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     d = tmp_path / "store"
     async with FileStorage(d) as st, st.subscribe("q") as events:
-        await st.enqueue("q", [job("bad"), job("good1")])
+        # Its own call: a batch shares one segment file, and damage to it hits the batch.
+        await st.enqueue("q", [job("bad")])
+        await st.enqueue("q", [job("good1")])
         qdir = d / "q" / encode_name("q")
         (qdir / "jobs" / encode_name("bad")).write_bytes(b"\x00garbage\xff" * 10)
         (qdir / "ready" / "not-a-marker").write_bytes(b"junk")
@@ -246,3 +248,76 @@ async def test_leader_lock_across_instances(tmp_path: Path) -> None:
         assert await b.acquire_lock("reaper", "B", 0.05)
         await trio.sleep(0.1)  # the TTL is what is tested here
         assert await a.acquire_lock("reaper", "A", 30)
+
+
+# -- crash windows of the segment layout (the helper dies with os._exit at an exact point) --
+
+
+def crash(scenario: str, d: Path) -> None:
+    proc = spawn("crash", scenario, str(d), "q")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 137, (proc.returncode, out)
+
+
+def assert_consistent(d: Path) -> None:
+    files = all_files(d)
+    assert not [f for f in files if f.name.startswith(".tmp-")]
+    for f in files:
+        if f.parent.name == "jobs":
+            assert read_rec(str(f), f.name) is not None
+
+
+@pytest.mark.parametrize("scenario", ["enqueue-after-segment", "enqueue-mid-records", "enqueue-after-records"])
+async def test_enqueue_killed_between_segment_and_links(tmp_path: Path, scenario: str) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("before")])
+    crash(scenario, d)
+    async with FileStorage(d) as st:
+        assert_consistent(d)
+        # Nothing was acknowledged: each job is either absent or fully queued (repair
+        # linked the ready marker of those whose record was linked), never half there.
+        present = [i for i in ("e1", "e2", "e3") if await st.get_job("q", i) is not None]
+        expected = {"enqueue-after-segment": [], "enqueue-mid-records": ["e1"], "enqueue-after-records": ["e1", "e2", "e3"]}
+        assert present == expected[scenario]
+        for i in present:
+            assert (await st.get_job("q", i)).state.startswith("queued:")
+        out = await st.enqueue("q", [job(i) for i in ("e1", "e2", "e3")])
+        assert [o.status for o in out] == ["duplicate" if i in present else "queued" for i in ("e1", "e2", "e3")]
+        claims = await st.dequeue("q", "w", 10, 0, 30)
+        assert [c.id for c in claims] == ["before", *present, *[i for i in ("e1", "e2", "e3") if i not in present]]
+        assert all(c.attempts == 1 for c in claims)
+
+
+async def test_consumer_killed_between_claim_and_record(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("a"), job("b")])
+    crash("claim-before-records", d)
+    async with FileStorage(d) as st:
+        assert sorted(await st.held_jobs("q", "wc")) == ["a", "b"]
+        assert (await st.get_job("q", "a")).state.startswith("queued:")
+        recovered, _ = await st.recover_stalled("q")
+        assert recovered == []  # the claim never happened: undone, no attempt counted
+        assert await st.held_jobs("q", "wc") == []
+        claims = await st.dequeue("q", "w", 10, 0, 30)
+        assert [(c.id, c.attempts) for c in claims] == [("a", 1), ("b", 1)]
+
+
+async def test_consumer_killed_between_settle_record_and_links(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("r1"), job("c1")])
+    crash("settle-after-records", d)
+    async with FileStorage(d) as st:  # start-up repair restores the retry's delayed/ link
+        assert_consistent(d)
+        rec = await st.get_job("q", "c1")
+        assert rec.state.startswith("completed:") and rec.result == b"42"
+        assert (await st.get_job("q", "r1")).state.startswith("failing:")
+        await trio.sleep(0.3)  # the dead worker's heartbeat expires
+        recovered, _ = await st.recover_stalled("q")
+        assert recovered == []  # both were settled: only stale proc entries to drop
+        assert await st.held_jobs("q", "wc") == []
+        claims = await st.dequeue("q", "w", 10, 0, 30)
+        assert [(c.id, c.attempts) for c in claims] == [("r1", 2)]
+        assert (await st.get_job("q", "c1")).state.startswith("completed:")

@@ -27,6 +27,15 @@ class CodecError(ValueError):
 class StateError(ValueError):
     """A job state string is malformed, or state fields are invalid."""
 
+class EventsError(ValueError):
+    """An event-stream message is malformed."""
+
+def decode_events(data: bytes) -> list[tuple[str, str, str | None, bytes | None, bytes | None]]:
+    """Split an event-stream message (as published by the Redis backend's scripts) into
+    ``(kind, job_id, worker_id, result, error)`` tuples. Each event is five fields, each
+    ``-`` (absent) or ``<decimal length>:<bytes>``. Raises ``EventsError`` on malformed
+    input (truncated, bad length, non-UTF-8 kind/id/worker)."""
+
 def encode_envelope(
     id: str,
     payload: bytes,

@@ -1,7 +1,7 @@
 //! Rust core of trioqueue.
 //!
 //! The logic lives in plain Rust modules that do not depend on PyO3
-//! ([`codec`], [`state`], [`mpmc`]); the `python` feature adds the thin
+//! ([`codec`], [`events`], [`state`], [`mpmc`]); the `python` feature adds the thin
 //! binding layer that maturin builds into `trioqueue._core`.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -11,6 +11,7 @@
 )]
 
 pub mod codec;
+pub mod events;
 pub mod mpmc;
 pub mod state;
 

@@ -23,6 +23,12 @@ create_exception!(
 );
 create_exception!(
     trioqueue._core,
+    EventsError,
+    PyValueError,
+    "Raised when an event-stream message is malformed."
+);
+create_exception!(
+    trioqueue._core,
     StateError,
     PyValueError,
     "Raised for a malformed job state string or invalid state fields."
@@ -158,6 +164,52 @@ fn envelope_with_attempts<'py>(
     PyBytes::new_with(py, w.len(), |buf| {
         w.write_into(buf).map(|_| ()).map_err(internal_buffer_error)
     })
+}
+
+/// Decodes an event-stream message into `[(kind, job_id, worker_id, result, error), ...]`.
+#[pyfunction]
+fn decode_events<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+    let events = crate::events::decode(data).map_err(|e| EventsError::new_err(e.to_string()))?;
+    let text = |f: Option<&[u8]>, what: &str| -> PyResult<Bound<'py, PyAny>> {
+        match f {
+            None => Ok(py.None().into_bound(py)),
+            Some(b) => match std::str::from_utf8(b) {
+                Ok(s) => Ok(match s {
+                    "enqueued" => intern!(py, "enqueued").clone().into_any(),
+                    "completed" => intern!(py, "completed").clone().into_any(),
+                    "failed" => intern!(py, "failed").clone().into_any(),
+                    "failing" => intern!(py, "failing").clone().into_any(),
+                    "requeued" => intern!(py, "requeued").clone().into_any(),
+                    _ => PyString::new(py, s).into_any(),
+                }),
+                Err(_) => Err(EventsError::new_err(format!("event {what} is not UTF-8"))),
+            },
+        }
+    };
+    let bytes = |f: Option<&[u8]>| match f {
+        None => py.None().into_bound(py),
+        Some(b) => PyBytes::new(py, b).into_any(),
+    };
+    let list = PyList::empty(py);
+    for [kind, id, worker, result, error] in events {
+        let kind = match kind {
+            None => intern!(py, "").clone().into_any(),
+            k => text(k, "kind")?,
+        };
+        let id = match id {
+            None => intern!(py, "").clone().into_any(),
+            i => text(i, "job id")?,
+        };
+        let items: [Bound<'py, PyAny>; 5] = [
+            kind,
+            id,
+            text(worker, "worker id")?,
+            bytes(result),
+            bytes(error),
+        ];
+        list.append(PyTuple::new(py, items)?)?;
+    }
+    Ok(list)
 }
 
 /// Parses a job state string into `(kind, ms, extra)`.
@@ -332,11 +384,13 @@ fn trioqueue_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ENVELOPE_VERSION", codec::ENVELOPE_VERSION)?;
     m.add("CodecError", py.get_type::<CodecError>())?;
     m.add("StateError", py.get_type::<StateError>())?;
+    m.add("EventsError", py.get_type::<EventsError>())?;
     m.add_function(wrap_pyfunction!(encode_envelope, m)?)?;
     m.add_function(wrap_pyfunction!(decode_envelope, m)?)?;
     m.add_function(wrap_pyfunction!(envelope_id, m)?)?;
     m.add_function(wrap_pyfunction!(envelope_with_attempts, m)?)?;
     m.add_function(wrap_pyfunction!(parse_state, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_events, m)?)?;
     m.add_function(wrap_pyfunction!(format_state, m)?)?;
     m.add_class::<MpmcQueue>()?;
     Ok(())

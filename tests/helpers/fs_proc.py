@@ -4,6 +4,10 @@
     python fs_proc.py produce-forever DIR QUEUE PREFIX
     python fs_proc.py produce DIR QUEUE PREFIX COUNT BATCH
     python fs_proc.py consume DIR QUEUE WORKER DONE_FLAG
+    python fs_proc.py crash SCENARIO DIR QUEUE
+
+``crash`` dies with ``os._exit`` (like a SIGKILL: no clean-up runs) at an exact point of a
+write, to test the repair of each crash window (see the scenarios below).
 """
 
 from __future__ import annotations
@@ -71,6 +75,70 @@ async def consume(directory: str, queue: str, worker: str, done_flag: str) -> No
     sys.stdout.write("\n".join(done) + "\n")
 
 
+def _die() -> None:
+    sys.stdout.flush()
+    os._exit(137)
+
+
+async def crash(scenario: str, directory: str, queue: str) -> None:
+    """Die inside a write. The parent prepared the queue (see test_file_storage.py)."""
+    import trioqueue.storage.file as fmod
+
+    st = FileStorage(directory)
+    await st.open()
+    if scenario == "enqueue-after-segment":
+        # Segment written under its temp name, no name linked yet.
+        orig_ws = fmod.write_segment
+
+        def ws(*a, **k):  # type: ignore[no-untyped-def]
+            orig_ws(*a, **k)
+            _die()
+
+        fmod.write_segment = ws
+        await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
+    elif scenario == "enqueue-after-records":
+        # jobs/<id> linked for every job, no ready/ marker yet.
+        fmod.FileStorage._link_marker = lambda *a: _die()  # type: ignore[method-assign]
+        await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
+    elif scenario == "enqueue-mid-records":
+        # Killed after the first job's jobs/<id> link, before the others'.
+        orig_rl = fmod.os.link
+        calls = [0]
+
+        def link(src, dst, *a, **k):  # type: ignore[no-untyped-def]
+            if os.path.basename(os.path.dirname(dst)) == "jobs" and not os.path.basename(dst).startswith("."):
+                calls[0] += 1
+                if calls[0] == 2:
+                    _die()
+            return orig_rl(src, dst, *a, **k)
+
+        fmod.os.link = link  # type: ignore[assignment]
+        await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
+    elif scenario == "claim-before-records":
+        # Jobs renamed into proc/<worker>/, records not yet rewritten as processing.
+        await st.heartbeat(queue, "wc", 0.2, [], 0.2)
+        fmod.FileStorage._commit = lambda *a, **k: _die()  # type: ignore[method-assign]
+        await st.dequeue(queue, "wc", 10, 0, 30.0)
+    elif scenario == "settle-after-records":
+        # Records re-pointed to the settlement, delayed/ link and proc/ unlinks not done.
+        await st.heartbeat(queue, "wc", 0.2, [], 0.2)
+        claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
+        assert [c.id for c in claims] == ["r1", "c1"], claims
+        orig_commit = fmod.FileStorage._commit
+
+        def commit(*a, **k):  # type: ignore[no-untyped-def]
+            orig_commit(*a, **k)
+            _die()
+
+        fmod.FileStorage._commit = commit  # type: ignore[method-assign]
+        await st.settle(
+            queue,
+            "wc",
+            [Settlement(SettleKind.RETRY, "r1", b"err", delay=0.0), Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60)],
+        )
+    raise SystemExit(f"scenario {scenario} did not crash")
+
+
 def main() -> None:
     cmd, *args = sys.argv[1:]
     if cmd == "consume-and-hang":
@@ -81,6 +149,8 @@ def main() -> None:
         trio.run(produce, args[0], args[1], args[2], int(args[3]), int(args[4]))
     elif cmd == "consume":
         trio.run(consume, *args)
+    elif cmd == "crash":
+        trio.run(crash, *args)
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -11,7 +11,10 @@ import hashlib
 import json
 import math
 import os
+import struct
 import threading
+import zlib
+from collections import OrderedDict
 
 import trio
 
@@ -79,6 +82,7 @@ class Rec:
         "envelope",
         "result",
         "error",
+        "lease",
     )
 
     def __init__(
@@ -96,6 +100,7 @@ class Rec:
         exp: float | None = None,
         result: bytes | None = None,
         error: bytes | None = None,
+        lease: float | None = None,
     ) -> None:
         self.id = id
         self.kind = kind
@@ -110,6 +115,7 @@ class Rec:
         self.envelope = envelope
         self.result = result
         self.error = error
+        self.lease = lease  # lease deadline of a processing record (seconds since the epoch)
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
@@ -133,6 +139,7 @@ def pack_record(r: Rec) -> bytes:
             len(r.envelope),
             -1 if res is None else len(res),
             -1 if err is None else len(err),
+            r.lease,
         ]
     ).encode()
     parts = [_MAGIC, hdr, b"\n", r.envelope]
@@ -151,7 +158,9 @@ def unpack_record(data: bytes) -> Rec:
         raise CorruptRecord("no header")
     try:
         h = json.loads(data[len(_MAGIC) : nl])
-        (id_, kind, ts, worker, attempts, max_attempts, ttl, created, exp, mk, le, lr, lx) = h
+        if len(h) == 13:  # written before the lease field existed
+            h.append(None)
+        (id_, kind, ts, worker, attempts, max_attempts, ttl, created, exp, mk, le, lr, lx, lease) = h
         if not (isinstance(id_, str) and isinstance(kind, str) and isinstance(le, int)):
             raise CorruptRecord("bad header types")
     except (ValueError, TypeError) as exc:
@@ -169,7 +178,180 @@ def unpack_record(data: bytes) -> Rec:
     err = None
     if lx >= 0:
         err = data[pos : pos + lx]
-    return Rec(id_, kind, ts, attempts, max_attempts, ttl, created, env, mk, worker, exp, res, err)
+    return Rec(id_, kind, ts, attempts, max_attempts, ttl, created, env, mk, worker, exp, res, err, lease)
+
+
+# -- segments ---------------------------------------------------------------------------
+#
+# A segment is one immutable file holding the records of a whole batch (an enqueue, a
+# claim, a settlement...). Every name a job has (``jobs/<id>``, ``ready/<seq>-<id>``,
+# ``delayed/...``, ``expiry/...``) is a *hard link* to a segment: one new inode per batch
+# instead of several per job. A segment is never modified after it got its first link, so
+# a reader holding any of its names sees complete, checksummed data; the file system frees
+# it when its last link goes.
+#
+#   b"TQS1" | 16 random bytes (segment id) | u32 crc32 of the rest | u32 index length |
+#   index (JSON list of [encoded id, offset, length]) | records (pack_record format)
+
+_SEG_MAGIC = b"TQS1"
+_SEG_HEAD = struct.Struct("<4s16sII")
+_SEG_CACHE_BYTES = 32 << 20
+
+
+class Segment:
+    __slots__ = ("uid", "data", "index", "base")
+
+    def __init__(self, uid: bytes, data: bytes, index: dict[str, tuple[int, int]], base: int) -> None:
+        self.uid = uid
+        self.data = data
+        self.index = index
+        self.base = base
+
+    def rec(self, enc: str) -> Rec:
+        loc = self.index.get(enc)
+        if loc is None:
+            raise CorruptRecord(f"segment has no record for {enc}")
+        off = self.base + loc[0]
+        return unpack_record(self.data[off : off + loc[1]])
+
+    def encs(self) -> list[str]:
+        return list(self.index)
+
+
+_seg_cache: OrderedDict[bytes, Segment] = OrderedDict()
+_seg_cache_bytes = 0
+_seg_lock = threading.Lock()
+
+
+def _cache_put(seg: Segment) -> None:
+    global _seg_cache_bytes
+    with _seg_lock:
+        if seg.uid in _seg_cache:
+            return
+        _seg_cache[seg.uid] = seg
+        _seg_cache_bytes += len(seg.data)
+        while _seg_cache_bytes > _SEG_CACHE_BYTES and len(_seg_cache) > 1:
+            _, old = _seg_cache.popitem(last=False)
+            _seg_cache_bytes -= len(old.data)
+
+
+def _cache_get(uid: bytes) -> Segment | None:
+    with _seg_lock:
+        seg = _seg_cache.get(uid)
+        if seg is not None:
+            _seg_cache.move_to_end(uid)
+        return seg
+
+
+def parse_segment(data: bytes) -> Segment:
+    if len(data) < _SEG_HEAD.size:
+        raise CorruptRecord("short segment")
+    magic, uid, crc, ilen = _SEG_HEAD.unpack_from(data)
+    if magic != _SEG_MAGIC:
+        raise CorruptRecord("bad magic")
+    if zlib.crc32(memoryview(data)[_SEG_HEAD.size :]) != crc:
+        raise CorruptRecord("segment checksum mismatch")
+    base = _SEG_HEAD.size + ilen
+    try:
+        index = {e: (o, n) for e, o, n in json.loads(data[_SEG_HEAD.size : base])}
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecord(f"bad segment index: {exc}") from None
+    return Segment(uid, data, index, base)
+
+
+def pack_segment(items: list[tuple[str, Rec]]) -> Segment:
+    parts = []
+    idx = []
+    off = 0
+    for enc, r in items:
+        b = pack_record(r)
+        idx.append([enc, off, len(b)])
+        parts.append(b)
+        off += len(b)
+    index = _dumps(idx).encode()
+    body = index + b"".join(parts)
+    uid = os.urandom(16)
+    data = _SEG_HEAD.pack(_SEG_MAGIC, uid, zlib.crc32(body), len(index)) + body
+    # A later entry for the same name wins (the dict keeps the last offset).
+    return Segment(uid, data, {e: (o, n) for e, o, n in idx}, _SEG_HEAD.size + len(index))
+
+
+def load_fd(fd: int) -> Segment | Rec:
+    """The segment (cached by its id) or the single legacy record behind an open file."""
+    head = os.pread(fd, _SEG_HEAD.size, 0)
+    if head[:4] == _SEG_MAGIC and len(head) == _SEG_HEAD.size:
+        seg = _cache_get(head[4:20])
+        if seg is not None:
+            return seg
+    size = os.fstat(fd).st_size
+    chunks = []
+    pos = 0
+    while pos < size:
+        b = os.pread(fd, size - pos, pos)
+        if not b:
+            break
+        chunks.append(b)
+        pos += len(b)
+    data = b"".join(chunks)
+    if data[:4] == _SEG_MAGIC:
+        seg = parse_segment(data)
+        _cache_put(seg)
+        return seg
+    return unpack_record(data)
+
+
+def read_rec(path: str, enc: str) -> Rec | None:
+    """The record of ``enc`` behind ``path`` (a segment link or a legacy record file);
+    None if the path does not exist; raises CorruptRecord."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        obj = load_fd(fd)
+    finally:
+        os.close(fd)
+    if isinstance(obj, Segment):
+        return obj.rec(enc)
+    return obj
+
+
+def write_segment(directory: str, items: list[tuple[str, Rec]]) -> tuple[str, int, Segment]:
+    """Write a new segment under a temp name in ``directory``; returns (temp path, open
+    descriptor, segment). The caller links its names, unlinks the temp name, and fsyncs /
+    closes the descriptor."""
+    seg = pack_segment(items)
+    tmp = os.path.join(directory, tmp_name())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(seg.data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _cache_put(seg)
+    return tmp, fd, seg
+
+
+def replace_link(src: str, directory: str, name: str) -> None:
+    """Atomically make ``directory/name`` another name of ``src`` (link to a temp name,
+    then rename over the old entry)."""
+    tmp = os.path.join(directory, tmp_name())
+    os.link(src, tmp)
+    try:
+        os.rename(tmp, os.path.join(directory, name))
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # -- files ------------------------------------------------------------------------------
@@ -326,16 +508,11 @@ class _Batch:
         self.error: BaseException | None = None
 
     def flush(self, syncfs_fd: int) -> None:
+        # Batches write one segment each, so a group has few files: fdatasync each (no
+        # syncfs, which would flush every other program's data on the file system too).
         try:
-            if len(self.fds) >= 8 and _HAS_SYNCFS:
-                # One syncfs() writes every dirty file of the store's file system: much
-                # cheaper than one journal commit per file for a large group.
-                if _libc.syncfs(syncfs_fd) != 0:
-                    e = ctypes.get_errno()
-                    raise OSError(e, f"syncfs: {os.strerror(e)}")
-            else:
-                for fd in self.fds:
-                    os.fdatasync(fd)
+            for fd in self.fds:
+                os.fdatasync(fd)
             for d in self.dirs:
                 os.fsync(d)
         finally:
@@ -391,7 +568,20 @@ def sync_now(fds: list[int], dirs: set[int]) -> None:
 
 
 INF = math.inf
-__all__ += ["INF", "clean_tmp", "errno", "pid_alive", "sync_now", "tmp_name"]
+__all__ += [
+    "INF",
+    "Segment",
+    "clean_tmp",
+    "errno",
+    "load_fd",
+    "parse_segment",
+    "pid_alive",
+    "read_rec",
+    "replace_link",
+    "sync_now",
+    "tmp_name",
+    "write_segment",
+]
 
 
 class Watch:

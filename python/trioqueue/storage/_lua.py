@@ -103,20 +103,24 @@ sweep(now)
 local call = ARGV[1]
 local out = {}
 local seen = {}
+local fresh = {}
+-- One INCRBY reserves a token per job of the batch (unused ones are skipped: harmless).
+local tok = redis.call('INCRBY', B .. ':seq', (#ARGV - 1) / 4) - (#ARGV - 1) / 4
 for i = 2, #ARGV, 4 do
   local id = ARGV[i]
-  expired(id, now)
   local st = redis.call('HGET', J, id)
+  if st and expired(id, now) then st = false end
   if seen[id] then
     out[#out + 1] = {'d', st}
   elseif not st then
-    local tok = redis.call('INCR', B .. ':seq')
+    tok = tok + 1
     redis.call('HSET', J, id, 'queued:' .. now)
     redis.call('HSET', jk(id), 'e', ARGV[i + 1], 'a', 0, 'm', ARGV[i + 2], 't', ARGV[i + 3],
                'k', tok, 'c', now, 'q', call)
-    redis.call('RPUSH', Q, tok .. ':' .. id)
+    fresh[#fresh + 1] = tok .. ':' .. id
     ev('enqueued', id)
     out[#out + 1] = {'q'}
+    st = 'queued:' .. now
   elseif redis.call('HGET', jk(id), 'q') == call then
     out[#out + 1] = {'q'}  -- a retry of this very call after a lost reply
   elseif starts(st, 'completed:') then
@@ -126,6 +130,9 @@ for i = 2, #ARGV, 4 do
     out[#out + 1] = {'d', st}
   end
   seen[id] = true
+end
+for i = 1, #fresh, 1000 do  -- RPUSH in chunks (Lua's unpack has a stack limit)
+  redis.call('RPUSH', Q, unpack(fresh, i, math.min(i + 999, #fresh)))
 end
 flush()
 return out
