@@ -411,3 +411,27 @@ async def test_sigkilled_worker_process_job_is_recovered(redis_url: str) -> None
             while "completed" not in kinds:
                 kinds += [e.kind for e in await rx.receive() if e.job_id == "victim"]
         assert kinds == ["enqueued", "stalled", "requeued", "completed"]
+
+
+async def test_cancellation_is_honoured_while_the_server_is_down(tmp_path) -> None:
+    """Mutations are shielded so that their replies are not lost, but only within a bound:
+    with the server gone, a cancelled enqueue or settle returns well before the 30 s
+    retry budget runs out."""
+    from trioqueue.storage import redis as redis_module
+
+    server = RedisServer(directory=str(tmp_path)).start()
+    try:
+        async with RedisStorage(server.url, prefix=f"down-{uuid.uuid4().hex[:8]}") as st:
+            await st.enqueue("q", [_job("before")])
+            server.kill()
+            bound = redis_module._SHIELD_LIMIT + 5
+            with trio.fail_after(bound):
+                with trio.move_on_after(0.3) as scope:
+                    await st.enqueue("q", [_job("during")])
+                assert scope.cancelled_caught
+            with trio.fail_after(bound):
+                with trio.move_on_after(0.3) as scope:
+                    await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, "before", b"1", ttl=9)])
+                assert scope.cancelled_caught
+    finally:
+        server.close()

@@ -261,11 +261,11 @@ def parse_segment(data: bytes) -> Segment:
 
 def pack_segment(items: list[tuple[str, Rec]]) -> Segment:
     parts = []
-    idx = []
+    idx: list[tuple[str, int, int]] = []
     off = 0
     for enc, r in items:
         b = pack_record(r)
-        idx.append([enc, off, len(b)])
+        idx.append((enc, off, len(b)))
         parts.append(b)
         off += len(b)
     index = _dumps(idx).encode()

@@ -1387,7 +1387,7 @@ class FileStorage(Storage):
                         continue
                     if enc in in_proc:
                         continue  # a claim in progress or interrupted: the reaper sees it
-                    if parsed is not None and parsed[1] == enc:
+                    if r.mk is not None and parsed is not None and parsed[1] == enc:
                         relink.append((enc, r.mk))  # its own place in the FIFO
                         continue
                     items[enc] = r

@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from .._core import decode_events as _decode_events
+from .._errors import StorageError
 from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
@@ -40,6 +41,7 @@ _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
 _KIND_CODE = {SettleKind.COMPLETE: b"c", SettleKind.FAIL: b"f", SettleKind.RETRY: b"r"}
 _MAX_JOBS_PER_CALL = 2000
+_SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
 
 def _ms(seconds: float) -> int:
@@ -161,9 +163,13 @@ class RedisStorage(Storage):
         return await self._adapter.script(self._scripts[name], self._keys(queue), args)
 
     async def _run_shielded(self, name: str, queue: str, args: Sequence[Any]) -> Any:
-        # A mutation whose reply matters (claims, acks): once sent, wait for its reply.
-        with trio.CancelScope(shield=True):
+        # A mutation whose reply matters (claims, acks): once sent, wait for its reply,
+        # but never longer than _SHIELD_LIMIT, so that cancellation is honoured within
+        # that bound even while the server is away (the Queue retries or reconciles).
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _SHIELD_LIMIT):
             return await self._run(name, queue, args)
+        await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
+        raise StorageError(f"Redis did not complete {name!r} within {_SHIELD_LIMIT:g} s")
 
     def _call_token(self) -> str:
         self._call_seq += 1
@@ -194,8 +200,7 @@ class RedisStorage(Storage):
         co.busy = True
         try:
             batch, co.pending = co.pending, []
-            with trio.CancelScope(shield=True):
-                await self._flush(queue, batch)
+            await self._flush(queue, batch)  # shielded per script call, within _SHIELD_LIMIT
         finally:
             if co.pending:
                 nxt = co.pending[0]
@@ -221,7 +226,7 @@ class RedisStorage(Storage):
                 args: list[Any] = [self._call_token()]
                 for job in chunk:
                     args += [job.id, job.envelope, str(job.max_attempts), str(_ms(job.result_ttl))]
-                reply = await self._run("enqueue", queue, args)
+                reply = await self._run_shielded("enqueue", queue, args)
                 for item in reply:
                     code = item[0]
                     if code == b"q":
@@ -230,6 +235,13 @@ class RedisStorage(Storage):
                         outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2]))
                     else:
                         outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _text(item[1])))
+        except trio.Cancelled:
+            # The carrying call was cancelled (after the shield limit): the others learn
+            # that their jobs' fate is unknown, as with any interrupted write.
+            for slot in batch:
+                slot.error = StorageError("enqueue interrupted: the server did not answer in time")
+                slot.event.set()
+            raise
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter
             for slot in batch:
                 slot.error = exc
