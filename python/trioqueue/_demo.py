@@ -200,4 +200,4 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["completed"] + summary["failed"] == summary["jobs"] else 1
 
 
-DEFAULT_STORAGE = "memory"
+DEFAULT_STORAGE = "file"  # the embedded, durable default (a temporary directory unless --location)
