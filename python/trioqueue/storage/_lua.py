@@ -166,17 +166,19 @@ local P = pk(W)
 redis.call('SADD', B .. ':procs', W)
 promote(now)
 local out = {}
+local took = {}  -- entries claimed from the ready list, appended to P in one RPUSH
 -- 'claim' | 'held' (already claimed by W: leave it) | 'stale'
 local function try(entry)
   local tok, id = split(entry)
   if not id then return 'stale' end
   local st = redis.call('HGET', J, id)
-  local h = redis.call('HMGET', jk(id), 'k', 'e', 'w')
-  if not st or h[1] ~= tok then return 'stale' end
+  if not st then return 'stale' end
+  local h = redis.call('HMGET', jk(id), 'k', 'e', 'w', 'a')
+  if h[1] ~= tok then return 'stale' end
   if starts(st, 'processing:') and h[3] == W then return 'held' end
   if not starts(st, 'queued:') then return 'stale' end
-  local a = redis.call('HINCRBY', jk(id), 'a', 1)
-  redis.call('HSET', jk(id), 'w', W)
+  local a = (tonumber(h[4]) or 0) + 1
+  redis.call('HSET', jk(id), 'a', a, 'w', W)
   redis.call('HSET', J, id, 'processing:' .. now .. ':' .. W)
   redis.call('ZADD', L, now + LEASE, id)
   out[#out + 1] = {id, h[2], a}
@@ -195,9 +197,14 @@ if MOVED ~= '' and #out < MX then
   end
 end
 while #out < MX do
-  local entry = redis.call('LPOP', Q)
-  if not entry then break end
-  if try(entry) == 'claim' then redis.call('RPUSH', P, entry) end
+  local entries = redis.call('LPOP', Q, MX - #out)
+  if not entries then break end
+  for _, entry in ipairs(entries) do
+    if try(entry) == 'claim' then took[#took + 1] = entry end
+  end
+end
+for i = 1, #took, 1000 do  -- in chunks: Lua's unpack has a stack limit
+  redis.call('RPUSH', P, unpack(took, i, math.min(i + 999, #took)))
 end
 flush()
 local nd = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
