@@ -4,7 +4,6 @@ Redis 7 where the conformance suite runs too). No fakes."""
 from __future__ import annotations
 
 import math
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +13,7 @@ import trio
 
 pytest.importorskip("glide")
 
-from redis_server import RedisServer, valkey_server_binary  # noqa: E402
+from redis_server import RedisServer, raw_command, valkey_server_binary  # noqa: E402
 
 from trioqueue.storage import NewJob, Settlement, SettleKind, StorageEvent  # noqa: E402
 from trioqueue.storage.redis import RedisStorage, decode_events  # noqa: E402
@@ -35,15 +34,7 @@ async def st(redis_url: str) -> AsyncIterator[RedisStorage]:
         yield s
 
 
-def _raw(port: int, *args: str) -> bytes:  # noqa: D401
-    """One command over a plain socket (not a GLIDE client: it must survive CLIENT KILL)."""
-    payload = b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(payload)
-        data = b""
-        while not data.endswith(b"\r\n"):
-            data += s.recv(65536)
-        return data
+_raw = raw_command  # a plain socket, not a GLIDE client: it must survive CLIENT KILL
 
 
 def _port(url: str) -> int:

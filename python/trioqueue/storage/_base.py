@@ -132,6 +132,18 @@ class StorageEvent(NamedTuple):
     error: bytes | None = None
 
 
+def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | None) -> UpdateTTLStatus | None:
+    """The refusal :meth:`Storage.update_result_ttl` returns for a job in state ``kind``
+    (``None``: unknown id), or ``None`` when the TTL may be updated."""
+    if kind is None:
+        return UpdateTTLStatus.NOT_FOUND
+    if kind not in ("completed", "failed"):
+        return UpdateTTLStatus.NOT_TERMINAL
+    if (result if kind == "completed" else error) is None:
+        return UpdateTTLStatus.MISSING_PAYLOAD
+    return None
+
+
 class Storage(abc.ABC):
     """Abstract storage backend. See the module docstring for the data model.
 

@@ -85,7 +85,17 @@ import trio
 from .._core import format_state
 from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
-from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._base import (
+    Claim,
+    EnqueueOutcome,
+    JobRecord,
+    NewJob,
+    Settlement,
+    SettleKind,
+    Storage,
+    StorageEvent,
+    ttl_update_status,
+)
 from ._fsutil import (
     IN_CREATE,
     IN_MODIFY,
@@ -708,13 +718,11 @@ class FileStorage(Storage):
         fds: list[int] = []
         with self._locked(q):
             r = self._load(q, enc, now)
-            if r is None:
-                status = UpdateTTLStatus.NOT_FOUND
-            elif r.kind not in (_COMPLETED, _FAILED):
-                status = UpdateTTLStatus.NOT_TERMINAL
-            elif (r.result if r.kind == _COMPLETED else r.error) is None:
-                status = UpdateTTLStatus.MISSING_PAYLOAD
+            refused = ttl_update_status(*((r.kind, r.result, r.error) if r else (None, None, None)))
+            if refused is not None:
+                status = refused
             else:
+                assert r is not None
                 r.exp = now + ttl
                 self._commit(q, {enc: r}, fds)
                 status = UpdateTTLStatus.UPDATED

@@ -25,7 +25,17 @@ import trio
 from .._core import MpmcQueue, envelope_id, format_state
 from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
-from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._base import (
+    Claim,
+    EnqueueOutcome,
+    JobRecord,
+    NewJob,
+    Settlement,
+    SettleKind,
+    Storage,
+    StorageEvent,
+    ttl_update_status,
+)
 
 __all__ = ["MemoryStorage"]
 
@@ -267,13 +277,11 @@ class MemoryStorage(Storage):
             q = self._q(queue)
             self._expire(q, now)
             rec = q.jobs.get(job_id)
-            if rec is None:
-                status = UpdateTTLStatus.NOT_FOUND
-            elif rec.kind not in (_COMPLETED, _FAILED):
-                status = UpdateTTLStatus.NOT_TERMINAL
-            elif (rec.result if rec.kind == _COMPLETED else rec.error) is None:
-                status = UpdateTTLStatus.MISSING_PAYLOAD
+            refused = ttl_update_status(*((rec.kind, rec.result, rec.error) if rec else (None, None, None)))
+            if refused is not None:
+                status = refused
             else:
+                assert rec is not None
                 rec.expires_at = now + ttl
                 heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
                 status = UpdateTTLStatus.UPDATED
