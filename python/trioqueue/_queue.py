@@ -528,7 +528,7 @@ class Queue(Generic[P, R]):
         handler = self._handler
         assert handler is not None
         if self._handler_is_async:
-            return await handler(job)  # type: ignore[misc]
+            return await handler(job)
         result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
         if inspect.isawaitable(result):
             result = await result

@@ -10,6 +10,7 @@ from typing import Any, Self
 import trio
 
 from . import _validate as check
+from ._errors import ValidationError
 from ._events import Emitter, EventCallback
 from .storage._base import Storage
 
@@ -34,7 +35,7 @@ class LeaderElection:
         check.seconds("renewal_interval", self.renewal_interval)
         check.seconds("acquire_retry_interval", self.acquire_retry_interval)
         if self.renewal_interval >= self.lock_ttl:
-            raise check.ValidationError(
+            raise ValidationError(
                 f"renewal_interval ({self.renewal_interval:g} s) must be shorter than lock_ttl ({self.lock_ttl:g} s)"
             )
 

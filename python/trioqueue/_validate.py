@@ -29,19 +29,19 @@ def seconds(name: str, value: Any, *, job: str | None = None) -> float:
     where = f" (job {job!r})" if job is not None else ""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(f"{name} must be a number of seconds, got {type(value).__name__}{where}")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValidationError(f"{name} must be finite and > 0, got {value!r}{where}")
-    return value
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValidationError(f"{name} must be finite and > 0, got {seconds!r}{where}")
+    return seconds
 
 
 def non_negative_seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValidationError(f"{name} must be finite and >= 0, got {value!r}")
-    return value
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValidationError(f"{name} must be finite and >= 0, got {seconds!r}")
+    return seconds
 
 
 def positive_int(name: str, value: Any, *, job: str | None = None) -> int:

@@ -30,9 +30,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "RedisStorage needs valkey-glide: pip install 'trioqueue[redis]'"
     ) from exc
 
-__all__ = ["ConnParams", "GlideAdapter", "Script", "parse_url"]
+__all__ = ["ConnParams", "GlideAdapter", "Script", "make_script", "parse_url"]
 
 Script = _g.Script
+
+
+def make_script(code: str) -> Script:
+    """A GLIDE script object (EVALSHA, reloaded on NOSCRIPT)."""
+    return _g.Script(code)  # type: ignore[no-untyped-call]
 
 _RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "connection", "Connection",
                    "Broken pipe", "reset by peer", "disconnected", "Disconnected")
@@ -232,7 +237,7 @@ class GlideAdapter:
             else:
                 with trio.CancelScope(shield=True):
                     await _close_quietly(client)
-        return result
+        return result  # type: ignore[no-any-return]
 
     # -- pub/sub ---------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from .._errors import StorageError
 from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
-from ._glide import ConnParams, GlideAdapter, Script, parse_url
+from ._glide import ConnParams, GlideAdapter, Script, make_script, parse_url
 
 __all__ = ["RedisStorage"]
 
@@ -152,7 +152,7 @@ class RedisStorage(Storage):
 
     async def _connect(self) -> None:
         if not self._scripts:
-            self._scripts = {name: Script(code) for name, code in _lua.SCRIPTS.items()}
+            self._scripts = {name: make_script(code) for name, code in _lua.SCRIPTS.items()}
         await self._adapter.connect()
 
     async def _disconnect(self) -> None:

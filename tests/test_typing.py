@@ -1,0 +1,57 @@
+"""The public API is typed: the package (with its ``_core.pyi`` stub) passes ``mypy --strict``,
+and a typical user program type-checks against it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mypy(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--ignore-missing-imports", "--no-incremental", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+
+
+def test_package_passes_mypy_strict() -> None:
+    proc = _mypy("python/trioqueue")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_user_code_type_checks_and_misuse_is_caught(tmp_path: Path) -> None:
+    good = tmp_path / "good.py"
+    good.write_text(
+        textwrap.dedent(
+            """
+            import trio
+            from trioqueue import EnqueueStatus, Job, JobState, MemoryStorage, Queue
+
+            async def handler(job: Job[dict[str, int]]) -> int:
+                return job.payload["n"] + job.attempts
+
+            async def main() -> None:
+                queue: Queue[dict[str, int], int] = Queue(MemoryStorage(), handler=handler, concurrency=2)
+                async with queue:
+                    r = await queue.enqueue("a", {"n": 1})
+                    assert r.status is EnqueueStatus.QUEUED
+                    status = await queue.get_status("a")
+                    if status is not None and status.state is JobState.COMPLETED:
+                        print(status.result)
+
+            trio.run(main)
+            """
+        )
+    )
+    bad = tmp_path / "bad.py"
+    bad.write_text("from trioqueue import Queue, MemoryStorage\nQueue(MemoryStorage(), concurrency='2')\n")
+    assert _mypy(str(good)).returncode == 0, _mypy(str(good)).stdout
+    result = _mypy(str(bad))
+    assert result.returncode != 0 and "concurrency" in result.stdout
