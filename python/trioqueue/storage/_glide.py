@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
-from .._errors import StorageError
+from .._errors import StorageError, ValidationError
 
 try:
     import glide as _g
@@ -52,6 +52,7 @@ class ConnParams:
     password: str | None = None
     tls: bool = False
     insecure_tls: bool = False
+    ca_certs: str | None = None  # PEM file of the CA(s) to trust (default: the system's)
     cluster: bool = False
     request_timeout: float = 5.0
     connect_timeout: float = 5.0
@@ -59,10 +60,12 @@ class ConnParams:
 
 
 def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParams:
-    """``redis://[user[:password]@]host[:port][/db][?ssl_cert_reqs=none]``; ``rediss://`` for TLS."""
+    """``redis://[user[:password]@]host[:port][/db]``; ``rediss://`` for TLS, with
+    ``?ssl_ca_certs=/path/ca.pem`` to trust a private CA or ``?ssl_cert_reqs=none`` to skip
+    certificate checks (testing only)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "valkey", "valkeys"):
-        raise ValueError(f"unsupported URL scheme {parts.scheme!r} (use redis:// or rediss://)")
+        raise ValidationError(f"unsupported URL scheme {parts.scheme!r} in {url!r} (use redis:// or rediss://)")
     query = parse_qs(parts.query)
     db_text = parts.path.lstrip("/") or query.get("db", ["0"])[0]
     cert_reqs = query.get("ssl_cert_reqs", [""])[0].lower()
@@ -74,6 +77,7 @@ def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParam
         password=unquote(parts.password) if parts.password is not None else None,
         tls=parts.scheme in ("rediss", "valkeys"),
         insecure_tls=cert_reqs in ("none", "cert_none"),
+        ca_certs=query.get("ssl_ca_certs", [None])[0],
         cluster=cluster,
     )
     params.update({k: v for k, v in overrides.items() if v is not None})
@@ -120,6 +124,13 @@ class GlideAdapter:
             adv_kwargs["pubsub_reconciliation_interval"] = 100
         if p.tls and p.insecure_tls:
             adv_kwargs["tls_config"] = _g.TlsAdvancedConfiguration(use_insecure_tls=True)
+        elif p.tls and p.ca_certs:
+            try:
+                with open(p.ca_certs, "rb") as f:
+                    pem = f.read()
+            except OSError as exc:
+                raise StorageError(f"cannot read ssl_ca_certs {p.ca_certs!r}: {exc}") from exc
+            adv_kwargs["tls_config"] = _g.TlsAdvancedConfiguration(root_pem_cacerts=pem)
         kwargs: dict[str, Any] = dict(
             addresses=[_g.NodeAddress(p.host, p.port)],
             use_tls=p.tls,

