@@ -95,7 +95,7 @@ local function setpx(key, data, ttl)
 end
 """
 
-# ARGV: call_token, then (id, envelope, max_attempts, result_ttl_ms) per job.
+# ARGV: call_token, then (id, envelope, '<max_attempts>:<result_ttl_ms>') per job.
 # Returns per job {'q'} | {'d', state} | {'c', state, result}.
 ENQUEUE = _PRELUDE + r"""
 local now = now_ms()
@@ -105,8 +105,8 @@ local out = {}
 local seen = {}
 local fresh = {}
 -- One INCRBY reserves a token per job of the batch (unused ones are skipped: harmless).
-local tok = redis.call('INCRBY', B .. ':seq', (#ARGV - 1) / 4) - (#ARGV - 1) / 4
-for i = 2, #ARGV, 4 do
+local tok = redis.call('INCRBY', B .. ':seq', (#ARGV - 1) / 3) - (#ARGV - 1) / 3
+for i = 2, #ARGV, 3 do
   local id = ARGV[i]
   local st = redis.call('HGET', J, id)
   if st and expired(id, now) then st = false end
@@ -115,7 +115,8 @@ for i = 2, #ARGV, 4 do
   elseif not st then
     tok = tok + 1
     redis.call('HSET', J, id, 'queued:' .. now)
-    redis.call('HSET', jk(id), 'e', ARGV[i + 1], 'a', 0, 'm', ARGV[i + 2], 't', ARGV[i + 3],
+    local m, t = split(ARGV[i + 2])
+    redis.call('HSET', jk(id), 'e', ARGV[i + 1], 'a', 0, 'm', m, 't', t,
                'k', tok, 'c', now, 'q', call)
     fresh[#fresh + 1] = tok .. ':' .. id
     ev('enqueued', id)
@@ -211,7 +212,7 @@ local nd = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
 return {out, nd[2] or false}
 """
 
-# ARGV: worker, call token, then (kind c|f|r, id, data, ttl_ms, delay_ms) per settlement.
+# ARGV: worker, call token, then (id, data, '<kind c|f|r>:<ttl_ms>:<delay_ms>') per settlement.
 # Returns a list of 1 (settled) / 0 (fenced). A retry of the same call (its reply was lost)
 # finds its token on the job and answers 1 again instead of fencing.
 SETTLE = _PRELUDE + r"""
@@ -220,9 +221,11 @@ local now = now_ms()
 local P = pk(W)
 local out = {}
 local wake = false
-for i = 3, #ARGV, 5 do
-  local kind, id, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local ttl, delay = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+for i = 3, #ARGV, 3 do
+  local id, data, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local kind, rest = split(meta)
+  local ttl_s, delay_s = split(rest)
+  local ttl, delay = tonumber(ttl_s), tonumber(delay_s)
   local st = redis.call('HGET', J, id)
   local h = nil
   if starts(st, 'processing:') then

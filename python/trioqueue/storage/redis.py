@@ -39,7 +39,7 @@ __all__ = ["RedisStorage"]
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
-_KIND_CODE = {SettleKind.COMPLETE: b"c", SettleKind.FAIL: b"f", SettleKind.RETRY: b"r"}
+_KIND_CODE = {SettleKind.COMPLETE: "c", SettleKind.FAIL: "f", SettleKind.RETRY: "r"}
 _MAX_JOBS_PER_CALL = 2000
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
@@ -225,7 +225,7 @@ class RedisStorage(Storage):
                 chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
                 args: list[Any] = [self._call_token()]
                 for job in chunk:
-                    args += [job.id, job.envelope, str(job.max_attempts), str(_ms(job.result_ttl))]
+                    args += [job.id, job.envelope, f"{job.max_attempts}:{_ms(job.result_ttl)}"]
                 reply = await self._run_shielded("enqueue", queue, args)
                 for item in reply:
                     code = item[0]
@@ -325,7 +325,7 @@ class RedisStorage(Storage):
             return []
         args: list[Any] = [worker_id, self._call_token()]
         for s in settlements:
-            args += [_KIND_CODE[s.kind], s.id, s.data, str(_ms(s.ttl)), str(_ms(s.delay))]
+            args += [s.id, s.data, f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"]
         reply = await self._run_shielded("settle", queue, args)
         return [bool(x) for x in reply]
 
