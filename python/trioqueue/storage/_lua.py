@@ -159,7 +159,7 @@ end
 # ARGV: worker, max_jobs, lease_ms, moved entry ('' if none), reconcile ('1': also claim
 # entries of the worker's list that a blocking move put there but no claim followed,
 # e.g. its reply was lost to a fault or its caller was cancelled).
-# Returns {{id, envelope, attempts}..., next delayed run-at ms or false}.
+# Returns {{{id, envelope, attempts}...}, next delayed run-at ms or false, ready-list length}.
 CLAIM = _PRELUDE + _PROMOTE + r"""
 local W, MX, LEASE, MOVED, RECONCILE = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local now = now_ms()
@@ -209,7 +209,7 @@ for i = 1, #took, 1000 do  -- in chunks: Lua's unpack has a stack limit
 end
 flush()
 local nd = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
-return {out, nd[2] or false}
+return {out, nd[2] or false, redis.call('LLEN', Q)}
 """
 
 # ARGV: worker, call token, then (id, data, '<kind c|f|r>:<ttl_ms>:<delay_ms>') per settlement.

@@ -130,6 +130,7 @@ class RedisStorage(Storage):
         self._subs: set[_Sub] = set()
         # (queue, worker) whose blocking move failed or was cancelled: the server may have
         # moved a job into the worker's list anyway; its next claim adopts such entries.
+        self._drained: set[tuple[str, str]] = set()
         self._unclaimed_moves: set[tuple[str, str]] = set()
         self._call_seq = 0
         self._call_prefix = os.urandom(6).hex()
@@ -284,6 +285,10 @@ class RedisStorage(Storage):
             self._unclaimed_moves.discard(key)
         claims = [Claim(_text(i), env, int(a)) for i, env, a in reply[0]]
         next_due = float(reply[1]) / 1000 if reply[1] is not None else None
+        if next_due is None and not reply[2]:
+            self._drained.add(key)  # nothing left or pending: the next dequeue blocks at once
+        else:
+            self._drained.discard(key)
         return claims, next_due
 
     async def dequeue(
@@ -291,9 +296,15 @@ class RedisStorage(Storage):
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
         give_up = trio.current_time() + timeout
-        claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, b"")
-        if claims or timeout <= 0:
-            return claims  # no cancellable checkpoint: claims are never dropped after the fact
+        key = (queue, worker_id)
+        next_due: float | None = None
+        # When the last claim drained the list and no retry was pending, go straight to the
+        # blocking move (it returns at once if a job arrived meanwhile): that saves a round
+        # trip on the idle path, which is the latency path.
+        if key not in self._drained or timeout <= 0:
+            claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, b"")
+            if claims or timeout <= 0:
+                return claims  # no cancellable checkpoint: claims are never dropped after the fact
         base = self._base(queue)
         src, dst = base + ":queue", base + ":processing:" + worker_id
         backoff = 0.05
