@@ -316,6 +316,21 @@ def read_rec(path: str, enc: str) -> Rec | None:
     return obj
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _discard(fd: int, tmp: str) -> None:
+    """Close and remove a temp file whose writing failed."""
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
 def write_segment(directory: str, items: list[tuple[str, Rec]]) -> tuple[str, int, Segment]:
     """Write a new segment under a temp name in ``directory``; returns (temp path, open
     descriptor, segment). The caller links its names, unlinks the temp name, and fsyncs /
@@ -324,16 +339,9 @@ def write_segment(directory: str, items: list[tuple[str, Rec]]) -> tuple[str, in
     tmp = os.path.join(directory, tmp_name())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(seg.data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        _write_all(fd, seg.data)
     except BaseException:
-        os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _discard(fd, tmp)
         raise
     _cache_put(seg)
     return tmp, fd, seg
@@ -372,17 +380,10 @@ def write_atomic(directory: str, name: str, data: bytes, keep_fd: bool) -> int |
     tmp = os.path.join(directory, tmp_name())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        _write_all(fd, data)
         os.rename(tmp, os.path.join(directory, name))
     except BaseException:
-        os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        _discard(fd, tmp)
         raise
     if keep_fd:
         return fd

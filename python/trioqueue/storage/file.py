@@ -332,6 +332,18 @@ class _EnqState:
         self.idle = trio.Event()
 
 
+@contextmanager
+def _close_on_error(fds: list[int]) -> Iterator[None]:
+    """Close the segment descriptors a failed step opened (a finished step hands them to
+    the group commit, which closes them)."""
+    try:
+        yield
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
 class FileStorage(Storage):
     """Durable storage in a directory shared by any number of processes on one machine.
 
@@ -437,6 +449,13 @@ class FileStorage(Storage):
                 yield
             finally:
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
+
+    async def _finish(self, fds: list[int], dirs: set[int], wrote: bool) -> None:
+        """End of a step: make its writes durable, or only checkpoint if it wrote nothing."""
+        if wrote:
+            await self._durable(fds, dirs)
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def _durable(self, fds: list[int], dirs: set[int]) -> None:
         if not self._fsync:
@@ -634,7 +653,7 @@ class FileStorage(Storage):
         fds: list[int] = []
         seen: dict[str, Rec] = {}
         items: dict[str, Rec] = {}
-        try:
+        with _close_on_error(fds):
             with self._locked(q):
                 self._reopen_events_if_rotated(q)
                 nxt, front = q.counters()
@@ -665,10 +684,6 @@ class FileStorage(Storage):
                     q.set_counters(nxt, front)
                 self._publish(q, events)
                 self._maybe_clean(q, now)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
         return outcomes, fds, bool(items)
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
@@ -726,10 +741,7 @@ class FileStorage(Storage):
                 r.exp = now + ttl
                 self._commit(q, {enc: r}, fds)
                 status = UpdateTTLStatus.UPDATED
-        if status is UpdateTTLStatus.UPDATED:
-            await self._durable(fds, {q.jobs_fd, q.expiry_fd})
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, status is UpdateTTLStatus.UPDATED)
         return status
 
     def _maybe_clean(self, q: _Q, now: float) -> None:
@@ -943,7 +955,7 @@ class FileStorage(Storage):
         dirs = {q.jobs_fd}
         items: dict[str, Rec] = {}
         retries: list[tuple[str, str]] = []
-        try:
+        with _close_on_error(fds):
             with self._locked(q):
                 now = time.time()
                 now_ms = int(now * 1000)
@@ -991,14 +1003,7 @@ class FileStorage(Storage):
                 for enc in items:
                     _unlink(os.path.join(pdir, enc))
                 self._publish(q, events)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if items:
-            await self._durable(fds, dirs)
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        await self._finish(fds, dirs, bool(items))
         return out
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
@@ -1139,7 +1144,7 @@ class FileStorage(Storage):
         next_deadline = math.inf
         fds: list[int] = []
         dirs = {q.jobs_fd, q.ready_fd}
-        try:
+        with _close_on_error(fds):
             with self._locked(q):
                 now = time.time()
                 now_ms = int(now * 1000)
@@ -1223,14 +1228,7 @@ class FileStorage(Storage):
                 if nxt != start:
                     q.set_counters(nxt, front)
                 self._publish(q, events)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        if items:
-            await self._durable(fds, dirs)
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        await self._finish(fds, dirs, bool(items))
         return recovered, (None if next_deadline == math.inf else next_deadline)
 
     @contextmanager
