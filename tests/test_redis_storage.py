@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+import trio.testing
 
 pytest.importorskip("glide")
 
@@ -131,6 +132,27 @@ async def test_noscript_reload_after_script_flush(st: RedisStorage) -> None:
     assert (await st.enqueue("q", [_job("b")]))[0].status == "queued"
     await st._adapter.command(["SCRIPT", "FLUSH"])
     assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
+
+
+async def test_blocking_claim_after_script_flush(st: RedisStorage) -> None:
+    """The claim script rides behind BLMOVE as a raw EVALSHA; after a SCRIPT FLUSH it
+    fails with NOSCRIPT and the job moved by the BLMOVE is claimed the ordinary way."""
+    claimed: list[str] = []
+    assert await st.dequeue("q", "w", 10, 0.05, 30) == []  # drained: the next call blocks at once
+
+    async def consumer(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        claimed.extend(c.id for c in await st.dequeue("q", "w", 10, 10.0, 30))
+
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            await st._adapter.command(["SCRIPT", "FLUSH"])
+            await st.enqueue("q", [_job("after-flush")])
+    assert claimed == ["after-flush"]
+    rec = await st.get_job("q", "after-flush")
+    assert rec is not None and rec.state.startswith("processing:") and rec.attempts == 1
 
 
 async def test_concurrent_enqueues_share_round_trips(st: RedisStorage) -> None:

@@ -226,6 +226,45 @@ class GlideAdapter:
 
     # -- blocking move ---------------------------------------------------------------
 
+    async def blocking_move_then(
+        self, src: str, dst: str, timeout: float, script: Any, keys: Sequence[str], args: Sequence[str | bytes]
+    ) -> tuple[bytes | None, Any]:
+        """``BLMOVE src dst LEFT RIGHT timeout`` on a dedicated client with ``EVALSHA`` of
+        ``script`` pipelined behind it on the same connection: the server runs the script as
+        soon as the move returns (or times out), without a client round trip in between.
+
+        Returns ``(moved entry or None, the script's reply)``; the reply is the exception
+        the script raised instead (e.g. NOSCRIPT after a ``SCRIPT FLUSH``), for the caller
+        to run it the ordinary way. Cancellation and faults as :meth:`blocking_move`: if
+        the wait is cancelled the client is closed, so the server drops both commands."""
+        client = self._idle_blockers.pop() if self._idle_blockers else None
+        if client is None:
+            client = await self._create(self._config(request_timeout=timeout + 5.0))
+        if self.params.cluster:
+            batch: Any = _g.ClusterBatch(is_atomic=False)
+            options: Any = _g.ClusterBatchOptions(timeout=int((timeout + 5.0) * 1000))
+        else:
+            batch = _g.Batch(is_atomic=False)
+            options = _g.BatchOptions(timeout=int((timeout + 5.0) * 1000))
+        batch.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
+        batch.custom_command(["EVALSHA", script.get_hash(), str(len(keys)), *keys, *args])
+        ok = False
+        try:
+            replies = await client.exec(batch, raise_on_error=False, options=options)
+            ok = True
+        except _g.GlideError as exc:
+            self._on_fault()
+            raise StorageError(f"blocking claim failed: {exc}") from exc
+        finally:
+            if ok and not self._closed:
+                self._idle_blockers.append(client)
+            else:
+                with trio.CancelScope(shield=True):
+                    await _close_quietly(client)
+        if not replies or len(replies) != 2 or isinstance(replies[0], Exception):
+            raise StorageError(f"blocking claim failed: {replies!r:.200}")
+        return replies[0], replies[1]
+
     async def blocking_move(self, src: str, dst: str, timeout: float) -> bytes | None:
         """``BLMOVE src dst LEFT RIGHT timeout`` on a dedicated client.
 

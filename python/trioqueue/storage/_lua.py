@@ -156,7 +156,8 @@ local function promote(now)
 end
 """
 
-# ARGV: worker, max_jobs, lease_ms, moved entry ('' if none), reconcile ('1': also claim
+# ARGV: worker, max_jobs, lease_ms, moved entry ('' if none, '*': P's last entry, the
+# script being pipelined behind the blocking move), reconcile ('1': also claim
 # entries of the worker's list that a blocking move put there but no claim followed,
 # e.g. its reply was lost to a fault or its caller was cancelled).
 # Returns {{{id, envelope, attempts}...}, next delayed run-at ms or false, ready-list length}.
@@ -191,7 +192,11 @@ if RECONCILE == '1' then
     if try(e) == 'stale' then redis.call('LREM', P, 1, e) end
   end
 end
-if MOVED ~= '' and #out < MX then
+if MOVED == '*' and #out < MX then
+  -- pipelined behind a blocking move: what it moved, if anything, is P's last entry
+  local last = redis.call('LINDEX', P, -1)
+  if last and try(last) == 'stale' then redis.call('LREM', P, -1, last) end
+elseif MOVED ~= '' and #out < MX then
   -- moved into P by the blocking client; claim it only if it is still there
   if redis.call('LPOS', P, MOVED, 'RANK', -1) then
     if try(MOVED) == 'stale' then redis.call('LREM', P, -1, MOVED) end

@@ -273,15 +273,13 @@ class RedisStorage(Storage):
 
     # -- consumers ---------------------------------------------------------------------
 
-    async def _claim(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes
-    ) -> tuple[list[Claim], float | None]:
+    def _claim_args(self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes) -> list[Any]:
+        reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
+        return [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile]
+
+    def _claimed(self, queue: str, worker_id: str, args: list[Any], reply: Any) -> tuple[list[Claim], float | None]:
         key = (queue, worker_id)
-        reconcile = b"1" if key in self._unclaimed_moves else b"0"
-        reply = await self._run_shielded(
-            "claim", queue, [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile]
-        )
-        if reconcile == b"1":
+        if args[4] == b"1":
             self._unclaimed_moves.discard(key)
         claims = [Claim(_text(i), env, int(a)) for i, env, a in reply[0]]
         next_due = float(reply[1]) / 1000 if reply[1] is not None else None
@@ -290,6 +288,12 @@ class RedisStorage(Storage):
         else:
             self._drained.discard(key)
         return claims, next_due
+
+    async def _claim(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes
+    ) -> tuple[list[Claim], float | None]:
+        args = self._claim_args(queue, worker_id, max_jobs, lease, moved)
+        return self._claimed(queue, worker_id, args, await self._run_shielded("claim", queue, args))
 
     async def dequeue(
         self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
@@ -315,18 +319,27 @@ class RedisStorage(Storage):
             block = min(self._block_chunk, remaining)
             if next_due is not None:
                 block = min(block, max(next_due - time.time(), 0.0) + 0.002)
-            moved: bytes | None = None
+            # The claim script rides behind the blocking move on the same connection, so
+            # the server claims the moved job (and more) with no extra round trip.
+            args = self._claim_args(queue, worker_id, max_jobs, lease, b"*")
             try:
-                moved = await self._adapter.blocking_move(src, dst, block)
+                moved, reply = await self._adapter.blocking_move_then(
+                    src, dst, block, self._scripts["claim"], self._keys(queue), args
+                )
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
-                self._unclaimed_moves.add((queue, worker_id))
+                self._unclaimed_moves.add(key)
                 await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
                 backoff = min(backoff * 2, 1.0)
-            except BaseException:  # cancelled: the move may still have happened
-                self._unclaimed_moves.add((queue, worker_id))
+                claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, b"")
+            except BaseException:  # cancelled: the move (and the claim) may still have happened
+                self._unclaimed_moves.add(key)
                 raise
-            claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, moved or b"")
+            else:
+                if isinstance(reply, Exception):  # e.g. NOSCRIPT: claim the ordinary way
+                    claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, moved or b"")
+                else:
+                    claims, next_due = self._claimed(queue, worker_id, args, reply)
             if claims:
                 return claims
 
