@@ -9,8 +9,9 @@ valkey-glide specifics (which client does what, retries, cancellation remedies) 
 - :meth:`settle` acknowledges a whole batch in one script call, and a claim moves up to
   ``max_jobs`` jobs per call;
 - a blocking :meth:`dequeue` waits with ``BLMOVE`` (≤ 1 s chunks) on a dedicated client
-  that is closed if the wait is cancelled; the job it moved is then validated and claimed,
-  with more jobs, by the claim script in the next round trip.
+  that is closed if the wait is cancelled; the claim script is pipelined behind the
+  ``BLMOVE`` on that connection, so the server validates and claims the moved job (with
+  more, up to ``max_jobs``) as soon as it arrives, with no extra round trip.
 
 Events are published by the scripts on ``{prefix:queue}:events``; each :meth:`subscribe`
 context has one subscriber client whose messages GLIDE hands to a callback on the Trio
