@@ -349,8 +349,12 @@ class RedisStorage(Storage):
         if not settlements:
             return []
         args: list[Any] = [worker_id, self._call_token()]
+        metas: dict[tuple[SettleKind, float, float], str] = {}  # a batch shares a few TTLs
         for s in settlements:
-            args += [s.id, s.data, f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"]
+            meta = metas.get((s.kind, s.ttl, s.delay))
+            if meta is None:
+                meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
+            args += [s.id, s.data, meta]
         reply = await self._run_shielded("settle", queue, args)
         return [bool(x) for x in reply]
 
