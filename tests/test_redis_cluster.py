@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-pytest.importorskip("glide")
 
 from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
 

@@ -11,14 +11,11 @@ from typing import Any
 import pytest
 import trio
 
-from redis_server import RedisServer, free_port, redis_server_binary, valkey_server_binary
+from redis_server import RedisServer, free_port, redis_server_binary
 from trioqueue import Job, Queue, StorageError, ValidationError
 from trioqueue.storage import NewJob
 from trioqueue.storage.redis import RedisStorage
 
-pytestmark = pytest.mark.skipif(
-    valkey_server_binary() is None and redis_server_binary() is None, reason="no valkey-server/redis-server"
-)
 
 
 async def _round_trip(url: str) -> None:

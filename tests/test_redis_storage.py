@@ -12,9 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-pytest.importorskip("glide")
 
-from redis_server import RedisServer, raw_command, valkey_server_binary  # noqa: E402
+from redis_server import RedisServer, raw_command  # noqa: E402
 
 from trioqueue.storage import NewJob, Settlement, SettleKind, StorageEvent  # noqa: E402
 from trioqueue.storage.redis import RedisStorage, decode_events  # noqa: E402
@@ -293,7 +292,6 @@ async def test_blocked_claim_survives_client_kill(redis_url: str) -> None:
         assert [c.id for c in got] == ["k"]
 
 
-@pytest.mark.skipif(valkey_server_binary() is None, reason="valkey-server not available")
 async def test_server_restart_with_aof_loses_no_acknowledged_job(tmp_path) -> None:
     server = RedisServer(aof=True, directory=str(tmp_path))
     server.start()

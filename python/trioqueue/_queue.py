@@ -752,7 +752,8 @@ class _Consumer:
             batch, self.pending = self.pending, []
             try:
                 with trio.CancelScope(shield=self.draining):
-                    results = await self.storage.settle(q.name, q.worker_id, batch)
+                    # refusals (fenced) come back as events on the stream, reported there
+                    await self.storage.settle(q.name, q.worker_id, batch)
             except Exception as exc:
                 self.pending[:0] = batch  # keep them: acknowledged work is never dropped
                 q._events.emit("error", error=exc, where="storing results")
@@ -762,7 +763,6 @@ class _Consumer:
             backoff = _RETRY_BACKOFF[0]
             self.held -= len(batch)
             self.capacity.unpark_all()
-            del results  # refusals (fenced) arrive as events on the stream
 
     async def _heartbeat_loop(self) -> None:
         q = self.q

@@ -101,7 +101,6 @@ from ._fsutil import (
     IN_MODIFY,
     IN_MOVED_TO,
     CorruptRecord,
-    Inotify,
     Watch,
     Rec,
     Syncer,

@@ -34,7 +34,7 @@ from .._errors import StorageError
 from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
-from ._glide import ConnParams, GlideAdapter, Script, make_script, parse_url
+from ._glide import ConnParams, GlideAdapter, make_script, parse_url
 
 __all__ = ["RedisStorage"]
 
