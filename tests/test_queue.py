@@ -504,12 +504,19 @@ async def test_graceful_stop_finishes_running_and_returns_prefetched(storage: St
         assert consumer.worker_id not in await storage.workers(queue_name)
 
 
-async def test_forced_stop_returns_running_job_to_the_queue(storage: Storage, queue_name: str) -> None:
+def never_finishing() -> tuple[Any, trio.Event]:
+    """A handler that signals its start and then runs until cancelled."""
     started = trio.Event()
 
     async def forever(job: Job[Any]) -> None:
         started.set()
         await trio.sleep_forever()
+
+    return forever, started
+
+
+async def test_forced_stop_returns_running_job_to_the_queue(storage: Storage, queue_name: str) -> None:
+    forever, started = never_finishing()
 
     async with Queue(storage, name=queue_name) as producer:
         await producer.enqueue("stuck", 1)
@@ -663,11 +670,7 @@ def _raw_job(job_id: str) -> NewJob:
 
 
 async def test_body_exception_propagates_unwrapped_and_jobs_go_back(storage: Storage, queue_name: str) -> None:
-    started = trio.Event()
-
-    async def forever(job: Job[Any]) -> None:
-        started.set()
-        await trio.sleep_forever()
+    forever, started = never_finishing()
 
     async with Queue(storage, name=queue_name) as producer:
         await producer.enqueue("j", 1)

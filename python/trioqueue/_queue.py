@@ -636,19 +636,19 @@ class _Consumer:
                 task_status.started()
                 await self.settled_all.wait()
                 nursery.cancel_scope.cancel()  # the heartbeat
-            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
-                await self._reconcile()
-                await self.storage.unregister_worker(q.name, q.worker_id)
         finally:
-            # Forced stop (or a crash): hand back everything that was not settled. What
-            # cannot be written now stays in our processing list for the reaper.
+            # One cleanup for every way out. Graceful: everything is settled; give back
+            # what a cancelled claim may have moved, then unregister. Forced (or a crash):
+            # store what finished, hand back the rest; what cannot be written now stays in
+            # our processing list for the reaper.
             with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
                 try:
                     if self.pending:
                         batch, self.pending = self.pending, []
                         await self.storage.settle(q.name, q.worker_id, batch)
-                    if self.held:
-                        await self._reconcile()
+                    await self._reconcile()
+                    if self.settled_all.is_set():
+                        await self.storage.unregister_worker(q.name, q.worker_id)
                 except Exception as exc:
                     q._events.emit("error", error=exc, where="consumer cleanup")
             self.done.set()
@@ -706,13 +706,8 @@ class _Consumer:
                     self.held += len(claims)
                     self.buffer.extend(claims)
                     self.work.unpark(count=len(claims))
-        # A claim cancelled mid-flight may have moved a job we never saw (Redis):
-        # give such jobs back now rather than wait for the reaper.
-        with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
-            try:
-                await self._reconcile()
-            except Exception as exc:
-                q._events.emit("error", error=exc, where="reconciling after the last claim")
+        # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
+        # gives such jobs back with its final reconcile, once the running ones are settled.
 
     async def _worker(self) -> None:
         q = self.q

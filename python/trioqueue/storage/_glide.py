@@ -235,8 +235,10 @@ class GlideAdapter:
 
         Returns ``(moved entry or None, the script's reply)``; the reply is the exception
         the script raised instead (e.g. NOSCRIPT after a ``SCRIPT FLUSH``), for the caller
-        to run it the ordinary way. Cancellation and faults as :meth:`blocking_move`: if
-        the wait is cancelled the client is closed, so the server drops both commands."""
+        to run it the ordinary way. Cancellation closes the client (the server drops the
+        blocked command and the script behind it); a client whose call completed goes back
+        to the idle pool. Connection faults are raised as :class:`StorageError` after the
+        client was discarded (the caller retries)."""
         client = self._idle_blockers.pop() if self._idle_blockers else None
         if client is None:
             client = await self._create(self._config(request_timeout=timeout + 5.0))
@@ -264,30 +266,6 @@ class GlideAdapter:
         if not replies or len(replies) != 2 or isinstance(replies[0], Exception):
             raise StorageError(f"blocking claim failed: {replies!r:.200}")
         return replies[0], replies[1]
-
-    async def blocking_move(self, src: str, dst: str, timeout: float) -> bytes | None:
-        """``BLMOVE src dst LEFT RIGHT timeout`` on a dedicated client.
-
-        Cancellation closes that client (the server drops the blocked command); a client
-        whose call completed goes back to the idle pool. Connection faults are raised as
-        :class:`StorageError` after the client was discarded (the caller retries)."""
-        client = self._idle_blockers.pop() if self._idle_blockers else None
-        if client is None:
-            client = await self._create(self._config(request_timeout=timeout + 5.0))
-        ok = False
-        try:
-            result = await client.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
-            ok = True
-        except _g.GlideError as exc:
-            self._on_fault()
-            raise StorageError(f"blocking claim failed: {exc}") from exc
-        finally:
-            if ok and not self._closed:
-                self._idle_blockers.append(client)
-            else:
-                with trio.CancelScope(shield=True):
-                    await _close_quietly(client)
-        return result  # type: ignore[no-any-return]
 
     # -- pub/sub ---------------------------------------------------------------------
 

@@ -449,6 +449,17 @@ class FileStorage(Storage):
             finally:
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
 
+    def _marker(self, q: _Q, directory: str, name: str) -> tuple[int, str] | None:
+        """``(number, encoded id)`` of a marker in ``ready/`` or ``delayed/``; ``None`` for a
+        temp file (skipped) or anything else (quarantined and reported)."""
+        if name.startswith(".tmp-"):
+            return None
+        parsed = _split_marker(name)
+        if parsed is None:
+            folder = os.path.basename(directory)
+            self._quarantine(q, os.path.join(directory, name), f"unexpected file in {folder}/")
+        return parsed
+
     async def _finish(self, fds: list[int], dirs: set[int], wrote: bool) -> None:
         """End of a step: make its writes durable, or only checkpoint if it wrote nothing."""
         if wrote:
@@ -825,11 +836,8 @@ class FileStorage(Storage):
         items: dict[str, Rec] = {}
         moves: list[tuple[str, str]] = []
         for name in names:
-            if name.startswith(".tmp-"):
-                continue
-            parsed = _split_marker(name)
+            parsed = self._marker(q, q.delayed, name)
             if parsed is None:
-                self._quarantine(q, os.path.join(q.delayed, name), "unexpected file in delayed/")
                 continue
             ms, enc = parsed
             if ms > now_ms:
@@ -884,11 +892,8 @@ class FileStorage(Storage):
                     if not q.cache:
                         break
                 name = q.cache.popleft()
-                if name.startswith(".tmp-"):
-                    continue
-                parsed = _split_marker(name)
+                parsed = self._marker(q, q.ready, name)
                 if parsed is None:
-                    self._quarantine(q, os.path.join(q.ready, name), "unexpected file in ready/")
                     continue
                 enc = parsed[1]
                 target = os.path.join(pdir, enc)
