@@ -170,9 +170,10 @@ async def test_cancel_queued_job_never_runs(storage: Storage, queue_name: str) -
     async with Queue(storage, name=queue_name) as producer:
         await producer.enqueue_many([("keep-1", 1), ("drop", 2), ("keep-2", 3)])
         assert (await producer.cancel("drop")).status is CancelStatus.CANCELLED
-        assert (await producer.cancel("drop")).status is CancelStatus.NOT_FOUND
-        assert await producer.get_status("drop") is None
-        with pytest.raises(JobNotFinishedError):
+        assert (await producer.cancel("drop")).status is CancelStatus.CANCELLED  # idempotent
+        status = await producer.get_status("drop")
+        assert status is not None and status.state is JobState.CANCELLED and status.state.terminal
+        with pytest.raises(JobCancelledError):
             await producer.get_result("drop")
     async with Queue(storage, name=queue_name, handler=record, **FAST) as q:
         with trio.fail_after(10):

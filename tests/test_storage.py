@@ -16,20 +16,33 @@ import trio.testing
 from trioqueue import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from trioqueue._core import encode_envelope, parse_state
 from trioqueue._serde import decode_error
-from trioqueue.storage import NewJob, Settlement, SettleKind, Storage, StorageEvent
+from trioqueue.storage import Claim, NewJob, Settlement, SettleKind, Storage, StorageEvent
 
 W1 = "worker:one"  # worker ids may contain ':'
 W2 = "worker-two"
 LEASE = 30.0
 
 
-def job(job_id: str, payload: bytes = b"{}", *, max_attempts: int = 3, ttl: float = 60.0) -> NewJob:
+def job(job_id: str, payload: bytes = b"{}", *, max_attempts: int = 3, ttl: float = 60.0, token: str = "") -> NewJob:
     env = encode_envelope(job_id, payload, 1_700_000_000_000, 0, max_attempts, int(ttl * 1000))
-    return NewJob(job_id, env, max_attempts, ttl)
+    return NewJob(job_id, env, max_attempts, ttl, token or f"t-{job_id}")
 
 
-async def claim(storage: Storage, q: str, worker: str = W1, n: int = 10, timeout: float = 0.05, lease: float = LEASE):
-    return await storage.dequeue(q, worker, n, timeout, lease)
+# Claim tokens of the claims made through ``claim``, by (queue, job id): ``settlement``
+# fences with the latest one, as a worker would.
+TOKENS: dict[tuple[str, str], str] = {}
+
+
+async def claim(
+    storage: Storage, q: str, worker: str = W1, n: int = 10, timeout: float = 0.05, lease: float = LEASE, start=None
+) -> list[Claim]:
+    claims = await storage.dequeue(q, worker, n, timeout, lease, start)
+    TOKENS.update(((q, c.id), c.token) for c in claims)
+    return claims
+
+
+def settlement(kind: SettleKind, q: str, job_id: str, data: bytes, **kw: float) -> Settlement:
+    return Settlement(kind, job_id, data, token=TOKENS.get((q, job_id), ""), **kw)
 
 
 def kind(state: str) -> str:
@@ -88,7 +101,7 @@ async def test_dequeue_timeout_returns_empty(storage: Storage, queue_name: str) 
 async def test_complete_caches_result_until_ttl(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("a")])
     [c] = await claim(storage, queue_name)
-    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "a", b'{"x":1}', ttl=0.5)]) == [True]
+    assert await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "a", b'{"x":1}', ttl=0.5)]) == [True]
     rec = await storage.get_job(queue_name, "a")
     assert rec is not None and kind(rec.state) == "completed" and rec.result == b'{"x":1}'
     assert await storage.held_jobs(queue_name, W1) == []
@@ -106,7 +119,7 @@ async def test_result_ttls_are_per_job(storage: Storage, queue_name: str) -> Non
     await storage.settle(
         queue_name,
         W1,
-        [Settlement(SettleKind.COMPLETE, "short", b"1", ttl=0.3), Settlement(SettleKind.COMPLETE, "long", b"2", ttl=60)],
+        [settlement(SettleKind.COMPLETE, queue_name, "short", b"1", ttl=0.3), settlement(SettleKind.COMPLETE, queue_name, "long", b"2", ttl=60)],
     )
     await trio.sleep(0.5)
     assert await storage.get_job(queue_name, "short") is None
@@ -118,7 +131,7 @@ async def test_fail_stores_error_and_blocks_reenqueue(storage: Storage, queue_na
     await storage.enqueue(queue_name, [job("f")])
     await claim(storage, queue_name)
     err = b'{"type":"ValueError","message":"bad","traceback":""}'
-    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.FAIL, "f", err, ttl=60)]) == [True]
+    assert await storage.settle(queue_name, W1, [settlement(SettleKind.FAIL, queue_name, "f", err, ttl=60)]) == [True]
     rec = await storage.get_job(queue_name, "f")
     assert rec is not None and kind(rec.state) == "failed" and decode_error(rec.error).message == "bad"
     [dup] = await storage.enqueue(queue_name, [job("f")])
@@ -129,39 +142,43 @@ async def test_retry_goes_back_after_delay(storage: Storage, queue_name: str) ->
     await storage.enqueue(queue_name, [job("r")])
     await claim(storage, queue_name)
     err = b'{"type":"E","message":"again","traceback":""}'
-    await storage.settle(queue_name, W1, [Settlement(SettleKind.RETRY, "r", err, delay=0.4)])
+    await storage.settle(queue_name, W1, [settlement(SettleKind.RETRY, queue_name, "r", err, delay=0.4)])
     rec = await storage.get_job(queue_name, "r")
     assert rec is not None
     k, _, attempts = parse_state(rec.state)
     assert (k, attempts) == ("failing", 1)
     assert await claim(storage, queue_name, timeout=0.05) == []  # not yet due
     with trio.fail_after(10):
-        claims = await storage.dequeue(queue_name, W2, 5, 5.0, LEASE)  # wakes when due
+        claims = await claim(storage, queue_name, W2, 5, 5.0)  # wakes when due
     assert [(c.id, c.attempts) for c in claims] == [("r", 2)]
 
 
 async def test_settle_is_fenced_to_the_owner(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("a")])
     await claim(storage, queue_name, worker=W1)
-    out = await storage.settle(queue_name, W2, [Settlement(SettleKind.COMPLETE, "a", b"1", ttl=60)])
+    out = await storage.settle(queue_name, W2, [settlement(SettleKind.COMPLETE, queue_name, "a", b"1", ttl=60)])
     assert out == [False]
     rec = await storage.get_job(queue_name, "a")
     assert rec is not None and kind(rec.state) == "processing"
-    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "a", b"1", ttl=60)]) == [True]
-    # A second settlement of the same job is refused too.
-    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.FAIL, "a", b"{}", ttl=60)]) == [False]
+    assert await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "a", b"1", ttl=60)]) == [True]
+    # A settlement with a made-up claim token is refused.
+    forged = Settlement(SettleKind.FAIL, "a", b"{}", ttl=60, token="forged")
+    assert await storage.settle(queue_name, W1, [forged]) == [False]
     rec = await storage.get_job(queue_name, "a")
-    assert rec is not None and kind(rec.state) == "completed"
+    assert rec is not None and kind(rec.state) == "completed" and rec.result == b"1"
 
 
 async def test_cancel_queued_job_is_never_claimed(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("c", b'"old"'), job("d")])
     assert await storage.cancel(queue_name, "c") is CancelStatus.CANCELLED
-    assert await storage.get_job(queue_name, "c") is None
-    assert await storage.cancel(queue_name, "c") is CancelStatus.NOT_FOUND
+    rec = await storage.get_job(queue_name, "c")
+    assert rec is not None and kind(rec.state) == "cancelled" and rec.token == "t-c"
+    assert await storage.cancel(queue_name, "c") is CancelStatus.CANCELLED  # idempotent
     # The id is free again; the stale copy of the old envelope must not be claimed.
-    [out] = await storage.enqueue(queue_name, [job("c", b'"new"')])
+    [out] = await storage.enqueue(queue_name, [job("c", b'"new"', token="t-c2")])
     assert out.status is EnqueueStatus.QUEUED
+    rec = await storage.get_job(queue_name, "c")
+    assert rec is not None and kind(rec.state) == "queued" and rec.token == "t-c2" and rec.attempts == 0
     claims = await claim(storage, queue_name)
     assert [c.id for c in claims] == ["d", "c"]
     assert claims[1].envelope == job("c", b'"new"').envelope
@@ -176,8 +193,8 @@ async def test_cancel_reports_other_states(storage: Storage, queue_name: str) ->
         queue_name,
         W1,
         [
-            Settlement(SettleKind.COMPLETE, "done", b"1", ttl=60),
-            Settlement(SettleKind.FAIL, "bad", b"{}", ttl=60),
+            settlement(SettleKind.COMPLETE, queue_name, "done", b"1", ttl=60),
+            settlement(SettleKind.FAIL, queue_name, "bad", b"{}", ttl=60),
         ],
     )
     assert await storage.cancel(queue_name, "done") is CancelStatus.COMPLETED
@@ -188,7 +205,7 @@ async def test_cancel_reports_other_states(storage: Storage, queue_name: str) ->
 async def test_cancel_failing_job_drops_its_retry(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("r")])
     await claim(storage, queue_name)
-    await storage.settle(queue_name, W1, [Settlement(SettleKind.RETRY, "r", b"{}", delay=0.2)])
+    await storage.settle(queue_name, W1, [settlement(SettleKind.RETRY, queue_name, "r", b"{}", delay=0.2)])
     assert await storage.cancel(queue_name, "r") is CancelStatus.CANCELLED
     assert await storage.dequeue(queue_name, W1, 5, 0.5, LEASE) == []
 
@@ -198,7 +215,7 @@ async def test_update_result_ttl(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("x")])
     assert await storage.update_result_ttl(queue_name, "x", 10) is UpdateTTLStatus.NOT_TERMINAL
     await claim(storage, queue_name)
-    await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "x", b"7", ttl=0.3)])
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "x", b"7", ttl=0.3)])
     assert await storage.update_result_ttl(queue_name, "x", 60) is UpdateTTLStatus.UPDATED
     await trio.sleep(0.5)
     rec = await storage.get_job(queue_name, "x")
@@ -234,7 +251,7 @@ async def test_worker_registry(storage: Storage, queue_name: str) -> None:
 async def test_recover_stalled_lease_expired(storage: Storage, queue_name: str) -> None:
     await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
     await storage.enqueue(queue_name, [job("s", max_attempts=2)])
-    await storage.dequeue(queue_name, W1, 1, 0.05, 0.2)
+    [stale] = await claim(storage, queue_name, W1, 1, 0.05, 0.2)
     assert (await storage.recover_stalled(queue_name))[0] == []  # lease still valid
     await trio.sleep(0.35)
     recovered, _ = await storage.recover_stalled(queue_name)
@@ -243,10 +260,10 @@ async def test_recover_stalled_lease_expired(storage: Storage, queue_name: str) 
     assert rec is not None and kind(rec.state) == "queued" and rec.attempts == 1
     assert await storage.held_jobs(queue_name, W1) == []
     # The old owner's late settlement is refused.
-    assert await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "s", b"1", ttl=9)]) == [False]
+    assert await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "s", b"1", ttl=9)]) == [False]
     # Second stall uses the last attempt: failed for good.
-    [c] = await storage.dequeue(queue_name, W2, 1, 0.05, 0.2)
-    assert c.attempts == 2
+    [c] = await claim(storage, queue_name, W2, 1, 0.05, 0.2)
+    assert c.attempts == 2 and c.token != stale.token
     await storage.heartbeat(queue_name, W2, 30.0, [], 0.2)
     await trio.sleep(0.35)
     recovered, _ = await storage.recover_stalled(queue_name)
@@ -260,13 +277,13 @@ async def test_recover_stalled_dead_worker_and_renewed_lease(storage: Storage, q
     await storage.heartbeat(queue_name, W1, 0.3, [], LEASE)  # will die
     await storage.heartbeat(queue_name, W2, 30.0, [], LEASE)  # stays alive
     await storage.enqueue(queue_name, [job("dead"), job("alive")])
-    await storage.dequeue(queue_name, W1, 1, 0.05, LEASE)
-    await storage.dequeue(queue_name, W2, 1, 0.05, 0.3)
+    await claim(storage, queue_name, W1, 1, 0.05)
+    [alive] = await claim(storage, queue_name, W2, 1, 0.05, 0.3)
     recovered, next_deadline = await storage.recover_stalled(queue_name)
     assert recovered == [] and next_deadline is not None and math.isfinite(next_deadline)
     for _ in range(4):  # W2 keeps renewing its job's lease
         await trio.sleep(0.15)
-        await storage.heartbeat(queue_name, W2, 30.0, ["alive"], 0.3)
+        await storage.heartbeat(queue_name, W2, 30.0, [("alive", alive.token)], 0.3)
     recovered, _ = await storage.recover_stalled(queue_name)
     assert recovered == [("dead", "requeued")]
     assert await storage.held_jobs(queue_name, W2) == ["alive"]
@@ -293,12 +310,12 @@ async def test_event_stream(storage: Storage, queue_name: str) -> None:
             queue_name,
             W1,
             [
-                Settlement(SettleKind.COMPLETE, "a", b'"ra"', ttl=60),
-                Settlement(SettleKind.RETRY, "b", b'{"type":"E","message":"m","traceback":""}', delay=60),
+                settlement(SettleKind.COMPLETE, queue_name, "a", b'"ra"', ttl=60),
+                settlement(SettleKind.RETRY, queue_name, "b", b'{"type":"E","message":"m","traceback":""}', delay=60),
             ],
         )
         await storage.cancel(queue_name, "c")
-        await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "zz", b"1", ttl=60)])
+        await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "zz", b"1", ttl=60)])
         with trio.fail_after(10):
             while not any(e.kind == "fenced" for e in seen):
                 seen.extend(e for e in await events.receive() if e.kind != "resync")
@@ -336,6 +353,121 @@ async def test_awkward_ids_round_trip(storage: Storage, queue_name: str, job_id:
     await storage.enqueue(queue_name, [job(job_id)])
     [c] = await claim(storage, queue_name)
     assert c.id == job_id
-    await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, job_id, b"1", ttl=60)])
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, job_id, b"1", ttl=60)])
     rec = await storage.get_job(queue_name, job_id)
     assert rec is not None and rec.id == job_id and rec.result == b"1"
+
+
+# -- incarnation and claim tokens, reserved claims (issue #8 items 2, 4, 6, 19) --------
+
+
+async def test_stale_claim_of_a_reclaimed_job_is_fenced(storage: Storage, queue_name: str) -> None:
+    """A worker that lost its lease and claimed the same job again cannot settle it
+    through its old claim: fencing is by claim, not by worker id."""
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.enqueue(queue_name, [job("j")])
+    [old] = await claim(storage, queue_name, W1, 1, lease=0.2)
+    await trio.sleep(0.35)
+    assert (await storage.recover_stalled(queue_name))[0] == [("j", "requeued")]
+    [new] = await claim(storage, queue_name, W1, 1)
+    assert new.token != old.token and new.attempts == 2
+    stale = Settlement(SettleKind.COMPLETE, "j", b'"stale"', ttl=60, token=old.token)
+    assert await storage.settle(queue_name, W1, [stale]) == [False]
+    rec = await storage.get_job(queue_name, "j")
+    assert rec is not None and kind(rec.state) == "processing"
+    await storage.heartbeat(queue_name, W1, 30.0, [("j", old.token)], 0.2)  # renews nothing
+    fresh = Settlement(SettleKind.COMPLETE, "j", b'"fresh"', ttl=60, token=new.token)
+    assert await storage.settle(queue_name, W1, [fresh]) == [True]
+    rec = await storage.get_job(queue_name, "j")
+    assert rec is not None and rec.result == b'"fresh"' and rec.attempts == 2
+
+
+async def test_settle_retried_after_it_landed_is_a_no_op(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("once")])
+    [c] = await claim(storage, queue_name)
+    done = Settlement(SettleKind.COMPLETE, "once", b"1", ttl=60, token=c.token)
+    async with storage.subscribe(queue_name) as events:
+        assert await storage.settle(queue_name, W1, [done]) == [True]
+        assert await storage.settle(queue_name, W1, [done]) == [True]  # the reply was lost: sent again
+        await storage.enqueue(queue_name, [job("marker")])
+        seen: list[StorageEvent] = []
+        with trio.fail_after(10):
+            while not any(e.job_id == "marker" for e in seen):
+                seen.extend(e for e in await events.receive() if e.kind != "resync")
+    assert [(e.kind, e.job_id) for e in seen] == [("completed", "once"), ("enqueued", "marker")]
+    rec = await storage.get_job(queue_name, "once")
+    assert rec is not None and kind(rec.state) == "completed" and rec.attempts == 1
+
+
+async def test_reserved_claims_count_their_attempt_only_when_started(storage: Storage, queue_name: str) -> None:
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.enqueue(queue_name, [job("run"), job("pre1", max_attempts=1), job("pre2")])
+    claims = await claim(storage, queue_name, W1, 3, lease=0.2, start=1)
+    assert [(c.id, c.started, c.attempts) for c in claims] == [("run", True, 1), ("pre1", False, 1), ("pre2", False, 1)]
+    assert [(r.id, r.attempts) for r in [await storage.get_job(queue_name, i) for i in ("run", "pre1")] if r] == [
+        ("run", 1),
+        ("pre1", 0),
+    ]
+    # pre2's handler is about to run: its attempt is counted once, however often asked.
+    assert await storage.start(queue_name, W1, [("pre2", claims[2].token)]) == [True]
+    assert await storage.start(queue_name, W1, [("pre2", claims[2].token), ("pre1", "forged")]) == [True, False]
+    rec = await storage.get_job(queue_name, "pre2")
+    assert rec is not None and rec.attempts == 1
+    # The worker dies: the never-started claim goes back free, even at max_attempts=1.
+    await trio.sleep(0.35)
+    recovered, _ = await storage.recover_stalled(queue_name)
+    assert sorted(recovered) == [("pre1", "requeued"), ("pre2", "requeued"), ("run", "requeued")]
+    attempts = {i: (await storage.get_job(queue_name, i)).attempts for i in ("run", "pre1", "pre2")}  # type: ignore[union-attr]
+    assert attempts == {"run": 1, "pre1": 0, "pre2": 1}
+    # A stale start after recovery is refused: the job is not ours to run any more.
+    assert await storage.start(queue_name, W1, [("pre1", claims[1].token)]) == [False]
+    again = await claim(storage, queue_name, W2, 3)
+    assert sorted((c.id, c.attempts, c.started) for c in again) == [
+        ("pre1", 1, True),
+        ("pre2", 2, True),
+        ("run", 2, True),
+    ]
+
+
+async def test_release_undoes_only_counted_attempts(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("s"), job("r")])
+    await claim(storage, queue_name, W1, 2, start=1)
+    assert await storage.release(queue_name, W1, ["s", "r"]) == 2
+    for job_id in ("s", "r"):
+        rec = await storage.get_job(queue_name, job_id)
+        assert rec is not None and kind(rec.state) == "queued" and rec.attempts == 0
+
+
+async def test_events_carry_the_incarnation_token(storage: Storage, queue_name: str) -> None:
+    seen: list[StorageEvent] = []
+    async with storage.subscribe(queue_name) as events:
+        await storage.enqueue(queue_name, [job("x", token="first")])
+        assert await storage.cancel(queue_name, "x") is CancelStatus.CANCELLED
+        [again] = await storage.enqueue(queue_name, [job("x", token="second")])
+        assert again.status is EnqueueStatus.QUEUED
+        [dup] = await storage.enqueue(queue_name, [job("x", token="third")])
+        assert dup.status is EnqueueStatus.DUPLICATE and dup.token == "second"
+        [c] = await claim(storage, queue_name)
+        await storage.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "x", b"1", ttl=60, token=c.token)])
+        [cached] = await storage.enqueue(queue_name, [job("x", token="fourth")])
+        assert cached.status is EnqueueStatus.COMPLETED and cached.token == "second"
+        with trio.fail_after(10):
+            while not any(e.kind == "completed" for e in seen):
+                seen.extend(e for e in await events.receive() if e.kind != "resync")
+    assert [(e.kind, e.token) for e in seen] == [
+        ("enqueued", "first"),
+        ("cancelled", "first"),
+        ("enqueued", "second"),
+        ("completed", "second"),
+    ]
+
+
+async def test_cancelled_state_expires_with_the_result_ttl(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("gone", ttl=0.3)])
+    assert await storage.cancel(queue_name, "gone") is CancelStatus.CANCELLED
+    assert await storage.update_result_ttl(queue_name, "gone", 0.3) is UpdateTTLStatus.UPDATED
+    rec = await storage.get_job(queue_name, "gone")
+    assert rec is not None and kind(rec.state) == "cancelled"
+    await trio.sleep(0.5)
+    assert await storage.get_job(queue_name, "gone") is None
+    assert await storage.cancel(queue_name, "gone") is CancelStatus.NOT_FOUND

@@ -19,7 +19,7 @@ __all__ = [
 ENVELOPE_VERSION: Final[int]
 """Envelope format version written by this build (and the highest it reads): 1."""
 
-_StateKind = Literal["queued", "processing", "failing", "completed", "failed"]
+_StateKind = Literal["queued", "processing", "failing", "completed", "failed", "cancelled"]
 
 class CodecError(ValueError):
     """Envelope bytes are empty, truncated, corrupt or from a newer format version."""
@@ -71,7 +71,7 @@ def envelope_with_attempts(data: bytes, attempts: int) -> bytes:
 def parse_state(s: str) -> tuple[_StateKind, int, str | int | None]:
     """Parse a job state string into ``(kind, ms, extra)``.
 
-    ``queued:<ms>``, ``completed:<ms>``, ``failed:<ms>`` -> extra ``None``;
+    ``queued:<ms>``, ``completed:<ms>``, ``failed:<ms>``, ``cancelled:<ms>`` -> extra ``None``;
     ``processing:<ms>:<worker_id>`` -> extra is the worker id (may contain ``:``);
     ``failing:<ms>:<attempts>`` -> extra is the attempts ``int``.
     Raises ``StateError`` naming the bad string.

@@ -44,3 +44,12 @@ class JobCancelledError(TrioQueueError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id!r} was cancelled")
         self.job_id = job_id
+
+
+class QueueStoppedError(TrioQueueError):
+    """The queue stopped while a call (``enqueue_and_wait``) was waiting on it."""
+
+    def __init__(self, queue: str, job_id: str) -> None:
+        super().__init__(f"queue {queue!r} stopped while waiting for job {job_id!r}")
+        self.queue = queue
+        self.job_id = job_id

@@ -17,10 +17,11 @@ class JobState(StrEnum):
     FAILING = "failing"  # failed an attempt, waiting for its retry
     COMPLETED = "completed"
     FAILED = "failed"  # failed for good
+    CANCELLED = "cancelled"  # cancelled before it ran (kept for its result TTL)
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.COMPLETED, JobState.FAILED)
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
 class EnqueueStatus(StrEnum):

@@ -9,7 +9,7 @@ import socket
 import time
 import traceback
 import uuid
-from collections import deque
+from itertools import count
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, overload
@@ -17,8 +17,16 @@ from typing import Any, Generic, Self, TypeVar, overload
 import trio
 
 from . import _validate as check
+from ._consumer import Consumer, Escalation
 from ._core import CodecError, decode_envelope, encode_envelope, parse_state
-from ._errors import JobCancelledError, JobFailedError, JobTimeoutError, TrioQueueError, ValidationError
+from ._errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobTimeoutError,
+    QueueStoppedError,
+    TrioQueueError,
+    ValidationError,
+)
 from ._events import Emitter, EventCallback
 from ._models import (
     CancelResult,
@@ -48,9 +56,6 @@ AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 _STORAGE_EVENT_NAMES = frozenset({"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled"})
-# Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
-_CLEANUP_TIMEOUT = 10.0
-_RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
 
 
 class JobNotFinishedError(TrioQueueError, LookupError):
@@ -87,26 +92,59 @@ def _encode(serde: Serde, value: Any, what: str, error: type[TrioQueueError]) ->
 
 
 class _Waiter:
-    """One ``enqueue_and_wait`` caller parked until its job's terminal event."""
+    """One ``enqueue_and_wait`` caller parked until the terminal event of *its* incarnation
+    of the job. Until the enqueue has said which incarnation that is (``bind``), terminal
+    events for the id are kept aside; then only the one carrying its token resolves it."""
 
-    __slots__ = ("event", "kind", "result", "error", "resync")
+    __slots__ = ("event", "token", "early", "outcome", "resync", "stopped")
 
     def __init__(self) -> None:
         self.event = trio.Event()
-        self.kind: str | None = None
-        self.result: bytes | None = None
-        self.error: bytes | None = None
-        self.resync = False
+        self.token: str | None = None
+        self.early: list[StorageEvent] | None = []
+        self.outcome: StorageEvent | None = None
+        self.resync = False  # the stream may have lost our notice: re-read the registry
+        self.stopped = False  # the queue stopped
 
-    def resolve(self, ev: StorageEvent) -> None:
-        if self.kind is None:
-            self.kind, self.result, self.error = ev.kind, ev.result, ev.error
+    def offer(self, ev: StorageEvent) -> None:
+        if self.outcome is not None:
+            return
+        if self.early is not None:
+            self.early.append(ev)
+        elif ev.token is None or self.token is None or ev.token == self.token:
+            self.outcome = ev
             self.event.set()
 
-    def wake_for_resync(self) -> None:
-        if self.kind is None:
+    def bind(self, token: str | None) -> None:
+        self.token = token
+        early, self.early = self.early, None
+        for ev in early or ():
+            self.offer(ev)
+
+    def wake(self, *, stopped: bool = False) -> None:
+        if stopped:
+            self.stopped = True
+        else:
             self.resync = True
-            self.event.set()
+        self.event.set()
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
+
+
+def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The ``KeyboardInterrupt``/``SystemExit`` a group carries, when it carries nothing
+    else but cancellations: it is raised bare, as the interpreter expects."""
+    interrupts, rest = group.split((KeyboardInterrupt, SystemExit))
+    if interrupts is None or (rest is not None and not _only_cancelled(rest)):
+        return None
+    found: BaseException = interrupts
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
 
 
 class Queue(Generic[P, R]):
@@ -147,9 +185,9 @@ class Queue(Generic[P, R]):
         if not isinstance(storage, Storage):
             raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
         self.storage = storage
-        self.name = check.job_id(name) if name is not None else "default"
+        self.name = check.job_id(name, "name") if name is not None else "default"
         self.concurrency = check.positive_int("concurrency", concurrency)
-        self.worker_id = check.job_id(worker_id) if worker_id is not None else default_worker_id()
+        self.worker_id = check.job_id(worker_id, "worker_id") if worker_id is not None else default_worker_id()
         self.max_attempts = check.positive_int("max_attempts", max_attempts)
         self.job_timeout = None if job_timeout is None else check.seconds("job_timeout", job_timeout)
         self.block_timeout = check.seconds("block_timeout", block_timeout)
@@ -171,8 +209,11 @@ class Queue(Generic[P, R]):
         self._use_reaper = reaper
         self._events = Emitter(self.name)
         self._waiters: dict[str, list[_Waiter]] = {}
+        # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
+        self._token_prefix = uuid.uuid4().hex[:12] + "-"
+        self._token_seq = count(1)
         self._stop_requested = trio.Event()
-        self._consumer: _Consumer | None = None
+        self._consumer: Consumer | None = None
         self._cm_nursery: trio.Nursery | None = None
         self._cm: Any = None
 
@@ -255,48 +296,57 @@ class Queue(Generic[P, R]):
         self._running = True
         self._stop_requested = trio.Event()
         try:
-            await self.storage.open()
-            try:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(self._events.run)
-                    await nursery.start(self._listen)
-                    consumer = None
-                    if self._handler is not None:
-                        consumer = self._consumer = _Consumer(self)
-                        await nursery.start(consumer.run)
-                        if self._use_reaper:
-                            reaper = Reaper(
-                                self.storage,
-                                name=self.name,
-                                visibility_timeout=self.visibility_timeout,
-                                leader_election=LeaderElection(
-                                    lock_ttl=self.visibility_timeout,
-                                    renewal_interval=self.visibility_timeout / 3,
-                                    acquire_retry_interval=self.visibility_timeout / 3,
-                                ),
-                                _emitter=self._events,
-                            )
-                            nursery.start_soon(reaper.run)
-                    self._events.emit("started", worker_id=self.worker_id)
-                    task_status.started()
-                    await self._stop_requested.wait()
-                    if consumer is not None:
-                        await consumer.stop()
-                    self._events.emit("stopped", worker_id=self.worker_id)
-                    self._events.close()
-                    self._release_waiters()
-                    nursery.cancel_scope.cancel()
-            finally:
-                with trio.CancelScope(shield=True):
-                    await self.storage.aclose()
+            await self._run(task_status)
+        except BaseExceptionGroup as group:
+            bare = _sole_interrupt(group)
+            if bare is None:
+                raise
+            raise bare from None
         finally:
             self._running = False
             self._consumer = None
+            self._wake_waiters(stopped=True)
 
-    def _release_waiters(self) -> None:
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        await self.storage.open()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._events.run)
+                await nursery.start(self._listen)
+                consumer = None
+                if self._handler is not None:
+                    consumer = self._consumer = Consumer(self)
+                    await nursery.start(consumer.run)
+                    if self._use_reaper:
+                        reaper = Reaper(
+                            self.storage,
+                            name=self.name,
+                            visibility_timeout=self.visibility_timeout,
+                            leader_election=LeaderElection(
+                                lock_ttl=self.visibility_timeout,
+                                renewal_interval=self.visibility_timeout / 3,
+                                acquire_retry_interval=self.visibility_timeout / 3,
+                            ),
+                            _emitter=self._events,
+                        )
+                        nursery.start_soon(reaper.run)
+                self._events.emit("started", worker_id=self.worker_id)
+                task_status.started()
+                await self._stop_requested.wait()
+                if consumer is not None:
+                    await consumer.stop()
+                self._events.emit("stopped", worker_id=self.worker_id)
+                self._events.close()
+                self._wake_waiters(stopped=True)
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.storage.aclose()
+
+    def _wake_waiters(self, *, stopped: bool = False) -> None:
         for waiters in self._waiters.values():
             for w in waiters:
-                w.wake_for_resync()
+                w.wake(stopped=stopped)
 
     def _check_running(self) -> None:
         if not self._running:
@@ -317,9 +367,9 @@ class Queue(Generic[P, R]):
                     if waiters:
                         if kind in _TERMINAL_EVENTS:
                             for w in waiters.get(ev.job_id, ()):
-                                w.resolve(ev)
+                                w.offer(ev)
                         elif kind == "resync":
-                            self._release_waiters()
+                            self._wake_waiters()
                     if kind in _STORAGE_EVENT_NAMES:
                         if events.wants(kind):
                             data: dict[str, Any] = {"worker_id": ev.worker_id}
@@ -345,7 +395,7 @@ class Queue(Generic[P, R]):
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
         data = _encode(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
         envelope = encode_envelope(jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000))
-        return NewJob(jid, envelope, attempts, ttl)
+        return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}")
 
     def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
         status = outcome.status
@@ -401,14 +451,17 @@ class Queue(Generic[P, R]):
         timeout: float = 30.0,
         max_attempts: int | None = None,
         result_ttl: float | None = None,
-    ) -> Any:
+    ) -> R:
         """Enqueue (or join an in-flight job with the same id) and return its result.
 
         Raises :class:`JobTimeoutError` after ``timeout`` seconds (the job keeps going),
         :class:`JobFailedError` if it failed for good, :class:`JobCancelledError` if it is
-        cancelled meanwhile. A completed id returns its cached result at once. Driven by the
-        storage's event stream (the wait is registered before enqueueing), never by polling;
-        an enclosing cancel scope cancels the wait, not the job.
+        cancelled meanwhile, :class:`QueueStoppedError` at once if the queue stops. A
+        completed id returns its cached result at once. Driven by the storage's event
+        stream (the wait is registered before enqueueing), never by polling; only the
+        outcome of the incarnation this call enqueued or joined counts (a job cancelled and
+        enqueued again under the same id is another incarnation). An enclosing cancel scope
+        cancels the wait, not the job.
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
         new = self._new_job(job_id, payload, max_attempts, result_ttl)
@@ -420,22 +473,24 @@ class Queue(Generic[P, R]):
             with trio.move_on_after(timeout):
                 [outcome] = await self.storage.enqueue(self.name, [new])
                 if outcome.status is EnqueueStatus.COMPLETED:
-                    return self._load_result(jid, outcome.result)
+                    return self._load_result(jid, outcome.result)  # type: ignore[no-any-return]
                 if outcome.status is EnqueueStatus.DUPLICATE and outcome.state and outcome.state.startswith("failed"):
                     await self._raise_stored_failure(jid, None)
+                waiter.bind(new.token if outcome.status is EnqueueStatus.QUEUED else outcome.token)
                 while True:
-                    await waiter.event.wait()
-                    if not waiter.resync:
-                        return await self._waiter_outcome(jid, waiter)
-                    # The event stream may have lost our notice: read the registry.
-                    if not self._running:
-                        raise TrioQueueError(f"queue {self.name!r} stopped while waiting for job {jid!r}")
-                    waiter.resync = False
+                    # Flags first, then a fresh wake-up: a notice can never fall in between.
+                    if waiter.outcome is not None:
+                        return await self._waiter_outcome(jid, waiter.outcome)  # type: ignore[no-any-return]
+                    if waiter.stopped:
+                        raise QueueStoppedError(self.name, jid)
+                    if waiter.resync:  # the event stream may have lost our notice
+                        waiter.resync = False
+                        record = await self.storage.get_job(self.name, jid)
+                        if waiter.outcome is None:
+                            waiter.outcome = self._terminal_from_record(jid, record, waiter.token)
+                        continue
                     waiter.event = trio.Event()
-                    record = await self.storage.get_job(self.name, jid)
-                    done = self._terminal_from_record(jid, record)
-                    if done is not None:
-                        waiter.resolve(done)
+                    await waiter.event.wait()
             raise JobTimeoutError(jid, timeout)
         finally:
             waiters = self._waiters.get(jid)
@@ -445,26 +500,31 @@ class Queue(Generic[P, R]):
                     del self._waiters[jid]
 
     @staticmethod
-    def _terminal_from_record(job_id: str, record: JobRecord | None) -> StorageEvent | None:
-        if record is None:
-            return StorageEvent("cancelled", job_id)
+    def _terminal_from_record(job_id: str, record: JobRecord | None, token: str | None) -> StorageEvent | None:
+        """The terminal outcome a registry entry shows for incarnation ``token``, if any.
+        An entry that is gone, or belongs to a later incarnation, means ours was cancelled
+        (or finished and expired, which a waiter cannot tell apart)."""
+        if record is None or (token is not None and record.token is not None and record.token != token):
+            return StorageEvent("cancelled", job_id, token=token)
         kind = record.state.partition(":")[0]
         if kind == "completed":
-            return StorageEvent("completed", job_id, result=record.result)
+            return StorageEvent("completed", job_id, result=record.result, token=record.token)
         if kind == "failed":
-            return StorageEvent("failed", job_id, error=record.error)
+            return StorageEvent("failed", job_id, error=record.error, token=record.token)
+        if kind == "cancelled":
+            return StorageEvent("cancelled", job_id, token=record.token)
         return None
 
-    async def _waiter_outcome(self, job_id: str, waiter: _Waiter) -> Any:
-        if waiter.kind == "completed":
-            if waiter.result is None:
+    async def _waiter_outcome(self, job_id: str, outcome: StorageEvent) -> Any:
+        if outcome.kind == "completed":
+            if outcome.result is None:
                 record = await self.storage.get_job(self.name, job_id)
                 if record is None or record.result is None:
                     raise TrioQueueError(f"job {job_id!r} completed but its result is no longer stored")
                 return self._load_result(job_id, record.result)
-            return self._load_result(job_id, waiter.result)
-        if waiter.kind == "failed":
-            await self._raise_stored_failure(job_id, waiter.error)
+            return self._load_result(job_id, outcome.result)
+        if outcome.kind == "failed":
+            await self._raise_stored_failure(job_id, outcome.error)
         raise JobCancelledError(job_id)
 
     async def _raise_stored_failure(self, job_id: str, error: bytes | None) -> None:
@@ -475,8 +535,9 @@ class Queue(Generic[P, R]):
         raise JobFailedError(job_id, job_error)
 
     async def cancel(self, job_id: str) -> CancelResult:
-        """Cancel a queued (or failing, waiting for its retry) job: it will never run and
-        its id becomes free. Running and finished jobs are not touched: the status says why."""
+        """Cancel a queued (or failing, waiting for its retry) job: it will never run; its
+        state is ``cancelled`` for its result TTL, and enqueueing the id again starts a new
+        incarnation. Running and finished jobs are not touched: the status says why."""
         jid = check.job_id(job_id)
         self._check_running()
         return CancelResult(jid, await self.storage.cancel(self.name, jid))
@@ -502,7 +563,8 @@ class Queue(Generic[P, R]):
 
     async def get_result(self, job_id: str) -> Any:
         """The cached result of a completed job. Raises :class:`JobFailedError` for a failed
-        one and :class:`JobNotFinishedError` for an unknown or unfinished one."""
+        one, :class:`JobCancelledError` for a cancelled one and :class:`JobNotFinishedError`
+        for an unknown or unfinished one."""
         jid = check.job_id(job_id)
         self._check_running()
         record = await self.storage.get_job(self.name, jid)
@@ -513,6 +575,8 @@ class Queue(Generic[P, R]):
             return self._load_result(jid, record.result)
         if kind == "failed":
             await self._raise_stored_failure(jid, record.error)
+        if kind == "cancelled":
+            raise JobCancelledError(jid)
         raise JobNotFinishedError(jid, kind)
 
     async def update_result_ttl(self, job_id: str, ttl: float) -> UpdateTTLStatus:
@@ -535,13 +599,17 @@ class Queue(Generic[P, R]):
         return result
 
     async def _execute(self, claim: Claim) -> Settlement:
-        """Run one attempt; return how to settle it. Only ``Cancelled`` (and other
-        BaseExceptions) escape: every failure of the job becomes a settlement."""
+        """Run one attempt; return how to settle it. Every failure of the job becomes a
+        settlement, a ``BaseException`` other than Trio's ``Cancelled`` included (it counts
+        as a failed attempt). For ``KeyboardInterrupt`` and ``SystemExit`` the settlement
+        travels in an ``_Escalation``: the worker stores it, then the interrupt propagates.
+        Only cancellation escapes without a settlement."""
+        token = claim.token
         try:
             jid, raw, created_ms, _, max_attempts, ttl_ms, corr = decode_envelope(claim.envelope)
         except CodecError as exc:
             bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
-            return Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=self.result_ttl)
+            return Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=self.result_ttl, token=token)
         ttl = ttl_ms / 1000 if ttl_ms else self.result_ttl
         try:
             payload = self.payload_serde.loads(raw)
@@ -550,10 +618,11 @@ class Queue(Generic[P, R]):
             bad = JobError(
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", _job_error(exc).traceback
             )
-            return Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl)
+            return Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token)
         job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, self.worker_id, corr)
         error: JobError | None = None
         result: Any = None
+        escalate: BaseException | None = None
         try:
             if self.job_timeout is None:
                 result = await self._call_handler(job)
@@ -564,15 +633,30 @@ class Queue(Generic[P, R]):
                     error = JobError("JobTimeoutError", f"job {jid!r} exceeded job_timeout of {self.job_timeout:g} s")
         except Exception as exc:
             error = _job_error(exc)
+        except BaseException as exc:
+            if _only_cancelled(exc):
+                raise
+            error = _job_error(exc)
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                escalate = exc
+        settlement = await self._settlement(job, token, result, error, ttl)
+        if escalate is not None:
+            raise Escalation(settlement, escalate)
+        return settlement
+
+    async def _settlement(
+        self, job: Job[Any], token: str, result: Any, error: JobError | None, ttl: float
+    ) -> Settlement:
+        jid = job.id
         data = b""
         if error is None:
             try:
                 data = self._dump_result(jid, result)
             except TrioQueueError as exc:
                 error = _job_error(exc)
-        if error is not None and claim.attempts < max_attempts:
-            delay = self._retry_delay(claim.attempts)
-            return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=max(0.0, float(delay)))
+        if error is not None and job.attempts < job.max_attempts:
+            delay = self._retry_delay(job.attempts)
+            return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=max(0.0, float(delay)), token=token)
         if self._after_execution is not None:
             ctx = ExecutionContext(job, result if error is None else None, error, ttl)
             try:
@@ -585,8 +669,8 @@ class Queue(Generic[P, R]):
             except Exception as exc:
                 self._events.emit("error", jid, error=exc, where="after_execution")
         if error is None:
-            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl)
-        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl)
+            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
+        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
 
     def _dump_result(self, job_id: str, result: Any) -> bytes:
         return _encode(self.result_serde, result, f"result of job {job_id!r}", TrioQueueError)
@@ -594,178 +678,3 @@ class Queue(Generic[P, R]):
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"
         return f"<Queue {self.name!r} {role} worker_id={self.worker_id!r} storage={self.storage!r}>"
-
-
-class _Consumer:
-    """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
-    them in batches: no Trio task, lock or round trip per job.
-
-    Every claimed job is *held* (counted in ``held``) from its claim until its settlement
-    is stored, and is in exactly one of: ``buffer`` (claimed, not started), ``running``,
-    ``pending`` (finished, settlement not stored yet).
-    """
-
-    def __init__(self, queue: Queue[Any, Any]) -> None:
-        self.q = queue
-        self.storage = queue.storage
-        self.buffer: deque[Claim] = deque()
-        self.running: set[str] = set()
-        self.pending: list[Settlement] = []
-        self.held = 0
-        self.limit = queue.concurrency + queue.prefetch
-        self.work = trio.lowlevel.ParkingLot()  # idle workers
-        self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
-        self.settle_wakeup = trio.lowlevel.ParkingLot()
-        self.fetch_scope = trio.CancelScope()
-        self.draining = False
-        self.workers_left = queue.concurrency
-        self.settled_all = trio.Event()
-        self.done = trio.Event()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        q = self.q
-        try:
-            await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
-            await self._reconcile()  # jobs a previous run of this worker id left behind
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._heartbeat_loop)
-                nursery.start_soon(self._settle_loop)
-                for _ in range(q.concurrency):
-                    nursery.start_soon(self._worker)
-                nursery.start_soon(self._fetch_loop)
-                task_status.started()
-                await self.settled_all.wait()
-                nursery.cancel_scope.cancel()  # the heartbeat
-        finally:
-            # One cleanup for every way out. Graceful: everything is settled; give back
-            # what a cancelled claim may have moved, then unregister. Forced (or a crash):
-            # store what finished, hand back the rest; what cannot be written now stays in
-            # our processing list for the reaper.
-            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
-                try:
-                    if self.pending:
-                        batch, self.pending = self.pending, []
-                        await self.storage.settle(q.name, q.worker_id, batch)
-                    await self._reconcile()
-                    if self.settled_all.is_set():
-                        await self.storage.unregister_worker(q.name, q.worker_id)
-                except Exception as exc:
-                    q._events.emit("error", error=exc, where="consumer cleanup")
-            self.done.set()
-
-    async def stop(self) -> None:
-        """Graceful: stop claiming, give prefetched jobs back, let running ones finish."""
-        self.draining = True
-        self.fetch_scope.cancel()
-        if self.buffer:
-            ids = [c.id for c in self.buffer]
-            self.buffer.clear()
-            with trio.CancelScope(shield=True), trio.move_on_after(_CLEANUP_TIMEOUT):
-                try:
-                    self.held -= await self.storage.release(self.q.name, self.q.worker_id, ids)
-                except Exception as exc:
-                    self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
-        self.work.unpark_all()
-        self.settle_wakeup.unpark_all()
-        await self.done.wait()
-
-    async def _reconcile(self) -> None:
-        """Release jobs in our processing list that we are not running (left by a
-        cancelled claim, or by an earlier run of this worker id)."""
-        q = self.q
-        held = await self.storage.held_jobs(q.name, q.worker_id)
-        busy = self.running | {s.id for s in self.pending}
-        orphans = [j for j in held if j not in busy]
-        if orphans:
-            await self.storage.release(q.name, q.worker_id, orphans)
-            gone = set(orphans)
-            before = len(self.buffer)
-            kept = [c for c in self.buffer if c.id not in gone]
-            self.buffer.clear()  # mutate in place: the workers hold a reference
-            self.buffer.extend(kept)
-            self.held -= before - len(kept)
-
-    async def _fetch_loop(self) -> None:
-        q = self.q
-        backoff = _RETRY_BACKOFF[0]
-        with self.fetch_scope:
-            while True:
-                while self.held >= self.limit:
-                    await self.capacity.park()
-                try:
-                    claims = await self.storage.dequeue(
-                        q.name, q.worker_id, self.limit - self.held, q.block_timeout, q.visibility_timeout
-                    )
-                except Exception as exc:
-                    q._events.emit("error", error=exc, where="claiming jobs")
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, _RETRY_BACKOFF[1])
-                    continue
-                backoff = _RETRY_BACKOFF[0]
-                if claims:
-                    self.held += len(claims)
-                    self.buffer.extend(claims)
-                    self.work.unpark(count=len(claims))
-        # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
-        # gives such jobs back with its final reconcile, once the running ones are settled.
-
-    async def _worker(self) -> None:
-        q = self.q
-        buffer = self.buffer
-        try:
-            while True:
-                if not buffer:
-                    if self.draining:
-                        return
-                    await self.work.park()
-                    continue
-                claim = buffer.popleft()
-                self.running.add(claim.id)
-                try:
-                    settlement = await q._execute(claim)
-                finally:
-                    self.running.discard(claim.id)
-                self.pending.append(settlement)
-                if self.settle_wakeup:
-                    self.settle_wakeup.unpark()
-                await trio.lowlevel.checkpoint()
-        finally:
-            self.workers_left -= 1
-            if self.workers_left == 0:
-                self.settle_wakeup.unpark_all()
-
-    async def _settle_loop(self) -> None:
-        q = self.q
-        backoff = _RETRY_BACKOFF[0]
-        while True:
-            if not self.pending:
-                if self.workers_left == 0:
-                    self.settled_all.set()
-                    return
-                await self.settle_wakeup.park()
-                continue
-            batch, self.pending = self.pending, []
-            try:
-                with trio.CancelScope(shield=self.draining):
-                    # refusals (fenced) come back as events on the stream, reported there
-                    await self.storage.settle(q.name, q.worker_id, batch)
-            except Exception as exc:
-                self.pending[:0] = batch  # keep them: acknowledged work is never dropped
-                q._events.emit("error", error=exc, where="storing results")
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, _RETRY_BACKOFF[1])
-                continue
-            backoff = _RETRY_BACKOFF[0]
-            self.held -= len(batch)
-            self.capacity.unpark_all()
-
-    async def _heartbeat_loop(self) -> None:
-        q = self.q
-        interval = q.visibility_timeout / 3
-        while True:
-            await trio.sleep(interval)
-            ids = [*self.running, *(c.id for c in self.buffer), *(s.id for s in self.pending)]
-            try:
-                await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, ids, q.visibility_timeout)
-            except Exception as exc:
-                q._events.emit("error", error=exc, where="heartbeat")

@@ -67,7 +67,7 @@ class Reaper:
         _emitter: Emitter | None = None,
     ) -> None:
         self.storage = storage
-        self.name = check.job_id(name) if name is not None else "default"
+        self.name = check.job_id(name, "name") if name is not None else "default"
         self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
         self.scan_interval = (
             min(max(self.visibility_timeout / 10, 0.05), 5.0)

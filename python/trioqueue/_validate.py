@@ -10,17 +10,18 @@ from ._errors import ValidationError
 MAX_ID_BYTES = 1024
 
 
-def job_id(value: Any) -> str:
+def job_id(value: Any, what: str = "job id") -> str:
+    """A non-empty identifier of at most 1 KiB of UTF-8; ``what`` names the field in errors."""
     if not isinstance(value, str):
-        raise ValidationError(f"job id must be a str, got {type(value).__name__}: {value!r:.80}")
+        raise ValidationError(f"{what} must be a str, got {type(value).__name__}: {value!r:.80}")
     if not value:
-        raise ValidationError("job id must not be empty")
+        raise ValidationError(f"{what} must not be empty")
     if len(value) > MAX_ID_BYTES // 4 and len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-        raise ValidationError(f"job id is over {MAX_ID_BYTES} bytes (UTF-8): {value[:40]!r}...")
+        raise ValidationError(f"{what} is over {MAX_ID_BYTES} bytes (UTF-8): {value[:40]!r}...")
     try:
         value.encode()
     except UnicodeEncodeError:
-        raise ValidationError(f"job id {value!r:.80} is not valid Unicode (lone surrogate)") from None
+        raise ValidationError(f"{what} {value!r:.80} is not valid Unicode (lone surrogate)") from None
     return value
 
 

@@ -221,6 +221,7 @@ fn parse_state<'py>(py: Python<'py>, s: &str) -> PyResult<Bound<'py, PyTuple>> {
         State::Queued { .. } => (intern!(py, "queued"), py.None().into_bound(py)),
         State::Completed { .. } => (intern!(py, "completed"), py.None().into_bound(py)),
         State::Failed { .. } => (intern!(py, "failed"), py.None().into_bound(py)),
+        State::Cancelled { .. } => (intern!(py, "cancelled"), py.None().into_bound(py)),
         State::Processing { worker_id, .. } => (
             intern!(py, "processing"),
             PyString::new(py, worker_id).into_any(),

@@ -6,6 +6,7 @@
 //! failing:<ms>:<attempts>
 //! completed:<ms>
 //! failed:<ms>
+//! cancelled:<ms>
 //! ```
 //!
 //! `<ms>` is a u64 and `<attempts>` a u32, both written as plain ASCII
@@ -13,7 +14,7 @@
 
 use std::fmt;
 
-/// The five kinds of state.
+/// The six kinds of state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Queued,
@@ -21,6 +22,7 @@ pub enum Kind {
     Failing,
     Completed,
     Failed,
+    Cancelled,
 }
 
 impl Kind {
@@ -32,6 +34,7 @@ impl Kind {
             Kind::Failing => "failing",
             Kind::Completed => "completed",
             Kind::Failed => "failed",
+            Kind::Cancelled => "cancelled",
         }
     }
 
@@ -43,6 +46,7 @@ impl Kind {
             "failing" => Kind::Failing,
             "completed" => Kind::Completed,
             "failed" => Kind::Failed,
+            "cancelled" => Kind::Cancelled,
             _ => return None,
         })
     }
@@ -56,6 +60,7 @@ pub enum State<'a> {
     Failing { ms: u64, attempts: u32 },
     Completed { ms: u64 },
     Failed { ms: u64 },
+    Cancelled { ms: u64 },
 }
 
 impl State<'_> {
@@ -66,6 +71,7 @@ impl State<'_> {
             State::Failing { .. } => Kind::Failing,
             State::Completed { .. } => Kind::Completed,
             State::Failed { .. } => Kind::Failed,
+            State::Cancelled { .. } => Kind::Cancelled,
         }
     }
 
@@ -75,7 +81,8 @@ impl State<'_> {
             | State::Processing { ms, .. }
             | State::Failing { ms, .. }
             | State::Completed { ms }
-            | State::Failed { ms } => ms,
+            | State::Failed { ms }
+            | State::Cancelled { ms } => ms,
         }
     }
 }
@@ -100,7 +107,7 @@ impl fmt::Display for StateError {
             StateError::UnknownKind(kind) => write!(
                 f,
                 "unknown job state kind {kind:?} (expected one of queued, processing, \
-                 failing, completed, failed)"
+                 failing, completed, failed, cancelled)"
             ),
             StateError::BadFields(msg) => f.write_str(msg),
         }
@@ -138,11 +145,12 @@ pub fn parse(s: &str) -> Result<State<'_>, StateError> {
     let kind = Kind::from_name(kind).ok_or_else(|| invalid("unknown kind"))?;
     let bad_ms = "timestamp must be a non-negative integer of ASCII digits that fits in 64 bits";
     match kind {
-        Kind::Queued | Kind::Completed | Kind::Failed => {
+        Kind::Queued | Kind::Completed | Kind::Failed | Kind::Cancelled => {
             let ms = parse_u64(rest).ok_or_else(|| invalid(bad_ms))?;
             Ok(match kind {
                 Kind::Queued => State::Queued { ms },
                 Kind::Completed => State::Completed { ms },
+                Kind::Cancelled => State::Cancelled { ms },
                 _ => State::Failed { ms },
             })
         }
@@ -316,6 +324,7 @@ pub fn from_parts<'a>(kind: &str, ms: u64, extra: Extra<'a>) -> Result<State<'a>
         (Kind::Queued, Extra::None) => Ok(State::Queued { ms }),
         (Kind::Completed, Extra::None) => Ok(State::Completed { ms }),
         (Kind::Failed, Extra::None) => Ok(State::Failed { ms }),
+        (Kind::Cancelled, Extra::None) => Ok(State::Cancelled { ms }),
         (Kind::Processing, Extra::Str(w)) if !w.is_empty() => {
             Ok(State::Processing { ms, worker_id: w })
         }
@@ -378,6 +387,7 @@ mod tests {
             },
             State::Completed { ms: 5 },
             State::Failed { ms: 6 },
+            State::Cancelled { ms: 7 },
         ];
         for st in cases {
             let s = format(&st);

@@ -4,15 +4,19 @@ A backend stores, for each *queue name*, the reliable-queue structures:
 
 - a FIFO **ready list** of job envelopes (opaque ``bytes`` made by the Rust codec);
 - a **processing list per worker**: a claim atomically moves a job from the ready list
-  into the claiming worker's list, sets its state to ``processing`` and gives it a
-  **lease** (a deadline); the worker settles it (complete / fail / retry) in one atomic
-  step, or the reaper recovers it once the lease has expired;
+  into the claiming worker's list, sets its state to ``processing``, gives it a **lease**
+  (a deadline) and a **claim token** (unique per claim); the worker settles it (complete /
+  fail / retry) in one atomic step fenced by that token, or the reaper recovers it once
+  the lease has expired;
 - a **delayed set** of jobs waiting for a retry (state ``failing``), promoted back to the
   ready list when due;
 - the **job registry**: ``id -> state`` (state strings ``queued:<ms>``,
   ``processing:<ms>:<worker_id>``, ``failing:<ms>:<attempts>``, ``completed:<ms>``,
-  ``failed:<ms>``), the attempt counter, and once terminal the serialized result or error,
-  each with its own TTL; when it expires the id is forgotten (free to be enqueued again);
+  ``failed:<ms>``, ``cancelled:<ms>``), the job's **incarnation token** (chosen by the
+  producer; a job cancelled and enqueued again under the same id is a new incarnation with
+  a new token, and every event carries the token of the incarnation it is about), the
+  attempt counter, and once terminal the serialized result or error, each with its own
+  TTL; when it expires the id is forgotten (free to be enqueued again);
 - a **worker registry** with heartbeat TTLs, **leader locks** for the reaper, and an
   **event stream** per queue (job transitions, used for ``enqueue_and_wait`` and
   ``Queue.on``).
@@ -53,32 +57,44 @@ __all__ = [
 
 
 class NewJob(NamedTuple):
-    """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps."""
+    """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
+    ``token`` names this incarnation of the id (unique; made by the producer)."""
 
     id: str
     envelope: bytes
     max_attempts: int
     result_ttl: float  # seconds the result/error (and the dedup entry) is kept once terminal
+    token: str = ""
 
 
 class EnqueueOutcome(NamedTuple):
     """What an enqueue-if-absent did for one job.
 
     ``status`` is ``queued``, ``duplicate`` (``state`` is the existing state string) or
-    ``completed`` (``result`` holds the cached serialized result).
+    ``completed`` (``result`` holds the cached serialized result); for the last two,
+    ``token`` is the existing incarnation's token.
     """
 
     status: EnqueueStatus
     state: str | None = None
     result: bytes | None = None
+    token: str | None = None
 
 
 class Claim(NamedTuple):
-    """A job moved into a worker's processing list. ``attempts`` counts this delivery (1-based)."""
+    """A job moved into a worker's processing list.
+
+    ``token`` is the claim token (opaque, unique per claim) that fences every later call
+    about this claim. ``started`` says whether the attempt was counted at claim time; a
+    *reserved* claim (``started`` false: prefetched) is counted by :meth:`Storage.start`
+    just before its handler runs. ``attempts`` is the attempt's number (1-based) either way.
+    """
 
     id: str
     envelope: bytes
     attempts: int
+    token: str = ""
+    started: bool = True
 
 
 class SettleKind(StrEnum):
@@ -92,6 +108,7 @@ class Settlement(NamedTuple):
 
     ``data`` is the serialized result (COMPLETE) or error (FAIL, RETRY); ``ttl`` is the
     result/error TTL in seconds (COMPLETE, FAIL) and ``delay`` the retry delay (RETRY).
+    ``token`` is the claim token of the attempt (:attr:`Claim.token`).
     """
 
     kind: SettleKind
@@ -99,6 +116,7 @@ class Settlement(NamedTuple):
     data: bytes
     ttl: float = 0.0
     delay: float = 0.0
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +130,7 @@ class JobRecord:
     max_attempts: int
     result: bytes | None = None
     error: bytes | None = None
+    token: str | None = None  # the incarnation token
 
 
 class StorageEvent(NamedTuple):
@@ -122,7 +141,8 @@ class StorageEvent(NamedTuple):
     longer owned the job) or ``resync`` (the stream may have lost events: subscribers must
     re-check what they wait for; ``job_id`` is empty). ``result``/``error`` may carry the
     serialized result or error of ``completed``/``failed`` so that a waiter need not read
-    it back; when they are ``None`` the waiter reads the registry.
+    it back; when they are ``None`` the waiter reads the registry. ``token`` is the
+    incarnation token of the job the event is about (job events carry it).
     """
 
     kind: str
@@ -130,6 +150,7 @@ class StorageEvent(NamedTuple):
     worker_id: str | None = None
     result: bytes | None = None
     error: bytes | None = None
+    token: str | None = None
 
 
 def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | None) -> UpdateTTLStatus | None:
@@ -137,6 +158,8 @@ def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | Non
     (``None``: unknown id), or ``None`` when the TTL may be updated."""
     if kind is None:
         return UpdateTTLStatus.NOT_FOUND
+    if kind == "cancelled":
+        return None
     if kind not in ("completed", "failed"):
         return UpdateTTLStatus.NOT_TERMINAL
     if (result if kind == "completed" else error) is None:
@@ -190,16 +213,19 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
-        """Atomically, for each job in order: if the id is unknown, register it as
-        ``queued:<now>`` with attempts 0 and append its envelope to the ready list
-        (publishing ``enqueued``); if the id is completed and its result is cached, return
-        it; otherwise return ``duplicate`` with the existing state. The same id twice in
-        one batch: the second is a duplicate of the first."""
+        """Atomically, for each job in order: if the id is unknown (or ``cancelled``: the
+        new job is a new incarnation), register it as ``queued:<now>`` with attempts 0 and
+        its token, and append its envelope to the ready list (publishing ``enqueued``); if
+        the id is completed and its result is cached, return it; otherwise return
+        ``duplicate`` with the existing state. The same id twice in one batch: the second is
+        a duplicate of the first. Outcomes other than ``queued`` carry the existing token."""
 
     @abc.abstractmethod
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
-        """Cancel a ``queued`` or ``failing`` job: forget it (its id becomes free), make sure
-        it is never claimed, publish ``cancelled``. Otherwise return ``processing``,
+        """Cancel a ``queued`` or ``failing`` job: its state becomes ``cancelled:<now>``, kept
+        for its result TTL (an enqueue of the id starts a new incarnation meanwhile); make
+        sure it is never claimed; publish ``cancelled``. A job already cancelled answers
+        ``cancelled`` again and publishes nothing. Otherwise return ``processing``,
         ``completed``, ``failed`` or ``not_found`` and change nothing."""
 
     @abc.abstractmethod
@@ -209,22 +235,26 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         """Set the TTL (from now) of a terminal job's result or error, and of its registry
-        entry. ``not_terminal`` if the job is not completed/failed, ``missing_payload`` if
-        the registry says terminal but the result/error is gone."""
+        entry. ``not_terminal`` if the job is not completed/failed/cancelled,
+        ``missing_payload`` if the registry says completed/failed but the result/error is
+        gone."""
 
     # -- consumers -------------------------------------------------------------------
 
     @abc.abstractmethod
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
     ) -> list[Claim]:
         """Claim up to ``max_jobs`` jobs in FIFO order, waiting up to ``timeout`` seconds for
         the first one; return ``[]`` on timeout.
 
         Each claim atomically moves the job from the ready list to ``worker_id``'s
-        processing list, increments its attempt counter, sets its state to
-        ``processing:<now>:<worker_id>`` and its lease deadline to ``now + lease``. Due
-        delayed jobs are promoted to the ready list first (publishing ``requeued``).
+        processing list, sets its state to ``processing:<now>:<worker_id>``, its lease
+        deadline to ``now + lease`` and a new claim token. The first ``start`` claims (all
+        when ``None``) are *started*: their attempt counter is incremented. The others are
+        *reserved* (prefetched): their attempt counts only once :meth:`start` says their
+        handler is about to run, so a worker that dies holding them costs them nothing.
+        Due delayed jobs are promoted to the ready list first (publishing ``requeued``).
         Cancelled or stale entries are skipped and dropped.
 
         Cancellation: if the call is cancelled, no job may be left claimed-but-unreturned
@@ -239,25 +269,39 @@ class Storage(abc.ABC):
         processing list and store its outcome (completed/failed with TTL, or failing and
         scheduled for retry), publishing ``completed``/``failed``/``failing``.
 
-        Fencing: a settlement for a job that is not in ``worker_id``'s processing list (the
-        reaper recovered it, or it was never claimed) changes nothing, publishes
-        ``fenced``, and yields ``False`` at its index; otherwise ``True``."""
+        Fencing by claim: a settlement whose claim token is not the job's current claim in
+        ``worker_id``'s processing list (the reaper recovered it, it was claimed again, or
+        never claimed) changes nothing, publishes ``fenced``, and yields ``False`` at its
+        index; otherwise ``True``. Idempotent: a settlement whose claim was already settled
+        (a retried call whose first try landed) yields ``True`` and changes nothing."""
 
     @abc.abstractmethod
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
-        """Give claimed-but-unstarted jobs back: move each from the worker's processing list
-        to the *front* of the ready list, state ``queued``, attempt counter decremented
-        (the attempt did not happen). Returns how many were released. Used at shutdown and
-        when reconciling after a cancelled claim."""
+        """Give claimed-but-unfinished jobs back: move each from the worker's processing
+        list to the *front* of the ready list, state ``queued``; a started claim's attempt
+        counter is decremented (the attempt did not happen). Returns how many were
+        released. Used at shutdown and when reconciling after a cancelled claim."""
+
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        """Count the attempts of reserved claims ``(job_id, claim_token)`` whose handlers are
+        about to run: each still held by ``worker_id`` under that claim has its attempt
+        counter incremented and becomes started (``True`` at its index). ``False`` (nothing
+        changed) when the claim is no longer held: the worker must not run it. A started
+        claim answers ``True`` again. Backends whose :meth:`dequeue` never reserves need not
+        implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement start() (reserved claims)")
 
     @abc.abstractmethod
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         """Ids in ``worker_id``'s processing list."""
 
     @abc.abstractmethod
-    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
-        """Register/refresh a live worker for ``ttl`` seconds and extend the leases of the
-        jobs it is running (those still in its processing list) to ``now + lease``."""
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> None:
+        """Register/refresh a live worker for ``ttl`` seconds and extend to ``now + lease``
+        the leases of its claims ``(job_id, claim_token)`` that it still holds under that
+        claim (others are left alone)."""
 
     @abc.abstractmethod
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
@@ -272,10 +316,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
         """Recover every processing job whose lease has expired or whose worker is no
-        longer registered as alive: if its attempts are below its max_attempts it goes back
-        to the ready list (state ``queued``), else it is failed for good with a
+        longer registered as alive: a reserved claim (never started) goes back to the ready
+        list with its attempt counter unchanged; a started one goes back (state ``queued``)
+        if its attempts are below its max_attempts, else it is failed for good with a
         ``StalledJobError`` error stored for its result TTL. Publishes ``stalled`` and then
-        ``requeued``/``failed`` for each.
+        ``requeued``/``failed`` for each. A worker whose heartbeat expired and whose
+        processing list is empty is removed from the worker registry.
 
         Returns ``([(job_id, "requeued" | "failed"), ...], next_deadline)`` where
         ``next_deadline`` is the earliest lease deadline still pending (seconds since the

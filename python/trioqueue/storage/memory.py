@@ -44,6 +44,7 @@ _PROCESSING = "processing"
 _FAILING = "failing"
 _COMPLETED = "completed"
 _FAILED = "failed"
+_CANCELLED = "cancelled"
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 
@@ -63,6 +64,10 @@ class _Rec:
         "expires_at",
         "lease_deadline",
         "run_at",
+        "token",
+        "claim",
+        "claims",
+        "started",
     )
 
     def __init__(self, job: NewJob, now_ms: int) -> None:
@@ -80,6 +85,10 @@ class _Rec:
         self.expires_at = math.inf
         self.lease_deadline = math.inf
         self.run_at = math.inf
+        self.token = job.token  # the incarnation
+        self.claim: str | None = None  # the current (or last settled) claim's token
+        self.claims = 0  # claims of this incarnation so far
+        self.started = False  # the current claim's attempt is counted
 
     def state(self) -> str:
         if self.kind == _PROCESSING:
@@ -194,7 +203,7 @@ class MemoryStorage(Storage):
                 rec.ts_ms = int(now * 1000)
                 rec.run_at = math.inf
                 due.append(rec.envelope)
-                events.append(StorageEvent("requeued", rec.id))
+                events.append(StorageEvent("requeued", rec.id, token=rec.token))
         if due:
             q.ready.push_many(due)  # batch calls: where the Rust queue beats a deque
 
@@ -222,15 +231,15 @@ class MemoryStorage(Storage):
             table = q.jobs
             for job in jobs:
                 rec = table.get(job.id)
-                if rec is None:
+                if rec is None or rec.kind == _CANCELLED:
                     table[job.id] = _Rec(job, now_ms)
                     envelopes.append(job.envelope)
                     outcomes.append(_QUEUED_OUTCOME)
-                    events.append(StorageEvent("enqueued", job.id))
+                    events.append(StorageEvent("enqueued", job.id, token=job.token))
                 elif rec.kind == _COMPLETED and rec.result is not None:
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result))
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
                 else:
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state()))
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
             if envelopes:
                 q.ready.push_many(envelopes)
                 self._publish(q, events)
@@ -240,19 +249,21 @@ class MemoryStorage(Storage):
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            self._expire(q, now)
             rec = q.jobs.get(job_id)
             if rec is None:
                 status = CancelStatus.NOT_FOUND
             elif rec.kind in (_QUEUED, _FAILING):
                 # The envelope may still sit in the ready list or the delayed heap: it is
-                # skipped there because its record is gone.
-                del q.jobs[job_id]
-                rec.kind = "cancelled"
+                # skipped there because the record is no longer queued/failing.
+                self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
                 status = CancelStatus.CANCELLED
-                self._publish(q, [StorageEvent("cancelled", job_id)])
+                self._publish(q, [StorageEvent("cancelled", job_id, token=rec.token)])
+            elif rec.kind == _CANCELLED:
+                status = CancelStatus.CANCELLED
             else:
                 status = CancelStatus(rec.kind)
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -267,7 +278,7 @@ class MemoryStorage(Storage):
             if rec is None:
                 return None
             return JobRecord(
-                rec.id, rec.state(), rec.created_at_ms, rec.attempts, rec.max_attempts, rec.result, rec.error
+                rec.id, rec.state(), rec.created_at_ms, rec.attempts, rec.max_attempts, rec.result, rec.error, rec.token
             )
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
@@ -290,7 +301,7 @@ class MemoryStorage(Storage):
 
     # -- consumers ---------------------------------------------------------------------
 
-    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float) -> list[Claim]:
+    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float, start: int) -> list[Claim]:
         events: list[StorageEvent] = []
         self._promote(q, now, events)
         now_ms = int(now * 1000)
@@ -316,24 +327,29 @@ class MemoryStorage(Storage):
                 rec.kind = _PROCESSING
                 rec.ts_ms = now_ms
                 rec.worker = worker_id
-                rec.attempts += 1
+                rec.claims += 1
+                rec.claim = f"{rec.token}.{rec.claims}"
+                rec.started = len(claims) < start
+                if rec.started:
+                    rec.attempts += 1
                 rec.lease_deadline = deadline
                 proc[job_id] = rec
-                claims.append(Claim(job_id, env, rec.attempts))
+                claims.append(Claim(job_id, env, rec.attempts + (not rec.started), rec.claim, rec.started))
         self._publish(q, events)
         return claims
 
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
         while True:
             waiter = None
             with self._lock:
                 q = self._q(queue)
                 now = time.time()
-                claims = self._claim(q, worker_id, max_jobs, lease, now)
+                claims = self._claim(q, worker_id, max_jobs, lease, now, start)
                 if not claims:
                     waiter = _Waiter()
                     q.waiters.add(waiter)
@@ -351,7 +367,7 @@ class MemoryStorage(Storage):
                     q.waiters.discard(waiter)
             if trio.current_time() >= give_up:
                 with self._lock:
-                    claims = self._claim(q, worker_id, max_jobs, lease, time.time())
+                    claims = self._claim(q, worker_id, max_jobs, lease, time.time(), start)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
 
@@ -365,20 +381,27 @@ class MemoryStorage(Storage):
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                rec = proc.pop(s.id, None)
-                if rec is None:
+                rec = proc.get(s.id)
+                if rec is None or rec.claim != s.token:
+                    known = q.jobs.get(s.id)
+                    if known is not None and known.claim == s.token and known.kind != _PROCESSING:
+                        out.append(True)  # settled by this very claim already: a retried call
+                        continue
                     out.append(False)
-                    events.append(StorageEvent("fenced", s.id, worker_id))
+                    events.append(StorageEvent("fenced", s.id, worker_id, token=known.token if known else None))
                     continue
+                del proc[s.id]
                 out.append(True)
+                if not rec.started:
+                    rec.attempts += 1  # settled without start(): the attempt happened
                 if s.kind is SettleKind.COMPLETE:
                     rec.result = s.data
                     self._set_terminal(q, rec, _COMPLETED, now, s.ttl)
-                    events.append(StorageEvent("completed", s.id, worker_id, result=s.data))
+                    events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=rec.token))
                 elif s.kind is SettleKind.FAIL:
                     rec.error = s.data
                     self._set_terminal(q, rec, _FAILED, now, s.ttl)
-                    events.append(StorageEvent("failed", s.id, worker_id, error=s.data))
+                    events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=rec.token))
                 else:
                     rec.kind = _FAILING
                     rec.ts_ms = int(now * 1000)
@@ -387,7 +410,7 @@ class MemoryStorage(Storage):
                     rec.lease_deadline = math.inf
                     rec.run_at = now + s.delay
                     heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
-                    events.append(StorageEvent("failing", s.id, worker_id, error=s.data))
+                    events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=rec.token))
                     retried = True
             self._publish(q, events)
             if retried:
@@ -410,10 +433,13 @@ class MemoryStorage(Storage):
                 rec.kind = _QUEUED
                 rec.ts_ms = now_ms
                 rec.worker = None
-                rec.attempts -= 1
+                if rec.started:
+                    rec.attempts -= 1
+                rec.started = False
+                rec.claim = None
                 rec.lease_deadline = math.inf
                 released.append(rec.envelope)
-                events.append(StorageEvent("requeued", job_id, worker_id))
+                events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
             q.front.extendleft(reversed(released))
             if released:
                 self._publish(q, events)
@@ -426,16 +452,35 @@ class MemoryStorage(Storage):
         with self._lock:
             return list(self._q(queue).processing.get(worker_id, {}))
 
-    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        out: list[bool] = []
+        with self._lock:
+            proc = self._q(queue).processing.get(worker_id, {})
+            for job_id, token in claims:
+                rec = proc.get(job_id)
+                if rec is None or rec.claim != token:
+                    out.append(False)
+                    continue
+                if not rec.started:
+                    rec.started = True
+                    rec.attempts += 1
+                out.append(True)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         now = time.time()
         with self._lock:
             q = self._q(queue)
             q.workers[worker_id] = now + ttl
             proc = q.processing.get(worker_id, {})
-            for job_id in job_ids:
+            for job_id, token in claims:
                 rec = proc.get(job_id)
-                if rec is not None:
+                if rec is not None and rec.claim == token:
                     rec.lease_deadline = now + lease
         await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -473,22 +518,29 @@ class MemoryStorage(Storage):
                         next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
                         continue
                     del proc[job_id]
-                    events.append(StorageEvent("stalled", job_id, worker_id))
+                    events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
                     rec.worker = None
+                    rec.claim = None
                     rec.lease_deadline = math.inf
-                    if rec.attempts < rec.max_attempts:
+                    # A reserved claim never ran: it goes back at no cost.
+                    if not rec.started or rec.attempts < rec.max_attempts:
                         rec.kind = _QUEUED
                         rec.ts_ms = int(now * 1000)
+                        rec.started = False
                         requeue.append(rec.envelope)
-                        events.append(StorageEvent("requeued", job_id, worker_id))
+                        events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
                         recovered.append((job_id, "requeued"))
                     else:
                         rec.error = encode_error(_stalled_error(job_id, worker_id, rec.attempts))
                         self._set_terminal(q, rec, _FAILED, now, rec.result_ttl)
-                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error))
+                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error, token=rec.token))
                         recovered.append((job_id, "failed"))
-                if not proc and worker_id not in q.workers:
+                if not proc and alive_until <= now:
                     del q.processing[worker_id]
+            for worker_id, alive_until in list(q.workers.items()):
+                if alive_until <= now and not q.processing.get(worker_id):
+                    del q.workers[worker_id]  # a dead worker holding nothing: forget it
+                    q.processing.pop(worker_id, None)
             if requeue:
                 q.ready.push_many(requeue)
             self._publish(q, events)

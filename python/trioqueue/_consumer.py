@@ -1,0 +1,275 @@
+"""The consumer side of a Queue: claims in batches, runs handlers on long-lived worker
+tasks, and settles in batches, with no Trio task, lock or round trip per job."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .storage._base import Claim, Settlement
+
+if TYPE_CHECKING:
+    from ._queue import Queue
+
+# Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
+CLEANUP_TIMEOUT = 10.0
+RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
+
+
+class Escalation(BaseException):
+    """Carries the settlement of an attempt whose handler raised ``KeyboardInterrupt`` or
+    ``SystemExit`` from ``Queue._execute`` to the worker, which stores it and re-raises
+    ``exc``."""
+
+    def __init__(self, settlement: Settlement, exc: BaseException) -> None:
+        super().__init__()
+        self.settlement = settlement
+        self.exc = exc
+
+
+class _StartBatch:
+    """Reserved claims whose handlers wait for :meth:`Storage.start` to count their attempt."""
+
+    __slots__ = ("claims", "done", "ok")
+
+    def __init__(self) -> None:
+        self.claims: list[Claim] = []
+        self.done = trio.Event()
+        self.ok: list[bool] = []
+
+
+class Consumer:
+    """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
+    them in batches.
+
+    Every claimed job is *held* (counted in ``held``) from its claim until its settlement
+    is stored, and is in exactly one of: ``buffer`` (claimed, not started), ``running``
+    (a worker has it: starting or running), ``pending`` (finished, settlement not stored
+    yet). Claims fetched for idle workers are started at claim time; the rest (prefetch)
+    are reserved, and their attempt is counted in a batched :meth:`Storage.start` just
+    before their handler runs, so a crash costs a prefetched job nothing.
+    """
+
+    def __init__(self, queue: Queue[Any, Any]) -> None:
+        self.q = queue
+        self.storage = queue.storage
+        self.buffer: deque[Claim] = deque()
+        self.running: dict[str, str] = {}  # job id -> claim token
+        self.pending: list[Settlement] = []
+        self.held = 0
+        self.limit = queue.concurrency + queue.prefetch
+        self.work = trio.lowlevel.ParkingLot()  # idle workers
+        self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
+        self.settle_wakeup = trio.lowlevel.ParkingLot()
+        self.start_wakeup = trio.lowlevel.ParkingLot()
+        self.start_batch = _StartBatch()
+        self.fetch_scope = trio.CancelScope()
+        self.draining = False
+        self.workers_left = queue.concurrency
+        self.settled_all = trio.Event()
+        self.done = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        q = self.q
+        try:
+            await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
+            await self._reconcile()  # jobs a previous run of this worker id left behind
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._settle_loop)
+                nursery.start_soon(self._start_loop)
+                for _ in range(q.concurrency):
+                    nursery.start_soon(self._worker)
+                nursery.start_soon(self._fetch_loop)
+                task_status.started()
+                await self.settled_all.wait()
+                nursery.cancel_scope.cancel()  # the heartbeat and the starter
+        finally:
+            # One cleanup for every way out. Graceful: everything is settled; give back
+            # what a cancelled claim may have moved, then unregister. Forced (or a crash):
+            # store what finished (a settlement that was in flight is sent again: settling
+            # is idempotent per claim), hand back the rest; what cannot be written now
+            # stays in our processing list for the reaper, its attempt counted.
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
+                try:
+                    if self.pending:
+                        await self.storage.settle(q.name, q.worker_id, self.pending)
+                        self.pending = []
+                    await self._reconcile()
+                    if self.settled_all.is_set():
+                        await self.storage.unregister_worker(q.name, q.worker_id)
+                except Exception as exc:
+                    q._events.emit("error", error=exc, where="consumer cleanup")
+            self.done.set()
+
+    async def stop(self) -> None:
+        """Graceful: stop claiming, give prefetched jobs back, let running ones finish."""
+        self.draining = True
+        self.fetch_scope.cancel()
+        if self.buffer:
+            ids = [c.id for c in self.buffer]
+            self.buffer.clear()
+            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
+                try:
+                    self.held -= await self.storage.release(self.q.name, self.q.worker_id, ids)
+                except Exception as exc:
+                    self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
+        self.work.unpark_all()
+        self.settle_wakeup.unpark_all()
+        await self.done.wait()
+
+    async def _reconcile(self) -> None:
+        """Release jobs in our processing list that we are not running (left by a
+        cancelled claim, or by an earlier run of this worker id)."""
+        q = self.q
+        held = await self.storage.held_jobs(q.name, q.worker_id)
+        busy = self.running.keys() | {s.id for s in self.pending}
+        orphans = [j for j in held if j not in busy]
+        if orphans:
+            await self.storage.release(q.name, q.worker_id, orphans)
+            gone = set(orphans)
+            before = len(self.buffer)
+            kept = [c for c in self.buffer if c.id not in gone]
+            self.buffer.clear()  # mutate in place: the workers hold a reference
+            self.buffer.extend(kept)
+            self.held -= before - len(kept)
+
+    async def _fetch_loop(self) -> None:
+        q = self.q
+        backoff = RETRY_BACKOFF[0]
+        with self.fetch_scope:
+            while True:
+                while self.held >= self.limit:
+                    await self.capacity.park()
+                want = self.limit - self.held
+                # Workers idle now take the first claims at once: count those attempts at
+                # claim time; the rest wait in the buffer, reserved.
+                start = min(want, max(0, len(self.work) - len(self.buffer)))
+                try:
+                    claims = await self.storage.dequeue(
+                        q.name, q.worker_id, want, q.block_timeout, q.visibility_timeout, start
+                    )
+                except Exception as exc:
+                    q._events.emit("error", error=exc, where="claiming jobs")
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, RETRY_BACKOFF[1])
+                    continue
+                backoff = RETRY_BACKOFF[0]
+                if claims:
+                    self.held += len(claims)
+                    self.buffer.extend(claims)
+                    self.work.unpark(count=len(claims))
+        # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
+        # gives such jobs back with its final reconcile, once the running ones are settled.
+
+    async def _begin(self, claim: Claim) -> bool:
+        """Count a reserved claim's attempt before its handler runs (batched with the other
+        workers' starts); False if the claim was lost meanwhile."""
+        batch = self.start_batch
+        index = len(batch.claims)
+        batch.claims.append(claim)
+        if index == 0:
+            self.start_wakeup.unpark()
+        await batch.done.wait()
+        return batch.ok[index]
+
+    async def _start_loop(self) -> None:
+        q = self.q
+        backoff = RETRY_BACKOFF[0]
+        while True:
+            if not self.start_batch.claims:
+                await self.start_wakeup.park()
+                continue
+            batch = self.start_batch
+            self.start_batch = _StartBatch()
+            while True:
+                try:
+                    batch.ok = await self.storage.start(q.name, q.worker_id, [(c.id, c.token) for c in batch.claims])
+                    break
+                except Exception as exc:
+                    q._events.emit("error", error=exc, where="starting jobs")
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, RETRY_BACKOFF[1])
+            backoff = RETRY_BACKOFF[0]
+            batch.done.set()
+
+    async def _worker(self) -> None:
+        q = self.q
+        buffer = self.buffer
+        try:
+            while True:
+                if not buffer:
+                    if self.draining:
+                        return
+                    await self.work.park()
+                    continue
+                claim = buffer.popleft()
+                self.running[claim.id] = claim.token
+                try:
+                    if not claim.started and not await self._begin(claim):
+                        self._unhold(1)  # the reaper took it back: not ours to run
+                        continue
+                    settlement = await q._execute(claim)
+                except Escalation as esc:
+                    self.pending.append(esc.settlement)
+                    self.settle_wakeup.unpark()
+                    raise esc.exc from None
+                finally:
+                    del self.running[claim.id]
+                self.pending.append(settlement)
+                if self.settle_wakeup:
+                    self.settle_wakeup.unpark()
+                await trio.lowlevel.checkpoint()
+        finally:
+            self.workers_left -= 1
+            if self.workers_left == 0:
+                self.settle_wakeup.unpark_all()
+
+    def _unhold(self, n: int) -> None:
+        self.held -= n
+        self.capacity.unpark_all()
+
+    async def _settle_loop(self) -> None:
+        q = self.q
+        backoff = RETRY_BACKOFF[0]
+        while True:
+            if not self.pending:
+                if self.workers_left == 0:
+                    self.settled_all.set()
+                    return
+                await self.settle_wakeup.park()
+                continue
+            batch, self.pending = self.pending, []
+            try:
+                with trio.CancelScope(shield=self.draining):
+                    # refusals (fenced) come back as events on the stream, reported there
+                    await self.storage.settle(q.name, q.worker_id, batch)
+            except BaseException as exc:
+                # Not stored, or not known to be: keep them, for the next try or for the
+                # cleanup's shielded flush. Acknowledged work is never dropped.
+                self.pending[:0] = batch
+                if not isinstance(exc, Exception):
+                    raise
+                q._events.emit("error", error=exc, where="storing results")
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_BACKOFF[1])
+                continue
+            backoff = RETRY_BACKOFF[0]
+            self._unhold(len(batch))
+
+    async def _heartbeat_loop(self) -> None:
+        q = self.q
+        interval = q.visibility_timeout / 3
+        while True:
+            await trio.sleep(interval)
+            held = [
+                *self.running.items(),
+                *((c.id, c.token) for c in self.buffer),
+                *((s.id, s.token) for s in self.pending),
+            ]
+            try:
+                await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, held, q.visibility_timeout)
+            except Exception as exc:
+                q._events.emit("error", error=exc, where="heartbeat")
