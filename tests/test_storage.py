@@ -289,6 +289,21 @@ async def test_recover_stalled_dead_worker_and_renewed_lease(storage: Storage, q
     assert await storage.held_jobs(queue_name, W2) == ["alive"]
 
 
+async def test_reaper_removes_dead_workers_once_they_hold_nothing(storage: Storage, queue_name: str) -> None:
+    await storage.heartbeat(queue_name, W1, 0.2, [], LEASE)  # dies holding a job
+    await storage.heartbeat(queue_name, W2, 0.2, [], LEASE)  # dies holding nothing
+    await storage.enqueue(queue_name, [job("held")])
+    await claim(storage, queue_name, W1, 1)
+    await trio.sleep(0.3)
+    assert await storage.workers(queue_name) == {}
+    assert set(await storage.workers(queue_name, include_expired=True)) == {W1, W2}
+    recovered, _ = await storage.recover_stalled(queue_name)
+    assert recovered == [("held", "requeued")]
+    assert await storage.workers(queue_name, include_expired=True) == {}  # W1 too: its list is empty now
+    await storage.heartbeat(queue_name, W2, 30.0, [], LEASE)  # a worker that comes back registers again
+    assert set(await storage.workers(queue_name)) == {W2}
+
+
 async def test_leader_lock(storage: Storage, queue_name: str) -> None:
     lock = f"{queue_name}:reaper"
     assert await storage.acquire_lock(lock, "a", 0.3)

@@ -308,8 +308,10 @@ class Storage(abc.ABC):
         """Remove a worker from the registry (its processing list should be empty)."""
 
     @abc.abstractmethod
-    async def workers(self, queue: str) -> dict[str, float]:
-        """Live workers: ``worker_id -> heartbeat expiry`` (seconds since the epoch)."""
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        """Live workers: ``worker_id -> heartbeat expiry`` (seconds since the epoch). With
+        ``include_expired``, also the registered workers whose heartbeat expired and that
+        :meth:`recover_stalled` has not removed yet (dead, or holding jobs to recover)."""
 
     # -- reaper ----------------------------------------------------------------------
 

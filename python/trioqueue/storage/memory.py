@@ -493,11 +493,11 @@ class MemoryStorage(Storage):
                 del q.processing[worker_id]
         await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def workers(self, queue: str) -> dict[str, float]:
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         await trio.lowlevel.checkpoint()
         now = time.time()
         with self._lock:
-            return {w: t for w, t in self._q(queue).workers.items() if t > now}
+            return {w: t for w, t in self._q(queue).workers.items() if include_expired or t > now}
 
     # -- reaper ------------------------------------------------------------------------
 
