@@ -262,7 +262,7 @@ def bench_state(t: Table, repeat: int, n: int) -> None:
 # ------------------------------------------------------------------ events
 
 
-def py_decode_events(payload: bytes) -> list[tuple[str, str, str | None, bytes | None, bytes | None]]:
+def py_decode_events(payload: bytes) -> list[tuple[str, str, str | None, bytes | None, bytes | None, str | None]]:
     """The plain-Python twin: the Redis backend's decoder before the Rust one."""
     out = []
     fields: list[bytes | None] = []
@@ -276,8 +276,8 @@ def py_decode_events(payload: bytes) -> list[tuple[str, str, str | None, bytes |
             size = int(payload[i:c])
             fields.append(payload[c + 1 : c + 1 + size])
             i = c + 1 + size
-        if len(fields) == 5:
-            kind, job_id, worker, result, error = fields
+        if len(fields) == 6:
+            kind, job_id, worker, result, error, token = fields
             out.append(
                 (
                     (kind or b"").decode(),
@@ -285,6 +285,7 @@ def py_decode_events(payload: bytes) -> list[tuple[str, str, str | None, bytes |
                     worker.decode() if worker is not None else None,
                     result,
                     error,
+                    token.decode() if token is not None else None,
                 )
             )
             fields = []
@@ -295,7 +296,7 @@ def _event_message(count: int) -> bytes:
     parts = []
     for i in range(count):
         kind, worker, result = ("completed", b"host:1234:abcd", b'{"ok":true,"n":%d}' % i) if i % 2 else ("enqueued", None, None)
-        for f in (kind.encode(), f"job-{i:06}".encode(), worker, result, None):
+        for f in (kind.encode(), f"job-{i:06}".encode(), worker, result, None, b"%012x-%x" % (i, i)):
             parts.append(b"-" if f is None else str(len(f)).encode() + b":" + f)
     return b"".join(parts)
 

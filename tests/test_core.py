@@ -351,7 +351,7 @@ def test_queue_threads_nothing_lost_or_duplicated() -> None:
 # -- event-stream messages ---------------------------------------------------------
 
 
-def _py_encode_events(events: list[tuple[str, str, str | None, bytes | None, bytes | None]]) -> bytes:
+def _py_encode_events(events: list[tuple[str, str, str | None, bytes | None, bytes | None, str | None]]) -> bytes:
     """The Lua scripts' ``ns()`` encoding, written independently in Python."""
     out = bytearray()
     for ev in events:
@@ -370,6 +370,7 @@ event_tuples = st.tuples(
     st.none() | st.text(max_size=20),
     st.none() | st.binary(max_size=200),
     st.none() | st.binary(max_size=200),
+    st.none() | st.text(max_size=30),
 )
 
 
@@ -385,11 +386,11 @@ def test_decode_events_garbage_raises_cleanly(data: bytes) -> None:
     except _core.EventsError as exc:
         assert "event" in str(exc)
     else:
-        assert all(len(ev) == 5 for ev in out)
+        assert all(len(ev) == 6 for ev in out)
 
 
 def test_decode_events_truncated() -> None:
-    wire = _py_encode_events([("completed", "job", "w", b"result", None)])
+    wire = _py_encode_events([("completed", "job", "w", b"result", None, "tok")])
     for cut in range(1, len(wire)):
         with pytest.raises(_core.EventsError):
             _core.decode_events(wire[:cut])

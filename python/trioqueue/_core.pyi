@@ -30,11 +30,11 @@ class StateError(ValueError):
 class EventsError(ValueError):
     """An event-stream message is malformed."""
 
-def decode_events(data: bytes) -> list[tuple[str, str, str | None, bytes | None, bytes | None]]:
+def decode_events(data: bytes) -> list[tuple[str, str, str | None, bytes | None, bytes | None, str | None]]:
     """Split an event-stream message (as published by the Redis backend's scripts) into
-    ``(kind, job_id, worker_id, result, error)`` tuples. Each event is five fields, each
+    ``(kind, job_id, worker_id, result, error, token)`` tuples. Each event is six fields, each
     ``-`` (absent) or ``<decimal length>:<bytes>``. Raises ``EventsError`` on malformed
-    input (truncated, bad length, non-UTF-8 kind/id/worker)."""
+    input (truncated, bad length, non-UTF-8 kind/id/worker/token)."""
 
 def encode_envelope(
     id: str,

@@ -1,14 +1,14 @@
 //! The event-stream wire format published by the Redis backend's Lua scripts.
 //!
-//! One message carries any number of events; each event is five fields (kind, job id,
-//! worker id, result, error) and each field is either `-` (absent) or
+//! One message carries any number of events; each event is six fields (kind, job id,
+//! worker id, result, error, incarnation token) and each field is either `-` (absent) or
 //! `<decimal length>:<bytes>`. Decoding never panics: malformed input is an
 //! [`EventsError`] naming the offset.
 
 use std::fmt;
 
 /// The fields of one event; `None` where the field was `-`.
-pub type Fields<'a> = [Option<&'a [u8]>; 5];
+pub type Fields<'a> = [Option<&'a [u8]>; 6];
 
 /// Malformed event-stream message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub fn decode(data: &[u8]) -> Result<Vec<Fields<'_>>, EventsError> {
     let mut out = Vec::new();
     let mut pos = 0;
     while pos < data.len() {
-        let mut ev: Fields<'_> = [None; 5];
+        let mut ev: Fields<'_> = [None; 6];
         for slot in ev.iter_mut() {
             *slot = field(data, &mut pos)?.and_then(|(b, e)| data.get(b..e));
         }
@@ -113,14 +113,16 @@ mod tests {
                 Some(b"w:1"),
                 Some(b"{\"a\":1}"),
                 None,
+                Some(b"tok-1"),
             ],
-            [Some(b"enqueued"), Some(b""), None, None, None],
+            [Some(b"enqueued"), Some(b""), None, None, None, None],
             [
                 Some(b"failed"),
                 Some(b"x"),
                 None,
                 None,
                 Some(b"12:-:\x00\xff"),
+                Some(b"t"),
             ],
         ];
         let wire = encode(&evs);
@@ -132,16 +134,16 @@ mod tests {
     fn malformed_never_panics() {
         for bad in [
             &b"-"[..],
-            b"-----x",
+            b"------x",
             b"5:ab",
             b"3ab-",
-            b":-----",
-            b"99999999999999999999:x----",
-            b"18446744073709551615:x----",
+            b":------",
+            b"99999999999999999999:x-----",
+            b"18446744073709551615:x-----",
         ] {
             assert!(decode(bad).is_err(), "{bad:?}");
         }
-        let wire = encode(&[[Some(b"kind"), Some(b"id"), None, Some(b"result"), None]]);
+        let wire = encode(&[[Some(b"kind"), Some(b"id"), None, Some(b"result"), None, Some(b"t")]]);
         for cut in 1..wire.len() {
             assert!(
                 decode(wire.get(..cut).unwrap()).is_err(),

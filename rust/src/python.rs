@@ -166,7 +166,7 @@ fn envelope_with_attempts<'py>(
     })
 }
 
-/// Decodes an event-stream message into `[(kind, job_id, worker_id, result, error), ...]`.
+/// Decodes an event-stream message into `[(kind, job_id, worker_id, result, error, token), ...]`.
 #[pyfunction]
 fn decode_events<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
     let events = crate::events::decode(data).map_err(|e| EventsError::new_err(e.to_string()))?;
@@ -191,7 +191,7 @@ fn decode_events<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyLis
         Some(b) => PyBytes::new(py, b).into_any(),
     };
     let list = PyList::empty(py);
-    for [kind, id, worker, result, error] in events {
+    for [kind, id, worker, result, error, token] in events {
         let kind = match kind {
             None => intern!(py, "").clone().into_any(),
             k => text(k, "kind")?,
@@ -200,12 +200,13 @@ fn decode_events<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyLis
             None => intern!(py, "").clone().into_any(),
             i => text(i, "job id")?,
         };
-        let items: [Bound<'py, PyAny>; 5] = [
+        let items: [Bound<'py, PyAny>; 6] = [
             kind,
             id,
             text(worker, "worker id")?,
             bytes(result),
             bytes(error),
+            text(token, "token")?,
         ];
         list.append(PyTuple::new(py, items)?)?;
     }
