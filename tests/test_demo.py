@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from trioqueue import MemoryStorage
+import pytest
+import trio
+
+from trioqueue import MemoryStorage, ValidationError
 from trioqueue._demo import run_demo
 from trioqueue.storage.file import FileStorage
 
@@ -35,3 +39,79 @@ def test_demo_command_line(tmp_path: Path) -> None:
     assert "300 jobs on FileStorage" in proc.stdout
     assert "300/300" in proc.stderr  # the progress bar reached the end
     assert (tmp_path / "d").is_dir()  # --location kept the store
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trioqueue", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_demo_rerun_on_the_same_store_runs_new_jobs(tmp_path: Path) -> None:
+    """A second run on the same location used to hang at 0%: its fixed ids were cached."""
+    for _ in range(2):
+        proc = _cli("demo", "--jobs", "200", "--location", str(tmp_path / "d"), timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "200 jobs on FileStorage" in proc.stdout and "200/200" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--jobs", "0"], "argument --jobs: expected a positive integer, got 0"),
+        (["--jobs", "-5"], "argument --jobs: expected a positive integer, got -5"),
+        (["--concurrency", "0"], "argument --concurrency: expected a positive integer, got 0"),
+        (["--jobs", "many"], "argument --jobs: expected a positive integer, got 'many'"),
+    ],
+)
+def test_demo_rejects_bad_arguments_in_one_line(args: list[str], complaint: str) -> None:
+    proc = _cli("demo", *args, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"trioqueue demo: error: {complaint} (see --help)"]
+    assert proc.stdout == ""
+
+
+async def test_run_demo_validates_its_arguments() -> None:
+    with pytest.raises(ValidationError, match="jobs must be a positive integer, got 0"):
+        await run_demo(jobs=0, storage=MemoryStorage(), out=io.StringIO(), progress=False)
+    with pytest.raises(ValidationError, match="concurrency must be a positive integer, got -1"):
+        await run_demo(jobs=1, concurrency=-1, storage=MemoryStorage(), out=io.StringIO(), progress=False)
+
+
+async def test_demo_without_requests_prints_no_nan_percentiles() -> None:
+    out = io.StringIO()
+    summary = await run_demo(jobs=50, request_share=0.0, storage=MemoryStorage(), out=out, progress=False)
+    assert summary["requests"] == 0
+    assert "nan" not in out.getvalue() and "request/response: no calls" in out.getvalue()
+
+
+def test_runtime_error_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the store's directory should be")
+    proc = _cli("demo", "--jobs", "5", "--location", str(blocker), "--no-progress", timeout=60)
+    assert proc.returncode == 1
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("trioqueue: error: ") and str(blocker) in line
+    proc = _cli("--debug", "demo", "--jobs", "5", "--location", str(blocker), "--no-progress", timeout=60)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+async def test_ctrl_c_stops_the_demo_with_exit_130_and_no_traceback(tmp_path: Path) -> None:
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "trioqueue", "demo", "--jobs", "200000", "--location", str(tmp_path / "d")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    err = b""
+    with trio.fail_after(60):
+        while b"jobs/s" not in err:  # the first progress line: the workers are busy
+            err += await proc.stderr.receive_some(4096)
+        proc.send_signal(signal.SIGINT)
+        async for chunk in proc.stderr:
+            err += chunk
+        code = await proc.wait()
+    text = err.decode()
+    assert code == 130, text
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == "trioqueue: interrupted (jobs not finished went back to their queue)"

@@ -42,6 +42,8 @@ def test_user_code_type_checks_and_misuse_is_caught(tmp_path: Path) -> None:
                 async with queue:
                     r = await queue.enqueue("a", {"n": 1})
                     assert r.status is EnqueueStatus.QUEUED
+                    total: int = await queue.enqueue_and_wait("b", {"n": 2})
+                    print(total + 1)
                     status = await queue.get_status("a")
                     if status is not None and status.state is JobState.COMPLETED:
                         print(status.result)
@@ -55,3 +57,21 @@ def test_user_code_type_checks_and_misuse_is_caught(tmp_path: Path) -> None:
     assert _mypy(str(good)).returncode == 0, _mypy(str(good)).stdout
     result = _mypy(str(bad))
     assert result.returncode != 0 and "concurrency" in result.stdout
+
+
+def test_enqueue_and_wait_is_typed_with_the_queues_result_type(tmp_path: Path) -> None:
+    """``enqueue_and_wait`` used to return ``Any``: a wrong use of its result went unnoticed."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(
+        textwrap.dedent(
+            """
+            from trioqueue import MemoryStorage, Queue
+
+            async def main(queue: Queue[dict[str, int], int]) -> None:
+                name: str = await queue.enqueue_and_wait("a", {"n": 1})
+            """
+        )
+    )
+    result = _mypy(str(wrong))
+    assert result.returncode != 0
+    assert 'Incompatible types in assignment (expression has type "int", variable has type "str")' in result.stdout

@@ -1,10 +1,12 @@
-"""``python -m trioqueue demo`` (also the ``trioqueue`` console script)."""
+"""``python -m trioqueue`` (also the ``trioqueue`` console script)."""
 
 from __future__ import annotations
 
 import sys
 
-from ._demo import main
+from ._cli import main
+
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,19 +13,21 @@ import random
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from contextlib import AsyncExitStack
 from typing import Any
 
 import trio
 
-from ._errors import JobFailedError
+from ._errors import JobFailedError, ValidationError
 from ._models import Job, QueueEvent
 from ._queue import Queue
 from .storage import MemoryStorage, Storage
 
 
 def _percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank); ``nan`` for no values."""
     if not values:
         return math.nan
     ordered = sorted(values)
@@ -67,17 +69,28 @@ async def run_demo(
     fatal_rate: float = 0.01,
     storage: Storage | None = None,
     seed: int = 1,
+    run_id: str | None = None,
     out: Any = sys.stdout,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Run the workload and return the summary figures (also printed to ``out``)."""
+    """Run the workload and return the summary figures (also printed to ``out``).
+
+    Job ids are ``demo-<run_id>-<n>`` with a fresh ``run_id`` per run (unless given), so a
+    rerun on the same storage runs new jobs instead of meeting the last run's cached ones.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValidationError(f"jobs must be a positive integer, got {jobs!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ValidationError(f"concurrency must be a positive integer, got {concurrency!r}")
+    run_id = run_id or uuid.uuid4().hex[:8]
     rng = random.Random(seed)
     storage = storage or MemoryStorage()
     plan = []  # (id, payload, is_request)
     for i in range(jobs):
         roll = rng.random()
         kind = "fatal" if roll < fatal_rate else "flaky" if roll < fatal_rate + fail_rate else "ok"
-        plan.append((f"demo-{i}", {"n": i, "kind": kind, "work_ms": rng.uniform(0.2, 3.0)}, rng.random() < request_share))
+        job_id = f"demo-{run_id}-{i}"
+        plan.append((job_id, {"n": i, "kind": kind, "work_ms": rng.uniform(0.2, 3.0)}, rng.random() < request_share))
 
     async def handler(job: Job[dict[str, Any]]) -> dict[str, Any]:
         await trio.sleep(job.payload["work_ms"] / 1000)
@@ -87,22 +100,39 @@ async def run_demo(
             raise ConnectionError(f"job {job.id}: transient error on attempt 1")
         return {"n": job.payload["n"], "square": job.payload["n"] ** 2}
 
-    counts: Counter[str] = Counter()
+    # Terminal outcomes by id (events may repeat after a resync re-read: count each id once).
+    unfinished = {job_id for job_id, _, _ in plan}
+    outcome: dict[str, str] = {}
+    retries = 0
     finished = trio.Event()
+    recheck = trio.Event()
     bar = _Progress(jobs) if progress else None
 
-    def count(ev: QueueEvent) -> None:
-        counts[ev.name] += 1
-        if counts["completed"] + counts["failed"] >= jobs:
-            finished.set()
+    def settle(job_id: str | None, kind: str) -> None:
+        if job_id in unfinished:
+            unfinished.discard(job_id)
+            outcome[job_id] = kind
+            if not unfinished:
+                finished.set()
+
+    def on_event(ev: QueueEvent) -> None:
+        nonlocal retries
+        if ev.name == "failing":
+            retries += 1
+        elif ev.name == "resync":  # events may have been lost: re-read what is still open
+            recheck.set()
+        else:
+            settle(ev.job_id, ev.name)
 
     latencies: list[float] = []
     request_failures = 0
     start = time.perf_counter()
     async with AsyncExitStack() as stack:
-        queue: Queue[dict[str, Any], Any] = Queue(storage, name="demo", handler=handler, concurrency=concurrency, max_attempts=3, retry_delay=0.05)
-        for name in ("completed", "failed", "failing"):
-            queue.on(name, count)
+        queue: Queue[dict[str, Any], Any] = Queue(
+            storage, name="demo", handler=handler, concurrency=concurrency, max_attempts=3, retry_delay=0.05
+        )
+        for name in ("completed", "failed", "failing", "resync"):
+            queue.on(name, on_event)
         await stack.enter_async_context(queue)
 
         async def requester(batch: list[tuple[str, Any, bool]]) -> None:
@@ -115,14 +145,25 @@ async def run_demo(
                     request_failures += 1
                 latencies.append(time.perf_counter() - t0)
 
+        async def rechecker() -> None:
+            nonlocal recheck
+            while True:
+                await recheck.wait()
+                recheck = trio.Event()
+                for job_id in list(unfinished):
+                    status = await queue.get_status(job_id)
+                    if status is not None and status.state.terminal:
+                        settle(job_id, status.state.value)
+
         async def draw() -> None:
             while True:
                 if bar is not None:
-                    bar.draw(counts["completed"] + counts["failed"], counts["failed"], counts["failing"])
+                    bar.draw(jobs - len(unfinished), _failed(outcome), retries)
                 await trio.sleep(0.1 if bar is None or bar.tty else 1.0)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(draw)
+            nursery.start_soon(rechecker)
             fire = [(i, p) for i, p, req in plan if not req]
             requests = [t for t in plan if t[2]]
             for k in range(min(10, len(requests))):
@@ -133,13 +174,15 @@ async def run_demo(
                 await finished.wait()
             nursery.cancel_scope.cancel()
     elapsed = time.perf_counter() - start
+    failed = _failed(outcome)
     if bar is not None:
-        bar.draw(counts["completed"] + counts["failed"], counts["failed"], counts["failing"], final=True)
+        bar.draw(jobs - len(unfinished), failed, retries, final=True)
     summary = {
+        "run_id": run_id,
         "jobs": jobs,
-        "completed": counts["completed"],
-        "failed": counts["failed"],
-        "retries": counts["failing"],
+        "completed": sum(1 for k in outcome.values() if k == "completed"),
+        "failed": failed,
+        "retries": retries,
         "seconds": elapsed,
         "jobs_per_s": jobs / elapsed,
         "requests": len(latencies),
@@ -147,57 +190,53 @@ async def run_demo(
         "p50_ms": _percentile(latencies, 50) * 1000,
         "p99_ms": _percentile(latencies, 99) * 1000,
     }
+    if latencies:
+        rr = (
+            f"request/response: {summary['requests']} calls, latency p50 {summary['p50_ms']:.2f} ms, "
+            f"p99 {summary['p99_ms']:.2f} ms ({request_failures} raised JobFailedError)"
+        )
+    else:
+        rr = "request/response: no calls"
     print(
         f"\n{summary['jobs']} jobs on {type(storage).__name__} at concurrency {concurrency}: "
         f"{summary['completed']} completed, {summary['failed']} failed for good, "
         f"{summary['retries']} retried attempts\n"
-        f"throughput {summary['jobs_per_s']:.0f} jobs/s over {elapsed:.2f} s\n"
-        f"request/response: {summary['requests']} calls, latency p50 {summary['p50_ms']:.2f} ms, "
-        f"p99 {summary['p99_ms']:.2f} ms ({request_failures} raised JobFailedError)",
+        f"throughput {summary['jobs_per_s']:.0f} jobs/s over {elapsed:.2f} s\n{rr}",
         file=out,
     )
     return summary
 
 
-def _make_storage(kind: str, directory: str | None) -> tuple[Storage, Any]:
+def _failed(outcome: dict[str, str]) -> int:
+    return sum(1 for k in outcome.values() if k == "failed")
+
+
+def _make_storage(kind: str, location: str | None) -> tuple[Storage, tempfile.TemporaryDirectory[str] | None]:
     if kind == "memory":
         return MemoryStorage(), None
     if kind == "file":
         from .storage.file import FileStorage
 
         tmp = None
-        if directory is None:
+        if location is None:
             tmp = tempfile.TemporaryDirectory(prefix="trioqueue-demo-")
-            directory = tmp.name
-        return FileStorage(directory), tmp
+            location = tmp.name
+        return FileStorage(location), tmp
     if kind == "redis":
         from .storage.redis import RedisStorage
 
-        return RedisStorage(directory or "redis://127.0.0.1:6379/0", prefix="trioqueue-demo"), None
-    raise SystemExit(f"unknown storage {kind!r}")
+        return RedisStorage(location or "redis://127.0.0.1:6379/0", prefix="trioqueue-demo"), None
+    raise ValidationError(f"unknown storage {kind!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trioqueue", description="trioqueue command line")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a realistic workload and print a summary")
-    demo.add_argument("--jobs", type=int, default=5000)
-    demo.add_argument("--concurrency", type=int, default=50)
-    demo.add_argument("--storage", choices=["memory", "file", "redis"], default=DEFAULT_STORAGE)
-    demo.add_argument("--location", default=None, help="directory (file) or URL (redis)")
-    demo.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+async def demo_command(args: argparse.Namespace) -> int:
+    """``trioqueue demo``: exit code 0 when every job was accounted for."""
     storage, tmp = _make_storage(args.storage, args.location)
     try:
-        summary = trio.run(
-            lambda: run_demo(
-                jobs=args.jobs, concurrency=args.concurrency, storage=storage, progress=not args.no_progress
-            )
+        summary = await run_demo(
+            jobs=args.jobs, concurrency=args.concurrency, storage=storage, progress=not args.no_progress
         )
     finally:
         if tmp is not None:
             tmp.cleanup()
     return 0 if summary["completed"] + summary["failed"] == summary["jobs"] else 1
-
-
-DEFAULT_STORAGE = "file"  # the embedded, durable default (a temporary directory unless --location)

@@ -143,5 +143,6 @@ EVENT_NAMES = frozenset(
         "stalled",
         "leadership_acquired",
         "leadership_lost",
+        "resync",
     }
 )

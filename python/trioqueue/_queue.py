@@ -244,8 +244,11 @@ class Queue(Generic[P, R]):
         """Call ``callback(event)`` (sync or async) for each event ``name``; usable as a
         decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``,
         ``failed``, ``failing``, ``requeued``, ``cancelled``, ``stalled``,
-        ``leadership_acquired``, ``leadership_lost``. Job events come from the storage's
-        event stream, so a producer also sees completions done by other workers."""
+        ``leadership_acquired``, ``leadership_lost``, ``resync``. Job events come from the
+        storage's event stream, so a producer also sees completions done by other workers.
+        ``resync`` (no job id) says the stream may have lost events (a reconnect, a log
+        rotation): a subscriber tracking jobs re-reads their status (``get_status``);
+        waiters of ``enqueue_and_wait`` do so by themselves."""
         if callback is None:
             return lambda cb: self._events.on(name, cb)
         return self._events.on(name, callback)
@@ -370,6 +373,9 @@ class Queue(Generic[P, R]):
                                 w.offer(ev)
                         elif kind == "resync":
                             self._wake_waiters()
+                    if kind == "resync":
+                        events.emit("resync")
+                        continue
                     if kind in _STORAGE_EVENT_NAMES:
                         if events.wants(kind):
                             data: dict[str, Any] = {"worker_id": ev.worker_id}
