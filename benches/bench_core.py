@@ -84,7 +84,7 @@ PAYLOAD = json.dumps(
     {"task": "send_welcome_email", "user_id": 1234567, "email": "alice@example.com", "locale": "en-GB"},
     separators=(",", ":"),
 ).encode()
-FIELDS = ("01J9Z3K4M5N6P7Q8R9S0T1U2V3", PAYLOAD, 1_732_000_000_123, 1, 5, 86_400_000, "req-7f3a9c")
+FIELDS = ("01J9Z3K4M5N6P7Q8R9S0T1U2V3", PAYLOAD, 1_732_000_000_123, 1, 5, 86_400_000, "req-7f3a9c", None)
 
 
 def py_encode_envelope(
@@ -95,6 +95,7 @@ def py_encode_envelope(
     max_attempts: int,
     result_ttl_ms: int,
     correlation_id: str | None = None,
+    options: bytes | None = None,
 ) -> bytes:
     return json.dumps(
         {
@@ -106,11 +107,12 @@ def py_encode_envelope(
             "max_attempts": max_attempts,
             "result_ttl_ms": result_ttl_ms,
             "correlation_id": correlation_id,
+            "options": None if options is None else base64.b64encode(options).decode("ascii"),
         }
     ).encode()
 
 
-def py_decode_envelope(data: bytes) -> tuple[str, bytes, int, int, int, int, str | None]:
+def py_decode_envelope(data: bytes) -> tuple[str, bytes, int, int, int, int, str | None, bytes | None]:
     d = json.loads(data)
     return (
         d["id"],
@@ -120,6 +122,7 @@ def py_decode_envelope(data: bytes) -> tuple[str, bytes, int, int, int, int, str
         d["max_attempts"],
         d["result_ttl_ms"],
         d["correlation_id"],
+        None if d["options"] is None else base64.b64decode(d["options"]),
     )
 
 
@@ -136,7 +139,7 @@ def bench_envelope(t: Table, repeat: int, n: int) -> None:
     rng = range(n)
 
     def enc(f: Callable[..., bytes]) -> Callable[[], int]:
-        a, b, c, d, e, g, h = FIELDS
+        a, b, c, d, e, g, h, _ = FIELDS
 
         def run() -> int:
             for _ in rng:

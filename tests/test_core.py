@@ -14,7 +14,7 @@ U64 = st.integers(min_value=0, max_value=2**64 - 1)
 U32 = st.integers(min_value=0, max_value=2**32 - 1)
 # Python str may hold lone surrogates, which are not valid UTF-8 text.
 TEXT = st.text(st.characters(exclude_categories=["Cs"]))
-ENVELOPES = st.tuples(TEXT, st.binary(), U64, U32, U32, U64, st.none() | TEXT)
+ENVELOPES = st.tuples(TEXT, st.binary(), U64, U32, U32, U64, st.none() | TEXT, st.none() | st.binary(max_size=40))
 
 
 def test_version() -> None:
@@ -46,18 +46,19 @@ def test_envelope_with_attempts(fields: tuple, attempts: int) -> None:
 
 def test_envelope_default_correlation_id() -> None:
     data = _core.encode_envelope("id", b"p", 1, 2, 3, 4)
-    assert _core.decode_envelope(data) == ("id", b"p", 1, 2, 3, 4, None)
+    assert _core.decode_envelope(data) == ("id", b"p", 1, 2, 3, 4, None, None)
 
 
 @given(ENVELOPES)
 def test_truncated_envelope_raises(fields: tuple) -> None:
     data = _core.encode_envelope(*fields)
-    no_cid = _core.encode_envelope(*fields[:6])
+    # Cut exactly before an optional field: still valid, without the fields cut off.
+    valid = {_core.encode_envelope(*fields[:6]): (*fields[:6], None, None)}
+    valid[_core.encode_envelope(*fields[:7])] = (*fields[:7], None)
     for cut in range(len(data)):
         prefix = data[:cut]
-        if prefix == no_cid:
-            # Cut exactly before the optional correlation-id field: still valid.
-            assert _core.decode_envelope(prefix)[6] is None
+        if prefix in valid:
+            assert _core.decode_envelope(prefix) == valid[prefix]
             continue
         with pytest.raises(_core.CodecError):
             _core.decode_envelope(prefix)
@@ -113,6 +114,7 @@ def test_future_version_message() -> None:
         b"\x01\x00\x00\x00\x00\x00\x00\x09",  # TLV tag without length
         b"\x01\x00\x00\x00\x00\x00\x00\x00\x00",  # reserved tag 0
         b"\x01\x00\x00\x00\x00\x00\x00\x01\x01a\x01\x01b",  # duplicate correlation id
+        b"\x01\x00\x00\x00\x00\x00\x00\x02\x00\x02\x01a",  # duplicate options
     ],
 )
 def test_corrupt_envelopes(data: bytes) -> None:
@@ -122,7 +124,7 @@ def test_corrupt_envelopes(data: bytes) -> None:
 
 def test_unknown_tlv_fields_are_skipped_and_kept() -> None:
     data = _core.encode_envelope("id", b"x", 1, 2, 3, 4) + b"\x09\x02ab" + b"\x01\x01c"
-    assert _core.decode_envelope(data) == ("id", b"x", 1, 2, 3, 4, "c")
+    assert _core.decode_envelope(data) == ("id", b"x", 1, 2, 3, 4, "c", None)
     assert _core.envelope_with_attempts(data, 9).endswith(b"\x09\x02ab\x01\x01c")
 
 

@@ -21,8 +21,10 @@ from ._errors import (
     JobFailedError,
     JobTimeoutError,
     QueueStoppedError,
+    Retry,
     StorageError,
     TrioQueueError,
+    UnrecoverableError,
     ValidationError,
 )
 from ._models import (
@@ -74,6 +76,7 @@ __all__ = [
     "Queue",
     "QueueEvent",
     "QueueStoppedError",
+    "Retry",
     "Reaper",
     "RedisStorage",
     "Serde",
@@ -81,6 +84,7 @@ __all__ = [
     "StorageError",
     "TrioQueueError",
     "UpdateTTLStatus",
+    "UnrecoverableError",
     "ValidationError",
 ]
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._execution import Escalation
 from .storage._base import Claim, Settlement
 
 if TYPE_CHECKING:
@@ -16,17 +17,6 @@ if TYPE_CHECKING:
 # Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
 CLEANUP_TIMEOUT = 10.0
 RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
-
-
-class Escalation(BaseException):
-    """Carries the settlement of an attempt whose handler raised ``KeyboardInterrupt`` or
-    ``SystemExit`` from ``Queue._execute`` to the worker, which stores it and re-raises
-    ``exc``."""
-
-    def __init__(self, settlement: Settlement, exc: BaseException) -> None:
-        super().__init__()
-        self.settlement = settlement
-        self.exc = exc
 
 
 class _StartBatch:
@@ -211,7 +201,7 @@ class Consumer:
                     if not claim.started and not await self._begin(claim):
                         self._unhold(1)  # the reaper took it back: not ours to run
                         continue
-                    settlement = await q._execute(claim)
+                    settlement = await q._executor.execute(claim)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
                     self.settle_wakeup.unpark()

@@ -44,8 +44,10 @@ def encode_envelope(
     max_attempts: int,
     result_ttl_ms: int,
     correlation_id: str | None = None,
+    options: bytes | None = None,
 ) -> bytes:
-    """Encode a job envelope.
+    """Encode a job envelope. ``options`` is an opaque optional field (per-job settings
+    serialized by the Python layer).
 
     Ints must be >= 0 (``ValueError`` otherwise); ``created_at_ms`` and
     ``result_ttl_ms`` must fit in 64 bits, ``attempts`` and ``max_attempts`` in
@@ -54,9 +56,9 @@ def encode_envelope(
 
 def decode_envelope(
     data: bytes,
-) -> tuple[str, bytes, int, int, int, int, str | None]:
+) -> tuple[str, bytes, int, int, int, int, str | None, bytes | None]:
     """Decode an envelope into
-    ``(id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id)``.
+    ``(id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id, options)``.
 
     Raises ``CodecError`` for bad bytes; unknown optional fields are skipped.
     """

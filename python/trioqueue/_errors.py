@@ -1,4 +1,5 @@
-"""The exceptions trioqueue raises. All derive from :class:`TrioQueueError`."""
+"""The exceptions trioqueue raises (all derive from :class:`TrioQueueError`), and the two a
+handler raises to steer its job's retries (:class:`UnrecoverableError`, :class:`Retry`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class StorageError(TrioQueueError):
 
 
 class JobTimeoutError(TrioQueueError, TimeoutError):
-    """``enqueue_and_wait`` gave up waiting; the job may still run and complete later."""
+    """``enqueue_and_wait`` gave up waiting (the job may still run and complete later), or
+    a handler exceeded its ``job_timeout`` (stored as that attempt's error)."""
 
     def __init__(self, job_id: str, timeout: float) -> None:
         super().__init__(f"job {job_id!r} did not finish within {timeout:g} s")
@@ -53,3 +55,20 @@ class QueueStoppedError(TrioQueueError):
         super().__init__(f"queue {queue!r} stopped while waiting for job {job_id!r}")
         self.queue = queue
         self.job_id = job_id
+
+
+class UnrecoverableError(Exception):
+    """Raise it (or a subclass) from a handler to fail the job for good at once: no retry,
+    whatever attempts are left. The error is stored like any other."""
+
+
+class Retry(Exception):
+    """Raise it from a handler to retry the job after ``delay`` seconds (the job's or the
+    queue's ``retry_delay`` when ``None``). The attempt counts: once ``max_attempts`` is
+    reached the job fails with this error."""
+
+    def __init__(self, message: str = "", *, delay: float | None = None) -> None:
+        from ._validate import non_negative_seconds
+
+        super().__init__(message or "retry requested by the handler")
+        self.delay = None if delay is None else non_negative_seconds("Retry.delay", delay)

@@ -7,7 +7,6 @@ import logging
 import os
 import socket
 import time
-import traceback
 import uuid
 from itertools import count
 from collections.abc import Awaitable, Callable, Iterable
@@ -17,8 +16,8 @@ from typing import Any, Generic, Self, TypeVar, overload
 import trio
 
 from . import _validate as check
-from ._consumer import Consumer, Escalation
-from ._core import CodecError, decode_envelope, encode_envelope, parse_state
+from ._consumer import Consumer
+from ._core import encode_envelope, parse_state
 from ._errors import (
     JobCancelledError,
     JobFailedError,
@@ -28,6 +27,7 @@ from ._errors import (
     ValidationError,
 )
 from ._events import Emitter, EventCallback
+from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
 from ._models import (
     CancelResult,
     EnqueueResult,
@@ -72,25 +72,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _job_error(exc: BaseException) -> JobError:
-    return JobError(
-        type(exc).__qualname__,
-        str(exc),
-        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    )
-
-
-def _encode(serde: Serde, value: Any, what: str, error: type[TrioQueueError]) -> bytes:
-    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``."""
-    try:
-        data = serde.dumps(value)
-    except Exception as exc:
-        raise error(f"{what} cannot be encoded by {type(serde).__name__}: {exc}") from exc
-    if not isinstance(data, bytes):
-        raise error(f"{what}: {type(serde).__name__}.dumps returned {type(data).__name__}, not bytes")
-    return data
-
-
 class _Waiter:
     """One ``enqueue_and_wait`` caller parked until the terminal event of *its* incarnation
     of the job. Until the enqueue has said which incarnation that is (``bind``), terminal
@@ -129,17 +110,11 @@ class _Waiter:
         self.event.set()
 
 
-def _only_cancelled(exc: BaseException) -> bool:
-    if isinstance(exc, trio.Cancelled):
-        return True
-    return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
-
-
 def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
     """The ``KeyboardInterrupt``/``SystemExit`` a group carries, when it carries nothing
     else but cancellations: it is raised bare, as the interpreter expects."""
     interrupts, rest = group.split((KeyboardInterrupt, SystemExit))
-    if interrupts is None or (rest is not None and not _only_cancelled(rest)):
+    if interrupts is None or (rest is not None and not only_cancelled(rest)):
         return None
     found: BaseException = interrupts
     while isinstance(found, BaseExceptionGroup):
@@ -160,6 +135,9 @@ class Queue(Generic[P, R]):
     nursery for a forced stop or call :meth:`stop` for a graceful one.
 
     All durations are seconds. ``name`` isolates this queue's jobs within the storage.
+    A failed attempt is retried after ``retry_delay`` while attempts remain, unless the
+    handler raised :class:`UnrecoverableError` or ``retry_if(exc)`` returned false (fail
+    now); :class:`Retry` asks for a retry after its own delay.
     """
 
     def __init__(
@@ -181,6 +159,7 @@ class Queue(Generic[P, R]):
         after_execution: AfterExecution | None = None,
         prefetch: int | None = None,
         reaper: bool = True,
+        retry_if: RetryIf | None = None,
     ) -> None:
         if not isinstance(storage, Storage):
             raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
@@ -201,6 +180,7 @@ class Queue(Generic[P, R]):
             if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
                 raise ValidationError(f"{what} must have dumps(value) -> bytes and loads(bytes) methods")
         self._after_execution = after_execution
+        self._executor = Executor(self, check_retry_if(retry_if))
         self._running = False
         self._handler: Handler | None = None
         self._handler_is_async = True
@@ -395,12 +375,23 @@ class Queue(Generic[P, R]):
 
     # -- producer API ------------------------------------------------------------------
 
-    def _new_job(self, job_id: Any, payload: Any, max_attempts: int | None, result_ttl: float | None) -> NewJob:
+    def _new_job(
+        self,
+        job_id: Any,
+        payload: Any,
+        max_attempts: int | None,
+        result_ttl: float | None,
+        retry_delay: float | None = None,
+        job_timeout: float | None = None,
+    ) -> NewJob:
         jid = check.job_id(job_id)
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
-        data = _encode(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
-        envelope = encode_envelope(jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000))
+        options = JobOptions.build(jid, retry_delay, job_timeout)
+        data = encode_value(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
+        envelope = encode_envelope(
+            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, options and options.encode()
+        )
         return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}")
 
     def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
@@ -421,13 +412,22 @@ class Queue(Generic[P, R]):
             raise TrioQueueError(f"stored result of job {job_id!r} cannot be decoded: {exc}") from exc
 
     async def enqueue(
-        self, job_id: str, payload: P, *, max_attempts: int | None = None, result_ttl: float | None = None
+        self,
+        job_id: str,
+        payload: P,
+        *,
+        max_attempts: int | None = None,
+        result_ttl: float | None = None,
+        retry_delay: float | None = None,
+        job_timeout: float | None = None,
     ) -> EnqueueResult:
         """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
         queued/processing/failing, or failed and still cached) or ``completed`` with the
-        cached result. The first accepted enqueue fixes the job's ``max_attempts`` and
-        ``result_ttl``. Raises :class:`ValidationError` (writing nothing) on bad input."""
-        new = self._new_job(job_id, payload, max_attempts, result_ttl)
+        cached result. The first accepted enqueue fixes the job's ``max_attempts``,
+        ``result_ttl``, ``retry_delay`` (a fixed delay) and ``job_timeout``, each
+        overriding the queue's. Raises :class:`ValidationError` (writing nothing) on bad
+        input."""
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout)
         self._check_running()
         [outcome] = await self.storage.enqueue(self.name, [new])
         return self._enqueue_result(new.id, outcome)
@@ -438,10 +438,15 @@ class Queue(Generic[P, R]):
         *,
         max_attempts: int | None = None,
         result_ttl: float | None = None,
+        retry_delay: float | None = None,
+        job_timeout: float | None = None,
     ) -> list[EnqueueResult]:
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
-        order). Everything is validated first: one bad job means nothing is written."""
-        new = [self._new_job(jid, payload, max_attempts, result_ttl) for jid, payload in jobs]
+        order), with the options of :meth:`enqueue` for all of them. Everything is
+        validated first: one bad job means nothing is written."""
+        new = [
+            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout) for jid, payload in jobs
+        ]
         self._check_running()
         if not new:
             await trio.lowlevel.checkpoint()
@@ -457,6 +462,8 @@ class Queue(Generic[P, R]):
         timeout: float = 30.0,
         max_attempts: int | None = None,
         result_ttl: float | None = None,
+        retry_delay: float | None = None,
+        job_timeout: float | None = None,
     ) -> R:
         """Enqueue (or join an in-flight job with the same id) and return its result.
 
@@ -470,7 +477,7 @@ class Queue(Generic[P, R]):
         cancels the wait, not the job.
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
-        new = self._new_job(job_id, payload, max_attempts, result_ttl)
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout)
         self._check_running()
         jid = new.id
         waiter = _Waiter()
@@ -591,95 +598,6 @@ class Queue(Generic[P, R]):
         ttl = check.seconds("ttl", ttl, job=jid)
         self._check_running()
         return await self.storage.update_result_ttl(self.name, jid, ttl)
-
-    # -- executing one job -------------------------------------------------------------
-
-    async def _call_handler(self, job: Job[Any]) -> Any:
-        handler = self._handler
-        assert handler is not None
-        if self._handler_is_async:
-            return await handler(job)
-        result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    async def _execute(self, claim: Claim) -> Settlement:
-        """Run one attempt; return how to settle it. Every failure of the job becomes a
-        settlement, a ``BaseException`` other than Trio's ``Cancelled`` included (it counts
-        as a failed attempt). For ``KeyboardInterrupt`` and ``SystemExit`` the settlement
-        travels in an ``_Escalation``: the worker stores it, then the interrupt propagates.
-        Only cancellation escapes without a settlement."""
-        token = claim.token
-        try:
-            jid, raw, created_ms, _, max_attempts, ttl_ms, corr = decode_envelope(claim.envelope)
-        except CodecError as exc:
-            bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
-            return Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=self.result_ttl, token=token)
-        ttl = ttl_ms / 1000 if ttl_ms else self.result_ttl
-        try:
-            payload = self.payload_serde.loads(raw)
-        except Exception as exc:
-            # A payload that cannot be decoded never will be: fail for good, no retry.
-            bad = JobError(
-                "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", _job_error(exc).traceback
-            )
-            return Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token)
-        job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, self.worker_id, corr)
-        error: JobError | None = None
-        result: Any = None
-        escalate: BaseException | None = None
-        try:
-            if self.job_timeout is None:
-                result = await self._call_handler(job)
-            else:
-                with trio.move_on_after(self.job_timeout) as scope:
-                    result = await self._call_handler(job)
-                if scope.cancelled_caught:
-                    error = JobError("JobTimeoutError", f"job {jid!r} exceeded job_timeout of {self.job_timeout:g} s")
-        except Exception as exc:
-            error = _job_error(exc)
-        except BaseException as exc:
-            if _only_cancelled(exc):
-                raise
-            error = _job_error(exc)
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                escalate = exc
-        settlement = await self._settlement(job, token, result, error, ttl)
-        if escalate is not None:
-            raise Escalation(settlement, escalate)
-        return settlement
-
-    async def _settlement(
-        self, job: Job[Any], token: str, result: Any, error: JobError | None, ttl: float
-    ) -> Settlement:
-        jid = job.id
-        data = b""
-        if error is None:
-            try:
-                data = self._dump_result(jid, result)
-            except TrioQueueError as exc:
-                error = _job_error(exc)
-        if error is not None and job.attempts < job.max_attempts:
-            delay = self._retry_delay(job.attempts)
-            return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=max(0.0, float(delay)), token=token)
-        if self._after_execution is not None:
-            ctx = ExecutionContext(job, result if error is None else None, error, ttl)
-            try:
-                ret = self._after_execution(ctx)
-                if inspect.isawaitable(ret):
-                    await ret
-                error, ttl = ctx.error, check.seconds("context.ttl", ctx.ttl, job=jid)
-                if error is None:
-                    data = self._dump_result(jid, ctx.result)
-            except Exception as exc:
-                self._events.emit("error", jid, error=exc, where="after_execution")
-        if error is None:
-            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
-        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
-
-    def _dump_result(self, job_id: str, result: Any) -> bytes:
-        return _encode(self.result_serde, result, f"result of job {job_id!r}", TrioQueueError)
 
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"

@@ -36,12 +36,14 @@ def seconds(name: str, value: Any, *, job: str | None = None) -> float:
     return seconds
 
 
-def non_negative_seconds(name: str, value: Any) -> float:
+def non_negative_seconds(name: str, value: Any, *, job: str | None = None) -> float:
+    """A delay: a finite number >= 0."""
+    where = f" (job {job!r})" if job is not None else ""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(f"{name} must be a number of seconds, got {type(value).__name__}")
+        raise ValidationError(f"{name} must be a number of seconds, got {type(value).__name__}{where}")
     seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValidationError(f"{name} must be finite and >= 0, got {seconds!r}")
+        raise ValidationError(f"{name} must be finite and >= 0, got {seconds!r}{where}")
     return seconds
 
 

@@ -12,7 +12,8 @@
 //! varint  payload length, then the payload bytes
 //! then zero or more optional TLV fields until the end of the data:
 //!   u8 tag, varint length, `length` bytes of value
-//!   tag 1 = correlation_id (UTF-8); tag 0 is reserved (invalid);
+//!   tag 1 = correlation_id (UTF-8); tag 2 = options (opaque bytes: per-job
+//!   settings the Python layer serializes); tag 0 is reserved (invalid);
 //!   any other tag is skipped so that later releases can add fields
 //!   (priority, run-at, ...) without bumping the format version.
 //! ```
@@ -30,6 +31,9 @@ pub const ENVELOPE_VERSION: u8 = 1;
 
 /// TLV tag of the optional correlation id.
 pub const TAG_CORRELATION_ID: u8 = 1;
+
+/// TLV tag of the optional per-job options (opaque bytes).
+pub const TAG_OPTIONS: u8 = 2;
 
 /// Longest LEB128 encoding of a u64.
 const MAX_VARINT_LEN: usize = 10;
@@ -116,6 +120,7 @@ pub struct Envelope<'a> {
     pub max_attempts: u32,
     pub result_ttl_ms: u64,
     pub correlation_id: Option<&'a str>,
+    pub options: Option<&'a [u8]>,
 }
 
 /// Number of bytes of the LEB128 encoding of `v`.
@@ -139,6 +144,9 @@ pub fn encoded_len(env: &Envelope<'_>) -> usize {
         + env.payload.len();
     if let Some(cid) = env.correlation_id {
         n += 1 + varint_len(cid.len() as u64) + cid.len();
+    }
+    if let Some(opts) = env.options {
+        n += 1 + varint_len(opts.len() as u64) + opts.len();
     }
     n
 }
@@ -213,6 +221,11 @@ pub fn encode_into(env: &Envelope<'_>, out: &mut [u8]) -> Result<usize, BufferTo
         w.put(&[TAG_CORRELATION_ID])?;
         w.put_varint(cid.len() as u64)?;
         w.put(cid.as_bytes())?;
+    }
+    if let Some(opts) = env.options {
+        w.put(&[TAG_OPTIONS])?;
+        w.put_varint(opts.len() as u64)?;
+        w.put(opts)?;
     }
     Ok(w.pos)
 }
@@ -363,6 +376,7 @@ fn decode_spans(data: &[u8]) -> Result<(Envelope<'_>, Span), CodecError> {
     let id = r.utf8("id")?;
     let payload = r.len_prefixed("payload")?;
     let mut correlation_id = None;
+    let mut options = None;
     while !r.at_end() {
         let tag_offset = r.pos;
         let tag = r.byte("field tag")?;
@@ -373,6 +387,15 @@ fn decode_spans(data: &[u8]) -> Result<(Envelope<'_>, Span), CodecError> {
                 if correlation_id.replace(value).is_some() {
                     return Err(CodecError::DuplicateField {
                         field: "correlation_id",
+                        offset: tag_offset,
+                    });
+                }
+            }
+            TAG_OPTIONS => {
+                let value = r.len_prefixed("options")?;
+                if options.replace(value).is_some() {
+                    return Err(CodecError::DuplicateField {
+                        field: "options",
                         offset: tag_offset,
                     });
                 }
@@ -391,6 +414,7 @@ fn decode_spans(data: &[u8]) -> Result<(Envelope<'_>, Span), CodecError> {
         max_attempts,
         result_ttl_ms,
         correlation_id,
+        options,
     };
     Ok((env, (attempts_start, attempts_end)))
 }
@@ -473,6 +497,7 @@ mod tests {
             max_attempts: 5,
             result_ttl_ms: 86_400_000,
             correlation_id: Some("corr-1"),
+            options: None,
         }
     }
 
@@ -530,6 +555,7 @@ mod tests {
                     max_attempts: b,
                     result_ttl_ms: a,
                     correlation_id: cid,
+                    options: cid.map(str::as_bytes),
                 };
                 assert_eq!(decode(&encode(&env)), Ok(env));
             }
@@ -553,6 +579,7 @@ mod tests {
                 max_attempts: rng.next() as u32,
                 result_ttl_ms: rng.next(),
                 correlation_id: (rng.next() % 2 == 0).then_some(cid.as_str()),
+                options: (rng.next() % 2 == 0).then_some(&payload[..]),
             };
             assert_eq!(decode(&encode(&env)), Ok(env));
         }
@@ -731,9 +758,28 @@ mod tests {
         d.extend([0, 0]);
         assert!(matches!(decode(&d), Err(CodecError::ReservedTag { .. })));
         // Duplicate correlation id.
-        let mut d = base;
+        let mut d = base.clone();
         d.extend([1, 1, b'a', 1, 1, b'b']);
         assert!(matches!(decode(&d), Err(CodecError::DuplicateField { .. })));
+        // Options: opaque bytes, once.
+        let mut d = base.clone();
+        d.extend([2, 3, 0xff, 0, b'{']);
+        assert_eq!(
+            decode(&d),
+            Ok(Envelope {
+                options: Some(&[0xff, 0, b'{'][..]),
+                ..env
+            })
+        );
+        let mut d = base;
+        d.extend([2, 0, 2, 0]);
+        assert!(matches!(
+            decode(&d),
+            Err(CodecError::DuplicateField {
+                field: "options",
+                ..
+            })
+        ));
     }
 
     #[test]

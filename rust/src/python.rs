@@ -95,7 +95,7 @@ fn arg_u32(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<u32> {
 
 /// Encodes a job envelope (format version 1) to bytes.
 #[pyfunction]
-#[pyo3(signature = (id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id=None))]
+#[pyo3(signature = (id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id=None, options=None))]
 #[allow(clippy::too_many_arguments)]
 fn encode_envelope<'py>(
     py: Python<'py>,
@@ -106,6 +106,7 @@ fn encode_envelope<'py>(
     max_attempts: &Bound<'py, PyAny>,
     result_ttl_ms: &Bound<'py, PyAny>,
     correlation_id: Option<&str>,
+    options: Option<&[u8]>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let env = Envelope {
         id,
@@ -115,6 +116,7 @@ fn encode_envelope<'py>(
         max_attempts: arg_u32(max_attempts, "max_attempts")?,
         result_ttl_ms: arg_u64(result_ttl_ms, "result_ttl_ms")?,
         correlation_id,
+        options,
     };
     let len = codec::encoded_len(&env);
     PyBytes::new_with(py, len, |buf| {
@@ -125,7 +127,7 @@ fn encode_envelope<'py>(
 }
 
 /// Decodes an envelope into
-/// `(id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id)`.
+/// `(id, payload, created_at_ms, attempts, max_attempts, result_ttl_ms, correlation_id, options)`.
 #[pyfunction]
 fn decode_envelope<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyTuple>> {
     let env = codec::decode(data)?;
@@ -133,7 +135,11 @@ fn decode_envelope<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyT
         Some(c) => PyString::new(py, c).into_any(),
         None => py.None().into_bound(py),
     };
-    let items: [Bound<'py, PyAny>; 7] = [
+    let options = match env.options {
+        Some(o) => PyBytes::new(py, o).into_any(),
+        None => py.None().into_bound(py),
+    };
+    let items: [Bound<'py, PyAny>; 8] = [
         PyString::new(py, env.id).into_any(),
         PyBytes::new(py, env.payload).into_any(),
         env.created_at_ms.into_pyobject(py)?.into_any(),
@@ -141,6 +147,7 @@ fn decode_envelope<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyT
         env.max_attempts.into_pyobject(py)?.into_any(),
         env.result_ttl_ms.into_pyobject(py)?.into_any(),
         cid,
+        options,
     ];
     PyTuple::new(py, items)
 }

@@ -1,0 +1,243 @@
+"""Running one attempt of a job and deciding how to settle it.
+
+Everything here is free of storage I/O: :class:`Executor` turns a :class:`Claim` into a
+:class:`Settlement` (complete, retry after a delay, or fail for good) according to the
+handler's outcome, the job's own options and the queue's retry policy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import _validate as check
+from ._core import CodecError, decode_envelope
+from ._errors import JobTimeoutError, Retry, TrioQueueError, UnrecoverableError, ValidationError
+from ._models import ExecutionContext, Job, JobError
+from ._serde import Serde, encode_error
+from .storage._base import Claim, Settlement, SettleKind
+
+if TYPE_CHECKING:
+    from ._queue import Queue
+
+__all__ = ["Escalation", "Executor", "JobOptions", "RetryIf", "check_retry_if", "encode_value", "job_error", "only_cancelled"]
+
+RetryIf = Callable[[BaseException], bool]
+"""Decides, for an exception a handler raised (a :class:`JobTimeoutError` for a handler
+that exceeded its ``job_timeout``), whether the job may be retried."""
+
+
+class Escalation(BaseException):
+    """Carries the settlement of an attempt whose handler raised ``KeyboardInterrupt`` or
+    ``SystemExit`` from :meth:`Executor.execute` to the worker, which stores it and
+    re-raises ``exc``."""
+
+    def __init__(self, settlement: Settlement, exc: BaseException) -> None:
+        super().__init__()
+        self.settlement = settlement
+        self.exc = exc
+
+
+def job_error(exc: BaseException) -> JobError:
+    """The storable form of an exception: type, message, formatted traceback."""
+    return JobError(
+        type(exc).__qualname__,
+        str(exc),
+        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+def encode_value(serde: Serde, value: Any, what: str, error: type[TrioQueueError]) -> bytes:
+    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``."""
+    try:
+        data = serde.dumps(value)
+    except Exception as exc:
+        raise error(f"{what} cannot be encoded by {type(serde).__name__}: {exc}") from exc
+    if not isinstance(data, bytes):
+        raise error(f"{what}: {type(serde).__name__}.dumps returned {type(data).__name__}, not bytes")
+    return data
+
+
+def only_cancelled(exc: BaseException) -> bool:
+    """Trio's ``Cancelled``, or a group of nothing else."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """Per-job settings given to ``enqueue`` that override the queue's; stored in the
+    job's envelope (``None``: the queue's setting)."""
+
+    retry_delay: float | None = None
+    job_timeout: float | None = None
+
+    @classmethod
+    def build(cls, job_id: str, retry_delay: float | None, job_timeout: float | None) -> JobOptions | None:
+        """Validated options, or ``None`` when nothing overrides the queue."""
+        if retry_delay is None and job_timeout is None:
+            return None
+        return cls(
+            None if retry_delay is None else check.non_negative_seconds("retry_delay", retry_delay, job=job_id),
+            None if job_timeout is None else check.seconds("job_timeout", job_timeout, job=job_id),
+        )
+
+    def encode(self) -> bytes:
+        fields = {"rd": self.retry_delay, "jt": self.job_timeout}
+        return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> JobOptions:
+        if not data:
+            return _NO_OPTIONS
+        try:
+            fields = json.loads(data)
+            rd, jt = fields.get("rd"), fields.get("jt")
+            if any(v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v >= 0) for v in (rd, jt)):
+                raise ValueError(f"bad values {fields!r}")
+        except (ValueError, AttributeError) as exc:
+            raise CodecError(f"unreadable job options: {exc}") from exc
+        return cls(rd, jt)
+
+
+_NO_OPTIONS = JobOptions()
+
+
+class Executor:
+    """Runs attempts for a :class:`~trioqueue.Queue` (its handler, serdes and policies)."""
+
+    def __init__(self, queue: Queue[Any, Any], retry_if: RetryIf | None) -> None:
+        self.q = queue
+        self.retry_if = retry_if
+
+    async def call_handler(self, job: Job[Any]) -> Any:
+        q = self.q
+        handler = q._handler
+        assert handler is not None
+        if q._handler_is_async:
+            return await handler(job)
+        result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def execute(self, claim: Claim) -> Settlement:
+        """Run one attempt; return how to settle it. Every failure of the job becomes a
+        settlement, a ``BaseException`` other than Trio's ``Cancelled`` included (it counts
+        as a failed attempt). For ``KeyboardInterrupt`` and ``SystemExit`` the settlement
+        travels in an :class:`Escalation`: the worker stores it, then the interrupt
+        propagates. Only cancellation escapes without a settlement."""
+        q = self.q
+        token = claim.token
+        try:
+            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(claim.envelope)
+            options = JobOptions.decode(opts)
+        except CodecError as exc:
+            bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
+            return Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=q.result_ttl, token=token)
+        ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
+        try:
+            payload = q.payload_serde.loads(raw)
+        except Exception as exc:
+            # A payload that cannot be decoded never will be: fail for good, no retry.
+            bad = JobError(
+                "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
+            )
+            return Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token)
+        job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, q.worker_id, corr)
+        timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
+        raised: BaseException | None = None
+        result: Any = None
+        escalate: BaseException | None = None
+        try:
+            if timeout is None:
+                result = await self.call_handler(job)
+            else:
+                with trio.move_on_after(timeout) as scope:
+                    result = await self.call_handler(job)
+                if scope.cancelled_caught:
+                    raised = JobTimeoutError(jid, timeout)
+        except Exception as exc:
+            raised = exc
+        except BaseException as exc:
+            if only_cancelled(exc):
+                raise
+            raised = exc
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                escalate = exc
+        settlement = await self.settlement(job, token, result, raised, ttl, options)
+        if escalate is not None:
+            raise Escalation(settlement, escalate)
+        return settlement
+
+    def _retry_delay(self, job: Job[Any], raised: BaseException, options: JobOptions) -> float | None:
+        """Seconds until the retry of a failed attempt, or ``None``: fail for good."""
+        if job.attempts >= job.max_attempts or isinstance(raised, UnrecoverableError):
+            return None
+        if isinstance(raised, Retry):
+            if raised.delay is not None:
+                return raised.delay
+        elif self.retry_if is not None:
+            try:
+                if not self.retry_if(raised):
+                    return None
+            except Exception as exc:
+                self.q._events.emit("error", job.id, error=exc, where="retry_if (the job is retried)")
+        delay = options.retry_delay if options.retry_delay is not None else self.q._retry_delay(job.attempts)
+        return max(0.0, float(delay))
+
+    async def settlement(
+        self,
+        job: Job[Any],
+        token: str,
+        result: Any,
+        raised: BaseException | None,
+        ttl: float,
+        options: JobOptions = _NO_OPTIONS,
+    ) -> Settlement:
+        q = self.q
+        jid = job.id
+        data = b""
+        if raised is None:
+            try:
+                data = self.dump_result(jid, result)
+            except TrioQueueError as exc:
+                raised = exc
+        error = None
+        if raised is not None:
+            error = job_error(raised)
+            delay = self._retry_delay(job, raised, options)
+            if delay is not None:
+                return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=delay, token=token)
+        if q._after_execution is not None:
+            ctx = ExecutionContext(job, result if error is None else None, error, ttl)
+            try:
+                ret = q._after_execution(ctx)
+                if inspect.isawaitable(ret):
+                    await ret
+                error, ttl = ctx.error, check.seconds("context.ttl", ctx.ttl, job=jid)
+                if error is None:
+                    data = self.dump_result(jid, ctx.result)
+            except Exception as exc:
+                q._events.emit("error", jid, error=exc, where="after_execution")
+        if error is None:
+            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
+        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
+
+    def dump_result(self, job_id: str, result: Any) -> bytes:
+        return encode_value(self.q.result_serde, result, f"result of job {job_id!r}", TrioQueueError)
+
+
+def check_retry_if(value: Any) -> RetryIf | None:
+    """``retry_if`` as given to a Queue: ``None`` or a callable."""
+    if value is not None and not callable(value):
+        raise ValidationError(f"retry_if must be a callable (exception -> bool), got {value!r}")
+    return value  # type: ignore[no-any-return]
