@@ -390,7 +390,7 @@ class Queue(Generic[P, R]):
         options = JobOptions.build(jid, retry_delay, job_timeout)
         data = encode_value(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
         envelope = encode_envelope(
-            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, options and options.encode()
+            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
         return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}")
 
