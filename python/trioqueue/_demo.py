@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
 from contextlib import AsyncExitStack
 from typing import Any
 

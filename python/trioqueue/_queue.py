@@ -41,8 +41,8 @@ from ._models import (
 )
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff, RetryDelay, retry_policy
-from ._serde import JsonSerde, Serde, decode_error, encode_error
-from .storage._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._serde import JsonSerde, Serde, decode_error
+from .storage._base import EnqueueOutcome, JobRecord, NewJob, Storage, StorageEvent
 
 __all__ = ["Handler", "JobNotFinishedError", "Queue"]
 

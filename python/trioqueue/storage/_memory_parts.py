@@ -1,0 +1,134 @@
+"""MemoryStorage's structures: job records, queues, and the waiters and subscribers that
+cross threads through each Trio run's token (all used with the storage's lock held)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+
+import trio
+
+from .._core import MpmcQueue, format_state
+from .._models import EnqueueStatus
+from ._base import EnqueueOutcome, NewJob, StorageEvent
+
+_QUEUED = "queued"
+_PROCESSING = "processing"
+_FAILING = "failing"
+_COMPLETED = "completed"
+_FAILED = "failed"
+_CANCELLED = "cancelled"
+_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+
+
+class _Rec:
+    __slots__ = (
+        "id",
+        "kind",
+        "ts_ms",
+        "worker",
+        "attempts",
+        "max_attempts",
+        "result_ttl",
+        "envelope",
+        "created_at_ms",
+        "result",
+        "error",
+        "expires_at",
+        "lease_deadline",
+        "run_at",
+        "token",
+        "claim",
+        "claims",
+        "started",
+    )
+
+    def __init__(self, job: NewJob, now_ms: int) -> None:
+        self.id = job.id
+        self.kind = _QUEUED
+        self.ts_ms = now_ms
+        self.worker: str | None = None
+        self.attempts = 0
+        self.max_attempts = job.max_attempts
+        self.result_ttl = job.result_ttl
+        self.envelope = job.envelope
+        self.created_at_ms = now_ms
+        self.result: bytes | None = None
+        self.error: bytes | None = None
+        self.expires_at = math.inf
+        self.lease_deadline = math.inf
+        self.run_at = math.inf
+        self.token = job.token  # the incarnation
+        self.claim: str | None = None  # the current (or last settled) claim's token
+        self.claims = 0  # claims of this incarnation so far
+        self.started = False  # the current claim's attempt is counted
+
+    def state(self) -> str:
+        if self.kind == _PROCESSING:
+            return format_state(_PROCESSING, self.ts_ms, self.worker)
+        if self.kind == _FAILING:
+            return format_state(_FAILING, self.ts_ms, self.attempts)
+        return format_state(self.kind, self.ts_ms)
+
+
+class _Waiter:
+    """A Trio task parked in one thread, woken from any thread."""
+
+    __slots__ = ("thread", "token", "event")
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.token = trio.lowlevel.current_trio_token()
+        self.event = trio.Event()
+
+    def wake(self) -> None:
+        if self.thread == threading.get_ident():
+            self.event.set()
+        else:
+            try:
+                self.token.run_sync_soon(self.event.set)
+            except trio.RunFinishedError:
+                pass
+
+
+class _Subscriber:
+    __slots__ = ("thread", "token", "send")
+
+    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]]) -> None:
+        self.thread = threading.get_ident()
+        self.token = trio.lowlevel.current_trio_token()
+        self.send = send
+
+    def deliver(self, events: list[StorageEvent]) -> None:
+        if self.thread == threading.get_ident():
+            _send_quietly(self.send, events)
+        else:
+            try:
+                self.token.run_sync_soon(_send_quietly, self.send, events)
+            except trio.RunFinishedError:
+                pass
+
+
+def _send_quietly(send: trio.MemorySendChannel[list[StorageEvent]], events: list[StorageEvent]) -> None:
+    try:
+        send.send_nowait(events)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass
+
+
+class _Q:
+    """The structures of one queue name."""
+
+    __slots__ = ("ready", "front", "jobs", "processing", "delayed", "expiry", "waiters", "subscribers", "workers")
+
+    def __init__(self) -> None:
+        self.ready = MpmcQueue()  # envelopes, FIFO; stale entries are skipped at claim time
+        self.front: deque[bytes] = deque()  # released jobs, claimed before ``ready``
+        self.jobs: dict[str, _Rec] = {}
+        self.processing: dict[str, dict[str, _Rec]] = {}
+        self.delayed: list[tuple[float, int, _Rec]] = []  # (run_at, seq, rec)
+        self.expiry: list[tuple[float, int, _Rec]] = []  # (expires_at, seq, rec)
+        self.waiters: set[_Waiter] = set()
+        self.subscribers: list[_Subscriber] = []
+        self.workers: dict[str, float] = {}
