@@ -8,6 +8,7 @@ the only sleeps let a TTL or lease run out, which no event announces.
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import trio
@@ -486,3 +487,66 @@ async def test_cancelled_state_expires_with_the_result_ttl(storage: Storage, que
     await trio.sleep(0.5)
     assert await storage.get_job(queue_name, "gone") is None
     assert await storage.cancel(queue_name, "gone") is CancelStatus.NOT_FOUND
+
+
+# -- delayed jobs ------------------------------------------------------------------------
+
+
+def delayed(job_id: str, seconds: float) -> NewJob:
+    return job(job_id)._replace(run_at=time.time() + seconds)
+
+
+async def test_delayed_job_waits_until_due_then_is_claimed(storage: Storage, queue_name: str) -> None:
+    async with storage.subscribe(queue_name) as events:
+        before = time.time()
+        [outcome] = await storage.enqueue(queue_name, [delayed("later", 0.3)])
+        assert outcome.status is EnqueueStatus.QUEUED
+        rec = await storage.get_job(queue_name, "later")
+        assert rec is not None
+        kind_, _, due_ms = parse_state(rec.state)
+        assert kind_ == "delayed" and isinstance(due_ms, int) and due_ms / 1000 >= before + 0.29
+        assert await claim(storage, queue_name, timeout=0.01) == []  # not due yet
+        dup = await storage.enqueue(queue_name, [job("later")])
+        assert dup[0].status is EnqueueStatus.DUPLICATE and kind(dup[0].state or "") == "delayed"
+        with trio.fail_after(5):  # the blocking claim wakes when the job is due
+            [c] = await claim(storage, queue_name, timeout=10)
+        assert c.id == "later" and c.attempts == 1 and time.time() >= due_ms / 1000
+        seen: list[str] = []
+        with trio.fail_after(5):
+            while "promoted" not in seen:
+                seen += [e.kind for e in await events.receive() if e.job_id == "later"]
+        assert seen[:2] == ["enqueued", "promoted"]
+
+
+async def test_waiting_claim_wakes_for_a_delayed_job_enqueued_later(storage: Storage, queue_name: str) -> None:
+    got: list[Claim] = []
+
+    async def claimer() -> None:
+        got.extend(await claim(storage, queue_name, timeout=10))
+
+    with trio.fail_after(5):  # without a recomputed wake-up the claim sleeps 10 s
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(claimer)
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the claim waits on an empty queue
+            await storage.enqueue(queue_name, [delayed("soon", 0.2)])
+    assert [c.id for c in got] == ["soon"]
+
+
+async def test_cancelled_delayed_job_is_never_claimed(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [delayed("d", 0.1), delayed("keep", 0.1)])
+    assert await storage.cancel(queue_name, "d") is CancelStatus.CANCELLED
+    await trio.sleep(0.15)
+    claims = await claim(storage, queue_name, timeout=0.5)
+    assert [c.id for c in claims] == ["keep"]
+    rec = await storage.get_job(queue_name, "d")
+    assert rec is not None and kind(rec.state) == "cancelled"
+
+
+async def test_reaper_promotes_due_jobs_without_consumers(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [delayed("p", 0.2)])
+    recovered, next_deadline = await storage.recover_stalled(queue_name)
+    assert recovered == [] and next_deadline is not None and next_deadline <= time.time() + 0.25
+    await trio.sleep(max(0.0, next_deadline - time.time()) + 0.01)
+    await storage.recover_stalled(queue_name)
+    rec = await storage.get_job(queue_name, "p")
+    assert rec is not None and kind(rec.state) == "queued"

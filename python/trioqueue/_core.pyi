@@ -19,7 +19,7 @@ __all__ = [
 ENVELOPE_VERSION: Final[int]
 """Envelope format version written by this build (and the highest it reads): 1."""
 
-_StateKind = Literal["queued", "processing", "failing", "completed", "failed", "cancelled"]
+_StateKind = Literal["queued", "processing", "failing", "completed", "failed", "cancelled", "delayed"]
 
 class CodecError(ValueError):
     """Envelope bytes are empty, truncated, corrupt or from a newer format version."""
@@ -75,14 +75,16 @@ def parse_state(s: str) -> tuple[_StateKind, int, str | int | None]:
 
     ``queued:<ms>``, ``completed:<ms>``, ``failed:<ms>``, ``cancelled:<ms>`` -> extra ``None``;
     ``processing:<ms>:<worker_id>`` -> extra is the worker id (may contain ``:``);
-    ``failing:<ms>:<attempts>`` -> extra is the attempts ``int``.
+    ``failing:<ms>:<attempts>`` -> extra is the attempts ``int``;
+    ``delayed:<ms>:<due_ms>`` -> extra is the due time ``int`` (ms since the epoch).
     Raises ``StateError`` naming the bad string.
     """
 
 def format_state(kind: str, ms: int, extra: str | int | None = None) -> str:
     """Inverse of :func:`parse_state`; raises ``StateError`` when ``kind``,
     ``ms`` or ``extra`` do not fit (processing needs a non-empty ``str`` worker
-    id, failing an ``int`` attempts, the other kinds ``None``)."""
+    id, failing an ``int`` attempts, delayed an ``int`` due time, the other kinds
+    ``None``)."""
 
 @final
 class MpmcQueue:

@@ -18,6 +18,7 @@ class JobState(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"  # failed for good
     CANCELLED = "cancelled"  # cancelled before it ran (kept for its result TTL)
+    DELAYED = "delayed"  # enqueued with a delay: queued once due (``JobStatus.run_at``)
 
     @property
     def terminal(self) -> bool:
@@ -87,6 +88,7 @@ class JobStatus:
     error: JobError | None = None
     worker_id: str | None = None
     updated_at: float = 0.0  # when the job entered ``state`` (seconds since the epoch)
+    run_at: float | None = None  # a delayed job: when it is due (seconds since the epoch)
 
 
 class Job(NamedTuple, Generic[T]):
@@ -144,5 +146,6 @@ EVENT_NAMES = frozenset(
         "leadership_acquired",
         "leadership_lost",
         "resync",
+        "promoted",
     }
 )

@@ -8,6 +8,7 @@ import os
 import socket
 import time
 import uuid
+from datetime import datetime
 from itertools import count
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
@@ -55,7 +56,9 @@ Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
-_STORAGE_EVENT_NAMES = frozenset({"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled"})
+_STORAGE_EVENT_NAMES = frozenset(
+    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted"}
+)
 
 
 class JobNotFinishedError(TrioQueueError, LookupError):
@@ -383,8 +386,11 @@ class Queue(Generic[P, R]):
         result_ttl: float | None,
         retry_delay: float | None = None,
         job_timeout: float | None = None,
+        delay: float | None = None,
+        at: datetime | float | None = None,
     ) -> NewJob:
         jid = check.job_id(job_id)
+        run_at = check.run_at(delay, at, job=jid)
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
         options = JobOptions.build(jid, retry_delay, job_timeout)
@@ -392,7 +398,7 @@ class Queue(Generic[P, R]):
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
-        return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}")
+        return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}", run_at)
 
     def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
         status = outcome.status
@@ -420,14 +426,17 @@ class Queue(Generic[P, R]):
         result_ttl: float | None = None,
         retry_delay: float | None = None,
         job_timeout: float | None = None,
+        delay: float | None = None,
+        at: datetime | float | None = None,
     ) -> EnqueueResult:
         """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
-        queued/processing/failing, or failed and still cached) or ``completed`` with the
-        cached result. The first accepted enqueue fixes the job's ``max_attempts``,
-        ``result_ttl``, ``retry_delay`` (a fixed delay) and ``job_timeout``, each
-        overriding the queue's. Raises :class:`ValidationError` (writing nothing) on bad
-        input."""
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout)
+        queued/processing/failing/delayed, or failed and still cached) or ``completed``
+        with the cached result. The first accepted enqueue fixes the job's
+        ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay) and
+        ``job_timeout``, each overriding the queue's. ``delay`` (seconds from now) or ``at``
+        (a timezone-aware ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until
+        then. Raises :class:`ValidationError` (writing nothing) on bad input."""
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
         self._check_running()
         [outcome] = await self.storage.enqueue(self.name, [new])
         return self._enqueue_result(new.id, outcome)
@@ -440,12 +449,15 @@ class Queue(Generic[P, R]):
         result_ttl: float | None = None,
         retry_delay: float | None = None,
         job_timeout: float | None = None,
+        delay: float | None = None,
+        at: datetime | float | None = None,
     ) -> list[EnqueueResult]:
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
         order), with the options of :meth:`enqueue` for all of them. Everything is
         validated first: one bad job means nothing is written."""
         new = [
-            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout) for jid, payload in jobs
+            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+            for jid, payload in jobs
         ]
         self._check_running()
         if not new:
@@ -464,6 +476,8 @@ class Queue(Generic[P, R]):
         result_ttl: float | None = None,
         retry_delay: float | None = None,
         job_timeout: float | None = None,
+        delay: float | None = None,
+        at: datetime | float | None = None,
     ) -> R:
         """Enqueue (or join an in-flight job with the same id) and return its result.
 
@@ -477,7 +491,7 @@ class Queue(Generic[P, R]):
         cancels the wait, not the job.
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout)
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
         self._check_running()
         jid = new.id
         waiter = _Waiter()
@@ -548,7 +562,7 @@ class Queue(Generic[P, R]):
         raise JobFailedError(job_id, job_error)
 
     async def cancel(self, job_id: str) -> CancelResult:
-        """Cancel a queued (or failing, waiting for its retry) job: it will never run; its
+        """Cancel a queued, delayed or failing (waiting for its retry) job: it will never run; its
         state is ``cancelled`` for its result TTL, and enqueueing the id again starts a new
         incarnation. Running and finished jobs are not touched: the status says why."""
         jid = check.job_id(job_id)
@@ -572,6 +586,7 @@ class Queue(Generic[P, R]):
             error=decode_error(record.error) if record.error is not None else None,
             worker_id=extra if kind == "processing" else None,  # type: ignore[arg-type]
             updated_at=ms / 1000,
+            run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
         )
 
     async def get_result(self, job_id: str) -> Any:

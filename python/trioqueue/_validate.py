@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from datetime import datetime
 from typing import Any
 
 from ._errors import ValidationError
@@ -56,3 +58,20 @@ def positive_int(name: str, value: Any, *, job: str | None = None) -> int:
     if value > 2**31:
         raise ValidationError(f"{name} is too large: {value}{where}")
     return value
+
+
+def run_at(delay: Any, at: Any, *, job: str | None = None) -> float | None:
+    """When a job is due (seconds since the epoch) from ``delay`` (seconds from now) or
+    ``at`` (a timezone-aware ``datetime`` or a UNIX timestamp); ``None``: now."""
+    where = f" (job {job!r})" if job is not None else ""
+    if delay is not None and at is not None:
+        raise ValidationError(f"give delay or at, not both{where}")
+    if delay is not None:
+        return time.time() + non_negative_seconds("delay", delay, job=job)
+    if at is None:
+        return None
+    if isinstance(at, datetime):
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValidationError(f"at must be a timezone-aware datetime, got naive {at.isoformat()}{where}")
+        return at.timestamp()
+    return non_negative_seconds("at", at, job=job)

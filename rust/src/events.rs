@@ -143,7 +143,14 @@ mod tests {
         ] {
             assert!(decode(bad).is_err(), "{bad:?}");
         }
-        let wire = encode(&[[Some(b"kind"), Some(b"id"), None, Some(b"result"), None, Some(b"t")]]);
+        let wire = encode(&[[
+            Some(b"kind"),
+            Some(b"id"),
+            None,
+            Some(b"result"),
+            None,
+            Some(b"t"),
+        ]]);
         for cut in 1..wire.len() {
             assert!(
                 decode(wire.get(..cut).unwrap()).is_err(),

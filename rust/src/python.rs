@@ -238,6 +238,9 @@ fn parse_state<'py>(py: Python<'py>, s: &str) -> PyResult<Bound<'py, PyTuple>> {
             intern!(py, "failing"),
             attempts.into_pyobject(py)?.into_any(),
         ),
+        State::Delayed { due_ms, .. } => {
+            (intern!(py, "delayed"), due_ms.into_pyobject(py)?.into_any())
+        }
     };
     PyTuple::new(py, [kind.clone().into_any(), ms, extra])
 }

@@ -4,17 +4,18 @@
 //! queued:<ms>
 //! processing:<ms>:<worker_id>      worker_id: non-empty, may contain ':'
 //! failing:<ms>:<attempts>
+//! delayed:<ms>:<due_ms>           enqueued to run at <due_ms>
 //! completed:<ms>
 //! failed:<ms>
 //! cancelled:<ms>
 //! ```
 //!
-//! `<ms>` is a u64 and `<attempts>` a u32, both written as plain ASCII
+//! `<ms>` and `<due_ms>` are u64 and `<attempts>` a u32, both written as plain ASCII
 //! decimal digits.
 
 use std::fmt;
 
-/// The six kinds of state.
+/// The seven kinds of state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Queued,
@@ -23,6 +24,7 @@ pub enum Kind {
     Completed,
     Failed,
     Cancelled,
+    Delayed,
 }
 
 impl Kind {
@@ -35,6 +37,7 @@ impl Kind {
             Kind::Completed => "completed",
             Kind::Failed => "failed",
             Kind::Cancelled => "cancelled",
+            Kind::Delayed => "delayed",
         }
     }
 
@@ -47,6 +50,7 @@ impl Kind {
             "completed" => Kind::Completed,
             "failed" => Kind::Failed,
             "cancelled" => Kind::Cancelled,
+            "delayed" => Kind::Delayed,
             _ => return None,
         })
     }
@@ -61,6 +65,7 @@ pub enum State<'a> {
     Completed { ms: u64 },
     Failed { ms: u64 },
     Cancelled { ms: u64 },
+    Delayed { ms: u64, due_ms: u64 },
 }
 
 impl State<'_> {
@@ -72,6 +77,7 @@ impl State<'_> {
             State::Completed { .. } => Kind::Completed,
             State::Failed { .. } => Kind::Failed,
             State::Cancelled { .. } => Kind::Cancelled,
+            State::Delayed { .. } => Kind::Delayed,
         }
     }
 
@@ -82,7 +88,8 @@ impl State<'_> {
             | State::Failing { ms, .. }
             | State::Completed { ms }
             | State::Failed { ms }
-            | State::Cancelled { ms } => ms,
+            | State::Cancelled { ms }
+            | State::Delayed { ms, .. } => ms,
         }
     }
 }
@@ -107,7 +114,7 @@ impl fmt::Display for StateError {
             StateError::UnknownKind(kind) => write!(
                 f,
                 "unknown job state kind {kind:?} (expected one of queued, processing, \
-                 failing, completed, failed, cancelled)"
+                 failing, completed, failed, cancelled, delayed)"
             ),
             StateError::BadFields(msg) => f.write_str(msg),
         }
@@ -176,6 +183,14 @@ pub fn parse(s: &str) -> Result<State<'_>, StateError> {
                 })?;
             Ok(State::Failing { ms, attempts })
         }
+        Kind::Delayed => {
+            let (ms, due) = rest
+                .split_once(':')
+                .ok_or_else(|| invalid("expected 'delayed:<ms>:<due_ms>'"))?;
+            let ms = parse_u64(ms).ok_or_else(|| invalid(bad_ms))?;
+            let due_ms = parse_u64(due).ok_or_else(|| invalid(bad_ms))?;
+            Ok(State::Delayed { ms, due_ms })
+        }
     }
 }
 
@@ -240,6 +255,7 @@ impl<'a> StateText<'a> {
         let (extra, extra_digits) = match *state {
             State::Processing { worker_id, .. } => (worker_id.as_bytes(), None),
             State::Failing { attempts, .. } => (&[][..], Some(Digits::new(u64::from(attempts)))),
+            State::Delayed { due_ms, .. } => (&[][..], Some(Digits::new(due_ms))),
             _ => (&[][..], None),
         };
         StateText {
@@ -340,6 +356,10 @@ pub fn from_parts<'a>(kind: &str, ms: u64, extra: Extra<'a>) -> Result<State<'a>
         (Kind::Failing, _) => Err(StateError::BadFields(
             "a 'failing' state needs an int attempts count".to_owned(),
         )),
+        (Kind::Delayed, Extra::Int(due_ms)) => Ok(State::Delayed { ms, due_ms }),
+        (Kind::Delayed, _) => Err(StateError::BadFields(
+            "a 'delayed' state needs an int due time (ms)".to_owned(),
+        )),
         (k, _) => Err(StateError::BadFields(format!(
             "a '{}' state takes no extra field (pass None)",
             k.as_str()
@@ -388,6 +408,11 @@ mod tests {
             State::Completed { ms: 5 },
             State::Failed { ms: 6 },
             State::Cancelled { ms: 7 },
+            State::Delayed { ms: 8, due_ms: 0 },
+            State::Delayed {
+                ms: 8,
+                due_ms: u64::MAX,
+            },
         ];
         for st in cases {
             let s = format(&st);

@@ -8,10 +8,11 @@ A backend stores, for each *queue name*, the reliable-queue structures:
   (a deadline) and a **claim token** (unique per claim); the worker settles it (complete /
   fail / retry) in one atomic step fenced by that token, or the reaper recovers it once
   the lease has expired;
-- a **delayed set** of jobs waiting for a retry (state ``failing``), promoted back to the
-  ready list when due;
+- a **delayed set** of jobs waiting for a retry (state ``failing``) or enqueued with a
+  due time (state ``delayed``), promoted to the ready list when due;
 - the **job registry**: ``id -> state`` (state strings ``queued:<ms>``,
-  ``processing:<ms>:<worker_id>``, ``failing:<ms>:<attempts>``, ``completed:<ms>``,
+  ``processing:<ms>:<worker_id>``, ``failing:<ms>:<attempts>``, ``delayed:<ms>:<due_ms>``,
+  ``completed:<ms>``,
   ``failed:<ms>``, ``cancelled:<ms>``), the job's **incarnation token** (chosen by the
   producer; a job cancelled and enqueued again under the same id is a new incarnation with
   a new token, and every event carries the token of the incarnation it is about), the
@@ -58,13 +59,15 @@ __all__ = [
 
 class NewJob(NamedTuple):
     """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
-    ``token`` names this incarnation of the id (unique; made by the producer)."""
+    ``token`` names this incarnation of the id (unique; made by the producer); ``run_at``
+    (seconds since the epoch) delays the job until then (``None`` or past: ready now)."""
 
     id: str
     envelope: bytes
     max_attempts: int
     result_ttl: float  # seconds the result/error (and the dedup entry) is kept once terminal
     token: str = ""
+    run_at: float | None = None
 
 
 class EnqueueOutcome(NamedTuple):
@@ -215,14 +218,16 @@ class Storage(abc.ABC):
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
         """Atomically, for each job in order: if the id is unknown (or ``cancelled``: the
         new job is a new incarnation), register it as ``queued:<now>`` with attempts 0 and
-        its token, and append its envelope to the ready list (publishing ``enqueued``); if
+        its token, and append its envelope to the ready list (publishing ``enqueued``) —
+        or, when its ``run_at`` is in the future, as ``delayed:<now>:<run_at ms>`` in the
+        delayed set (publishing ``enqueued``; waiting claims recompute their wake-up); if
         the id is completed and its result is cached, return it; otherwise return
         ``duplicate`` with the existing state. The same id twice in one batch: the second is
         a duplicate of the first. Outcomes other than ``queued`` carry the existing token."""
 
     @abc.abstractmethod
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
-        """Cancel a ``queued`` or ``failing`` job: its state becomes ``cancelled:<now>``, kept
+        """Cancel a ``queued``, ``delayed`` or ``failing`` job: its state becomes ``cancelled:<now>``, kept
         for its result TTL (an enqueue of the id starts a new incarnation meanwhile); make
         sure it is never claimed; publish ``cancelled``. A job already cancelled answers
         ``cancelled`` again and publishes nothing. Otherwise return ``processing``,
@@ -254,7 +259,9 @@ class Storage(abc.ABC):
         when ``None``) are *started*: their attempt counter is incremented. The others are
         *reserved* (prefetched): their attempt counts only once :meth:`start` says their
         handler is about to run, so a worker that dies holding them costs them nothing.
-        Due delayed jobs are promoted to the ready list first (publishing ``requeued``).
+        Due jobs of the delayed set are promoted to the ready list first (publishing
+        ``requeued`` for a retry, ``promoted`` for a delayed job); a claim waiting for work
+        wakes when the earliest of them is due.
         Cancelled or stale entries are skipped and dropped.
 
         Cancellation: if the call is cancelled, no job may be left claimed-but-unreturned
@@ -323,11 +330,13 @@ class Storage(abc.ABC):
         if its attempts are below its max_attempts, else it is failed for good with a
         ``StalledJobError`` error stored for its result TTL. Publishes ``stalled`` and then
         ``requeued``/``failed`` for each. A worker whose heartbeat expired and whose
-        processing list is empty is removed from the worker registry.
+        processing list is empty is removed from the worker registry. Due jobs of the
+        delayed set are promoted, as :meth:`dequeue` does (so they become ``queued`` on
+        time even while no consumer claims).
 
         Returns ``([(job_id, "requeued" | "failed"), ...], next_deadline)`` where
-        ``next_deadline`` is the earliest lease deadline still pending (seconds since the
-        epoch), or ``None``: the reaper sleeps until then."""
+        ``next_deadline`` is the earliest lease deadline or due time still pending (seconds
+        since the epoch), or ``None``: the reaper sleeps until then."""
 
     @abc.abstractmethod
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:

@@ -19,6 +19,7 @@ _FAILING = "failing"
 _COMPLETED = "completed"
 _FAILED = "failed"
 _CANCELLED = "cancelled"
+_DELAYED = "delayed"
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 
@@ -69,6 +70,8 @@ class _Rec:
             return format_state(_PROCESSING, self.ts_ms, self.worker)
         if self.kind == _FAILING:
             return format_state(_FAILING, self.ts_ms, self.attempts)
+        if self.kind == _DELAYED:
+            return format_state(_DELAYED, self.ts_ms, int(self.run_at * 1000))
         return format_state(self.kind, self.ts_ms)
 
 

@@ -41,6 +41,7 @@ __all__ = ["MemoryStorage"]
 from ._memory_parts import (
     _CANCELLED,
     _COMPLETED,
+    _DELAYED,
     _FAILED,
     _FAILING,
     _PROCESSING,
@@ -91,12 +92,13 @@ class MemoryStorage(Storage):
         due: list[bytes] = []
         while heap and heap[0][0] <= now:
             run_at, _, rec = heapq.heappop(heap)
-            if rec.kind == _FAILING and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
+            if rec.kind in (_FAILING, _DELAYED) and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
+                kind = "requeued" if rec.kind == _FAILING else "promoted"
                 rec.kind = _QUEUED
                 rec.ts_ms = int(now * 1000)
                 rec.run_at = math.inf
                 due.append(rec.envelope)
-                events.append(StorageEvent("requeued", rec.id, token=rec.token))
+                events.append(StorageEvent(kind, rec.id, token=rec.token))
         if due:
             q.ready.push_many(due)  # batch calls: where the Rust queue beats a deque
 
@@ -118,6 +120,7 @@ class MemoryStorage(Storage):
         outcomes: list[EnqueueOutcome] = []
         events: list[StorageEvent] = []
         envelopes: list[bytes] = []
+        delayed = False
         with self._lock:
             q = self._q(queue)
             self._expire(q, now)
@@ -125,8 +128,14 @@ class MemoryStorage(Storage):
             for job in jobs:
                 rec = table.get(job.id)
                 if rec is None or rec.kind == _CANCELLED:
-                    table[job.id] = _Rec(job, now_ms)
-                    envelopes.append(job.envelope)
+                    rec = table[job.id] = _Rec(job, now_ms)
+                    if job.run_at is not None and job.run_at > now:
+                        rec.kind = _DELAYED
+                        rec.run_at = job.run_at
+                        heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
+                        delayed = True
+                    else:
+                        envelopes.append(job.envelope)
                     outcomes.append(_QUEUED_OUTCOME)
                     events.append(StorageEvent("enqueued", job.id, token=job.token))
                 elif rec.kind == _COMPLETED and rec.result is not None:
@@ -135,8 +144,9 @@ class MemoryStorage(Storage):
                     outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
             if envelopes:
                 q.ready.push_many(envelopes)
+            if envelopes or delayed:
                 self._publish(q, events)
-                self._wake(q)
+                self._wake(q)  # claimers take the new jobs, or recompute their wake-up
         await trio.lowlevel.cancel_shielded_checkpoint()
         return outcomes
 
@@ -149,7 +159,7 @@ class MemoryStorage(Storage):
             rec = q.jobs.get(job_id)
             if rec is None:
                 status = CancelStatus.NOT_FOUND
-            elif rec.kind in (_QUEUED, _FAILING):
+            elif rec.kind in (_QUEUED, _FAILING, _DELAYED):
                 # The envelope may still sit in the ready list or the delayed heap: it is
                 # skipped there because the record is no longer queued/failing.
                 self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
@@ -404,6 +414,10 @@ class MemoryStorage(Storage):
         with self._lock:
             q = self._q(queue)
             self._expire(q, now)
+            self._promote(q, now, events)
+            promoted = bool(events)
+            if q.delayed:
+                next_deadline = q.delayed[0][0]
             for worker_id, proc in list(q.processing.items()):
                 alive_until = q.workers.get(worker_id, 0.0)
                 for job_id, rec in list(proc.items()):
@@ -437,7 +451,7 @@ class MemoryStorage(Storage):
             if requeue:
                 q.ready.push_many(requeue)
             self._publish(q, events)
-            if recovered:
+            if recovered or promoted:
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return recovered, (None if next_deadline == math.inf else next_deadline)
