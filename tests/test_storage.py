@@ -550,3 +550,38 @@ async def test_reaper_promotes_due_jobs_without_consumers(storage: Storage, queu
     await storage.recover_stalled(queue_name)
     rec = await storage.get_job(queue_name, "p")
     assert rec is not None and kind(rec.state) == "queued"
+
+
+# -- pause / resume ------------------------------------------------------------------------
+
+
+async def test_paused_queue_claims_nothing_until_resumed(storage: Storage, queue_name: str) -> None:
+    other = queue_name + "-other"
+    await storage.enqueue(queue_name, [job("a"), job("b")])
+    await storage.enqueue(other, [job("x")])
+    [running] = await claim(storage, queue_name, n=1)
+    async with storage.subscribe(queue_name) as events:
+        assert not await storage.is_paused(queue_name)
+        assert await storage.set_paused(queue_name, True)
+        assert not await storage.set_paused(queue_name, True)  # already paused: no change
+        assert await storage.is_paused(queue_name) and not await storage.is_paused(other)
+        assert await claim(storage, queue_name, timeout=0.05) == []
+        assert [c.id for c in await claim(storage, other)] == ["x"]  # per queue
+        # a running job is not touched: it settles as usual
+        assert await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "a", b"1", ttl=9)]) == [True]
+        got: list[Claim] = []
+
+        async def claimer() -> None:
+            got.extend(await claim(storage, queue_name, timeout=10))
+
+        with trio.fail_after(5):  # resuming wakes the waiting claim at once
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claimer)
+                await trio.testing.wait_all_tasks_blocked(0.05)
+                assert await storage.set_paused(queue_name, False)
+        assert [c.id for c in got] == ["b"] and running.id == "a"
+        kinds: list[str] = []
+        with trio.fail_after(5):
+            while "resumed" not in kinds:
+                kinds += [e.kind for e in await events.receive() if e.kind in ("paused", "resumed")]
+        assert kinds == ["paused", "resumed"]

@@ -147,5 +147,7 @@ EVENT_NAMES = frozenset(
         "leadership_lost",
         "resync",
         "promoted",
+        "paused",
+        "resumed",
     }
 )

@@ -28,6 +28,7 @@ from ._errors import (
     ValidationError,
 )
 from ._events import Emitter, EventCallback
+from ._waiters import Waiter, terminal_from_record
 from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
 from ._models import (
     CancelResult,
@@ -43,7 +44,7 @@ from ._models import (
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff, RetryDelay, retry_policy
 from ._serde import JsonSerde, Serde, decode_error
-from .storage._base import EnqueueOutcome, JobRecord, NewJob, Storage, StorageEvent
+from .storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
 
 __all__ = ["Handler", "JobNotFinishedError", "Queue"]
 
@@ -57,7 +58,7 @@ AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 _STORAGE_EVENT_NAMES = frozenset(
-    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted"}
+    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted", "paused", "resumed"}
 )
 
 
@@ -73,44 +74,6 @@ class JobNotFinishedError(TrioQueueError, LookupError):
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-class _Waiter:
-    """One ``enqueue_and_wait`` caller parked until the terminal event of *its* incarnation
-    of the job. Until the enqueue has said which incarnation that is (``bind``), terminal
-    events for the id are kept aside; then only the one carrying its token resolves it."""
-
-    __slots__ = ("event", "token", "early", "outcome", "resync", "stopped")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.token: str | None = None
-        self.early: list[StorageEvent] | None = []
-        self.outcome: StorageEvent | None = None
-        self.resync = False  # the stream may have lost our notice: re-read the registry
-        self.stopped = False  # the queue stopped
-
-    def offer(self, ev: StorageEvent) -> None:
-        if self.outcome is not None:
-            return
-        if self.early is not None:
-            self.early.append(ev)
-        elif ev.token is None or self.token is None or ev.token == self.token:
-            self.outcome = ev
-            self.event.set()
-
-    def bind(self, token: str | None) -> None:
-        self.token = token
-        early, self.early = self.early, None
-        for ev in early or ():
-            self.offer(ev)
-
-    def wake(self, *, stopped: bool = False) -> None:
-        if stopped:
-            self.stopped = True
-        else:
-            self.resync = True
-        self.event.set()
 
 
 def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
@@ -191,7 +154,7 @@ class Queue(Generic[P, R]):
             self.execute(handler)
         self._use_reaper = reaper
         self._events = Emitter(self.name)
-        self._waiters: dict[str, list[_Waiter]] = {}
+        self._waiters: dict[str, list[Waiter]] = {}
         # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
         self._token_prefix = uuid.uuid4().hex[:12] + "-"
         self._token_seq = count(1)
@@ -364,7 +327,7 @@ class Queue(Generic[P, R]):
                             data: dict[str, Any] = {"worker_id": ev.worker_id}
                             if ev.error is not None:
                                 data["error"] = decode_error(ev.error)
-                            events.emit(kind, ev.job_id, **data)
+                            events.emit(kind, ev.job_id or None, **data)
                     elif kind == "fenced":
                         events.emit(
                             "error",
@@ -494,7 +457,7 @@ class Queue(Generic[P, R]):
         new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
         self._check_running()
         jid = new.id
-        waiter = _Waiter()
+        waiter = Waiter()
         self._waiters.setdefault(jid, []).append(waiter)
         try:
             with trio.move_on_after(timeout):
@@ -514,7 +477,7 @@ class Queue(Generic[P, R]):
                         waiter.resync = False
                         record = await self.storage.get_job(self.name, jid)
                         if waiter.outcome is None:
-                            waiter.outcome = self._terminal_from_record(jid, record, waiter.token)
+                            waiter.outcome = terminal_from_record(jid, record, waiter.token)
                         continue
                     waiter.event = trio.Event()
                     await waiter.event.wait()
@@ -525,22 +488,6 @@ class Queue(Generic[P, R]):
                 waiters.remove(waiter)
                 if not waiters:
                     del self._waiters[jid]
-
-    @staticmethod
-    def _terminal_from_record(job_id: str, record: JobRecord | None, token: str | None) -> StorageEvent | None:
-        """The terminal outcome a registry entry shows for incarnation ``token``, if any.
-        An entry that is gone, or belongs to a later incarnation, means ours was cancelled
-        (or finished and expired, which a waiter cannot tell apart)."""
-        if record is None or (token is not None and record.token is not None and record.token != token):
-            return StorageEvent("cancelled", job_id, token=token)
-        kind = record.state.partition(":")[0]
-        if kind == "completed":
-            return StorageEvent("completed", job_id, result=record.result, token=record.token)
-        if kind == "failed":
-            return StorageEvent("failed", job_id, error=record.error, token=record.token)
-        if kind == "cancelled":
-            return StorageEvent("cancelled", job_id, token=record.token)
-        return None
 
     async def _waiter_outcome(self, job_id: str, outcome: StorageEvent) -> Any:
         if outcome.kind == "completed":
@@ -568,6 +515,22 @@ class Queue(Generic[P, R]):
         jid = check.job_id(job_id)
         self._check_running()
         return CancelResult(jid, await self.storage.cancel(self.name, jid))
+
+    async def pause(self) -> bool:
+        """Stop every worker of this queue (in every process) from claiming jobs; running
+        jobs finish. Stored in the storage; returns False if it was already paused."""
+        self._check_running()
+        return await self.storage.set_paused(self.name, True)
+
+    async def resume(self) -> bool:
+        """Let workers claim again (waiting ones wake at once); False if it was not paused."""
+        self._check_running()
+        return await self.storage.set_paused(self.name, False)
+
+    async def is_paused(self) -> bool:
+        """Whether claiming on this queue is paused."""
+        self._check_running()
+        return await self.storage.is_paused(self.name)
 
     async def get_status(self, job_id: str) -> JobStatus | None:
         """The job's registry entry, or ``None`` if the id is unknown (or expired)."""

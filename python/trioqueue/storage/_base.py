@@ -338,6 +338,20 @@ class Storage(abc.ABC):
         ``next_deadline`` is the earliest lease deadline or due time still pending (seconds
         since the epoch), or ``None``: the reaper sleeps until then."""
 
+    # -- flow control ------------------------------------------------------------------
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        """Pause (or resume) claiming on ``queue`` for every worker: while paused,
+        :meth:`dequeue` claims nothing (it waits, up to its timeout; running jobs are not
+        touched); resuming wakes waiting claims at once. Stored in the storage, so every
+        process sees it. Publishes ``paused``/``resumed`` when the flag changed; returns
+        whether it changed."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pause/resume")
+
+    async def is_paused(self, queue: str) -> bool:
+        """Whether claiming on ``queue`` is paused."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement pause/resume")
+
     @abc.abstractmethod
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take (or, if ``owner`` already holds it, renew) the leader lock ``name`` for

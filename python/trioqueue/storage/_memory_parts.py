@@ -123,7 +123,18 @@ def _send_quietly(send: trio.MemorySendChannel[list[StorageEvent]], events: list
 class _Q:
     """The structures of one queue name."""
 
-    __slots__ = ("ready", "front", "jobs", "processing", "delayed", "expiry", "waiters", "subscribers", "workers")
+    __slots__ = (
+        "ready",
+        "front",
+        "jobs",
+        "processing",
+        "delayed",
+        "expiry",
+        "waiters",
+        "subscribers",
+        "workers",
+        "paused",
+    )
 
     def __init__(self) -> None:
         self.ready = MpmcQueue()  # envelopes, FIFO; stale entries are skipped at claim time
@@ -135,3 +146,4 @@ class _Q:
         self.waiters: set[_Waiter] = set()
         self.subscribers: list[_Subscriber] = []
         self.workers: dict[str, float] = {}
+        self.paused = False

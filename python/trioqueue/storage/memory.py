@@ -210,6 +210,9 @@ class MemoryStorage(Storage):
         now_ms = int(now * 1000)
         deadline = now + lease
         claims: list[Claim] = []
+        if q.paused:
+            self._publish(q, events)
+            return claims
         proc = q.processing.get(worker_id)
         if proc is None:
             proc = q.processing[worker_id] = {}
@@ -455,6 +458,23 @@ class MemoryStorage(Storage):
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            changed = q.paused != paused
+            if changed:
+                q.paused = paused
+                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return self._q(queue).paused
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
