@@ -585,3 +585,26 @@ async def test_paused_queue_claims_nothing_until_resumed(storage: Storage, queue
             while "resumed" not in kinds:
                 kinds += [e.kind for e in await events.receive() if e.kind in ("paused", "resumed")]
         assert kinds == ["paused", "resumed"]
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+async def test_progress_is_fenced_stored_and_published(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("p")])
+    [c] = await claim(storage, queue_name)
+    async with storage.subscribe(queue_name) as events:
+        assert await storage.set_progress(queue_name, W1, "p", c.token, b"0.5")
+        assert await storage.set_progress(queue_name, W1, "p", c.token, b'{"step":2}')
+        assert not await storage.set_progress(queue_name, W1, "p", "forged-claim", b"9")  # fenced
+        assert not await storage.set_progress(queue_name, W2, "p", c.token, b"9")  # not the holder
+        rec = await storage.get_job(queue_name, "p")
+        assert rec is not None and rec.progress == b'{"step":2}'
+        got: list[StorageEvent] = []
+        with trio.fail_after(5):
+            while len(got) < 2:
+                got += [e for e in await events.receive() if e.kind == "progress"]
+    assert [(e.job_id, e.worker_id, e.result, e.token) for e in got] == [
+        ("p", W1, b"0.5", "t-p"),
+        ("p", W1, b'{"step":2}', "t-p"),
+    ]

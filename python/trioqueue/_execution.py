@@ -12,6 +12,7 @@ import json
 import math
 import traceback
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,20 @@ from .storage._base import Claim, Settlement, SettleKind
 if TYPE_CHECKING:
     from ._queue import Queue
 
-__all__ = ["Escalation", "Executor", "JobOptions", "RetryIf", "check_retry_if", "encode_value", "job_error", "only_cancelled"]
+__all__ = [
+    "Escalation",
+    "Executor",
+    "JobOptions",
+    "RetryIf",
+    "check_retry_if",
+    "encode_value",
+    "job_error",
+    "only_cancelled",
+    "report_progress",
+]
+
+# The attempt the current task runs a handler for: (executor, job id, claim token).
+_ATTEMPT: ContextVar[tuple[Executor, str, str] | None] = ContextVar("trioqueue_attempt", default=None)
 
 RetryIf = Callable[[BaseException], bool]
 """Decides, for an exception a handler raised (a :class:`JobTimeoutError` for a handler
@@ -118,12 +132,16 @@ class Executor:
         self.q = queue
         self.retry_if = retry_if
 
-    async def call_handler(self, job: Job[Any]) -> Any:
+    async def call_handler(self, job: Job[Any], token: str) -> Any:
         q = self.q
         handler = q._handler
         assert handler is not None
         if q._handler_is_async:
-            return await handler(job)
+            reset = _ATTEMPT.set((self, job.id, token))
+            try:
+                return await handler(job)
+            finally:
+                _ATTEMPT.reset(reset)
         result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
         if inspect.isawaitable(result):
             result = await result
@@ -159,10 +177,10 @@ class Executor:
         escalate: BaseException | None = None
         try:
             if timeout is None:
-                result = await self.call_handler(job)
+                result = await self.call_handler(job, token)
             else:
                 with trio.move_on_after(timeout) as scope:
-                    result = await self.call_handler(job)
+                    result = await self.call_handler(job, token)
                 if scope.cancelled_caught:
                     raised = JobTimeoutError(jid, timeout)
         except Exception as exc:
@@ -241,3 +259,15 @@ def check_retry_if(value: Any) -> RetryIf | None:
     if value is not None and not callable(value):
         raise ValidationError(f"retry_if must be a callable (exception -> bool), got {value!r}")
     return value  # type: ignore[no-any-return]
+
+
+async def report_progress(job: Job[Any], value: Any) -> None:
+    """:meth:`Job.report_progress`: store and announce the progress of the running attempt."""
+    attempt = _ATTEMPT.get()
+    if attempt is None or attempt[1] != job.id:
+        raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
+    executor, job_id, token = attempt
+    q = executor.q
+    data = encode_value(q.result_serde, value, f"progress of job {job_id!r}", ValidationError)
+    if not await q.storage.set_progress(q.name, q.worker_id, job_id, token, data):
+        raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")

@@ -89,6 +89,7 @@ class JobStatus:
     worker_id: str | None = None
     updated_at: float = 0.0  # when the job entered ``state`` (seconds since the epoch)
     run_at: float | None = None  # a delayed job: when it is due (seconds since the epoch)
+    progress: Any = None  # the last value the handler gave ``Job.report_progress``
 
 
 class Job(NamedTuple, Generic[T]):
@@ -101,6 +102,15 @@ class Job(NamedTuple, Generic[T]):
     created_at: float
     worker_id: str
     correlation_id: str | None = None
+
+    async def report_progress(self, value: Any) -> None:
+        """Store ``value`` (serializable by the queue's result serde: a number, a dict...)
+        as this job's progress, visible in ``get_status`` and sent as a ``progress`` event.
+        Call it from the handler's task (or its children). Raises ``TrioQueueError`` if
+        the worker no longer holds the job (its lease was lost)."""
+        from ._execution import report_progress
+
+        await report_progress(self, value)
 
 
 @dataclass(slots=True)
@@ -149,5 +159,6 @@ EVENT_NAMES = frozenset(
         "promoted",
         "paused",
         "resumed",
+        "progress",
     }
 )

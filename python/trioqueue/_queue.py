@@ -322,6 +322,15 @@ class Queue(Generic[P, R]):
                     if kind == "resync":
                         events.emit("resync")
                         continue
+                    if kind == "progress":
+                        if events.wants(kind) and ev.result is not None:
+                            try:
+                                value = self.result_serde.loads(ev.result)
+                            except Exception as exc:
+                                events.emit("error", ev.job_id, error=exc, where="decoding a progress event")
+                            else:
+                                events.emit(kind, ev.job_id, worker_id=ev.worker_id, progress=value)
+                        continue
                     if kind in _STORAGE_EVENT_NAMES:
                         if events.wants(kind):
                             data: dict[str, Any] = {"worker_id": ev.worker_id}
@@ -550,6 +559,7 @@ class Queue(Generic[P, R]):
             worker_id=extra if kind == "processing" else None,  # type: ignore[arg-type]
             updated_at=ms / 1000,
             run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
+            progress=None if record.progress is None else self._load_result(jid, record.progress),
         )
 
     async def get_result(self, job_id: str) -> Any:

@@ -134,6 +134,7 @@ class JobRecord:
     result: bytes | None = None
     error: bytes | None = None
     token: str | None = None  # the incarnation token
+    progress: bytes | None = None  # the last progress reported by the handler (serialized)
 
 
 class StorageEvent(NamedTuple):
@@ -144,7 +145,8 @@ class StorageEvent(NamedTuple):
     longer owned the job) or ``resync`` (the stream may have lost events: subscribers must
     re-check what they wait for; ``job_id`` is empty). ``result``/``error`` may carry the
     serialized result or error of ``completed``/``failed`` so that a waiter need not read
-    it back; when they are ``None`` the waiter reads the registry. ``token`` is the
+    it back; when they are ``None`` the waiter reads the registry. A ``progress`` event
+    carries the serialized progress value in ``result``. ``token`` is the
     incarnation token of the job the event is about (job events carry it).
     """
 
@@ -337,6 +339,13 @@ class Storage(abc.ABC):
         Returns ``([(job_id, "requeued" | "failed"), ...], next_deadline)`` where
         ``next_deadline`` is the earliest lease deadline or due time still pending (seconds
         since the epoch), or ``None``: the reaper sleeps until then."""
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        """Store the serialized ``progress`` of a running job, fenced by its claim token
+        (``False``, nothing changed, when ``worker_id`` no longer holds that claim), and
+        publish ``progress`` (``result`` carries the value). It is kept in the record
+        (:attr:`JobRecord.progress`) until the job is enqueued again."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement progress")
 
     # -- flow control ------------------------------------------------------------------
 

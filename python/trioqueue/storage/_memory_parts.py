@@ -43,6 +43,7 @@ class _Rec:
         "claim",
         "claims",
         "started",
+        "progress",
     )
 
     def __init__(self, job: NewJob, now_ms: int) -> None:
@@ -64,6 +65,7 @@ class _Rec:
         self.claim: str | None = None  # the current (or last settled) claim's token
         self.claims = 0  # claims of this incarnation so far
         self.started = False  # the current claim's attempt is counted
+        self.progress: bytes | None = None
 
     def state(self) -> str:
         if self.kind == _PROCESSING:

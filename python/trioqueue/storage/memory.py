@@ -181,7 +181,15 @@ class MemoryStorage(Storage):
             if rec is None:
                 return None
             return JobRecord(
-                rec.id, rec.state(), rec.created_at_ms, rec.attempts, rec.max_attempts, rec.result, rec.error, rec.token
+                rec.id,
+                rec.state(),
+                rec.created_at_ms,
+                rec.attempts,
+                rec.max_attempts,
+                rec.result,
+                rec.error,
+                rec.token,
+                rec.progress,
             )
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
@@ -458,6 +466,18 @@ class MemoryStorage(Storage):
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            rec = q.processing.get(worker_id, {}).get(job_id)
+            ok = rec is not None and rec.claim == token
+            if rec is not None and ok:
+                rec.progress = progress
+                self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
 
     async def set_paused(self, queue: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
