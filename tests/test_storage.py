@@ -187,9 +187,8 @@ async def test_cancel_queued_job_is_never_claimed(storage: Storage, queue_name: 
 
 
 async def test_cancel_reports_other_states(storage: Storage, queue_name: str) -> None:
-    await storage.enqueue(queue_name, [job("p"), job("done"), job("bad")])
+    await storage.enqueue(queue_name, [job("done"), job("bad")])
     await claim(storage, queue_name)
-    assert await storage.cancel(queue_name, "p") is CancelStatus.PROCESSING
     await storage.settle(
         queue_name,
         W1,
@@ -608,3 +607,52 @@ async def test_progress_is_fenced_stored_and_published(storage: Storage, queue_n
         ("p", W1, b"0.5", "t-p"),
         ("p", W1, b'{"step":2}', "t-p"),
     ]
+
+
+# -- cancelling running jobs ---------------------------------------------------------------
+
+
+async def test_cancel_request_on_a_running_job(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("run")])
+    [c] = await claim(storage, queue_name)
+    async with storage.subscribe(queue_name) as events:
+        assert await storage.cancel(queue_name, "run") is CancelStatus.CANCELLED
+        assert await storage.cancel(queue_name, "run") is CancelStatus.CANCELLED  # no second request
+        rec = await storage.get_job(queue_name, "run")
+        assert rec is not None and kind(rec.state) == "processing"  # until the holder settles
+        assert await storage.heartbeat(queue_name, W1, 30.0, [("run", c.token)], LEASE) == ["run"]
+        cancel = Settlement(SettleKind.CANCEL, "run", b"", token=c.token)
+        assert await storage.settle(queue_name, W1, [cancel]) == [True]
+        assert await storage.settle(queue_name, W1, [cancel]) == [True]  # a retried call: no-op
+        rec = await storage.get_job(queue_name, "run")
+        assert rec is not None and kind(rec.state) == "cancelled" and rec.attempts == 1
+        got: list[tuple[str, str | None]] = []
+        with trio.fail_after(5):
+            while ("cancelled", W1) not in got:
+                got += [(e.kind, e.worker_id) for e in await events.receive() if e.job_id == "run"]
+    assert got == [("cancel_requested", W1), ("cancelled", W1)]
+
+
+@pytest.mark.parametrize("end", ["complete", "retry", "release", "stall", "start"])
+async def test_a_cancel_requested_job_ends_cancelled_unless_it_finished_first(
+    storage: Storage, queue_name: str, end: str
+) -> None:
+    await storage.enqueue(queue_name, [job("c")])
+    lease = 0.1 if end == "stall" else LEASE
+    [c] = await claim(storage, queue_name, lease=lease, start=0 if end == "start" else None)
+    assert await storage.cancel(queue_name, "c") is CancelStatus.CANCELLED
+    if end == "complete":
+        assert await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "c", b"1", ttl=9)]) == [True]
+    elif end == "retry":
+        assert await storage.settle(queue_name, W1, [settlement(SettleKind.RETRY, queue_name, "c", b"e", delay=0)]) == [True]
+    elif end == "release":
+        await storage.release(queue_name, W1, ["c"])
+    elif end == "stall":
+        await trio.sleep(0.2)
+        assert (await storage.recover_stalled(queue_name))[0] == [("c", "cancelled")]
+    else:
+        assert await storage.start(queue_name, W1, [("c", c.token)]) == [False]
+    rec = await storage.get_job(queue_name, "c")
+    assert rec is not None and kind(rec.state) == ("completed" if end == "complete" else "cancelled")
+    assert await storage.held_jobs(queue_name, W1) == []
+    assert await claim(storage, queue_name, timeout=0.05) == []  # never runs again

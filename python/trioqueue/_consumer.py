@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._execution import Escalation
-from .storage._base import Claim, Settlement
+from .storage._base import Claim, Settlement, SettleKind
 
 if TYPE_CHECKING:
     from ._queue import Queue
@@ -47,6 +47,8 @@ class Consumer:
         self.storage = queue.storage
         self.buffer: deque[Claim] = deque()
         self.running: dict[str, str] = {}  # job id -> claim token
+        self.scopes: dict[str, trio.CancelScope] = {}  # job id -> its handler's scope
+        self.cancel_requests: set[str] = set()  # cancel() reached these jobs: do not run them
         self.pending: list[Settlement] = []
         self.held = 0
         self.limit = queue.concurrency + queue.prefetch
@@ -109,6 +111,25 @@ class Consumer:
         self.work.unpark_all()
         self.settle_wakeup.unpark_all()
         await self.done.wait()
+
+    def request_cancel(self, job_id: str) -> None:
+        """``cancel()`` reached a job this worker holds: cancel its handler if it runs, or
+        settle it as cancelled if it waits in the buffer; a job about to start checks
+        ``cancel_requests``. A job already finished settles as it finished."""
+        if job_id not in self.running and not any(c.id == job_id for c in self.buffer):
+            return
+        self.cancel_requests.add(job_id)
+        scope = self.scopes.get(job_id)
+        if scope is not None:
+            scope.cancel()
+            return
+        for claim in self.buffer:
+            if claim.id == job_id:
+                self.buffer.remove(claim)
+                self.cancel_requests.discard(job_id)
+                self.pending.append(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token))
+                self.settle_wakeup.unpark()
+                return
 
     async def _reconcile(self) -> None:
         """Release jobs in our processing list that we are not running (left by a
@@ -260,6 +281,11 @@ class Consumer:
                 *((s.id, s.token) for s in self.pending),
             ]
             try:
-                await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, held, q.visibility_timeout)
+                requested = await self.storage.heartbeat(
+                    q.name, q.worker_id, q.visibility_timeout, held, q.visibility_timeout
+                )
             except Exception as exc:
                 q._events.emit("error", error=exc, where="heartbeat")
+                continue
+            for job_id in requested or ():
+                self.request_cancel(job_id)

@@ -175,14 +175,23 @@ class Executor:
         raised: BaseException | None = None
         result: Any = None
         escalate: BaseException | None = None
+        consumer = q._consumer
+        requests = consumer.cancel_requests if consumer is not None else set()
+        if jid in requests:  # cancel() came before the handler started
+            requests.discard(jid)
+            return Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token)
+        cancel_scope = trio.CancelScope()  # cancelled by a cancel() of this running job
+        if consumer is not None:
+            consumer.scopes[jid] = cancel_scope
         try:
-            if timeout is None:
-                result = await self.call_handler(job, token)
-            else:
-                with trio.move_on_after(timeout) as scope:
+            with cancel_scope:
+                if timeout is None:
                     result = await self.call_handler(job, token)
-                if scope.cancelled_caught:
-                    raised = JobTimeoutError(jid, timeout)
+                else:
+                    with trio.move_on_after(timeout) as scope:
+                        result = await self.call_handler(job, token)
+                    if scope.cancelled_caught:
+                        raised = JobTimeoutError(jid, timeout)
         except Exception as exc:
             raised = exc
         except BaseException as exc:
@@ -191,6 +200,12 @@ class Executor:
             raised = exc
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 escalate = exc
+        finally:
+            if consumer is not None:
+                consumer.scopes.pop(jid, None)
+        if cancel_scope.cancelled_caught or jid in requests:
+            requests.discard(jid)
+            return Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token)
         settlement = await self.settlement(job, token, result, raised, ttl, options)
         if escalate is not None:
             raise Escalation(settlement, escalate)

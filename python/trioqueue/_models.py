@@ -160,5 +160,6 @@ EVENT_NAMES = frozenset(
         "paused",
         "resumed",
         "progress",
+        "cancel_requested",
     }
 )

@@ -322,6 +322,11 @@ class Queue(Generic[P, R]):
                     if kind == "resync":
                         events.emit("resync")
                         continue
+                    if kind == "cancel_requested":
+                        if ev.worker_id == self.worker_id and self._consumer is not None:
+                            self._consumer.request_cancel(ev.job_id)
+                        events.emit(kind, ev.job_id, worker_id=ev.worker_id)
+                        continue
                     if kind == "progress":
                         if events.wants(kind) and ev.result is not None:
                             try:
@@ -518,9 +523,13 @@ class Queue(Generic[P, R]):
         raise JobFailedError(job_id, job_error)
 
     async def cancel(self, job_id: str) -> CancelResult:
-        """Cancel a queued, delayed or failing (waiting for its retry) job: it will never run; its
-        state is ``cancelled`` for its result TTL, and enqueueing the id again starts a new
-        incarnation. Running and finished jobs are not touched: the status says why."""
+        """Cancel a job: a queued, delayed or failing (waiting for its retry) one will never
+        run; a running one has its handler cancelled by its worker (wherever it runs; the
+        handler may shield cleanup as Trio allows) and is not retried. Its state becomes
+        ``cancelled`` for its result TTL (enqueueing the id again starts a new incarnation)
+        and its waiters get :class:`JobCancelledError`; a running job that finishes before
+        the request reaches it keeps its outcome. Finished jobs are not touched: the status
+        says why."""
         jid = check.job_id(job_id)
         self._check_running()
         return CancelResult(jid, await self.storage.cancel(self.name, jid))

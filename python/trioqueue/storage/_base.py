@@ -104,6 +104,7 @@ class SettleKind(StrEnum):
     COMPLETE = "complete"  # store result, state completed, notify
     FAIL = "fail"  # store error, state failed, notify
     RETRY = "retry"  # state failing, back to the ready list after ``delay``
+    CANCEL = "cancel"  # the handler was cancelled on request: state cancelled, notify
 
 
 class Settlement(NamedTuple):
@@ -232,8 +233,16 @@ class Storage(abc.ABC):
         """Cancel a ``queued``, ``delayed`` or ``failing`` job: its state becomes ``cancelled:<now>``, kept
         for its result TTL (an enqueue of the id starts a new incarnation meanwhile); make
         sure it is never claimed; publish ``cancelled``. A job already cancelled answers
-        ``cancelled`` again and publishes nothing. Otherwise return ``processing``,
-        ``completed``, ``failed`` or ``not_found`` and change nothing."""
+        ``cancelled`` again and publishes nothing.
+
+        A ``processing`` job gets a *cancel request* (kept with it until it ends) and
+        ``cancel_requested`` is published (``worker_id``: its holder), answering
+        ``cancelled``: the holder cancels the handler and settles with
+        :attr:`SettleKind.CANCEL`. From then on the job can only end ``completed``/``failed``
+        (it finished first) or ``cancelled``: a retry, a release, a recovery by the reaper
+        and a :meth:`start` of a reserved claim all make it ``cancelled`` (publishing
+        ``cancelled``). Otherwise return ``completed``, ``failed`` or ``not_found`` and
+        change nothing."""
 
     @abc.abstractmethod
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
@@ -307,10 +316,11 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
-    ) -> None:
+    ) -> list[str]:
         """Register/refresh a live worker for ``ttl`` seconds and extend to ``now + lease``
         the leases of its claims ``(job_id, claim_token)`` that it still holds under that
-        claim (others are left alone)."""
+        claim (others are left alone). Returns the ids among them that have a cancel
+        request (see :meth:`cancel`), so a worker that missed the event still learns it."""
 
     @abc.abstractmethod
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
@@ -336,7 +346,7 @@ class Storage(abc.ABC):
         delayed set are promoted, as :meth:`dequeue` does (so they become ``queued`` on
         time even while no consumer claims).
 
-        Returns ``([(job_id, "requeued" | "failed"), ...], next_deadline)`` where
+        Returns ``([(job_id, "requeued" | "failed" | "cancelled"), ...], next_deadline)`` where
         ``next_deadline`` is the earliest lease deadline or due time still pending (seconds
         since the epoch), or ``None``: the reaper sleeps until then."""
 

@@ -44,6 +44,7 @@ class _Rec:
         "claims",
         "started",
         "progress",
+        "cancel_requested",
     )
 
     def __init__(self, job: NewJob, now_ms: int) -> None:
@@ -66,6 +67,7 @@ class _Rec:
         self.claims = 0  # claims of this incarnation so far
         self.started = False  # the current claim's attempt is counted
         self.progress: bytes | None = None
+        self.cancel_requested = False  # cancel() reached it while it was processing
 
     def state(self) -> str:
         if self.kind == _PROCESSING:

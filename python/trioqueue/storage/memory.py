@@ -87,6 +87,12 @@ class MemoryStorage(Storage):
         rec.expires_at = now + ttl
         heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
 
+    def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
+        """End a claimed job (already out of its processing list) as cancelled."""
+        rec.started = False
+        self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
+        events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
+
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
         heap = q.delayed
         due: list[bytes] = []
@@ -167,6 +173,11 @@ class MemoryStorage(Storage):
                 self._publish(q, [StorageEvent("cancelled", job_id, token=rec.token)])
             elif rec.kind == _CANCELLED:
                 status = CancelStatus.CANCELLED
+            elif rec.kind == _PROCESSING:
+                status = CancelStatus.CANCELLED
+                if not rec.cancel_requested:
+                    rec.cancel_requested = True
+                    self._publish(q, [StorageEvent("cancel_requested", job_id, rec.worker, token=rec.token)])
             else:
                 status = CancelStatus(rec.kind)
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -306,9 +317,11 @@ class MemoryStorage(Storage):
                     continue
                 del proc[s.id]
                 out.append(True)
-                if not rec.started:
+                if not rec.started and s.kind is not SettleKind.CANCEL:
                     rec.attempts += 1  # settled without start(): the attempt happened
-                if s.kind is SettleKind.COMPLETE:
+                if s.kind is SettleKind.CANCEL or (s.kind is SettleKind.RETRY and rec.cancel_requested):
+                    self._cancel_claimed(q, rec, now, worker_id, events)
+                elif s.kind is SettleKind.COMPLETE:
                     rec.result = s.data
                     self._set_terminal(q, rec, _COMPLETED, now, s.ttl)
                     events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=rec.token))
@@ -340,9 +353,13 @@ class MemoryStorage(Storage):
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             released: list[bytes] = []
+            now = time.time()
             for job_id in job_ids:
                 rec = proc.pop(job_id, None)
                 if rec is None:
+                    continue
+                if rec.cancel_requested:
+                    self._cancel_claimed(q, rec, now, worker_id, events)
                     continue
                 rec.kind = _QUEUED
                 rec.ts_ms = now_ms
@@ -355,8 +372,8 @@ class MemoryStorage(Storage):
                 released.append(rec.envelope)
                 events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
             q.front.extendleft(reversed(released))
+            self._publish(q, events)
             if released:
-                self._publish(q, events)
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return len(released)
@@ -369,25 +386,34 @@ class MemoryStorage(Storage):
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
         out: list[bool] = []
+        events: list[StorageEvent] = []
         with self._lock:
-            proc = self._q(queue).processing.get(worker_id, {})
+            q = self._q(queue)
+            proc = q.processing.get(worker_id, {})
             for job_id, token in claims:
                 rec = proc.get(job_id)
                 if rec is None or rec.claim != token:
+                    out.append(False)
+                    continue
+                if rec.cancel_requested and not rec.started:
+                    del proc[job_id]
+                    self._cancel_claimed(q, rec, time.time(), worker_id, events)
                     out.append(False)
                     continue
                 if not rec.started:
                     rec.started = True
                     rec.attempts += 1
                 out.append(True)
+            self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
-    ) -> None:
+    ) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
         now = time.time()
+        requested: list[str] = []
         with self._lock:
             q = self._q(queue)
             q.workers[worker_id] = now + ttl
@@ -396,7 +422,10 @@ class MemoryStorage(Storage):
                 rec = proc.get(job_id)
                 if rec is not None and rec.claim == token:
                     rec.lease_deadline = now + lease
+                    if rec.cancel_requested:
+                        requested.append(job_id)
         await trio.lowlevel.cancel_shielded_checkpoint()
+        return requested
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -440,8 +469,11 @@ class MemoryStorage(Storage):
                     rec.worker = None
                     rec.claim = None
                     rec.lease_deadline = math.inf
+                    if rec.cancel_requested:
+                        self._cancel_claimed(q, rec, now, worker_id, events)
+                        recovered.append((job_id, "cancelled"))
                     # A reserved claim never ran: it goes back at no cost.
-                    if not rec.started or rec.attempts < rec.max_attempts:
+                    elif not rec.started or rec.attempts < rec.max_attempts:
                         rec.kind = _QUEUED
                         rec.ts_ms = int(now * 1000)
                         rec.started = False

@@ -1,0 +1,93 @@
+"""Cancelling a running job through the Queue API (conformance: every backend)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import CancelStatus, Job, JobCancelledError, JobState, Queue, Storage
+
+from support import Recorder
+
+FAST = {"retry_delay": 0, "block_timeout": 0.5}
+
+
+async def test_cancel_reaches_the_running_handler_of_another_process_queue(storage: Storage, queue_name: str) -> None:
+    started = trio.Event()
+    calls = 0
+    cleaned_up = trio.Event()
+
+    async def handler(job: Job[Any]) -> None:
+        nonlocal calls
+        calls += 1
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):  # cleanup may be shielded, as Trio allows
+                await trio.sleep(0.01)
+                cleaned_up.set()
+
+    async with (
+        Queue(storage, name=queue_name, **FAST) as producer,
+        Queue(storage, name=queue_name, handler=handler, max_attempts=5, **FAST) as worker,
+    ):
+        cancelled = Recorder()
+        worker.on("cancelled", cancelled)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def waiter() -> None:
+                    with pytest.raises(JobCancelledError):
+                        await producer.enqueue_and_wait("long", None)
+
+                nursery.start_soon(waiter)
+                await started.wait()
+                assert (await producer.cancel("long")).status is CancelStatus.CANCELLED
+            await cancelled.wait_for("cancelled", "long")
+        assert cleaned_up.is_set() and calls == 1  # not retried
+        status = await producer.get_status("long")
+        assert status is not None and status.state is JobState.CANCELLED
+
+
+async def test_a_worker_that_missed_the_cancel_event_learns_it_from_its_heartbeat(
+    storage: Storage, queue_name: str
+) -> None:
+    real_subscribe = storage.subscribe
+
+    @asynccontextmanager
+    async def without_cancel_requests(queue: str) -> AsyncIterator[Any]:
+        async with real_subscribe(queue) as receive:
+            send, filtered = trio.open_memory_channel[Any](100)
+
+            async def pump() -> None:
+                async for batch in receive:
+                    await send.send([e for e in batch if e.kind != "cancel_requested"])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump)
+                yield filtered
+                nursery.cancel_scope.cancel()
+
+    storage.subscribe = without_cancel_requests  # type: ignore[method-assign]
+    started = trio.Event()
+
+    async def handler(job: Job[Any]) -> None:
+        started.set()
+        await trio.sleep_forever()
+
+    async with Queue(storage, name=queue_name, handler=handler, visibility_timeout=0.3, **FAST) as q:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+
+                async def waiter() -> None:
+                    with pytest.raises(JobCancelledError):
+                        await q.enqueue_and_wait("deaf", None)
+
+                nursery.start_soon(waiter)
+                await started.wait()
+                await q.cancel("deaf")
