@@ -656,3 +656,23 @@ async def test_a_cancel_requested_job_ends_cancelled_unless_it_finished_first(
     assert rec is not None and kind(rec.state) == ("completed" if end == "complete" else "cancelled")
     assert await storage.held_jobs(queue_name, W1) == []
     assert await claim(storage, queue_name, timeout=0.05) == []  # never runs again
+
+
+# -- schedules -----------------------------------------------------------------------------
+
+
+async def test_schedules_are_stored_replaced_advanced_and_removed(storage: Storage, queue_name: str) -> None:
+    assert await storage.get_schedules(queue_name) == {}
+    await storage.put_schedule(queue_name, "nightly", b"spec-1")
+    await storage.put_schedule(queue_name + "-other", "nightly", b"other")
+    assert await storage.get_schedules(queue_name) == {"nightly": (b"spec-1", None)}
+    assert await storage.advance_schedule(queue_name, "nightly", 1000.5)
+    assert not await storage.advance_schedule(queue_name, "nightly", 1000.5)  # not later
+    assert not await storage.advance_schedule(queue_name, "nightly", 999.0)
+    assert not await storage.advance_schedule(queue_name, "nope", 5.0)  # no such schedule
+    await storage.put_schedule(queue_name, "nightly", b"spec-2")  # replacing keeps the last tick
+    assert await storage.get_schedules(queue_name) == {"nightly": (b"spec-2", 1000.5)}
+    assert await storage.remove_schedule(queue_name, "nightly")
+    assert not await storage.remove_schedule(queue_name, "nightly")
+    assert await storage.get_schedules(queue_name) == {}
+    assert await storage.get_schedules(queue_name + "-other") == {"nightly": (b"other", None)}

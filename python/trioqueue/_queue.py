@@ -21,25 +21,21 @@ from ._consumer import Consumer
 from ._core import encode_envelope, parse_state
 from ._errors import (
     JobCancelledError,
-    JobFailedError,
     JobTimeoutError,
     QueueStoppedError,
     TrioQueueError,
     ValidationError,
 )
 from ._events import Emitter, EventCallback
+from ._admin import JobNotFinishedError, QueueAdmin
 from ._waiters import Waiter, terminal_from_record
 from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
 from ._models import (
-    CancelResult,
     EnqueueResult,
     EnqueueStatus,
     ExecutionContext,
     Job,
-    JobError,
     JobState,
-    JobStatus,
-    UpdateTTLStatus,
 )
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff, RetryDelay, retry_policy
@@ -62,16 +58,6 @@ _STORAGE_EVENT_NAMES = frozenset(
 )
 
 
-class JobNotFinishedError(TrioQueueError, LookupError):
-    """``get_result`` on a job that is unknown or has no result yet."""
-
-    def __init__(self, job_id: str, state: str | None) -> None:
-        what = "is unknown (never enqueued, cancelled, or its result expired)" if state is None else f"is {state}"
-        super().__init__(f"job {job_id!r} {what}: no result to return")
-        self.job_id = job_id
-        self.state = state
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -88,7 +74,7 @@ def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException |
     return found
 
 
-class Queue(Generic[P, R]):
+class Queue(QueueAdmin[P], Generic[P, R]):
     """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
@@ -386,14 +372,6 @@ class Queue(Generic[P, R]):
             return EnqueueResult(job_id, status, state, self._load_result(job_id, outcome.result))
         return EnqueueResult(job_id, status, state)
 
-    def _load_result(self, job_id: str, data: bytes | None) -> Any:
-        if data is None:
-            return None
-        try:
-            return self.result_serde.loads(data)
-        except Exception as exc:
-            raise TrioQueueError(f"stored result of job {job_id!r} cannot be decoded: {exc}") from exc
-
     async def enqueue(
         self,
         job_id: str,
@@ -514,87 +492,6 @@ class Queue(Generic[P, R]):
         if outcome.kind == "failed":
             await self._raise_stored_failure(job_id, outcome.error)
         raise JobCancelledError(job_id)
-
-    async def _raise_stored_failure(self, job_id: str, error: bytes | None) -> None:
-        if error is None:
-            record = await self.storage.get_job(self.name, job_id)
-            error = record.error if record is not None else None
-        job_error = decode_error(error) if error is not None else JobError("UnknownError", "error not stored")
-        raise JobFailedError(job_id, job_error)
-
-    async def cancel(self, job_id: str) -> CancelResult:
-        """Cancel a job: a queued, delayed or failing (waiting for its retry) one will never
-        run; a running one has its handler cancelled by its worker (wherever it runs; the
-        handler may shield cleanup as Trio allows) and is not retried. Its state becomes
-        ``cancelled`` for its result TTL (enqueueing the id again starts a new incarnation)
-        and its waiters get :class:`JobCancelledError`; a running job that finishes before
-        the request reaches it keeps its outcome. Finished jobs are not touched: the status
-        says why."""
-        jid = check.job_id(job_id)
-        self._check_running()
-        return CancelResult(jid, await self.storage.cancel(self.name, jid))
-
-    async def pause(self) -> bool:
-        """Stop every worker of this queue (in every process) from claiming jobs; running
-        jobs finish. Stored in the storage; returns False if it was already paused."""
-        self._check_running()
-        return await self.storage.set_paused(self.name, True)
-
-    async def resume(self) -> bool:
-        """Let workers claim again (waiting ones wake at once); False if it was not paused."""
-        self._check_running()
-        return await self.storage.set_paused(self.name, False)
-
-    async def is_paused(self) -> bool:
-        """Whether claiming on this queue is paused."""
-        self._check_running()
-        return await self.storage.is_paused(self.name)
-
-    async def get_status(self, job_id: str) -> JobStatus | None:
-        """The job's registry entry, or ``None`` if the id is unknown (or expired)."""
-        jid = check.job_id(job_id)
-        self._check_running()
-        record = await self.storage.get_job(self.name, jid)
-        if record is None:
-            return None
-        kind, ms, extra = parse_state(record.state)
-        return JobStatus(
-            id=jid,
-            state=JobState(kind),
-            created_at=record.created_at_ms / 1000,
-            attempts=record.attempts,
-            result=self._load_result(jid, record.result) if kind == "completed" else None,
-            error=decode_error(record.error) if record.error is not None else None,
-            worker_id=extra if kind == "processing" else None,  # type: ignore[arg-type]
-            updated_at=ms / 1000,
-            run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
-            progress=None if record.progress is None else self._load_result(jid, record.progress),
-        )
-
-    async def get_result(self, job_id: str) -> Any:
-        """The cached result of a completed job. Raises :class:`JobFailedError` for a failed
-        one, :class:`JobCancelledError` for a cancelled one and :class:`JobNotFinishedError`
-        for an unknown or unfinished one."""
-        jid = check.job_id(job_id)
-        self._check_running()
-        record = await self.storage.get_job(self.name, jid)
-        if record is None:
-            raise JobNotFinishedError(jid, None)
-        kind = record.state.partition(":")[0]
-        if kind == "completed":
-            return self._load_result(jid, record.result)
-        if kind == "failed":
-            await self._raise_stored_failure(jid, record.error)
-        if kind == "cancelled":
-            raise JobCancelledError(jid)
-        raise JobNotFinishedError(jid, kind)
-
-    async def update_result_ttl(self, job_id: str, ttl: float) -> UpdateTTLStatus:
-        """Keep a finished job's result (or error) for ``ttl`` more seconds from now."""
-        jid = check.job_id(job_id)
-        ttl = check.seconds("ttl", ttl, job=jid)
-        self._check_running()
-        return await self.storage.update_result_ttl(self.name, jid, ttl)
 
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"

@@ -12,6 +12,7 @@ import trio
 from . import _validate as check
 from ._errors import ValidationError
 from ._events import Emitter, EventCallback
+from ._scheduler import Scheduler
 from .storage._base import Storage
 
 __all__ = ["LeaderElection", "Reaper"]
@@ -51,8 +52,9 @@ class Reaper:
     ``visibility_timeout / 10``), so a missed event never strands a job. A
     :class:`~trioqueue.Queue` with a handler runs one itself; run your own for producers-only
     deployments or for a dedicated reaper process: ``async with Reaper(storage):`` or
-    ``await nursery.start(reaper.run)``. Events: ``stalled``, ``leadership_acquired``,
-    ``leadership_lost``, ``error``.
+    ``await nursery.start(reaper.run)``. The active reaper also enqueues the ticks of the
+    queue's schedules (cron and periodic jobs; ``scheduler=False`` turns that off). Events:
+    ``stalled``, ``leadership_acquired``, ``leadership_lost``, ``error``.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class Reaper:
         scan_interval: float | None = None,
         leader_election: LeaderElection | None = None,
         owner_id: str | None = None,
+        scheduler: bool = True,
         _emitter: Emitter | None = None,
     ) -> None:
         self.storage = storage
@@ -78,6 +81,7 @@ class Reaper:
         self.owner_id = owner_id or f"reaper-{uuid.uuid4().hex[:12]}"
         self._own_events = _emitter is None
         self._events = _emitter or Emitter(self.name)
+        self._scheduler = Scheduler(storage, self.name, self._events) if scheduler else None
         self._is_leader = False
         self._cm: Any = None
         self._nursery: trio.Nursery | None = None
@@ -123,7 +127,7 @@ class Reaper:
                 task_status.started()
                 if self.leader_election is None:
                     self._is_leader = True
-                    await self._reap_forever()
+                    await self._lead()
                 else:
                     await self._lead_when_elected(self.leader_election)
         finally:
@@ -150,7 +154,7 @@ class Reaper:
             self._is_leader = True
             self._events.emit("leadership_acquired", owner=self.owner_id)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._reap_forever)
+                nursery.start_soon(self._lead)
                 await self._keep_lock(election)
                 nursery.cancel_scope.cancel()
             self._is_leader = False
@@ -169,6 +173,13 @@ class Reaper:
                 self._events.emit("error", error=exc, where="renewing the reaper lock")
                 if time.monotonic() - renewed_at >= election.lock_ttl - election.renewal_interval:
                     return
+
+    async def _lead(self) -> None:
+        """What the active reaper does: recover stalled jobs and run the schedules."""
+        async with trio.open_nursery() as nursery:
+            if self._scheduler is not None:
+                nursery.start_soon(self._scheduler.run)
+            await self._reap_forever()
 
     async def reap_once(self) -> list[tuple[str, str]]:
         """One scan: recover every stalled job now. Returns ``[(job_id, outcome), ...]``."""

@@ -357,6 +357,27 @@ class Storage(abc.ABC):
         (:attr:`JobRecord.progress`) until the job is enqueued again."""
         raise NotImplementedError(f"{type(self).__name__} does not implement progress")
 
+    # -- schedules (cron and periodic jobs) ----------------------------------------------
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        """Create or replace the schedule ``name`` of ``queue`` (``spec`` is opaque bytes
+        made by the scheduler). Replacing keeps its last tick."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        """Delete a schedule (and its last tick); False if there was none."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        """Every schedule of ``queue``: ``name -> (spec, last_tick)``, ``last_tick`` in
+        seconds since the epoch (``None`` before the first)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        """Atomically set the schedule's last tick to ``tick`` if that moves it forward
+        (True); False (nothing changed) if it is not later, or the schedule is gone."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
+
     # -- flow control ------------------------------------------------------------------
 
     async def set_paused(self, queue: str, paused: bool) -> bool:

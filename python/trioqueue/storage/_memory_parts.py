@@ -138,6 +138,7 @@ class _Q:
         "subscribers",
         "workers",
         "paused",
+        "schedules",
     )
 
     def __init__(self) -> None:
@@ -151,3 +152,4 @@ class _Q:
         self.subscribers: list[_Subscriber] = []
         self.workers: dict[str, float] = {}
         self.paused = False
+        self.schedules: dict[str, tuple[bytes, float | None]] = {}

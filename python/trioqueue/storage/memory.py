@@ -511,6 +511,36 @@ class MemoryStorage(Storage):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            schedules = self._q(queue).schedules
+            schedules[name] = (spec, schedules.get(name, (b"", None))[1])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            found = self._q(queue).schedules.pop(name, None) is not None
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return dict(self._q(queue).schedules)
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            schedules = self._q(queue).schedules
+            entry = schedules.get(name)
+            ok = entry is not None and (entry[1] is None or tick > entry[1])
+            if entry is not None and ok:
+                schedules[name] = (entry[0], tick)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
     async def set_paused(self, queue: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:

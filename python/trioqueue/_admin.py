@@ -1,0 +1,179 @@
+"""The Queue's registry and administration API: status, results, cancellation, pause,
+schedules. A mixin of :class:`~trioqueue.Queue` (kept apart to keep each module small)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from . import _validate as check
+from ._core import parse_state
+from ._errors import JobCancelledError, JobFailedError, TrioQueueError, ValidationError
+from ._execution import encode_value
+from ._models import CancelResult, JobError, JobState, JobStatus, UpdateTTLStatus
+from ._scheduler import Missed, Schedule, Scheduler
+from ._serde import Serde, decode_error
+
+if TYPE_CHECKING:
+    from ._events import Emitter
+    from .storage._base import Storage
+
+__all__ = ["JobNotFinishedError", "QueueAdmin"]
+
+P = TypeVar("P")
+
+
+class JobNotFinishedError(TrioQueueError, LookupError):
+    """``get_result`` on a job that is unknown or has no result yet."""
+
+    def __init__(self, job_id: str, state: str | None) -> None:
+        what = "is unknown (never enqueued, cancelled, or its result expired)" if state is None else f"is {state}"
+        super().__init__(f"job {job_id!r} {what}: no result to return")
+        self.job_id = job_id
+        self.state = state
+
+
+class QueueAdmin(Generic[P]):
+    """Registry look-ups and administration for a queue (see :class:`~trioqueue.Queue`)."""
+
+    storage: Storage
+    name: str
+    payload_serde: Serde
+    result_serde: Serde
+    max_attempts: int
+    result_ttl: float
+    _events: Emitter
+
+    def _check_running(self) -> None:
+        raise NotImplementedError
+
+    def _load_result(self, job_id: str, data: bytes | None) -> Any:
+        if data is None:
+            return None
+        try:
+            return self.result_serde.loads(data)
+        except Exception as exc:
+            raise TrioQueueError(f"stored result of job {job_id!r} cannot be decoded: {exc}") from exc
+
+    async def _raise_stored_failure(self, job_id: str, error: bytes | None) -> None:
+        if error is None:
+            record = await self.storage.get_job(self.name, job_id)
+            error = record.error if record is not None else None
+        job_error = decode_error(error) if error is not None else JobError("UnknownError", "error not stored")
+        raise JobFailedError(job_id, job_error)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel a job: a queued, delayed or failing (waiting for its retry) one will never
+        run; a running one has its handler cancelled by its worker (wherever it runs; the
+        handler may shield cleanup as Trio allows) and is not retried. Its state becomes
+        ``cancelled`` for its result TTL (enqueueing the id again starts a new incarnation)
+        and its waiters get :class:`JobCancelledError`; a running job that finishes before
+        the request reaches it keeps its outcome. Finished jobs are not touched: the status
+        says why."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        return CancelResult(jid, await self.storage.cancel(self.name, jid))
+
+    async def schedule(
+        self,
+        name: str,
+        payload: P | None = None,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        missed: Missed = "run_once",
+        max_attempts: int | None = None,
+        result_ttl: float | None = None,
+    ) -> Schedule:
+        """Create or replace the schedule ``name``: a job with ``payload`` is enqueued on
+        every tick of ``cron`` (evaluated in the IANA timezone ``tz``) or every ``every``
+        seconds (the first tick now), with the id ``<name>@<tick in UTC>``
+        (``nightly@2026-11-23T03:00:00Z``), so a tick never runs twice. Schedules live in
+        the storage; the queue's active reaper (one per queue) enqueues the ticks.
+        ``missed``: ticks that passed while no reaper ran are run once (``run_once``, the
+        latest of them) or skipped (``skip``)."""
+        name = check.job_id(name, "schedule name")
+        self._check_running()
+        data = encode_value(self.payload_serde, payload, f"payload of schedule {name!r}", ValidationError)
+        attempts = (
+            self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=name)
+        )
+        ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=name)
+        schedule = Schedule.build(
+            name, data, cron=cron, every=every, tz=tz, missed=missed, max_attempts=attempts, result_ttl=ttl
+        )
+        await self.storage.put_schedule(self.name, name, schedule.encode())
+        return schedule
+
+    async def schedules(self) -> list[Schedule]:
+        """The queue's schedules, by name."""
+        self._check_running()
+        return await Scheduler(self.storage, self.name, self._events).load()
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove a schedule (jobs already enqueued stay); False if there was none."""
+        name = check.job_id(name, "schedule name")
+        self._check_running()
+        return await self.storage.remove_schedule(self.name, name)
+
+    async def pause(self) -> bool:
+        """Stop every worker of this queue (in every process) from claiming jobs; running
+        jobs finish. Stored in the storage; returns False if it was already paused."""
+        self._check_running()
+        return await self.storage.set_paused(self.name, True)
+
+    async def resume(self) -> bool:
+        """Let workers claim again (waiting ones wake at once); False if it was not paused."""
+        self._check_running()
+        return await self.storage.set_paused(self.name, False)
+
+    async def is_paused(self) -> bool:
+        """Whether claiming on this queue is paused."""
+        self._check_running()
+        return await self.storage.is_paused(self.name)
+
+    async def get_status(self, job_id: str) -> JobStatus | None:
+        """The job's registry entry, or ``None`` if the id is unknown (or expired)."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        record = await self.storage.get_job(self.name, jid)
+        if record is None:
+            return None
+        kind, ms, extra = parse_state(record.state)
+        return JobStatus(
+            id=jid,
+            state=JobState(kind),
+            created_at=record.created_at_ms / 1000,
+            attempts=record.attempts,
+            result=self._load_result(jid, record.result) if kind == "completed" else None,
+            error=decode_error(record.error) if record.error is not None else None,
+            worker_id=extra if kind == "processing" else None,  # type: ignore[arg-type]
+            updated_at=ms / 1000,
+            run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
+            progress=None if record.progress is None else self._load_result(jid, record.progress),
+        )
+
+    async def get_result(self, job_id: str) -> Any:
+        """The cached result of a completed job. Raises :class:`JobFailedError` for a failed
+        one, :class:`JobCancelledError` for a cancelled one and :class:`JobNotFinishedError`
+        for an unknown or unfinished one."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        record = await self.storage.get_job(self.name, jid)
+        if record is None:
+            raise JobNotFinishedError(jid, None)
+        kind = record.state.partition(":")[0]
+        if kind == "completed":
+            return self._load_result(jid, record.result)
+        if kind == "failed":
+            await self._raise_stored_failure(jid, record.error)
+        if kind == "cancelled":
+            raise JobCancelledError(jid)
+        raise JobNotFinishedError(jid, kind)
+
+    async def update_result_ttl(self, job_id: str, ttl: float) -> UpdateTTLStatus:
+        """Keep a finished job's result (or error) for ``ttl`` more seconds from now."""
+        jid = check.job_id(job_id)
+        ttl = check.seconds("ttl", ttl, job=jid)
+        self._check_running()
+        return await self.storage.update_result_ttl(self.name, jid, ttl)

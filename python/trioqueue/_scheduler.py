@@ -1,0 +1,224 @@
+"""Cron and periodic jobs: schedules stored in the storage, ticks enqueued by one leader.
+
+A :class:`Schedule` is stored by name in the queue's storage (so every process sees the
+same set, and they survive restarts). The active reaper of the queue (one per queue, by
+leader election) also runs the scheduler loop: it sleeps until the next tick of any
+schedule (or at most :data:`REFRESH` seconds, to pick up changes made elsewhere), enqueues
+each due tick as a job with the deterministic id ``<name>@<tick in UTC, ISO 8601>``, then
+records the tick in the storage. Two schedulers at once, or a failover between enqueue and
+record, produce the same id again, which the job registry deduplicates: a tick never runs
+twice.
+
+Cron expressions are evaluated by `cronsim <https://pypi.org/project/cronsim/>`_ (chosen
+over croniter: no dependencies, maintained, DST handled tick by tick in the schedule's
+timezone).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import trio
+from cronsim import CronSim, CronSimError
+
+from . import _validate as check
+from ._core import encode_envelope
+from ._errors import ValidationError
+from ._events import Emitter
+from .storage._base import NewJob, Storage
+
+__all__ = ["MISFIRE_GRACE", "REFRESH", "Missed", "Schedule", "Scheduler"]
+
+Missed = Literal["run_once", "skip"]
+REFRESH = 1.0  # seconds: the longest the scheduler sleeps before re-reading the schedules
+MISFIRE_GRACE = 60.0  # seconds: a tick found later than this after its time was missed
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A stored schedule. ``payload`` is serialized (by the queue's payload serde).
+
+    Ticks: a ``cron`` expression evaluated in ``tz``, or every ``every`` seconds from
+    ``created_at`` (the first tick at ``created_at``). ``missed`` is the policy for ticks
+    that passed while no scheduler ran (found more than :data:`MISFIRE_GRACE` seconds
+    late): ``run_once`` enqueues the latest of them once, ``skip`` drops them. ``last_tick``
+    is the latest tick already enqueued (seconds since the epoch), kept by the storage.
+    """
+
+    name: str
+    payload: bytes
+    cron: str | None = None
+    every: float | None = None
+    tz: str = "UTC"
+    missed: Missed = "run_once"
+    max_attempts: int = 3
+    result_ttl: float = 3600.0
+    created_at: float = 0.0
+    last_tick: float | None = None
+
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        payload: bytes,
+        *,
+        cron: str | None,
+        every: float | None,
+        tz: str,
+        missed: str,
+        max_attempts: int,
+        result_ttl: float,
+    ) -> Schedule:
+        """A validated schedule created now (``ValidationError`` naming the schedule)."""
+        where = f"schedule {name!r}"
+        if (cron is None) == (every is None):
+            raise ValidationError(f"{where}: give cron or every, exactly one")
+        if missed not in ("run_once", "skip"):
+            raise ValidationError(f"{where}: missed must be 'run_once' or 'skip', got {missed!r}")
+        try:
+            zone = ZoneInfo(tz)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise ValidationError(f"{where}: unknown timezone {tz!r}") from None
+        if cron is not None:
+            if not isinstance(cron, str):
+                raise ValidationError(f"{where}: cron must be a string, got {type(cron).__name__}")
+            try:
+                CronSim(cron, datetime.now(zone))
+            except CronSimError as exc:
+                raise ValidationError(f"{where}: invalid cron expression {cron!r}: {exc}") from None
+        if every is not None:
+            every = check.seconds("every", every)
+        return cls(name, payload, cron, every, tz, missed, max_attempts, result_ttl, time.time())  # type: ignore[arg-type]
+
+    # -- ticks ---------------------------------------------------------------------------
+
+    def next_tick(self, after: float) -> float:
+        """The first tick strictly after ``after`` (seconds since the epoch)."""
+        if self.every is not None:
+            if after < self.created_at:
+                return self.created_at
+            return self.created_at + (math.floor((after - self.created_at) / self.every) + 1) * self.every
+        assert self.cron is not None
+        start = datetime.fromtimestamp(after, ZoneInfo(self.tz))
+        return next(iter(CronSim(self.cron, start))).timestamp()
+
+    def latest_tick(self, at: float) -> float | None:
+        """The last tick at or before ``at`` (and not before ``created_at``), if any."""
+        if at < self.created_at:
+            return None
+        if self.every is not None:
+            return self.created_at + math.floor((at - self.created_at) / self.every) * self.every
+        assert self.cron is not None
+        # reverse iteration yields ticks strictly before its start: start just after ``at``
+        start = datetime.fromtimestamp(at, ZoneInfo(self.tz)) + timedelta(milliseconds=1)
+        tick = next(iter(CronSim(self.cron, start, reverse=True))).timestamp()
+        return tick if tick >= self.created_at else None
+
+    def job_id(self, tick: float) -> str:
+        """The deterministic id of the job for ``tick``: ``<name>@2026-11-23T03:00:00Z``."""
+        stamp = datetime.fromtimestamp(tick, UTC).isoformat(timespec="milliseconds")
+        if stamp.endswith(".000+00:00"):
+            stamp = stamp[: -len(".000+00:00")] + "+00:00"
+        return f"{self.name}@{stamp.replace('+00:00', 'Z')}"
+
+    # -- storage form --------------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        """The stored spec (JSON; ``last_tick`` is kept apart by the storage)."""
+        spec: dict[str, Any] = {
+            "payload": base64.b64encode(self.payload).decode("ascii"),
+            "cron": self.cron,
+            "every": self.every,
+            "tz": self.tz,
+            "missed": self.missed,
+            "max_attempts": self.max_attempts,
+            "result_ttl": self.result_ttl,
+            "created_at": self.created_at,
+        }
+        return json.dumps(spec, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, name: str, data: bytes, last_tick: float | None) -> Schedule:
+        spec = json.loads(data)
+        return cls(
+            name,
+            base64.b64decode(spec["payload"]),
+            spec["cron"],
+            spec["every"],
+            spec["tz"],
+            spec["missed"],
+            int(spec["max_attempts"]),
+            float(spec["result_ttl"]),
+            float(spec["created_at"]),
+            last_tick,
+        )
+
+
+class Scheduler:
+    """The scheduler loop of one queue (run by its active reaper)."""
+
+    def __init__(self, storage: Storage, queue: str, events: Emitter) -> None:
+        self.storage = storage
+        self.queue = queue
+        self._events = events
+
+    async def load(self) -> list[Schedule]:
+        stored = await self.storage.get_schedules(self.queue)
+        out = []
+        for name, (spec, last_tick) in sorted(stored.items()):
+            try:
+                out.append(Schedule.decode(name, spec, last_tick))
+            except (ValueError, KeyError, TypeError) as exc:
+                self._events.emit("error", error=f"schedule {name!r} is unreadable: {exc}", where="scheduler")
+        return out
+
+    def due_tick(self, schedule: Schedule, now: float) -> float | None:
+        """The tick to enqueue now for ``schedule``, if any (see :class:`Schedule`)."""
+        latest = schedule.latest_tick(now)
+        if latest is None or (schedule.last_tick is not None and latest <= schedule.last_tick):
+            return None
+        return latest
+
+    async def tick_once(self, now: float | None = None) -> float:
+        """Enqueue every due tick; return when the next one is due (epoch seconds)."""
+        now = time.time() if now is None else now
+        wake = now + REFRESH
+        for schedule in await self.load():
+            tick = self.due_tick(schedule, now)
+            if tick is not None:
+                late = now - tick > MISFIRE_GRACE
+                if not (late and schedule.missed == "skip"):
+                    await self._enqueue(schedule, tick)
+                await self.storage.advance_schedule(self.queue, schedule.name, tick)
+            wake = min(wake, schedule.next_tick(now))
+        return wake
+
+    async def _enqueue(self, schedule: Schedule, tick: float) -> None:
+        job_id = schedule.job_id(tick)
+        envelope = encode_envelope(
+            job_id, schedule.payload, int(time.time() * 1000), 0, schedule.max_attempts, int(schedule.result_ttl * 1000)
+        )
+        token = f"{uuid.uuid4().hex[:12]}-s"
+        await self.storage.enqueue(
+            self.queue, [NewJob(job_id, envelope, schedule.max_attempts, schedule.result_ttl, token)]
+        )
+
+    async def run(self) -> None:
+        """Enqueue ticks until cancelled; a storage error is reported and retried."""
+        while True:
+            try:
+                wake = await self.tick_once()
+            except NotImplementedError:
+                return  # a storage without schedules: nothing can be scheduled in it
+            except Exception as exc:
+                self._events.emit("error", error=exc, where="scheduler")
+                wake = time.time() + REFRESH
+            await trio.sleep(max(0.0, wake - time.time()))
