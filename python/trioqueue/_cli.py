@@ -38,13 +38,50 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trioqueue")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def _parser() -> _Parser:
-    parser = _Parser(prog="trioqueue", description="trioqueue command line")
+    parser = _Parser(
+        prog="trioqueue",
+        description="trioqueue command line",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"trioqueue {_version()}")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    demo = sub.add_parser("demo", help="run a realistic workload and print a summary")
-    demo.add_argument("--jobs", type=_positive_int, default=5000, help="number of jobs (default 5000)")
-    demo.add_argument("--concurrency", type=_positive_int, default=50, help="handlers at once (default 50)")
+    worker = sub.add_parser(
+        "worker",
+        help="run the Queues of an application until SIGINT/SIGTERM",
+        description="Import each QUEUE (module:attribute: a Queue, or a factory returning one) and "
+        "run it. The first SIGINT/SIGTERM stops gracefully (running jobs finish; exit 0), a second "
+        "forces the stop (running jobs go back to their queue; exit 130).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    worker.add_argument("queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue")
+    worker.add_argument("--storage", default=None, help="storage URL replacing the Queues' own")
+    worker.add_argument("--concurrency", type=_positive_int, default=None, help="handlers at once, per queue")
+    worker.add_argument("--name", default=None, help="queue name replacing the Queue's own (one QUEUE only)")
+    worker.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="log level (job failures are logged at INFO)",
+    )
+    worker.add_argument("--log-format", default="text", choices=["text", "json"], help="json: one object a line")
+    worker.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
+    demo = sub.add_parser(
+        "demo", help="run a realistic workload and print a summary", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    demo.add_argument("--jobs", type=_positive_int, default=5000, help="number of jobs")
+    demo.add_argument("--concurrency", type=_positive_int, default=50, help="handlers at once")
     demo.add_argument("--storage", choices=["memory", "file", "redis"], default="file")
     demo.add_argument("--location", default=None, help="directory (file) or URL (redis)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -93,9 +130,36 @@ def run_command(body: Callable[[], int], *, debug: bool, stderr: Any = None) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trioqueue`` console script; returns the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "demo":
         from ._demo import demo_command
 
         return run_command(lambda: trio.run(demo_command, args), debug=args.debug)
+    if args.command == "worker":
+        if args.name is not None and len(args.queues) > 1:
+            parser.exit(EXIT_USAGE, "trioqueue worker: error: --name applies to one QUEUE, got several (see --help)\n")
+        from ._worker import configure_logging
+
+        configure_logging(args.log_level, args.log_format)
+        return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown ones
+
+
+async def _worker_command(args: argparse.Namespace) -> int:
+    from ._worker import load_queue, serve
+    from .storage import from_url
+
+    sys.path.insert(0, "")  # import the application from the working directory, as python -m does
+    queues = []
+    for spec in args.queues:
+        queue = await load_queue(spec)
+        changes: dict[str, Any] = {}
+        if args.storage is not None:
+            changes["storage"] = from_url(args.storage)
+        if args.concurrency is not None:
+            changes["concurrency"] = args.concurrency
+        if args.name is not None:
+            changes["name"] = args.name
+        queues.append(queue.copy(**changes) if changes else queue)
+    return await serve(queues)

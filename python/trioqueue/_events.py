@@ -42,6 +42,10 @@ class Emitter:
         self._callbacks.setdefault(name, []).append(callback)
         return callback
 
+    def callbacks(self) -> dict[str, list[EventCallback]]:
+        """The registered callbacks by event name (a copy)."""
+        return {name: list(cbs) for name, cbs in self._callbacks.items()}
+
     def wants(self, name: str) -> bool:
         return name in self._callbacks
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import math
+import time
 import traceback
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -42,6 +44,8 @@ __all__ = [
 
 # The attempt the current task runs a handler for: (executor, job id, claim token).
 _ATTEMPT: ContextVar[tuple[Executor, str, str] | None] = ContextVar("trioqueue_attempt", default=None)
+
+logger = logging.getLogger("trioqueue.jobs")
 
 RetryIf = Callable[[BaseException], bool]
 """Decides, for an exception a handler raised (a :class:`JobTimeoutError` for a handler
@@ -183,6 +187,7 @@ class Executor:
         cancel_scope = trio.CancelScope()  # cancelled by a cancel() of this running job
         if consumer is not None:
             consumer.scopes[jid] = cancel_scope
+        began = time.perf_counter()
         try:
             with cancel_scope:
                 if timeout is None:
@@ -207,6 +212,27 @@ class Executor:
             requests.discard(jid)
             return Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token)
         settlement = await self.settlement(job, token, result, raised, ttl, options)
+        if raised is not None and settlement.kind in (SettleKind.RETRY, SettleKind.FAIL):
+            duration = time.perf_counter() - began
+            retry = settlement.kind is SettleKind.RETRY
+            logger.info(
+                "job %r attempt %d/%d failed after %.3f s (%s): %s: %s",
+                jid,
+                job.attempts,
+                job.max_attempts,
+                duration,
+                f"retry in {settlement.delay:g} s" if retry else "failed for good",
+                type(raised).__qualname__,
+                raised,
+                extra={
+                    "queue": q.name,
+                    "job_id": jid,
+                    "attempt": job.attempts,
+                    "max_attempts": job.max_attempts,
+                    "duration": round(duration, 6),
+                    "outcome": "retry" if retry else "failed",
+                },
+            )
         if escalate is not None:
             raise Escalation(settlement, escalate)
         return settlement

@@ -113,6 +113,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         reaper: bool = True,
         retry_if: RetryIf | None = None,
     ) -> None:
+        self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
             raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
         self.storage = storage
@@ -150,6 +151,19 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self._cm: Any = None
 
     # -- configuration -----------------------------------------------------------------
+
+    def copy(self, **changes: Any) -> Queue[P, R]:
+        """A new (not running) Queue with this one's settings, handler and ``on()``
+        callbacks, and ``changes`` (any constructor argument) applied; e.g. the worker CLI
+        runs ``queue.copy(storage=from_url(url), concurrency=8)``."""
+        settings = {**self._settings, "handler": self._handler, **changes}
+        if "worker_id" not in changes:
+            settings["worker_id"] = None  # a new worker: a new id
+        new: Queue[P, R] = Queue(**settings)
+        for name, callbacks in self._events.callbacks().items():
+            for callback in callbacks:
+                new.on(name, callback)
+        return new
 
     @overload
     def execute(self, fn: None = None) -> Callable[[Handler], Handler]: ...

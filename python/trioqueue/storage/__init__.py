@@ -1,6 +1,7 @@
 """Storage backends and the interface they implement."""
 
 from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._url import from_url
 from .file import FileStorage
 from .memory import MemoryStorage
 
@@ -16,6 +17,7 @@ __all__ = [
     "SettleKind",
     "Storage",
     "StorageEvent",
+    "from_url",
 ]
 
 

@@ -1,0 +1,121 @@
+"""``trioqueue worker``: import Queues from the application and run them until signalled.
+
+The first SIGINT/SIGTERM stops gracefully (no new claims, running handlers finish,
+prefetched jobs go back; exit 0); a second one forces the stop (running handlers are
+cancelled and their jobs go back to the queue; exit 130). Each is logged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from ._errors import TrioQueueError, ValidationError
+from ._queue import Queue
+
+__all__ = ["JsonFormatter", "configure_logging", "load_queue", "serve"]
+
+logger = logging.getLogger("trioqueue.worker")
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def load_queue(spec: str) -> Queue[Any, Any]:
+    """The Queue named by ``module.path:attribute`` (a Queue, or a zero-argument factory
+    returning one, sync or async). Raises ``TrioQueueError`` saying what is wrong."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValidationError(f"expected module:attribute (like myapp.tasks:queue), got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TrioQueueError(f"cannot import {module_name!r} (from {spec!r}): {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise TrioQueueError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
+    if not isinstance(target, Queue) and callable(target):
+        target = target()
+        if inspect.isawaitable(target):
+            target = await target
+    if not isinstance(target, Queue):
+        raise TrioQueueError(f"{spec!r} is not a trioqueue Queue (nor a factory returning one): {target!r}")
+    return target
+
+
+async def serve(queues: Sequence[Queue[Any, Any]]) -> int:
+    """Run ``queues`` until a signal stops them; the exit code (0 graceful, 130 forced)."""
+    forced = False
+    with trio.open_signal_receiver(*_SIGNALS) as signals:
+        async with trio.open_nursery() as outer:
+
+            async def watch(running: trio.Nursery) -> None:
+                nonlocal forced
+                seen = 0
+                async for signum in signals:
+                    seen += 1
+                    name = signal.Signals(signum).name
+                    if seen == 1:
+                        logger.info(
+                            "received %s: stopping gracefully (running jobs finish, prefetched ones go back); "
+                            "send it again to force",
+                            name,
+                        )
+                        for q in queues:
+                            q.stop()
+                    else:
+                        logger.warning("received %s again: forcing the stop (running jobs go back to the queue)", name)
+                        forced = True
+                        running.cancel_scope.cancel()
+                        return
+
+            async with trio.open_nursery() as running:
+                for q in queues:
+                    await running.start(q.run)
+                    logger.info(
+                        "worker %s serving queue %r on %r (concurrency %d)", q.worker_id, q.name, q.storage, q.concurrency
+                    )
+                outer.start_soon(watch, running)
+            outer.cancel_scope.cancel()
+    logger.info("worker stopped%s", " (forced)" if forced else "")
+    return 130 if forced else 0
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and the record's extras."""
+
+    _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in self._STANDARD})
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Log to stderr at ``level``, as text or one JSON object a line."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

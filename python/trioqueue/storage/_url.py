@@ -1,0 +1,58 @@
+"""``from_url``: one parser for every storage URL the CLI and applications accept."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from .._errors import ValidationError
+from ._base import Storage
+
+__all__ = ["from_url"]
+
+_FORMS = "memory://, file:///path (or a plain path), redis://, rediss://, redis+cluster://, rediss+cluster://"
+
+
+def from_url(url: str, **options: Any) -> Storage:
+    """The storage a URL names; ``options`` go to its constructor (e.g. ``prefix=`` for
+    Redis, ``fsync=`` for files).
+
+    - ``memory://`` — :class:`~trioqueue.MemoryStorage` (this process only);
+    - ``file:///var/lib/jobs`` or a plain path — :class:`~trioqueue.FileStorage`;
+    - ``redis://[user[:password]@]host[:port][/db]``, ``rediss://`` (TLS), also spelled
+      ``valkey://`` / ``valkeys://`` — :class:`~trioqueue.RedisStorage`;
+      ``redis+cluster://host:port`` (or ``rediss+cluster://``) for Redis Cluster.
+
+    Raises :class:`~trioqueue.ValidationError` naming the URL for anything else.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ValidationError(f"storage URL must be a non-empty string, got {url!r}")
+    if "://" not in url:  # a plain path (also a Windows one: "C:\\jobs")
+        from .file import FileStorage
+
+        return FileStorage(url, **options)
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "memory":
+        from .memory import MemoryStorage
+
+        if urlsplit(url).netloc or urlsplit(url).path.strip("/"):
+            raise ValidationError(f"memory:// takes no location, got {url!r}")
+        return MemoryStorage(**options)
+    if scheme == "file":
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise ValidationError(f"file URLs name a local directory (file:///path), got host {parts.netloc!r} in {url!r}")
+        if not parts.path:
+            raise ValidationError(f"file URL without a path: {url!r}")
+        from .file import FileStorage
+
+        return FileStorage(unquote(parts.path), **options)
+    cluster = False
+    if scheme.endswith("+cluster"):
+        cluster, scheme = True, scheme[: -len("+cluster")]
+        url = scheme + url[url.index("://") :]
+    if scheme in ("redis", "rediss", "valkey", "valkeys"):
+        from .redis import RedisStorage
+
+        return RedisStorage(url, cluster=cluster, **options)
+    raise ValidationError(f"unsupported storage URL scheme {scheme!r} in {url!r} (use {_FORMS})")
