@@ -3,6 +3,8 @@ schedules. A mixin of :class:`~trioqueue.Queue` (kept apart to keep each module 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _validate as check
@@ -12,6 +14,7 @@ from ._execution import encode_value
 from ._models import CancelResult, JobError, JobState, JobStatus, UpdateTTLStatus
 from ._scheduler import Missed, Schedule, Scheduler
 from ._serde import Serde, decode_error
+from ._streams import EventStream, watch
 
 if TYPE_CHECKING:
     from ._events import Emitter
@@ -115,6 +118,29 @@ class QueueAdmin(Generic[P]):
         name = check.job_id(name, "schedule name")
         self._check_running()
         return await self.storage.remove_schedule(self.name, name)
+
+    @asynccontextmanager
+    async def events(
+        self, *kinds: str, job_ids: Collection[str] | None = None, buffer: int = 1000
+    ) -> AsyncIterator[EventStream]:
+        """``async with queue.events("completed", "failed") as stream: async for event in
+        stream:`` — the queue's events (every name :meth:`on` accepts; all when no names
+        are given), optionally only those of ``job_ids``. At most ``buffer`` events wait for
+        a slow reader; beyond that they are dropped and counted (``stream.dropped``) and
+        the reader gets one ``resync`` event marking the gap."""
+        self._check_running()
+        stream = EventStream(self.name, kinds or None, job_ids, buffer)
+        self._events.streams.append(stream)
+        try:
+            yield stream
+        finally:
+            stream.close()
+            self._events.streams.remove(stream)
+
+    def watch(self, job_id: str) -> AsyncIterator[JobStatus | None]:
+        """``async for status in queue.watch(id):`` the job's status, again on each change
+        of state or progress, until it is terminal (or unknown: ``None``)."""
+        return watch(self, check.job_id(job_id))
 
     async def pause(self) -> bool:
         """Stop every worker of this queue (in every process) from claiming jobs; running

@@ -33,6 +33,7 @@ class Emitter:
         self.queue = queue
         self._callbacks: dict[str, list[EventCallback]] = {}
         self._send: trio.MemorySendChannel[QueueEvent] | None = None
+        self.streams: list[Any] = []  # EventStream readers (``Queue.events()``)
 
     def on(self, name: str, callback: EventCallback) -> EventCallback:
         if name not in EVENT_NAMES:
@@ -47,9 +48,13 @@ class Emitter:
         return {name: list(cbs) for name, cbs in self._callbacks.items()}
 
     def wants(self, name: str) -> bool:
-        return name in self._callbacks
+        return name in self._callbacks or any(s.wants(name) for s in self.streams)
 
     def emit(self, name: str, job_id: str | None = None, **data: Any) -> None:
+        if self.streams:
+            event = QueueEvent(name, self.queue, job_id, data)
+            for stream in self.streams:
+                stream.push(event)
         if name not in self._callbacks:
             if name == "error":
                 logger.warning("trioqueue[%s] error: %s", self.queue, data.get("error") or data)

@@ -296,6 +296,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         for waiters in self._waiters.values():
             for w in waiters:
                 w.wake(stopped=stopped)
+        if stopped:
+            for stream in self._events.streams:
+                stream.close()  # readers of queue.events() end with the queue
 
     def _check_running(self) -> None:
         if not self._running:
