@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage nee
 
 def job(job_id: str, max_attempts: int = 3) -> NewJob:
     env = encode_envelope(job_id, b"{}", int(time.time() * 1000), 0, max_attempts, 60_000)
-    return NewJob(job_id, env, max_attempts, 60.0)
+    return NewJob(job_id, env, max_attempts, 60.0, f"t-{job_id}")
 
 
 def _env() -> dict[str, str]:
@@ -77,7 +77,8 @@ async def test_killed_consumer_job_is_recovered(tmp_path: Path) -> None:
         assert await st.held_jobs("q", "w-doomed") == []
         claims = await st.dequeue("q", "w2", 1, 5.0, 30.0)
         assert [c.id for c in claims] == ["j1"] and claims[0].attempts == 2
-        assert await st.settle("q", "w2", [Settlement(SettleKind.COMPLETE, "j1", b"42", ttl=60)]) == [True]
+        settled = Settlement(SettleKind.COMPLETE, "j1", b"42", ttl=60, token=claims[0].token)
+        assert await st.settle("q", "w2", [settled]) == [True]
         rec = await st.get_job("q", "j1")
         assert rec.state.startswith("completed:") and rec.result == b"42" and rec.attempts == 2
 

@@ -24,7 +24,7 @@ from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
 
 def job(job_id: str) -> NewJob:
     env = encode_envelope(job_id, b"{}", int(time.time() * 1000), 0, 3, 60_000)
-    return NewJob(job_id, env, 3, 60.0)
+    return NewJob(job_id, env, 3, 60.0, f"t-{job_id}")
 
 
 async def consume_and_hang(directory: str, queue: str, worker: str, lease: float, ttl: float) -> None:
@@ -68,7 +68,9 @@ async def consume(directory: str, queue: str, worker: str, done_flag: str) -> No
                 claims = await st.dequeue(queue, worker, 100, 0, 60.0)
                 if not claims:
                     break
-            ok = await st.settle(queue, worker, [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=600.0) for c in claims])
+            ok = await st.settle(
+                queue, worker, [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=600.0, token=c.token) for c in claims]
+            )
             assert all(ok)
             done.extend(c.id for c in claims)
         await st.unregister_worker(queue, worker)
@@ -134,7 +136,10 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         await st.settle(
             queue,
             "wc",
-            [Settlement(SettleKind.RETRY, "r1", b"err", delay=0.0), Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60)],
+            [
+                Settlement(SettleKind.RETRY, "r1", b"err", delay=0.0, token=claims[0].token),
+                Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60, token=claims[1].token),
+            ],
         )
     raise SystemExit(f"scenario {scenario} did not crash")
 

@@ -83,6 +83,12 @@ class Rec:
         "result",
         "error",
         "lease",
+        "token",
+        "claim",
+        "claims",
+        "started",
+        "progress",
+        "cancel_requested",
     )
 
     def __init__(
@@ -116,6 +122,43 @@ class Rec:
         self.result = result
         self.error = error
         self.lease = lease  # lease deadline of a processing record (seconds since the epoch)
+        self.token = ""  # the incarnation token
+        self.claim: str | None = None  # the current (or last settled) claim's token
+        self.claims = 0  # claims of this incarnation so far
+        self.started = False  # the current claim's attempt is counted
+        self.progress: bytes | None = None
+        self.cancel_requested = False
+
+
+def _extras(r: Rec) -> dict[str, object]:
+    """The header's optional last element: fields added after the first format."""
+    x: dict[str, object] = {}
+    if r.token:
+        x["t"] = r.token
+    if r.claim is not None:
+        x["c"] = r.claim
+    if r.claims:
+        x["n"] = r.claims
+    if r.started:
+        x["s"] = 1
+    if r.progress is not None:
+        x["p"] = base64.b64encode(r.progress).decode("ascii")
+    if r.cancel_requested:
+        x["x"] = 1
+    return x
+
+
+def _set_extras(r: Rec, x: object) -> None:
+    if not isinstance(x, dict):
+        raise CorruptRecord("bad header extras")
+    r.token = str(x.get("t", ""))
+    c = x.get("c")
+    r.claim = None if c is None else str(c)
+    r.claims = int(x.get("n", 0))
+    r.started = bool(x.get("s", 0))
+    p = x.get("p")
+    r.progress = None if p is None else base64.b64decode(p)
+    r.cancel_requested = bool(x.get("x", 0))
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
@@ -140,6 +183,7 @@ def pack_record(r: Rec) -> bytes:
             -1 if res is None else len(res),
             -1 if err is None else len(err),
             r.lease,
+            _extras(r),
         ]
     ).encode()
     parts = [_MAGIC, hdr, b"\n", r.envelope]
@@ -160,7 +204,9 @@ def unpack_record(data: bytes) -> Rec:
         h = json.loads(data[len(_MAGIC) : nl])
         if len(h) == 13:  # written before the lease field existed
             h.append(None)
-        (id_, kind, ts, worker, attempts, max_attempts, ttl, created, exp, mk, le, lr, lx, lease) = h
+        if len(h) == 14:  # written before the extras (tokens, progress...) existed
+            h.append({})
+        (id_, kind, ts, worker, attempts, max_attempts, ttl, created, exp, mk, le, lr, lx, lease, extras) = h
         if not (isinstance(id_, str) and isinstance(kind, str) and isinstance(le, int)):
             raise CorruptRecord("bad header types")
     except (ValueError, TypeError) as exc:
@@ -178,7 +224,12 @@ def unpack_record(data: bytes) -> Rec:
     err = None
     if lx >= 0:
         err = data[pos : pos + lx]
-    return Rec(id_, kind, ts, attempts, max_attempts, ttl, created, env, mk, worker, exp, res, err, lease)
+    rec = Rec(id_, kind, ts, attempts, max_attempts, ttl, created, env, mk, worker, exp, res, err, lease)
+    try:
+        _set_extras(rec, extras)
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecord(f"bad header extras: {exc}") from None
+    return rec
 
 
 # -- segments ---------------------------------------------------------------------------

@@ -83,6 +83,7 @@ from pathlib import Path
 import trio
 
 from .._core import format_state
+from .._errors import ValidationError
 from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
 from ._base import (
@@ -97,6 +98,7 @@ from ._base import (
     ttl_update_status,
 )
 from ._fsutil import (
+    tmp_name,
     IN_CREATE,
     IN_MODIFY,
     IN_MOVED_TO,
@@ -125,6 +127,8 @@ _PROCESSING = "processing"
 _FAILING = "failing"
 _COMPLETED = "completed"
 _FAILED = "failed"
+_CANCELLED = "cancelled"
+_DELAYED = "delayed"
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 _SEQ_START = 1 << 62
@@ -152,6 +156,9 @@ def _state(r: Rec) -> str:
         return format_state(_PROCESSING, r.ts, r.worker)
     if r.kind == _FAILING:
         return format_state(_FAILING, r.ts, r.attempts)
+    if r.kind == _DELAYED:
+        parsed = _split_marker(r.mk) if r.mk else None
+        return format_state(_DELAYED, r.ts, parsed[0] if parsed else r.ts)
     return format_state(r.kind, r.ts)
 
 
@@ -180,6 +187,8 @@ def _event_line(ev: StorageEvent) -> dict[str, object]:
     d: dict[str, object] = {"k": ev.kind, "j": ev.job_id}
     if ev.worker_id is not None:
         d["w"] = ev.worker_id
+    if ev.token is not None:
+        d["t"] = ev.token
     r = _b64(ev.result)
     if r is not None:
         d["r"] = r
@@ -194,15 +203,33 @@ def _parse_event(line: bytes) -> StorageEvent | None:
         d = json.loads(line)
         r = d.get("r")
         e = d.get("e")
+        t = d.get("t")
         return StorageEvent(
             str(d["k"]),
             str(d["j"]),
             d.get("w"),
             None if r is None else base64.b64decode(r),
             None if e is None else base64.b64decode(e),
+            None if t is None else str(t),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def _log_header(generation: int) -> bytes:
+    """The first line of an event log file: its generation (one more per rotation)."""
+    return b'{"k":"_log","g":%d}\n' % generation
+
+
+def _log_generation(fd: int) -> int:
+    """The generation of the event log open as ``fd`` (0: a log without a header)."""
+    head = os.pread(fd, 64, 0)
+    if not head.startswith(b'{"k":"_log","g":'):
+        return 0
+    try:
+        return int(head[len(b'{"k":"_log","g":') : head.index(b"}")])
+    except ValueError:
+        return 0
 
 
 def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
@@ -241,6 +268,9 @@ class _Q:
         "last_clean",
         "events_written",
         "watches",
+        "trio_locks",
+        "schedules",
+        "paused",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -255,7 +285,19 @@ class _Q:
         self.names = os.path.join(path, "names")
         self.quarantine = os.path.join(path, "quarantine")
         self.events = os.path.join(path, "events")
-        for d in (self.jobs, self.ready, self.proc, self.delayed, self.expiry, self.workers, self.names, self.quarantine):
+        self.schedules = os.path.join(path, "schedules")
+        self.paused = os.path.join(path, "paused")
+        for d in (
+            self.jobs,
+            self.ready,
+            self.proc,
+            self.delayed,
+            self.expiry,
+            self.workers,
+            self.names,
+            self.quarantine,
+            self.schedules,
+        ):
             os.makedirs(d, exist_ok=True)
         self.lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.events_fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -270,6 +312,15 @@ class _Q:
         self.last_clean = 0.0
         self.events_written = 0
         self.watches: dict[tuple[object, str], Watch] = {}
+        self.trio_locks: dict[object, trio.Lock] = {}
+
+    def trio_lock(self) -> trio.Lock:
+        """This Trio run's lock for the queue: tasks of one run take turns without spinning."""
+        key = trio.lowlevel.current_trio_token()
+        lock = self.trio_locks.get(key)
+        if lock is None:
+            lock = self.trio_locks[key] = trio.Lock()
+        return lock
 
     def watch(self, what: str) -> Watch:
         """This Trio run's shared watch of the ready list (``ready``) or events (``events``)."""
@@ -312,21 +363,26 @@ class _Q:
         return d
 
 
-class _EnqGroup:
-    __slots__ = ("reqs", "outs", "done", "error")
+class _EnqReq:
+    """One enqueue call waiting for its jobs to be written by the group it joined."""
 
-    def __init__(self) -> None:
-        self.reqs: list[Sequence[NewJob]] = []
-        self.outs: list[list[EnqueueOutcome]] = []
-        self.done = trio.Event()
+    __slots__ = ("jobs", "out", "error", "done")
+
+    def __init__(self, jobs: Sequence[NewJob]) -> None:
+        self.jobs = jobs
+        self.out: list[EnqueueOutcome] | None = None
         self.error: BaseException | None = None
+        self.done = trio.Event()
 
 
 class _EnqState:
+    """The enqueue coalescer of one queue in one Trio run: calls that arrive while a group
+    is being written form the next group."""
+
     __slots__ = ("pending", "running", "idle")
 
     def __init__(self) -> None:
-        self.pending = _EnqGroup()
+        self.pending: list[_EnqReq] = []
         self.running = False
         self.idle = trio.Event()
 
@@ -348,11 +404,22 @@ class FileStorage(Storage):
 
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power
     loss). ``rescan_interval`` is the safety-net period at which blocked ``dequeue`` calls
-    and subscriptions re-check the files even without a notification.
+    and subscriptions re-check the files even without a notification. The event log is
+    rotated past ``event_log_max_bytes``.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True, rescan_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: bool = True,
+        rescan_interval: float = 1.0,
+        event_log_max_bytes: int = _EVENTS_MAX,
+    ) -> None:
         super().__init__()
+        if isinstance(event_log_max_bytes, bool) or not isinstance(event_log_max_bytes, int) or event_log_max_bytes < 1024:
+            raise ValidationError(f"event_log_max_bytes must be an int >= 1024, got {event_log_max_bytes!r}")
+        self._events_max = event_log_max_bytes
         self.directory = Path(directory)
         self._root = os.fspath(self.directory)
         self._fsync = fsync
@@ -442,12 +509,37 @@ class FileStorage(Storage):
 
     @contextmanager
     def _locked(self, q: _Q) -> Iterator[None]:
+        """The queue's lock, blocking: for worker threads only (start-up repair)."""
         with q.tlock:
             fcntl.flock(q.lock_fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
+
+    @asynccontextmanager
+    async def _alock(self, q: _Q) -> AsyncIterator[None]:
+        """The queue's lock, from a Trio task without ever blocking the Trio thread: the
+        tasks of this run queue on a ``trio.Lock``; then the thread lock and the ``flock``
+        (shared with other threads and processes) are tried without blocking, retried with
+        a short backoff while someone else holds them. Cancellable while waiting; the
+        locked section itself is synchronous."""
+        async with q.trio_lock():
+            delay = 0.0002
+            while True:
+                if q.tlock.acquire(blocking=False):
+                    try:
+                        fcntl.flock(q.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        q.tlock.release()
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.01)
+            try:
+                yield
+            finally:
+                fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
+                q.tlock.release()
 
     def _marker(self, q: _Q, directory: str, name: str) -> tuple[int, str] | None:
         """``(number, encoded id)`` of a marker in ``ready/`` or ``delayed/``; ``None`` for a
@@ -560,20 +652,23 @@ class FileStorage(Storage):
         self._publish(q, [StorageEvent("error", name, None, None, why.encode())])
 
     def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        """Append events to the log (lock held). Rotation also happens under the lock, and
+        every write first follows a rotation made by another process, so no event is ever
+        written to a log file that subscribers have left: a subscriber reads the old file
+        to its end once it sees the rotation, then the new one (see :meth:`_tail`)."""
         if not events:
             return
+        self._reopen_events_if_rotated(q)
         data = "".join(json.dumps(_event_line(ev), separators=(",", ":")) + "\n" for ev in events).encode()
         os.write(q.events_fd, data)
         q.events_written += len(data)
-        if q.events_written > 1 << 20:
+        if q.events_written > min(1 << 20, self._events_max // 4):
             q.events_written = 0
-            if os.fstat(q.events_fd).st_size > _EVENTS_MAX:
-                # Rotate: subscribers finish the old file (still open) and switch over.
-                fd = write_atomic(q.path, "events", b"", False)
-                assert fd is None
-            # Reopen (another process may have rotated it).
-            os.close(q.events_fd)
-            q.events_fd = os.open(q.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if os.fstat(q.events_fd).st_size > self._events_max:
+                # Rotate: a new file, one generation up; subscribers finish the old one
+                # (still open) and switch over.
+                write_atomic(q.path, "events", _log_header(_log_generation(q.events_fd) + 1), False)
+                self._reopen_events_if_rotated(q)
 
     def _reopen_events_if_rotated(self, q: _Q) -> None:
         try:
@@ -607,49 +702,82 @@ class FileStorage(Storage):
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
         """Concurrent calls of one Trio run on one queue are coalesced: calls arriving while
         a group is being written and flushed form the next group, written as one segment
-        and flushed together (each call still takes effect atomically, in arrival order)."""
+        and flushed together (each call still takes effect atomically, in arrival order).
+
+        Cancellation: a call cancelled before its group took the lock writes nothing (and
+        never strands the others: the group goes on without it); once its group holds the
+        lock, the write and the flush finish (shielded) and the call then raises
+        ``Cancelled``, its jobs enqueued."""
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         key = (trio.lowlevel.current_trio_token(), queue)
         st = self._enq.get(key)
         if st is None:
             st = self._enq[key] = _EnqState()
-        g = st.pending
-        idx = len(g.reqs)
-        g.reqs.append(jobs)
-        with trio.CancelScope(shield=True):
-            while not g.done.is_set():
+        req = _EnqReq(jobs)
+        st.pending.append(req)
+        try:
+            while not req.done.is_set():
                 if st.running:
                     await st.idle.wait()
                     continue
-                st.running = True
-                st.idle = trio.Event()
-                cur = st.pending
-                st.pending = _EnqGroup()
+                await self._write_group(q, st, req)
+        except BaseException:
+            if req in st.pending:
+                st.pending.remove(req)  # never written: nothing to undo
+            elif not req.done.is_set():
+                with trio.CancelScope(shield=True):  # our group is being written: let it land
+                    await req.done.wait()
+            raise
+        if req.error is not None:
+            if isinstance(req.error, OSError):
+                raise OSError(req.error.errno, str(req.error)) from req.error
+            raise req.error
+        assert req.out is not None
+        return req.out
+
+    async def _write_group(self, q: _Q, st: _EnqState, leader: _EnqReq) -> None:
+        """Lead one group: take every pending call, lock, write, unlock, flush."""
+        st.running = True
+        st.idle = trio.Event()
+        group, st.pending = st.pending, []
+        try:
+            try:
+                lock = self._alock(q)
+                await lock.__aenter__()
+            except BaseException:
+                # Cancelled waiting for the lock: the others go back, first in line.
+                st.pending[:0] = [r for r in group if r is not leader]
+                if leader not in st.pending:
+                    st.pending.insert(0, leader)
+                raise
+            with trio.CancelScope(shield=True):
+                fds: list[int] = []
                 try:
-                    flat = [j for req in cur.reqs for j in req]
-                    outcomes, fds, any_new = self._enqueue_locked(q, flat)
+                    try:
+                        flat = [j for r in group for j in r.jobs]
+                        outcomes, fds, any_new = self._enqueue_locked(q, flat)
+                    finally:
+                        await lock.__aexit__(None, None, None)
                     pos = 0
-                    for req in cur.reqs:
-                        cur.outs.append(outcomes[pos : pos + len(req)])
-                        pos += len(req)
+                    for r in group:
+                        r.out = outcomes[pos : pos + len(r.jobs)]
+                        pos += len(r.jobs)
                     if any_new:
-                        await self._durable(fds, {q.jobs_fd, q.ready_fd})
+                        await self._durable(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd})
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
-                    cur.error = exc
+                    for r in group:
+                        r.error = exc
                 finally:
-                    cur.done.set()
-                    st.running = False
-                    st.idle.set()
-            await trio.lowlevel.checkpoint()
-        if g.error is not None:
-            if isinstance(g.error, OSError):
-                raise OSError(g.error.errno, str(g.error)) from g.error
-            raise g.error
-        return g.outs[idx]
+                    for r in group:
+                        r.done.set()
+        finally:
+            st.running = False
+            st.idle.set()
 
     def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
-        """One segment for every new job, then its ``jobs/`` and ``ready/`` links.
+        """One segment for every new job, then its ``jobs/`` and ``ready/`` (or
+        ``delayed/``) links (lock held).
 
         Order: segment (temp name) -> ``jobs/<id>`` links -> ``ready/<seq>-<id>`` links ->
         temp name unlinked; the group commit then fdatasyncs the segment and fsyncs
@@ -664,59 +792,77 @@ class FileStorage(Storage):
         seen: dict[str, Rec] = {}
         items: dict[str, Rec] = {}
         with _close_on_error(fds):
-            with self._locked(q):
-                self._reopen_events_if_rotated(q)
-                nxt, front = q.counters()
-                start = nxt
-                for job in jobs:
-                    enc = encode_name(job.id)
-                    r = seen.get(enc)
-                    if r is None:
-                        r = self._load(q, enc, now)
-                    if r is None:
-                        mk = _seq_name(nxt, enc)
-                        nxt += 1
-                        r = Rec(job.id, _QUEUED, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
-                        items[enc] = r
-                        seen[enc] = r
-                        outcomes.append(_QUEUED_OUTCOME)
-                        events.append(StorageEvent("enqueued", job.id))
-                    elif r.kind == _COMPLETED and r.result is not None:
-                        outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result))
+            nxt, front = q.counters()
+            start = nxt
+            for job in jobs:
+                enc = encode_name(job.id)
+                r = seen.get(enc)
+                if r is None:
+                    r = self._load(q, enc, now)
+                if r is None or r.kind == _CANCELLED:  # unknown, or a new incarnation
+                    if job.run_at is not None and job.run_at > now:
+                        kind, mk = _DELAYED, _seq_name(int(job.run_at * 1000), enc)
                     else:
-                        outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r)))
-                if items:
-                    self._commit(q, items, fds, new=set(items))
-                    for enc, r in items.items():
-                        assert r.mk is not None
-                        self._link_marker(q, enc, q.ready, r.mk)
-                if nxt != start:
-                    q.set_counters(nxt, front)
-                self._publish(q, events)
-                self._maybe_clean(q, now)
+                        kind, mk = _QUEUED, _seq_name(nxt, enc)
+                        nxt += 1
+                    r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
+                    r.token = job.token
+                    items[enc] = r
+                    seen[enc] = r
+                    outcomes.append(_QUEUED_OUTCOME)
+                    events.append(StorageEvent("enqueued", job.id, token=job.token))
+                elif r.kind == _COMPLETED and r.result is not None:
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result, r.token))
+                else:
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token))
+            if items:
+                self._commit(q, items, fds, new=set(items))
+                for enc, r in items.items():
+                    assert r.mk is not None
+                    self._link_marker(q, enc, q.ready if r.kind == _QUEUED else q.delayed, r.mk)
+            if nxt != start:
+                q.set_counters(nxt, front)
+            self._publish(q, events)
+            self._maybe_clean(q, now)
         return outcomes, fds, bool(items)
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         enc = encode_name(job_id)
-        now = time.time()
-        with self._locked(q):
-            r = self._load(q, enc, now)
-            if r is None:
-                status = CancelStatus.NOT_FOUND
-            elif r.kind in (_QUEUED, _FAILING):
-                _unlink(os.path.join(q.jobs, enc))
-                if r.mk:
-                    _unlink(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
-                status = CancelStatus.CANCELLED
-                self._publish(q, [StorageEvent("cancelled", job_id)])
-            else:
-                status = CancelStatus(r.kind)
-        if status is CancelStatus.CANCELLED:
-            await self._durable([], {q.jobs_fd, q.ready_fd, q.delayed_fd})
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        fds: list[int] = []
+        wrote = False
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                r = self._load(q, enc, now)
+                if r is None:
+                    status = CancelStatus.NOT_FOUND
+                elif r.kind in (_QUEUED, _FAILING, _DELAYED):
+                    marker = r.mk
+                    folder = q.ready if r.kind == _QUEUED else q.delayed
+                    r.kind = _CANCELLED
+                    r.ts = int(now * 1000)
+                    r.mk = None
+                    r.exp = now + r.result_ttl
+                    self._commit(q, {enc: r}, fds)
+                    if marker:
+                        _unlink(os.path.join(folder, marker))
+                    status = CancelStatus.CANCELLED
+                    wrote = True
+                    self._publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
+                elif r.kind == _CANCELLED:
+                    status = CancelStatus.CANCELLED
+                elif r.kind == _PROCESSING:
+                    status = CancelStatus.CANCELLED
+                    if not r.cancel_requested:
+                        r.cancel_requested = True
+                        self._commit(q, {enc: r}, fds)
+                        wrote = True
+                        self._publish(q, [StorageEvent("cancel_requested", job_id, r.worker, token=r.token)])
+                else:
+                    status = CancelStatus(r.kind)
+        await self._finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
         return status
 
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
@@ -727,13 +873,15 @@ class FileStorage(Storage):
         try:
             r = read_rec(path, enc)
         except CorruptRecord:
-            with self._locked(q):
+            async with self._alock(q):
                 r = self._read(q, enc)  # quarantines it if still corrupt
         if r is None:
             return None
         if r.exp is not None and r.exp <= time.time():
             return None
-        return JobRecord(r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error)
+        return JobRecord(
+            r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress
+        )
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -741,7 +889,7 @@ class FileStorage(Storage):
         enc = encode_name(job_id)
         now = time.time()
         fds: list[int] = []
-        with self._locked(q):
+        async with self._alock(q):
             r = self._load(q, enc, now)
             refused = ttl_update_status(*((r.kind, r.result, r.error) if r else (None, None, None)))
             if refused is not None:
@@ -825,7 +973,8 @@ class FileStorage(Storage):
     # -- consumers ---------------------------------------------------------------------
 
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> float:
-        """Move due retries to the ready list (lock held). Returns the next due time."""
+        """Move due retries and delayed jobs to the ready list (lock held). Returns the
+        next due time."""
         names = os.listdir(q.delayed)
         if not names:
             return math.inf
@@ -844,19 +993,19 @@ class FileStorage(Storage):
                 next_due = ms / 1000
                 break
             r = self._read(q, enc)
-            if r is None or r.kind != _FAILING or r.mk != name or enc in items:
+            if r is None or r.kind not in (_FAILING, _DELAYED) or r.mk != name or enc in items:
                 _unlink(os.path.join(q.delayed, name))
                 continue
             if nxt < 0:
                 nxt, front = q.counters()
             mk = _seq_name(nxt, enc)
             nxt += 1
+            events.append(StorageEvent("requeued" if r.kind == _FAILING else "promoted", r.id, token=r.token))
             r.kind = _QUEUED
             r.ts = now_ms
             r.mk = mk
             items[enc] = r
             moves.append((name, mk))
-            events.append(StorageEvent("requeued", r.id))
         # Records first (queued, naming their new marker), then the markers move: a crash
         # between leaves queued records without a marker, which start-up repair restores.
         self._commit(q, items, None)
@@ -866,75 +1015,86 @@ class FileStorage(Storage):
             q.set_counters(nxt, front)
         return next_due
 
-    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float) -> tuple[list[Claim], float]:
+    def _claim_locked(
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int
+    ) -> tuple[list[Claim], float]:
         claims: list[Claim] = []
         events: list[StorageEvent] = []
-        with self._locked(q):
-            now = time.time()
-            self._reopen_events_if_rotated(q)
-            next_due = self._promote(q, now, events)
-            now_ms = int(now * 1000)
-            deadline = now + lease
-            enc_w = self._worker_enc(q, worker_id)
-            pdir = q.proc_dir(enc_w)
-            _, front = q.counters()
-            if front != q.cache_front:
-                q.cache.clear()
-            listed = False
-            items: dict[str, Rec] = {}
-            while len(claims) < max_jobs:
-                if not q.cache:
-                    if listed:
-                        break
-                    listed = True
-                    q.cache = deque(sorted(os.listdir(q.ready)))
-                    q.cache_front = front
-                    if not q.cache:
-                        break
-                name = q.cache.popleft()
-                parsed = self._marker(q, q.ready, name)
-                if parsed is None:
-                    continue
-                enc = parsed[1]
-                target = os.path.join(pdir, enc)
-                try:
-                    os.rename(os.path.join(q.ready, name), target)
-                except FileNotFoundError:
-                    continue  # claimed by someone else, or cancelled
-                r = self._read(q, enc)
-                if r is None or r.kind != _QUEUED or r.mk != name:
-                    _unlink(target)  # stale marker (cancelled job, or an old copy)
-                    continue
-                r.kind = _PROCESSING
-                r.ts = now_ms
-                r.worker = worker_id
-                r.attempts += 1
-                r.mk = None
-                r.lease = deadline
-                items[enc] = r
-                claims.append(Claim(r.id, r.envelope, r.attempts))
-            # The renames above are the claims; then one segment of processing records
-            # (attempts, worker, lease). A crash between leaves proc entries whose record is
-            # still queued: recover_stalled puts them back in ready/ (no attempt counted).
-            self._commit(q, items, None)
+        now = time.time()
+        next_due = self._promote(q, now, events)
+        if os.path.exists(q.paused):
             self._publish(q, events)
-            self._maybe_clean(q, now)
+            return claims, next_due
+        now_ms = int(now * 1000)
+        deadline = now + lease
+        enc_w = self._worker_enc(q, worker_id)
+        pdir = q.proc_dir(enc_w)
+        _, front = q.counters()
+        if front != q.cache_front:
+            q.cache.clear()
+        listed = False
+        items: dict[str, Rec] = {}
+        while len(claims) < max_jobs:
+            if not q.cache:
+                if listed:
+                    break
+                listed = True
+                q.cache = deque(sorted(os.listdir(q.ready)))
+                q.cache_front = front
+                if not q.cache:
+                    break
+            name = q.cache.popleft()
+            parsed = self._marker(q, q.ready, name)
+            if parsed is None:
+                continue
+            enc = parsed[1]
+            target = os.path.join(pdir, enc)
+            try:
+                os.rename(os.path.join(q.ready, name), target)
+            except FileNotFoundError:
+                continue  # claimed by someone else, or cancelled
+            r = self._read(q, enc)
+            if r is None or r.kind != _QUEUED or r.mk != name:
+                _unlink(target)  # stale marker (cancelled job, or an old copy)
+                continue
+            r.kind = _PROCESSING
+            r.ts = now_ms
+            r.worker = worker_id
+            r.claims += 1
+            r.claim = f"{r.token}.{r.claims}"
+            r.started = len(claims) < start
+            if r.started:
+                r.attempts += 1
+            r.mk = None
+            r.lease = deadline
+            items[enc] = r
+            claims.append(Claim(r.id, r.envelope, r.attempts + (not r.started), r.claim, r.started))
+        # The renames above are the claims; then one segment of processing records
+        # (attempts, worker, lease). A crash between leaves proc entries whose record is
+        # still queued: recover_stalled puts them back in ready/ (no attempt counted).
+        self._commit(q, items, None)
+        self._publish(q, events)
+        self._maybe_clean(q, now)
         return claims, next_due
 
+    async def _claim(
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int
+    ) -> tuple[list[Claim], float]:
+        async with self._alock(q):
+            return self._claim_locked(q, worker_id, max_jobs, lease, start)
+
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
-        claims, next_due = self._claim(q, worker_id, max_jobs, lease)
-        if claims or timeout <= 0:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return claims
+        start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
         watch = q.watch("ready")
         while True:
             gen = watch.gen
-            claims, next_due = self._claim(q, worker_id, max_jobs, lease)
+            # The lock wait is the only cancellable step: once claimed, the claims are returned.
+            claims, next_due = await self._claim(q, worker_id, max_jobs, lease, start)
             if claims:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
@@ -944,13 +1104,25 @@ class FileStorage(Storage):
                 return []
             await watch.wait(gen, min(left, self._rescan, max(next_due - time.time(), 0.0) + 0.001))
 
+    def _cancel_claimed(self, q: _Q, r: Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
+        """End a claimed job as cancelled (its proc entry is the caller's to remove)."""
+        r.kind = _CANCELLED
+        r.ts = int(now * 1000)
+        r.worker = None
+        r.lease = None
+        r.started = False
+        r.mk = None
+        r.exp = now + r.result_ttl
+        events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
+
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         """One segment for the whole call. Order: segment -> expiry entry -> ``jobs/<id>``
         re-pointed -> ``delayed/`` links of retries -> proc entries unlinked; then the
         group commit. A crash before a job's record is re-pointed leaves it processing
         (the reaper recovers it: the settlement was not acknowledged); after it, the stale
         proc entry is dropped by the reaper, and a missing ``delayed/`` link of a failing
-        record is restored at start."""
+        record is restored at start. Fenced by the claim token; a settlement of a claim
+        that is already settled (a retried call) answers True and changes nothing."""
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         out: list[bool] = []
@@ -959,36 +1131,47 @@ class FileStorage(Storage):
         dirs = {q.jobs_fd}
         items: dict[str, Rec] = {}
         retries: list[tuple[str, str]] = []
-        with _close_on_error(fds):
-            with self._locked(q):
+        async with self._alock(q):
+            with _close_on_error(fds):
                 now = time.time()
                 now_ms = int(now * 1000)
-                self._reopen_events_if_rotated(q)
                 pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
                 for s in settlements:
                     enc = encode_name(s.id)
                     marker = os.path.join(pdir, enc)
-                    r = self._read(q, enc) if enc not in items and os.path.exists(marker) else None
-                    if r is None or r.kind != _PROCESSING or r.worker != worker_id:
-                        if r is not None:
-                            _unlink(marker)
+                    r = self._read(q, enc) if enc not in items else None
+                    held = (
+                        r is not None
+                        and r.kind == _PROCESSING
+                        and r.worker == worker_id
+                        and r.claim == s.token
+                        and os.path.exists(marker)
+                    )
+                    if r is None or not held:
+                        if r is not None and r.claim == s.token and r.kind != _PROCESSING:
+                            out.append(True)  # settled by this very claim already: a retried call
+                            continue
                         out.append(False)
-                        events.append(StorageEvent("fenced", s.id, worker_id))
+                        events.append(StorageEvent("fenced", s.id, worker_id, token=r.token if r else None))
                         continue
                     out.append(True)
+                    if not r.started and s.kind is not SettleKind.CANCEL:
+                        r.attempts += 1  # settled without start(): the attempt happened
                     r.ts = now_ms
                     r.worker = None
                     r.lease = None
-                    if s.kind is SettleKind.COMPLETE:
+                    if s.kind is SettleKind.CANCEL or (s.kind is SettleKind.RETRY and r.cancel_requested):
+                        self._cancel_claimed(q, r, now, worker_id, events)
+                    elif s.kind is SettleKind.COMPLETE:
                         r.kind = _COMPLETED
                         r.result = s.data
                         r.exp = now + s.ttl
-                        events.append(StorageEvent("completed", s.id, worker_id, result=s.data))
+                        events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=r.token))
                     elif s.kind is SettleKind.FAIL:
                         r.kind = _FAILED
                         r.error = s.data
                         r.exp = now + s.ttl
-                        events.append(StorageEvent("failed", s.id, worker_id, error=s.data))
+                        events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=r.token))
                     else:
                         run_ms = int((now + s.delay) * 1000)
                         mk = _seq_name(run_ms, enc)
@@ -996,7 +1179,7 @@ class FileStorage(Storage):
                         r.error = s.data
                         r.mk = mk
                         retries.append((enc, mk))
-                        events.append(StorageEvent("failing", s.id, worker_id, error=s.data))
+                        events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=r.token))
                     items[enc] = r
                 if self._commit(q, items, fds):
                     dirs.add(q.expiry_fd)
@@ -1015,13 +1198,14 @@ class FileStorage(Storage):
         q = self._q(queue)
         events: list[StorageEvent] = []
         n = 0
-        with self._locked(q):
-            now_ms = int(time.time() * 1000)
-            self._reopen_events_if_rotated(q)
+        async with self._alock(q):
+            now = time.time()
+            now_ms = int(now * 1000)
             pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
             nxt, front = q.counters()
             # Released jobs go before everything, in the order given.
             todo = []
+            cancelled: dict[str, Rec] = {}
             seen: set[str] = set()
             for job_id in job_ids:
                 enc = encode_name(job_id)
@@ -1033,24 +1217,33 @@ class FileStorage(Storage):
                     _unlink(marker)
                     continue
                 seen.add(enc)
+                if r.cancel_requested:
+                    self._cancel_claimed(q, r, now, worker_id, events)
+                    cancelled[enc] = r
+                    continue
                 todo.append((enc, marker, r))
             front -= len(todo)
-            items: dict[str, Rec] = {}
+            items: dict[str, Rec] = dict(cancelled)
             for i, (enc, marker, r) in enumerate(todo):
                 r.kind = _QUEUED
                 r.ts = now_ms
                 r.worker = None
                 r.lease = None
-                r.attempts -= 1
+                if r.started:
+                    r.attempts -= 1
+                r.started = False
+                r.claim = None
                 r.mk = _seq_name(front + 1 + i, enc)
                 items[enc] = r
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).
             self._commit(q, items, None)
+            for enc in cancelled:
+                _unlink(os.path.join(pdir, enc))
             for enc, marker, r in todo:
                 assert r.mk is not None
                 os.rename(marker, os.path.join(q.ready, r.mk))
-                events.append(StorageEvent("requeued", r.id, worker_id))
+                events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
                 n += 1
             if todo:
                 q.set_counters(nxt, front)
@@ -1079,7 +1272,55 @@ class FileStorage(Storage):
             out.append(job_id)
         return out
 
-    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
+    def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
+        """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
+        enc = encode_name(job_id)
+        if not os.path.exists(os.path.join(pdir, enc)):
+            return None
+        r = self._read(q, enc)
+        if r is None or r.kind != _PROCESSING or r.worker != worker_id or r.claim != token:
+            return None
+        return enc, r
+
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        out: list[bool] = []
+        events: list[StorageEvent] = []
+        items: dict[str, Rec] = {}
+        fds: list[int] = []
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                gone: list[str] = []
+                for job_id, token in claims:
+                    found = self._held(q, pdir, worker_id, job_id, token)
+                    if found is None:
+                        out.append(False)
+                        continue
+                    enc, r = found
+                    if r.cancel_requested and not r.started:
+                        self._cancel_claimed(q, r, now, worker_id, events)
+                        items[enc] = r
+                        gone.append(enc)
+                        out.append(False)
+                        continue
+                    if not r.started:
+                        r.started = True
+                        r.attempts += 1
+                        items[enc] = r
+                    out.append(True)
+                self._commit(q, items, fds)
+                for enc in gone:
+                    _unlink(os.path.join(pdir, enc))
+                self._publish(q, events)
+        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, bool(items))
+        return out
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         now = time.time()
@@ -1091,29 +1332,31 @@ class FileStorage(Storage):
         except FileNotFoundError:
             os.close(os.open(wpath, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
             os.utime(wpath, (exp, exp))
-        if job_ids:
+        requested: list[str] = []
+        if claims:
             # The lease lives in the processing record: one new segment for all of them.
             pdir = os.path.join(q.proc, enc_w)
             deadline = now + lease
             items: dict[str, Rec] = {}
-            with self._locked(q):
-                for job_id in job_ids:
-                    enc = encode_name(job_id)
-                    if enc in items or not os.path.exists(os.path.join(pdir, enc)):
+            async with self._alock(q):
+                for job_id, token in claims:
+                    found = self._held(q, pdir, worker_id, job_id, token)
+                    if found is None or found[0] in items:
                         continue
-                    r = self._read(q, enc)
-                    if r is None or r.kind != _PROCESSING or r.worker != worker_id:
-                        continue
+                    enc, r = found
                     r.lease = deadline
                     items[enc] = r
+                    if r.cancel_requested:
+                        requested.append(job_id)
                 self._commit(q, items, None)
         await trio.lowlevel.cancel_shielded_checkpoint()
+        return requested
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         enc_w = encode_name(worker_id)
-        with self._locked(q):
+        async with self._alock(q):
             _unlink(os.path.join(q.workers, enc_w))
             try:
                 os.rmdir(os.path.join(q.proc, enc_w))
@@ -1122,7 +1365,7 @@ class FileStorage(Storage):
                 pass
         await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def workers(self, queue: str) -> dict[str, float]:
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         await trio.lowlevel.checkpoint()
         q = self._q(queue)
         now = time.time()
@@ -1131,12 +1374,120 @@ class FileStorage(Storage):
             if enc.startswith("."):
                 continue
             t = _mtime(os.path.join(q.workers, enc))
-            if t is None or t <= now:
+            if t is None or (t <= now and not include_expired):
                 continue
             w = self._worker_dec(q, enc)
             if w is not None:
                 out[w] = t
         return out
+
+    # -- progress, pause, schedules ----------------------------------------------------
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+            found = self._held(q, pdir, worker_id, job_id, token)
+            if found is not None:
+                enc, r = found
+                r.progress = progress
+                self._commit(q, {enc: r}, None)
+                self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=r.token)])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found is not None
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            changed = os.path.exists(q.paused) != paused
+            if changed:
+                if paused:
+                    write_atomic(q.path, "paused", b"", False)
+                else:
+                    _unlink(q.paused)
+                    # Wake blocked claims (they watch ready/): a temp file created and removed.
+                    wake = os.path.join(q.ready, tmp_name())
+                    os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                    _unlink(wake)
+                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        return os.path.exists(self._q(queue).paused)
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            _, last = self._schedule(q, name) or (b"", None)
+            self._write_schedule(q, name, spec, last)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            found = _unlink(os.path.join(q.schedules, encode_name(name)))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        out: dict[str, tuple[bytes, float | None]] = {}
+        for enc in os.listdir(q.schedules):
+            if enc.startswith("."):
+                continue
+            entry = self._schedule_file(q, enc)
+            if entry is not None:
+                out[entry[0]] = (entry[1], entry[2])
+        return out
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            entry = self._schedule(q, name)
+            ok = entry is not None and (entry[1] is None or tick > entry[1])
+            if entry is not None and ok:
+                self._write_schedule(q, name, entry[0], tick)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:
+        entry = self._schedule_file(q, encode_name(name))
+        return None if entry is None else (entry[1], entry[2])
+
+    def _schedule_file(self, q: _Q, enc: str) -> tuple[str, bytes, float | None] | None:
+        path = os.path.join(q.schedules, enc)
+        try:
+            with open(path, "rb") as f:
+                d = json.loads(f.read())
+            last = d["last"]
+            return str(d["name"]), base64.b64decode(d["spec"]), None if last is None else float(last)
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            self._quarantine(q, path, f"unreadable schedule: {exc}")
+            return None
+
+    def _write_schedule(self, q: _Q, name: str, spec: bytes, last: float | None) -> None:
+        data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
+        fd = write_atomic(q.schedules, encode_name(name), data, self._fsync)
+        if fd is not None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dfd = os.open(q.schedules, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
 
     # -- reaper ------------------------------------------------------------------------
 
@@ -1148,13 +1499,13 @@ class FileStorage(Storage):
         next_deadline = math.inf
         fds: list[int] = []
         dirs = {q.jobs_fd, q.ready_fd}
-        with _close_on_error(fds):
-            with self._locked(q):
+        async with self._alock(q):
+            with _close_on_error(fds):
                 now = time.time()
                 now_ms = int(now * 1000)
-                self._reopen_events_if_rotated(q)
                 self._clean_expired(q, now)
                 q.last_clean = now
+                next_deadline = self._promote(q, now, events)
                 nxt, front = q.counters()
                 start = nxt
                 items: dict[str, Rec] = {}
@@ -1191,24 +1542,31 @@ class FileStorage(Storage):
                             continue
                         if worker_id is None:
                             worker_id = self._worker_dec(q, enc_w) or enc_w
-                        events.append(StorageEvent("stalled", r.id, worker_id))
+                        events.append(StorageEvent("stalled", r.id, worker_id, token=r.token))
                         r.worker = None
                         r.lease = None
+                        r.claim = None
                         r.ts = now_ms
-                        if r.attempts < r.max_attempts:
+                        if r.cancel_requested:
+                            self._cancel_claimed(q, r, now, worker_id, events)
+                            drop.append(marker)
+                            recovered.append((r.id, "cancelled"))
+                        elif not r.started or r.attempts < r.max_attempts:
+                            # A reserved claim never ran: it goes back at no cost.
                             mk = _seq_name(nxt, enc)
                             nxt += 1
                             r.kind = _QUEUED
+                            r.started = False
                             r.mk = mk
                             requeue.append((marker, mk))
-                            events.append(StorageEvent("requeued", r.id, worker_id))
+                            events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
                             recovered.append((r.id, "requeued"))
                         else:
                             r.kind = _FAILED
                             r.error = encode_error(_stalled_error(r.id, worker_id, r.attempts))
                             r.exp = now + r.result_ttl
                             drop.append(marker)
-                            events.append(StorageEvent("failed", r.id, worker_id, error=r.error))
+                            events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
                             recovered.append((r.id, "failed"))
                         items[enc] = r
                     if alive_until <= now:
@@ -1229,6 +1587,20 @@ class FileStorage(Storage):
                         q.proc_dirs.discard(enc_w)
                     except OSError:
                         pass
+                # Dead workers holding nothing leave the registry.
+                for enc_w in os.listdir(q.workers):
+                    if enc_w.startswith("."):
+                        continue
+                    expiry = _mtime(os.path.join(q.workers, enc_w))
+                    if expiry is not None and expiry <= now:
+                        pdir = os.path.join(q.proc, enc_w)
+                        if not os.path.isdir(pdir) or not [n for n in os.listdir(pdir) if not n.startswith(".")]:
+                            _unlink(os.path.join(q.workers, enc_w))
+                            try:
+                                os.rmdir(pdir)
+                                q.proc_dirs.discard(enc_w)
+                            except OSError:
+                                pass
                 if nxt != start:
                     q.set_counters(nxt, front)
                 self._publish(q, events)
@@ -1302,7 +1674,13 @@ class FileStorage(Storage):
     async def _tail(
         self, q: _Q, watch: Watch, gen: int, fd: int, offset: int, send: trio.MemorySendChannel[list[StorageEvent]]
     ) -> None:
+        """Follow the event log across rotations without losing an event: when the path
+        names a new file, the old one is read to its end *after* the rotation was seen (all
+        writes to it happened before the rotation, under the lock), then the new one from
+        its start. Only a reader that fell more than a whole file behind (the generation
+        jumped) or a damaged line gets a ``resync``."""
         buf = b""
+        log_gen = _log_generation(fd)
         try:
             while True:
                 await watch.wait(gen, self._rescan)
@@ -1320,7 +1698,7 @@ class FileStorage(Storage):
                                 ev = _parse_event(line)
                                 if ev is None:
                                     batch.append(StorageEvent("resync", ""))
-                                else:
+                                elif ev.kind != "_log":
                                     batch.append(ev)
                         if len(data) == 1 << 20:
                             continue
@@ -1335,12 +1713,23 @@ class FileStorage(Storage):
                     except FileNotFoundError:
                         break
                     if st.st_ino != os.fstat(fd).st_ino:
-                        # Rotated: the old file is fully read; switch to the new one.
+                        # Rotated. Finish the old file first: it may have grown since the
+                        # last read (before the rotation we just saw).
+                        while data := os.pread(fd, 1 << 20, offset):
+                            offset += len(data)
+                            buf += data
+                        for line in buf.splitlines():
+                            ev = _parse_event(line)
+                            if ev is not None and ev.kind != "_log":
+                                batch.append(ev)
                         os.close(fd)
                         fd = os.open(q.events, os.O_RDONLY | os.O_CLOEXEC)
                         offset = 0
                         buf = b""
-                        batch.append(StorageEvent("resync", ""))
+                        new_gen = _log_generation(fd)
+                        if new_gen != log_gen + 1:  # a whole file went by unread
+                            batch.append(StorageEvent("resync", ""))
+                        log_gen = new_gen
                         continue
                     break
                 if batch:
@@ -1401,7 +1790,7 @@ class FileStorage(Storage):
                         relink.append((enc, r.mk))  # its own place in the FIFO
                         continue
                     items[enc] = r
-                elif r.kind == _FAILING:
+                elif r.kind in (_FAILING, _DELAYED):
                     if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
                         delayed.append((enc, r.mk))
             for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):
