@@ -4,10 +4,12 @@ against FileStorage through the ``storage`` fixture."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,8 @@ import pytest
 import trio
 
 from trioqueue._core import encode_envelope
-from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
+from trioqueue import CancelStatus
+from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind, StorageEvent
 from trioqueue.storage._fsutil import encode_name, read_rec
 
 HELPER = str(Path(__file__).parent / "helpers" / "fs_proc.py")
@@ -322,3 +325,157 @@ async def test_consumer_killed_between_settle_record_and_links(tmp_path: Path) -
         claims = await st.dequeue("q", "w", 10, 0, 30)
         assert [(c.id, c.attempts) for c in claims] == [("r1", 2)]
         assert (await st.get_job("q", "c1")).state.startswith("completed:")
+
+
+# -- event log rotation (issue 8, item 8) ------------------------------------------------------
+
+
+async def test_waiters_get_every_result_across_event_log_rotations(tmp_path: Path) -> None:
+    """``enqueue_and_wait`` hung once the event log rotated: completions after a rotation
+    never reached their waiters. ~300-byte results through a 64 KiB log: many rotations."""
+    from trioqueue import Queue
+
+    blob = "x" * 300
+    st = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=64 << 10)
+    async with Queue(st, name="rot", handler=lambda job: {"n": job.payload, "pad": blob}, concurrency=8) as q:
+        results: dict[int, int] = {}
+
+        async def requester(start: int) -> None:
+            for n in range(start, 1500, 10):
+                results[n] = (await q.enqueue_and_wait(f"j{n}", n, timeout=30))["n"]
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for k in range(10):
+                    nursery.start_soon(requester, k)
+    assert results == {n: n for n in range(1500)}
+    rotations = [line for line in (tmp_path / "d").rglob("events")]
+    assert rotations and all(p.stat().st_size < 2 * (64 << 10) for p in rotations)
+
+
+async def test_subscribers_miss_no_event_across_rotations(tmp_path: Path) -> None:
+    """A subscriber of another FileStorage instance (as another process would be) gets
+    every event, in order, across many rotations, and no resync; a cancel right after a
+    rotation is delivered too."""
+    writer = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
+    reader = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
+    async with writer, reader, reader.subscribe("q") as events:
+        for i in range(300):
+            await writer.enqueue("q", [job(f"e{i:03}")])
+        assert await writer.cancel("q", "e299") is CancelStatus.CANCELLED
+        seen: list[tuple[str, str]] = []
+        with trio.fail_after(30):
+            while ("cancelled", "e299") not in seen:
+                seen += [(e.kind, e.job_id) for e in await events.receive()]
+    assert [j for k, j in seen if k == "enqueued"] == [f"e{i:03}" for i in range(300)]
+    assert ("resync", "") not in seen
+
+
+async def test_a_reader_left_behind_by_a_whole_log_file_gets_a_resync(tmp_path: Path) -> None:
+    st = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
+    async with st:
+        q = st._q("q")
+        async with st.subscribe("q") as events:
+            # Rotate twice while the subscriber cannot run: the middle file is never read.
+            for gen in (1, 2):
+                for i in range(60):
+                    st._publish(q, [StorageEvent("enqueued", f"g{gen}-{i}", token="t" * 40)])
+                q.events_written = 1 << 30  # force the size check on the next publish
+                st._publish(q, [StorageEvent("enqueued", f"g{gen}-last")])
+            st._publish(q, [StorageEvent("enqueued", "after")])
+            seen: list[str] = []
+            with trio.fail_after(10):
+                while "after" not in seen:
+                    seen += [e.job_id or e.kind for e in await events.receive()]
+    assert "resync" in seen
+
+
+# -- the Trio loop never waits on the file lock (issue 8, item 9) -------------------------------
+
+
+def _hold_queue_lock(directory: Path, queue: str) -> int:
+    """Take the queue's flock through a descriptor of our own, as another process would."""
+    from trioqueue.storage._fsutil import encode_name
+
+    fd = os.open(directory / "q" / encode_name(queue) / "lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def test_contended_lock_leaves_the_loop_running(tmp_path: Path) -> None:
+    st = FileStorage(tmp_path / "d", fsync=False)
+    async with st:
+        await st.enqueue("q", [job("first")])  # creates the queue's files
+        holder = _hold_queue_lock(tmp_path / "d", "q")
+        safety = threading.Timer(5.0, fcntl.flock, (holder, fcntl.LOCK_UN))  # old code: unblock eventually
+        safety.start()
+        ticks = 0
+        ticking = trio.Event()
+        enqueued = trio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await trio.sleep(0.01)
+                ticks += 1
+                if ticks >= 10:
+                    ticking.set()
+
+        async def producer() -> None:
+            await st.enqueue("q", [job("second")])
+            enqueued.set()
+
+        try:
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(ticker)
+                    nursery.start_soon(producer)
+                    await ticking.wait()  # the loop runs while the lock is held elsewhere...
+                    assert not enqueued.is_set()  # ...and the enqueue waits for it
+                    fcntl.flock(holder, fcntl.LOCK_UN)
+                    await enqueued.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            safety.cancel()
+            os.close(holder)
+        rec = await st.get_job("q", "second")
+        assert rec is not None and rec.state.startswith("queued")
+
+
+async def test_enqueue_waiting_for_the_lock_can_be_cancelled_and_writes_nothing(tmp_path: Path) -> None:
+    st = FileStorage(tmp_path / "d", fsync=False)
+    async with st:
+        await st.enqueue("q", [job("first")])
+        holder = _hold_queue_lock(tmp_path / "d", "q")
+        try:
+            with trio.move_on_after(0.2) as scope:
+                await st.enqueue("q", [job("never")])
+            assert scope.cancelled_caught
+        finally:
+            fcntl.flock(holder, fcntl.LOCK_UN)
+            os.close(holder)
+        assert await st.get_job("q", "never") is None
+        # The coalescer is not wedged: the next enqueue goes through.
+        with trio.fail_after(10):
+            assert [o.status.value for o in await st.enqueue("q", [job("next")])] == ["queued"]
+
+
+async def test_opening_a_big_store_leaves_the_loop_running(tmp_path: Path) -> None:
+    st = FileStorage(tmp_path / "d", fsync=False)
+    async with st:
+        for start in range(0, 20_000, 2_000):
+            await st.enqueue("q", [job(f"j{i}") for i in range(start, start + 2_000)])
+    ticks = 0
+    opened = trio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not opened.is_set():
+            await trio.sleep(0)
+            ticks += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        async with FileStorage(tmp_path / "d", fsync=False):  # start-up repair scans every job
+            opened.set()
+    assert ticks > 1  # the loop kept running during the scan

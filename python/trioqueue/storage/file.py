@@ -201,6 +201,8 @@ def _event_line(ev: StorageEvent) -> dict[str, object]:
 def _parse_event(line: bytes) -> StorageEvent | None:
     try:
         d = json.loads(line)
+        if d.get("k") == "_log":  # a log file's header line
+            return StorageEvent("_log", "")
         r = d.get("r")
         e = d.get("e")
         t = d.get("t")
@@ -300,7 +302,7 @@ class _Q:
         ):
             os.makedirs(d, exist_ok=True)
         self.lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self.events_fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.events_fd = os.open(self.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.jobs_fd = os.open(self.jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.delayed_fd = os.open(self.delayed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -677,7 +679,7 @@ class FileStorage(Storage):
             st = None
         if st is None or st.st_ino != os.fstat(q.events_fd).st_ino:
             os.close(q.events_fd)
-            q.events_fd = os.open(q.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            q.events_fd = os.open(q.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def _worker_enc(self, q: _Q, worker_id: str) -> str:
         enc = encode_name(worker_id)
