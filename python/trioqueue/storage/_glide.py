@@ -267,6 +267,27 @@ class GlideAdapter:
             raise StorageError(f"blocking claim failed: {replies!r:.200}")
         return replies[0], replies[1]
 
+    async def blocking_call(self, args: Sequence[str], timeout: float) -> Any:
+        """A blocking command (``XREAD BLOCK ...``) on a dedicated client from the same
+        pool as :meth:`blocking_move_then`; cancellation closes the client."""
+        client = self._idle_blockers.pop() if self._idle_blockers else None
+        if client is None:
+            client = await self._create(self._config(request_timeout=timeout + 5.0))
+        ok = False
+        try:
+            reply = await client.custom_command(list(args))
+            ok = True
+        except _g.GlideError as exc:
+            self._on_fault()
+            raise StorageError(f"blocking wait failed: {exc}") from exc
+        finally:
+            if ok and not self._closed:
+                self._idle_blockers.append(client)
+            else:
+                with trio.CancelScope(shield=True):
+                    await _close_quietly(client)
+        return reply
+
     # -- pub/sub ---------------------------------------------------------------------
 
     async def subscriber(self, channel: str, on_message: Callable[[bytes], None]) -> Any:

@@ -40,7 +40,8 @@ __all__ = ["RedisStorage"]
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
-_KIND_CODE = {SettleKind.COMPLETE: "c", SettleKind.FAIL: "f", SettleKind.RETRY: "r"}
+_KIND_CODE = {SettleKind.COMPLETE: "c", SettleKind.FAIL: "f", SettleKind.RETRY: "r", SettleKind.CANCEL: "x"}
+_SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 _MAX_JOBS_PER_CALL = 2000
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
@@ -54,7 +55,7 @@ def _text(v: Any) -> str:
 
 
 def decode_events(payload: bytes) -> list[StorageEvent]:
-    """Inverse of the scripts' event encoding (five ``<len>:<bytes>`` or ``-`` fields each);
+    """Inverse of the scripts' event encoding (six ``<len>:<bytes>`` or ``-`` fields each);
     the parsing is the Rust core's (``benches/bench_core.py`` measures it against Python).
     Raises ``ValueError`` on a malformed message."""
     return [StorageEvent(*fields) for fields in _decode_events(payload)]
@@ -145,8 +146,12 @@ class RedisStorage(Storage):
     def _base(self, queue: str) -> str:
         return "{" + self.prefix + ":" + queue + "}"
 
-    def _keys(self, queue: str) -> list[str]:
-        return [self._base(queue) + ":jobs"]
+    def _keys(self, queue: str, *extra: str) -> list[str]:
+        """KEYS of a queue script: the queue's keys, then ``extra`` (processing lists)."""
+        return [*_lua.queue_keys(self._base(queue)), *extra]
+
+    def _plist(self, queue: str, worker_id: str) -> str:
+        return self._base(queue) + ":processing:" + worker_id
 
     def _fault(self) -> None:
         for sub in self._subs:
@@ -154,22 +159,23 @@ class RedisStorage(Storage):
 
     async def _connect(self) -> None:
         if not self._scripts:
-            self._scripts = {name: make_script(code) for name, code in _lua.SCRIPTS.items()}
+            self._scripts = {name: make_script(_lua.source(name)) for name in _lua.SCRIPT_NAMES}
         await self._adapter.connect()
 
     async def _disconnect(self) -> None:
         with trio.CancelScope(shield=True):
             await self._adapter.close()
 
-    async def _run(self, name: str, queue: str, args: Sequence[Any]) -> Any:
-        return await self._adapter.script(self._scripts[name], self._keys(queue), args)
+    async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
+        keys = self._keys(queue) if worker is None else self._keys(queue, self._plist(queue, worker))
+        return await self._adapter.script(self._scripts[name], keys, args)
 
-    async def _run_shielded(self, name: str, queue: str, args: Sequence[Any]) -> Any:
+    async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
         # A mutation whose reply matters (claims, acks): once sent, wait for its reply,
         # but never longer than _SHIELD_LIMIT, so that cancellation is honoured within
         # that bound even while the server is away (the Queue retries or reconciles).
         with trio.CancelScope(shield=True, deadline=trio.current_time() + _SHIELD_LIMIT):
-            return await self._run(name, queue, args)
+            return await self._run(name, queue, args, worker)
         await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
         raise StorageError(f"Redis did not complete {name!r} within {_SHIELD_LIMIT:g} s")
 
@@ -192,10 +198,14 @@ class RedisStorage(Storage):
             try:
                 await slot.event.wait()
             except BaseException:
-                # Cancelled while waiting: withdraw if not sent yet (else it is enqueued
-                # anyway and only the outcome is lost, as with any cancelled write).
+                # Cancelled while waiting. Not sent yet: withdraw (nothing written). Handed
+                # the baton meanwhile: pass it on, or every later enqueue would wait for a
+                # carrier that never comes. Sent with another call's batch: it lands anyway
+                # (only the outcome is lost, as with any cancelled write).
                 if slot in co.pending:
                     co.pending.remove(slot)
+                if slot.baton:
+                    self._pass_baton(co)
                 raise
             if not slot.baton:
                 return self._slot_result(slot)
@@ -204,13 +214,18 @@ class RedisStorage(Storage):
             batch, co.pending = co.pending, []
             await self._flush(queue, batch)  # shielded per script call, within _SHIELD_LIMIT
         finally:
-            if co.pending:
-                nxt = co.pending[0]
-                nxt.baton = True
-                nxt.event.set()
-            else:
-                co.busy = False
+            self._pass_baton(co)
         return self._slot_result(slot)
+
+    @staticmethod
+    def _pass_baton(co: _Coalescer) -> None:
+        """The carrier is done: the first waiting call carries the next batch."""
+        if co.pending:
+            nxt = co.pending[0]
+            nxt.baton = True
+            nxt.event.set()
+        else:
+            co.busy = False
 
     @staticmethod
     def _slot_result(slot: _Slot) -> list[EnqueueOutcome]:
@@ -227,16 +242,19 @@ class RedisStorage(Storage):
                 chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
                 args: list[Any] = [self._call_token()]
                 for job in chunk:
-                    args += [job.id, job.envelope, f"{job.max_attempts}:{_ms(job.result_ttl)}"]
+                    run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
+                    args += [job.id, job.envelope, f"{job.max_attempts}:{_ms(job.result_ttl)}", job.token, run_at]
                 reply = await self._run_shielded("enqueue", queue, args)
                 for item in reply:
                     code = item[0]
                     if code == b"q":
                         outcomes.append(_QUEUED_OUTCOME)
                     elif code == b"c":
-                        outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2]))
+                        token = _text(item[3]) if len(item) > 3 and item[3] is not None else None
+                        outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2], token))
                     else:
-                        outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _text(item[1])))
+                        token = _text(item[2]) if len(item) > 2 and item[2] is not None else None
+                        outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _text(item[1]), token=token))
         except trio.Cancelled:
             # The carrying call was cancelled (after the shield limit): the others learn
             # that their jobs' fate is unknown, as with any interrupted write.
@@ -265,8 +283,18 @@ class RedisStorage(Storage):
         r = await self._run("get_job", queue, [job_id])
         if r is None:
             return None
-        state, created, attempts, max_attempts, result, error = r
-        return JobRecord(job_id, _text(state), int(created), int(attempts), int(max_attempts), result, error)
+        state, created, attempts, max_attempts, result, error, token, progress = r
+        return JobRecord(
+            job_id,
+            _text(state),
+            int(float(created)),
+            int(float(attempts)),
+            int(float(max_attempts)),
+            result,
+            error,
+            None if token is None else _text(token),
+            progress,
+        )
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -274,44 +302,53 @@ class RedisStorage(Storage):
 
     # -- consumers ---------------------------------------------------------------------
 
-    def _claim_args(self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes) -> list[Any]:
+    def _claim_args(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes, start: int
+    ) -> list[Any]:
         reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
-        return [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile]
+        return [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
 
-    def _claimed(self, queue: str, worker_id: str, args: list[Any], reply: Any) -> tuple[list[Claim], float | None]:
+    def _claimed(
+        self, queue: str, worker_id: str, args: list[Any], reply: Any
+    ) -> tuple[list[Claim], float | None, bytes | None]:
+        """``(claims, next due time, control-stream id when paused)`` from a claim reply."""
         key = (queue, worker_id)
         if args[4] == b"1":
             self._unclaimed_moves.discard(key)
-        claims = [Claim(_text(i), env, int(a)) for i, env, a in reply[0]]
+        claims = [Claim(_text(i), env, int(a), _text(tok), bool(int(started))) for i, env, a, tok, started in reply[0]]
         next_due = float(reply[1]) / 1000 if reply[1] is not None else None
-        if next_due is None and not reply[2]:
+        paused = reply[3] if len(reply) > 3 and reply[3] is not None else None
+        if next_due is None and not reply[2] and paused is None:
             self._drained.add(key)  # nothing left or pending: the next dequeue blocks at once
         else:
             self._drained.discard(key)
-        return claims, next_due
+        return claims, next_due, paused
 
     async def _claim(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes
-    ) -> tuple[list[Claim], float | None]:
-        args = self._claim_args(queue, worker_id, max_jobs, lease, moved)
-        return self._claimed(queue, worker_id, args, await self._run_shielded("claim", queue, args))
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes, start: int
+    ) -> tuple[list[Claim], float | None, bytes | None]:
+        args = self._claim_args(queue, worker_id, max_jobs, lease, moved, start)
+        reply = await self._run_shielded("claim", queue, args, worker_id)
+        return self._claimed(queue, worker_id, args, reply)
 
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
         key = (queue, worker_id)
         next_due: float | None = None
+        paused: bytes | None = None
         # When the last claim drained the list and no retry was pending, go straight to the
         # blocking move (it returns at once if a job arrived meanwhile): that saves a round
         # trip on the idle path, which is the latency path.
         if key not in self._drained or timeout <= 0:
-            claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, b"")
+            claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start)
             if claims or timeout <= 0:
                 return claims  # no cancellable checkpoint: claims are never dropped after the fact
         base = self._base(queue)
-        src, dst = base + ":queue", base + ":processing:" + worker_id
+        src, dst = base + ":queue", self._plist(queue, worker_id)
         backoff = 0.05
         while True:
             remaining = give_up - trio.current_time()
@@ -320,27 +357,43 @@ class RedisStorage(Storage):
             block = min(self._block_chunk, remaining)
             if next_due is not None:
                 block = min(block, max(next_due - time.time(), 0.0) + 0.002)
+            if paused is not None:
+                # Paused: wait for a resume notice on the control stream (no blocking move,
+                # which would only take jobs to put them back), then claim again.
+                try:
+                    await self._adapter.blocking_call(
+                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", base + ":ctl", _text(paused)], block
+                    )
+                except Exception:  # StorageError: the server is away; retry within the timeout
+                    await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
+                    backoff = min(backoff * 2, 1.0)
+                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start)
+                if claims:
+                    return claims
+                continue
             # The claim script rides behind the blocking move on the same connection, so
             # the server claims the moved job (and more) with no extra round trip.
-            args = self._claim_args(queue, worker_id, max_jobs, lease, b"*")
+            args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start)
             try:
                 moved, reply = await self._adapter.blocking_move_then(
-                    src, dst, block, self._scripts["claim"], self._keys(queue), args
+                    src, dst, block, self._scripts["claim"], self._keys(queue, dst), args
                 )
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
                 self._unclaimed_moves.add(key)
                 await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
                 backoff = min(backoff * 2, 1.0)
-                claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, b"")
+                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start)
             except BaseException:  # cancelled: the move (and the claim) may still have happened
                 self._unclaimed_moves.add(key)
                 raise
             else:
                 if isinstance(reply, Exception):  # e.g. NOSCRIPT: claim the ordinary way
-                    claims, next_due = await self._claim(queue, worker_id, max_jobs, lease, moved or b"")
+                    claims, next_due, paused = await self._claim(
+                        queue, worker_id, max_jobs, lease, moved or b"", start
+                    )
                 else:
-                    claims, next_due = self._claimed(queue, worker_id, args, reply)
+                    claims, next_due, paused = self._claimed(queue, worker_id, args, reply)
             if claims:
                 return claims
 
@@ -354,19 +407,28 @@ class RedisStorage(Storage):
             meta = metas.get((s.kind, s.ttl, s.delay))
             if meta is None:
                 meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
-            args += [s.id, s.data, meta]
-        reply = await self._run_shielded("settle", queue, args)
+            args += [s.id, s.data, meta, s.token]
+        reply = await self._run_shielded("settle", queue, args, worker_id)
         return [bool(x) for x in reply]
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not job_ids:
             return 0
-        return int(await self._run_shielded("release", queue, [worker_id, *job_ids]))
+        return int(await self._run_shielded("release", queue, [worker_id, *job_ids], worker_id))
+
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not claims:
+            return []
+        args: list[Any] = [worker_id]
+        for job_id, token in claims:
+            args += [job_id, token]
+        return [bool(x) for x in await self._run_shielded("start", queue, args, worker_id)]
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        entries = await self._adapter.command(["LRANGE", self._base(queue) + ":processing:" + worker_id, "0", "-1"])
+        entries = await self._adapter.command(["LRANGE", self._plist(queue, worker_id), "0", "-1"])
         seen: dict[str, None] = {}
         for e in entries or ():
             _, sep, job_id = e.partition(b":")
@@ -374,24 +436,70 @@ class RedisStorage(Storage):
                 seen.setdefault(job_id.decode(), None)
         return list(seen)
 
-    async def heartbeat(self, queue: str, worker_id: str, ttl: float, job_ids: Sequence[str], lease: float) -> None:
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        await self._run("heartbeat", queue, [worker_id, str(_ms(ttl)), str(_ms(lease)), *job_ids])
+        args: list[Any] = [worker_id, str(_ms(ttl)), str(_ms(lease))]
+        for job_id, token in claims:
+            args += [job_id, token]
+        return [_text(x) for x in await self._run("heartbeat", queue, args)]
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        await self._run("unregister", queue, [worker_id])
+        await self._run("unregister", queue, [worker_id], worker_id)
 
-    async def workers(self, queue: str) -> dict[str, float]:
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        flat = await self._run("workers", queue, [])
+        flat = await self._run("workers", queue, ["1" if include_expired else "0"])
         return {_text(flat[i]): float(flat[i + 1]) / 1000 for i in range(0, len(flat), 2)}
+
+    # -- progress, pause, schedules ----------------------------------------------------
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("progress", queue, [worker_id, job_id, token, progress]))
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("pause", queue, ["1" if paused else "0"]))
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._adapter.command(["EXISTS", self._base(queue) + ":paused"]))
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._run("schedule_put", queue, [name, spec])
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("schedule_remove", queue, [name]))
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        specs, ticks = await self._run("schedule_get", queue, [])
+        last = {_text(ticks[i]): float(ticks[i + 1]) / 1000 for i in range(0, len(ticks), 2)}
+        return {_text(specs[i]): (specs[i + 1], last.get(_text(specs[i]))) for i in range(0, len(specs), 2)}
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("schedule_advance", queue, [name, repr(tick * 1000)]))
 
     # -- reaper ------------------------------------------------------------------------
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        rec, nd = await self._run_shielded("recover", queue, [])
+        base = self._base(queue)
+        # The workers whose processing lists the script may touch: declared in KEYS.
+        procs = await self._adapter.command(["SMEMBERS", base + ":procs"])
+        dead = await self._adapter.command(["ZRANGEBYSCORE", base + ":workers", "-inf", f"{time.time() * 1000:.0f}"])
+        workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
+        keys = self._keys(queue, *(self._plist(queue, w) for w in workers))
+        rec, nd = await self._adapter.script(self._scripts["recover"], keys, workers)
+        # Forget expired terminal jobs, a bounded slice per call, until none is due.
+        while int(await self._run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:
+            pass
         return [(_text(i), _text(s)) for i, s in rec], (float(nd) / 1000 if nd is not None else None)
 
     def _lock_key(self, name: str) -> str:

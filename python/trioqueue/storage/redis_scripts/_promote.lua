@@ -1,0 +1,21 @@
+-- Due retries (failing) and delayed jobs go to the ready list.
+local function promote(now)
+  local ids = redis.call('ZRANGEBYSCORE', D, '-inf', now, 'LIMIT', 0, 1000)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', D, id)
+    local st = redis.call('HGET', JOBS, id)
+    if starts(st, 'failing:') or starts(st, 'delayed:') then
+      local m = getm(id)
+      local tok = redis.call('INCR', SEQ)
+      m.k = tok
+      setm(id, m)
+      redis.call('HSET', JOBS, id, 'queued:' .. now)
+      redis.call('RPUSH', Q, tok .. ':' .. id)
+      ev(starts(st, 'failing:') and 'requeued' or 'promoted', id, nil, nil, nil, m.i)
+    end
+  end
+end
+local function next_due()
+  local nd = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
+  return nd[2] or false
+end

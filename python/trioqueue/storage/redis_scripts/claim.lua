@@ -1,0 +1,87 @@
+-- KEYS[19]: the worker's processing list.
+-- ARGV: worker, max_jobs, lease_ms, moved entry ('' if none, '*': the list's last entry,
+-- the script being pipelined behind the blocking move), reconcile ('1': also claim
+-- entries of the worker's list that a blocking move put there but no claim followed),
+-- start (the first `start` claims count their attempt; the rest are reserved).
+-- Returns {{{id, envelope, attempts, claim token, started}...}, next due ms or false,
+-- ready-list length, false or the control stream's last id when claiming is paused}.
+--@include _prelude
+--@include _promote
+local P = KEYS[19]
+local W, MX, LEASE, MOVED, RECONCILE, START = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+local now = now_ms()
+redis.call('SADD', PROCS, W)
+promote(now)
+local paused = redis.call('EXISTS', PAUSED) == 1
+local out = {}
+local took = {}  -- entries claimed from the ready list, appended to P in one RPUSH
+local back = {}  -- entries a blocking move took while claiming is paused: they go back
+-- 'claim' | 'held' (already claimed by W: leave it) | 'stale' | 'back'
+local function try(entry)
+  local tok, id = split(entry)
+  if not id then return 'stale' end
+  local st = redis.call('HGET', JOBS, id)
+  if not st then return 'stale' end
+  local m = getm(id)
+  if not m or tostring(m.k) ~= tok then return 'stale' end
+  if starts(st, 'processing:') and m.w == W then return 'held' end
+  if not starts(st, 'queued:') then return 'stale' end
+  if paused then return 'back' end
+  m.n = (m.n or 0) + 1
+  m.l = m.i .. '.' .. m.n
+  m.w = W
+  local started = #out < START
+  if started then
+    m.a = m.a + 1
+    m.s = 1
+  else
+    m.s = 0
+  end
+  setm(id, m)
+  redis.call('HSET', JOBS, id, 'processing:' .. now .. ':' .. W)
+  redis.call('ZADD', L, now + LEASE, id)
+  out[#out + 1] = {id, redis.call('HGET', ENV, id), started and m.a or m.a + 1, m.l, started and 1 or 0}
+  return 'claim'
+end
+if RECONCILE == '1' then
+  for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
+    if #out >= MX then break end
+    local r = try(e)
+    if r == 'stale' or r == 'back' then redis.call('LREM', P, 1, e) end
+    if r == 'back' then back[#back + 1] = e end
+  end
+end
+if MOVED == '*' and #out < MX then
+  -- pipelined behind a blocking move: what it moved, if anything, is P's last entry
+  local last = redis.call('LINDEX', P, -1)
+  if last then
+    local r = try(last)
+    if r == 'stale' or r == 'back' then redis.call('LREM', P, -1, last) end
+    if r == 'back' then back[#back + 1] = last end
+  end
+elseif MOVED ~= '' and #out < MX then
+  -- moved into P by the blocking client; claim it only if it is still there
+  if redis.call('LPOS', P, MOVED, 'RANK', -1) then
+    local r = try(MOVED)
+    if r == 'stale' or r == 'back' then redis.call('LREM', P, -1, MOVED) end
+    if r == 'back' then back[#back + 1] = MOVED end
+  end
+end
+while #out < MX and not paused do
+  local entries = redis.call('LPOP', Q, MX - #out)
+  if not entries then break end
+  for _, entry in ipairs(entries) do
+    if try(entry) == 'claim' then took[#took + 1] = entry end
+  end
+end
+for i = 1, #took, 1000 do  -- in chunks: Lua's unpack has a stack limit
+  redis.call('RPUSH', P, unpack(took, i, math.min(i + 999, #took)))
+end
+for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+flush()
+local ctl = false
+if paused then
+  local last = redis.call('XREVRANGE', CTL, '+', '-', 'COUNT', 1)
+  ctl = last[1] and last[1][1] or '0-0'
+end
+return {out, next_due(), redis.call('LLEN', Q), ctl}

@@ -1,0 +1,56 @@
+-- KEYS[19]: the worker's processing list. ARGV: worker, ids...
+-- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
+-- claim's attempt is undone; a job with a cancel request ends cancelled instead).
+-- Returns how many went back.
+--@include _prelude
+--@include _cancel
+local P = KEYS[19]
+local W = ARGV[1]
+local now = now_ms()
+local byid = {}
+for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
+  local tok, id = split(e)
+  if id then
+    if not byid[id] then byid[id] = {} end
+    table.insert(byid[id], e)
+  else
+    redis.call('LREM', P, 0, e)
+  end
+end
+local back = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local list = byid[id]
+  byid[id] = nil
+  if list then
+    local st = redis.call('HGET', JOBS, id)
+    local m = st and getm(id) or nil
+    for _, e in ipairs(list) do
+      redis.call('LREM', P, 1, e)
+      local tok = split(e)
+      if m and tok == tostring(m.k) then
+        if starts(st, 'processing:') and m.w == W then
+          redis.call('ZREM', L, id)
+          if m.x == 1 then
+            cancel_claimed(id, m, now, W)
+          else
+            if m.s == 1 then m.a = m.a - 1 end
+            m.s = 0
+            m.w = nil
+            m.l = nil
+            setm(id, m)
+            redis.call('HSET', JOBS, id, 'queued:' .. now)
+            back[#back + 1] = e
+            ev('requeued', id, W, nil, nil, m.i)
+          end
+        elseif starts(st, 'queued:') then
+          back[#back + 1] = e  -- moved by a blocking claim, never claimed
+        end
+        st = nil
+      end
+    end
+  end
+end
+for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+flush()
+return #back
