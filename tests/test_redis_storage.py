@@ -24,7 +24,12 @@ def _prefix() -> str:
 
 
 def _job(i: str, ttl: float = 60.0, max_attempts: int = 3) -> NewJob:
-    return NewJob(i, f"env-{i}".encode(), max_attempts, ttl)
+    return NewJob(i, f"env-{i}".encode(), max_attempts, ttl, f"t-{i}")
+
+
+def _done(claim, data: bytes = b"", ttl: float = 60.0) -> Settlement:
+    """The completion of ``claim``, fenced by its claim token."""
+    return Settlement(SettleKind.COMPLETE, claim.id, data, ttl=ttl, token=claim.token)
 
 
 @pytest.fixture
@@ -58,10 +63,10 @@ async def _blocked_clients(st: RedisStorage) -> int:
 
 def test_event_codec_roundtrip_binary() -> None:
     # fields are length-prefixed: colons, dashes and NULs in results survive
-    payload = b"9:completed3:a:b2:w14:-:\x00-" + b"-" + b"6:failed1:x--3:e:-"
+    payload = b"9:completed3:a:b2:w14:-:\x00-" + b"-" + b"3:t:1" + b"6:failed1:x--3:e:--"
     assert decode_events(payload) == [
-        StorageEvent("completed", "a:b", "w1", b"-:\x00-", None),
-        StorageEvent("failed", "x", None, None, b"e:-"),
+        StorageEvent("completed", "a:b", "w1", b"-:\x00-", None, "t:1"),
+        StorageEvent("failed", "x", None, None, b"e:-", None),
     ]
 
 
@@ -78,7 +83,7 @@ async def test_key_isolation_prefixes_and_queue_names(redis_url: str) -> None:
             assert [c.id for c in claims] == ["j1"]
             assert (await b.get_job("q", "j1")).state.startswith("queued:")
             assert (await a.get_job("other", "j1")).state.startswith("queued:")
-            assert await a.settle("q", "w", [Settlement(SettleKind.COMPLETE, "j1", b"r", ttl=60)]) == [True]
+            assert await a.settle("q", "w", [_done(claims[0], b"r")]) == [True]
             assert (await b.get_job("q", "j1")).state.startswith("queued:")
             # each subscriber saw exactly its own queue's events
             got_a = [e for batch in _drain(a_q) for e in batch]
@@ -106,18 +111,24 @@ def _drain(rx: trio.MemoryReceiveChannel) -> list:
 
 async def test_result_ttls_are_per_job(st: RedisStorage) -> None:
     await st.enqueue("q", [_job("short"), _job("long")])
-    await st.dequeue("q", "w", 10, 0, 30)
+    short, long = await st.dequeue("q", "w", 10, 0, 30)
     assert await st.settle(
         "q",
         "w",
-        [Settlement(SettleKind.COMPLETE, "short", b"s", ttl=0.3), Settlement(SettleKind.FAIL, "long", b"e", ttl=60)],
+        [
+            Settlement(SettleKind.COMPLETE, "short", b"s", ttl=0.3, token=short.token),
+            Settlement(SettleKind.FAIL, "long", b"e", ttl=60, token=long.token),
+        ],
     ) == [True, True]
     base = st._base("q")
-    short_ttl = await st._adapter.command(["PTTL", base + ":result:short"])
-    long_ttl = await st._adapter.command(["PTTL", base + ":error:long"])
-    assert 0 < short_ttl <= 300 and 59_000 < long_ttl <= 60_000
+
+    async def left_ms(job_id: str) -> float:
+        expiry = float(await st._adapter.command(["ZSCORE", base + ":expiry", job_id]))
+        return expiry - time.time() * 1000
+
+    assert 0 < await left_ms("short") <= 300 and 59_000 < await left_ms("long") <= 60_000
     assert await st.update_result_ttl("q", "long", 120) == "updated"
-    assert 119_000 < await st._adapter.command(["PTTL", base + ":error:long"]) <= 120_000
+    assert 119_000 < await left_ms("long") <= 120_000
     await trio.sleep(0.35)  # a TTL has no event: let it run out
     assert await st.get_job("q", "short") is None
     assert (await st.get_job("q", "long")).error == b"e"
@@ -215,7 +226,7 @@ async def test_cancelled_blocked_claim_never_loses_a_job(st: RedisStorage, order
         await _wait_until(lambda: _not_blocked(st))
         if result:
             assert [c.id for c in result] == [job_id]
-            assert await st.settle("q", "w1", [Settlement(SettleKind.COMPLETE, job_id, b"", ttl=1)]) == [True]
+            assert await st.settle("q", "w1", [_done(result[0], ttl=1)]) == [True]
             continue
         # reconcile as the Queue does at start/shutdown, then another worker gets it
         held = await st.held_jobs("q", "w1")
@@ -223,7 +234,7 @@ async def test_cancelled_blocked_claim_never_loses_a_job(st: RedisStorage, order
         assert await st.release("q", "w1", held) == len(held)
         claims = await st.dequeue("q", "w2", 10, 2, 30)
         assert [(c.id, c.attempts) for c in claims] == [(job_id, 1)], (order, round_)
-        assert await st.settle("q", "w2", [Settlement(SettleKind.COMPLETE, job_id, b"", ttl=1)]) == [True]
+        assert await st.settle("q", "w2", [_done(claims[0], ttl=1)]) == [True]
         assert await st.held_jobs("q", "w1") == []
 
 
@@ -268,7 +279,7 @@ async def test_client_kill_operations_continue(redis_url: str) -> None:
                 batch = await rx.receive()
                 if any(e.kind == "resync" for e in batch):
                     break
-        await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, "after", b"ok", ttl=60)])
+        await st.settle("q", "w", [_done(c, b"ok") for c in claims if c.id == "after"])
         with trio.fail_after(10):
             while True:
                 batch = await rx.receive()
@@ -324,9 +335,7 @@ async def _restart_scenario(server: RedisServer) -> None:
             while True:
                 claims = await st.dequeue("q", worker, 20, 0.5, lease)
                 if claims:
-                    oks = await st.settle(
-                        "q", worker, [Settlement(SettleKind.COMPLETE, c.id, b"r", ttl=600) for c in claims]
-                    )
+                    oks = await st.settle("q", worker, [_done(c, b"r", ttl=600) for c in claims])
                     done.update(c.id for c, ok in zip(claims, oks, strict=True) if ok)
 
         async def heartbeat(worker: str) -> None:
@@ -416,7 +425,7 @@ async def test_sigkilled_worker_process_job_is_recovered(redis_url: str) -> None
         assert recovered == [("victim", "requeued")]
         claims = await st.dequeue("q", "healthy", 1, 1, 30)
         assert [(c.id, c.attempts) for c in claims] == [("victim", 2)]
-        assert await st.settle("q", "healthy", [Settlement(SettleKind.COMPLETE, "victim", b"ok", ttl=60)]) == [True]
+        assert await st.settle("q", "healthy", [_done(claims[0], b"ok")]) == [True]
         kinds = []
         with trio.fail_after(5):
             while "completed" not in kinds:

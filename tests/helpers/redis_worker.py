@@ -21,7 +21,7 @@ async def claim_and_hang(url: str, prefix: str, queue: str, worker: str, lease: 
         claims = await st.dequeue(queue, worker, 1, 30.0, lease)
         print("CLAIMED", claims[0].id if claims else "", flush=True)
         while True:
-            await st.heartbeat(queue, worker, ttl, [c.id for c in claims], lease)
+            await st.heartbeat(queue, worker, ttl, [(c.id, c.token) for c in claims], lease)
             await trio.sleep(ttl / 4)
 
 
