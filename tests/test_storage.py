@@ -676,3 +676,43 @@ async def test_schedules_are_stored_replaced_advanced_and_removed(storage: Stora
     assert not await storage.remove_schedule(queue_name, "nightly")
     assert await storage.get_schedules(queue_name) == {}
     assert await storage.get_schedules(queue_name + "-other") == {"nightly": (b"other", None)}
+
+
+# -- cancelled enqueues never strand the others (issue 8, item 7) ---------------------------
+
+
+async def test_cancelled_concurrent_enqueues_never_wedge_the_others(storage: Storage, queue_name: str) -> None:
+    """Concurrent enqueues share round trips (one call carries the batch of the others);
+    a call cancelled at any point — before, while or after it carried a batch — must not
+    leave the later calls waiting for a carrier that never comes. A job whose call was
+    not cancelled is enqueued; a cancelled call's jobs are enqueued or absent, never half."""
+    import random
+
+    rng = random.Random(7)
+    landed: set[str] = set()
+    for round_ in range(30):
+        ids = [f"r{round_}-{k}" for k in range(6)]
+
+        async def one(job_id: str, cancel_after: int | None) -> None:
+            with trio.CancelScope() as scope:
+                if cancel_after is not None:
+
+                    async def canceller() -> None:
+                        for _ in range(cancel_after):
+                            await trio.lowlevel.checkpoint()
+                        scope.cancel()
+
+                    nursery.start_soon(canceller)
+                await storage.enqueue(queue_name, [job(job_id)])
+                landed.add(job_id)
+
+        with trio.fail_after(20):  # a wedged coalescer hangs here
+            async with trio.open_nursery() as nursery:
+                for k, job_id in enumerate(ids):
+                    nursery.start_soon(one, job_id, rng.choice([None, 0, 1, 2, 3]) if k % 2 else None)
+        for job_id in ids:
+            rec = await storage.get_job(queue_name, job_id)
+            if job_id in landed:
+                assert rec is not None and kind(rec.state) == "queued", (job_id, rec)
+    with trio.fail_after(10):  # and the queue still takes jobs
+        assert (await storage.enqueue(queue_name, [job("after")]))[0].status is EnqueueStatus.QUEUED
