@@ -82,3 +82,38 @@ async def test_tls_with_private_ca(tmp_path: Path) -> None:
 def test_bad_url_is_a_validation_error() -> None:
     with pytest.raises(ValidationError, match="unsupported URL scheme 'http'"):
         RedisStorage("http://127.0.0.1:1/0")
+
+
+async def test_refused_connection_says_so() -> None:
+    """It used to say "timed out" for a port nobody listens on."""
+    port = free_port()
+    with pytest.raises(StorageError, match=rf"could not connect to redis://127\.0\.0\.1:{port}: connection refused"):
+        async with RedisStorage(f"redis://127.0.0.1:{port}", prefix="x"):
+            pass
+
+
+def test_glide_logs_stay_off_the_programs_stdout() -> None:
+    """valkey-glide's core logged connection failures to stdout, in colour."""
+    import subprocess
+    import sys
+    import textwrap
+
+    port = free_port()
+    code = textwrap.dedent(
+        f"""
+        import trio
+        from trioqueue.storage import RedisStorage
+
+        async def main():
+            try:
+                async with RedisStorage("redis://127.0.0.1:{port}", prefix="x"):
+                    pass
+            except Exception as exc:
+                print("program output:", type(exc).__name__)
+
+        trio.run(main)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "program output: StorageError\n"

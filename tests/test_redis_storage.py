@@ -455,3 +455,42 @@ async def test_cancellation_is_honoured_while_the_server_is_down(tmp_path) -> No
                 assert scope.cancelled_caught
     finally:
         server.close()
+
+
+async def test_expiry_sweep_forgets_every_expired_job_in_bounded_slices(st: RedisStorage) -> None:
+    """The sweep used to stop at 100 jobs a call: under load, the registry grew forever."""
+    n = 1300
+    await st.enqueue("q", [_job(f"e{i}", ttl=0.05) for i in range(n)])
+    claims = await st.dequeue("q", "w", n, 0, 30)
+    assert len(claims) == n
+    assert all(await st.settle("q", "w", [_done(c, b"r", ttl=0.05) for c in claims]))
+    base = st._base("q")
+    assert await st._adapter.command(["ZCARD", base + ":expiry"]) == n
+    await trio.sleep(0.1)  # the results' TTL runs out: no event announces it
+    await st.recover_stalled("q")  # one reaper pass
+    for key in ("expiry", "jobs", "meta", "results"):
+        assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
+
+
+def test_every_key_a_script_touches_is_declared_in_keys() -> None:
+    """Scripts used to derive keys from KEYS[1] by concatenation (invisible to Redis
+    Cluster routing and ACL key patterns)."""
+    import re
+
+    from trioqueue.storage import _lua
+
+    declared = {
+        "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "X", "WK", "PROCS",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "P", "KEYS[1]", "KEYS[19]",
+    }  # fmt: skip
+    keyless = {"TIME", "PUBLISH"}
+    for name in _lua.SCRIPT_NAMES:
+        code = _lua.source(name)
+        assert "KEYS[1] .." not in code and ":job:" not in code, name
+        for cmd, first in re.findall(r"redis\.call\('(\w+)',\s*([^,)]+)", code):
+            if cmd in keyless and cmd != "PUBLISH":
+                continue
+            assert first.strip() in declared, (name, cmd, first)
+    prelude = _lua.source("claim")
+    for i, suffix in enumerate(_lua.QUEUE_KEY_NAMES, start=1):
+        assert f"KEYS[{i}]" in prelude, suffix

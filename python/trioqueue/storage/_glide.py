@@ -14,6 +14,7 @@ What it encodes (see /work/shared/notes/redis-clients-under-trio.md for the meas
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 __all__ = ["ConnParams", "GlideAdapter", "Script", "make_script", "parse_url"]
+
+# GLIDE's core logs straight to stdout, with colours: a program's stdout is its own. Off
+# unless the application configured GLIDE's logger first (init() never overrides that).
+_g.Logger.init(_g.LogLevel.OFF)
 
 Script = _g.Script
 
@@ -57,6 +62,11 @@ class ConnParams:
     request_timeout: float = 5.0
     connect_timeout: float = 5.0
     client_name: str | None = None
+
+    def display(self) -> str:
+        """The server's URL without credentials."""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{self.host}:{self.port}" + (f"/{self.db}" if self.db else "")
 
 
 def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParams:
@@ -171,7 +181,28 @@ class GlideAdapter:
         self._closed = False
         self._reconnect_lock = trio.Lock()
         if self._client is None:
-            self._client = await self._create_retrying(self._config(request_timeout=self.params.request_timeout))
+            try:
+                self._client = await self._create_retrying(self._config(request_timeout=self.params.request_timeout))
+            except StorageError as exc:
+                raise StorageError(f"could not connect to {self.params.display()}: {await self._diagnose()}") from exc
+
+    async def _diagnose(self) -> str:
+        """Why the server cannot be reached, in words (GLIDE says "timed out" for all)."""
+        p = self.params
+        timeout = max(p.connect_timeout, 0.5)
+
+        def probe() -> None:
+            socket.create_connection((p.host, p.port), timeout=timeout).close()
+
+        try:
+            await trio.to_thread.run_sync(probe, abandon_on_cancel=True)
+        except ConnectionRefusedError:
+            return "connection refused"
+        except TimeoutError:
+            return f"no answer within {timeout:g} s"
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return "the server accepted the connection but the client could not start (TLS, password or protocol?)"
 
     async def close(self) -> None:
         self._closed = True
