@@ -184,10 +184,12 @@ class GlideAdapter:
             try:
                 self._client = await self._create_retrying(self._config(request_timeout=self.params.request_timeout))
             except StorageError as exc:
-                raise StorageError(f"could not connect to {self.params.display()}: {await self._diagnose()}") from exc
+                why = await self._diagnose() or str(exc)
+                raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
 
-    async def _diagnose(self) -> str:
-        """Why the server cannot be reached, in words (GLIDE says "timed out" for all)."""
+    async def _diagnose(self) -> str | None:
+        """Why the server cannot be reached, in words (GLIDE says "timed out" for all);
+        ``None`` when it can (the client failed for another reason: TLS, password...)."""
         p = self.params
         timeout = max(p.connect_timeout, 0.5)
 
@@ -202,7 +204,7 @@ class GlideAdapter:
             return f"no answer within {timeout:g} s"
         except OSError as exc:
             return exc.strerror or str(exc)
-        return "the server accepted the connection but the client could not start (TLS, password or protocol?)"
+        return None
 
     async def close(self) -> None:
         self._closed = True
