@@ -91,7 +91,7 @@ async def bench_processing(d: Path, n: int, batch: int = 100) -> float:
         done = 0
         while done < n:
             claims = await st.dequeue("q", "w", batch, 0, 60)
-            ok = await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=3600) for c in claims])
+            ok = await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=3600, token=c.token) for c in claims])
             done += sum(ok)
         return n / (time.perf_counter() - t)
 
@@ -108,7 +108,7 @@ async def bench_latency(d: Path, n: int) -> tuple[float, float]:
                 started.set()
                 claims = await st.dequeue("q", "w", 1, 10.0, 60)
                 result.append(time.perf_counter())
-                await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=60) for c in claims])
+                await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=60, token=c.token) for c in claims])
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(consumer)

@@ -72,7 +72,7 @@ async def bench_process(st: RedisStorage, queue: str, n: int, consumers: int) ->
             claims = await st.dequeue(queue, w, 100, 0.2, 60)
             if not claims:
                 continue
-            await st.settle(queue, w, [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=60) for c in claims])
+            await st.settle(queue, w, [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=60, token=c.token) for c in claims])
             done += len(claims)
 
     t = time.perf_counter()
