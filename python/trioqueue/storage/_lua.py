@@ -38,7 +38,7 @@ QUEUE_KEY_NAMES = (
     "paused",  # present while claiming is paused
     "ctl",  # stream: resume notices (waiting claimers XREAD it)
     "schedules",  # hash name -> schedule spec
-    "schedule_ticks",  # hash name -> last tick (ms)
+    "schedule_ticks",  # hash name -> last tick (seconds since the epoch)
     "events",  # pub/sub channel of the queue's events
 )
 

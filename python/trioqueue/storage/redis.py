@@ -479,12 +479,12 @@ class RedisStorage(Storage):
     async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
         await trio.lowlevel.checkpoint_if_cancelled()
         specs, ticks = await self._run("schedule_get", queue, [])
-        last = {_text(ticks[i]): float(ticks[i + 1]) / 1000 for i in range(0, len(ticks), 2)}
+        last = {_text(ticks[i]): float(ticks[i + 1]) for i in range(0, len(ticks), 2)}
         return {_text(specs[i]): (specs[i + 1], last.get(_text(specs[i]))) for i in range(0, len(specs), 2)}
 
     async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("schedule_advance", queue, [name, repr(tick * 1000)]))
+        return bool(await self._run("schedule_advance", queue, [name, repr(float(tick))]))
 
     # -- reaper ------------------------------------------------------------------------
 

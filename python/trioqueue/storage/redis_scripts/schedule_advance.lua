@@ -1,4 +1,5 @@
--- ARGV: name, tick (ms). Moves the last tick forward; returns 1 if it did.
+-- ARGV: name, tick (seconds, as text: stored exactly). Moves the last tick forward;
+-- returns 1 if it did.
 --@include _prelude
 if redis.call('HEXISTS', SCHED, ARGV[1]) == 0 then return 0 end
 local last = redis.call('HGET', SCHED_LAST, ARGV[1])
