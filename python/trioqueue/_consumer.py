@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._errors import StorageError
 from ._execution import Escalation
 from .storage._base import Claim, Settlement, SettleKind
 
@@ -66,8 +67,16 @@ class Consumer:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         q = self.q
         try:
-            await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
-            await self._reconcile()  # jobs a previous run of this worker id left behind
+            backoff = RETRY_BACKOFF[0]
+            while True:  # a storage that is briefly away at start-up is waited for
+                try:
+                    await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
+                    await self._reconcile()  # jobs a previous run of this worker id left behind
+                    break
+                except StorageError as exc:
+                    q._events.emit("error", error=exc, where="starting the consumer")
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, RETRY_BACKOFF[1])
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._settle_loop)

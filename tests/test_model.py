@@ -1,0 +1,382 @@
+"""Model-based test: seeded random walks of producers, consumers, cancels and faults.
+
+Each example is one seeded walk on a fresh storage (memory, file, redis): producers
+enqueue (fire-and-forget and ``enqueue_and_wait``), consumers start, stop gracefully, are
+stopped by force or crash (their storage becomes unreachable, then they are cancelled),
+jobs are cancelled and enqueued again, and every consumer's storage is a
+:class:`~trioqueue.testing.FaultyStorage` that fails, delays and cancels its calls
+(cancellations act as forced stops at that very call). After every step and at the end it
+checks the invariants of a reliable queue:
+
+- attempts of an incarnation never decrease;
+- every acknowledged enqueue ends ``completed``, ``failed`` or ``cancelled`` (once healthy
+  consumers run);
+- a handler that returned never runs again for the same incarnation unless a storage call
+  settling (or starting) that job provably failed or was interrupted;
+- every waiter gets exactly the terminal outcome of its incarnation (never a timeout);
+- no task is left running after the queues' nurseries exit;
+- nothing stays behind once the results expire (registry empty, dead workers gone).
+
+``TRIOQUEUE_FUZZ_EXAMPLES=5000`` runs that many walks per storage instead of the CI's few.
+A failing walk prints its seed; rerun it with ``TRIOQUEUE_FUZZ_SEED=<seed>``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from conftest import _make_storage
+from trioqueue import (
+    Job,
+    JobCancelledError,
+    JobFailedError,
+    JobState,
+    Queue,
+    QueueStoppedError,
+    Storage,
+    StorageError,
+)
+from trioqueue.testing import FaultPlan, FaultyStorage
+
+CI_EXAMPLES = {"memory": 20, "file": 10, "redis": 10}
+TTL = 60.0
+LEASE = 0.6
+
+CONSUMER_FAULTS = FaultPlan(
+    delay=0.05,
+    max_delay=0.02,
+    fail_before=0.04,
+    fail_after=0.04,
+    cancel_before=0.01,
+    cancel_after=0.01,
+    drop_events=0.05,
+)
+PRODUCER_FAULTS = FaultPlan(
+    fail_before=0.05, fail_after=0.05, methods=frozenset({"enqueue", "cancel"}), drop_events=0.05
+)
+
+
+def _examples(backend: str) -> list[int]:
+    if "TRIOQUEUE_FUZZ_SEED" in os.environ:
+        return [int(os.environ["TRIOQUEUE_FUZZ_SEED"])]
+    n = int(os.environ.get("TRIOQUEUE_FUZZ_EXAMPLES", "0")) or CI_EXAMPLES[backend]
+    return list(range(n))
+
+
+@dataclass
+class Incarnation:
+    job_id: str
+    token: str | None
+    kind: str
+    attempts_seen: int = 0
+    cancel_requested: bool = False
+
+
+@dataclass
+class Run:
+    job_id: str
+    worker: str
+    attempt: int
+    returned: bool = False
+
+
+@dataclass
+class Consumer:
+    queue: Queue[Any, Any]
+    faulty: FaultyStorage
+    scope: trio.CancelScope
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class Walk:
+    def __init__(self, storage: Storage, seed: int, name: str) -> None:
+        self.inner = storage
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.name = name
+        self.incarnations: dict[str, list[Incarnation]] = {}
+        self.runs: list[Run] = []
+        self.consumers: list[Consumer] = []
+        self.faulty_by_worker: dict[str, FaultyStorage] = {}
+        self.waiters: list[tuple[str, Incarnation | None, list[Any]]] = []
+        self.next_id = 0
+
+    def fail(self, message: str) -> None:
+        pytest.fail(f"seed {self.seed} ({self.name}): {message}")
+
+    # -- the handler: behaviour encoded in the payload ---------------------------------
+
+    async def handler(self, job: Job[Any]) -> int:
+        run = Run(job.id, job.worker_id, job.attempts)
+        self.runs.append(run)
+        kind = job.payload["kind"]
+        if kind == "slow":
+            await trio.sleep(0.15)
+        if kind == "fail" or (kind == "flaky" and job.attempts == 1):
+            raise ValueError(f"{kind} job {job.id}")
+        run.returned = True
+        return int(job.payload["n"])
+
+    # -- operations --------------------------------------------------------------------
+
+    async def start_consumer(self, nursery: trio.Nursery) -> None:
+        faulty = FaultyStorage(self.inner, CONSUMER_FAULTS, seed=self.rng.randrange(1 << 30))
+        queue: Queue[Any, Any] = Queue(
+            faulty,
+            name=self.name,
+            handler=self.handler,
+            concurrency=2,
+            max_attempts=3,
+            retry_delay=0,
+            block_timeout=0.2,
+            visibility_timeout=LEASE,
+            result_ttl=TTL,
+        )
+        consumer = Consumer(queue, faulty, trio.CancelScope())
+        faulty.cancel_scope = consumer.scope
+        self.faulty_by_worker[queue.worker_id] = faulty
+
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            started = False
+            try:
+                with consumer.scope:  # an injected cancellation stops it, as a forced stop
+                    async with trio.open_nursery() as inner:
+                        await inner.start(queue.run)
+                        started = True
+                        task_status.started()
+            finally:
+                consumer.done.set()
+                if not started:
+                    task_status.started()  # stopped (by a fault) before it ran
+
+        self.consumers.append(consumer)
+        with trio.move_on_after(5):
+            await nursery.start(run)
+
+    async def stop_consumer(self, how: str) -> None:
+        if not self.consumers:
+            return
+        consumer = self.consumers.pop(self.rng.randrange(len(self.consumers)))
+        if how == "graceful":
+            consumer.queue.stop()
+        elif how == "crash":
+            consumer.faulty.dead = True  # its storage is gone: cleanup cannot reach it
+            consumer.scope.cancel()
+        else:
+            consumer.scope.cancel()
+        with trio.fail_after(30):
+            await consumer.done.wait()
+
+    async def enqueue(self, producer: Queue[Any, Any], nursery: trio.Nursery, wait: bool) -> None:
+        job_id = f"j{self.next_id}"
+        self.next_id += 1
+        kind = self.rng.choice(["ok", "ok", "slow", "flaky", "fail"])
+        await self._enqueue(producer, nursery, job_id, kind, wait)
+
+    async def _enqueue(self, producer: Queue[Any, Any], nursery: trio.Nursery, job_id: str, kind: str, wait: bool) -> None:
+        payload = {"kind": kind, "n": self.next_id}
+        if wait:
+            outcome: list[Any] = []
+            self.waiters.append((job_id, None, outcome))
+            index = len(self.waiters) - 1
+
+            async def waiter() -> None:
+                try:
+                    outcome.append(("result", await producer.enqueue_and_wait(job_id, payload, timeout=60)))
+                except (JobFailedError, JobCancelledError, StorageError, QueueStoppedError) as exc:
+                    outcome.append((type(exc).__name__, None))
+                except TimeoutError as exc:
+                    outcome.append(("timeout", str(exc)))
+
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked(0.01)
+            inc = await self._learn(job_id, kind)
+            self.waiters[index] = (job_id, inc, outcome)
+            return
+        try:
+            result = await producer.enqueue(job_id, payload)
+        except StorageError:
+            await self._learn(job_id, kind)  # landed or not: the registry says
+            return
+        if result.status.value == "queued":
+            await self._learn(job_id, kind)
+
+    async def _learn(self, job_id: str, kind: str) -> Incarnation | None:
+        rec = await self.inner.get_job(self.name, job_id)
+        if rec is None:
+            return None
+        incs = self.incarnations.setdefault(job_id, [])
+        if incs and incs[-1].token == rec.token:
+            return incs[-1]
+        inc = Incarnation(job_id, rec.token, kind, rec.attempts)
+        incs.append(inc)
+        return inc
+
+    async def cancel(self, producer: Queue[Any, Any]) -> None:
+        if not self.incarnations:
+            return
+        job_id = self.rng.choice(sorted(self.incarnations))
+        try:
+            result = await producer.cancel(job_id)
+        except StorageError:
+            return
+        if result.status.value == "cancelled":
+            self.incarnations[job_id][-1].cancel_requested = True
+
+    async def reenqueue(self, producer: Queue[Any, Any], nursery: trio.Nursery) -> None:
+        for job_id in sorted(self.incarnations):
+            rec = await self.inner.get_job(self.name, job_id)
+            if rec is not None and rec.state.startswith("cancelled"):
+                await self._enqueue(producer, nursery, job_id, "ok", self.rng.random() < 0.5)
+                return
+
+    # -- invariants --------------------------------------------------------------------
+
+    async def check_attempts(self) -> None:
+        for job_id, incs in self.incarnations.items():
+            rec = await self.inner.get_job(self.name, job_id)
+            if rec is None:
+                continue
+            inc = incs[-1]
+            if rec.token != inc.token:
+                continue
+            if rec.attempts < inc.attempts_seen:
+                self.fail(f"attempts of {job_id} went down: {inc.attempts_seen} -> {rec.attempts} ({rec.state})")
+            inc.attempts_seen = rec.attempts
+
+    async def check_final(self) -> None:
+        for job_id, incs in self.incarnations.items():
+            rec = await self.inner.get_job(self.name, job_id)
+            if rec is None:
+                self.fail(f"acknowledged job {job_id} disappeared before its result expired")
+            assert rec is not None
+            kind = rec.state.split(":")[0]
+            if kind not in ("completed", "failed", "cancelled"):
+                self.fail(f"job {job_id} ended {rec.state}, not terminal")
+            for inc in incs[:-1]:  # replaced incarnations were cancelled
+                if not inc.cancel_requested:
+                    self.fail(f"job {job_id}: incarnation {inc.token} was replaced without a cancel")
+        self.check_reruns()
+        for job_id, inc, outcome in self.waiters:
+            if not outcome:
+                self.fail(f"waiter of {job_id} never returned")
+            what, value = outcome[0]
+            if what == "timeout":
+                self.fail(f"waiter of {job_id} timed out: a lost wake-up ({value})")
+            if inc is None or what in ("StorageError", "QueueStoppedError"):
+                continue
+            incs = self.incarnations[job_id]
+            rec = await self.inner.get_job(self.name, job_id)
+            assert rec is not None
+            final = rec.state.split(":")[0] if incs[-1] is inc else "cancelled"
+            expected = {"completed": "result", "failed": "JobFailedError", "cancelled": "JobCancelledError"}[final]
+            if what != expected:
+                self.fail(f"waiter of {job_id} ({inc.token}) got {what}, its incarnation ended {final}")
+
+    def check_reruns(self) -> None:
+        by_job: dict[str, list[Run]] = {}
+        for run in self.runs:
+            by_job.setdefault(run.job_id, []).append(run)
+        for job_id, runs in by_job.items():
+            returned = [r for r in runs if r.returned]
+            if len(returned) < 2 and not (returned and runs[-1] is not returned[-1]):
+                continue
+            if len(self.incarnations.get(job_id, ())) > 1:
+                continue  # enqueued again after a cancel: a new incarnation may run again
+            first = returned[0]
+            excused = self.faulty_by_worker.get(first.worker)
+            if excused is None or not (
+                excused.faults_on(job_id, "settle") or excused.faults_on(job_id, "start") or excused.dead
+            ):
+                self.fail(f"job {job_id} ran again after its handler returned, with no failed settlement: {runs}")
+
+
+def _live_tasks() -> int:
+    """Tasks started under the current one (a client library's own system tasks, such as
+    valkey-glide's, are not ours to judge)."""
+    count = 0
+    todo = [trio.lowlevel.current_task()]
+    while todo:
+        task = todo.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return count
+
+
+async def _walk(storage: Storage, seed: int) -> None:
+    name = f"model-{seed}"
+    walk = Walk(storage, seed, name)
+    baseline = _live_tasks()
+    async with storage, trio.open_nursery() as nursery:
+        producer_storage = FaultyStorage(storage, PRODUCER_FAULTS, seed=seed)
+        producer: Queue[Any, Any] = Queue(producer_storage, name=name, result_ttl=TTL)
+        await nursery.start(producer.run)
+        ops = ["start", "start", "enqueue", "enqueue", "enqueue", "wait", "wait", "cancel", "reenqueue", "stop", "force", "crash", "sleep"]
+        for _ in range(walk.rng.randint(8, 18)):
+            op = walk.rng.choice(ops)
+            if op == "start" and len(walk.consumers) < 3:
+                await walk.start_consumer(nursery)
+            elif op in ("enqueue", "wait"):
+                await walk.enqueue(producer, nursery, op == "wait")
+            elif op == "cancel":
+                await walk.cancel(producer)
+            elif op == "reenqueue":
+                await walk.reenqueue(producer, nursery)
+            elif op in ("stop", "force", "crash"):
+                await walk.stop_consumer({"stop": "graceful", "force": "force", "crash": "crash"}[op])
+            else:
+                await trio.sleep(walk.rng.uniform(0.01, 0.3))
+            await walk.check_attempts()
+        # Quiesce: a healthy consumer (and reaper) finishes everything.
+        healthy: Queue[Any, Any] = Queue(
+            storage, name=name, handler=walk.handler, concurrency=4, max_attempts=3, retry_delay=0,
+            block_timeout=0.2, visibility_timeout=LEASE, result_ttl=TTL,
+        )  # fmt: skip
+        producer_storage.enabled = False
+        for consumer in walk.consumers:
+            consumer.faulty.enabled = False
+        async with healthy, healthy.events("completed", "failed", "cancelled", "resync") as stream:
+            with trio.fail_after(60):
+                while True:
+                    states = [await storage.get_job(name, j) for j in walk.incarnations]
+                    if all(r is not None and r.state.split(":")[0] in ("completed", "failed", "cancelled") for r in states):
+                        break
+                    with trio.move_on_after(LEASE):  # a stalled job shows no event until the reaper
+                        await stream.__anext__()
+            with trio.fail_after(60):
+                for _, _, outcome in walk.waiters:
+                    while not outcome:
+                        await trio.sleep(0.01)
+        await walk.check_attempts()
+        await walk.check_final()
+        while walk.consumers:
+            await walk.stop_consumer("graceful")
+        producer.stop()
+    if _live_tasks() > baseline:
+        walk.fail(f"{_live_tasks() - baseline} task(s) left running after the queues exited")
+    # Nothing grows once results expire: every entry goes, dead workers too.
+    async with storage:
+        for job_id in walk.incarnations:
+            await storage.update_result_ttl(name, job_id, 0.01)
+        await trio.sleep(max(LEASE, 0.05) + 0.05)  # TTLs and heartbeats run out: no event says so
+        await storage.recover_stalled(name)
+        left = [j for j in walk.incarnations if await storage.get_job(name, j) is not None]
+        if left:
+            walk.fail(f"entries left after their TTL: {left[:5]}")
+        if await storage.workers(name, include_expired=True):
+            walk.fail(f"dead workers left in the registry: {await storage.workers(name, include_expired=True)}")
+
+
+@pytest.mark.parametrize("backend", ["memory", "file", "redis"])
+async def test_random_walks_keep_the_invariants(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    for seed in _examples(backend):
+        storage = _make_storage(backend, request, tmp_path / f"walk-{seed}")
+        await _walk(storage, seed)
