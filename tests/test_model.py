@@ -37,7 +37,6 @@ from trioqueue import (
     Job,
     JobCancelledError,
     JobFailedError,
-    JobState,
     Queue,
     QueueStoppedError,
     Storage,
