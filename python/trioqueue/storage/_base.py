@@ -57,6 +57,16 @@ __all__ = [
 ]
 
 
+# The kinds of state strings (``parse_state``), shared by the backends.
+QUEUED = "queued"
+PROCESSING = "processing"
+FAILING = "failing"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLED = "cancelled"
+DELAYED = "delayed"
+
+
 class NewJob(NamedTuple):
     """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
     ``token`` names this incarnation of the id (unique; made by the producer); ``run_at``

@@ -15,7 +15,8 @@ What it encodes (see /work/shared/notes/redis-clients-under-trio.md for the meas
 from __future__ import annotations
 
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -272,9 +273,6 @@ class GlideAdapter:
         blocked command and the script behind it); a client whose call completed goes back
         to the idle pool. Connection faults are raised as :class:`StorageError` after the
         client was discarded (the caller retries)."""
-        client = self._idle_blockers.pop() if self._idle_blockers else None
-        if client is None:
-            client = await self._create(self._config(request_timeout=timeout + 5.0))
         if self.params.cluster:
             batch: Any = _g.ClusterBatch(is_atomic=False)
             options: Any = _g.ClusterBatchOptions(timeout=int((timeout + 5.0) * 1000))
@@ -283,19 +281,8 @@ class GlideAdapter:
             options = _g.BatchOptions(timeout=int((timeout + 5.0) * 1000))
         batch.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
         batch.custom_command(["EVALSHA", script.get_hash(), str(len(keys)), *keys, *args])
-        ok = False
-        try:
+        async with self._blocker(timeout, "blocking claim failed") as client:
             replies = await client.exec(batch, raise_on_error=False, options=options)
-            ok = True
-        except _g.GlideError as exc:
-            self._on_fault()
-            raise StorageError(f"blocking claim failed: {exc}") from exc
-        finally:
-            if ok and not self._closed:
-                self._idle_blockers.append(client)
-            else:
-                with trio.CancelScope(shield=True):
-                    await _close_quietly(client)
         if not replies or len(replies) != 2 or isinstance(replies[0], Exception):
             raise StorageError(f"blocking claim failed: {replies!r:.200}")
         return replies[0], replies[1]
@@ -303,23 +290,30 @@ class GlideAdapter:
     async def blocking_call(self, args: Sequence[str], timeout: float) -> Any:
         """A blocking command (``XREAD BLOCK ...``) on a dedicated client from the same
         pool as :meth:`blocking_move_then`; cancellation closes the client."""
+        async with self._blocker(timeout, "blocking wait failed") as client:
+            return await client.custom_command(list(args))
+
+    @asynccontextmanager
+    async def _blocker(self, timeout: float, what: str) -> AsyncIterator[Any]:
+        """A dedicated client for one blocking call: back to the idle pool if the call
+        completed, closed if it failed or was cancelled (the server drops what it was
+        blocked on). GLIDE errors become :class:`StorageError`."""
         client = self._idle_blockers.pop() if self._idle_blockers else None
         if client is None:
             client = await self._create(self._config(request_timeout=timeout + 5.0))
         ok = False
         try:
-            reply = await client.custom_command(list(args))
+            yield client
             ok = True
         except _g.GlideError as exc:
             self._on_fault()
-            raise StorageError(f"blocking wait failed: {exc}") from exc
+            raise StorageError(f"{what}: {exc}") from exc
         finally:
             if ok and not self._closed:
                 self._idle_blockers.append(client)
             else:
                 with trio.CancelScope(shield=True):
                     await _close_quietly(client)
-        return reply
 
     # -- pub/sub ---------------------------------------------------------------------
 

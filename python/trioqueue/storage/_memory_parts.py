@@ -13,13 +13,11 @@ from .._core import MpmcQueue, format_state
 from .._models import EnqueueStatus
 from ._base import EnqueueOutcome, NewJob, StorageEvent
 
-_QUEUED = "queued"
-_PROCESSING = "processing"
-_FAILING = "failing"
-_COMPLETED = "completed"
-_FAILED = "failed"
-_CANCELLED = "cancelled"
-_DELAYED = "delayed"
+from ._base import DELAYED as _DELAYED
+from ._base import FAILING as _FAILING
+from ._base import PROCESSING as _PROCESSING
+from ._base import QUEUED as _QUEUED
+
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 

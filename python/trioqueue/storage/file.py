@@ -122,13 +122,14 @@ __all__ = ["FileStorage"]
 
 log = logging.getLogger("trioqueue.storage.file")
 
-_QUEUED = "queued"
-_PROCESSING = "processing"
-_FAILING = "failing"
-_COMPLETED = "completed"
-_FAILED = "failed"
-_CANCELLED = "cancelled"
-_DELAYED = "delayed"
+from ._base import CANCELLED as _CANCELLED
+from ._base import COMPLETED as _COMPLETED
+from ._base import DELAYED as _DELAYED
+from ._base import FAILED as _FAILED
+from ._base import FAILING as _FAILING
+from ._base import PROCESSING as _PROCESSING
+from ._base import QUEUED as _QUEUED
+
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 _SEQ_START = 1 << 62

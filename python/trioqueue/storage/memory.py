@@ -36,22 +36,16 @@ from ._base import (
     ttl_update_status,
 )
 
-__all__ = ["MemoryStorage"]
+from ._base import CANCELLED as _CANCELLED
+from ._base import COMPLETED as _COMPLETED
+from ._base import DELAYED as _DELAYED
+from ._base import FAILED as _FAILED
+from ._base import FAILING as _FAILING
+from ._base import PROCESSING as _PROCESSING
+from ._base import QUEUED as _QUEUED
+from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
-from ._memory_parts import (
-    _CANCELLED,
-    _COMPLETED,
-    _DELAYED,
-    _FAILED,
-    _FAILING,
-    _PROCESSING,
-    _QUEUED,
-    _QUEUED_OUTCOME,
-    _Q,
-    _Rec,
-    _Subscriber,
-    _Waiter,
-)
+__all__ = ["MemoryStorage"]
 
 
 class MemoryStorage(Storage):
