@@ -518,10 +518,11 @@ async def test_forced_stop_returns_running_job_to_the_queue(storage: Storage, qu
                     await started.wait()
                     scope.cancel()
             status = await producer.get_status("stuck")
-            assert status.state is JobState.QUEUED and status.attempts == 0
+            # back in the queue; the interrupted attempt stays counted (never goes down)
+            assert status.state is JobState.QUEUED and status.attempts == 1
 
             async with Queue(storage, name=queue_name, handler=echo, **FAST) as again:
-                assert await again.enqueue_and_wait("stuck", 1) == {"echo": 1, "attempt": 1}
+                assert await again.enqueue_and_wait("stuck", 1) == {"echo": 1, "attempt": 2}
 
 
 async def test_reaper_recovers_job_of_dead_worker(storage: Storage, queue_name: str) -> None:
@@ -672,7 +673,7 @@ async def test_body_exception_propagates_unwrapped_and_jobs_go_back(storage: Sto
                     await started.wait()
                 raise KeyError("app bug")
         status = await producer.get_status("j")
-        assert status is not None and status.state is JobState.QUEUED and status.attempts == 0
+        assert status is not None and status.state is JobState.QUEUED and status.attempts == 1
 
 
 async def test_run_as_a_service_with_nursery_start(storage: Storage, queue_name: str) -> None:

@@ -233,7 +233,8 @@ async def test_cancelled_blocked_claim_never_loses_a_job(st: RedisStorage, order
         assert held in ([], [job_id])
         assert await st.release("q", "w1", held) == len(held)
         claims = await st.dequeue("q", "w2", 10, 2, 30)
-        assert [(c.id, c.attempts) for c in claims] == [(job_id, 1)], (order, round_)
+        # attempt 2 if the cancelled claim counted one (attempts never go back), else 1
+        assert [c.id for c in claims] == [job_id] and claims[0].attempts in (1, 2), (order, round_)
         assert await st.settle("q", "w2", [_done(claims[0], ttl=1)]) == [True]
         assert await st.held_jobs("q", "w1") == []
 

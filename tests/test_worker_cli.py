@@ -95,7 +95,7 @@ async def test_second_signal_forces_and_the_running_job_goes_back(app: Path) -> 
             await _wait_log(lines, "received SIGINT again: forcing the stop")
             assert await proc.wait() == 130
             status = await producer.get_status("stuck")
-            assert status is not None and status.state is JobState.QUEUED and status.attempts == 0
+            assert status is not None and status.state is JobState.QUEUED and status.attempts == 1
 
 
 async def test_factory_and_storage_url_override(app: Path) -> None:

@@ -306,9 +306,10 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
         """Give claimed-but-unfinished jobs back: move each from the worker's processing
-        list to the *front* of the ready list, state ``queued``; a started claim's attempt
-        counter is decremented (the attempt did not happen). Returns how many were
-        released. Used at shutdown and when reconciling after a cancelled claim."""
+        list to the *front* of the ready list, state ``queued``. Attempts never go down: a
+        started claim's attempt stays counted (its handler may have run in part), a
+        reserved claim's was never counted. Returns how many were released. Used at
+        shutdown and when reconciling after a cancelled claim."""
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         """Count the attempts of reserved claims ``(job_id, claim_token)`` whose handlers are

@@ -1232,8 +1232,6 @@ class FileStorage(Storage):
                 r.ts = now_ms
                 r.worker = None
                 r.lease = None
-                if r.started:
-                    r.attempts -= 1
                 r.started = False
                 r.claim = None
                 r.mk = _seq_name(front + 1 + i, enc)

@@ -358,8 +358,6 @@ class MemoryStorage(Storage):
                 rec.kind = _QUEUED
                 rec.ts_ms = now_ms
                 rec.worker = None
-                if rec.started:
-                    rec.attempts -= 1
                 rec.started = False
                 rec.claim = None
                 rec.lease_deadline = math.inf

@@ -1,6 +1,7 @@
 -- KEYS[19]: the worker's processing list. ARGV: worker, ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
--- claim's attempt is undone; a job with a cancel request ends cancelled instead).
+-- claim's attempt stays counted: attempts never go down; a job with a cancel request
+-- ends cancelled instead).
 -- Returns how many went back.
 --@include _prelude
 --@include _cancel
@@ -34,7 +35,6 @@ for i = 2, #ARGV do
           if m.x == 1 then
             cancel_claimed(id, m, now, W)
           else
-            if m.s == 1 then m.a = m.a - 1 end
             m.s = 0
             m.w = nil
             m.l = nil
