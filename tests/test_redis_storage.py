@@ -252,7 +252,7 @@ async def test_reaper_recovers_jobs_moved_but_never_claimed(st: RedisStorage) ->
     lease; recover_stalled puts it back once the worker is not alive."""
     await st.enqueue("q", [_job("m")])
     base = st._base("q")
-    await st.dequeue("q", "dead", 1, 0, 30)  # registers the worker's list; claims 'm'
+    await st.dequeue("q", "dead", 1, 0, 30, 0)  # registers the worker's list; reserves 'm'
     await st.release("q", "dead", ["m"])
     await st._adapter.command(["LMOVE", base + ":queue", base + ":processing:dead", "LEFT", "RIGHT"])
     assert await st.held_jobs("q", "dead") == ["m"]
