@@ -224,7 +224,8 @@ class Walk:
         job_id = self.rng.choice(sorted(self.incarnations))
         try:
             result = await producer.cancel(job_id)
-        except StorageError:
+        except StorageError:  # it may have landed (its reply was lost): maybe cancelled
+            self.incarnations[job_id][-1].cancel_requested = True
             return
         if result.status.value == "cancelled":
             self.incarnations[job_id][-1].cancel_requested = True
