@@ -67,11 +67,64 @@ elseif MOVED ~= '' and #out < MX then
     if r == 'back' then back[#back + 1] = MOVED end
   end
 end
-while #out < MX and not paused do
-  local entries = redis.call('LPOP', Q, MX - #out)
+-- The ready list, in batches: one HMGET per hash for the popped entries and one write
+-- per hash for the claims (a redis.call per job and hash would cost more than the work).
+local claimed = {}
+local w_meta, w_jobs, w_leases, c_ids, c_meta = {}, {}, {}, {}, {}
+local processing = 'processing:' .. now .. ':' .. W
+while #out + #c_ids < MX and not paused do
+  local entries = redis.call('LPOP', Q, MX - #out - #c_ids)
   if not entries then break end
-  for _, entry in ipairs(entries) do
-    if try(entry) == 'claim' then took[#took + 1] = entry end
+  local ids, toks = {}, {}
+  for k, e in ipairs(entries) do
+    local tok, id = split(e)
+    toks[k] = tok
+    ids[k] = id or ''
+  end
+  local sts = redis.call('HMGET', JOBS, unpack(ids))
+  local metas = redis.call('HMGET', META, unpack(ids))
+  for k, entry in ipairs(entries) do
+    local id = ids[k]
+    if id ~= '' and not claimed[id] and metas[k] and starts(sts[k], 'queued:') then
+      local m = cjson.decode(metas[k])
+      if tostring(m.k) == toks[k] then
+        claimed[id] = true
+        m.n = (m.n or 0) + 1
+        m.l = m.i .. '.' .. m.n
+        m.w = W
+        if #out + #c_ids < START then
+          m.a = m.a + 1
+          m.s = 1
+        else
+          m.s = 0
+        end
+        w_meta[#w_meta + 1] = id
+        w_meta[#w_meta + 1] = cjson.encode(m)
+        w_jobs[#w_jobs + 1] = id
+        w_jobs[#w_jobs + 1] = processing
+        w_leases[#w_leases + 1] = now + LEASE
+        w_leases[#w_leases + 1] = id
+        c_ids[#c_ids + 1] = id
+        c_meta[#c_meta + 1] = m
+        took[#took + 1] = entry
+      end
+    end
+  end
+end
+if #c_ids > 0 then
+  for i = 1, #w_meta, 1000 do
+    redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta)))
+    redis.call('HSET', JOBS, unpack(w_jobs, i, math.min(i + 999, #w_jobs)))
+    redis.call('ZADD', L, unpack(w_leases, i, math.min(i + 999, #w_leases)))
+  end
+  local envs = {}
+  for i = 1, #c_ids, 1000 do
+    local part = redis.call('HMGET', ENV, unpack(c_ids, i, math.min(i + 999, #c_ids)))
+    for _, e in ipairs(part) do envs[#envs + 1] = e end
+  end
+  for k, id in ipairs(c_ids) do
+    local m = c_meta[k]
+    out[#out + 1] = {id, envs[k], m.s == 1 and m.a or m.a + 1, m.l, m.s}
   end
 end
 for i = 1, #took, 1000 do  -- in chunks: Lua's unpack has a stack limit
