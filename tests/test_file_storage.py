@@ -479,3 +479,33 @@ async def test_opening_a_big_store_leaves_the_loop_running(tmp_path: Path) -> No
         async with FileStorage(tmp_path / "d", fsync=False):  # start-up repair scans every job
             opened.set()
     assert ticks > 1  # the loop kept running during the scan
+
+
+async def test_enqueues_carried_by_a_cancelled_group_all_return(tmp_path: Path) -> None:
+    """Ctrl-C during a busy demo hung: a call whose group was carried by another call that
+    was waiting for the lock waited (shielded) for a write that the cancelled carrier gave
+    back instead of doing."""
+    st = FileStorage(tmp_path / "d", fsync=False)
+    async with st:
+        await st.enqueue("q", [job("first")])
+        q = st._q("q")
+        for round_ in range(20):  # Trio shuffles which cancelled task runs first: both orders
+            scopes = [trio.CancelScope() for _ in range(4)]
+
+            async def call(k: int, job_id: str) -> None:
+                with scopes[k]:
+                    await st.enqueue("q", [job(job_id)])
+
+            with trio.fail_after(10):  # a deadlock hangs here (or forever: the wait is shielded)
+                async with q.trio_lock(), trio.open_nursery() as nursery:  # the lock is busy
+                    nursery.start_soon(call, 0, f"lead{round_}")  # carries the group [lead]
+                    await trio.testing.wait_all_tasks_blocked()
+                    for i in range(3):  # they queue behind it
+                        nursery.start_soon(call, i + 1, f"c{round_}-{i}")
+                    await trio.testing.wait_all_tasks_blocked()
+                    scopes[0].cancel()  # the carrier gives up; the next one carries the other two
+                    await trio.testing.wait_all_tasks_blocked()
+                    for scope in scopes[1:]:  # ...and all of them are cancelled at once
+                        scope.cancel()
+        assert all([await st.get_job("q", f"c{r}-{i}") is None for r in range(20) for i in range(3)])
+        assert (await st.enqueue("q", [job("after")]))[0].status.value == "queued"

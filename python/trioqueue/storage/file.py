@@ -369,13 +369,14 @@ class _Q:
 class _EnqReq:
     """One enqueue call waiting for its jobs to be written by the group it joined."""
 
-    __slots__ = ("jobs", "out", "error", "done")
+    __slots__ = ("jobs", "out", "error", "done", "moved")
 
     def __init__(self, jobs: Sequence[NewJob]) -> None:
         self.jobs = jobs
         self.out: list[EnqueueOutcome] | None = None
         self.error: BaseException | None = None
         self.done = trio.Event()
+        self.moved = trio.Event()  # set when the group carrying it is done or gave it back
 
 
 class _EnqState:
@@ -726,11 +727,14 @@ class FileStorage(Storage):
                     continue
                 await self._write_group(q, st, req)
         except BaseException:
-            if req in st.pending:
-                st.pending.remove(req)  # never written: nothing to undo
-            elif not req.done.is_set():
-                with trio.CancelScope(shield=True):  # our group is being written: let it land
-                    await req.done.wait()
+            # Never written: withdraw. Carried by a group: wait (shielded) until that group
+            # is written, or gives it back because its carrier was cancelled before the lock.
+            with trio.CancelScope(shield=True):
+                while not req.done.is_set():
+                    if req in st.pending:
+                        st.pending.remove(req)
+                        break
+                    await req.moved.wait()
             raise
         if req.error is not None:
             if isinstance(req.error, OSError):
@@ -744,15 +748,18 @@ class FileStorage(Storage):
         st.running = True
         st.idle = trio.Event()
         group, st.pending = st.pending, []
+        for r in group:
+            r.moved = trio.Event()
         try:
             try:
                 lock = self._alock(q)
                 await lock.__aenter__()
             except BaseException:
-                # Cancelled waiting for the lock: the others go back, first in line.
-                st.pending[:0] = [r for r in group if r is not leader]
-                if leader not in st.pending:
-                    st.pending.insert(0, leader)
+                # Cancelled waiting for the lock: the whole group goes back, first in line
+                # (each call withdraws itself if it is cancelled too).
+                st.pending[:0] = group
+                for r in group:
+                    r.moved.set()
                 raise
             with trio.CancelScope(shield=True):
                 fds: list[int] = []
@@ -774,6 +781,7 @@ class FileStorage(Storage):
                 finally:
                     for r in group:
                         r.done.set()
+                        r.moved.set()
         finally:
             st.running = False
             st.idle.set()
