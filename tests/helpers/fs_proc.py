@@ -84,7 +84,7 @@ def _die() -> None:
 
 async def crash(scenario: str, directory: str, queue: str) -> None:
     """Die inside a write. The parent prepared the queue (see test_file_storage.py)."""
-    import trioqueue.storage.file as fmod
+    import trioqueue.storage.file._core as fmod  # where segments are written and linked
 
     st = FileStorage(directory)
     await st.open()
@@ -100,7 +100,7 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
     elif scenario == "enqueue-after-records":
         # jobs/<id> linked for every job, no ready/ marker yet.
-        fmod.FileStorage._link_marker = lambda *a: _die()  # type: ignore[method-assign]
+        FileStorage._link_marker = lambda *a: _die()  # type: ignore[method-assign]
         await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
     elif scenario == "enqueue-mid-records":
         # Killed after the first job's jobs/<id> link, before the others'.
@@ -119,20 +119,20 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
     elif scenario == "claim-before-records":
         # Jobs renamed into proc/<worker>/, records not yet rewritten as processing.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
-        fmod.FileStorage._commit = lambda *a, **k: _die()  # type: ignore[method-assign]
+        FileStorage._commit = lambda *a, **k: _die()  # type: ignore[method-assign]
         await st.dequeue(queue, "wc", 10, 0, 30.0)
     elif scenario == "settle-after-records":
         # Records re-pointed to the settlement, delayed/ link and proc/ unlinks not done.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
         assert [c.id for c in claims] == ["r1", "c1"], claims
-        orig_commit = fmod.FileStorage._commit
+        orig_commit = FileStorage._commit
 
         def commit(*a, **k):  # type: ignore[no-untyped-def]
             orig_commit(*a, **k)
             _die()
 
-        fmod.FileStorage._commit = commit  # type: ignore[method-assign]
+        FileStorage._commit = commit  # type: ignore[method-assign]
         await st.settle(
             queue,
             "wc",

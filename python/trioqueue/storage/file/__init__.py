@@ -1,0 +1,69 @@
+"""FileStorage: a persistent, single-node backend on a plain directory, without a server.
+
+Layout (every queue name, job id and worker id is encoded with
+:func:`~trioqueue.storage._fsutil.encode_name`: never a raw file name)::
+
+    <directory>/
+      locks/                  leader locks: one JSON file per lock name, ``.flock`` guards them
+      q/<queue>/
+        lock                  flock(2) of the queue's critical sections; holds the two
+                              sequence counters (next FIFO number, next front number)
+        events                append-only event log (JSON lines), rotated when large
+        jobs/<id>             the job registry: a hard link to the segment holding the
+                              job's current record (state, attempts, lease, TTLs, envelope,
+                              result/error); re-pointed atomically (link to temp + rename)
+        ready/<seq>-<id>      the ready list, FIFO by the 16-hex-digit sequence number
+                              (released jobs get numbers below all others)
+        proc/<worker>/<id>    a worker's processing list (the lease is in the record)
+        delayed/<ms>-<id>     retries waiting until ``ms``
+        expiry/<ms>-s<seg>    a link to a segment with expiring records; ``ms`` is the
+                              earliest expiry still to handle (the cleaner's index)
+        workers/<worker>      heartbeat files; mtime is the expiry
+        names/<worker>        original id of a hashed (very long) worker name
+        quarantine/           unreadable files moved aside
+
+**Segments.** Creating an inode costs ~0.5 ms here while a link or rename costs ~20 us, so
+no step creates an inode per job: each batch (an enqueue call, or the concurrent enqueue
+calls of one Trio run coalesced into one group; a claim; a settlement; a heartbeat; a
+reaper pass...) writes *one* segment file holding all its records, with an index by
+encoded id and a CRC (see ``_fsutil``), and every name of a job is a hard link to a
+segment: ``jobs/<id>``, and the markers in ``ready/``, ``delayed/`` and ``proc/`` (their
+content is never read: only their names count). A segment is never written after its first
+link, so readers (other processes too, without the lock) only ever see complete data;
+processes cache parsed segments by their random id. The file system frees a segment when
+its last link goes: no garbage collection.
+
+**Write order** (all under the queue's ``flock``; the temp names are ``jobs/.tmp-<pid>-*``,
+removed at start when their process is dead):
+
+- enqueue: segment (temp name) -> ``jobs/<id>`` links -> ``ready/`` links -> temp name
+  unlinked -> counters. Then the group commit fdatasyncs the segment and fsyncs
+  ``jobs/`` and ``ready/`` before the call returns (acknowledged = on disk). Crash before
+  a ``jobs/`` link: the job does not exist (it was not acknowledged). After it but before
+  its ``ready/`` link: start-up repair re-links the marker under its original name.
+- claim: ``rename(ready/<seq>-<id>, proc/<worker>/<id>)`` *is* the claim (atomic, so two
+  consumers never both get a job); then one segment of processing records (attempts + 1,
+  worker, lease) re-points ``jobs/<id>``. Crash between: the record still says queued with
+  its old marker name: ``recover_stalled`` renames the entry back to ``ready/`` (the
+  attempt did not happen).
+- settle: segment -> ``expiry/`` link -> ``jobs/<id>`` re-pointed -> ``delayed/`` links of
+  retries -> proc entries unlinked; group commit (segment, ``jobs/``, ``delayed/``,
+  ``expiry/``). Crash before a re-point: the job is still processing and the reaper
+  recovers it (the settlement was not acknowledged). After it: the reaper drops the stale
+  proc entry; a failing record without its ``delayed/`` link gets it back at start.
+- release / reaper requeue / retry promotion: the records are re-pointed first (queued,
+  naming their new ready marker), then the marker is renamed into ``ready/``. Crash
+  between: a queued record whose entry is still in ``proc/`` is moved back by the reaper
+  ("claim interrupted"); one whose ``delayed/`` entry was not moved is restored at start.
+- heartbeat: one segment with the extended leases re-points the running jobs' records.
+
+Corrupt segments (bad magic/CRC/index) are quarantined name by name as they are met,
+with an ``error`` event; a damaged segment affects every job whose current record is in
+it. Blocking ``dequeue`` and ``subscribe`` wake on inotify notifications, with a slow
+re-scan as a safety net. No ``syncfs``: only the group's few segment files and the touched
+directories are flushed.
+"""
+
+from ._storage import FileStorage
+
+__all__ = ["FileStorage"]

@@ -1,0 +1,398 @@
+"""FileStorage, consumer side: claims, settlements, releases, starts, heartbeats, progress."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import trio
+
+from .._base import COMPLETED as _COMPLETED
+from .._base import FAILED as _FAILED
+from .._base import FAILING as _FAILING
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
+from .._base import (
+    Claim,
+    SettleKind,
+    Settlement,
+    StorageEvent,
+)
+from .._fsutil import (
+    Rec,
+    decode_name,
+    encode_name,
+)
+from ._core import FileCore
+from ._layout import (
+    _Q,
+    _close_on_error,
+    _mtime,
+    _seq_name,
+    _unlink,
+)
+
+__all__ = ["Consumer"]
+
+
+class Consumer(FileCore):
+    """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+    def _claim_locked(
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int
+    ) -> tuple[list[Claim], float]:
+        claims: list[Claim] = []
+        events: list[StorageEvent] = []
+        now = time.time()
+        next_due = self._promote(q, now, events)
+        if os.path.exists(q.paused):
+            self._publish(q, events)
+            return claims, next_due
+        now_ms = int(now * 1000)
+        deadline = now + lease
+        enc_w = self._worker_enc(q, worker_id)
+        pdir = q.proc_dir(enc_w)
+        _, front = q.counters()
+        if front != q.cache_front:
+            q.cache.clear()
+        listed = False
+        items: dict[str, Rec] = {}
+        while len(claims) < max_jobs:
+            if not q.cache:
+                if listed:
+                    break
+                listed = True
+                q.cache = deque(sorted(os.listdir(q.ready)))
+                q.cache_front = front
+                if not q.cache:
+                    break
+            name = q.cache.popleft()
+            parsed = self._marker(q, q.ready, name)
+            if parsed is None:
+                continue
+            enc = parsed[1]
+            target = os.path.join(pdir, enc)
+            try:
+                os.rename(os.path.join(q.ready, name), target)
+            except FileNotFoundError:
+                continue  # claimed by someone else, or cancelled
+            r = self._read(q, enc)
+            if r is None or r.kind != _QUEUED or r.mk != name:
+                _unlink(target)  # stale marker (cancelled job, or an old copy)
+                continue
+            r.kind = _PROCESSING
+            r.ts = now_ms
+            r.worker = worker_id
+            r.claims += 1
+            r.claim = f"{r.token}.{r.claims}"
+            r.started = len(claims) < start
+            if r.started:
+                r.attempts += 1
+            r.mk = None
+            r.lease = deadline
+            items[enc] = r
+            claims.append(Claim(r.id, r.envelope, r.attempts + (not r.started), r.claim, r.started))
+        # The renames above are the claims; then one segment of processing records
+        # (attempts, worker, lease). A crash between leaves proc entries whose record is
+        # still queued: recover_stalled puts them back in ready/ (no attempt counted).
+        self._commit(q, items, None)
+        self._publish(q, events)
+        self._maybe_clean(q, now)
+        return claims, next_due
+
+    async def _claim(
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int
+    ) -> tuple[list[Claim], float]:
+        async with self._alock(q):
+            return self._claim_locked(q, worker_id, max_jobs, lease, start)
+
+    async def dequeue(
+        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
+    ) -> list[Claim]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        start = max_jobs if start is None else start
+        give_up = trio.current_time() + timeout
+        watch = q.watch("ready")
+        while True:
+            gen = watch.gen
+            # The lock wait is the only cancellable step: once claimed, the claims are returned.
+            claims, next_due = await self._claim(q, worker_id, max_jobs, lease, start)
+            if claims:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return claims
+            left = give_up - trio.current_time()
+            if left <= 0:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return []
+            await watch.wait(gen, min(left, self._rescan, max(next_due - time.time(), 0.0) + 0.001))
+
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        """One segment for the whole call. Order: segment -> expiry entry -> ``jobs/<id>``
+        re-pointed -> ``delayed/`` links of retries -> proc entries unlinked; then the
+        group commit. A crash before a job's record is re-pointed leaves it processing
+        (the reaper recovers it: the settlement was not acknowledged); after it, the stale
+        proc entry is dropped by the reaper, and a missing ``delayed/`` link of a failing
+        record is restored at start. Fenced by the claim token; a settlement of a claim
+        that is already settled (a retried call) answers True and changes nothing."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        out: list[bool] = []
+        events: list[StorageEvent] = []
+        fds: list[int] = []
+        dirs = {q.jobs_fd}
+        items: dict[str, Rec] = {}
+        retries: list[tuple[str, str]] = []
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                now_ms = int(now * 1000)
+                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                for s in settlements:
+                    enc = encode_name(s.id)
+                    marker = os.path.join(pdir, enc)
+                    r = self._read(q, enc) if enc not in items else None
+                    held = (
+                        r is not None
+                        and r.kind == _PROCESSING
+                        and r.worker == worker_id
+                        and r.claim == s.token
+                        and os.path.exists(marker)
+                    )
+                    if r is None or not held:
+                        if r is not None and r.claim == s.token and r.kind != _PROCESSING:
+                            out.append(True)  # settled by this very claim already: a retried call
+                            continue
+                        out.append(False)
+                        events.append(StorageEvent("fenced", s.id, worker_id, token=r.token if r else None))
+                        continue
+                    out.append(True)
+                    if not r.started and s.kind is not SettleKind.CANCEL:
+                        r.attempts += 1  # settled without start(): the attempt happened
+                    r.ts = now_ms
+                    r.worker = None
+                    r.lease = None
+                    if s.kind is SettleKind.CANCEL or (s.kind is SettleKind.RETRY and r.cancel_requested):
+                        self._cancel_claimed(q, r, now, worker_id, events)
+                    elif s.kind is SettleKind.COMPLETE:
+                        r.kind = _COMPLETED
+                        r.result = s.data
+                        r.exp = now + s.ttl
+                        events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=r.token))
+                    elif s.kind is SettleKind.FAIL:
+                        r.kind = _FAILED
+                        r.error = s.data
+                        r.exp = now + s.ttl
+                        events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=r.token))
+                    else:
+                        run_ms = int((now + s.delay) * 1000)
+                        mk = _seq_name(run_ms, enc)
+                        r.kind = _FAILING
+                        r.error = s.data
+                        r.mk = mk
+                        retries.append((enc, mk))
+                        events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=r.token))
+                    items[enc] = r
+                if self._commit(q, items, fds):
+                    dirs.add(q.expiry_fd)
+                for enc, mk in retries:
+                    self._link_marker(q, enc, q.delayed, mk)
+                if retries:
+                    dirs.add(q.delayed_fd)
+                for enc in items:
+                    _unlink(os.path.join(pdir, enc))
+                self._publish(q, events)
+        await self._finish(fds, dirs, bool(items))
+        return out
+
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        events: list[StorageEvent] = []
+        n = 0
+        async with self._alock(q):
+            now = time.time()
+            now_ms = int(now * 1000)
+            pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+            nxt, front = q.counters()
+            # Released jobs go before everything, in the order given.
+            todo = []
+            cancelled: dict[str, Rec] = {}
+            seen: set[str] = set()
+            for job_id in job_ids:
+                enc = encode_name(job_id)
+                marker = os.path.join(pdir, enc)
+                if enc in seen or not os.path.exists(marker):
+                    continue
+                r = self._read(q, enc)
+                if r is None or r.kind != _PROCESSING or r.worker != worker_id:
+                    _unlink(marker)
+                    continue
+                seen.add(enc)
+                if r.cancel_requested:
+                    self._cancel_claimed(q, r, now, worker_id, events)
+                    cancelled[enc] = r
+                    continue
+                todo.append((enc, marker, r))
+            front -= len(todo)
+            items: dict[str, Rec] = dict(cancelled)
+            for i, (enc, marker, r) in enumerate(todo):
+                r.kind = _QUEUED
+                r.ts = now_ms
+                r.worker = None
+                r.lease = None
+                r.started = False
+                r.claim = None
+                r.mk = _seq_name(front + 1 + i, enc)
+                items[enc] = r
+            # Records first, then the markers move back (a crash between: the reaper sees a
+            # queued record whose marker is still in proc/ and moves it to ready/).
+            self._commit(q, items, None)
+            for enc in cancelled:
+                _unlink(os.path.join(pdir, enc))
+            for enc, marker, r in todo:
+                assert r.mk is not None
+                os.rename(marker, os.path.join(q.ready, r.mk))
+                events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
+                n += 1
+            if todo:
+                q.set_counters(nxt, front)
+            self._publish(q, events)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return n
+
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        pdir = os.path.join(q.proc, encode_name(worker_id))
+        try:
+            names = os.listdir(pdir)
+        except FileNotFoundError:
+            return []
+        out = []
+        for enc in names:
+            if enc.startswith("."):
+                continue
+            job_id = decode_name(enc)
+            if job_id is None:
+                r = self._read(q, enc)
+                if r is None:
+                    continue
+                job_id = r.id
+            out.append(job_id)
+        return out
+
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        out: list[bool] = []
+        events: list[StorageEvent] = []
+        items: dict[str, Rec] = {}
+        fds: list[int] = []
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                gone: list[str] = []
+                for job_id, token in claims:
+                    found = self._held(q, pdir, worker_id, job_id, token)
+                    if found is None:
+                        out.append(False)
+                        continue
+                    enc, r = found
+                    if r.cancel_requested and not r.started:
+                        self._cancel_claimed(q, r, now, worker_id, events)
+                        items[enc] = r
+                        gone.append(enc)
+                        out.append(False)
+                        continue
+                    if not r.started:
+                        r.started = True
+                        r.attempts += 1
+                        items[enc] = r
+                    out.append(True)
+                self._commit(q, items, fds)
+                for enc in gone:
+                    _unlink(os.path.join(pdir, enc))
+                self._publish(q, events)
+        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, bool(items))
+        return out
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        now = time.time()
+        enc_w = self._worker_enc(q, worker_id)
+        wpath = os.path.join(q.workers, enc_w)
+        exp = now + ttl
+        try:
+            os.utime(wpath, (exp, exp))
+        except FileNotFoundError:
+            os.close(os.open(wpath, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            os.utime(wpath, (exp, exp))
+        requested: list[str] = []
+        if claims:
+            # The lease lives in the processing record: one new segment for all of them.
+            pdir = os.path.join(q.proc, enc_w)
+            deadline = now + lease
+            items: dict[str, Rec] = {}
+            async with self._alock(q):
+                for job_id, token in claims:
+                    found = self._held(q, pdir, worker_id, job_id, token)
+                    if found is None or found[0] in items:
+                        continue
+                    enc, r = found
+                    r.lease = deadline
+                    items[enc] = r
+                    if r.cancel_requested:
+                        requested.append(job_id)
+                self._commit(q, items, None)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return requested
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc_w = encode_name(worker_id)
+        async with self._alock(q):
+            _unlink(os.path.join(q.workers, enc_w))
+            try:
+                os.rmdir(os.path.join(q.proc, enc_w))
+                q.proc_dirs.discard(enc_w)
+            except OSError:
+                pass
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        now = time.time()
+        out = {}
+        for enc in os.listdir(q.workers):
+            if enc.startswith("."):
+                continue
+            t = _mtime(os.path.join(q.workers, enc))
+            if t is None or (t <= now and not include_expired):
+                continue
+            w = self._worker_dec(q, enc)
+            if w is not None:
+                out[w] = t
+        return out
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+            found = self._held(q, pdir, worker_id, job_id, token)
+            if found is not None:
+                enc, r = found
+                r.progress = progress
+                self._commit(q, {enc: r}, None)
+                self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=r.token)])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found is not None

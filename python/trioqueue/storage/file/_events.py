@@ -1,0 +1,116 @@
+"""FileStorage, events: following the event log across rotations."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from .._base import (
+    StorageEvent,
+)
+from .._fsutil import (
+    Watch,
+)
+from ._core import FileCore
+from ._layout import (
+    _Q,
+    _log_generation,
+    _parse_event,
+)
+
+__all__ = ["Events"]
+
+
+class Events(FileCore):
+    """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+    @asynccontextmanager
+    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        q = self._q(queue)
+        send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
+        watch = q.watch("events")
+        fd = os.open(q.events, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        offset = os.fstat(fd).st_size
+        gen = watch.gen
+        await trio.lowlevel.checkpoint()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._tail, q, watch, gen, fd, offset, send)
+            try:
+                yield receive
+            finally:
+                nursery.cancel_scope.cancel()
+                receive.close()
+
+    async def _tail(
+        self, q: _Q, watch: Watch, gen: int, fd: int, offset: int, send: trio.MemorySendChannel[list[StorageEvent]]
+    ) -> None:
+        """Follow the event log across rotations without losing an event: when the path
+        names a new file, the old one is read to its end *after* the rotation was seen (all
+        writes to it happened before the rotation, under the lock), then the new one from
+        its start. Only a reader that fell more than a whole file behind (the generation
+        jumped) or a damaged line gets a ``resync``."""
+        buf = b""
+        log_gen = _log_generation(fd)
+        try:
+            while True:
+                await watch.wait(gen, self._rescan)
+                gen = watch.gen
+                batch: list[StorageEvent] = []
+                while True:
+                    data = os.pread(fd, 1 << 20, offset)
+                    if data:
+                        offset += len(data)
+                        buf += data
+                        end = buf.rfind(b"\n")
+                        if end >= 0:
+                            lines, buf = buf[: end + 1], buf[end + 1 :]
+                            for line in lines.splitlines():
+                                ev = _parse_event(line)
+                                if ev is None:
+                                    batch.append(StorageEvent("resync", ""))
+                                elif ev.kind != "_log":
+                                    batch.append(ev)
+                        if len(data) == 1 << 20:
+                            continue
+                    size = os.fstat(fd).st_size
+                    if size < offset:  # truncated under us
+                        batch.append(StorageEvent("resync", ""))
+                        offset = 0
+                        buf = b""
+                        continue
+                    try:
+                        st = os.stat(q.events)
+                    except FileNotFoundError:
+                        break
+                    if st.st_ino != os.fstat(fd).st_ino:
+                        # Rotated. Finish the old file first: it may have grown since the
+                        # last read (before the rotation we just saw).
+                        while data := os.pread(fd, 1 << 20, offset):
+                            offset += len(data)
+                            buf += data
+                        for line in buf.splitlines():
+                            ev = _parse_event(line)
+                            if ev is not None and ev.kind != "_log":
+                                batch.append(ev)
+                        os.close(fd)
+                        fd = os.open(q.events, os.O_RDONLY | os.O_CLOEXEC)
+                        offset = 0
+                        buf = b""
+                        new_gen = _log_generation(fd)
+                        if new_gen != log_gen + 1:  # a whole file went by unread
+                            batch.append(StorageEvent("resync", ""))
+                        log_gen = new_gen
+                        continue
+                    break
+                if batch:
+                    try:
+                        send.send_nowait(batch)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        return
+        finally:
+            os.close(fd)
+            send.close()

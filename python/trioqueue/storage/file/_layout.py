@@ -1,0 +1,308 @@
+"""FileStorage's on-disk layout and the helpers every part uses (see the package docstring)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import struct
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import trio
+
+from ..._core import format_state
+from ..._models import EnqueueStatus, JobError
+from .._base import (
+    EnqueueOutcome,
+    NewJob,
+    StorageEvent,
+)
+from .._fsutil import (
+    IN_CREATE,
+    IN_MODIFY,
+    IN_MOVED_TO,
+    Rec,
+    Watch,
+)
+
+log = logging.getLogger("trioqueue.storage.file")
+
+from .._base import DELAYED as _DELAYED
+from .._base import FAILING as _FAILING
+from .._base import PROCESSING as _PROCESSING
+
+_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+
+_SEQ_START = 1 << 62
+_COUNTERS = struct.Struct("<QQ")
+_EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
+_EVENT_PAYLOAD_MAX = 64 << 10  # results/errors larger than this are not copied into events
+_CLEAN_INTERVAL = 1.0
+
+
+def _seq_name(seq: int, enc_id: str) -> str:
+    return f"{seq:016x}-{enc_id}"
+
+
+def _split_marker(name: str) -> tuple[int, str] | None:
+    if len(name) < 18 or name[16] != "-":
+        return None
+    try:
+        return int(name[:16], 16), name[17:]
+    except ValueError:
+        return None
+
+
+def _state(r: Rec) -> str:
+    if r.kind == _PROCESSING:
+        return format_state(_PROCESSING, r.ts, r.worker)
+    if r.kind == _FAILING:
+        return format_state(_FAILING, r.ts, r.attempts)
+    if r.kind == _DELAYED:
+        parsed = _split_marker(r.mk) if r.mk else None
+        return format_state(_DELAYED, r.ts, parsed[0] if parsed else r.ts)
+    return format_state(r.kind, r.ts)
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _b64(b: bytes | None) -> str | None:
+    if b is None or len(b) > _EVENT_PAYLOAD_MAX:
+        return None
+    return base64.b64encode(b).decode("ascii")
+
+
+def _event_line(ev: StorageEvent) -> dict[str, object]:
+    d: dict[str, object] = {"k": ev.kind, "j": ev.job_id}
+    if ev.worker_id is not None:
+        d["w"] = ev.worker_id
+    if ev.token is not None:
+        d["t"] = ev.token
+    r = _b64(ev.result)
+    if r is not None:
+        d["r"] = r
+    e = _b64(ev.error)
+    if e is not None:
+        d["e"] = e
+    return d
+
+
+def _parse_event(line: bytes) -> StorageEvent | None:
+    try:
+        d = json.loads(line)
+        if d.get("k") == "_log":  # a log file's header line
+            return StorageEvent("_log", "")
+        r = d.get("r")
+        e = d.get("e")
+        t = d.get("t")
+        return StorageEvent(
+            str(d["k"]),
+            str(d["j"]),
+            d.get("w"),
+            None if r is None else base64.b64decode(r),
+            None if e is None else base64.b64decode(e),
+            None if t is None else str(t),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _log_header(generation: int) -> bytes:
+    """The first line of an event log file: its generation (one more per rotation)."""
+    return b'{"k":"_log","g":%d}\n' % generation
+
+
+def _log_generation(fd: int) -> int:
+    """The generation of the event log open as ``fd`` (0: a log without a header)."""
+    head = os.pread(fd, 64, 0)
+    if not head.startswith(b'{"k":"_log","g":'):
+        return 0
+    try:
+        return int(head[len(b'{"k":"_log","g":') : head.index(b"}")])
+    except ValueError:
+        return 0
+
+
+def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
+    return JobError(
+        "StalledJobError",
+        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
+        f"and has used all {attempts} attempts",
+    )
+
+
+class _Q:
+    """This process's handles on one queue directory."""
+
+    __slots__ = (
+        "name",
+        "path",
+        "jobs",
+        "ready",
+        "proc",
+        "delayed",
+        "expiry",
+        "workers",
+        "names",
+        "quarantine",
+        "events",
+        "lock_fd",
+        "events_fd",
+        "jobs_fd",
+        "ready_fd",
+        "delayed_fd",
+        "expiry_fd",
+        "tlock",
+        "cache",
+        "cache_front",
+        "proc_dirs",
+        "last_clean",
+        "events_written",
+        "watches",
+        "trio_locks",
+        "schedules",
+        "paused",
+    )
+
+    def __init__(self, name: str, path: str) -> None:
+        self.name = name
+        self.path = path
+        self.jobs = os.path.join(path, "jobs")
+        self.ready = os.path.join(path, "ready")
+        self.proc = os.path.join(path, "proc")
+        self.delayed = os.path.join(path, "delayed")
+        self.expiry = os.path.join(path, "expiry")
+        self.workers = os.path.join(path, "workers")
+        self.names = os.path.join(path, "names")
+        self.quarantine = os.path.join(path, "quarantine")
+        self.events = os.path.join(path, "events")
+        self.schedules = os.path.join(path, "schedules")
+        self.paused = os.path.join(path, "paused")
+        for d in (
+            self.jobs,
+            self.ready,
+            self.proc,
+            self.delayed,
+            self.expiry,
+            self.workers,
+            self.names,
+            self.quarantine,
+            self.schedules,
+        ):
+            os.makedirs(d, exist_ok=True)
+        self.lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.events_fd = os.open(self.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.jobs_fd = os.open(self.jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.delayed_fd = os.open(self.delayed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.expiry_fd = os.open(self.expiry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.tlock = threading.RLock()
+        self.cache: deque[str] = deque()
+        self.cache_front = -1
+        self.proc_dirs: set[str] = set()
+        self.last_clean = 0.0
+        self.events_written = 0
+        self.watches: dict[tuple[object, str], Watch] = {}
+        self.trio_locks: dict[object, trio.Lock] = {}
+
+    def trio_lock(self) -> trio.Lock:
+        """This Trio run's lock for the queue: tasks of one run take turns without spinning."""
+        key = trio.lowlevel.current_trio_token()
+        lock = self.trio_locks.get(key)
+        if lock is None:
+            lock = self.trio_locks[key] = trio.Lock()
+        return lock
+
+    def watch(self, what: str) -> Watch:
+        """This Trio run's shared watch of the ready list (``ready``) or events (``events``)."""
+        key = (trio.lowlevel.current_trio_token(), what)
+        w = self.watches.get(key)
+        if w is None:
+            if what == "ready":
+                w = Watch([self.ready, self.delayed], IN_CREATE | IN_MOVED_TO)
+            else:
+                w = Watch([self.path], IN_MODIFY | IN_CREATE | IN_MOVED_TO)
+            self.watches[key] = w
+        return w
+
+    def close(self) -> None:
+        for w in self.watches.values():
+            w.close()
+        self.watches.clear()
+        for fd in (self.lock_fd, self.events_fd, self.jobs_fd, self.ready_fd, self.delayed_fd, self.expiry_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- counters (call with the lock held) ---------------------------------------------
+
+    def counters(self) -> tuple[int, int]:
+        data = os.pread(self.lock_fd, _COUNTERS.size, 0)
+        if len(data) < _COUNTERS.size:
+            return _SEQ_START, _SEQ_START - 1
+        return _COUNTERS.unpack(data)
+
+    def set_counters(self, nxt: int, front: int) -> None:
+        os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
+
+    def proc_dir(self, enc_worker: str) -> str:
+        d = os.path.join(self.proc, enc_worker)
+        if enc_worker not in self.proc_dirs:
+            os.makedirs(d, exist_ok=True)
+            self.proc_dirs.add(enc_worker)
+        return d
+
+
+class _EnqReq:
+    """One enqueue call waiting for its jobs to be written by the group it joined."""
+
+    __slots__ = ("jobs", "out", "error", "done", "moved")
+
+    def __init__(self, jobs: Sequence[NewJob]) -> None:
+        self.jobs = jobs
+        self.out: list[EnqueueOutcome] | None = None
+        self.error: BaseException | None = None
+        self.done = trio.Event()
+        self.moved = trio.Event()  # set when the group carrying it is done or gave it back
+
+
+class _EnqState:
+    """The enqueue coalescer of one queue in one Trio run: calls that arrive while a group
+    is being written form the next group."""
+
+    __slots__ = ("pending", "running", "idle")
+
+    def __init__(self) -> None:
+        self.pending: list[_EnqReq] = []
+        self.running = False
+        self.idle = trio.Event()
+
+
+@contextmanager
+def _close_on_error(fds: list[int]) -> Iterator[None]:
+    """Close the segment descriptors a failed step opened (a finished step hands them to
+    the group commit, which closes them)."""
+    try:
+        yield
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise

@@ -1,0 +1,320 @@
+"""FileStorage, producer side: enqueue (coalesced group commits), cancel, look-ups, pause, schedules."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import trio
+
+from ..._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from .._base import CANCELLED as _CANCELLED
+from .._base import COMPLETED as _COMPLETED
+from .._base import DELAYED as _DELAYED
+from .._base import FAILING as _FAILING
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
+from .._base import (
+    EnqueueOutcome,
+    JobRecord,
+    NewJob,
+    StorageEvent,
+    ttl_update_status,
+)
+from .._fsutil import (
+    CorruptRecord,
+    Rec,
+    encode_name,
+    read_rec,
+    tmp_name,
+    write_atomic,
+)
+from ._core import FileCore
+from ._layout import (
+    _Q,
+    _QUEUED_OUTCOME,
+    _close_on_error,
+    _EnqReq,
+    _EnqState,
+    _seq_name,
+    _state,
+    _unlink,
+)
+
+__all__ = ["Producer"]
+
+
+class Producer(FileCore):
+    """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        """Concurrent calls of one Trio run on one queue are coalesced: calls arriving while
+        a group is being written and flushed form the next group, written as one segment
+        and flushed together (each call still takes effect atomically, in arrival order).
+
+        Cancellation: a call cancelled before its group took the lock writes nothing (and
+        never strands the others: the group goes on without it); once its group holds the
+        lock, the write and the flush finish (shielded) and the call then raises
+        ``Cancelled``, its jobs enqueued."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        key = (trio.lowlevel.current_trio_token(), queue)
+        st = self._enq.get(key)
+        if st is None:
+            st = self._enq[key] = _EnqState()
+        req = _EnqReq(jobs)
+        st.pending.append(req)
+        try:
+            while not req.done.is_set():
+                if st.running:
+                    await st.idle.wait()
+                    continue
+                await self._write_group(q, st, req)
+        except BaseException:
+            # Never written: withdraw. Carried by a group: wait (shielded) until that group
+            # is written, or gives it back because its carrier was cancelled before the lock.
+            with trio.CancelScope(shield=True):
+                while not req.done.is_set():
+                    if req in st.pending:
+                        st.pending.remove(req)
+                        break
+                    await req.moved.wait()
+            raise
+        if req.error is not None:
+            if isinstance(req.error, OSError):
+                raise OSError(req.error.errno, str(req.error)) from req.error
+            raise req.error
+        assert req.out is not None
+        return req.out
+
+    async def _write_group(self, q: _Q, st: _EnqState, leader: _EnqReq) -> None:
+        """Lead one group: take every pending call, lock, write, unlock, flush."""
+        st.running = True
+        st.idle = trio.Event()
+        group, st.pending = st.pending, []
+        for r in group:
+            r.moved = trio.Event()
+        try:
+            try:
+                lock = self._alock(q)
+                await lock.__aenter__()
+            except BaseException:
+                # Cancelled waiting for the lock: the whole group goes back, first in line
+                # (each call withdraws itself if it is cancelled too).
+                st.pending[:0] = group
+                for r in group:
+                    r.moved.set()
+                raise
+            with trio.CancelScope(shield=True):
+                fds: list[int] = []
+                try:
+                    try:
+                        flat = [j for r in group for j in r.jobs]
+                        outcomes, fds, any_new = self._enqueue_locked(q, flat)
+                    finally:
+                        await lock.__aexit__(None, None, None)
+                    pos = 0
+                    for r in group:
+                        r.out = outcomes[pos : pos + len(r.jobs)]
+                        pos += len(r.jobs)
+                    if any_new:
+                        await self._durable(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd})
+                except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
+                    for r in group:
+                        r.error = exc
+                finally:
+                    for r in group:
+                        r.done.set()
+                        r.moved.set()
+        finally:
+            st.running = False
+            st.idle.set()
+
+    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
+        """One segment for every new job, then its ``jobs/`` and ``ready/`` (or
+        ``delayed/``) links (lock held).
+
+        Order: segment (temp name) -> ``jobs/<id>`` links -> ``ready/<seq>-<id>`` links ->
+        temp name unlinked; the group commit then fdatasyncs the segment and fsyncs
+        ``jobs/`` and ``ready/`` before any caller returns. A crash after a ``jobs/`` link
+        but before its ``ready/`` link leaves a queued record without a marker: start-up
+        repair links a new marker (the job was not acknowledged, but it is not lost)."""
+        now = time.time()
+        now_ms = int(now * 1000)
+        outcomes: list[EnqueueOutcome] = []
+        events: list[StorageEvent] = []
+        fds: list[int] = []
+        seen: dict[str, Rec] = {}
+        items: dict[str, Rec] = {}
+        with _close_on_error(fds):
+            nxt, front = q.counters()
+            start = nxt
+            for job in jobs:
+                enc = encode_name(job.id)
+                r = seen.get(enc)
+                if r is None:
+                    r = self._load(q, enc, now)
+                if r is None or r.kind == _CANCELLED:  # unknown, or a new incarnation
+                    if job.run_at is not None and job.run_at > now:
+                        kind, mk = _DELAYED, _seq_name(int(job.run_at * 1000), enc)
+                    else:
+                        kind, mk = _QUEUED, _seq_name(nxt, enc)
+                        nxt += 1
+                    r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
+                    r.token = job.token
+                    items[enc] = r
+                    seen[enc] = r
+                    outcomes.append(_QUEUED_OUTCOME)
+                    events.append(StorageEvent("enqueued", job.id, token=job.token))
+                elif r.kind == _COMPLETED and r.result is not None:
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result, r.token))
+                else:
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token))
+            if items:
+                self._commit(q, items, fds, new=set(items))
+                for enc, r in items.items():
+                    assert r.mk is not None
+                    self._link_marker(q, enc, q.ready if r.kind == _QUEUED else q.delayed, r.mk)
+            if nxt != start:
+                q.set_counters(nxt, front)
+            self._publish(q, events)
+            self._maybe_clean(q, now)
+        return outcomes, fds, bool(items)
+
+    async def cancel(self, queue: str, job_id: str) -> CancelStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        fds: list[int] = []
+        wrote = False
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                r = self._load(q, enc, now)
+                if r is None:
+                    status = CancelStatus.NOT_FOUND
+                elif r.kind in (_QUEUED, _FAILING, _DELAYED):
+                    marker = r.mk
+                    folder = q.ready if r.kind == _QUEUED else q.delayed
+                    r.kind = _CANCELLED
+                    r.ts = int(now * 1000)
+                    r.mk = None
+                    r.exp = now + r.result_ttl
+                    self._commit(q, {enc: r}, fds)
+                    if marker:
+                        _unlink(os.path.join(folder, marker))
+                    status = CancelStatus.CANCELLED
+                    wrote = True
+                    self._publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
+                elif r.kind == _CANCELLED:
+                    status = CancelStatus.CANCELLED
+                elif r.kind == _PROCESSING:
+                    status = CancelStatus.CANCELLED
+                    if not r.cancel_requested:
+                        r.cancel_requested = True
+                        self._commit(q, {enc: r}, fds)
+                        wrote = True
+                        self._publish(q, [StorageEvent("cancel_requested", job_id, r.worker, token=r.token)])
+                else:
+                    status = CancelStatus(r.kind)
+        await self._finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
+        return status
+
+    async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        path = os.path.join(q.jobs, enc)
+        try:
+            r = read_rec(path, enc)
+        except CorruptRecord:
+            async with self._alock(q):
+                r = self._read(q, enc)  # quarantines it if still corrupt
+        if r is None:
+            return None
+        if r.exp is not None and r.exp <= time.time():
+            return None
+        return JobRecord(
+            r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress
+        )
+
+    async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        now = time.time()
+        fds: list[int] = []
+        async with self._alock(q):
+            r = self._load(q, enc, now)
+            refused = ttl_update_status(*((r.kind, r.result, r.error) if r else (None, None, None)))
+            if refused is not None:
+                status = refused
+            else:
+                assert r is not None
+                r.exp = now + ttl
+                self._commit(q, {enc: r}, fds)
+                status = UpdateTTLStatus.UPDATED
+        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, status is UpdateTTLStatus.UPDATED)
+        return status
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            changed = os.path.exists(q.paused) != paused
+            if changed:
+                if paused:
+                    write_atomic(q.path, "paused", b"", False)
+                else:
+                    _unlink(q.paused)
+                    # Wake blocked claims (they watch ready/): a temp file created and removed.
+                    wake = os.path.join(q.ready, tmp_name())
+                    os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                    _unlink(wake)
+                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        return os.path.exists(self._q(queue).paused)
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            _, last = self._schedule(q, name) or (b"", None)
+            self._write_schedule(q, name, spec, last)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            found = _unlink(os.path.join(q.schedules, encode_name(name)))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        out: dict[str, tuple[bytes, float | None]] = {}
+        for enc in os.listdir(q.schedules):
+            if enc.startswith("."):
+                continue
+            entry = self._schedule_file(q, enc)
+            if entry is not None:
+                out[entry[0]] = (entry[1], entry[2])
+        return out
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        async with self._alock(q):
+            entry = self._schedule(q, name)
+            ok = entry is not None and (entry[1] is None or tick > entry[1])
+            if entry is not None and ok:
+                self._write_schedule(q, name, entry[0], tick)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok

@@ -1,0 +1,255 @@
+"""FileStorage, reaper side: stalled-job recovery, leader locks and start-up repair."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import trio
+
+from ..._serde import encode_error
+from .._base import DELAYED as _DELAYED
+from .._base import FAILED as _FAILED
+from .._base import FAILING as _FAILING
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
+from .._base import (
+    StorageEvent,
+)
+from .._fsutil import (
+    Rec,
+    clean_tmp,
+    encode_name,
+    sync_now,
+    write_atomic,
+)
+from ._core import FileCore
+from ._layout import (
+    _Q,
+    _close_on_error,
+    _mtime,
+    _seq_name,
+    _split_marker,
+    _stalled_error,
+    _unlink,
+    log,
+)
+
+__all__ = ["Reaper"]
+
+
+class Reaper(FileCore):
+    """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        recovered: list[tuple[str, str]] = []
+        events: list[StorageEvent] = []
+        next_deadline = math.inf
+        fds: list[int] = []
+        dirs = {q.jobs_fd, q.ready_fd}
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                now_ms = int(now * 1000)
+                self._clean_expired(q, now)
+                q.last_clean = now
+                next_deadline = self._promote(q, now, events)
+                nxt, front = q.counters()
+                start = nxt
+                items: dict[str, Rec] = {}
+                requeue: list[tuple[str, str]] = []  # (proc entry, new ready name)
+                drop: list[str] = []
+                dead: list[str] = []
+                for enc_w in os.listdir(q.proc):
+                    pdir = os.path.join(q.proc, enc_w)
+                    alive_until = _mtime(os.path.join(q.workers, enc_w)) or 0.0
+                    try:
+                        names = os.listdir(pdir)
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
+                    worker_id = None
+                    for enc in names:
+                        if enc.startswith(".") or enc in items:
+                            continue
+                        marker = os.path.join(pdir, enc)
+                        r = self._read(q, enc)
+                        if r is None or r.kind != _PROCESSING:
+                            if r is not None and r.kind == _QUEUED and r.mk and not os.path.exists(
+                                os.path.join(q.ready, r.mk)
+                            ):
+                                # Claim interrupted before the record was updated: undo it.
+                                os.rename(marker, os.path.join(q.ready, r.mk))
+                            else:
+                                _unlink(marker)
+                            continue
+                        lease = r.lease if r.lease is not None else _mtime(marker)
+                        if lease is None:
+                            continue
+                        if lease > now and alive_until > now:
+                            next_deadline = min(next_deadline, lease, alive_until)
+                            continue
+                        if worker_id is None:
+                            worker_id = self._worker_dec(q, enc_w) or enc_w
+                        events.append(StorageEvent("stalled", r.id, worker_id, token=r.token))
+                        r.worker = None
+                        r.lease = None
+                        r.claim = None
+                        r.ts = now_ms
+                        if r.cancel_requested:
+                            self._cancel_claimed(q, r, now, worker_id, events)
+                            drop.append(marker)
+                            recovered.append((r.id, "cancelled"))
+                        elif not r.started or r.attempts < r.max_attempts:
+                            # A reserved claim never ran: it goes back at no cost.
+                            mk = _seq_name(nxt, enc)
+                            nxt += 1
+                            r.kind = _QUEUED
+                            r.started = False
+                            r.mk = mk
+                            requeue.append((marker, mk))
+                            events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
+                            recovered.append((r.id, "requeued"))
+                        else:
+                            r.kind = _FAILED
+                            r.error = encode_error(_stalled_error(r.id, worker_id, r.attempts))
+                            r.exp = now + r.result_ttl
+                            drop.append(marker)
+                            events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
+                            recovered.append((r.id, "failed"))
+                        items[enc] = r
+                    if alive_until <= now:
+                        dead.append(enc_w)
+                # Records first, then the proc entries move back to ready/ (or go): a crash
+                # between leaves queued records whose entry is still in proc/, which the
+                # next pass moves back ("claim interrupted"), and failed records whose stale
+                # entry it drops.
+                if self._commit(q, items, fds):
+                    dirs.add(q.expiry_fd)
+                for marker, mk in requeue:
+                    os.rename(marker, os.path.join(q.ready, mk))
+                for marker in drop:
+                    _unlink(marker)
+                for enc_w in dead:
+                    try:
+                        os.rmdir(os.path.join(q.proc, enc_w))
+                        q.proc_dirs.discard(enc_w)
+                    except OSError:
+                        pass
+                # Dead workers holding nothing leave the registry.
+                for enc_w in os.listdir(q.workers):
+                    if enc_w.startswith("."):
+                        continue
+                    expiry = _mtime(os.path.join(q.workers, enc_w))
+                    if expiry is not None and expiry <= now:
+                        pdir = os.path.join(q.proc, enc_w)
+                        if not os.path.isdir(pdir) or not [n for n in os.listdir(pdir) if not n.startswith(".")]:
+                            _unlink(os.path.join(q.workers, enc_w))
+                            try:
+                                os.rmdir(pdir)
+                                q.proc_dirs.discard(enc_w)
+                            except OSError:
+                                pass
+                if nxt != start:
+                    q.set_counters(nxt, front)
+                self._publish(q, events)
+        await self._finish(fds, dirs, bool(items))
+        return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        enc = encode_name(name)
+        path = os.path.join(self._locks_dir, enc)
+        with self._locks_locked():
+            now = time.time()
+            holder = self._lock_holder(path)
+            ok = holder is None or holder[0] == owner or holder[1] <= now
+            if ok:
+                data = json.dumps({"name": name, "owner": owner, "exp": now + ttl}).encode()
+                write_atomic(self._locks_dir, enc, data, False)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        path = os.path.join(self._locks_dir, encode_name(name))
+        with self._locks_locked():
+            holder = self._lock_holder(path)
+            ok = holder is not None and holder[0] == owner
+            if ok:
+                _unlink(path)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    def _repair(self, q: _Q) -> None:
+        """At start: remove temp files of dead processes, put back ready markers that a
+        crash between the record write and the marker creation left missing, and
+        quarantine unreadable records."""
+        with self._locked(q):
+            for d in (q.path, q.jobs, q.ready, q.delayed, q.names):
+                clean_tmp(d)
+            for d in os.listdir(q.proc):
+                clean_tmp(os.path.join(q.proc, d))
+            in_proc: set[str] = set()
+            for d in os.listdir(q.proc):
+                try:
+                    in_proc.update(os.listdir(os.path.join(q.proc, d)))
+                except NotADirectoryError:
+                    pass
+            nxt, front = q.counters()
+            max_seq = nxt - 1
+            for name in os.listdir(q.ready):
+                parsed = _split_marker(name)
+                if parsed is not None:
+                    max_seq = max(max_seq, parsed[0])
+            nxt = max_seq + 1
+            now = time.time()
+            items: dict[str, Rec] = {}
+            relink: list[tuple[str, str]] = []
+            delayed: list[tuple[str, str]] = []
+            for enc in os.listdir(q.jobs):
+                if enc.startswith("."):
+                    continue
+                r = self._read(q, enc)
+                if r is None:
+                    continue
+                if r.exp is not None and r.exp <= now:
+                    _unlink(os.path.join(q.jobs, enc))
+                    continue
+                if r.kind == _QUEUED:
+                    parsed = _split_marker(r.mk) if r.mk else None
+                    if parsed is not None and parsed[1] == enc:
+                        nxt = max(nxt, parsed[0] + 1)  # the crashed batch may not have saved it
+                    if r.mk and os.path.exists(os.path.join(q.ready, r.mk)):
+                        continue
+                    if enc in in_proc:
+                        continue  # a claim in progress or interrupted: the reaper sees it
+                    if r.mk is not None and parsed is not None and parsed[1] == enc:
+                        relink.append((enc, r.mk))  # its own place in the FIFO
+                        continue
+                    items[enc] = r
+                elif r.kind in (_FAILING, _DELAYED):
+                    if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
+                        delayed.append((enc, r.mk))
+            for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):
+                r.mk = _seq_name(nxt, enc)
+                nxt += 1
+            # New records (naming the new markers) first, then the markers: links to them.
+            fds: list[int] = []
+            self._commit(q, items, fds)
+            for enc, r in items.items():
+                assert r.mk is not None
+                self._link_marker(q, enc, q.ready, r.mk)
+            for enc, mk in relink:
+                self._link_marker(q, enc, q.ready, mk)
+            for enc, mk in delayed:
+                self._link_marker(q, enc, q.delayed, mk)
+            fixed = len(items) + len(relink) + len(delayed)
+            q.set_counters(nxt, front)
+            if fixed:
+                log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
+            if self._fsync:
+                sync_now(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd})
