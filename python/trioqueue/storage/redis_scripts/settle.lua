@@ -2,6 +2,8 @@
 -- ARGV: worker, call token, then (id, data, '<kind c|f|r|x>:<ttl_ms>:<delay_ms>', claim
 -- token) per settlement. Returns a list of 1 (settled, or already settled by this claim)
 -- / 0 (fenced: the claim is not the job's current one in this worker's list).
+-- Reads the registry in one HMGET per hash and writes each hash once for the whole
+-- batch; only the processing-list removal is per job.
 --@include _prelude
 --@include _cancel
 local P = KEYS[19]
@@ -9,13 +11,25 @@ local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
 local out = {}
 local wake = false
-for i = 3, #ARGV, 4 do
-  local id, data, meta, claim = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+local ids = {}
+for i = 3, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+local sts, metas = {}, {}
+for i = 1, #ids, 1000 do
+  local s = redis.call('HMGET', JOBS, unpack(ids, i, math.min(i + 999, #ids)))
+  local m = redis.call('HMGET', META, unpack(ids, i, math.min(i + 999, #ids)))
+  for k = 1, #s do sts[#sts + 1] = s[k]; metas[#metas + 1] = m[k] end
+end
+local cur_st, cur_m = {}, {}  -- what this batch changed (an id twice in one batch)
+local w_meta, w_jobs, w_res, w_err, x_add, l_rem, env_del = {}, {}, {}, {}, {}, {}, {}
+local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
+for j, id in ipairs(ids) do
+  local i = 3 + (j - 1) * 4
+  local data, meta, claim = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local kind, rest = split(meta)
   local ttl_s, delay_s = split(rest)
   local ttl, delay = tonumber(ttl_s), tonumber(delay_s)
-  local st = redis.call('HGET', JOBS, id)
-  local m = st and getm(id) or nil
+  local st = cur_st[id] or sts[j]
+  local m = cur_m[id] or (metas[j] and cjson.decode(metas[j])) or nil
   local held = m and starts(st, 'processing:') and m.w == W and m.l == claim
   if held and redis.call('LREM', P, 1, m.k .. ':' .. id) == 0 then held = false end
   if not held then
@@ -29,30 +43,61 @@ for i = 3, #ARGV, 4 do
     out[#out + 1] = 1
     if m.s ~= 1 and kind ~= 'x' then m.a = m.a + 1 end  -- settled without start()
     m.z = CALL
-    redis.call('ZREM', L, id)
-    if kind == 'x' or (kind == 'r' and m.x == 1) then
-      cancel_claimed(id, m, now, W)
-    elseif kind == 'c' then
-      if ttl > 0 then redis.call('HSET', RESULTS, id, data) end
-      redis.call('HSET', JOBS, id, 'completed:' .. now)
-      ev('completed', id, W, small(data), nil, m.i)
-      terminal(id, m, now, ttl)
-    elseif kind == 'f' then
-      if ttl > 0 then redis.call('HSET', ERRORS, id, data) end
-      redis.call('HSET', JOBS, id, 'failed:' .. now)
-      ev('failed', id, W, nil, small(data), m.i)
-      terminal(id, m, now, ttl)
+    if kind == 'x' or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
+      -- the rare paths, one call at a time
+      redis.call('ZREM', L, id)
+      if kind == 'c' then
+        redis.call('HSET', JOBS, id, 'completed:' .. now)
+        ev('completed', id, W, small(data), nil, m.i)
+        terminal(id, m, now, ttl)
+      elseif kind == 'f' then
+        redis.call('HSET', JOBS, id, 'failed:' .. now)
+        ev('failed', id, W, nil, small(data), m.i)
+        terminal(id, m, now, ttl)
+      else
+        cancel_claimed(id, m, now, W)
+      end
+      cur_st[id] = redis.call('HGET', JOBS, id) or 'gone:0'
+      cur_m[id] = m  -- written (or purged) by terminal() already
+    elseif kind == 'c' or kind == 'f' then
+      st = (kind == 'c' and 'completed:' or 'failed:') .. now
+      if kind == 'c' then
+        put(w_res, id, data)
+        ev('completed', id, W, small(data), nil, m.i)
+      else
+        put(w_err, id, data)
+        ev('failed', id, W, nil, small(data), m.i)
+      end
+      m.w = nil
+      put(w_jobs, id, st)
+      put(x_add, now + ttl, id)
+      l_rem[#l_rem + 1] = id
+      env_del[#env_del + 1] = id
+      cur_st[id] = st
     else
       m.w = nil
-      setm(id, m)
-      redis.call('HSET', JOBS, id, 'failing:' .. now .. ':' .. m.a)
+      st = 'failing:' .. now .. ':' .. m.a
+      put(w_jobs, id, st)
+      put(w_err, id, data)
+      l_rem[#l_rem + 1] = id
       redis.call('ZADD', D, now + delay, id)
-      redis.call('HSET', ERRORS, id, data)
       ev('failing', id, W, nil, small(data), m.i)
       if delay <= 0 then wake = true end
+      cur_st[id] = st
+    end
+    if cur_m[id] ~= m then
+      put(w_meta, id, cjson.encode(m))
+      cur_m[id] = m
     end
   end
 end
+for i = 1, #w_meta, 1000 do redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta))) end
+for i = 1, #w_jobs, 1000 do redis.call('HSET', JOBS, unpack(w_jobs, i, math.min(i + 999, #w_jobs))) end
+for i = 1, #w_res, 1000 do redis.call('HSET', RESULTS, unpack(w_res, i, math.min(i + 999, #w_res))) end
+for i = 1, #w_err, 1000 do redis.call('HSET', ERRORS, unpack(w_err, i, math.min(i + 999, #w_err))) end
+for i = 1, #x_add, 1000 do redis.call('ZADD', X, unpack(x_add, i, math.min(i + 999, #x_add))) end
+for i = 1, #l_rem, 1000 do redis.call('ZREM', L, unpack(l_rem, i, math.min(i + 999, #l_rem))) end
+for i = 1, #env_del, 1000 do redis.call('HDEL', ENV, unpack(env_del, i, math.min(i + 999, #env_del))) end
 -- a retry due now: wake a blocked claimer (the claim script drops this entry)
 if wake then redis.call('RPUSH', Q, '~') end
 flush()
