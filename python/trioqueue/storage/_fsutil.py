@@ -601,14 +601,17 @@ class Syncer:
                     self._batch = _Batch()
                     try:
                         await trio.to_thread.run_sync(cur.flush, self._syncfs_fd)
-                    except BaseException as exc:  # noqa: BLE001 - handed to the waiters
-                        cur.error = exc
-                    cur.done.set()
+                    except BaseException as exc:
+                        cur.error = exc  # the group's other callers get an OSError
+                        if not isinstance(exc, Exception):
+                            raise  # KeyboardInterrupt & co. stay what they are for the carrier
+                    finally:
+                        cur.done.set()
                 finally:
                     self._running = False
                     self._idle.set()
         if b.error is not None:
-            raise OSError(f"fsync failed: {b.error}") from b.error
+            raise OSError(f"fsync failed: {b.error!r}") from b.error
 
 
 def sync_now(fds: list[int], dirs: set[int]) -> None:
