@@ -86,6 +86,9 @@ def _parser() -> _Parser:
     demo.add_argument("--location", default=None, help="directory (file) or URL (redis)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
+    from ._bench import add_parser as add_bench
+
+    add_bench(sub, _positive_int)
     return parser
 
 
@@ -136,6 +139,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._demo import demo_command
 
         return run_command(lambda: trio.run(demo_command, args), debug=args.debug)
+    if args.command == "bench":
+        from ._bench import bench_command
+
+        return run_command(lambda: trio.run(bench_command, args), debug=args.debug)
     if args.command == "worker":
         if args.name is not None and len(args.queues) > 1:
             parser.exit(EXIT_USAGE, "trioqueue worker: error: --name applies to one QUEUE, got several (see --help)\n")

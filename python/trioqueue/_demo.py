@@ -8,7 +8,6 @@ jobs are request/response calls (``enqueue_and_wait``) whose latency is measured
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import sys
 import tempfile
@@ -21,42 +20,9 @@ import trio
 
 from ._errors import JobFailedError, ValidationError
 from ._models import Job, QueueEvent
+from ._progress import Progress, percentile
 from ._queue import Queue
 from .storage import MemoryStorage, Storage
-
-
-def _percentile(values: list[float], p: float) -> float:
-    """The p-th percentile (nearest rank); ``nan`` for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
-
-
-class _Progress:
-    """A one-line progress bar on stderr (plain periodic lines when not a terminal)."""
-
-    def __init__(self, total: int, stream: Any = sys.stderr) -> None:
-        self.total = total
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.started = time.perf_counter()
-
-    def draw(self, done: int, failed: int, retries: int, final: bool = False) -> None:
-        elapsed = time.perf_counter() - self.started
-        frac = done / self.total if self.total else 1.0
-        width = 30
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        rate = done / elapsed if elapsed > 0 else 0.0
-        line = (
-            f"[{bar}] {done:>6}/{self.total} {frac:6.1%}  {rate:8.0f} jobs/s  "
-            f"retries {retries:<5} failed {failed:<4}"
-        )
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if final else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
 
 
 async def run_demo(
@@ -105,7 +71,7 @@ async def run_demo(
     retries = 0
     finished = trio.Event()
     recheck = trio.Event()
-    bar = _Progress(jobs) if progress else None
+    bar = Progress(jobs) if progress else None
 
     def settle(job_id: str | None, kind: str) -> None:
         if job_id in unfinished:
@@ -157,7 +123,7 @@ async def run_demo(
         async def draw() -> None:
             while True:
                 if bar is not None:
-                    bar.draw(jobs - len(unfinished), _failed(outcome), retries)
+                    bar.draw(jobs - len(unfinished), _note(_failed(outcome), retries))
                 await trio.sleep(0.1 if bar is None or bar.tty else 1.0)
 
         async with trio.open_nursery() as nursery:
@@ -175,7 +141,7 @@ async def run_demo(
     elapsed = time.perf_counter() - start
     failed = _failed(outcome)
     if bar is not None:
-        bar.draw(jobs - len(unfinished), failed, retries, final=True)
+        bar.draw(jobs - len(unfinished), _note(failed, retries), final=True)
     summary = {
         "run_id": run_id,
         "jobs": jobs,
@@ -186,8 +152,8 @@ async def run_demo(
         "jobs_per_s": jobs / elapsed,
         "requests": len(latencies),
         "request_failures": request_failures,
-        "p50_ms": _percentile(latencies, 50) * 1000,
-        "p99_ms": _percentile(latencies, 99) * 1000,
+        "p50_ms": percentile(latencies, 50) * 1000,
+        "p99_ms": percentile(latencies, 99) * 1000,
     }
     if latencies:
         rr = (
@@ -204,6 +170,10 @@ async def run_demo(
         file=out,
     )
     return summary
+
+
+def _note(failed: int, retries: int) -> str:
+    return f"retries {retries:<5} failed {failed:<4}"
 
 
 def _failed(outcome: dict[str, str]) -> int:
