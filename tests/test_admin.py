@@ -259,3 +259,14 @@ async def test_queue_list_remove_and_validation(storage: Storage, queue_name: st
             await q.purge("failed", older_than=-1)
         with pytest.raises(ValidationError, match="cursor"):
             await q.list_jobs("queued", cursor="not a cursor")
+
+
+async def test_bad_state_or_cursor_is_refused(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("a")])
+    with pytest.raises(ValueError, match="unknown state 'done'"):
+        await storage.list_jobs(queue_name, "done")
+    with pytest.raises(ValueError, match="unknown state 'queued'"):
+        await storage.purge(queue_name, "queued")
+    with pytest.raises(ValueError, match="invalid cursor"):
+        await storage.list_jobs(queue_name, "queued", cursor="garbage")
+    assert (await storage.counts(queue_name))["queued"] == 1
