@@ -89,6 +89,9 @@ def _parser() -> _Parser:
     from ._bench import add_parser as add_bench
 
     add_bench(sub, _positive_int)
+    from ._admin_cli import add_admin_commands
+
+    add_admin_commands(sub, _Parser)
     return parser
 
 
@@ -150,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging(args.log_level, args.log_format)
         return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
+    from ._admin_cli import ADMIN_COMMANDS, admin_command
+
+    if args.command in ADMIN_COMMANDS:
+        return run_command(lambda: trio.run(admin_command, args), debug=args.debug)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown ones
 
 
