@@ -289,3 +289,27 @@ async def test_memory_state_index_stays_proportional_to_live_jobs() -> None:
         assert counts == dict.fromkeys(ALL_STATES, 0)
         index = storage._queues["q"].index
         assert all(len(log) <= _SLACK for log in index.logs.values()), {k: len(v) for k, v in index.logs.items()}
+
+
+async def test_removing_a_waited_job_wakes_its_waiter(storage: Storage, queue_name: str) -> None:
+    """``enqueue_and_wait`` on a job that is then removed must not wait out its timeout: the
+    job will never run, so the waiter hears so at once (JobCancelledError saying removed)."""
+    from trioqueue import JobCancelledError
+
+    async with Queue(storage, name=queue_name) as q:
+        outcome: list[BaseException] = []
+
+        async def waiter() -> None:
+            try:
+                await q.enqueue_and_wait("w", {"n": 1}, timeout=3600)
+            except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+                outcome.append(exc)
+
+        async with q.events("enqueued", job_ids=["w"]) as stream:
+            with trio.fail_after(10):  # the nursery waits for the waiter to return
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(waiter)
+                    async for _ in stream:
+                        break
+                    assert await q.remove("w")
+    assert isinstance(outcome[0], JobCancelledError) and "removed" in str(outcome[0])

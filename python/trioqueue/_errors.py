@@ -41,11 +41,13 @@ class JobFailedError(TrioQueueError):
 
 
 class JobCancelledError(TrioQueueError):
-    """The job was cancelled (by :meth:`Queue.cancel`) while it was being waited on."""
+    """The job was cancelled (by :meth:`Queue.cancel`), or removed (by
+    :meth:`Queue.remove`: ``removed`` is true), while it was being waited on."""
 
-    def __init__(self, job_id: str) -> None:
-        super().__init__(f"job {job_id!r} was cancelled")
+    def __init__(self, job_id: str, *, removed: bool = False) -> None:
+        super().__init__(f"job {job_id!r} was {'removed' if removed else 'cancelled'}")
         self.job_id = job_id
+        self.removed = removed
 
 
 class QueueStoppedError(TrioQueueError):

@@ -52,7 +52,7 @@ R = TypeVar("R")
 Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
-_TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+_TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
 _STORAGE_EVENT_NAMES = frozenset(
     {
         "enqueued",
@@ -523,7 +523,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             return self._load_result(job_id, outcome.result)
         if outcome.kind == "failed":
             await self._raise_stored_failure(job_id, outcome.error)
-        raise JobCancelledError(job_id)
+        raise JobCancelledError(job_id, removed=outcome.kind == "removed")
 
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"
