@@ -161,5 +161,6 @@ EVENT_NAMES = frozenset(
         "resumed",
         "progress",
         "cancel_requested",
+        "rate_limited",
     }
 )

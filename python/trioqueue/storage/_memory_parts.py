@@ -12,6 +12,7 @@ import trio
 from .._core import MpmcQueue, format_state
 from .._models import EnqueueStatus
 from ._base import EnqueueOutcome, NewJob, StorageEvent
+from ._flow import FlowState
 
 from ._base import DELAYED as _DELAYED
 from ._base import FAILING as _FAILING
@@ -137,6 +138,7 @@ class _Q:
         "workers",
         "paused",
         "schedules",
+        "flow",
     )
 
     def __init__(self) -> None:
@@ -151,3 +153,4 @@ class _Q:
         self.workers: dict[str, float] = {}
         self.paused = False
         self.schedules: dict[str, tuple[bytes, float | None]] = {}
+        self.flow = FlowState()  # rate limit log, RateLimited hold, slot waiters

@@ -26,6 +26,7 @@ from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
 from ._base import (
     Claim,
+    ClaimLimits,
     EnqueueOutcome,
     JobRecord,
     NewJob,
@@ -46,6 +47,8 @@ from ._base import QUEUED as _QUEUED
 from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
 __all__ = ["MemoryStorage"]
+
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
 
 
 class MemoryStorage(Storage):
@@ -217,13 +220,17 @@ class MemoryStorage(Storage):
 
     # -- consumers ---------------------------------------------------------------------
 
-    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float, start: int) -> list[Claim]:
+    def _claim(
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float, start: int, limits: ClaimLimits | None
+    ) -> list[Claim]:
         events: list[StorageEvent] = []
         self._promote(q, now, events)
         now_ms = int(now * 1000)
         deadline = now + lease
         claims: list[Claim] = []
-        if q.paused:
+        held = sum(map(len, q.processing.values())) if limits is not None and limits.concurrency else 0
+        max_jobs = q.flow.allowance(limits, now, max_jobs, held)
+        if q.paused or not max_jobs:
             self._publish(q, events)
             return claims
         proc = q.processing.get(worker_id)
@@ -254,11 +261,19 @@ class MemoryStorage(Storage):
                 rec.lease_deadline = deadline
                 proc[job_id] = rec
                 claims.append(Claim(job_id, env, rec.attempts + (not rec.started), rec.claim, rec.started))
+        q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
 
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
         start = max_jobs if start is None else start
@@ -268,11 +283,11 @@ class MemoryStorage(Storage):
             with self._lock:
                 q = self._q(queue)
                 now = time.time()
-                claims = self._claim(q, worker_id, max_jobs, lease, now, start)
+                claims = self._claim(q, worker_id, max_jobs, lease, now, start, limits)
                 if not claims:
                     waiter = _Waiter()
                     q.waiters.add(waiter)
-                    next_due = q.delayed[0][0] - now if q.delayed else math.inf
+                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake) - now
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
                 # never dropped by a cancellation after the fact.
@@ -286,7 +301,7 @@ class MemoryStorage(Storage):
                     q.waiters.discard(waiter)
             if trio.current_time() >= give_up:
                 with self._lock:
-                    claims = self._claim(q, worker_id, max_jobs, lease, time.time(), start)
+                    claims = self._claim(q, worker_id, max_jobs, lease, time.time(), start, limits)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
 
@@ -311,9 +326,12 @@ class MemoryStorage(Storage):
                     continue
                 del proc[s.id]
                 out.append(True)
-                if not rec.started and s.kind is not SettleKind.CANCEL:
+                limited = s.kind is SettleKind.RATE_LIMITED
+                if limited:
+                    rec.attempts -= rec.started  # rate limited: the attempt did not happen
+                elif not rec.started and s.kind is not SettleKind.CANCEL:
                     rec.attempts += 1  # settled without start(): the attempt happened
-                if s.kind is SettleKind.CANCEL or (s.kind is SettleKind.RETRY and rec.cancel_requested):
+                if s.kind is SettleKind.CANCEL or (s.kind in _BACK and rec.cancel_requested):
                     self._cancel_claimed(q, rec, now, worker_id, events)
                 elif s.kind is SettleKind.COMPLETE:
                     rec.result = s.data
@@ -324,17 +342,21 @@ class MemoryStorage(Storage):
                     self._set_terminal(q, rec, _FAILED, now, s.ttl)
                     events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=rec.token))
                 else:
-                    rec.kind = _FAILING
+                    rec.kind = _DELAYED if limited else _FAILING
                     rec.ts_ms = int(now * 1000)
                     rec.worker = None
-                    rec.error = s.data
+                    if limited:
+                        q.flow.hold_until(now + s.delay)
+                    else:
+                        rec.error = s.data
                     rec.lease_deadline = math.inf
                     rec.run_at = now + s.delay
                     heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
-                    events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=rec.token))
+                    kind = "rate_limited" if limited else "failing"
+                    events.append(StorageEvent(kind, s.id, worker_id, error=None if limited else s.data, token=rec.token))
                     retried = True
             self._publish(q, events)
-            if retried:
+            if retried or (any(out) and q.flow.freed()):
                 self._wake(q)  # waiters recompute when the next retry is due
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
@@ -365,7 +387,7 @@ class MemoryStorage(Storage):
                 events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
             q.front.extendleft(reversed(released))
             self._publish(q, events)
-            if released:
+            if released or (events and q.flow.freed()):
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return len(released)
@@ -487,6 +509,7 @@ class MemoryStorage(Storage):
                 q.ready.push_many(requeue)
             self._publish(q, events)
             if recovered or promoted:
+                q.flow.freed()
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return recovered, (None if next_deadline == math.inf else next_deadline)
