@@ -13,6 +13,7 @@ import pytest
 
 
 from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
+from test_flow_control import *  # noqa: E402,F403 - flow control (rate limit, concurrency)
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
