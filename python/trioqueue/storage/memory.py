@@ -32,7 +32,6 @@ from ._base import (
     NewJob,
     Settlement,
     SettleKind,
-    Storage,
     StorageEvent,
     ttl_update_status,
 )
@@ -44,6 +43,7 @@ from ._base import FAILED as _FAILED
 from ._base import FAILING as _FAILING
 from ._base import PROCESSING as _PROCESSING
 from ._base import QUEUED as _QUEUED
+from ._memory_control import MemoryControl
 from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
 __all__ = ["MemoryStorage"]
@@ -51,7 +51,7 @@ __all__ = ["MemoryStorage"]
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
 
 
-class MemoryStorage(Storage):
+class MemoryStorage(MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -525,53 +525,6 @@ class MemoryStorage(Storage):
                 self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
-
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            schedules = self._q(queue).schedules
-            schedules[name] = (spec, schedules.get(name, (b"", None))[1])
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def remove_schedule(self, queue: str, name: str) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            found = self._q(queue).schedules.pop(name, None) is not None
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return found
-
-    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
-        await trio.lowlevel.checkpoint()
-        with self._lock:
-            return dict(self._q(queue).schedules)
-
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            schedules = self._q(queue).schedules
-            entry = schedules.get(name)
-            ok = entry is not None and (entry[1] is None or tick > entry[1])
-            if entry is not None and ok:
-                schedules[name] = (entry[0], tick)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
-
-    async def set_paused(self, queue: str, paused: bool) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            q = self._q(queue)
-            changed = q.paused != paused
-            if changed:
-                q.paused = paused
-                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
-                self._wake(q)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return changed
-
-    async def is_paused(self, queue: str) -> bool:
-        await trio.lowlevel.checkpoint()
-        with self._lock:
-            return self._q(queue).paused
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
