@@ -134,3 +134,32 @@ async def test_rate_limited_worker_killed_loses_nothing_and_the_limit_holds(
             await all_completed(producer, ids)
     assert set(executions(log)) == set(ids)
     assert max_in_window(start_times(log), per - JITTER) <= rate
+
+
+async def test_worker_holding_every_global_slot_killed_the_reaper_frees_them(
+    shared_storage: Storage, fleet: Fleet, tmp_path: Path, queue_name: str
+) -> None:
+    log = tmp_path / "executions.log"
+    ids = [f"g-{i}" for i in range(6)]
+
+    def spec(name: str) -> dict[str, Any]:
+        return spec_of(
+            shared_storage, queue=queue_name, worker_id=name, log=str(log), visibility_timeout=1.0, global_concurrency=2
+        )
+
+    completed = Recorder()
+    with trio.fail_after(20):
+        await fleet.start("worker", spec("victim"), "READY")
+        async with Queue(shared_storage, name=queue_name) as producer:
+            producer.on("completed", completed)
+            await producer.enqueue_many((job_id, {"seconds": 3600 if job_id < "g-2" else 0.05}) for job_id in ids)
+            while len(executions(log)) < 2:
+                await trio.sleep(0.02)  # the log is another process's file: nothing to wait on
+            fleet.kill("victim")  # dies holding both slots of the queue
+            # The rescuer can claim nothing until its reaper recovers the dead worker's jobs.
+            await fleet.start("worker", {**spec("rescuer")}, "READY")
+            await completed.wait_for("completed", count=4)  # the short ones, in freed slots
+            for job_id in ("g-0", "g-1"):  # recovered from the victim (claimed again, or not yet)
+                status = await producer.get_status(job_id)
+                assert status is not None and status.worker_id != "victim", status
+    assert set(executions(log)) == set(ids)
