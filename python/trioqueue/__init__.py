@@ -27,6 +27,7 @@ from ._errors import (
     UnrecoverableError,
     ValidationError,
 )
+from ._flow import RateLimit, RateLimited
 from ._models import (
     EVENT_NAMES,
     CancelResult,
@@ -78,6 +79,8 @@ __all__ = [
     "Queue",
     "QueueEvent",
     "QueueStoppedError",
+    "RateLimit",
+    "RateLimited",
     "Retry",
     "Reaper",
     "RedisStorage",

@@ -167,9 +167,12 @@ class Consumer:
                 # Workers idle now take the first claims at once: count those attempts at
                 # claim time; the rest wait in the buffer, reserved.
                 start = min(want, max(0, len(self.work) - len(self.buffer)))
+                limits = q._claim_limits
+                if limits is not None:
+                    start = want  # no prefetch: every claim has a worker
                 try:
                     claims = await self.storage.dequeue(
-                        q.name, q.worker_id, want, q.block_timeout, q.visibility_timeout, start
+                        q.name, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
                     )
                 except Exception as exc:
                     q._events.emit("error", error=exc, where="claiming jobs")

@@ -22,6 +22,7 @@ import trio
 
 from . import _validate as check
 from ._core import CodecError, decode_envelope
+from ._flow import RateLimited
 from ._errors import JobTimeoutError, Retry, TrioQueueError, UnrecoverableError, ValidationError
 from ._models import ExecutionContext, Job, JobError
 from ._serde import Serde, encode_error
@@ -271,6 +272,9 @@ class Executor:
             except TrioQueueError as exc:
                 raised = exc
         error = None
+        if isinstance(raised, RateLimited):
+            # Not an attempt: back to the queue, and the whole queue holds off meanwhile.
+            return Settlement(SettleKind.RATE_LIMITED, jid, b"", delay=raised.retry_after, token=token)
         if raised is not None:
             error = job_error(raised)
             delay = self._retry_delay(job, raised, options)

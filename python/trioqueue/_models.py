@@ -170,5 +170,6 @@ EVENT_NAMES = frozenset(
         "progress",
         "cancel_requested",
         "removed",
+        "rate_limited",
     }
 )

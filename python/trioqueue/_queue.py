@@ -27,6 +27,7 @@ from ._errors import (
     ValidationError,
 )
 from ._events import Emitter, EventCallback
+from ._flow import RateLimit, claim_limits
 from ._admin import JobNotFinishedError, QueueAdmin
 from ._waiters import Waiter, terminal_from_record
 from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
@@ -66,6 +67,7 @@ _STORAGE_EVENT_NAMES = frozenset(
         "paused",
         "resumed",
         "removed",
+        "rate_limited",
     }
 )
 
@@ -124,6 +126,8 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         prefetch: int | None = None,
         reaper: bool = True,
         retry_if: RetryIf | None = None,
+        rate_limit: RateLimit | None = None,
+        global_concurrency: int | None = None,
     ) -> None:
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
@@ -138,6 +142,16 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
         self.result_ttl = check.seconds("result_ttl", result_ttl)
         self.prefetch = self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
+        # Queue-wide flow control, enforced by the storage at claim time (see ClaimLimits);
+        # a flow-limited queue claims only for idle workers (no prefetch): its claims start
+        # at once and hold no slot or token a worker is not using.
+        self.rate_limit = rate_limit
+        self.global_concurrency = global_concurrency
+        self._claim_limits = claim_limits(rate_limit, global_concurrency)
+        if self._claim_limits is not None:
+            if prefetch is not None:
+                raise ValidationError("prefetch cannot be combined with rate_limit or global_concurrency")
+            self.prefetch = 0
         self._retry_delay = retry_policy(retry_delay)
         self.payload_serde: Serde = payload_serde or JsonSerde()
         self.result_serde: Serde = result_serde or self.payload_serde

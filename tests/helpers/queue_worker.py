@@ -5,7 +5,8 @@
 
 SPEC_JSON: {"backend": "file", "directory": ...} or {"backend": "redis", "url": ..., "prefix": ...},
 plus "queue", "worker_id", "concurrency", "visibility_timeout", "log" (a file every job
-start is appended to: "<job id> <worker id> <attempt>"), and for reapers "lock_ttl".
+start is appended to: "<job id> <worker id> <attempt> <time.time()>"), optionally
+"rate_limit" ([limit, per]) and "global_concurrency", and for reapers "lock_ttl".
 
 ``worker`` runs a Queue whose handler logs the start, sleeps ``payload["seconds"]`` and
 returns ``{"id", "by"}``; prints ``READY`` once running. ``reaper`` runs a leader-elected
@@ -19,11 +20,12 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import trio
 
-from trioqueue import Job, LeaderElection, Queue, Reaper, Storage
+from trioqueue import Job, LeaderElection, Queue, RateLimit, Reaper, Storage
 
 
 def make_storage(spec: dict[str, Any]) -> Storage:
@@ -43,7 +45,7 @@ async def worker(spec: dict[str, Any]) -> None:
     log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     async def handler(job: Job[Any]) -> dict[str, Any]:
-        os.write(log_fd, f"{job.id} {worker_id} {job.attempts}\n".encode())
+        os.write(log_fd, f"{job.id} {worker_id} {job.attempts} {time.time()!r}\n".encode())
         await trio.sleep(job.payload.get("seconds", 0))
         return {"id": job.id, "by": worker_id}
 
@@ -57,6 +59,8 @@ async def worker(spec: dict[str, Any]) -> None:
         block_timeout=0.5,
         retry_delay=0,
         max_attempts=spec.get("max_attempts", 10),
+        rate_limit=RateLimit(*spec["rate_limit"]) if "rate_limit" in spec else None,
+        global_concurrency=spec.get("global_concurrency"),
     )
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with queue:

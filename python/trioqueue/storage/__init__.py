@@ -1,12 +1,13 @@
 """Storage backends and the interface they implement."""
 
-from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from ._url import from_url
 from .file import FileStorage
 from .memory import MemoryStorage
 
 __all__ = [
     "Claim",
+    "ClaimLimits",
     "EnqueueOutcome",
     "FileStorage",
     "JobRecord",

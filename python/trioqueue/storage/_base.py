@@ -47,6 +47,7 @@ from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
 
 __all__ = [
     "Claim",
+    "ClaimLimits",
     "EnqueueOutcome",
     "JobRecord",
     "NewJob",
@@ -126,6 +127,33 @@ class SettleKind(StrEnum):
     FAIL = "fail"  # store error, state failed, notify
     RETRY = "retry"  # state failing, back to the ready list after ``delay``
     CANCEL = "cancel"  # the handler was cancelled on request: state cancelled, notify
+    # the handler raised RateLimited: back as ``delayed`` for ``delay`` without counting
+    # the attempt, and claims of the whole queue pause for ``delay`` (publishes
+    # ``rate_limited``)
+    RATE_LIMITED = "rate_limited"
+
+
+class ClaimLimits(NamedTuple):
+    """Queue-wide flow control applied by :meth:`Storage.dequeue` (the caller passes its
+    queue's settings on every call; the state they govern lives in the storage, so the
+    limits hold across every worker process):
+
+    - ``rate``: at most ``rate`` jobs claimed per sliding window of ``per`` seconds
+      (0: no limit). A token is taken when a job is *claimed*, started or reserved, so
+      prefetching can never exceed the rate (a Queue with a rate limit does not prefetch:
+      its claims start at once, so claims, attempts and handler starts coincide).
+    - ``concurrency``: at most that many jobs of the queue claimed (processing) at once
+      (0: no limit). A claim holds its slot until it is settled, released, or recovered
+      by the reaper (a dead worker's slots come back with its jobs).
+
+    A claim refused by either waits (up to its timeout) until the next token is due or a
+    slot is freed, never spinning. The ``RateLimited`` hold (:attr:`SettleKind.RATE_LIMITED`)
+    applies to every claim, with or without limits.
+    """
+
+    rate: int = 0
+    per: float = 1.0
+    concurrency: int = 0
 
 
 class Settlement(NamedTuple):
@@ -280,7 +308,14 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
     ) -> list[Claim]:
         """Claim up to ``max_jobs`` jobs in FIFO order, waiting up to ``timeout`` seconds for
         the first one; return ``[]`` on timeout.
@@ -296,6 +331,11 @@ class Storage(abc.ABC):
         wakes when the earliest of them is due.
         Cancelled or stale entries are skipped and dropped.
 
+        Flow control (see :class:`ClaimLimits`): a claim takes at most as many jobs as the
+        rate limit's free tokens and the free concurrency slots allow, and none while a
+        ``RateLimited`` hold lasts; a claim refused by them waits until the next token or
+        the end of the hold is due, or until a settlement, release or recovery frees a slot.
+
         Cancellation: if the call is cancelled, no job may be left claimed-but-unreturned
         in a way the worker cannot see: a job claimed at the moment of cancellation either
         stays in the ready list or is in the worker's processing list (where
@@ -306,7 +346,10 @@ class Storage(abc.ABC):
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         """Acknowledge finished attempts, each atomically: remove the job from the worker's
         processing list and store its outcome (completed/failed with TTL, or failing and
-        scheduled for retry), publishing ``completed``/``failed``/``failing``.
+        scheduled for retry), publishing ``completed``/``failed``/``failing``; for
+        :attr:`SettleKind.RATE_LIMITED`, state ``delayed`` due in ``delay`` seconds with the
+        attempt counter as before this attempt, every claim of the queue held off for
+        ``delay`` seconds, publishing ``rate_limited``.
 
         Fencing by claim: a settlement whose claim token is not the job's current claim in
         ``worker_id``'s processing list (the reaper recovered it, it was claimed again, or

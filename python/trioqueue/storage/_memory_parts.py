@@ -13,6 +13,7 @@ from .._core import MpmcQueue, format_state
 from .._models import EnqueueStatus
 from ._base import EnqueueOutcome, NewJob, StorageEvent
 from ._memory_index import StateIndex
+from ._flow import FlowState
 
 from ._base import DELAYED as _DELAYED
 from ._base import FAILING as _FAILING
@@ -154,6 +155,7 @@ class _Q:
         "paused",
         "schedules",
         "index",
+        "flow",
     )
 
     def __init__(self) -> None:
@@ -169,3 +171,4 @@ class _Q:
         self.paused = False
         self.schedules: dict[str, tuple[bytes, float | None]] = {}
         self.index = StateIndex()
+        self.flow = FlowState()  # rate limit log, RateLimited hold, slot waiters

@@ -26,12 +26,12 @@ from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
 from ._base import (
     Claim,
+    ClaimLimits,
     EnqueueOutcome,
     JobRecord,
     NewJob,
     Settlement,
     SettleKind,
-    Storage,
     StorageEvent,
     ttl_update_status,
 )
@@ -44,12 +44,14 @@ from ._base import FAILING as _FAILING
 from ._base import PROCESSING as _PROCESSING
 from ._base import QUEUED as _QUEUED
 from ._memory_admin import MemoryAdmin
+from ._memory_control import MemoryControl
 from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
 __all__ = ["MemoryStorage"]
 
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
 
-class MemoryStorage(MemoryAdmin, Storage):
+class MemoryStorage(MemoryAdmin, MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -221,13 +223,17 @@ class MemoryStorage(MemoryAdmin, Storage):
 
     # -- consumers ---------------------------------------------------------------------
 
-    def _claim(self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float, start: int) -> list[Claim]:
+    def _claim(
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float, start: int, limits: ClaimLimits | None
+    ) -> list[Claim]:
         events: list[StorageEvent] = []
         self._promote(q, now, events)
         now_ms = int(now * 1000)
         deadline = now + lease
         claims: list[Claim] = []
-        if q.paused:
+        held = sum(map(len, q.processing.values())) if limits is not None and limits.concurrency else 0
+        max_jobs = q.flow.allowance(limits, now, max_jobs, held)
+        if q.paused or not max_jobs:
             self._publish(q, events)
             return claims
         proc = q.processing.get(worker_id)
@@ -258,11 +264,19 @@ class MemoryStorage(MemoryAdmin, Storage):
                 rec.lease_deadline = deadline
                 proc[job_id] = rec
                 claims.append(Claim(job_id, env, rec.attempts + (not rec.started), rec.claim, rec.started))
+        q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
 
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
         start = max_jobs if start is None else start
@@ -272,11 +286,11 @@ class MemoryStorage(MemoryAdmin, Storage):
             with self._lock:
                 q = self._q(queue)
                 now = time.time()
-                claims = self._claim(q, worker_id, max_jobs, lease, now, start)
+                claims = self._claim(q, worker_id, max_jobs, lease, now, start, limits)
                 if not claims:
                     waiter = _Waiter()
                     q.waiters.add(waiter)
-                    next_due = q.delayed[0][0] - now if q.delayed else math.inf
+                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake) - now
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
                 # never dropped by a cancellation after the fact.
@@ -290,7 +304,7 @@ class MemoryStorage(MemoryAdmin, Storage):
                     q.waiters.discard(waiter)
             if trio.current_time() >= give_up:
                 with self._lock:
-                    claims = self._claim(q, worker_id, max_jobs, lease, time.time(), start)
+                    claims = self._claim(q, worker_id, max_jobs, lease, time.time(), start, limits)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
 
@@ -315,9 +329,12 @@ class MemoryStorage(MemoryAdmin, Storage):
                     continue
                 del proc[s.id]
                 out.append(True)
-                if not rec.started and s.kind is not SettleKind.CANCEL:
+                limited = s.kind is SettleKind.RATE_LIMITED
+                if limited:
+                    rec.attempts -= rec.started  # rate limited: the attempt did not happen
+                elif not rec.started and s.kind is not SettleKind.CANCEL:
                     rec.attempts += 1  # settled without start(): the attempt happened
-                if s.kind is SettleKind.CANCEL or (s.kind is SettleKind.RETRY and rec.cancel_requested):
+                if s.kind is SettleKind.CANCEL or (s.kind in _BACK and rec.cancel_requested):
                     self._cancel_claimed(q, rec, now, worker_id, events)
                 elif s.kind is SettleKind.COMPLETE:
                     rec.result = s.data
@@ -328,17 +345,21 @@ class MemoryStorage(MemoryAdmin, Storage):
                     self._set_terminal(q, rec, _FAILED, now, s.ttl)
                     events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=rec.token))
                 else:
-                    rec.kind = _FAILING
+                    rec.kind = _DELAYED if limited else _FAILING
                     rec.ts_ms = int(now * 1000)
                     rec.worker = None
-                    rec.error = s.data
+                    if limited:
+                        q.flow.hold_until(now + s.delay)
+                    else:
+                        rec.error = s.data
                     rec.lease_deadline = math.inf
                     rec.run_at = now + s.delay
                     heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
-                    events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=rec.token))
+                    kind = "rate_limited" if limited else "failing"
+                    events.append(StorageEvent(kind, s.id, worker_id, error=None if limited else s.data, token=rec.token))
                     retried = True
             self._publish(q, events)
-            if retried:
+            if retried or (any(out) and q.flow.freed()):
                 self._wake(q)  # waiters recompute when the next retry is due
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
@@ -369,7 +390,7 @@ class MemoryStorage(MemoryAdmin, Storage):
                 events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
             q.front.extendleft(reversed(released))
             self._publish(q, events)
-            if released:
+            if released or (events and q.flow.freed()):
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return len(released)
@@ -491,6 +512,7 @@ class MemoryStorage(MemoryAdmin, Storage):
                 q.ready.push_many(requeue)
             self._publish(q, events)
             if recovered or promoted:
+                q.flow.freed()
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return recovered, (None if next_deadline == math.inf else next_deadline)
@@ -506,53 +528,6 @@ class MemoryStorage(MemoryAdmin, Storage):
                 self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
-
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            schedules = self._q(queue).schedules
-            schedules[name] = (spec, schedules.get(name, (b"", None))[1])
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def remove_schedule(self, queue: str, name: str) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            found = self._q(queue).schedules.pop(name, None) is not None
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return found
-
-    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
-        await trio.lowlevel.checkpoint()
-        with self._lock:
-            return dict(self._q(queue).schedules)
-
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            schedules = self._q(queue).schedules
-            entry = schedules.get(name)
-            ok = entry is not None and (entry[1] is None or tick > entry[1])
-            if entry is not None and ok:
-                schedules[name] = (entry[0], tick)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
-
-    async def set_paused(self, queue: str, paused: bool) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            q = self._q(queue)
-            changed = q.paused != paused
-            if changed:
-                q.paused = paused
-                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
-                self._wake(q)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return changed
-
-    async def is_paused(self, queue: str) -> bool:
-        await trio.lowlevel.checkpoint()
-        with self._lock:
-            return self._q(queue).paused
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -33,7 +33,7 @@ from .._core import decode_events as _decode_events
 from .._errors import StorageError
 from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
-from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from ._glide import ConnParams, GlideAdapter, make_script, parse_url
 from ._redis_admin import RedisAdmin
 
@@ -41,7 +41,14 @@ __all__ = ["RedisStorage"]
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
-_KIND_CODE = {SettleKind.COMPLETE: "c", SettleKind.FAIL: "f", SettleKind.RETRY: "r", SettleKind.CANCEL: "x"}
+_KIND_CODE = {
+    SettleKind.COMPLETE: "c",
+    SettleKind.FAIL: "f",
+    SettleKind.RETRY: "r",
+    SettleKind.CANCEL: "x",
+    SettleKind.RATE_LIMITED: "l",
+}
+_FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 _MAX_JOBS_PER_CALL = 2000
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
@@ -152,6 +159,13 @@ class RedisStorage(RedisAdmin, Storage):
         """KEYS of a queue script: the queue's keys, then ``extra`` (processing lists)."""
         return [*_lua.queue_keys(self._base(queue)), *extra]
 
+    def _flow_keys(self, queue: str) -> list[str]:
+        """The last KEYS of the scripts that apply or free flow control (claim, settle,
+        release, recover): the rate limit's log, then the flow hash (the RateLimited hold
+        ``h``; ``w`` while a claimer waits for a concurrency slot)."""
+        base = self._base(queue)
+        return [base + ":rate", base + ":flow"]
+
     def _plist(self, queue: str, worker_id: str) -> str:
         return self._base(queue) + ":processing:" + worker_id
 
@@ -170,6 +184,8 @@ class RedisStorage(RedisAdmin, Storage):
 
     async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
         keys = self._keys(queue) if worker is None else self._keys(queue, self._plist(queue, worker))
+        if name in _FLOW_SCRIPTS:
+            keys += self._flow_keys(queue)
         return await self._adapter.script(self._scripts[name], keys, args)
 
     async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
@@ -307,10 +323,20 @@ class RedisStorage(RedisAdmin, Storage):
     # -- consumers ---------------------------------------------------------------------
 
     def _claim_args(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes, start: int
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        lease: float,
+        moved: bytes,
+        start: int,
+        limits: ClaimLimits | None = None,
     ) -> list[Any]:
         reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
-        return [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
+        args = [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
+        if limits is not None:
+            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency)]
+        return args
 
     def _claimed(
         self, queue: str, worker_id: str, args: list[Any], reply: Any
@@ -329,14 +355,28 @@ class RedisStorage(RedisAdmin, Storage):
         return claims, next_due, paused
 
     async def _claim(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, moved: bytes, start: int
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        lease: float,
+        moved: bytes,
+        start: int,
+        limits: ClaimLimits | None = None,
     ) -> tuple[list[Claim], float | None, bytes | None]:
-        args = self._claim_args(queue, worker_id, max_jobs, lease, moved, start)
+        args = self._claim_args(queue, worker_id, max_jobs, lease, moved, start, limits)
         reply = await self._run_shielded("claim", queue, args, worker_id)
         return self._claimed(queue, worker_id, args, reply)
 
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
         start = max_jobs if start is None else start
@@ -348,7 +388,7 @@ class RedisStorage(RedisAdmin, Storage):
         # blocking move (it returns at once if a job arrived meanwhile): that saves a round
         # trip on the idle path, which is the latency path.
         if key not in self._drained or timeout <= 0:
-            claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start)
+            claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
             if claims or timeout <= 0:
                 return claims  # no cancellable checkpoint: claims are never dropped after the fact
         base = self._base(queue)
@@ -371,30 +411,30 @@ class RedisStorage(RedisAdmin, Storage):
                 except Exception:  # StorageError: the server is away; retry within the timeout
                     await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
                     backoff = min(backoff * 2, 1.0)
-                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start)
+                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
                 if claims:
                     return claims
                 continue
             # The claim script rides behind the blocking move on the same connection, so
             # the server claims the moved job (and more) with no extra round trip.
-            args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start)
+            args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start, limits)
             try:
                 moved, reply = await self._adapter.blocking_move_then(
-                    src, dst, block, self._scripts["claim"], self._keys(queue, dst), args
+                    src, dst, block, self._scripts["claim"], self._keys(queue, dst, *self._flow_keys(queue)), args
                 )
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
                 self._unclaimed_moves.add(key)
                 await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
                 backoff = min(backoff * 2, 1.0)
-                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start)
+                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
             except BaseException:  # cancelled: the move (and the claim) may still have happened
                 self._unclaimed_moves.add(key)
                 raise
             else:
                 if isinstance(reply, Exception):  # e.g. NOSCRIPT: claim the ordinary way
                     claims, next_due, paused = await self._claim(
-                        queue, worker_id, max_jobs, lease, moved or b"", start
+                        queue, worker_id, max_jobs, lease, moved or b"", start, limits
                     )
                 else:
                     claims, next_due, paused = self._claimed(queue, worker_id, args, reply)
@@ -499,7 +539,7 @@ class RedisStorage(RedisAdmin, Storage):
         procs = await self._adapter.command(["SMEMBERS", base + ":procs"])
         dead = await self._adapter.command(["ZRANGEBYSCORE", base + ":workers", "-inf", f"{time.time() * 1000:.0f}"])
         workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
-        keys = self._keys(queue, *(self._plist(queue, w) for w in workers))
+        keys = self._keys(queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
         rec, nd = await self._adapter.script(self._scripts["recover"], keys, workers)
         # Forget expired terminal jobs, a bounded slice per call, until none is due.
         while int(await self._run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:

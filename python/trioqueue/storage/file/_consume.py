@@ -10,12 +10,14 @@ from collections.abc import Sequence
 import trio
 
 from .._base import COMPLETED as _COMPLETED
+from .._base import DELAYED as _DELAYED
 from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import (
     Claim,
+    ClaimLimits,
     SettleKind,
     Settlement,
     StorageEvent,
@@ -26,6 +28,7 @@ from .._fsutil import (
     encode_name,
 )
 from ._core import FileCore
+from ._flow import claim_allowance, count_claims, hold_claims, slot_freed
 from ._layout import (
     _Q,
     _close_on_error,
@@ -36,12 +39,14 @@ from ._layout import (
 
 __all__ = ["Consumer"]
 
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
+
 
 class Consumer(FileCore):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
     def _claim_locked(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
     ) -> tuple[list[Claim], float]:
         claims: list[Claim] = []
         events: list[StorageEvent] = []
@@ -50,6 +55,10 @@ class Consumer(FileCore):
         if os.path.exists(q.paused):
             self._publish(q, events)
             return claims, next_due
+        max_jobs, wake, flow = claim_allowance(q, limits, now, max_jobs)
+        if not max_jobs:
+            self._publish(q, events)
+            return claims, min(next_due, wake)
         now_ms = int(now * 1000)
         deadline = now + lease
         enc_w = self._worker_enc(q, worker_id)
@@ -98,18 +107,26 @@ class Consumer(FileCore):
         # (attempts, worker, lease). A crash between leaves proc entries whose record is
         # still queued: recover_stalled puts them back in ready/ (no attempt counted).
         self._commit(q, items, None)
+        count_claims(q, flow, limits, now, len(claims))
         self._publish(q, events)
         self._maybe_clean(q, now)
         return claims, next_due
 
     async def _claim(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int
+        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
     ) -> tuple[list[Claim], float]:
         async with self._alock(q):
-            return self._claim_locked(q, worker_id, max_jobs, lease, start)
+            return self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
 
     async def dequeue(
-        self, queue: str, worker_id: str, max_jobs: int, timeout: float, lease: float, start: int | None = None
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
@@ -119,7 +136,7 @@ class Consumer(FileCore):
         while True:
             gen = watch.gen
             # The lock wait is the only cancellable step: once claimed, the claims are returned.
-            claims, next_due = await self._claim(q, worker_id, max_jobs, lease, start)
+            claims, next_due = await self._claim(q, worker_id, max_jobs, lease, start, limits)
             if claims:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
@@ -145,6 +162,7 @@ class Consumer(FileCore):
         dirs = {q.jobs_fd}
         items: dict[str, Rec] = {}
         retries: list[tuple[str, str]] = []
+        hold = 0.0
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
@@ -169,12 +187,15 @@ class Consumer(FileCore):
                         events.append(StorageEvent("fenced", s.id, worker_id, token=r.token if r else None))
                         continue
                     out.append(True)
-                    if not r.started and s.kind is not SettleKind.CANCEL:
+                    limited = s.kind is SettleKind.RATE_LIMITED
+                    if limited:
+                        r.attempts -= r.started  # rate limited: the attempt did not happen
+                    elif not r.started and s.kind is not SettleKind.CANCEL:
                         r.attempts += 1  # settled without start(): the attempt happened
                     r.ts = now_ms
                     r.worker = None
                     r.lease = None
-                    if s.kind is SettleKind.CANCEL or (s.kind is SettleKind.RETRY and r.cancel_requested):
+                    if s.kind is SettleKind.CANCEL or (s.kind in _BACK and r.cancel_requested):
                         self._cancel_claimed(q, r, now, worker_id, events)
                     elif s.kind is SettleKind.COMPLETE:
                         r.kind = _COMPLETED
@@ -189,11 +210,16 @@ class Consumer(FileCore):
                     else:
                         run_ms = int((now + s.delay) * 1000)
                         mk = _seq_name(run_ms, enc)
-                        r.kind = _FAILING
-                        r.error = s.data
                         r.mk = mk
                         retries.append((enc, mk))
-                        events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=r.token))
+                        if limited:
+                            r.kind = _DELAYED
+                            hold = max(hold, now + s.delay)
+                            events.append(StorageEvent("rate_limited", s.id, worker_id, token=r.token))
+                        else:
+                            r.kind = _FAILING
+                            r.error = s.data
+                            events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=r.token))
                     items[enc] = r
                 if self._commit(q, items, fds):
                     dirs.add(q.expiry_fd)
@@ -203,6 +229,10 @@ class Consumer(FileCore):
                     dirs.add(q.delayed_fd)
                 for enc in items:
                     _unlink(os.path.join(pdir, enc))
+                if hold:
+                    hold_claims(q, hold)
+                if items:
+                    slot_freed(q)
                 self._publish(q, events)
         await self._finish(fds, dirs, bool(items))
         return out
@@ -259,6 +289,8 @@ class Consumer(FileCore):
                 n += 1
             if todo:
                 q.set_counters(nxt, front)
+            if items:
+                slot_freed(q)
             self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return n

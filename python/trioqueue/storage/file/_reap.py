@@ -26,6 +26,7 @@ from .._fsutil import (
     write_atomic,
 )
 from ._core import FileCore
+from ._flow import slot_freed
 from ._layout import (
     _Q,
     _close_on_error,
@@ -155,6 +156,8 @@ class Reaper(FileCore):
                                 pass
                 if nxt != start:
                     q.set_counters(nxt, front)
+                if items:
+                    slot_freed(q)
                 self._publish(q, events)
         await self._finish(fds, dirs, bool(items))
         return recovered, (None if next_deadline == math.inf else next_deadline)

@@ -1,10 +1,12 @@
--- KEYS[20]: the worker's processing list.
+-- KEYS[20]: the worker's processing list; the last two KEYS: the rate log and the flow hash.
 -- ARGV: worker, max_jobs, lease_ms, moved entry ('' if none, '*': the list's last entry,
 -- the script being pipelined behind the blocking move), reconcile ('1': also claim
 -- entries of the worker's list that a blocking move put there but no claim followed),
--- start (the first `start` claims count their attempt; the rest are reserved).
--- Returns {{{id, envelope, attempts, claim token, started}...}, next due ms or false,
--- ready-list length, false or the control stream's last id when claiming is paused}.
+-- start (the first `start` claims count their attempt; the rest are reserved),
+-- rate, per_ms, concurrency (flow limits, 0: none; see ClaimLimits).
+-- Returns {{{id, envelope, attempts, claim token, started}...}, next due ms or false
+-- (with flow control: or the next token / end of the hold), ready-list length, false or
+-- the control stream's last id when claiming is paused or refused by flow control}.
 --@include _prelude
 --@include _promote
 local P = KEYS[20]
@@ -13,6 +15,7 @@ local now = now_ms()
 redis.call('SADD', PROCS, W)
 promote(now)
 local paused = redis.call('EXISTS', PAUSED) == 1
+--@include _flow_claim
 local out = {}
 local took = {}  -- entries claimed from the ready list, appended to P in one RPUSH
 local back = {}  -- entries a blocking move took while claiming is paused: they go back
@@ -26,7 +29,7 @@ local function try(entry)
   if not m or tostring(m.k) ~= tok then return 'stale' end
   if starts(st, 'processing:') and m.w == W then return 'held' end
   if not starts(st, 'queued:') then return 'stale' end
-  if paused then return 'back' end
+  if paused or #out >= MX then return 'back' end
   m.n = (m.n or 0) + 1
   m.l = m.i .. '.' .. m.n
   m.w = W
@@ -51,7 +54,7 @@ if RECONCILE == '1' then
     if r == 'back' then back[#back + 1] = e end
   end
 end
-if MOVED == '*' and #out < MX then
+if MOVED == '*' then
   -- pipelined behind a blocking move: what it moved, if anything, is P's last entry
   local last = redis.call('LINDEX', P, -1)
   if last then
@@ -59,7 +62,7 @@ if MOVED == '*' and #out < MX then
     if r == 'stale' or r == 'back' then redis.call('LREM', P, -1, last) end
     if r == 'back' then back[#back + 1] = last end
   end
-elseif MOVED ~= '' and #out < MX then
+elseif MOVED ~= '' then
   -- moved into P by the blocking client; claim it only if it is still there
   if redis.call('LPOS', P, MOVED, 'RANK', -1) then
     local r = try(MOVED)
@@ -132,9 +135,10 @@ for i = 1, #took, 1000 do  -- in chunks: Lua's unpack has a stack limit
 end
 for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
 flush()
+flow_claimed(out)
 local ctl = false
 if paused then
   local last = redis.call('XREVRANGE', CTL, '+', '-', 'COUNT', 1)
   ctl = last[1] and last[1][1] or '0-0'
 end
-return {out, next_due(), redis.call('LLEN', Q), ctl}
+return {out, flow_due(next_due()), redis.call('LLEN', Q), ctl}

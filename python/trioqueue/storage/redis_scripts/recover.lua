@@ -1,10 +1,11 @@
 -- KEYS[20..]: the processing lists of the workers named in ARGV (the members of PROCS
--- and WK the caller read just before). Recovers expired leases and the jobs of dead
+-- and WK the caller read just before); the last KEY: the flow hash. Recovers expired leases and the jobs of dead
 -- workers, promotes due jobs, removes dead workers that hold nothing.
 -- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false}.
 --@include _prelude
 --@include _promote
 --@include _cancel
+--@include _flow_free
 local now = now_ms()
 local rec = {}
 local lists = {}
@@ -90,5 +91,6 @@ if due then
   local t = tonumber(due)
   if not nd or t < nd then nd = t end
 end
+if #rec > 0 then slot_freed() end
 flush()
 return {rec, nd or false}

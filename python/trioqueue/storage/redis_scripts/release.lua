@@ -1,10 +1,11 @@
--- KEYS[20]: the worker's processing list. ARGV: worker, ids...
+-- KEYS[20]: the worker's processing list; the last KEY: the flow hash. ARGV: worker, ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
 -- claim's attempt stays counted: attempts never go down; a job with a cancel request
 -- ends cancelled instead).
 -- Returns how many went back.
 --@include _prelude
 --@include _cancel
+--@include _flow_free
 local P = KEYS[20]
 local W = ARGV[1]
 local now = now_ms()
@@ -52,5 +53,6 @@ for i = 2, #ARGV do
   end
 end
 for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+if #back > 0 or #EV > 0 then slot_freed() end
 flush()
 return #back

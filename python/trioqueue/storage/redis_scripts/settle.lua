@@ -1,16 +1,19 @@
--- KEYS[20]: the worker's processing list.
--- ARGV: worker, call token, then (id, data, '<kind c|f|r|x>:<ttl_ms>:<delay_ms>', claim
+-- KEYS[20]: the worker's processing list; the last KEY: the flow hash.
+-- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l>:<ttl_ms>:<delay_ms>', claim
 -- token) per settlement. Returns a list of 1 (settled, or already settled by this claim)
 -- / 0 (fenced: the claim is not the job's current one in this worker's list).
 -- Reads the registry in one HMGET per hash and writes each hash once for the whole
 -- batch; only the processing-list removal is per job.
 --@include _prelude
 --@include _cancel
+--@include _flow_free
 local P = KEYS[20]
 local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
 local out = {}
 local wake = false
+local hold = 0  -- RateLimited: no claim before this (ms)
+local freed = false
 local ids = {}
 for i = 3, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
 local sts, metas = {}, {}
@@ -41,9 +44,14 @@ for j, id in ipairs(ids) do
     end
   else
     out[#out + 1] = 1
-    if m.s ~= 1 and kind ~= 'x' then m.a = m.a + 1 end  -- settled without start()
+    freed = true
+    if kind == 'l' then
+      if m.s == 1 then m.a = m.a - 1 end  -- rate limited: the attempt did not happen
+    elseif m.s ~= 1 and kind ~= 'x' then
+      m.a = m.a + 1  -- settled without start()
+    end
     m.z = CALL
-    if kind == 'x' or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
+    if kind == 'x' or kind == 'l' or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
       -- the rare paths, one call at a time
       redis.call('ZREM', L, id)
       if kind == 'c' then
@@ -55,6 +63,15 @@ for j, id in ipairs(ids) do
         setst(id, 'failed:' .. now)
         ev('failed', id, W, nil, small(data), m.i)
         terminal(id, m, now, ttl)
+      elseif kind == 'l' and m.x ~= 1 then
+        -- RateLimited: back as delayed, and the whole queue holds off as long
+        m.w = nil
+        setm(id, m)
+        setst(id, 'delayed:' .. now .. ':' .. (now + delay))
+        redis.call('ZADD', D, now + delay, id)
+        ev('rate_limited', id, W, nil, nil, m.i)
+        if now + delay > hold then hold = now + delay end
+        if delay <= 0 then wake = true end
       else
         cancel_claimed(id, m, now, W)
       end
@@ -102,5 +119,9 @@ for i = 1, #l_rem, 1000 do redis.call('ZREM', L, unpack(l_rem, i, math.min(i + 9
 for i = 1, #env_del, 1000 do redis.call('HDEL', ENV, unpack(env_del, i, math.min(i + 999, #env_del))) end
 -- a retry due now: wake a blocked claimer (the claim script drops this entry)
 if wake then redis.call('RPUSH', Q, '~') end
+if hold > 0 and hold > tonumber(redis.call('HGET', FLOW, 'h') or '0') then
+  redis.call('HSET', FLOW, 'h', hold)
+end
+if freed then slot_freed() end
 flush()
 return out

@@ -1,0 +1,75 @@
+"""MemoryStorage's queue controls kept apart from its job paths: stored schedules and
+pause/resume (each one step under the storage's lock, like everything else)."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from ._base import Storage, StorageEvent
+from ._memory_parts import _Q
+
+__all__ = ["MemoryControl"]
+
+
+class MemoryControl(Storage):
+    """A part of :class:`~trioqueue.storage.MemoryStorage` (which provides the helpers)."""
+
+    _lock: threading.Lock
+
+    def _q(self, name: str) -> _Q:
+        raise NotImplementedError
+
+    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _wake(self, q: _Q) -> None:
+        raise NotImplementedError
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            schedules = self._q(queue).schedules
+            schedules[name] = (spec, schedules.get(name, (b"", None))[1])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            found = self._q(queue).schedules.pop(name, None) is not None
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return dict(self._q(queue).schedules)
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            schedules = self._q(queue).schedules
+            entry = schedules.get(name)
+            ok = entry is not None and (entry[1] is None or tick > entry[1])
+            if entry is not None and ok:
+                schedules[name] = (entry[0], tick)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            changed = q.paused != paused
+            if changed:
+                q.paused = paused
+                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return self._q(queue).paused
