@@ -41,6 +41,7 @@ from ._models import (
     QueueEvent,
     UpdateTTLStatus,
 )
+from ._producers import AsyncioProducer, SyncProducer
 from ._queue import JobNotFinishedError, Queue
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EVENT_NAMES",
+    "AsyncioProducer",
     "CancelResult",
     "CancelStatus",
     "EnqueueResult",
@@ -82,6 +84,7 @@ __all__ = [
     "Serde",
     "Storage",
     "StorageError",
+    "SyncProducer",
     "TrioQueueError",
     "UpdateTTLStatus",
     "UnrecoverableError",
