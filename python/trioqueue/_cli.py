@@ -86,6 +86,9 @@ def _parser() -> _Parser:
     demo.add_argument("--location", default=None, help="directory (file) or URL (redis)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
+    from ._admin_cli import add_admin_commands
+
+    add_admin_commands(sub, _Parser)
     return parser
 
 
@@ -143,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging(args.log_level, args.log_format)
         return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
+    from ._admin_cli import ADMIN_COMMANDS, admin_command
+
+    if args.command in ADMIN_COMMANDS:
+        return run_command(lambda: trio.run(admin_command, args), debug=args.debug)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown ones
 
 
