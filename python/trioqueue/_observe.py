@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .storage._base import SettleKind
+
+if TYPE_CHECKING:
+    from ._queue import Queue
 
 __all__ = ["QueueObserver", "notify"]
 
@@ -21,6 +25,9 @@ logger = logging.getLogger("trioqueue")
 
 class QueueObserver:
     """Base class with no-op methods: override those you need. ``queue`` is the queue's name."""
+
+    def copied(self, queue: Queue[Any, Any]) -> None:
+        """``queue`` is a copy (:meth:`Queue.copy`) of an observed queue, observed too."""
 
     def jobs_enqueued(self, queue: str, count: int) -> None:
         """``count`` new jobs were accepted (duplicates are not counted)."""

@@ -179,6 +179,8 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             for callback in callbacks:
                 new.on(name, callback)
         new._observers = list(self._observers)
+        for observer in new._observers:
+            observer.copied(new)
         return new
 
     @overload
