@@ -15,23 +15,44 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from trioqueue import Job, JobFailedError, Queue, Storage
 from trioqueue._core import decode_envelope
 
+
+class _Switch(Sampler):
+    """Samples everything while a test of this module runs, nothing otherwise: the global
+    provider can be set only once per process, and the rest of the suite should not pay."""
+
+    active = False
+
+    def should_sample(
+        self, parent_context: Any, trace_id: int, name: str, kind: Any = None, attributes: Any = None, *rest: Any
+    ) -> SamplingResult:
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if self.active else Decision.DROP, attributes)
+
+    def get_description(self) -> str:
+        return "switch"
+
+
+_SWITCH = _Switch()
 _EXPORTER = InMemorySpanExporter()
-_PROVIDER = TracerProvider()
+_PROVIDER = TracerProvider(sampler=_SWITCH)
 _PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    # The global provider can be set once per process: this module's, for the suite's run.
     trace.set_tracer_provider(_PROVIDER)
     _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    _SWITCH.active = True
+    try:
+        yield _EXPORTER
+    finally:
+        _SWITCH.active = False
+        _EXPORTER.clear()
 
 
 async def test_worker_span_continues_the_producer_span(storage: Storage, queue_name: str, spans: InMemorySpanExporter) -> None:
