@@ -196,6 +196,7 @@ async def test_worker_cli_serves_metrics_over_http(tmp_path: Path, storage_url: 
     assert value(samples, "trioqueue_jobs", queue=name, state="failed") == 1
     assert value(samples, "trioqueue_jobs", queue=name, state="queued") == 0
     assert value(samples, "trioqueue_workers", queue=name) == 1
+    assert value(samples, "trioqueue_oldest_job_age_seconds", queue=name) == 0  # none waiting
     assert value(samples, "trioqueue_jobs_enqueued_total", queue=name) == 0  # the test enqueued, not the worker
     assert value(samples, "trioqueue_jobs_started_total", queue=name) == 8
     assert value(samples, "trioqueue_jobs_completed_total", queue=name) == 6
@@ -208,3 +209,46 @@ async def test_worker_cli_serves_metrics_over_http(tmp_path: Path, storage_url: 
         assert await proc.wait() == 0
     with pytest.raises(urllib.error.URLError):  # the server stopped with the worker
         await trio.to_thread.run_sync(_scrape, url)
+
+
+async def test_storage_oldest_per_non_terminal_state(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name) as queue:
+        assert await storage.oldest(queue_name, "queued") is None
+        await queue.enqueue("a", 1)
+        await queue.enqueue("b", 2)
+        await queue.enqueue("d", 3, delay=3600)
+        a, b, d = [await queue.get_status(j) for j in ("a", "b", "d")]
+        assert a is not None and b is not None and d is not None
+        assert await storage.oldest(queue_name, "queued") == a.updated_at
+        assert await storage.oldest(queue_name, "delayed") == d.updated_at
+        assert await storage.oldest(queue_name, "processing") is None
+        [claim] = await storage.dequeue(queue_name, "w", 1, 0.5, 30.0)
+        assert claim.id == "a"
+        a = await queue.get_status("a")
+        assert a is not None and await storage.oldest(queue_name, "processing") == a.updated_at
+        assert await storage.oldest(queue_name, "queued") == b.updated_at
+        for bad in ("completed", "nope"):
+            with pytest.raises(ValueError, match="non-terminal"):
+                await storage.oldest(queue_name, bad)
+
+
+async def test_oldest_job_age_gauge(storage: Storage, queue_name: str) -> None:
+    import time
+
+    registry = CollectorRegistry()
+    metrics = QueueMetrics(registry)
+    async with metrics.instrument(Queue(storage, name=queue_name)) as queue:
+        await metrics.refresh()
+        assert value(parse(generate_latest(registry).decode()), "trioqueue_oldest_job_age_seconds", queue=queue_name) == 0
+        await queue.enqueue("waiting", 1)
+        status = await queue.get_status("waiting")
+        assert status is not None
+        await metrics.refresh()
+        before = time.time()
+        age = value(parse(generate_latest(registry).decode()), "trioqueue_oldest_job_age_seconds", queue=queue_name)
+        after = time.time()
+        assert age is not None and before - status.updated_at - 0.001 <= age <= after - status.updated_at + 0.001
+        samples = parse(generate_latest(registry).decode())
+        assert value(samples, "trioqueue_jobs", queue=queue_name, state="queued") == 1
+        assert value(samples, "trioqueue_jobs_enqueued_total", queue=queue_name) == 1
+        assert value(samples, "trioqueue_workers", queue=queue_name) == 0  # a producer is no worker

@@ -23,7 +23,9 @@ What is measured, all labelled by ``queue``:
   (from enqueue, or from the due time of a delayed job, to the start of its first attempt);
 - gauges of the queue as the storage sees it (the same in every process: aggregate them
   with ``max``): ``trioqueue_jobs{queue,state}`` (jobs per state, from
-  :meth:`Queue.counts`), ``trioqueue_workers`` (live registered workers) and
+  :meth:`Queue.counts`), ``trioqueue_oldest_job_age_seconds`` (how long the oldest queued
+  job has waited, from :meth:`Storage.oldest`; computed at scrape time from the cached
+  entry time), ``trioqueue_workers`` (live registered workers) and
   ``trioqueue_metrics_refreshed_timestamp_seconds``.
 
 The gauges are *cached*: :meth:`QueueMetrics.run` (a Trio service) reads the storage every
@@ -78,14 +80,18 @@ class _Gauges:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
-        # queue name -> (counts by state, live workers, refreshed at); replaced whole
-        # (one reference assignment), so a scrape in another thread sees one consistent read.
-        self.values: dict[str, tuple[dict[str, int], int, float]] = {}
+        # queue name -> (counts by state, live workers, oldest queued job's entry time or
+        # None, refreshed at); replaced whole (one reference assignment), so a scrape in
+        # another thread sees one consistent read.
+        self.values: dict[str, tuple[dict[str, int], int, float | None, float]] = {}
 
-    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
         ns = self.namespace
         return (
             GaugeMetricFamily(f"{ns}_jobs", "Jobs in each state, as the storage counts them", labels=["queue", "state"]),
+            GaugeMetricFamily(
+                f"{ns}_oldest_job_age_seconds", "How long the oldest queued job has been waiting (0: none)", labels=["queue"]
+            ),
             GaugeMetricFamily(f"{ns}_workers", "Live workers registered on the queue", labels=["queue"]),
             GaugeMetricFamily(
                 f"{ns}_metrics_refreshed_timestamp_seconds", "When the gauges were read from the storage", labels=["queue"]
@@ -96,13 +102,15 @@ class _Gauges:
         return self._families()
 
     def collect(self) -> Iterable[Metric]:
-        jobs, workers, refreshed = self._families()
-        for queue, (counts, live, at) in sorted(self.values.items()):
+        jobs, oldest, workers, refreshed = self._families()
+        now = time.time()
+        for queue, (counts, live, since, at) in sorted(self.values.items()):
             for state, n in counts.items():
                 jobs.add_metric([queue, state], n)
+            oldest.add_metric([queue], 0.0 if since is None else max(0.0, now - since))
             workers.add_metric([queue], live)
             refreshed.add_metric([queue], at)
-        return [jobs, workers, refreshed]
+        return [jobs, oldest, workers, refreshed]
 
 
 class QueueMetrics(QueueObserver):
@@ -180,13 +188,14 @@ class QueueMetrics(QueueObserver):
                 continue
             try:
                 counts = await queue.counts()
+                oldest = await queue.storage.oldest(queue.name, "queued")
                 workers = await queue.storage.workers(queue.name)
             except Exception as exc:
                 self._gauges.values.pop(queue.name, None)
                 logger.warning("metrics of queue %r not refreshed: %s", queue.name, exc)
                 continue
             by_state = {str(state.value): n for state, n in counts.items()}
-            self._gauges.values = {**self._gauges.values, queue.name: (by_state, len(workers), time.time())}
+            self._gauges.values = {**self._gauges.values, queue.name: (by_state, len(workers), oldest, time.time())}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Refresh the gauges every ``refresh_interval`` seconds until cancelled (the
