@@ -5,8 +5,8 @@ Active when ``opentelemetry-api`` is importable (checked once, at import): ``enq
 stores the current context (W3C ``traceparent``/``tracestate`` and baggage, through the
 globally configured propagator) in the job's envelope options, and each attempt runs in a
 ``CONSUMER`` span named ``"<queue> process"`` whose parent is that context. Without the
-package nothing is stored and nothing is called. Without an SDK configured the API's spans
-are non-recording (cheap no-ops).
+package nothing is stored and nothing is called; with the API but no tracer provider
+configured (no SDK), nothing is done either: the API would only make no-op spans.
 """
 
 from __future__ import annotations
@@ -30,9 +30,25 @@ __all__ = ["ENABLED", "JobSpan", "current_context", "end_job_span", "start_job_s
 TRACER_NAME = "trioqueue"
 
 
+_tracer: tuple[Any, Any] = (None, None)  # (provider, its trioqueue tracer)
+
+
+def _configured_tracer() -> Any:
+    """The trioqueue tracer of the configured provider, or ``None`` while no SDK is
+    configured (the API's proxy provider: spans would be no-ops; skip them)."""
+    global _tracer
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider):
+        return None
+    if _tracer[0] is not provider:
+        _tracer = (provider, provider.get_tracer(TRACER_NAME))
+    return _tracer[1]
+
+
 def current_context() -> dict[str, str] | None:
-    """The current trace context as a carrier dict, or ``None`` when there is none."""
-    if not ENABLED:
+    """The current trace context as a carrier dict, or ``None`` when there is none (or
+    no tracer provider is configured)."""
+    if not ENABLED or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
@@ -50,11 +66,14 @@ class JobSpan:
         self.token = token
 
 
-def start_job_span(queue: str, job: Job[Any], carrier: dict[str, str] | None) -> JobSpan:
+def start_job_span(queue: str, job: Job[Any], carrier: dict[str, str] | None) -> JobSpan | None:
     """Start the span of one attempt of ``job``, continuing ``carrier``'s context, and make
-    it current in this task."""
+    it current in this task; ``None`` while no tracer provider is configured."""
+    tracer = _configured_tracer()
+    if tracer is None:
+        return None
     parent = propagate.extract(carrier) if carrier else None
-    span = trace.get_tracer(TRACER_NAME).start_span(
+    span = tracer.start_span(
         f"{queue} process",
         context=parent,
         kind=SpanKind.CONSUMER,

@@ -164,6 +164,7 @@ class QueueMetrics(QueueObserver):
             SettleKind.FAIL: self.failed,
             SettleKind.CANCEL: self.cancelled,
         }
+        self._children: dict[str, _Children] = {}
         self._gauges = _Gauges(ns)
         reg.register(self._gauges)
 
@@ -174,8 +175,7 @@ class QueueMetrics(QueueObserver):
             queue._observers.append(self)
         if queue not in self.queues:
             self.queues.append(queue)
-        for counter in (self.enqueued, self.started, *self._by_outcome.values(), self.reaped):
-            counter.labels(queue.name)  # exported at 0 from the start
+        self._of(queue.name)  # its counters are exported (at 0) from the start
         return queue
 
     # -- gauges ------------------------------------------------------------------------
@@ -208,22 +208,44 @@ class QueueMetrics(QueueObserver):
 
     # -- QueueObserver -----------------------------------------------------------------
 
+    def _of(self, queue: str) -> _Children:
+        children = self._children.get(queue)
+        if children is None:
+            children = self._children[queue] = _Children(self, queue)
+        return children
+
     def copied(self, queue: Queue[Any, Any]) -> None:
         self.instrument(queue)
 
     def jobs_enqueued(self, queue: str, count: int) -> None:
         if count:
-            self.enqueued.labels(queue).inc(count)
+            self._of(queue).enqueued.inc(count)
 
     def job_started(self, queue: str, job_id: str, attempt: int, wait: float | None) -> None:
-        self.started.labels(queue).inc()
+        children = self._of(queue)
+        children.started.inc()
         if wait is not None:
-            self.wait.labels(queue).observe(max(0.0, wait))
+            children.wait.observe(max(0.0, wait))
 
     def job_finished(self, queue: str, job_id: str, outcome: SettleKind, duration: float | None) -> None:
-        self._by_outcome[outcome].labels(queue).inc()
+        children = self._of(queue)
+        children.ended[outcome].inc()
         if duration is not None:
-            self.duration.labels(queue, _OUTCOMES[outcome]).observe(duration)
+            children.duration[outcome].observe(duration)
 
     def job_reaped(self, queue: str, job_id: str, outcome: str) -> None:
-        self.reaped.labels(queue).inc()
+        self._of(queue).reaped.inc()
+
+
+class _Children:
+    """The labelled children of one queue's metrics (``labels()`` is looked up once)."""
+
+    __slots__ = ("duration", "ended", "enqueued", "reaped", "started", "wait")
+
+    def __init__(self, m: QueueMetrics, queue: str) -> None:
+        self.enqueued = m.enqueued.labels(queue)
+        self.started = m.started.labels(queue)
+        self.reaped = m.reaped.labels(queue)
+        self.wait = m.wait.labels(queue)
+        self.ended = {kind: counter.labels(queue) for kind, counter in m._by_outcome.items()}
+        self.duration = {kind: m.duration.labels(queue, name) for kind, name in _OUTCOMES.items()}
