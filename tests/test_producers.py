@@ -271,5 +271,13 @@ def test_construction_errors_are_raised_in_the_caller(tmp_path: Path) -> None:
         SyncProducer(str(blocker / "store"), name="jobs")  # the storage cannot open
     assert not isinstance(info.value, AssertionError)
     assert not _producer_threads()
+
+    async def open_bad() -> None:
+        async with AsyncioProducer(str(blocker / "store"), name="jobs"):
+            raise AssertionError("opened a storage under a regular file")
+
+    with pytest.raises(type(info.value)):
+        asyncio.run(open_bad())
+    assert not _producer_threads()
     with pytest.raises(TrioQueueError, match="is not open yet"):
         AsyncioProducer(str(tmp_path / "store"), name="jobs")._bridge.submit("get_status", "x")

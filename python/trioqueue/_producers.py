@@ -214,7 +214,12 @@ class SyncProducer(Generic[P, R]):
     def __init__(self, storage: StorageSpec, *, name: str | None = None, **settings: Any) -> None:
         self._bridge = _Bridge(storage, name, settings)
         self.name = self._bridge.name
-        self._bridge.start().result()
+        try:
+            self._bridge.start().result()
+        except BaseException:
+            self._bridge.close()
+            self._bridge.join()  # the thread is gone when the error reaches the caller
+            raise
 
     @property
     def queue(self) -> Queue[P, R]:
@@ -288,7 +293,12 @@ class AsyncioProducer(Generic[P, R]):
 
     async def open(self) -> None:
         """Start the background thread and open the storage (``async with`` does it)."""
-        await asyncio.wrap_future(self._bridge.start())
+        try:
+            await asyncio.wrap_future(self._bridge.start())
+        except BaseException:
+            self._bridge.close()
+            await asyncio.to_thread(self._bridge.join)
+            raise
 
     async def aclose(self) -> None:
         """Close the storage and stop the background thread (idempotent)."""

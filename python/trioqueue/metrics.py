@@ -182,20 +182,19 @@ class QueueMetrics(QueueObserver):
 
     async def refresh(self) -> None:
         """Read the gauges of every running instrumented queue from the storage now."""
+        fresh: dict[str, tuple[dict[str, int], int, float | None, float]] = {}
         for queue in list(self.queues):
             if not queue.running:
-                self._gauges.values.pop(queue.name, None)
                 continue
             try:
                 counts = await queue.counts()
                 oldest = await queue.storage.oldest(queue.name, "queued")
                 workers = await queue.storage.workers(queue.name)
             except Exception as exc:
-                self._gauges.values.pop(queue.name, None)
                 logger.warning("metrics of queue %r not refreshed: %s", queue.name, exc)
                 continue
-            by_state = {str(state.value): n for state, n in counts.items()}
-            self._gauges.values = {**self._gauges.values, queue.name: (by_state, len(workers), oldest, time.time())}
+            fresh[queue.name] = ({str(state.value): n for state, n in counts.items()}, len(workers), oldest, time.time())
+        self._gauges.values = fresh  # one assignment: a scrape sees the old or the new read
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Refresh the gauges every ``refresh_interval`` seconds until cancelled (the
