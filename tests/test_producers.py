@@ -243,6 +243,14 @@ async def test_asyncio_producer_errors_and_cancellation(file_worker: Path) -> No
                 await asyncio.wait_for(producer.enqueue_and_wait("late", 1, delay=3600), timeout=0.05)
             except TimeoutError:
                 out["timed_out"] = True
+            # ... and the call is gone from the bridge (polled: another thread's nursery).
+            bridge = producer._bridge
+            for _ in range(1000):
+                calls = trio.from_thread.run_sync(lambda: len(bridge._calls.child_tasks), trio_token=bridge._token)
+                if not calls:
+                    break
+                await asyncio.sleep(0.01)
+            out["calls_left"] = calls
             out["cancel"] = (await producer.cancel("late")).status.value
             out["after"] = await producer.enqueue_and_wait("ok", 4)
         try:
@@ -255,7 +263,8 @@ async def test_asyncio_producer_errors_and_cancellation(file_worker: Path) -> No
         out = await trio.to_thread.run_sync(asyncio.run, main())
     assert out["failed"] == ("boom", "ValueError", "boom")
     assert "payload of job 'bad'" in out["invalid"]
-    assert out["timed_out"] is True and out["cancel"] == "cancelled" and out["after"] == 8
+    assert out["timed_out"] is True and out["calls_left"] == 0
+    assert out["cancel"] == "cancelled" and out["after"] == 8
     assert "is closed" in out["closed"]
     assert not _producer_threads()
 
