@@ -15,6 +15,7 @@ import pytest
 from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
 from test_admin import *  # noqa: E402,F403 - and those of job listing and administration
 from test_flow_control import *  # noqa: E402,F403 - flow control (rate limit, concurrency)
+from test_metrics import test_storage_oldest_per_non_terminal_state  # noqa: E402,F401 - Storage.oldest
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

@@ -43,6 +43,7 @@ from ._models import (
     QueueEvent,
     UpdateTTLStatus,
 )
+from ._producers import AsyncioProducer, SyncProducer
 from ._queue import JobNotFinishedError, Queue
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff
@@ -57,6 +58,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EVENT_NAMES",
+    "AsyncioProducer",
     "CancelResult",
     "CancelStatus",
     "EnqueueResult",
@@ -87,6 +89,7 @@ __all__ = [
     "Serde",
     "Storage",
     "StorageError",
+    "SyncProducer",
     "TrioQueueError",
     "UpdateTTLStatus",
     "UnrecoverableError",

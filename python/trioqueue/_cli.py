@@ -76,6 +76,16 @@ def _parser() -> _Parser:
         help="log level (job failures are logged at INFO)",
     )
     worker.add_argument("--log-format", default="text", choices=["text", "json"], help="json: one object a line")
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (0: any free port, logged); needs trioqueue[metrics]",
+    )
+    worker.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server binds")
+    worker.add_argument(
+        "--metrics-refresh", type=float, default=5.0, help="seconds between reads of the queue gauges from the storage"
+    )
     worker.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
     demo = sub.add_parser(
         "demo", help="run a realistic workload and print a summary", formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -176,4 +186,9 @@ async def _worker_command(args: argparse.Namespace) -> int:
         if args.name is not None:
             changes["name"] = args.name
         queues.append(queue.copy(**changes) if changes else queue)
-    return await serve(queues)
+    if args.metrics_port is None:
+        return await serve(queues)
+    from ._worker import MetricsServer
+
+    metrics = MetricsServer(queues, args.metrics_host, args.metrics_port, refresh_interval=args.metrics_refresh)
+    return await serve(queues, metrics=metrics)

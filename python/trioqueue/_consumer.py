@@ -136,7 +136,7 @@ class Consumer:
             if claim.id == job_id:
                 self.buffer.remove(claim)
                 self.cancel_requests.discard(job_id)
-                self.pending.append(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token))
+                self.pending.append(self.q._executor._finished(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token)))
                 self.settle_wakeup.unpark()
                 return
 

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import _tracing
 from . import _validate as check
 from ._core import CodecError, decode_envelope
 from ._flow import RateLimited
 from ._errors import JobTimeoutError, Retry, TrioQueueError, UnrecoverableError, ValidationError
 from ._models import ExecutionContext, Job, JobError
+from ._observe import notify
 from ._serde import Serde, encode_error
 from .storage._base import Claim, Settlement, SettleKind
 
@@ -94,23 +96,37 @@ def only_cancelled(exc: BaseException) -> bool:
 @dataclass(frozen=True, slots=True)
 class JobOptions:
     """Per-job settings given to ``enqueue`` that override the queue's; stored in the
-    job's envelope (``None``: the queue's setting)."""
+    job's envelope (``None``: the queue's setting). ``run_at`` (a delayed job's due time,
+    for the queue-wait metric) and ``trace`` (the producer's trace context, see
+    ``_tracing``) ride along."""
 
     retry_delay: float | None = None
     job_timeout: float | None = None
+    run_at: float | None = None
+    trace: dict[str, str] | None = None
 
     @classmethod
-    def build(cls, job_id: str, retry_delay: float | None, job_timeout: float | None) -> JobOptions | None:
-        """Validated options, or ``None`` when nothing overrides the queue."""
-        if retry_delay is None and job_timeout is None:
+    def build(
+        cls,
+        job_id: str,
+        retry_delay: float | None,
+        job_timeout: float | None,
+        *,
+        run_at: float | None = None,
+        trace: dict[str, str] | None = None,
+    ) -> JobOptions | None:
+        """Validated options, or ``None`` when there is nothing to store."""
+        if retry_delay is None and job_timeout is None and run_at is None and not trace:
             return None
         return cls(
             None if retry_delay is None else check.non_negative_seconds("retry_delay", retry_delay, job=job_id),
             None if job_timeout is None else check.seconds("job_timeout", job_timeout, job=job_id),
+            run_at,
+            trace or None,
         )
 
     def encode(self) -> bytes:
-        fields = {"rd": self.retry_delay, "jt": self.job_timeout}
+        fields = {"rd": self.retry_delay, "jt": self.job_timeout, "ra": self.run_at, "tc": self.trace}
         return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":")).encode()
 
     @classmethod
@@ -119,12 +135,15 @@ class JobOptions:
             return _NO_OPTIONS
         try:
             fields = json.loads(data)
-            rd, jt = fields.get("rd"), fields.get("jt")
-            if any(v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v >= 0) for v in (rd, jt)):
+            rd, jt, ra = fields.get("rd"), fields.get("jt"), fields.get("ra")
+            if any(v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v >= 0) for v in (rd, jt, ra)):
                 raise ValueError(f"bad values {fields!r}")
         except (ValueError, AttributeError) as exc:
             raise CodecError(f"unreadable job options: {exc}") from exc
-        return cls(rd, jt)
+        tc = fields.get("tc")
+        if not (isinstance(tc, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tc.items())):
+            tc = None  # a damaged trace context is dropped, never a reason to fail the job
+        return cls(rd, jt, ra, tc)
 
 
 _NO_OPTIONS = JobOptions()
@@ -165,7 +184,7 @@ class Executor:
             options = JobOptions.decode(opts)
         except CodecError as exc:
             bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
-            return Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=q.result_ttl, token=token)
+            return self._finished(Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=q.result_ttl, token=token))
         ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
         try:
             payload = q.payload_serde.loads(raw)
@@ -174,7 +193,7 @@ class Executor:
             bad = JobError(
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
             )
-            return Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token)
+            return self._finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
         job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, q.worker_id, corr)
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
@@ -184,10 +203,14 @@ class Executor:
         requests = consumer.cancel_requests if consumer is not None else set()
         if jid in requests:  # cancel() came before the handler started
             requests.discard(jid)
-            return Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token)
+            return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
         cancel_scope = trio.CancelScope()  # cancelled by a cancel() of this running job
         if consumer is not None:
             consumer.scopes[jid] = cancel_scope
+        if q._observers:
+            wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if claim.attempts == 1 else None
+            notify(q._observers, "job_started", q.name, jid, claim.attempts, wait)
+        span = _tracing.start_job_span(q.name, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()
         try:
             with cancel_scope:
@@ -207,14 +230,16 @@ class Executor:
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 escalate = exc
         finally:
+            duration = time.perf_counter() - began
             if consumer is not None:
                 consumer.scopes.pop(jid, None)
+            if span is not None:
+                _tracing.end_job_span(span, raised)
         if cancel_scope.cancelled_caught or jid in requests:
             requests.discard(jid)
-            return Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token)
-        settlement = await self.settlement(job, token, result, raised, ttl, options)
+            return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
+        settlement = self._finished(await self.settlement(job, token, result, raised, ttl, options), duration)
         if raised is not None and settlement.kind in (SettleKind.RETRY, SettleKind.FAIL):
-            duration = time.perf_counter() - began
             retry = settlement.kind is SettleKind.RETRY
             logger.info(
                 "job %r attempt %d/%d failed after %.3f s (%s): %s: %s",
@@ -236,6 +261,12 @@ class Executor:
             )
         if escalate is not None:
             raise Escalation(settlement, escalate)
+        return settlement
+
+    def _finished(self, settlement: Settlement, duration: float | None = None) -> Settlement:
+        """Tell the queue's observers how an attempt ended; returns ``settlement``."""
+        if self.q._observers:
+            notify(self.q._observers, "job_finished", self.q.name, settlement.id, settlement.kind, duration)
         return settlement
 
     def _retry_delay(self, job: Job[Any], raised: BaseException, options: JobOptions) -> float | None:

@@ -16,6 +16,7 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 import trio
 
+from . import _tracing
 from . import _validate as check
 from ._consumer import Consumer
 from ._core import encode_envelope, parse_state
@@ -38,6 +39,7 @@ from ._models import (
     Job,
     JobState,
 )
+from ._observe import QueueObserver, notify
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff, RetryDelay, retry_policy
 from ._serde import JsonSerde, Serde, decode_error
@@ -159,6 +161,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
                 raise ValidationError(f"{what} must have dumps(value) -> bytes and loads(bytes) methods")
         self._after_execution = after_execution
+        self._observers: list[QueueObserver] = []  # instruments (trioqueue.metrics)
         self._executor = Executor(self, check_retry_if(retry_if))
         self._running = False
         self._handler: Handler | None = None
@@ -189,6 +192,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         for name, callbacks in self._events.callbacks().items():
             for callback in callbacks:
                 new.on(name, callback)
+        new._observers = list(self._observers)
+        for observer in new._observers:
+            observer.copied(new)
         return new
 
     @overload
@@ -303,6 +309,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
                                 acquire_retry_interval=self.visibility_timeout / 3,
                             ),
                             _emitter=self._events,
+                            _observers=self._observers,
                         )
                         nursery.start_soon(reaper.run)
                 self._events.emit("started", worker_id=self.worker_id)
@@ -394,12 +401,13 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        trace: dict[str, str] | None = None,
     ) -> NewJob:
         jid = check.job_id(job_id)
         run_at = check.run_at(delay, at, job=jid)
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
-        options = JobOptions.build(jid, retry_delay, job_timeout)
+        options = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
         data = encode_value(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
@@ -408,6 +416,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"
+
+    def _enqueued(self, outcomes: list[EnqueueOutcome]) -> list[EnqueueOutcome]:
+        if self._observers:
+            notify(self._observers, "jobs_enqueued", self.name, sum(o.status is EnqueueStatus.QUEUED for o in outcomes))
+        return outcomes
 
     def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
         status = outcome.status
@@ -437,9 +450,10 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         ``job_timeout``, each overriding the queue's. ``delay`` (seconds from now) or ``at``
         (a timezone-aware ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until
         then. Raises :class:`ValidationError` (writing nothing) on bad input."""
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+        trace = _tracing.current_context() if _tracing.ENABLED else None
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace)
         self._check_running()
-        [outcome] = await self.storage.enqueue(self.name, [new])
+        [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
         return self._enqueue_result(new.id, outcome)
 
     async def enqueue_many(
@@ -456,15 +470,16 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
         order), with the options of :meth:`enqueue` for all of them. Everything is
         validated first: one bad job means nothing is written."""
+        trace = _tracing.current_context() if _tracing.ENABLED else None
         new = [
-            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace)
             for jid, payload in jobs
         ]
         self._check_running()
         if not new:
             await trio.lowlevel.checkpoint()
             return []
-        outcomes = await self.storage.enqueue(self.name, new)
+        outcomes = self._enqueued(await self.storage.enqueue(self.name, new))
         return [self._enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
 
     async def enqueue_and_wait(
@@ -492,14 +507,15 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         cancels the wait, not the job.
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+        trace = _tracing.current_context() if _tracing.ENABLED else None
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace)
         self._check_running()
         jid = new.id
         waiter = Waiter()
         self._waiters.setdefault(jid, []).append(waiter)
         try:
             with trio.move_on_after(timeout):
-                [outcome] = await self.storage.enqueue(self.name, [new])
+                [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
                 if outcome.status is EnqueueStatus.COMPLETED:
                     return self._load_result(jid, outcome.result)  # type: ignore[no-any-return]
                 if outcome.status is EnqueueStatus.DUPLICATE and outcome.state and outcome.state.startswith("failed"):

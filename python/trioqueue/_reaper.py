@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -12,6 +13,7 @@ import trio
 from . import _validate as check
 from ._errors import ValidationError
 from ._events import Emitter, EventCallback
+from ._observe import QueueObserver, notify
 from ._scheduler import Scheduler
 from .storage._base import Storage
 
@@ -68,6 +70,7 @@ class Reaper:
         owner_id: str | None = None,
         scheduler: bool = True,
         _emitter: Emitter | None = None,
+        _observers: Sequence[QueueObserver] = (),
     ) -> None:
         self.storage = storage
         self.name = check.job_id(name, "name") if name is not None else "default"
@@ -81,6 +84,7 @@ class Reaper:
         self.owner_id = owner_id or f"reaper-{uuid.uuid4().hex[:12]}"
         self._own_events = _emitter is None
         self._events = _emitter or Emitter(self.name)
+        self._observers = _observers
         self._scheduler = Scheduler(storage, self.name, self._events) if scheduler else None
         self._is_leader = False
         self._cm: Any = None
@@ -193,6 +197,8 @@ class Reaper:
         # forwards); a standalone reaper reports it to its own callbacks too.
         if self._own_events:
             self._events.emit("stalled", job_id, outcome=outcome)
+        if self._observers:
+            notify(self._observers, "job_reaped", self.name, job_id, outcome)
 
     async def _reap_forever(self) -> None:
         while True:

@@ -21,7 +21,7 @@ import trio
 from ._errors import TrioQueueError, ValidationError
 from ._queue import Queue
 
-__all__ = ["JsonFormatter", "configure_logging", "load_queue", "serve"]
+__all__ = ["JsonFormatter", "MetricsServer", "configure_logging", "load_queue", "serve"]
 
 logger = logging.getLogger("trioqueue.worker")
 
@@ -53,8 +53,44 @@ async def load_queue(spec: str) -> Queue[Any, Any]:
     return target
 
 
-async def serve(queues: Sequence[Queue[Any, Any]]) -> int:
-    """Run ``queues`` until a signal stops them; the exit code (0 graceful, 130 forced)."""
+class MetricsServer:
+    """Prometheus metrics of ``queues`` (instrumented at once, in a registry of their own)
+    served over HTTP on ``host:port`` by :meth:`run` (``port`` 0: any free port)."""
+
+    def __init__(self, queues: Sequence[Queue[Any, Any]], host: str, port: int, *, refresh_interval: float = 5.0) -> None:
+        from prometheus_client import CollectorRegistry
+
+        from .metrics import QueueMetrics
+
+        if not 0 <= port <= 65535:
+            raise ValidationError(f"metrics port must be in 0..65535, got {port}")
+        self.host, self.port = host, port
+        self.metrics = QueueMetrics(CollectorRegistry(), refresh_interval=refresh_interval)
+        for q in queues:
+            self.metrics.instrument(q)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled (the queues must be running); the server is then shut down."""
+        from prometheus_client import start_http_server
+
+        try:
+            server, thread = start_http_server(self.port, addr=self.host, registry=self.metrics.registry)
+        except OSError as exc:
+            raise TrioQueueError(f"cannot serve metrics on {self.host}:{self.port}: {exc}") from exc
+        try:
+            self.port = server.server_port
+            logger.info("serving metrics on http://%s:%d/metrics", self.host, self.port)
+            await self.metrics.run(task_status=task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(server.shutdown)
+                server.server_close()
+                await trio.to_thread.run_sync(thread.join)
+
+
+async def serve(queues: Sequence[Queue[Any, Any]], *, metrics: MetricsServer | None = None) -> int:
+    """Run ``queues`` until a signal stops them; the exit code (0 graceful, 130 forced).
+    ``metrics``: serve their metrics while they run."""
     forced = False
     with trio.open_signal_receiver(*_SIGNALS) as signals:
         async with trio.open_nursery() as outer:
@@ -85,6 +121,8 @@ async def serve(queues: Sequence[Queue[Any, Any]]) -> int:
                     logger.info(
                         "worker %s serving queue %r on %r (concurrency %d)", q.worker_id, q.name, q.storage, q.concurrency
                     )
+                if metrics is not None:
+                    await outer.start(metrics.run)  # ends with the queues (outer is cancelled)
                 outer.start_soon(watch, running)
             outer.cancel_scope.cancel()
     logger.info("worker stopped%s", " (forced)" if forced else "")

@@ -72,6 +72,13 @@ STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLE
 TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 
 
+def check_active_kind(state: str) -> None:
+    """``ValueError`` unless ``state`` is a non-terminal state kind."""
+    if state not in STATE_KINDS or state in TERMINAL_KINDS:
+        active = ", ".join(k for k in STATE_KINDS if k not in TERMINAL_KINDS)
+        raise ValueError(f"expected a non-terminal state ({active}), got {state!r}")
+
+
 def check_state_kind(state: str, *, terminal: bool = False) -> None:
     """``ValueError`` unless ``state`` is a state kind (a terminal one with ``terminal``)."""
     allowed = TERMINAL_KINDS if terminal else STATE_KINDS
@@ -470,6 +477,13 @@ class Storage(abc.ABC):
         """The number of jobs of ``queue`` in each state kind: every kind of
         :data:`STATE_KINDS` is a key (zeros included)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement job counts")
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        """When the job that has been in the non-terminal state kind ``state`` (queued,
+        delayed, processing, failing) the longest entered it, in seconds since the epoch
+        (ms precision); ``None`` when no job is in it. ``ValueError`` for another state.
+        Feeds the oldest-job-age gauge of :mod:`trioqueue.metrics`."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement oldest-job look-ups")
 
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None

@@ -8,7 +8,7 @@ import time
 
 import trio
 
-from ._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_state_kind, NewJob, StorageEvent
+from ._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
 from ._memory_parts import _Q, _Rec
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
@@ -65,6 +65,13 @@ class MemoryAdmin:
             q = self._q(queue)
             self._expire(q, time.time())
             return dict(q.index.live)
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        check_active_kind(state)
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            ms = self._q(queue).index.oldest(state)
+        return None if ms is None else ms / 1000
 
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None

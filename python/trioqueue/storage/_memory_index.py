@@ -84,6 +84,13 @@ class StateIndex:
             last = seq
         return out, None
 
+    def oldest(self, kind: str) -> int | None:
+        """When (ms) the live record that entered ``kind`` first entered it."""
+        for seq, rec in self.logs[kind]:
+            if rec.iseq == seq:
+                return rec.ts_ms  # type: ignore[no-any-return]
+        return None
+
     def purge(self, kind: str, cutoff_ms: int | None, forget: Callable[[Any], None]) -> int:
         """Forget (``forget(rec)``, which must :meth:`drop` it) the live records of ``kind``
         that entered it at or before ``cutoff_ms`` (all when ``None``), oldest first."""

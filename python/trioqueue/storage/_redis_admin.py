@@ -17,11 +17,12 @@ from typing import Any
 
 import trio
 
-from ._base import STATE_KINDS, JobRecord, check_state_kind
+from ._base import STATE_KINDS, JobRecord, check_active_kind, check_state_kind
 from ._cursor import decode_cursor, encode_cursor
 
 __all__ = ["RedisAdmin"]
 
+_K44 = 2**44  # STATES scores: kind * 2**44 + the ms the job entered its state
 _PURGE_SLICE = 500  # jobs forgotten per script call (each call holds the server briefly)
 
 
@@ -38,6 +39,9 @@ class RedisAdmin:
 
     async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
         raise NotImplementedError
+
+    def _states_key(self, queue: str) -> str:
+        return "{" + self.prefix + ":" + queue + "}:states"
 
     def _names_key(self) -> str:
         return "{" + self.prefix + ":}:queues"
@@ -57,6 +61,18 @@ class RedisAdmin:
         await trio.lowlevel.checkpoint_if_cancelled()
         out = await self._run("counts", queue, [])
         return {kind: int(n) for kind, n in zip(STATE_KINDS, out, strict=True)}
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        check_active_kind(state)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        lo = STATE_KINDS.index(state) * _K44  # the kind's score range of the states zset
+        got = await self._adapter.command(
+            ["ZRANGE", self._states_key(queue), str(lo), str(lo + _K44 - 1), "BYSCORE", "LIMIT", "0", "1", "WITHSCORES"]
+        )
+        if not got:
+            return None
+        score = next(iter(got.values())) if isinstance(got, dict) else got[1]  # RESP3: {member: score}
+        return (float(_text(score)) - lo) / 1000
 
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None

@@ -21,7 +21,7 @@ from .._base import CANCELLED as _CANCELLED
 from .._base import FAILED as _FAILED
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
-from .._base import STATE_KINDS, JobRecord, StorageEvent, check_state_kind
+from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, check_state_kind
 from .._cursor import decode_cursor, encode_cursor
 from .._fsutil import CorruptRecord, Rec, decode_name, encode_name, read_rec
 from ._core import FileCore
@@ -65,6 +65,16 @@ class Admin(FileCore):
             return out
 
         return await trio.to_thread.run_sync(scan)
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        check_active_kind(state)
+        q = self._q(queue)
+
+        def scan() -> int | None:
+            return min((r.ts for _, r in self._records(q, time.time()) if r.kind == state), default=None)
+
+        ms = await trio.to_thread.run_sync(scan)
+        return None if ms is None else ms / 1000
 
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
