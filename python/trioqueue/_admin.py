@@ -11,14 +11,24 @@ from . import _validate as check
 from ._core import parse_state
 from ._errors import JobCancelledError, JobFailedError, TrioQueueError, ValidationError
 from ._execution import encode_value
-from ._models import CancelResult, JobError, JobState, JobStatus, UpdateTTLStatus
+from ._models import CancelResult, JobError, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ._scheduler import Missed, Schedule, Scheduler
 from ._serde import Serde, decode_error
 from ._streams import EventStream, watch
 
 if TYPE_CHECKING:
     from ._events import Emitter
-    from .storage._base import Storage
+    from .storage._base import JobRecord, Storage
+
+_STATES = [s.value for s in JobState]
+_TERMINAL = [s.value for s in JobState if s.terminal]
+
+
+def _state_name(state: Any, allowed: list[str]) -> str:
+    value = state.value if isinstance(state, JobState) else state
+    if value not in allowed:
+        raise ValidationError(f"unknown state {state!r}: expected one of {', '.join(allowed)}")
+    return str(value)
 
 __all__ = ["JobNotFinishedError", "QueueAdmin"]
 
@@ -163,8 +173,10 @@ class QueueAdmin(Generic[P]):
         jid = check.job_id(job_id)
         self._check_running()
         record = await self.storage.get_job(self.name, jid)
-        if record is None:
-            return None
+        return None if record is None else self._status(record)
+
+    def _status(self, record: JobRecord) -> JobStatus:
+        jid = record.id
         kind, ms, extra = parse_state(record.state)
         return JobStatus(
             id=jid,
@@ -178,6 +190,53 @@ class QueueAdmin(Generic[P]):
             run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
             progress=None if record.progress is None else self._load_result(jid, record.progress),
         )
+
+    async def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (every :class:`JobState`, zeros included)."""
+        self._check_running()
+        raw = await self.storage.counts(self.name)
+        return {state: raw.get(state.value, 0) for state in JobState}
+
+    async def list_jobs(self, state: JobState | str, *, limit: int = 100, cursor: str | None = None) -> JobPage:
+        """A page of the jobs in ``state``, newest first (by when they entered it): pass
+        the returned ``cursor`` back for the next page (``None`` after the last). Paging
+        is stable while jobs come and go; memory is bounded by ``limit``."""
+        kind = _state_name(state, _STATES)
+        limit = check.positive_int("limit", limit)
+        if cursor is not None and (not isinstance(cursor, str) or not cursor):
+            raise ValidationError(f"cursor must be a string returned by list_jobs, got {cursor!r}")
+        self._check_running()
+        try:
+            records, nxt = await self.storage.list_jobs(self.name, kind, limit=limit, cursor=cursor)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        return JobPage([self._status(r) for r in records], nxt)
+
+    async def retry(self, job_id: str) -> bool:
+        """Run a ``failed`` (or ``cancelled``) job again: it is enqueued anew with its
+        original payload and its attempts reset. False if it is not failed/cancelled."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        return await self.storage.retry_job(self.name, jid, self._new_token())
+
+    async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
+        """Forget the ``completed``, ``failed`` or ``cancelled`` jobs that entered that
+        state more than ``older_than`` seconds ago (all when ``None``); returns how many."""
+        kind = _state_name(state, _TERMINAL)
+        if older_than is not None:
+            older_than = check.non_negative_seconds("older_than", older_than)
+        self._check_running()
+        return await self.storage.purge(self.name, kind, older_than=older_than)
+
+    async def remove(self, job_id: str) -> bool:
+        """Forget a job that is not running (a queued, delayed or failing one never runs);
+        False if it is unknown or running."""
+        jid = check.job_id(job_id)
+        self._check_running()
+        return await self.storage.remove_job(self.name, jid)
+
+    def _new_token(self) -> str:
+        raise NotImplementedError
 
     async def get_result(self, job_id: str) -> Any:
         """The cached result of a completed job. Raises :class:`JobFailedError` for a failed

@@ -92,6 +92,14 @@ class JobStatus:
     progress: Any = None  # the last value the handler gave ``Job.report_progress``
 
 
+class JobPage(NamedTuple):
+    """A page of :meth:`Queue.list_jobs`: the jobs, newest first, and the ``cursor`` to
+    pass for the next page (``None``: this was the last)."""
+
+    jobs: list[JobStatus]
+    cursor: str | None
+
+
 class Job(NamedTuple, Generic[T]):
     """What a handler receives. ``attempts`` is 1-based: 1 on the first run."""
 
@@ -161,5 +169,6 @@ EVENT_NAMES = frozenset(
         "resumed",
         "progress",
         "cancel_requested",
+        "removed",
     }
 )

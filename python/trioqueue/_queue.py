@@ -54,7 +54,19 @@ AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 _STORAGE_EVENT_NAMES = frozenset(
-    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted", "paused", "resumed"}
+    {
+        "enqueued",
+        "completed",
+        "failed",
+        "failing",
+        "requeued",
+        "cancelled",
+        "stalled",
+        "promoted",
+        "paused",
+        "resumed",
+        "removed",
+    }
 )
 
 
@@ -378,7 +390,10 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
-        return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}", run_at)
+        return NewJob(jid, envelope, attempts, ttl, self._new_token(), run_at)
+
+    def _new_token(self) -> str:
+        return f"{self._token_prefix}{next(self._token_seq):x}"
 
     def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
         status = outcome.status

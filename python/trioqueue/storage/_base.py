@@ -66,6 +66,10 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 DELAYED = "delayed"
 
+# Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
+STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED)
+TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
+
 
 class NewJob(NamedTuple):
     """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
@@ -152,7 +156,7 @@ class StorageEvent(NamedTuple):
     """One transition, as published on a queue's event stream.
 
     ``kind`` is one of ``enqueued``, ``completed``, ``failed``, ``failing``, ``requeued``,
-    ``cancelled``, ``stalled``, ``fenced`` (a settlement refused because the worker no
+    ``cancelled``, ``stalled``, ``removed`` (:meth:`Storage.remove_job`), ``fenced`` (a settlement refused because the worker no
     longer owned the job) or ``resync`` (the stream may have lost events: subscribers must
     re-check what they wait for; ``job_id`` is empty). ``result``/``error`` may carry the
     serialized result or error of ``completed``/``failed`` so that a waiter need not read
@@ -402,6 +406,55 @@ class Storage(abc.ABC):
     async def is_paused(self, queue: str) -> bool:
         """Whether claiming on ``queue`` is paused."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pause/resume")
+
+    # -- job registry queries and administration ---------------------------------------
+    #
+    # Each backend keeps, per queue and per state kind (:data:`STATE_KINDS`), an index of
+    # the jobs in that state ordered by when they entered it (memory: an append-only log
+    # with lazy deletion; file: the records' state times, scanned with a bounded heap;
+    # Redis: one sorted set per state scored by the entry time, kept by the scripts that
+    # move jobs). A job's envelope is kept until its record expires, so a failed or
+    # cancelled job can be retried.
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        """The number of jobs of ``queue`` in each state kind: every kind of
+        :data:`STATE_KINDS` is a key (zeros included)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement job counts")
+
+    async def list_jobs(
+        self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        """A page of the jobs in state kind ``state``, newest first (by the time they
+        entered it), at most ``limit``; and the cursor of the next page (``None`` at the
+        end). Cursors are opaque and stable: paging on while jobs come and go lists every
+        job that stayed in the state once, and never a job that entered it after the
+        first page. Memory stays bounded by ``limit`` whatever the number of jobs."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement job listing")
+
+    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+        """Enqueue a ``failed`` or ``cancelled`` job again with its original envelope, as a
+        new incarnation ``token`` with attempts reset (``queued:<now>``, appended to the
+        ready list, publishing ``enqueued``). False (nothing changed) if the job is not
+        failed or cancelled (or unknown)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement retry of failed jobs")
+
+    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        """Forget the jobs in terminal state kind ``state`` (completed, failed, cancelled)
+        that entered it more than ``older_than`` seconds ago (all when ``None``), as if
+        their TTL had run out. Returns how many. Redis works in bounded slices."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement purge")
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        """Forget a job that is not processing: its registry entry, result/error, and its
+        place in the ready list or delayed set (it will never run), publishing
+        ``removed``. False (nothing changed) if the id is unknown or processing."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement remove")
+
+    async def queue_names(self) -> list[str]:
+        """The names of the queues this storage knows (sorted): memory, the queues it has
+        structures for; file, its queue directories; Redis, a set maintained by the
+        producer (each process adds a queue's name once, on its first enqueue)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement queue names")
 
     @abc.abstractmethod
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:

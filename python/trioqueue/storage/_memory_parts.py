@@ -12,6 +12,7 @@ import trio
 from .._core import MpmcQueue, format_state
 from .._models import EnqueueStatus
 from ._base import EnqueueOutcome, NewJob, StorageEvent
+from ._memory_index import StateIndex
 
 from ._base import DELAYED as _DELAYED
 from ._base import FAILING as _FAILING
@@ -24,7 +25,9 @@ _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 class _Rec:
     __slots__ = (
         "id",
-        "kind",
+        "_kind",
+        "index",
+        "iseq",
         "ts_ms",
         "worker",
         "attempts",
@@ -45,9 +48,11 @@ class _Rec:
         "cancel_requested",
     )
 
-    def __init__(self, job: NewJob, now_ms: int) -> None:
+    def __init__(self, job: NewJob, now_ms: int, index: StateIndex) -> None:
         self.id = job.id
-        self.kind = _QUEUED
+        self._kind = _QUEUED
+        self.index = index  # the queue's per-state index, told of every state change
+        self.iseq = 0
         self.ts_ms = now_ms
         self.worker: str | None = None
         self.attempts = 0
@@ -66,6 +71,17 @@ class _Rec:
         self.started = False  # the current claim's attempt is counted
         self.progress: bytes | None = None
         self.cancel_requested = False  # cancel() reached it while it was processing
+        index.enter(self, None, _QUEUED)
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @kind.setter
+    def kind(self, new: str) -> None:
+        old = self._kind
+        self._kind = new
+        self.index.enter(self, old, new)
 
     def state(self) -> str:
         if self.kind == _PROCESSING:
@@ -137,6 +153,7 @@ class _Q:
         "workers",
         "paused",
         "schedules",
+        "index",
     )
 
     def __init__(self) -> None:
@@ -151,3 +168,4 @@ class _Q:
         self.workers: dict[str, float] = {}
         self.paused = False
         self.schedules: dict[str, tuple[bytes, float | None]] = {}
+        self.index = StateIndex()

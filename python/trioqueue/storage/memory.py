@@ -43,12 +43,13 @@ from ._base import FAILED as _FAILED
 from ._base import FAILING as _FAILING
 from ._base import PROCESSING as _PROCESSING
 from ._base import QUEUED as _QUEUED
+from ._memory_admin import MemoryAdmin
 from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
 __all__ = ["MemoryStorage"]
 
 
-class MemoryStorage(Storage):
+class MemoryStorage(MemoryAdmin, Storage):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -72,6 +73,7 @@ class MemoryStorage(Storage):
             expires_at, _, rec = heapq.heappop(heap)
             if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
                 del q.jobs[rec.id]
+                q.index.drop(rec)
 
     def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
         rec.kind = kind
@@ -128,7 +130,9 @@ class MemoryStorage(Storage):
             for job in jobs:
                 rec = table.get(job.id)
                 if rec is None or rec.kind == _CANCELLED:
-                    rec = table[job.id] = _Rec(job, now_ms)
+                    if rec is not None:
+                        q.index.drop(rec)
+                    rec = table[job.id] = _Rec(job, now_ms, q.index)
                     if job.run_at is not None and job.run_at > now:
                         rec.kind = _DELAYED
                         rec.run_at = job.run_at

@@ -1,0 +1,137 @@
+"""MemoryStorage's registry queries and administration (counts, listing, retry, purge,
+remove), a mixin kept apart from ``memory.py``; every step runs under the storage's lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import trio
+
+from ._base import CANCELLED, FAILED, PROCESSING, JobRecord, NewJob, StorageEvent
+from ._memory_parts import _Q, _Rec
+
+__all__ = ["MemoryAdmin", "parse_int_cursor"]
+
+
+def parse_int_cursor(cursor: str | None) -> int | None:
+    """A cursor made of one non-negative integer, or ``None``; ``ValueError`` otherwise."""
+    if cursor is None:
+        return None
+    try:
+        value = int(cursor)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"invalid cursor {cursor!r}: pass back a cursor returned by list_jobs")
+    return value
+
+
+def _record(rec: _Rec) -> JobRecord:
+    return JobRecord(
+        rec.id,
+        rec.state(),
+        rec.created_at_ms,
+        rec.attempts,
+        rec.max_attempts,
+        rec.result,
+        rec.error,
+        rec.token,
+        rec.progress,
+    )
+
+
+class MemoryAdmin:
+    """The admin part of :class:`~trioqueue.storage.memory.MemoryStorage`."""
+
+    _lock: threading.Lock
+    _queues: dict[str, _Q]
+
+    def _q(self, name: str) -> _Q:
+        raise NotImplementedError
+
+    def _expire(self, q: _Q, now: float) -> None:
+        raise NotImplementedError
+
+    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _wake(self, q: _Q) -> None:
+        raise NotImplementedError
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            return dict(q.index.live)
+
+    async def list_jobs(
+        self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        after = parse_int_cursor(cursor)
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            recs, nxt = q.index.page(state, limit, after)
+            return [_record(r) for r in recs], (None if nxt is None else str(nxt))
+
+    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            old = q.jobs.get(job_id)
+            ok = old is not None and old.kind in (FAILED, CANCELLED)
+            if old is not None and ok:
+                q.index.drop(old)
+                # A new envelope object: a stale copy of the old one may still sit in the
+                # ready list (a cancelled job), and claims match records by identity.
+                env = bytes(memoryview(old.envelope))
+                rec = q.jobs[job_id] = _Rec(
+                    NewJob(job_id, env, old.max_attempts, old.result_ttl, token), int(now * 1000), q.index
+                )
+                q.ready.push_many([rec.envelope])
+                self._publish(q, [StorageEvent("enqueued", job_id, token=token)])
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+
+            def forget(rec: _Rec) -> None:
+                del q.jobs[rec.id]
+                q.index.drop(rec)
+
+            cutoff = None if older_than is None else int((now - older_than) * 1000)
+            n = q.index.purge(state, cutoff, forget)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return n
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            rec = q.jobs.get(job_id)
+            ok = rec is not None and rec.kind != PROCESSING
+            if rec is not None and ok:
+                # Its ready-list or delayed-heap entry (if any) is skipped once the
+                # record is gone.
+                del q.jobs[job_id]
+                q.index.drop(rec)
+                self._publish(q, [StorageEvent("removed", job_id, token=rec.token)])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def queue_names(self) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return sorted(self._queues)

@@ -1,0 +1,261 @@
+"""Storage conformance suite, part 3: job registry queries and administration (counts,
+listing with cursors, retry of failed jobs, purge, remove), on every backend, through the
+Storage interface and the Queue API. tests/test_redis_cluster.py runs them on a cluster."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import Job, JobPage, JobState, Queue, Storage, ValidationError
+from trioqueue._core import parse_state
+from trioqueue.storage import NewJob, SettleKind, StorageEvent
+
+from support import Recorder
+from test_storage import W1, claim, job, kind, settlement
+
+ERR = b'{"type":"ValueError","message":"bad","traceback":""}'
+ALL_STATES = {"queued", "delayed", "processing", "failing", "completed", "failed", "cancelled"}
+
+
+def delayed(job_id: str) -> NewJob:
+    return job(job_id)._replace(run_at=time.time() + 3600)
+
+
+async def list_all(storage: Storage, q: str, state: str, limit: int) -> list[str]:
+    ids: list[str] = []
+    cursor = None
+    for _ in range(1000):
+        page, cursor = await storage.list_jobs(q, state, limit=limit, cursor=cursor)
+        assert len(page) <= limit
+        ids += [r.id for r in page]
+        if cursor is None:
+            return ids
+        assert page, "a page with a next cursor must not be empty"
+    raise AssertionError("list_jobs never ended")
+
+
+async def test_counts_follow_transitions(storage: Storage, queue_name: str) -> None:
+    assert await storage.counts(queue_name) == dict.fromkeys(ALL_STATES, 0)
+    await storage.enqueue(queue_name, [job("a"), job("b"), job("c"), job("x"), delayed("d")])
+    assert await storage.counts(queue_name) == {**dict.fromkeys(ALL_STATES, 0), "queued": 4, "delayed": 1}
+    await claim(storage, queue_name, n=3)
+    counts = await storage.counts(queue_name)
+    assert (counts["queued"], counts["processing"]) == (1, 3)
+    await storage.settle(
+        queue_name,
+        W1,
+        [
+            settlement(SettleKind.COMPLETE, queue_name, "a", b"1", ttl=60),
+            settlement(SettleKind.RETRY, queue_name, "b", ERR, delay=3600),
+            settlement(SettleKind.FAIL, queue_name, "c", ERR, ttl=60),
+        ],
+    )
+    await storage.cancel(queue_name, "d")
+    assert await storage.counts(queue_name) == {
+        "queued": 1,
+        "delayed": 0,
+        "processing": 0,
+        "failing": 1,
+        "completed": 1,
+        "failed": 1,
+        "cancelled": 1,
+    }
+
+
+async def test_list_jobs_newest_first_paged_and_stable(storage: Storage, queue_name: str) -> None:
+    ids = [f"j{i:02}" for i in range(25)]
+    for i in range(0, 25, 5):  # several calls: several entry times, ties within each
+        await storage.enqueue(queue_name, [job(j) for j in ids[i : i + 5]])
+    assert await list_all(storage, queue_name, "queued", 7) == ids[::-1]
+
+    page, cursor = await storage.list_jobs(queue_name, "queued", limit=10)
+    assert [r.id for r in page] == ids[::-1][:10]
+    assert all(kind(r.state) == "queued" and r.attempts == 0 for r in page)
+    # Jobs come and go between pages: new ones are not listed (they are newer than the
+    # first page), one that left the state is not, the others are listed once each.
+    await storage.enqueue(queue_name, [job("new1"), job("new2")])
+    [first] = await claim(storage, queue_name, n=1)  # FIFO: the oldest, j00
+    assert first.id == "j00"
+    rest: list[str] = []
+    while cursor is not None:
+        page, cursor = await storage.list_jobs(queue_name, "queued", limit=10, cursor=cursor)
+        rest += [r.id for r in page]
+    assert rest == ids[::-1][10:24]
+    assert (await storage.list_jobs(queue_name, "queued", limit=3))[0][0].id == "new2"
+    assert [r.id for r in (await storage.list_jobs(queue_name, "processing"))[0]] == ["j00"]
+    assert await storage.list_jobs(queue_name, "failed") == ([], None)
+
+
+async def test_list_jobs_exact_page_ends_with_none(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("a"), job("b")])
+    page, cursor = await storage.list_jobs(queue_name, "queued", limit=2)
+    assert [r.id for r in page] == ["b", "a"] and cursor is None
+
+
+async def test_list_jobs_of_terminal_states_carry_outcomes(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("ok"), job("bad")])
+    await claim(storage, queue_name)
+    await storage.settle(
+        queue_name,
+        W1,
+        [
+            settlement(SettleKind.COMPLETE, queue_name, "ok", b'{"r":1}', ttl=60),
+            settlement(SettleKind.FAIL, queue_name, "bad", ERR, ttl=60),
+        ],
+    )
+    [done], _ = await storage.list_jobs(queue_name, "completed")
+    assert (done.id, done.result, done.attempts) == ("ok", b'{"r":1}', 1)
+    [bad], _ = await storage.list_jobs(queue_name, "failed")
+    assert (bad.id, bad.error, bad.token) == ("bad", ERR, "t-bad")
+
+
+async def test_retry_job_enqueues_a_failed_job_again(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("f", b'{"n":1}'), job("c")])
+    await storage.cancel(queue_name, "c")
+    [c] = await claim(storage, queue_name)
+    await storage.settle(queue_name, W1, [settlement(SettleKind.FAIL, queue_name, "f", ERR, ttl=60)])
+    async with storage.subscribe(queue_name) as events:
+        assert await storage.retry_job(queue_name, "f", "t-f2") is True
+        with trio.fail_after(10):
+            batch = await events.receive()
+    assert StorageEvent("enqueued", "f", token="t-f2") in batch
+    rec = await storage.get_job(queue_name, "f")
+    assert rec is not None and kind(rec.state) == "queued" and rec.attempts == 0 and rec.token == "t-f2"
+    assert rec.error is None
+    assert await storage.retry_job(queue_name, "f", "t-f3") is False  # queued now
+    assert await storage.retry_job(queue_name, "nope", "t") is False
+    assert await storage.retry_job(queue_name, "c", "t-c2") is True  # cancelled: also retried
+    claims = await claim(storage, queue_name)
+    assert [(x.id, x.attempts) for x in claims] == [("f", 1), ("c", 1)]
+    assert claims[0].envelope == c.envelope  # the original payload
+    assert await claim(storage, queue_name) == []  # no stale copy left behind
+    assert (await storage.counts(queue_name))["processing"] == 2
+
+
+async def test_purge_by_age(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("old1"), job("old2"), job("new"), job("other")])
+    await claim(storage, queue_name)
+    done = [settlement(SettleKind.COMPLETE, queue_name, j, b"1", ttl=600) for j in ("old1", "old2")]
+    await storage.settle(queue_name, W1, [*done, settlement(SettleKind.FAIL, queue_name, "other", ERR, ttl=600)])
+    await trio.sleep(1.0)  # ages apart: nothing announces that time has passed
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "new", b"1", ttl=600)])
+    recs = {j: await storage.get_job(queue_name, j) for j in ("old2", "new")}
+    ms = {j: parse_state(r.state)[1] for j, r in recs.items() if r is not None}
+    middle = (ms["old2"] + ms["new"]) / 2000
+    assert await storage.purge(queue_name, "completed", older_than=time.time() - middle) == 2
+    assert await storage.get_job(queue_name, "old1") is None and await storage.get_job(queue_name, "old2") is None
+    assert await storage.get_job(queue_name, "new") is not None
+    assert await storage.purge(queue_name, "completed", older_than=3600) == 0
+    assert await storage.purge(queue_name, "completed") == 1
+    assert await storage.purge(queue_name, "failed") == 1
+    assert await storage.counts(queue_name) == dict.fromkeys(ALL_STATES, 0)
+    [again] = await storage.enqueue(queue_name, [job("old1")])  # forgotten: a new job
+    assert again.status == "queued"
+
+
+async def test_purge_many_in_slices(storage: Storage, queue_name: str) -> None:
+    n = 1200
+    await storage.enqueue(queue_name, [job(f"p{i}") for i in range(n)])
+    claims = await claim(storage, queue_name, n=n)
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, c.id, b"1", ttl=600) for c in claims])
+    assert await storage.purge(queue_name, "completed") == n
+    assert (await storage.counts(queue_name))["completed"] == 0
+    assert await storage.list_jobs(queue_name, "completed") == ([], None)
+
+
+async def test_remove_job(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("q1"), job("q2"), job("run"), job("retry"), delayed("later")])
+    assert await storage.remove_job(queue_name, "q1") is True
+    [r] = await claim(storage, queue_name, n=1)
+    assert r.id == "q2"
+    await claim(storage, queue_name, n=2)  # run, retry
+    await storage.settle(queue_name, W1, [settlement(SettleKind.RETRY, queue_name, "retry", ERR, delay=0)])
+    assert await storage.remove_job(queue_name, "run") is False  # processing
+    assert await storage.remove_job(queue_name, "nope") is False
+    async with storage.subscribe(queue_name) as events:
+        assert await storage.remove_job(queue_name, "retry") is True  # failing, due at once
+        with trio.fail_after(10):
+            batch = await events.receive()
+    assert [e.kind for e in batch if e.job_id == "retry"] == ["removed"]
+    assert await storage.remove_job(queue_name, "later") is True
+    for jid in ("q1", "retry", "later"):
+        assert await storage.get_job(queue_name, jid) is None
+    assert await claim(storage, queue_name) == []  # none of them is ever claimed
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "q2", b"1", ttl=60)])
+    assert await storage.remove_job(queue_name, "q2") is True  # a terminal one too
+    counts = await storage.counts(queue_name)
+    assert counts == {**dict.fromkeys(ALL_STATES, 0), "processing": 1}
+    [again] = await storage.enqueue(queue_name, [job("q1")])
+    assert again.status == "queued"
+
+
+async def test_queue_names(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name + "-a", [job("x")])
+    await storage.enqueue(queue_name + "-b", [job("x")])
+    names = await storage.queue_names()
+    assert {queue_name + "-a", queue_name + "-b"} <= set(names)
+    assert names == sorted(names)
+
+
+# -- the Queue API -------------------------------------------------------------------------
+
+
+async def test_queue_retry_reruns_a_failed_job_end_to_end(storage: Storage, queue_name: str) -> None:
+    runs: list[int] = []
+
+    async def handler(job: Job[Any]) -> Any:
+        runs.append(job.attempts)
+        if len(runs) == 1:
+            raise ValueError("first run fails")
+        return {"n": job.payload["n"], "attempt": job.attempts}
+
+    recorder = Recorder()
+    async with Queue(storage, name=queue_name, handler=handler, max_attempts=1, block_timeout=0.5) as q:
+        q.on("failed", recorder)
+        q.on("completed", recorder)
+        await q.enqueue("j", {"n": 7})
+        with trio.fail_after(10):
+            await recorder.wait_for("failed", "j")
+        page = await q.list_jobs("failed")
+        assert isinstance(page, JobPage) and page.cursor is None
+        [status] = page.jobs
+        assert status.id == "j" and status.state is JobState.FAILED and status.error is not None
+        assert status.error.message == "first run fails"
+        assert (await q.counts())[JobState.FAILED] == 1
+        assert await q.retry("j") is True
+        with trio.fail_after(10):
+            await recorder.wait_for("completed", "j")
+        assert await q.get_result("j") == {"n": 7, "attempt": 1}  # attempts reset
+        assert await q.retry("j") is False  # completed
+        counts = await q.counts()
+        assert set(counts) == set(JobState) and counts[JobState.COMPLETED] == 1 and counts[JobState.FAILED] == 0
+        assert await q.purge(JobState.COMPLETED) == 1
+        assert await q.get_status("j") is None
+
+
+async def test_queue_list_remove_and_validation(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name) as q:  # a producer: nothing runs
+        for i in range(5):
+            await q.enqueue(f"k{i}", i)
+        page = await q.list_jobs(JobState.QUEUED, limit=2)
+        assert [s.id for s in page.jobs] == ["k4", "k3"] and page.cursor is not None
+        page = await q.list_jobs("queued", limit=2, cursor=page.cursor)
+        assert [s.id for s in page.jobs] == ["k2", "k1"]
+        assert all(s.state is JobState.QUEUED and s.attempts == 0 for s in page.jobs)
+        assert await q.remove("k4") is True
+        assert await q.remove("k4") is False
+        assert [s.id for s in (await q.list_jobs("queued")).jobs] == ["k3", "k2", "k1", "k0"]
+        with pytest.raises(ValidationError, match="unknown state 'done'.*queued, processing"):
+            await q.list_jobs("done")
+        with pytest.raises(ValidationError, match="unknown state 'queued'.*completed, failed, cancelled"):
+            await q.purge("queued")
+        with pytest.raises(ValidationError, match="limit"):
+            await q.list_jobs("queued", limit=0)
+        with pytest.raises(ValidationError, match="older_than"):
+            await q.purge("failed", older_than=-1)
+        with pytest.raises(ValidationError, match="cursor"):
+            await q.list_jobs("queued", cursor="not a cursor")
