@@ -72,15 +72,15 @@ def _ago(ts: float | None) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
-def _show(value: Any) -> str:
-    """A value as readable text: indented JSON when it is JSON, else its repr."""
+def _show(value: Any, indent: int | None = 2) -> str:
+    """A value as readable text: JSON (indented) when it is JSON, else its repr."""
     if isinstance(value, bytes | bytearray):
         try:
             value = json.loads(value)
         except (ValueError, UnicodeDecodeError):
             return repr(bytes(value))
     try:
-        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+        return json.dumps(value, indent=indent, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
         return repr(value)
 
@@ -154,8 +154,8 @@ class DashboardApp:
             if path == "/action":
                 return await self._action(request, form)
             raise HTTPError(404, "no such page")
-        if method not in ("GET", "HEAD"):
-            raise HTTPError(405, "method not allowed")
+        if method not in ("GET", "HEAD") or path in ("/action", "/logout"):
+            raise HTTPError(405, "method not allowed (actions are POST forms)")
         pages = {
             "/": self._overview,
             "/queue": self._job_list,

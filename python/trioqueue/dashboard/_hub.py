@@ -152,7 +152,7 @@ class Hub:
         if self.fixed_names is not None:
             names = self.fixed_names
         else:
-            names = list(await self.storage.queue_names())  # type: ignore[attr-defined]
+            names = list(await self.storage.queue_names())
         for name in names:
             await self.ensure(name)
 
@@ -234,7 +234,7 @@ class Hub:
 
     async def _refresh(self, name: str) -> None:
         queue = self.queues[name]
-        self.counts[name] = {str(k): v for k, v in (await queue.counts()).items()}  # type: ignore[attr-defined]
+        self.counts[name] = {str(k): v for k, v in (await queue.counts()).items()}
         self.paused[name] = await queue.is_paused()
         self._broadcast("counts", {"queue": name, "counts": self.counts[name], "paused": self.paused[name]})
 
