@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._admin import Admin
 from ._consume import Consumer
 from ._events import Events
 from ._produce import Producer
@@ -10,7 +11,7 @@ from ._reap import Reaper
 __all__ = ["FileStorage"]
 
 
-class FileStorage(Producer, Consumer, Reaper, Events):
+class FileStorage(Producer, Consumer, Reaper, Events, Admin):
     """Durable storage in a directory shared by any number of processes on one machine.
     
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power

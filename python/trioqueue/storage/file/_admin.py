@@ -1,0 +1,172 @@
+"""FileStorage's registry queries and administration: counts, listing, retry, purge,
+remove and the queue names.
+
+There is no per-state index on disk (it would cost a link per transition on every hot
+path): counts, listings and purges scan ``jobs/`` in a worker thread, reading each record
+(segments are cached), so their time grows with the number of jobs but their memory does
+not: a listing keeps a heap of ``limit + 1`` entries, a purge works in slices of
+:data:`_SLICE` ids, each slice checked and unlinked under the queue's lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from collections.abc import Iterator
+
+import trio
+
+from .._base import CANCELLED as _CANCELLED
+from .._base import FAILED as _FAILED
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
+from .._base import STATE_KINDS, JobRecord, StorageEvent
+from .._cursor import decode_cursor, encode_cursor
+from .._fsutil import CorruptRecord, Rec, decode_name, encode_name, read_rec
+from ._core import FileCore
+from ._layout import _Q, _close_on_error, _seq_name, _state, _unlink
+
+__all__ = ["Admin"]
+
+_SLICE = 1000  # ids a purge checks and unlinks per lock hold
+
+
+def _job_record(r: Rec) -> JobRecord:
+    return JobRecord(r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress)
+
+
+class Admin(FileCore):
+    """The admin part of :class:`~trioqueue.storage.FileStorage`."""
+
+    def _records(self, q: _Q, now: float) -> Iterator[tuple[str, Rec]]:
+        """Every live record ``(encoded id, record)`` of ``q``, streamed from ``jobs/``
+        without the lock (a segment is complete before its first link). Unreadable ones
+        are skipped (the next locked step that meets them quarantines them)."""
+        with os.scandir(q.jobs) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                try:
+                    r = read_rec(entry.path, name)
+                except CorruptRecord:
+                    continue
+                if r is not None and (r.exp is None or r.exp > now):
+                    yield name, r
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        q = self._q(queue)
+
+        def scan() -> dict[str, int]:
+            out = dict.fromkeys(STATE_KINDS, 0)
+            for _, r in self._records(q, time.time()):
+                out[r.kind] = out.get(r.kind, 0) + 1
+            return out
+
+        return await trio.to_thread.run_sync(scan)
+
+    async def list_jobs(
+        self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        after = decode_cursor(cursor)
+        q = self._q(queue)
+
+        def scan() -> list[tuple[tuple[int, str], Rec]]:
+            keyed = (((r.ts, r.id), r) for _, r in self._records(q, time.time()) if r.kind == state)
+            if after is not None:
+                keyed = (kr for kr in keyed if kr[0] < after)
+            return heapq.nlargest(limit + 1, keyed, key=lambda kr: kr[0])
+
+        top = await trio.to_thread.run_sync(scan)
+        page = top[:limit]
+        nxt = encode_cursor(*page[-1][0]) if len(top) > limit else None
+        return [_job_record(r) for _, r in page], nxt
+
+    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        fds: list[int] = []
+        ok = False
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                old = self._load(q, enc, now)
+                if old is not None and old.kind in (_FAILED, _CANCELLED):
+                    nxt, front = q.counters()
+                    now_ms = int(now * 1000)
+                    mk = _seq_name(nxt, enc)
+                    r = Rec(job_id, _QUEUED, now_ms, 0, old.max_attempts, old.result_ttl, now_ms, old.envelope, mk)
+                    r.token = token
+                    self._commit(q, {enc: r}, fds)
+                    self._link_marker(q, enc, q.ready, mk)
+                    q.set_counters(nxt + 1, front)
+                    self._publish(q, [StorageEvent("enqueued", job_id, token=token)])
+                    ok = True
+        await self._finish(fds, {q.jobs_fd, q.ready_fd}, ok)
+        return ok
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        ok = False
+        async with self._alock(q):
+            r = self._load(q, enc, time.time())
+            if r is not None and r.kind != _PROCESSING:
+                # The marker first: once it is gone the job can no longer be claimed or
+                # promoted; a crash before the record goes leaves a job without a marker,
+                # which start-up repair gives one back (the removal was not acknowledged).
+                if r.mk:
+                    _unlink(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
+                _unlink(os.path.join(q.jobs, enc))
+                self._publish(q, [StorageEvent("removed", job_id, token=r.token)])
+                ok = True
+        await self._finish([], {q.jobs_fd, q.ready_fd, q.delayed_fd}, ok)
+        return ok
+
+    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        q = self._q(queue)
+        now = time.time()
+        cutoff = None if older_than is None else int((now - older_than) * 1000)
+
+        def matches(r: Rec | None) -> bool:
+            return r is not None and r.kind == state and (cutoff is None or r.ts <= cutoff)
+
+        def run() -> int:
+            n = 0
+            candidates = (enc for enc, r in self._records(q, now) if matches(r))
+            while True:
+                batch = [enc for _, enc in zip(range(_SLICE), candidates)]
+                if not batch:
+                    return n
+                with self._locked(q):  # re-checked under the lock: it may have moved on
+                    for enc in batch:
+                        if matches(self._load(q, enc, time.time())):
+                            _unlink(os.path.join(q.jobs, enc))
+                            n += 1
+
+        n = await trio.to_thread.run_sync(run)
+        await self._finish([], {q.jobs_fd}, n > 0)
+        return n
+
+    async def queue_names(self) -> list[str]:
+        def scan() -> list[str]:
+            names: list[str] = []
+            qroot = os.path.join(self._root, "q")
+            for enc in os.listdir(qroot):
+                path = os.path.join(qroot, enc)
+                if not os.path.isdir(path):
+                    continue
+                name = decode_name(enc)
+                if name is None:
+                    try:
+                        with open(os.path.join(path, "name"), encoding="utf-8") as f:
+                            name = f.read()
+                    except OSError:
+                        continue
+                names.append(name)
+            return sorted(names)
+
+        return await trio.to_thread.run_sync(scan)
