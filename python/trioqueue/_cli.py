@@ -100,6 +100,12 @@ def _parser() -> _Parser:
         "--name", action="append", default=None, help="show only this queue (repeatable; default: all queues)"
     )
     dash.add_argument(
+        "--heartbeat-ttl",
+        type=float,
+        default=30.0,
+        help="the workers' visibility_timeout (their heartbeat's lifetime), to show heartbeat ages",
+    )
+    dash.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper, help="log level"
     )
     dash.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
@@ -184,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 auth_token=args.auth_token or os.environ.get("TRIOQUEUE_DASHBOARD_TOKEN") or None,
                 read_only=args.read_only,
                 names=args.name,
+                heartbeat_ttl=args.heartbeat_ttl,
             )
         except ValidationError as exc:
             parser.exit(EXIT_USAGE, f"trioqueue dashboard: error: {exc}\n")

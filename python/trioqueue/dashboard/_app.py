@@ -88,8 +88,11 @@ def _show(value: Any, indent: int | None = 2) -> str:
 class DashboardApp:
     """The ASGI callable. ``hub`` must be running (``await nursery.start(hub.run)``)."""
 
-    def __init__(self, hub: Hub, *, auth_token: str | None = None, read_only: bool = False) -> None:
+    def __init__(
+        self, hub: Hub, *, auth_token: str | None = None, read_only: bool = False, heartbeat_ttl: float = 30.0
+    ) -> None:
         self.hub = hub
+        self.heartbeat_ttl = heartbeat_ttl
         self.read_only = read_only
         self.security = Security(auth_token)
         self.templates = jinja2.Environment(
@@ -281,9 +284,16 @@ class DashboardApp:
             for worker_id, expiry in sorted(workers.items()):
                 held = await self.hub.storage.held_jobs(name, worker_id)
                 rows.append(
-                    {"queue": name, "id": worker_id, "expires_in": expiry - now, "alive": expiry > now, "held": len(held)}
+                    {
+                        "queue": name,
+                        "id": worker_id,
+                        "expires_in": expiry - now,
+                        "age": max(0.0, self.heartbeat_ttl - (expiry - now)),
+                        "alive": expiry > now,
+                        "held": len(held),
+                    }
                 )
-        return self._render(request, session, "workers.html", rows=rows)
+        return self._render(request, session, "workers.html", rows=rows, heartbeat_ttl=self.heartbeat_ttl)
 
     async def _schedules(self, request: Request, session: str) -> Response:
         now = time.time()

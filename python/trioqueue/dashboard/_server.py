@@ -10,6 +10,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from .. import _validate as check
+from .._errors import ValidationError
 from ..storage._base import Storage
 from ._app import DashboardApp
 from ._hub import Hub
@@ -27,6 +29,8 @@ class Dashboard:
     useful with ``port=0``); :meth:`stop` shuts it down gracefully (browser streams end),
     cancelling the nursery stops it at once. ``names`` restricts it to those queues (by
     default the storage's queues are discovered, and new ones every few seconds).
+    ``heartbeat_ttl`` is the workers' ``visibility_timeout`` (their heartbeat's lifetime),
+    used to show how long ago each heartbeat was.
     Refuses (``ValidationError``) a non-loopback ``host`` without ``auth_token``.
     """
 
@@ -39,12 +43,16 @@ class Dashboard:
         auth_token: str | None = None,
         read_only: bool = False,
         names: Sequence[str] | None = None,
+        heartbeat_ttl: float = 30.0,
     ) -> None:
         check_bind(host, auth_token)
+        heartbeat_ttl = check.seconds("heartbeat_ttl", heartbeat_ttl)
+        if not 0 <= port <= 65535:
+            raise ValidationError(f"port must be 0..65535, got {port}")
         self.host = host
         self.port = port
         self.hub = Hub(storage, names=names)
-        self.app = DashboardApp(self.hub, auth_token=auth_token, read_only=read_only)
+        self.app = DashboardApp(self.hub, auth_token=auth_token, read_only=read_only, heartbeat_ttl=heartbeat_ttl)
         self.urls: list[str] = []
         self._shutdown = trio.Event()
 

@@ -28,6 +28,7 @@
     document.querySelectorAll("[data-count]").forEach(el => {
       if (el.dataset.queue === queue) {
         const v = String(counts[el.dataset.state] || 0);
+        el.classList.toggle("zero", v === "0");
         if (el.textContent !== v) { el.textContent = v; el.classList.remove("bump"); void el.offsetWidth; el.classList.add("bump"); }
       }
     });
@@ -80,7 +81,7 @@
     const ctx = canvas.getContext("2d");
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, w, h);
-    const end = Math.floor(now() / BUCKET) * BUCKET + BUCKET;   // exclusive
+    const end = Math.floor(now() / BUCKET) * BUCKET;   // exclusive: the last full bucket is drawn
     const start = end - BUCKET * POINTS;
     const series = {};
     let max = 1;
