@@ -47,13 +47,9 @@ def browser() -> Iterator[WebDriver]:
         driver.quit()
 
 
-@pytest.fixture(params=["memory", "file", "redis"])
+@pytest.fixture(params=["file", "redis"])
 def storages(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, Storage]:
     """Two storage objects on the same data: the worker's and the dashboard's."""
-    if request.param == "memory":
-        from trioqueue import MemoryStorage
-        m = MemoryStorage()
-        return m, m
     if request.param == "file":
         from trioqueue.storage.file import FileStorage
 

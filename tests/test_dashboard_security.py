@@ -133,6 +133,27 @@ async def test_cli_serves_and_stops_on_sigint(tmp_path: Path) -> None:
             await proc.wait()
 
 
+def test_no_asyncio_in_the_process() -> None:
+    """Hypercorn runs on Trio: serving a page never loads asyncio."""
+    script = (
+        "import sys, trio, urllib.request\n"
+        "from trioqueue import MemoryStorage\n"
+        "from trioqueue.dashboard import Dashboard\n"
+        "async def main():\n"
+        "    d = Dashboard(MemoryStorage(), port=0)\n"
+        "    async with trio.open_nursery() as n:\n"
+        "        [url] = await n.start(d.run)\n"
+        "        await trio.to_thread.run_sync(lambda: urllib.request.urlopen(url + '/events').readline())\n"
+        "        await trio.to_thread.run_sync(lambda: urllib.request.urlopen(url + '/').read())\n"
+        "        d.stop()\n"
+        "    print('asyncio' in sys.modules)\n"
+        "trio.run(main)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 # -- no token: loopback only, CSRF on actions -------------------------------------------
 
 

@@ -178,8 +178,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "dashboard":
         from ._errors import ValidationError
         from ._worker import configure_logging
-        from .dashboard import Dashboard
         from .storage import from_url
+
+        try:
+            from .dashboard import Dashboard
+        except ImportError as exc:
+            parser.exit(
+                EXIT_ERROR, f"trioqueue dashboard: error: {exc}; install the extra: pip install 'trioqueue[dashboard]'\n"
+            )
 
         configure_logging(args.log_level, "text")
         try:

@@ -39,15 +39,20 @@
 
   // -- live page content: re-read this page when an event concerns it ----------------
   const main = document.getElementById("content");
-  let refreshTimer = null, refreshing = false, again = false;
+  // A job page re-reads itself 0.3 s after an event about its job; a job list at most
+  // every 2 s while its queue has events (one small read per burst, never a timer loop).
+  let refreshTimer = null, refreshing = false, again = false, lastRefresh = 0;
   function scheduleRefresh() {
     if (refreshTimer || !main) return;
-    refreshTimer = setTimeout(refresh, 300);
+    const gap = main.dataset.liveList !== undefined ? 2000 : 300;
+    const wait = Math.max(300, lastRefresh + gap - Date.now());
+    refreshTimer = setTimeout(refresh, wait);
   }
   async function refresh() {
     refreshTimer = null;
     if (refreshing) { again = true; return; }
     refreshing = true;
+    lastRefresh = Date.now();
     try {
       const resp = await fetch(location.href, { headers: { "Accept": "text/html" }, credentials: "same-origin" });
       if (resp.ok || resp.status === 404) {
