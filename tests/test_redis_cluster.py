@@ -13,6 +13,7 @@ import pytest
 
 
 from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
+from test_admin import *  # noqa: E402,F403 - and those of job listing and administration
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

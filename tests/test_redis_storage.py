@@ -469,7 +469,7 @@ async def test_expiry_sweep_forgets_every_expired_job_in_bounded_slices(st: Redi
     assert await st._adapter.command(["ZCARD", base + ":expiry"]) == n
     await trio.sleep(0.1)  # the results' TTL runs out: no event announces it
     await st.recover_stalled("q")  # one reaper pass
-    for key in ("expiry", "jobs", "meta", "results"):
+    for key in ("expiry", "jobs", "meta", "results", "env", "states"):
         assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
 
 
@@ -482,7 +482,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
 
     declared = {
         "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "X", "WK", "PROCS",
-        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "P", "KEYS[1]", "KEYS[19]",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "STATES", "P", "KEYS[1]", "KEYS[20]",
     }  # fmt: skip
     keyless = {"TIME", "PUBLISH"}
     for name in _lua.SCRIPT_NAMES:

@@ -20,11 +20,11 @@ __all__ = ["QUEUE_KEY_NAMES", "SCRIPT_NAMES", "SMALL", "queue_keys", "source"]
 
 SMALL = 65536  # results/errors up to this size ride along in events
 
-# KEYS[1..18] of every queue script, as suffixes of ``{prefix:queue}``.
+# KEYS[1..19] of every queue script, as suffixes of ``{prefix:queue}``.
 QUEUE_KEY_NAMES = (
     "jobs",  # hash id -> state string (the registry)
     "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...)
-    "env",  # hash id -> envelope (while not terminal)
+    "env",  # hash id -> envelope (kept until the job is forgotten: retry needs it)
     "results",  # hash id -> serialized result (completed, until expiry)
     "errors",  # hash id -> serialized error (failing/failed, until expiry)
     "progress",  # hash id -> last reported progress
@@ -40,6 +40,7 @@ QUEUE_KEY_NAMES = (
     "schedules",  # hash name -> schedule spec
     "schedule_ticks",  # hash name -> last tick (seconds since the epoch)
     "events",  # pub/sub channel of the queue's events
+    "states",  # zset id -> kind * 2**44 + ms it entered its state (the per-state index)
 )
 
 SCRIPT_NAMES = (
@@ -64,13 +65,18 @@ SCRIPT_NAMES = (
     "schedule_advance",
     "lock_acquire",
     "lock_release",
+    "counts",
+    "list_jobs",
+    "retry",
+    "purge",
+    "remove",
 )
 
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
 def queue_keys(base: str) -> list[str]:
-    """KEYS[1..18] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
+    """KEYS[1..19] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
     return [f"{base}:{name}" for name in QUEUE_KEY_NAMES]
 
 

@@ -35,6 +35,7 @@ from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from ._base import Claim, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from ._glide import ConnParams, GlideAdapter, make_script, parse_url
+from ._redis_admin import RedisAdmin
 
 __all__ = ["RedisStorage"]
 
@@ -94,7 +95,7 @@ class _Sub:
             pass
 
 
-class RedisStorage(Storage):
+class RedisStorage(RedisAdmin, Storage):
     """Storage on Redis >= 7 or Valkey (standalone or cluster), via valkey-glide.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -136,6 +137,7 @@ class RedisStorage(Storage):
         self._unclaimed_moves: set[tuple[str, str]] = set()
         self._call_seq = 0
         self._call_prefix = os.urandom(6).hex()
+        self._named: set[str] = set()  # queues added to the set of names (queue_names)
 
     def __repr__(self) -> str:
         p = self._params
@@ -189,6 +191,8 @@ class RedisStorage(Storage):
         await trio.lowlevel.checkpoint_if_cancelled()
         if not jobs:
             return []
+        if queue not in self._named:
+            await self._register_name(queue)
         co = self._coalescers.get(queue)
         if co is None:
             co = self._coalescers[queue] = _Coalescer()

@@ -3,6 +3,7 @@
 local JOBS, META, ENV, RESULTS, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local Q, D, L, X, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local SEQ, PAUSED, CTL, SCHED, SCHED_LAST, EVENTS = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
+local STATES = KEYS[19]
 local SMALL = 65536
 local function now_ms()
   local t = redis.call('TIME')
@@ -42,6 +43,7 @@ end
 local function setm(id, m) redis.call('HSET', META, id, cjson.encode(m)) end
 local function purge(id)
   redis.call('HDEL', JOBS, id)
+  redis.call('ZREM', STATES, id)
   redis.call('HDEL', META, id)
   redis.call('HDEL', ENV, id)
   redis.call('HDEL', RESULTS, id)
@@ -50,6 +52,31 @@ local function purge(id)
   redis.call('ZREM', X, id)
   redis.call('ZREM', D, id)
   redis.call('ZREM', L, id)
+end
+-- The per-state index STATES: one zset, id -> kind * 2^44 + the ms the job entered its
+-- state, so each state is a score range ordered by entry time (ties: by id), counted by
+-- ZCOUNT and paged by rank. Every write of a state string goes through setst/setsts.
+local K44 = 17592186044416
+local KIND = {queued = 0, delayed = 1, processing = 2, failing = 3, completed = 4, failed = 5, cancelled = 6}
+local function sidx(st)
+  local c = string.find(st, ':', 1, true)
+  local rest = string.sub(st, c + 1)
+  local c2 = string.find(rest, ':', 1, true)
+  local score = KIND[string.sub(st, 1, c - 1)] * K44 + tonumber(c2 and string.sub(rest, 1, c2 - 1) or rest)
+  return string.format('%.0f', score)
+end
+local function setst(id, st)
+  redis.call('HSET', JOBS, id, st)
+  redis.call('ZADD', STATES, sidx(st), id)
+end
+-- w: id, state, id, state...
+local function setsts(w)
+  local z = {}
+  for i = 1, #w, 2 do z[#z + 1] = sidx(w[i + 1]); z[#z + 1] = w[i] end
+  for i = 1, #w, 1000 do
+    redis.call('HSET', JOBS, unpack(w, i, math.min(i + 999, #w)))
+    redis.call('ZADD', STATES, unpack(z, i, math.min(i + 999, #z)))
+  end
 end
 local function expired(id, now)
   local s = redis.call('ZSCORE', X, id)
@@ -67,7 +94,6 @@ local function terminal(id, m, now, ttl)
   if ttl <= 0 then purge(id) return end
   redis.call('ZADD', X, now + ttl, id)
   redis.call('ZREM', L, id)
-  redis.call('HDEL', ENV, id)
   m.w = nil
   setm(id, m)
 end

@@ -9,7 +9,7 @@ local function promote(now)
       local tok = redis.call('INCR', SEQ)
       m.k = tok
       setm(id, m)
-      redis.call('HSET', JOBS, id, 'queued:' .. now)
+      setst(id, 'queued:' .. now)
       redis.call('RPUSH', Q, tok .. ':' .. id)
       ev(starts(st, 'failing:') and 'requeued' or 'promoted', id, nil, nil, nil, m.i)
     end

@@ -10,7 +10,7 @@ if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') the
   -- its ready-list entry (if any) no longer matches: dropped when met
   m.k = -1
   redis.call('ZREM', D, id)
-  redis.call('HSET', JOBS, id, 'cancelled:' .. now)
+  setst(id, 'cancelled:' .. now)
   ev('cancelled', id, nil, nil, nil, m.i)
   terminal(id, m, now, m.t or 0)
   flush()

@@ -1,4 +1,4 @@
--- KEYS[19]: the worker's processing list.
+-- KEYS[20]: the worker's processing list.
 -- ARGV: worker, max_jobs, lease_ms, moved entry ('' if none, '*': the list's last entry,
 -- the script being pipelined behind the blocking move), reconcile ('1': also claim
 -- entries of the worker's list that a blocking move put there but no claim followed),
@@ -7,7 +7,7 @@
 -- ready-list length, false or the control stream's last id when claiming is paused}.
 --@include _prelude
 --@include _promote
-local P = KEYS[19]
+local P = KEYS[20]
 local W, MX, LEASE, MOVED, RECONCILE, START = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_ms()
 redis.call('SADD', PROCS, W)
@@ -38,7 +38,7 @@ local function try(entry)
     m.s = 0
   end
   setm(id, m)
-  redis.call('HSET', JOBS, id, 'processing:' .. now .. ':' .. W)
+  setst(id, 'processing:' .. now .. ':' .. W)
   redis.call('ZADD', L, now + LEASE, id)
   out[#out + 1] = {id, redis.call('HGET', ENV, id), started and m.a or m.a + 1, m.l, started and 1 or 0}
   return 'claim'
@@ -114,9 +114,9 @@ end
 if #c_ids > 0 then
   for i = 1, #w_meta, 1000 do
     redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta)))
-    redis.call('HSET', JOBS, unpack(w_jobs, i, math.min(i + 999, #w_jobs)))
     redis.call('ZADD', L, unpack(w_leases, i, math.min(i + 999, #w_leases)))
   end
+  setsts(w_jobs)
   local envs = {}
   for i = 1, #c_ids, 1000 do
     local part = redis.call('HMGET', ENV, unpack(c_ids, i, math.min(i + 999, #c_ids)))

@@ -65,8 +65,8 @@ end
 for i = 1, #w_jobs, 1000 do  -- 500 fields a call (Lua's unpack has a stack limit)
   redis.call('HSET', ENV, unpack(w_env, i, math.min(i + 999, #w_env)))
   redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta)))
-  redis.call('HSET', JOBS, unpack(w_jobs, i, math.min(i + 999, #w_jobs)))
 end
+setsts(w_jobs)
 for i = 1, #fresh, 1000 do  -- RPUSH in chunks
   redis.call('RPUSH', Q, unpack(fresh, i, math.min(i + 999, #fresh)))
 end

@@ -1,4 +1,4 @@
--- KEYS[19..]: the processing lists of the workers named in ARGV (the members of PROCS
+-- KEYS[20..]: the processing lists of the workers named in ARGV (the members of PROCS
 -- and WK the caller read just before). Recovers expired leases and the jobs of dead
 -- workers, promotes due jobs, removes dead workers that hold nothing.
 -- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false}.
@@ -8,7 +8,7 @@
 local now = now_ms()
 local rec = {}
 local lists = {}
-for i = 1, #ARGV do lists[ARGV[i]] = KEYS[18 + i] end
+for i = 1, #ARGV do lists[ARGV[i]] = KEYS[19 + i] end
 promote(now)
 local function recover(id, m, W)
   redis.call('ZREM', L, id)
@@ -22,7 +22,7 @@ local function recover(id, m, W)
     -- a reserved claim never ran: it goes back at no cost
     m.s = 0
     setm(id, m)
-    redis.call('HSET', JOBS, id, 'queued:' .. now)
+    setst(id, 'queued:' .. now)
     redis.call('RPUSH', Q, m.k .. ':' .. id)
     ev('requeued', id, W, nil, nil, m.i)
     rec[#rec + 1] = {id, 'requeued'}
@@ -32,7 +32,7 @@ local function recover(id, m, W)
       message = "job '" .. id .. "' stalled on worker '" .. W ..
         "' (lease expired or worker died) and has used all " .. m.a .. " attempts"})
     if ttl > 0 then redis.call('HSET', ERRORS, id, err) end
-    redis.call('HSET', JOBS, id, 'failed:' .. now)
+    setst(id, 'failed:' .. now)
     ev('failed', id, W, nil, small(err), m.i)
     terminal(id, m, now, ttl)
     rec[#rec + 1] = {id, 'failed'}

@@ -1,11 +1,11 @@
--- KEYS[19]: the worker's processing list. ARGV: worker, ids...
+-- KEYS[20]: the worker's processing list. ARGV: worker, ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
 -- claim's attempt stays counted: attempts never go down; a job with a cancel request
 -- ends cancelled instead).
 -- Returns how many went back.
 --@include _prelude
 --@include _cancel
-local P = KEYS[19]
+local P = KEYS[20]
 local W = ARGV[1]
 local now = now_ms()
 local byid = {}
@@ -39,7 +39,7 @@ for i = 2, #ARGV do
             m.w = nil
             m.l = nil
             setm(id, m)
-            redis.call('HSET', JOBS, id, 'queued:' .. now)
+            setst(id, 'queued:' .. now)
             back[#back + 1] = e
             ev('requeued', id, W, nil, nil, m.i)
           end

@@ -1,4 +1,4 @@
--- KEYS[19]: the worker's processing list.
+-- KEYS[20]: the worker's processing list.
 -- ARGV: worker, call token, then (id, data, '<kind c|f|r|x>:<ttl_ms>:<delay_ms>', claim
 -- token) per settlement. Returns a list of 1 (settled, or already settled by this claim)
 -- / 0 (fenced: the claim is not the job's current one in this worker's list).
@@ -6,7 +6,7 @@
 -- batch; only the processing-list removal is per job.
 --@include _prelude
 --@include _cancel
-local P = KEYS[19]
+local P = KEYS[20]
 local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
 local out = {}
@@ -20,7 +20,7 @@ for i = 1, #ids, 1000 do
   for k = 1, #s do sts[#sts + 1] = s[k]; metas[#metas + 1] = m[k] end
 end
 local cur_st, cur_m = {}, {}  -- what this batch changed (an id twice in one batch)
-local w_meta, w_jobs, w_res, w_err, x_add, l_rem, env_del = {}, {}, {}, {}, {}, {}, {}
+local w_meta, w_jobs, w_res, w_err, x_add, l_rem = {}, {}, {}, {}, {}, {}
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
@@ -47,11 +47,11 @@ for j, id in ipairs(ids) do
       -- the rare paths, one call at a time
       redis.call('ZREM', L, id)
       if kind == 'c' then
-        redis.call('HSET', JOBS, id, 'completed:' .. now)
+        setst(id, 'completed:' .. now)
         ev('completed', id, W, small(data), nil, m.i)
         terminal(id, m, now, ttl)
       elseif kind == 'f' then
-        redis.call('HSET', JOBS, id, 'failed:' .. now)
+        setst(id, 'failed:' .. now)
         ev('failed', id, W, nil, small(data), m.i)
         terminal(id, m, now, ttl)
       else
@@ -72,7 +72,6 @@ for j, id in ipairs(ids) do
       put(w_jobs, id, st)
       put(x_add, now + ttl, id)
       l_rem[#l_rem + 1] = id
-      env_del[#env_del + 1] = id
       cur_st[id] = st
     else
       m.w = nil
@@ -92,12 +91,11 @@ for j, id in ipairs(ids) do
   end
 end
 for i = 1, #w_meta, 1000 do redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta))) end
-for i = 1, #w_jobs, 1000 do redis.call('HSET', JOBS, unpack(w_jobs, i, math.min(i + 999, #w_jobs))) end
+setsts(w_jobs)
 for i = 1, #w_res, 1000 do redis.call('HSET', RESULTS, unpack(w_res, i, math.min(i + 999, #w_res))) end
 for i = 1, #w_err, 1000 do redis.call('HSET', ERRORS, unpack(w_err, i, math.min(i + 999, #w_err))) end
 for i = 1, #x_add, 1000 do redis.call('ZADD', X, unpack(x_add, i, math.min(i + 999, #x_add))) end
 for i = 1, #l_rem, 1000 do redis.call('ZREM', L, unpack(l_rem, i, math.min(i + 999, #l_rem))) end
-for i = 1, #env_del, 1000 do redis.call('HDEL', ENV, unpack(env_del, i, math.min(i + 999, #env_del))) end
 -- a retry due now: wake a blocked claimer (the claim script drops this entry)
 if wake then redis.call('RPUSH', Q, '~') end
 flush()

@@ -1,0 +1,47 @@
+-- ARGV: state kind, limit, cursor ms ('' for the first page), cursor id.
+-- Returns {records, next cursor ms or false, next cursor id or false}; each record is
+-- {id, state, created_ms, attempts, max_attempts, result, error, token, progress}.
+-- Newest first: the kind's score range of STATES in reverse, paged by rank. The cursor is
+-- the (ms, id) of the last job of the previous page; its rank is found by putting it in
+-- place for a moment (restoring the member's own score, if it has one), so the next page
+-- starts right after it even if that job has left the state since.
+--@include _prelude
+sweep(now_ms(), 1000)
+local k = KIND[ARGV[1]]
+local limit = tonumber(ARGV[2])
+local lo = k * K44
+local function fmt(x) return string.format('%.0f', x) end
+local start
+if ARGV[3] == '' then
+  start = redis.call('ZCOUNT', STATES, '(' .. fmt(lo + K44 - 1), '+inf')
+else
+  local sc = lo + tonumber(ARGV[3])
+  local cid = ARGV[4]
+  local old = redis.call('ZSCORE', STATES, cid)
+  redis.call('ZADD', STATES, fmt(sc), cid)
+  start = redis.call('ZREVRANK', STATES, cid)
+  if old then
+    redis.call('ZADD', STATES, old, cid)
+    if tonumber(old) >= sc then start = start + 1 end
+  else
+    redis.call('ZREM', STATES, cid)
+  end
+end
+local got = redis.call('ZRANGE', STATES, start, start + limit, 'REV', 'WITHSCORES')
+local recs = {}
+local nxt_ms, nxt_id = false, false
+for i = 1, #got, 2 do
+  local id, score = got[i], tonumber(got[i + 1])
+  if score < lo then break end
+  if #recs == limit then
+    local last = recs[#recs]
+    nxt_ms, nxt_id = last[10], last[1]
+    break
+  end
+  local m = getm(id) or {}
+  recs[#recs + 1] = {id, redis.call('HGET', JOBS, id) or '', tostring(m.c or 0), tostring(m.a or 0),
+    tostring(m.m or 0), redis.call('HGET', RESULTS, id), redis.call('HGET', ERRORS, id), m.i or false,
+    redis.call('HGET', PROGRESS, id), fmt(score - lo)}
+end
+for _, r in ipairs(recs) do r[10] = nil end
+return {recs, nxt_ms, nxt_id}
