@@ -12,6 +12,7 @@ from typing import Any
 import jinja2
 import trio
 
+from .._core import decode_envelope
 from .._errors import TrioQueueError, ValidationError
 from .._models import JobState
 from ._http import HTTPError, Receive, Request, Response, Scope, Send, local_path, redirect
@@ -264,7 +265,7 @@ class DashboardApp:
             return self._render(
                 request, session, "job.html", status=404, queue=queue.name, job_id=job_id, job=None, has_payload=False
             )
-        payload = getattr(status, "payload", None)
+        has_payload, payload = await self._payload(queue, job_id)
         return self._render(
             request,
             session,
@@ -272,9 +273,27 @@ class DashboardApp:
             queue=queue.name,
             job_id=job_id,
             job=status,
-            has_payload=hasattr(status, "payload"),
+            has_payload=has_payload,
             payload=payload,
         )
+
+    async def _payload(self, queue: Any, job_id: str) -> tuple[bool, Any]:
+        """``(shown, payload)``: decoded by the queue's payload serde (JSON by default;
+        raw bytes when that fails); not shown when the storage cannot give it."""
+        try:
+            envelope = await queue.storage.get_envelope(queue.name, job_id)
+        except NotImplementedError:
+            return False, None
+        if envelope is None:
+            return False, None
+        try:
+            data = decode_envelope(envelope)[1]
+        except Exception:  # noqa: BLE001 - a corrupt envelope is shown raw
+            return True, envelope
+        try:
+            return True, queue.payload_serde.loads(data)
+        except Exception:  # noqa: BLE001 - another serde: show the bytes
+            return True, data
 
     async def _workers(self, request: Request, session: str) -> Response:
         now = time.time()

@@ -262,6 +262,12 @@ class Storage(abc.ABC):
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         """The registry entry of a job, with its result/error if terminal and cached."""
 
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        """The envelope the job was enqueued with (its payload: ``decode_envelope``), kept
+        as long as its registry entry; ``None`` if the id is unknown or expired. For
+        inspection (the dashboard's job page); never on a hot path."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_envelope (job payloads)")
+
     @abc.abstractmethod
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         """Set the TTL (from now) of a terminal job's result or error, and of its registry
