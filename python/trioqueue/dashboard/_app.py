@@ -129,6 +129,9 @@ class DashboardApp:
             response = self._error(request, session, 400, str(exc))
         except NotImplementedError as exc:
             response = self._error(request, session, 501, f"not supported by this storage: {exc}")
+        except TrioQueueError as exc:  # the storage is unreachable, a job cannot be decoded...
+            logger.warning("dashboard: %s %s failed: %s", request.method, request.path, exc)
+            response = self._error(request, session, 503, str(exc))
         if response is None:
             return  # streamed
         if new_session is not None:

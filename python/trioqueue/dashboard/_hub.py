@@ -209,7 +209,11 @@ class Hub:
         async with queue:
             async with queue.events(buffer=10_000) as stream, trio.open_nursery() as nursery:
                 self.queues[name] = queue
-                await self._refresh(name)
+                try:
+                    await self._refresh(name)
+                except Exception:  # noqa: BLE001 - read again by the loop
+                    logger.warning("dashboard: reading the counts of %r failed", name, exc_info=True)
+                    self._dirty[name].set()
                 nursery.start_soon(self._counts_loop, name)
                 task_status.started()
                 async for event in stream:
