@@ -4,8 +4,10 @@ escaping, and the live event stream (one subscription per process for every brow
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from trioqueue import FileStorage, Job, JobFailedError, MemoryStorage, Queue, ValidationError
+from trioqueue import FileStorage, Job, JobFailedError, JobState, MemoryStorage, Queue, ValidationError
 from trioqueue.dashboard import Dashboard
 
 from dashboard_client import Client, EventReader, Reply
@@ -318,3 +320,55 @@ async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None
     finally:
         for reader in readers:
             reader.close()
+
+
+# -- actions and paging through the server ----------------------------------------------
+
+
+async def test_cancel_remove_purge_actions(open_dash: Served) -> None:
+    queue = open_dash.queue
+    client = open_dash.client()
+    csrf = (await in_thread(lambda: client.get("/"))).csrf()
+    await queue.pause()
+    await queue.enqueue("waiting", {"n": 1})
+    detail = "/job?queue=jobs&id=waiting"
+    reply = await in_thread(lambda: _action(client, csrf, action="cancel", id="waiting", next=detail))
+    assert reply.status == 303 and reply.headers["location"] == detail + "&notice=cancel-ok&status=cancelled"
+    assert (await queue.get_status("waiting")).state == "cancelled"  # type: ignore[union-attr]
+    page = await in_thread(lambda: client.get(reply.headers["location"]))
+    assert "Cancel: cancelled." in page.body and 'data-action="retry"' in page.body
+    reply = await in_thread(lambda: _action(client, csrf, action="remove", id="waiting"))
+    assert reply.headers["location"] == "/?notice=remove-ok"
+    assert await queue.get_status("waiting") is None
+    assert (await in_thread(lambda: client.get(detail))).status == 404
+    reply = await in_thread(lambda: _action(client, csrf, action="remove", id="waiting"))
+    assert reply.headers["location"] == "/?notice=remove-no"
+
+    await queue.resume()
+    for i in range(3):
+        with pytest.raises(JobFailedError):
+            await queue.enqueue_and_wait(f"bad-{i}", {"fail": "x"}, timeout=30)
+    reply = await in_thread(lambda: _action(client, csrf, action="purge", state="failed", older_than="3600"))
+    assert reply.headers["location"] == "/?notice=purge-ok&n=0"  # none that old
+    reply = await in_thread(lambda: _action(client, csrf, action="purge", state="failed"))
+    assert reply.headers["location"] == "/?notice=purge-ok&n=3"
+    assert (await queue.counts())[JobState.FAILED] == 0
+    reply = await in_thread(lambda: _action(client, csrf, action="purge", state="queued"))
+    assert reply.status == 400  # only terminal states are purged
+
+
+async def test_job_list_pages_with_a_cursor(open_dash: Served) -> None:
+    queue = open_dash.queue
+    await queue.pause()
+    await queue.enqueue_many([(f"job-{i:02d}", {"n": i}) for i in range(25)])
+    client = open_dash.client()
+    first = await in_thread(lambda: client.get("/queue?name=jobs&state=queued&limit=20"))
+    ids = re.findall(r'data-job="(job-\d+)"', first.body)
+    assert len(ids) == 20
+    match = re.search(r'id="next-page" href="([^"]+)"', first.body)
+    assert match
+    second = await in_thread(lambda: client.get(html.unescape(match.group(1))))
+    rest = re.findall(r'data-job="(job-\d+)"', second.body)
+    assert len(rest) == 5 and not set(rest) & set(ids)
+    assert sorted(ids + rest) == [f"job-{i:02d}" for i in range(25)]
+    assert 'id="next-page"' not in second.body
