@@ -72,6 +72,7 @@ async def shoot(base: str, out: Path) -> None:
         )
         await trio.to_thread.run_sync(take, failed.replace(base, ""), "job", "#job-traceback")
         await trio.to_thread.run_sync(take, "/workers", "workers")
+        await trio.to_thread.run_sync(take, "/schedules", "schedules")
     finally:
         driver.quit()
 

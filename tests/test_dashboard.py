@@ -13,6 +13,11 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from trioqueue import Job, JobFailedError, Queue, Storage
 from trioqueue.dashboard import Dashboard
@@ -24,11 +29,6 @@ EVIL = "<script>alert('xss')</script><img src=x onerror=alert(1)>"
 
 T = TypeVar("T")
 
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 @pytest.fixture(scope="module")
