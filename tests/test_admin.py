@@ -259,3 +259,33 @@ async def test_queue_list_remove_and_validation(storage: Storage, queue_name: st
             await q.purge("failed", older_than=-1)
         with pytest.raises(ValidationError, match="cursor"):
             await q.list_jobs("queued", cursor="not a cursor")
+
+
+async def test_bad_state_or_cursor_is_refused(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [job("a")])
+    with pytest.raises(ValueError, match="unknown state 'done'"):
+        await storage.list_jobs(queue_name, "done")
+    with pytest.raises(ValueError, match="unknown state 'queued'"):
+        await storage.purge(queue_name, "queued")
+    with pytest.raises(ValueError, match="invalid cursor"):
+        await storage.list_jobs(queue_name, "queued", cursor="garbage")
+    assert (await storage.counts(queue_name))["queued"] == 1
+
+
+async def test_memory_state_index_stays_proportional_to_live_jobs() -> None:
+    """MemoryStorage's per-state logs drop their stale entries (no growth with churn)."""
+    from trioqueue import MemoryStorage
+    from trioqueue.storage._memory_index import _SLACK
+
+    storage = MemoryStorage()
+    async with storage:
+        for round_ in range(4):
+            ids = [f"r{round_}-{i}" for i in range(1500)]
+            await storage.enqueue("q", [job(j, ttl=0.001) for j in ids])
+            claims = await claim(storage, "q", n=1500)
+            await storage.settle("q", W1, [settlement(SettleKind.COMPLETE, "q", c.id, b"1", ttl=0.001) for c in claims])
+            await trio.sleep(0.01)  # the results expire
+        counts = await storage.counts("q")
+        assert counts == dict.fromkeys(ALL_STATES, 0)
+        index = storage._queues["q"].index
+        assert all(len(log) <= _SLACK for log in index.logs.values()), {k: len(v) for k, v in index.logs.items()}

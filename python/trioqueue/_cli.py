@@ -7,7 +7,6 @@ stderr), 130 interrupted by Ctrl-C (SIGINT). ``--debug`` prints the traceback as
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -78,37 +77,6 @@ def _parser() -> _Parser:
     )
     worker.add_argument("--log-format", default="text", choices=["text", "json"], help="json: one object a line")
     worker.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
-    dash = sub.add_parser(
-        "dashboard",
-        help="serve the web dashboard of a storage's queues",
-        description="Serve the web dashboard (Hypercorn on Trio): queues, jobs, workers, schedules, "
-        "live counts, and actions. Binds 127.0.0.1 unless told otherwise; any other address needs "
-        "--auth-token. SIGINT/SIGTERM stops it.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    dash.add_argument("--storage", required=True, help="storage URL (redis://..., file:///path, ...)")
-    dash.add_argument("--host", default="127.0.0.1", help="address to bind")
-    dash.add_argument("--port", type=int, default=8181, help="port to bind (0: any free port)")
-    dash.add_argument(
-        "--auth-token",
-        default=None,
-        help="token required from every client (header 'Authorization: Bearer T' or the login form); "
-        "$TRIOQUEUE_DASHBOARD_TOKEN is used when not given",
-    )
-    dash.add_argument("--read-only", action="store_true", help="hide and refuse every action")
-    dash.add_argument(
-        "--name", action="append", default=None, help="show only this queue (repeatable; default: all queues)"
-    )
-    dash.add_argument(
-        "--heartbeat-ttl",
-        type=float,
-        default=30.0,
-        help="the workers' visibility_timeout (their heartbeat's lifetime), to show heartbeat ages",
-    )
-    dash.add_argument(
-        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper, help="log level"
-    )
-    dash.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
     demo = sub.add_parser(
         "demo", help="run a realistic workload and print a summary", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
@@ -118,6 +86,11 @@ def _parser() -> _Parser:
     demo.add_argument("--location", default=None, help="directory (file) or URL (redis)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
+    from ._admin_cli import add_admin_commands
+    from ._dashboard_cli import add_dashboard_command
+
+    add_admin_commands(sub, _Parser)
+    add_dashboard_command(sub, _Parser)
     return parser
 
 
@@ -176,33 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(args.log_level, args.log_format)
         return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
     if args.command == "dashboard":
-        from ._errors import ValidationError
-        from ._worker import configure_logging
-        from .storage import from_url
+        from ._dashboard_cli import dashboard_command
 
-        try:
-            from .dashboard import Dashboard
-        except ImportError as exc:
-            parser.exit(
-                EXIT_ERROR, f"trioqueue dashboard: error: {exc}; install the extra: pip install 'trioqueue[dashboard]'\n"
-            )
+        return dashboard_command(args, parser)
+    from ._admin_cli import ADMIN_COMMANDS, admin_command
 
-        configure_logging(args.log_level, "text")
-        try:
-            dashboard = Dashboard(
-                from_url(args.storage),
-                host=args.host,
-                port=args.port,
-                auth_token=args.auth_token or os.environ.get("TRIOQUEUE_DASHBOARD_TOKEN") or None,
-                read_only=args.read_only,
-                names=args.name,
-                heartbeat_ttl=args.heartbeat_ttl,
-            )
-        except ValidationError as exc:
-            parser.exit(EXIT_USAGE, f"trioqueue dashboard: error: {exc}\n")
-        from .dashboard import run_dashboard
-
-        return run_command(lambda: trio.run(run_dashboard, dashboard), debug=args.debug)
+    if args.command in ADMIN_COMMANDS:
+        return run_command(lambda: trio.run(admin_command, args), debug=args.debug)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown ones
 
 

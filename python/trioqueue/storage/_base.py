@@ -71,6 +71,13 @@ STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLE
 TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 
 
+def check_state_kind(state: str, *, terminal: bool = False) -> None:
+    """``ValueError`` unless ``state`` is a state kind (a terminal one with ``terminal``)."""
+    allowed = TERMINAL_KINDS if terminal else STATE_KINDS
+    if state not in allowed:
+        raise ValueError(f"unknown state {state!r}: expected one of {', '.join(allowed)}")
+
+
 class NewJob(NamedTuple):
     """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
     ``token`` names this incarnation of the id (unique; made by the producer); ``run_at``
@@ -431,10 +438,12 @@ class Storage(abc.ABC):
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
     ) -> tuple[list[JobRecord], str | None]:
         """A page of the jobs in state kind ``state``, newest first (by the time they
-        entered it), at most ``limit``; and the cursor of the next page (``None`` at the
-        end). Cursors are opaque and stable: paging on while jobs come and go lists every
-        job that stayed in the state once, and never a job that entered it after the
-        first page. Memory stays bounded by ``limit`` whatever the number of jobs."""
+        entered it; file and Redis order jobs of the same millisecond by id), at most
+        ``limit``; and the cursor of the next page (``None`` at the end). Cursors are
+        opaque and stable: paging on while jobs come and go lists every job that stayed in
+        the state exactly once, and not the jobs that entered it after the cursor's job.
+        Memory stays bounded by ``limit`` whatever the number of jobs. A malformed cursor
+        raises ``ValueError``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement job listing")
 
     async def retry_job(self, queue: str, job_id: str, token: str) -> bool:

@@ -8,7 +8,7 @@ import time
 
 import trio
 
-from ._base import CANCELLED, FAILED, PROCESSING, JobRecord, NewJob, StorageEvent
+from ._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_state_kind, NewJob, StorageEvent
 from ._memory_parts import _Q, _Rec
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
@@ -69,6 +69,7 @@ class MemoryAdmin:
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
     ) -> tuple[list[JobRecord], str | None]:
+        check_state_kind(state)
         after = parse_int_cursor(cursor)
         await trio.lowlevel.checkpoint()
         with self._lock:
@@ -100,6 +101,7 @@ class MemoryAdmin:
         return ok
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        check_state_kind(state, terminal=True)
         await trio.lowlevel.checkpoint_if_cancelled()
         now = time.time()
         with self._lock:

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from ._base import STATE_KINDS, JobRecord
+from ._base import STATE_KINDS, JobRecord, check_state_kind
 from ._cursor import decode_cursor, encode_cursor
 
 __all__ = ["RedisAdmin"]
@@ -61,9 +61,8 @@ class RedisAdmin:
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
     ) -> tuple[list[JobRecord], str | None]:
+        check_state_kind(state)
         after = decode_cursor(cursor)
-        if state not in STATE_KINDS:
-            raise ValueError(f"unknown state {state!r}")
         await trio.lowlevel.checkpoint_if_cancelled()
         args = [state, str(limit), "", ""] if after is None else [state, str(limit), str(after[0]), after[1]]
         recs, nxt_ms, nxt_id = await self._run("list_jobs", queue, args)
@@ -89,6 +88,7 @@ class RedisAdmin:
         return bool(await self._run("retry", queue, [job_id, token]))
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        check_state_kind(state, terminal=True)
         await trio.lowlevel.checkpoint_if_cancelled()
         cutoff = ""
         if older_than is not None:

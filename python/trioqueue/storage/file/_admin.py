@@ -21,7 +21,7 @@ from .._base import CANCELLED as _CANCELLED
 from .._base import FAILED as _FAILED
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
-from .._base import STATE_KINDS, JobRecord, StorageEvent
+from .._base import STATE_KINDS, JobRecord, StorageEvent, check_state_kind
 from .._cursor import decode_cursor, encode_cursor
 from .._fsutil import CorruptRecord, Rec, decode_name, encode_name, read_rec
 from ._core import FileCore
@@ -69,6 +69,7 @@ class Admin(FileCore):
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
     ) -> tuple[list[JobRecord], str | None]:
+        check_state_kind(state)
         after = decode_cursor(cursor)
         q = self._q(queue)
 
@@ -127,6 +128,7 @@ class Admin(FileCore):
         return ok
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        check_state_kind(state, terminal=True)
         q = self._q(queue)
         now = time.time()
         cutoff = None if older_than is None else int((now - older_than) * 1000)

@@ -1,0 +1,144 @@
+"""The admin commands of the installed ``trioqueue`` console script, run as subprocesses
+against a FileStorage directory and the suite's real Redis, while the test looks at (and
+works on) the same storage through its own Queue."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import FileStorage, Job, JobState, Queue, Storage
+from trioqueue.storage import RedisStorage
+
+from support import Recorder
+
+TRIOQUEUE = str(Path(sys.executable).parent / "trioqueue")
+
+
+class Cli:
+    def __init__(self, url: str, name: str) -> None:
+        self.url = url
+        self.name = name
+
+    async def run(self, *args: str, ok: bool = True) -> trio.CompletedProcess[bytes]:
+        cmd = [TRIOQUEUE, *args, "--storage", self.url, "--name", self.name]
+        with trio.fail_after(60):
+            proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
+        if ok:
+            assert proc.returncode == 0, proc.stderr.decode()
+        return proc
+
+    async def json(self, *args: str) -> Any:
+        return json.loads((await self.run(*args, "--json")).stdout)
+
+    async def error(self, *args: str) -> str:
+        """Run a command that must fail with one line on stderr; return that line."""
+        proc = await self.run(*args, ok=False)
+        assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+        lines = proc.stderr.decode().strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("trioqueue: error: "), lines
+        return lines[0]
+
+
+@pytest.fixture(params=["file", "redis"])
+def target(request: pytest.FixtureRequest, tmp_path: Path, queue_name: str) -> tuple[Cli, Callable[[], Storage]]:
+    """The CLI and a factory of the same storage for the test's own Queue."""
+    if request.param == "file":
+        store = tmp_path / "store"
+        return Cli(f"file://{store}", queue_name), lambda: FileStorage(store)
+    url = request.getfixturevalue("redis_url")
+    return Cli(url, queue_name), lambda: RedisStorage(url)  # the CLI's default prefix
+
+
+async def double(job: Job[Any]) -> Any:
+    if job.payload == "bad":
+        raise ValueError("cannot double 'bad'")
+    return job.payload * 2
+
+
+async def test_admin_commands(target: tuple[Cli, Callable[[], Storage]]) -> None:
+    cli, make_storage = target
+    # Work done by a real worker: one completed job, one failed (with a traceback).
+    done = Recorder()
+    async with Queue(make_storage(), name=cli.name, handler=double, max_attempts=1, block_timeout=0.5) as q:
+        q.on("completed", done)
+        q.on("failed", done)
+        await q.enqueue("ok", 21)
+        await q.enqueue("bad", "bad")
+        with trio.fail_after(30):
+            await done.wait_until(lambda evs: len(evs) == 2)
+
+    assert "queued" in (await cli.run("enqueue", "q1", "--payload", '{"n": 1}')).stdout.decode()
+    for jid in ("q2", "q3"):
+        await cli.run("enqueue", jid, "--payload", "[1, 2]")
+    assert (await cli.json("enqueue", "later", "--payload", "null", "--delay", "3600"))["status"] == "queued"
+    stats = await cli.json("stats")
+    assert stats[cli.name]["counts"] == {
+        "queued": 3, "processing": 0, "failing": 0, "completed": 1, "failed": 1, "cancelled": 0, "delayed": 1,
+    }  # fmt: skip
+    table = (await cli.run("stats")).stdout.decode()
+    assert table.splitlines()[0].split()[:3] == ["queue", "queued", "processing"] and cli.name in table
+
+    # list: newest first, paged with the printed cursor
+    page = await cli.json("list", "queued", "--limit", "2")
+    assert [j["id"] for j in page["jobs"]] == ["q3", "q2"] and page["cursor"]
+    rest = await cli.json("list", "queued", "--limit", "2", "--cursor", page["cursor"])
+    assert [j["id"] for j in rest["jobs"]] == ["q1"] and rest["cursor"] is None
+    human = (await cli.run("list", "queued", "--limit", "2")).stdout.decode()
+    assert human.splitlines()[-1] == f"more: --cursor {page['cursor']}"
+    [failed] = (await cli.json("list", "failed"))["jobs"]
+    assert failed["id"] == "bad" and failed["error"]["message"] == "cannot double 'bad'"
+
+    # show: the error with its traceback; JSON for scripts
+    shown = (await cli.run("show", "bad")).stdout.decode()
+    assert "error:      ValueError: cannot double 'bad'" in shown and "Traceback" in shown
+    assert (await cli.json("show", "ok"))["result"] == 42
+    assert "not found" in await cli.error("show", "nope")
+
+    # retry, cancel, remove, purge, pause/resume
+    assert "only failed or cancelled" in await cli.error("retry", "q1")
+    await cli.run("retry", "bad")
+    assert (await cli.json("show", "bad"))["state"] == "queued"
+    await cli.run("cancel", "later")
+    assert "not found" in await cli.error("cancel", "nope")
+    assert "already completed" in await cli.error("cancel", "ok")
+    await cli.run("remove", "q1")
+    assert "unknown" in await cli.error("remove", "q1")
+    assert (await cli.json("purge", "completed", "--older-than", "3600"))["purged"] == 0
+    assert (await cli.json("purge", "completed"))["purged"] == 1
+    assert (await cli.json("pause"))["changed"] is True
+    async with Queue(make_storage(), name=cli.name) as q:
+        assert await q.is_paused()
+        counts = await q.counts()
+        assert (counts[JobState.QUEUED], counts[JobState.CANCELLED], counts[JobState.COMPLETED]) == (3, 1, 0)
+    assert "was already paused" in (await cli.run("pause")).stdout.decode()
+    assert (await cli.json("resume"))["changed"] is True
+
+
+async def test_enqueue_wait_prints_the_result_or_the_failure(target: tuple[Cli, Callable[[], Storage]]) -> None:
+    cli, make_storage = target
+    async with Queue(make_storage(), name=cli.name, handler=double, max_attempts=1, block_timeout=0.5):
+        assert await cli.json("enqueue", "w", "--payload", '"ab"', "--wait") == {"id": "w", "result": "abab"}
+        assert (await cli.run("enqueue", "w2", "--payload", "4", "--wait")).stdout.decode().strip() == "8"
+        line = await cli.error("enqueue", "w3", "--payload", '"bad"', "--wait", "--timeout", "30")
+        assert "'w3'" in line and "cannot double 'bad'" in line
+
+
+async def test_usage_errors_and_help(tmp_path: Path) -> None:
+    cli = Cli(str(tmp_path / "store"), "jobs")
+    line = await cli.error("enqueue", "x", "--payload", "{bad")
+    assert "--payload is not valid JSON" in line
+    proc = await cli.run("list", "nope", ok=False)
+    assert proc.returncode == 2 and b"invalid choice: 'nope'" in proc.stderr
+    proc = await Cli("bogus://x", "jobs").run("stats", ok=False)
+    assert proc.returncode == 1 and b"bogus://x" in proc.stderr
+    for command in ("stats", "list", "show", "cancel", "retry", "remove", "purge", "pause", "resume", "enqueue"):
+        with trio.fail_after(60):
+            out = (await trio.run_process([TRIOQUEUE, command, "--help"], capture_stdout=True)).stdout.decode()
+        assert "--storage URL" in out and "(default:" in out, command
