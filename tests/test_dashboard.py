@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pytest
 import trio
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -81,23 +81,26 @@ class Page:
         return bool(self.d.execute_script("return window.__sameDocument === true"))
 
     def until(self, predicate: Callable[[WebDriver], Any]) -> Any:
-        return WebDriverWait(self.d, WAIT).until(predicate)
+        # A live page replaces its content when events arrive: an element found a moment
+        # ago may be gone (stale); look again.
+        ignored = (NoSuchElementException, StaleElementReferenceException)
+        return WebDriverWait(self.d, WAIT, ignored_exceptions=ignored).until(predicate)
 
     def count(self, queue: str, state: str) -> str:
-        el = self.d.find_element(By.CSS_SELECTOR, f'[data-count][data-queue="{queue}"][data-state="{state}"]')
-        return str(el.text)
+        return self.text(f'[data-count][data-queue="{queue}"][data-state="{state}"]')
 
     def wait_count(self, queue: str, state: str, value: int) -> None:
         self.until(lambda d: self.count(queue, state) == str(value))
 
     def text(self, css: str) -> str:
-        return str(self.d.find_element(By.CSS_SELECTOR, css).text)
+        """The element's text (found again if the page replaced it meanwhile)."""
+        return str(self.until(lambda d: d.find_element(By.CSS_SELECTOR, css).text or None))
 
     def wait_text(self, css: str, fragment: str) -> None:
         self.until(lambda d: any(fragment in e.text for e in d.find_elements(By.CSS_SELECTOR, css)))
 
     def click(self, css: str) -> None:
-        self.d.find_element(By.CSS_SELECTOR, css).click()
+        self.until(lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True)
 
     def no_alert(self) -> bool:
         try:

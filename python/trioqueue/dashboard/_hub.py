@@ -123,6 +123,7 @@ class Hub:
         self.counts: dict[str, dict[str, int]] = {}
         self.paused: dict[str, bool] = {}
         self.throughput: dict[str, _Throughput] = {}
+        self.last_event: dict[str, float] = {}  # when the hub last got an event of each queue
         self.subscribers: set[Subscriber] = set()
         self._dirty: dict[str, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
@@ -189,13 +190,16 @@ class Hub:
             self.subscribers.discard(sub)
 
     def snapshot(self, queues: frozenset[str] | None = None) -> dict[str, Any]:
-        """What a browser gets first: counts, paused flags and throughput history."""
+        """What a browser gets first: counts, paused flags, throughput history, and when
+        each queue last had an event (a page rendered before that re-reads itself: it may
+        have missed an event that came before its stream was subscribed)."""
         names = sorted(n for n in self.queues if queues is None or n in queues)
         return {
             "now": time.time(),
             "counts": {n: self.counts.get(n, {}) for n in names},
             "paused": {n: self.paused.get(n, False) for n in names},
             "throughput": {n: self.throughput[n].snapshot() for n in names},
+            "last_event": {n: self.last_event.get(n, 0.0) for n in names},
         }
 
     def _broadcast(self, name: str, data: dict[str, Any]) -> None:
@@ -219,7 +223,7 @@ class Hub:
                 async for event in stream:
                     if event.name not in _FORWARDED:
                         continue
-                    now = time.time()
+                    now = self.last_event[name] = time.time()
                     if event.name in CHART_KINDS:
                         self.throughput[name].add(event.name, now)
                     if event.name in _COUNT_EVENTS or event.name in ("paused", "resumed"):

@@ -156,6 +156,12 @@
       KINDS.forEach(k => perSecond[k].clear());
       addHistory(msg.throughput);
       for (const q of Object.keys(msg.counts)) setCounts(q, msg.counts[q], msg.paused[q]);
+      // Events between this page's rendering and its subscription are not replayed:
+      // a live page re-reads itself if its queue had any.
+      if (main) {
+        const q = main.dataset.liveList !== undefined ? main.dataset.liveList : main.dataset.liveQueue;
+        if (q !== undefined && (msg.last_event[q] || 0) >= Number(main.dataset.rendered || 0)) scheduleRefresh();
+      }
       live && live.classList.replace("off", "on");
       draw();
     });
