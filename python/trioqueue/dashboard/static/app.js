@@ -51,6 +51,11 @@
   async function refresh() {
     refreshTimer = null;
     if (refreshing) { again = true; return; }
+    const typing = document.activeElement;
+    if (typing && main.contains(typing) && typing.tagName === "INPUT" && typing.value) {
+      refreshTimer = setTimeout(refresh, 2000);  // never wipe what the user is typing
+      return;
+    }
     refreshing = true;
     lastRefresh = Date.now();
     try {
