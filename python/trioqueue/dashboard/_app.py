@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import jinja2
 import trio
@@ -443,14 +444,10 @@ class DashboardApp:
 
 
 def _quote(text: str) -> str:
-    from urllib.parse import quote
-
     return quote(text, safe="/")
 
 
 def _without_notice(request: Request) -> str:
     """The request's path and query, less the notice of a previous action."""
-    from urllib.parse import urlencode
-
     query = {k: v for k, v in request.query.items() if k not in ("notice", "n", "status")}
     return request.path + ("?" + urlencode(query) if query else "")
