@@ -24,7 +24,7 @@ SMALL = 65536  # results/errors up to this size ride along in events
 QUEUE_KEY_NAMES = (
     "jobs",  # hash id -> state string (the registry)
     "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...)
-    "env",  # hash id -> envelope (kept until the job is forgotten: retry needs it)
+    "env",  # hash id -> envelope (until completed; a failed/cancelled job's until forgotten: retry)
     "results",  # hash id -> serialized result (completed, until expiry)
     "errors",  # hash id -> serialized error (failing/failed, until expiry)
     "progress",  # hash id -> last reported progress

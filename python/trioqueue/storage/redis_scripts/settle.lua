@@ -20,7 +20,7 @@ for i = 1, #ids, 1000 do
   for k = 1, #s do sts[#sts + 1] = s[k]; metas[#metas + 1] = m[k] end
 end
 local cur_st, cur_m = {}, {}  -- what this batch changed (an id twice in one batch)
-local w_meta, w_jobs, w_res, w_err, x_add, l_rem = {}, {}, {}, {}, {}, {}
+local w_meta, w_jobs, w_res, w_err, x_add, l_rem, env_del = {}, {}, {}, {}, {}, {}, {}
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
@@ -50,6 +50,7 @@ for j, id in ipairs(ids) do
         setst(id, 'completed:' .. now)
         ev('completed', id, W, small(data), nil, m.i)
         terminal(id, m, now, ttl)
+        redis.call('HDEL', ENV, id)
       elseif kind == 'f' then
         setst(id, 'failed:' .. now)
         ev('failed', id, W, nil, small(data), m.i)
@@ -72,6 +73,8 @@ for j, id in ipairs(ids) do
       put(w_jobs, id, st)
       put(x_add, now + ttl, id)
       l_rem[#l_rem + 1] = id
+      -- a completed job's envelope is not needed any more (a failed one's is: retry)
+      if kind == 'c' then env_del[#env_del + 1] = id end
       cur_st[id] = st
     else
       m.w = nil
@@ -96,6 +99,7 @@ for i = 1, #w_res, 1000 do redis.call('HSET', RESULTS, unpack(w_res, i, math.min
 for i = 1, #w_err, 1000 do redis.call('HSET', ERRORS, unpack(w_err, i, math.min(i + 999, #w_err))) end
 for i = 1, #x_add, 1000 do redis.call('ZADD', X, unpack(x_add, i, math.min(i + 999, #x_add))) end
 for i = 1, #l_rem, 1000 do redis.call('ZREM', L, unpack(l_rem, i, math.min(i + 999, #l_rem))) end
+for i = 1, #env_del, 1000 do redis.call('HDEL', ENV, unpack(env_del, i, math.min(i + 999, #env_del))) end
 -- a retry due now: wake a blocked claimer (the claim script drops this entry)
 if wake then redis.call('RPUSH', Q, '~') end
 flush()
