@@ -176,7 +176,7 @@ async def test_dashboard_in_a_real_browser(browser: WebDriver, storages: tuple[S
         await queue.enqueue_and_wait("xss", {"html": EVIL}, timeout=WAIT)
         with pytest.raises(JobFailedError):
             await queue.enqueue_and_wait("xss-error", {"fail": EVIL}, timeout=WAIT)
-        for job_id, css in (("xss", "#job-payload"), ("xss", "#job-result"), ("xss-error", "#job-error")):
+        for job_id, css in (("xss", "#job-result"), ("xss-error", "#job-payload"), ("xss-error", "#job-error")):
             await in_browser(lambda: page.open(f"/job?queue=web&id={job_id}"))
             assert EVIL in await in_browser(lambda: page.text(css))
             injected = await in_browser(
