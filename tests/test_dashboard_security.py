@@ -309,14 +309,24 @@ async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None
         # two browsers, one subscription to the queue's events in the dashboard
         hub_queue = open_dash.dashboard.hub.queues["jobs"]
         assert len(hub_queue._events.streams) == 1
-        await open_dash.queue.enqueue("live-1", {"n": 1})
+        await open_dash.queue.enqueue_many([(f"live-{i}", {"n": i}) for i in range(40)])
         for reader in readers:
             seen: dict[str, Any] = {}
+            completed: dict[str, None] = {}
+            kinds: dict[str, int] = {}
             with trio.fail_after(30):
-                while seen.get("completed", 0) < 1:
+                while seen.get("completed", 0) < 40 or len(completed) < 40:
                     name, data = await in_thread(reader.next)
+                    message = json.loads(data)
                     if name == "counts":
-                        seen = json.loads(data)["counts"]
+                        seen = message["counts"]
+                    elif name == "jobs":  # batches: every event counted, every id named
+                        assert message["queue"] == "jobs" and not message["more"]
+                        for kind, n in message["kinds"].items():
+                            kinds[kind] = kinds.get(kind, 0) + n
+                        completed.update(dict.fromkeys(message["ids"]))
+            assert kinds["enqueued"] == 40
+            assert sorted(completed) == sorted(f"live-{i}" for i in range(40))
     finally:
         for reader in readers:
             reader.close()

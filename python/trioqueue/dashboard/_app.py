@@ -405,8 +405,9 @@ class DashboardApp:
     # -- live updates ----------------------------------------------------------------------
 
     async def _events(self, request: Request, send: Send) -> None:
-        """Server-sent events: ``hello`` (a snapshot), then ``counts`` and ``job`` messages
-        from the hub's one subscription per queue; ``resync`` if this browser fell behind."""
+        """Server-sent events: ``hello`` (a snapshot), then ``counts`` and ``jobs`` (a batch
+        of job events) messages from the hub's one subscription per queue; ``resync`` if
+        this browser fell behind."""
         wanted = request.query.get("queue")
         queues = frozenset(wanted.split(",")) if wanted else None
         headers = [

@@ -5,7 +5,9 @@ For each queue the hub runs a producer-only :class:`~trioqueue.Queue` (no handle
 only subscribes and serves the admin calls), reads ``queue.events()``, keeps per-second
 throughput counters for the chart, re-reads the queue's counts (at most every
 ``counts_interval`` seconds, only after events) and sends small JSON messages to the
-subscribed browsers. A browser that falls behind loses messages and gets ``resync`` (it
+subscribed browsers: ``counts``, and ``jobs`` gathering the job events of up to
+``batch_interval`` seconds (kinds counted, up to 200 ids), so a busy queue costs each
+browser a few messages a second, not one per event. A browser that falls behind loses messages and gets ``resync`` (it
 reloads); memory stays bounded.
 """
 
@@ -77,6 +79,27 @@ class Subscriber:
         return self._items.popleft()
 
 
+class _Batch:
+    """Job events of one queue gathered for one ``jobs`` message."""
+
+    MAX_IDS = 200
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, int] = {}
+        self.ids: dict[str, None] = {}  # an ordered set
+        self.more = False  # ids were left out: pages interested in any job re-read
+        self.ready = trio.Event()
+
+    def add(self, kind: str, job_id: str | None) -> None:
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        if job_id:
+            if len(self.ids) < self.MAX_IDS:
+                self.ids[job_id] = None
+            else:
+                self.more = True
+        self.ready.set()
+
+
 class _Throughput:
     """Events per second over the last ``HISTORY_SECONDS``, per kind."""
 
@@ -114,11 +137,14 @@ class Hub:
         names: Sequence[str] | None = None,
         discover_interval: float = 5.0,
         counts_interval: float = 0.25,
+        batch_interval: float = 0.2,
     ) -> None:
         self.storage = storage
         self.fixed_names = list(names) if names else None
         self.discover_interval = discover_interval
         self.counts_interval = counts_interval
+        self.batch_interval = batch_interval
+        self._batches: dict[str, _Batch] = {}
         self.queues: dict[str, Queue[Any, Any]] = {}
         self.counts: dict[str, dict[str, int]] = {}
         self.paused: dict[str, bool] = {}
@@ -210,6 +236,7 @@ class Hub:
         queue: Queue[Any, Any] = Queue(self.storage, name=name, reaper=False)
         self.throughput[name] = _Throughput()
         self._dirty[name] = trio.Event()
+        self._batches[name] = _Batch()
         async with queue:
             async with queue.events(buffer=10_000) as stream, trio.open_nursery() as nursery:
                 self.queues[name] = queue
@@ -219,6 +246,7 @@ class Hub:
                     logger.warning("dashboard: reading the counts of %r failed", name, exc_info=True)
                     self._dirty[name].set()
                 nursery.start_soon(self._counts_loop, name)
+                nursery.start_soon(self._jobs_loop, name)
                 task_status.started()
                 async for event in stream:
                     if event.name not in _FORWARDED:
@@ -228,7 +256,19 @@ class Hub:
                         self.throughput[name].add(event.name, now)
                     if event.name in _COUNT_EVENTS or event.name in ("paused", "resumed"):
                         self._dirty[name].set()
-                    self._broadcast("job", {"queue": name, "kind": event.name, "job": event.job_id, "t": now})
+                    self._batches[name].add(event.name, event.job_id)
+
+    async def _jobs_loop(self, name: str) -> None:
+        """One ``jobs`` message per queue every ``batch_interval`` at most, whatever the
+        rate of events: what happened (kinds counted) and to which jobs."""
+        while True:
+            await self._batches[name].ready.wait()
+            await trio.sleep(self.batch_interval)
+            batch, self._batches[name] = self._batches[name], _Batch()
+            self._broadcast(
+                "jobs",
+                {"queue": name, "t": time.time(), "kinds": batch.kinds, "ids": list(batch.ids), "more": batch.more},
+            )
 
     async def _counts_loop(self, name: str) -> None:
         while True:

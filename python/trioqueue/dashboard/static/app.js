@@ -70,12 +70,15 @@
     if (again) { again = false; scheduleRefresh(); }
   }
 
-  function onJob(msg) {
+  function onJobs(msg) {
     const second = Math.floor(msg.t);
-    if (perSecond[msg.kind]) perSecond[msg.kind].set(second, (perSecond[msg.kind].get(second) || 0) + 1);
+    for (const k of KINDS) {
+      if (msg.kinds[k]) perSecond[k].set(second, (perSecond[k].get(second) || 0) + msg.kinds[k]);
+    }
     if (!main) return;
     if (main.dataset.liveJob !== undefined) {
-      if (main.dataset.liveQueue === msg.queue && (msg.job === main.dataset.liveJob || msg.kind === "resync")) scheduleRefresh();
+      const mine = msg.more || msg.kinds.resync || msg.ids.indexOf(main.dataset.liveJob) >= 0;
+      if (main.dataset.liveQueue === msg.queue && mine) scheduleRefresh();
     } else if (main.dataset.liveList !== undefined && main.dataset.liveList === msg.queue) {
       scheduleRefresh();
     }
@@ -171,7 +174,7 @@
       draw();
     });
     es.addEventListener("counts", ev => { const m = JSON.parse(ev.data); setCounts(m.queue, m.counts, m.paused); });
-    es.addEventListener("job", ev => onJob(JSON.parse(ev.data)));
+    es.addEventListener("jobs", ev => onJobs(JSON.parse(ev.data)));
     es.addEventListener("resync", () => location.reload());
   }
 
