@@ -408,8 +408,8 @@ class DashboardApp:
         """Server-sent events: ``hello`` (a snapshot), then ``counts`` and ``jobs`` (a batch
         of job events) messages from the hub's one subscription per queue; ``resync`` if
         this browser fell behind."""
-        wanted = request.query.get("queue")
-        queues = frozenset(wanted.split(",")) if wanted else None
+        wanted = request.query.get("queue")  # one queue's pages; all queues without it
+        queues = frozenset([wanted]) if wanted else None
         headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-store"),
