@@ -100,8 +100,10 @@ def _parser() -> _Parser:
 
     add_bench(sub, _positive_int)
     from ._admin_cli import add_admin_commands
+    from ._dashboard_cli import add_dashboard_command
 
     add_admin_commands(sub, _Parser)
+    add_dashboard_command(sub, _Parser)
     return parser
 
 
@@ -163,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging(args.log_level, args.log_format)
         return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
+    if args.command == "dashboard":
+        from ._dashboard_cli import dashboard_command
+
+        return dashboard_command(args, parser)
     from ._admin_cli import ADMIN_COMMANDS, admin_command
 
     if args.command in ADMIN_COMMANDS:

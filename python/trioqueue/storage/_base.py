@@ -304,6 +304,14 @@ class Storage(abc.ABC):
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         """The registry entry of a job, with its result/error if terminal and cached."""
 
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        """The envelope the job was enqueued with (its payload: ``decode_envelope``), or
+        ``None`` if the id is unknown, expired, or its envelope is no longer kept (Redis
+        drops a completed job's envelope; every backend keeps it while the job may still
+        run, and for a failed or cancelled job, which can be retried). For inspection
+        (the dashboard's job page); never on a hot path."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_envelope (job payloads)")
+
     @abc.abstractmethod
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         """Set the TTL (from now) of a terminal job's result or error, and of its registry

@@ -52,6 +52,7 @@ SCRIPT_NAMES = (
     "start",
     "cancel",
     "get_job",
+    "get_envelope",
     "update_ttl",
     "heartbeat",
     "unregister",

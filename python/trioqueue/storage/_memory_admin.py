@@ -144,3 +144,11 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint()
         with self._lock:
             return sorted(self._queues)
+
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            rec = q.jobs.get(job_id)
+            return None if rec is None else bytes(rec.envelope)

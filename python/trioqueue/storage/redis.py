@@ -316,6 +316,11 @@ class RedisStorage(RedisAdmin, Storage):
             progress,
         )
 
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        r = await self._run("get_envelope", queue, [job_id])
+        return None if r is None else bytes(r)
+
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
         return UpdateTTLStatus(_text(await self._run("update_ttl", queue, [job_id, str(_ms(ttl))])))

@@ -182,3 +182,15 @@ class Admin(FileCore):
             return sorted(names)
 
         return await trio.to_thread.run_sync(scan)
+
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        enc = encode_name(job_id)
+        try:
+            r = read_rec(os.path.join(q.jobs, enc), enc)
+        except CorruptRecord:
+            return None
+        if r is None or (r.exp is not None and r.exp <= time.time()):
+            return None
+        return bytes(r.envelope)
