@@ -12,7 +12,6 @@ validation and the exceptions are exactly those of :class:`~trioqueue.Queue`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from concurrent.futures import Future, InvalidStateError
@@ -293,6 +292,8 @@ class AsyncioProducer(Generic[P, R]):
 
     async def open(self) -> None:
         """Start the background thread and open the storage (``async with`` does it)."""
+        import asyncio  # here, not at the top: importing trioqueue must not load asyncio
+
         try:
             await asyncio.wrap_future(self._bridge.start())
         except BaseException:
@@ -302,10 +303,14 @@ class AsyncioProducer(Generic[P, R]):
 
     async def aclose(self) -> None:
         """Close the storage and stop the background thread (idempotent)."""
+        import asyncio
+
         await asyncio.wrap_future(self._bridge.close())
         await asyncio.to_thread(self._bridge.join)
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        import asyncio
+
         return await asyncio.wrap_future(self._bridge.submit(method, *args, **kwargs))
 
     async def enqueue(self, job_id: str, payload: P, **options: Unpack[EnqueueOptions]) -> EnqueueResult:
