@@ -28,7 +28,10 @@ from ._errors import (
     ValidationError,
 )
 from ._models import (
+    DEFAULT_PRIORITY,
     EVENT_NAMES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     CancelResult,
     CancelStatus,
     EnqueueResult,
@@ -54,7 +57,10 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "EVENT_NAMES",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "CancelResult",
     "CancelStatus",
     "EnqueueResult",

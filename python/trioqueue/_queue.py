@@ -31,6 +31,7 @@ from ._admin import JobNotFinishedError, QueueAdmin
 from ._waiters import Waiter, terminal_from_record
 from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
 from ._models import (
+    DEFAULT_PRIORITY,
     EnqueueResult,
     EnqueueStatus,
     ExecutionContext,
@@ -368,9 +369,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> NewJob:
         jid = check.job_id(job_id)
         run_at = check.run_at(delay, at, job=jid)
+        prio = check.priority(priority, job=jid)
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
         options = JobOptions.build(jid, retry_delay, job_timeout)
@@ -378,7 +381,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
-        return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}", run_at)
+        return NewJob(jid, envelope, attempts, ttl, f"{self._token_prefix}{next(self._token_seq):x}", run_at, prio)
 
     def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
         status = outcome.status
@@ -400,6 +403,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> EnqueueResult:
         """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
         queued/processing/failing/delayed, or failed and still cached) or ``completed``
@@ -407,8 +411,10 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay) and
         ``job_timeout``, each overriding the queue's. ``delay`` (seconds from now) or ``at``
         (a timezone-aware ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until
-        then. Raises :class:`ValidationError` (writing nothing) on bad input."""
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+        then. ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first,
+        FIFO within a priority; the job keeps it through retries and recoveries. Raises
+        :class:`ValidationError` (writing nothing) on bad input."""
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, priority)
         self._check_running()
         [outcome] = await self.storage.enqueue(self.name, [new])
         return self._enqueue_result(new.id, outcome)
@@ -423,12 +429,13 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> list[EnqueueResult]:
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
         order), with the options of :meth:`enqueue` for all of them. Everything is
         validated first: one bad job means nothing is written."""
         new = [
-            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, priority)
             for jid, payload in jobs
         ]
         self._check_running()
@@ -450,6 +457,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> R:
         """Enqueue (or join an in-flight job with the same id) and return its result.
 
@@ -463,7 +471,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         cancels the wait, not the job.
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at)
+        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, priority)
         self._check_running()
         jid = new.id
         waiter = Waiter()
