@@ -1,6 +1,6 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
-The tests are the ones of tests/test_storage.py, imported here; this module's ``storage``
+The tests are the ones of tests/test_storage.py and tests/test_priorities.py, imported here; this module's ``storage``
 fixture overrides the parametrised one so they run once, on the cluster.
 """
 
@@ -13,6 +13,7 @@ import pytest
 
 
 from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
+from test_priorities import *  # noqa: E402,F403 - and those of job priorities
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

@@ -482,7 +482,8 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
 
     declared = {
         "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "X", "WK", "PROCS",
-        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "P", "KEYS[1]", "KEYS[19]",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "P", "KEYS[1]", "KEYS[28]",
+        "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[19..27] and Q
     }  # fmt: skip
     keyless = {"TIME", "PUBLISH"}
     for name in _lua.SCRIPT_NAMES:

@@ -20,7 +20,7 @@ __all__ = ["QUEUE_KEY_NAMES", "SCRIPT_NAMES", "SMALL", "queue_keys", "source"]
 
 SMALL = 65536  # results/errors up to this size ride along in events
 
-# KEYS[1..18] of every queue script, as suffixes of ``{prefix:queue}``.
+# KEYS[1..27] of every queue script, as suffixes of ``{prefix:queue}``.
 QUEUE_KEY_NAMES = (
     "jobs",  # hash id -> state string (the registry)
     "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...)
@@ -40,6 +40,8 @@ QUEUE_KEY_NAMES = (
     "schedules",  # hash name -> schedule spec
     "schedule_ticks",  # hash name -> last tick (seconds since the epoch)
     "events",  # pub/sub channel of the queue's events
+    # the ready lists of the other priorities (``queue`` is the default priority's, 5)
+    *(f"queue:{p}" for p in (0, 1, 2, 3, 4, 6, 7, 8, 9)),
 )
 
 SCRIPT_NAMES = (
@@ -70,7 +72,7 @@ _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
 def queue_keys(base: str) -> list[str]:
-    """KEYS[1..18] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
+    """KEYS[1..27] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
     return [f"{base}:{name}" for name in QUEUE_KEY_NAMES]
 
 

@@ -1,4 +1,4 @@
--- KEYS[19..]: the processing lists of the workers named in ARGV (the members of PROCS
+-- KEYS[28..]: the processing lists of the workers named in ARGV (the members of PROCS
 -- and WK the caller read just before). Recovers expired leases and the jobs of dead
 -- workers, promotes due jobs, removes dead workers that hold nothing.
 -- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false}.
@@ -8,7 +8,7 @@
 local now = now_ms()
 local rec = {}
 local lists = {}
-for i = 1, #ARGV do lists[ARGV[i]] = KEYS[18 + i] end
+for i = 1, #ARGV do lists[ARGV[i]] = KEYS[27 + i] end
 promote(now)
 local function recover(id, m, W)
   redis.call('ZREM', L, id)
@@ -23,7 +23,9 @@ local function recover(id, m, W)
     m.s = 0
     setm(id, m)
     redis.call('HSET', JOBS, id, 'queued:' .. now)
-    redis.call('RPUSH', Q, m.k .. ':' .. id)
+    local LANE = lane_of(m)
+    redis.call('RPUSH', LANE, m.k .. ':' .. id)
+    pushed_to(m)
     ev('requeued', id, W, nil, nil, m.i)
     rec[#rec + 1] = {id, 'requeued'}
   else
@@ -68,11 +70,15 @@ for W, P in pairs(lists) do
         local m = st and getm(id) or nil
         if m and tostring(m.k) == tok then
           if starts(st, 'processing:') and m.w == W then recover(id, m, W)
-          elseif starts(st, 'queued:') then back[#back + 1] = e end
+          elseif starts(st, 'queued:') then back[#back + 1] = {e, m} end
         end
       end
     end
-    for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+    for i = #back, 1, -1 do
+      local LANE = lane_of(back[i][2])
+      redis.call('LPUSH', LANE, back[i][1])
+      pushed_to(back[i][2])
+    end
     -- a dead worker holding nothing leaves the registry
     if alive then redis.call('ZREM', WK, W) end
   elseif redis.call('LLEN', P) > 0 then

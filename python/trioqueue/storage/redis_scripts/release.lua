@@ -1,11 +1,11 @@
--- KEYS[19]: the worker's processing list. ARGV: worker, ids...
+-- KEYS[28]: the worker's processing list. ARGV: worker, ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
 -- claim's attempt stays counted: attempts never go down; a job with a cancel request
 -- ends cancelled instead).
 -- Returns how many went back.
 --@include _prelude
 --@include _cancel
-local P = KEYS[19]
+local P = KEYS[28]
 local W = ARGV[1]
 local now = now_ms()
 local byid = {}
@@ -40,17 +40,22 @@ for i = 2, #ARGV do
             m.l = nil
             setm(id, m)
             redis.call('HSET', JOBS, id, 'queued:' .. now)
-            back[#back + 1] = e
+            back[#back + 1] = {e, m}
             ev('requeued', id, W, nil, nil, m.i)
           end
         elseif starts(st, 'queued:') then
-          back[#back + 1] = e  -- moved by a blocking claim, never claimed
+          back[#back + 1] = {e, m}  -- moved by a blocking claim, never claimed
         end
         st = nil
       end
     end
   end
 end
-for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+-- to the front of each job's own lane, in the order given
+for i = #back, 1, -1 do
+  local LANE = lane_of(back[i][2])
+  redis.call('LPUSH', LANE, back[i][1])
+  pushed_to(back[i][2])
+end
 flush()
 return #back

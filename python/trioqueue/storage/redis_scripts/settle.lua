@@ -1,4 +1,4 @@
--- KEYS[19]: the worker's processing list.
+-- KEYS[28]: the worker's processing list.
 -- ARGV: worker, call token, then (id, data, '<kind c|f|r|x>:<ttl_ms>:<delay_ms>', claim
 -- token) per settlement. Returns a list of 1 (settled, or already settled by this claim)
 -- / 0 (fenced: the claim is not the job's current one in this worker's list).
@@ -6,7 +6,7 @@
 -- batch; only the processing-list removal is per job.
 --@include _prelude
 --@include _cancel
-local P = KEYS[19]
+local P = KEYS[28]
 local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
 local out = {}

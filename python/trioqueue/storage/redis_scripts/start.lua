@@ -1,8 +1,8 @@
--- KEYS[19]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
+-- KEYS[28]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
 -- Counts the attempts of reserved claims about to run. Returns 1/0 per pair.
 --@include _prelude
 --@include _cancel
-local P = KEYS[19]
+local P = KEYS[28]
 local W = ARGV[1]
 local now = now_ms()
 local out = {}
