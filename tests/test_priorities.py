@@ -173,3 +173,29 @@ async def test_queue_runs_jobs_by_priority() -> None:
                     await all_ran.wait()
     assert ran == ["urgent", "mid", "normal", "low-1", "low-2"]
     assert results == ["ok"]
+
+
+# -- FileStorage: lanes on disk --------------------------------------------------------------
+
+
+async def test_file_storage_keeps_priorities_across_a_reopen_and_a_repair(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from trioqueue.storage import FileStorage
+    from trioqueue.storage._fsutil import encode_name
+
+    async with FileStorage(tmp_path / "s") as st:
+        await st.enqueue("q", [pjob("a5", 5), pjob("b9", 9), pjob("c0", 0), pjob("d0", 0), pjob("e9", 9)])
+        [c] = await st.dequeue("q", W1, 1, 0.05, LEASE)
+        assert c.id == "c0"
+        assert await st.release("q", W1, ["c0"]) == 1
+    [qdir] = list((tmp_path / "s" / "q").iterdir())
+    lane0 = qdir / "ready" / "p0"
+    # A crash between a record's write and its marker's link: the marker of d0 is missing.
+    [d0] = [n for n in os.listdir(lane0) if n.endswith("-" + encode_name("d0"))]
+    os.unlink(lane0 / d0)
+    async with FileStorage(tmp_path / "s") as st:  # reopened: start-up repair relinks it
+        order = [c.id for c in await st.dequeue("q", W2, 10, 0.05, LEASE)]
+        rec = await st.get_job("q", "e9")
+        assert rec is not None and rec.priority == 9
+    assert order == ["c0", "d0", "a5", "b9", "e9"]
