@@ -108,6 +108,25 @@ async def test_blocking_claim_wakes_for_any_priority(storage: Storage, queue_nam
     assert await ids(storage, queue_name) == ["next"]
 
 
+async def test_a_waking_claim_takes_the_most_urgent_job(storage: Storage, queue_name: str) -> None:
+    """Redis: the blocking move takes the default-priority job, which must yield to the
+    urgent one enqueued in the same call (and keep its place at the head of its lane)."""
+    got: list[Claim] = []
+
+    async def consumer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        got.extend(await storage.dequeue(queue_name, W1, 1, 30.0, LEASE))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            await storage.enqueue(queue_name, [pjob("normal", 5), pjob("later", 5), pjob("urgent", 0)])
+    assert [c.id for c in got] == ["urgent"]
+    assert await ids(storage, queue_name) == ["normal", "later"]
+    assert await storage.held_jobs(queue_name, W1) == ["urgent"]
+
+
 async def test_blocking_claims_wake_for_a_burst_of_urgent_jobs(storage: Storage, queue_name: str) -> None:
     got: list[str] = []
 

@@ -53,15 +53,17 @@ local function try(entry)
   out[#out + 1] = {id, redis.call('HGET', ENV, id), started and m.a or m.a + 1, m.l, started and 1 or 0}
   return 'claim'
 end
+yield = (RECONCILE == '1' or MOVED ~= '') and urgent()
+local fronts = {}  -- moved entries yielding to urgent lanes, in the order they left Q
 if RECONCILE == '1' then
   for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
     if #out >= MX then break end
     local r = try(e)
-    if r == 'stale' or r == 'back' then redis.call('LREM', P, 1, e) end
+    if r == 'stale' or r == 'back' or r == 'front' then redis.call('LREM', P, 1, e) end
     if r == 'back' then back[#back + 1] = e end
+    if r == 'front' then fronts[#fronts + 1] = e end
   end
 end
-yield = MOVED ~= '' and urgent()
 if MOVED == '*' and #out < MX then
   -- pipelined behind a blocking move: what it moved, if anything, is P's last entry
   local last = redis.call('LINDEX', P, -1)
@@ -69,7 +71,7 @@ if MOVED == '*' and #out < MX then
     local r = try(last)
     if r == 'stale' or r == 'back' or r == 'front' then redis.call('LREM', P, -1, last) end
     if r == 'back' then back[#back + 1] = last end
-    if r == 'front' then redis.call('LPUSH', Q, last) end
+    if r == 'front' then fronts[#fronts + 1] = last end
   end
 elseif MOVED ~= '' and #out < MX then
   -- moved into P by the blocking client; claim it only if it is still there
@@ -77,9 +79,10 @@ elseif MOVED ~= '' and #out < MX then
     local r = try(MOVED)
     if r == 'stale' or r == 'back' or r == 'front' then redis.call('LREM', P, -1, MOVED) end
     if r == 'back' then back[#back + 1] = MOVED end
-    if r == 'front' then redis.call('LPUSH', Q, MOVED) end
+    if r == 'front' then fronts[#fronts + 1] = MOVED end
   end
 end
+for i = #fronts, 1, -1 do redis.call('LPUSH', Q, fronts[i]) end
 yield = false
 -- The ready list, lane by lane (priority 0 first), in batches: one HMGET per hash for the
 -- popped entries and one write per hash for the claims (a redis.call per job and hash
