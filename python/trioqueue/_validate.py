@@ -64,10 +64,11 @@ def positive_int(name: str, value: Any, *, job: str | None = None) -> int:
 def priority(value: Any, *, job: str | None = None) -> int:
     """A job priority: an int in ``MIN_PRIORITY..MAX_PRIORITY`` (0..9)."""
     where = f" (job {job!r})" if job is not None else ""
+    span = f"from {MIN_PRIORITY} to {MAX_PRIORITY}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"priority must be an int from {MIN_PRIORITY} to {MAX_PRIORITY}, got {type(value).__name__}{where}")
+        raise ValidationError(f"priority must be an int {span}, got {type(value).__name__}{where}")
     if not MIN_PRIORITY <= value <= MAX_PRIORITY:
-        raise ValidationError(f"priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value}{where}")
+        raise ValidationError(f"priority must be {span}, got {value}{where}")
     return value
 
 

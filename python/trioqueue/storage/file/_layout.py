@@ -231,7 +231,9 @@ class _Q:
         self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # The ready list's lanes by priority (0 first): ``ready/`` for the default, else
         # ``ready/p<n>/``; each is FIFO by marker number.
-        self.lanes = [self.ready if p == DEFAULT_PRIORITY else os.path.join(self.ready, f"p{p}") for p in range(MAX_PRIORITY + 1)]
+        self.lanes = [
+            self.ready if p == DEFAULT_PRIORITY else os.path.join(self.ready, f"p{p}") for p in range(MAX_PRIORITY + 1)
+        ]
         made = False
         for lane in self.lanes:
             if lane != self.ready and not os.path.isdir(lane):
