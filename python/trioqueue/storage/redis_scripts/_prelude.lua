@@ -17,10 +17,13 @@ local function lane_of(m) return LANES[(m.p or DEFAULT_PRIORITY) + 1] end
 -- as stale entries by claims. Jobs of the default priority never cost a marker.
 local WAKE = 0
 local function pushed_to(m) if (m.p or DEFAULT_PRIORITY) ~= DEFAULT_PRIORITY then WAKE = WAKE + 1 end end
-local function ready_len()
-  local n = 0
-  for p = 1, #LANES do n = n + redis.call('LLEN', LANES[p]) end
-  return n
+-- whether any lane holds entries (Q first: the common case costs one call)
+local function ready_any()
+  if redis.call('LLEN', Q) > 0 then return 1 end
+  for p = 1, #LANES do
+    if redis.call('LLEN', LANES[p]) > 0 then return 1 end
+  end
+  return 0
 end
 local SMALL = 65536
 local function now_ms()

@@ -4,7 +4,7 @@
 -- entries of the worker's list that a blocking move put there but no claim followed),
 -- start (the first `start` claims count their attempt; the rest are reserved).
 -- Returns {{{id, envelope, attempts, claim token, started}...}, next due ms or false,
--- ready-list length, false or the control stream's last id when claiming is paused}.
+-- 1 if a ready list still holds entries (else 0), false or the control stream's last id when claiming is paused}.
 --@include _prelude
 --@include _promote
 local P = KEYS[28]
@@ -160,4 +160,4 @@ if paused then
   local last = redis.call('XREVRANGE', CTL, '+', '-', 'COUNT', 1)
   ctl = last[1] and last[1][1] or '0-0'
 end
-return {out, next_due(), ready_len(), ctl}
+return {out, next_due(), ready_any(), ctl}
