@@ -35,6 +35,7 @@ from trioqueue.storage import NewJob  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
 
 ENVELOPE = b"\x01" + b"x" * 63  # a typical small envelope (opaque to the storage)
+MIXED = True  # --default-priority-only: every job at priority 5 (a control for (b))
 BATCH = 20_000  # jobs per enqueue call when building queues (the storage splits it)
 CONSUMERS = 4
 CLAIM = 100  # jobs per claim call
@@ -43,7 +44,8 @@ _ids = count()
 
 def _jobs(n: int, *, run_at: float | None = None, mixed: bool = False) -> list[NewJob]:
     return [
-        NewJob(f"j{next(_ids)}", ENVELOPE, 3, 600.0, "t", run_at, (i * 7) % 10 if mixed else 5) for i in range(n)
+        NewJob(f"j{next(_ids)}", ENVELOPE, 3, 600.0, "t", run_at, (i * 7) % 10 if mixed and MIXED else 5)
+        for i in range(n)
     ]
 
 
@@ -143,7 +145,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--depths", default="1000,100000,1000000")
     ap.add_argument("--out", default=str(HERE / "results" / "scheduling.md"))
+    ap.add_argument("--default-priority-only", action="store_true", help="(b) with every job at priority 5")
     args = ap.parse_args()
+    global MIXED
+    MIXED = not args.default_priority_only
     depths = [int(x) for x in args.depths.split(",")]
     server_bin = valkey_server_binary()
     if server_bin is None:
@@ -172,7 +177,7 @@ def main() -> None:
         "",
         "Each claim promotes up to 1,000 due jobs (one script call) before claiming.",
         "",
-        "## (b) Claims with priorities at depth (mixed priorities 0..9)",
+        f"## (b) Claims at depth ({'mixed priorities 0..9' if MIXED else 'every job at the default priority'})",
         "",
         "| queued jobs | built in (s) | single-job claim, median (ms) | vs 1k | 100-job claims (jobs/s) | vs 1k |",
         "|---:|---:|---:|---:|---:|---:|",
