@@ -482,8 +482,9 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
 
     declared = {
         "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "X", "WK", "PROCS",
-        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "STATES", "P", "KEYS[1]", "KEYS[20]",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "STATES", "P", "KEYS[1]", "KEYS[29]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
+        "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q
     }  # fmt: skip
     keyless = {"TIME", "PUBLISH"}
     for name in _lua.SCRIPT_NAMES:

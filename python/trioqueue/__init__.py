@@ -29,7 +29,10 @@ from ._errors import (
 )
 from ._flow import RateLimit, RateLimited
 from ._models import (
+    DEFAULT_PRIORITY,
     EVENT_NAMES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     CancelResult,
     CancelStatus,
     EnqueueResult,
@@ -57,8 +60,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "EVENT_NAMES",
     "AsyncioProducer",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "CancelResult",
     "CancelStatus",
     "EnqueueResult",

@@ -189,6 +189,7 @@ class QueueAdmin(Generic[P]):
             updated_at=ms / 1000,
             run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
             progress=None if record.progress is None else self._load_result(jid, record.progress),
+            priority=record.priority,
         )
 
     async def counts(self) -> dict[JobState, int]:

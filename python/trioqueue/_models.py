@@ -76,6 +76,12 @@ class CancelResult:
     status: CancelStatus
 
 
+# Job priorities: a fixed range, lower runs first; jobs of one priority run in FIFO order.
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
+DEFAULT_PRIORITY = 5
+
+
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     """A registry look-up: the job's state and, once terminal, its result or error."""
@@ -90,6 +96,7 @@ class JobStatus:
     updated_at: float = 0.0  # when the job entered ``state`` (seconds since the epoch)
     run_at: float | None = None  # a delayed job: when it is due (seconds since the epoch)
     progress: Any = None  # the last value the handler gave ``Job.report_progress``
+    priority: int = DEFAULT_PRIORITY  # 0 (first) .. 9 (last)
 
 
 class JobPage(NamedTuple):

@@ -33,6 +33,7 @@ from ._admin import JobNotFinishedError, QueueAdmin
 from ._waiters import Waiter, terminal_from_record
 from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
 from ._models import (
+    DEFAULT_PRIORITY,
     EnqueueResult,
     EnqueueStatus,
     ExecutionContext,
@@ -402,9 +403,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         delay: float | None = None,
         at: datetime | float | None = None,
         trace: dict[str, str] | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> NewJob:
         jid = check.job_id(job_id)
         run_at = check.run_at(delay, at, job=jid)
+        prio = check.priority(priority, job=jid)
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
         options = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
@@ -412,7 +415,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
-        return NewJob(jid, envelope, attempts, ttl, self._new_token(), run_at)
+        return NewJob(jid, envelope, attempts, ttl, self._new_token(), run_at, prio)
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"
@@ -442,6 +445,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> EnqueueResult:
         """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
         queued/processing/failing/delayed, or failed and still cached) or ``completed``
@@ -449,9 +453,13 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay) and
         ``job_timeout``, each overriding the queue's. ``delay`` (seconds from now) or ``at``
         (a timezone-aware ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until
-        then. Raises :class:`ValidationError` (writing nothing) on bad input."""
+        then. ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first,
+        FIFO within a priority; the job keeps it through retries and recoveries. Raises
+        :class:`ValidationError` (writing nothing) on bad input."""
         trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace)
+        new = self._new_job(
+            job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority
+        )
         self._check_running()
         [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
         return self._enqueue_result(new.id, outcome)
@@ -466,13 +474,14 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> list[EnqueueResult]:
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
         order), with the options of :meth:`enqueue` for all of them. Everything is
         validated first: one bad job means nothing is written."""
         trace = _tracing.current_context() if _tracing.ENABLED else None
         new = [
-            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace)
+            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority)
             for jid, payload in jobs
         ]
         self._check_running()
@@ -494,6 +503,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         delay: float | None = None,
         at: datetime | float | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> R:
         """Enqueue (or join an in-flight job with the same id) and return its result.
 
@@ -508,7 +518,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
         trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self._new_job(job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace)
+        new = self._new_job(
+            job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority
+        )
         self._check_running()
         jid = new.id
         waiter = Waiter()

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from ._errors import ValidationError
+from ._models import MAX_PRIORITY, MIN_PRIORITY
 
 MAX_ID_BYTES = 1024
 
@@ -57,6 +58,17 @@ def positive_int(name: str, value: Any, *, job: str | None = None) -> int:
         raise ValidationError(f"{name} must be >= 1, got {value}{where}")
     if value > 2**31:
         raise ValidationError(f"{name} is too large: {value}{where}")
+    return value
+
+
+def priority(value: Any, *, job: str | None = None) -> int:
+    """A job priority: an int in ``MIN_PRIORITY..MAX_PRIORITY`` (0..9)."""
+    where = f" (job {job!r})" if job is not None else ""
+    span = f"from {MIN_PRIORITY} to {MAX_PRIORITY}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"priority must be an int {span}, got {type(value).__name__}{where}")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValidationError(f"priority must be {span}, got {value}{where}")
     return value
 
 

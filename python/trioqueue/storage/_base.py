@@ -2,7 +2,10 @@
 
 A backend stores, for each *queue name*, the reliable-queue structures:
 
-- a FIFO **ready list** of job envelopes (opaque ``bytes`` made by the Rust codec);
+- a **ready list** of job envelopes (opaque ``bytes`` made by the Rust codec), in lanes by
+  priority (0..9, lower first; :data:`~trioqueue.DEFAULT_PRIORITY` 5): claims take from
+  the first non-empty lane, FIFO within a lane, and every way back to the ready list
+  (retry, release, recovery, promotion) returns a job to its own lane;
 - a **processing list per worker**: a claim atomically moves a job from the ready list
   into the claiming worker's list, sets its state to ``processing``, gives it a **lease**
   (a deadline) and a **claim token** (unique per claim); the worker settles it (complete /
@@ -43,7 +46,7 @@ from typing import Self
 
 import trio
 
-from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from .._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 
 __all__ = [
     "Claim",
@@ -89,7 +92,9 @@ def check_state_kind(state: str, *, terminal: bool = False) -> None:
 class NewJob(NamedTuple):
     """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
     ``token`` names this incarnation of the id (unique; made by the producer); ``run_at``
-    (seconds since the epoch) delays the job until then (``None`` or past: ready now)."""
+    (seconds since the epoch) delays the job until then (``None`` or past: ready now).
+    ``priority`` (0..9, lower first) picks the job's lane of the ready list; the job keeps
+    it for life (retries, releases, recoveries and promotions return it to that lane)."""
 
     id: str
     envelope: bytes
@@ -97,6 +102,7 @@ class NewJob(NamedTuple):
     result_ttl: float  # seconds the result/error (and the dedup entry) is kept once terminal
     token: str = ""
     run_at: float | None = None
+    priority: int = DEFAULT_PRIORITY
 
 
 class EnqueueOutcome(NamedTuple):
@@ -192,6 +198,7 @@ class JobRecord:
     error: bytes | None = None
     token: str | None = None  # the incarnation token
     progress: bytes | None = None  # the last progress reported by the handler (serialized)
+    priority: int = DEFAULT_PRIORITY
 
 
 class StorageEvent(NamedTuple):
@@ -332,8 +339,9 @@ class Storage(abc.ABC):
         start: int | None = None,
         limits: ClaimLimits | None = None,
     ) -> list[Claim]:
-        """Claim up to ``max_jobs`` jobs in FIFO order, waiting up to ``timeout`` seconds for
-        the first one; return ``[]`` on timeout.
+        """Claim up to ``max_jobs`` jobs in priority order (FIFO within a priority), waiting
+        up to ``timeout`` seconds for the first one (a job of any priority wakes the wait at
+        once); return ``[]`` on timeout.
 
         Each claim atomically moves the job from the ready list to ``worker_id``'s
         processing list, sets its state to ``processing:<now>:<worker_id>``, its lease
@@ -375,7 +383,7 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
         """Give claimed-but-unfinished jobs back: move each from the worker's processing
-        list to the *front* of the ready list, state ``queued``. Attempts never go down: a
+        list to the *front* of the ready list (of its priority's lane), state ``queued``. Attempts never go down: a
         started claim's attempt stays counted (its handler may have run in part), a
         reserved claim's was never counted. Returns how many were released. Used at
         shutdown and when reconciling after a cancelled claim."""

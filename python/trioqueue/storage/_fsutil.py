@@ -18,6 +18,8 @@ from collections import OrderedDict
 
 import trio
 
+from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+
 __all__ = [
     "Inotify",
     "Rec",
@@ -89,6 +91,7 @@ class Rec:
         "started",
         "progress",
         "cancel_requested",
+        "priority",
     )
 
     def __init__(
@@ -128,6 +131,7 @@ class Rec:
         self.started = False  # the current claim's attempt is counted
         self.progress: bytes | None = None
         self.cancel_requested = False
+        self.priority = DEFAULT_PRIORITY  # the job's lane of the ready list
 
 
 def _extras(r: Rec) -> dict[str, object]:
@@ -145,6 +149,8 @@ def _extras(r: Rec) -> dict[str, object]:
         x["p"] = base64.b64encode(r.progress).decode("ascii")
     if r.cancel_requested:
         x["x"] = 1
+    if r.priority != DEFAULT_PRIORITY:
+        x["pr"] = r.priority
     return x
 
 
@@ -159,6 +165,9 @@ def _set_extras(r: Rec, x: object) -> None:
     p = x.get("p")
     r.progress = None if p is None else base64.b64decode(p)
     r.cancel_requested = bool(x.get("x", 0))
+    r.priority = int(x.get("pr", DEFAULT_PRIORITY))
+    if not MIN_PRIORITY <= r.priority <= MAX_PRIORITY:
+        raise CorruptRecord(f"bad priority {r.priority!r}")
 
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode

@@ -98,10 +98,9 @@ class MemoryAdmin:
                 # A new envelope object: a stale copy of the old one may still sit in the
                 # ready list (a cancelled job), and claims match records by identity.
                 env = bytes(memoryview(old.envelope))
-                rec = q.jobs[job_id] = _Rec(
-                    NewJob(job_id, env, old.max_attempts, old.result_ttl, token), int(now * 1000), q.index
-                )
-                q.ready.push_many([rec.envelope])
+                again = NewJob(job_id, env, old.max_attempts, old.result_ttl, token, None, old.priority)
+                rec = q.jobs[job_id] = _Rec(again, int(now * 1000), q.index)
+                q.ready.push([rec])  # its own priority's lane
                 self._publish(q, [StorageEvent("enqueued", job_id, token=token)])
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()

@@ -93,7 +93,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
         heap = q.delayed
-        due: list[bytes] = []
+        due: list[_Rec] = []
         while heap and heap[0][0] <= now:
             run_at, _, rec = heapq.heappop(heap)
             if rec.kind in (_FAILING, _DELAYED) and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
@@ -101,10 +101,9 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 rec.kind = _QUEUED
                 rec.ts_ms = int(now * 1000)
                 rec.run_at = math.inf
-                due.append(rec.envelope)
+                due.append(rec)
                 events.append(StorageEvent(kind, rec.id, token=rec.token))
-        if due:
-            q.ready.push_many(due)  # batch calls: where the Rust queue beats a deque
+        q.ready.push(due)
 
     def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
         if events:
@@ -123,7 +122,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         now_ms = int(now * 1000)
         outcomes: list[EnqueueOutcome] = []
         events: list[StorageEvent] = []
-        envelopes: list[bytes] = []
+        envelopes: list[_Rec] = []
         delayed = False
         with self._lock:
             q = self._q(queue)
@@ -141,15 +140,14 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                         heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
                         delayed = True
                     else:
-                        envelopes.append(job.envelope)
+                        envelopes.append(rec)
                     outcomes.append(_QUEUED_OUTCOME)
                     events.append(StorageEvent("enqueued", job.id, token=job.token))
                 elif rec.kind == _COMPLETED and rec.result is not None:
                     outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
                 else:
                     outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
-            if envelopes:
-                q.ready.push_many(envelopes)
+            q.ready.push(envelopes)
             if envelopes or delayed:
                 self._publish(q, events)
                 self._wake(q)  # claimers take the new jobs, or recompute their wake-up
@@ -201,6 +199,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 rec.error,
                 rec.token,
                 rec.progress,
+                rec.priority,
             )
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
@@ -241,13 +240,9 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             proc = q.processing[worker_id] = {}
         table = q.jobs
         while len(claims) < max_jobs:
-            want = max_jobs - len(claims)
-            if q.front:
-                envelopes = [q.front.popleft() for _ in range(min(want, len(q.front)))]
-            else:
-                envelopes = q.ready.pop_many(want)
-                if not envelopes:
-                    break
+            envelopes = q.ready.pop(max_jobs - len(claims))
+            if not envelopes:
+                break
             for env in envelopes:
                 job_id = envelope_id(env)
                 rec = table.get(job_id)
@@ -371,7 +366,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         with self._lock:
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
-            released: list[bytes] = []
+            released: list[_Rec] = []
             now = time.time()
             for job_id in job_ids:
                 rec = proc.pop(job_id, None)
@@ -386,9 +381,9 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 rec.started = False
                 rec.claim = None
                 rec.lease_deadline = math.inf
-                released.append(rec.envelope)
+                released.append(rec)
                 events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
-            q.front.extendleft(reversed(released))
+            q.ready.push_front(released)
             self._publish(q, events)
             if released or (events and q.flow.freed()):
                 self._wake(q)
@@ -467,7 +462,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         recovered: list[tuple[str, str]] = []
         events: list[StorageEvent] = []
         next_deadline = math.inf
-        requeue: list[bytes] = []
+        requeue: list[_Rec] = []
         with self._lock:
             q = self._q(queue)
             self._expire(q, now)
@@ -494,7 +489,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                         rec.kind = _QUEUED
                         rec.ts_ms = int(now * 1000)
                         rec.started = False
-                        requeue.append(rec.envelope)
+                        requeue.append(rec)
                         events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
                         recovered.append((job_id, "requeued"))
                     else:
@@ -508,8 +503,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 if alive_until <= now and not q.processing.get(worker_id):
                     del q.workers[worker_id]  # a dead worker holding nothing: forget it
                     q.processing.pop(worker_id, None)
-            if requeue:
-                q.ready.push_many(requeue)
+            q.ready.push(requeue)
             self._publish(q, events)
             if recovered or promoted:
                 q.flow.freed()

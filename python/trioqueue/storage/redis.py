@@ -31,7 +31,7 @@ import trio
 
 from .._core import decode_events as _decode_events
 from .._errors import StorageError
-from .._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from .._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from ._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from ._glide import ConnParams, GlideAdapter, make_script, parse_url
@@ -263,7 +263,10 @@ class RedisStorage(RedisAdmin, Storage):
                 args: list[Any] = [self._call_token()]
                 for job in chunk:
                     run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
-                    args += [job.id, job.envelope, f"{job.max_attempts}:{_ms(job.result_ttl)}", job.token, run_at]
+                    limits = f"{job.max_attempts}:{_ms(job.result_ttl)}"
+                    if job.priority != DEFAULT_PRIORITY:
+                        limits += f":{job.priority}"
+                    args += [job.id, job.envelope, limits, job.token, run_at]
                 reply = await self._run_shielded("enqueue", queue, args)
                 for item in reply:
                     code = item[0]
@@ -303,7 +306,7 @@ class RedisStorage(RedisAdmin, Storage):
         r = await self._run("get_job", queue, [job_id])
         if r is None:
             return None
-        state, created, attempts, max_attempts, result, error, token, progress = r
+        state, created, attempts, max_attempts, result, error, token, progress, priority = r
         return JobRecord(
             job_id,
             _text(state),
@@ -314,6 +317,7 @@ class RedisStorage(RedisAdmin, Storage):
             error,
             None if token is None else _text(token),
             progress,
+            int(priority),
         )
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:

@@ -13,7 +13,10 @@ Layout (every queue name, job id and worker id is encoded with
                               job's current record (state, attempts, lease, TTLs, envelope,
                               result/error); re-pointed atomically (link to temp + rename)
         ready/<seq>-<id>      the ready list, FIFO by the 16-hex-digit sequence number
-                              (released jobs get numbers below all others)
+                              (released jobs get numbers below all others): the lane of
+                              the default priority (5); ``ready/p<n>/<seq>-<id>`` are the
+                              lanes of the other priorities (0 first); a claim lists them
+                              in order, each listing cached until it is used up
         proc/<worker>/<id>    a worker's processing list (the lease is in the record)
         delayed/<ms>-<id>     retries waiting until ``ms``
         expiry/<ms>-s<seg>    a link to a segment with expiring records; ``ms`` is the

@@ -25,7 +25,7 @@ from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, che
 from .._cursor import decode_cursor, encode_cursor
 from .._fsutil import CorruptRecord, Rec, decode_name, encode_name, read_rec
 from ._core import FileCore
-from ._layout import _Q, _close_on_error, _seq_name, _state, _unlink
+from ._layout import _Q, _close_on_error, _ready_name, _state, _unlink
 
 __all__ = ["Admin"]
 
@@ -100,6 +100,7 @@ class Admin(FileCore):
         enc = encode_name(job_id)
         fds: list[int] = []
         ok = False
+        lane_fd = q.ready_fd
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
@@ -107,15 +108,18 @@ class Admin(FileCore):
                 if old is not None and old.kind in (_FAILED, _CANCELLED):
                     nxt, front = q.counters()
                     now_ms = int(now * 1000)
-                    mk = _seq_name(nxt, enc)
+                    lane = old.priority
+                    mk = _ready_name(nxt, enc, lane)  # in its own priority's lane
                     r = Rec(job_id, _QUEUED, now_ms, 0, old.max_attempts, old.result_ttl, now_ms, old.envelope, mk)
                     r.token = token
+                    r.priority = lane
+                    lane_fd = q.lane_fds[lane]
                     self._commit(q, {enc: r}, fds)
                     self._link_marker(q, enc, q.ready, mk)
                     q.set_counters(nxt + 1, front)
                     self._publish(q, [StorageEvent("enqueued", job_id, token=token)])
                     ok = True
-        await self._finish(fds, {q.jobs_fd, q.ready_fd}, ok)
+        await self._finish(fds, {q.jobs_fd, lane_fd}, ok)
         return ok
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
@@ -134,7 +138,7 @@ class Admin(FileCore):
                 _unlink(os.path.join(q.jobs, enc))
                 self._publish(q, [StorageEvent("removed", job_id, token=r.token)])
                 ok = True
-        await self._finish([], {q.jobs_fd, q.ready_fd, q.delayed_fd}, ok)
+        await self._finish([], {q.jobs_fd, q.delayed_fd, *q.lane_fds}, ok)
         return ok
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Sequence
 
 import trio
@@ -15,6 +14,7 @@ from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
+from ..._models import DEFAULT_PRIORITY
 from .._base import (
     Claim,
     ClaimLimits,
@@ -32,7 +32,9 @@ from ._flow import claim_allowance, count_claims, hold_claims, slot_freed
 from ._layout import (
     _Q,
     _close_on_error,
+    _is_lane_dir,
     _mtime,
+    _ready_name,
     _seq_name,
     _unlink,
 )
@@ -65,30 +67,42 @@ class Consumer(FileCore):
         pdir = q.proc_dir(enc_w)
         _, front = q.counters()
         if front != q.cache_front:
-            q.cache.clear()
+            for cache in q.cache:
+                cache.clear()
+            q.cache_front = front  # a release put jobs before the cached names
+        # Lane by lane (priority 0 first). Each lane's sorted listing is cached: later
+        # markers of a lane always sort after it (releases, which go before, reset the
+        # caches through the front counter), so a listing serves many claims. A lane
+        # with nothing cached is listed again (an empty directory costs microseconds).
+        lane = 0
         listed = False
         items: dict[str, Rec] = {}
-        while len(claims) < max_jobs:
-            if not q.cache:
+        while len(claims) < max_jobs and lane < len(q.lanes):
+            cache = q.cache[lane]
+            if not cache:
                 if listed:
-                    break
+                    lane += 1
+                    listed = False
+                    continue
                 listed = True
-                q.cache = deque(sorted(os.listdir(q.ready)))
-                q.cache_front = front
-                if not q.cache:
-                    break
-            name = q.cache.popleft()
-            parsed = self._marker(q, q.ready, name)
+                names = os.listdir(q.lanes[lane])
+                if lane == DEFAULT_PRIORITY:
+                    names = [n for n in names if not _is_lane_dir(n)]
+                cache.extend(sorted(names))
+                continue
+            name = cache.popleft()
+            directory = q.lanes[lane]
+            parsed = self._marker(q, directory, name)
             if parsed is None:
                 continue
             enc = parsed[1]
             target = os.path.join(pdir, enc)
             try:
-                os.rename(os.path.join(q.ready, name), target)
+                os.rename(os.path.join(directory, name), target)
             except FileNotFoundError:
                 continue  # claimed by someone else, or cancelled
             r = self._read(q, enc)
-            if r is None or r.kind != _QUEUED or r.mk != name:
+            if r is None or r.kind != _QUEUED or r.mk != (name if lane == DEFAULT_PRIORITY else f"p{lane}/{name}"):
                 _unlink(target)  # stale marker (cancelled job, or an old copy)
                 continue
             r.kind = _PROCESSING
@@ -275,7 +289,7 @@ class Consumer(FileCore):
                 r.lease = None
                 r.started = False
                 r.claim = None
-                r.mk = _seq_name(front + 1 + i, enc)
+                r.mk = _ready_name(front + 1 + i, enc, r.priority)
                 items[enc] = r
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).

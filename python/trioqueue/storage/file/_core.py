@@ -48,6 +48,7 @@ from ._layout import (
     _event_line,
     _log_generation,
     _log_header,
+    _ready_name,
     _seq_name,
     _split_marker,
     _unlink,
@@ -443,7 +444,7 @@ class FileCore(Storage):
                 continue
             if nxt < 0:
                 nxt, front = q.counters()
-            mk = _seq_name(nxt, enc)
+            mk = _ready_name(nxt, enc, r.priority)
             nxt += 1
             events.append(StorageEvent("requeued" if r.kind == _FAILING else "promoted", r.id, token=r.token))
             r.kind = _QUEUED

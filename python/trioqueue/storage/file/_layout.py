@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import trio
 
 from ..._core import format_state
-from ..._models import EnqueueStatus, JobError
+from ..._models import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus, JobError
 from .._base import (
     EnqueueOutcome,
     NewJob,
@@ -46,6 +46,22 @@ _CLEAN_INTERVAL = 1.0
 
 def _seq_name(seq: int, enc_id: str) -> str:
     return f"{seq:016x}-{enc_id}"
+
+
+def _ready_name(seq: int, enc_id: str, priority: int) -> str:
+    """A ready marker's name, relative to ``ready/``: the default priority's lane is
+    ``ready/`` itself (the layout before priorities), the others ``ready/p<n>/``."""
+    name = _seq_name(seq, enc_id)
+    return name if priority == DEFAULT_PRIORITY else f"p{priority}/{name}"
+
+
+def _split_ready(mk: str) -> tuple[int, str] | None:
+    """``(number, encoded id)`` of a ready marker name made by :func:`_ready_name`."""
+    return _split_marker(mk[3:] if mk[:1] == "p" and mk[2:3] == "/" else mk)
+
+
+def _is_lane_dir(name: str) -> bool:
+    return len(name) == 2 and name[0] == "p" and name[1].isdigit()
 
 
 def _split_marker(name: str) -> tuple[int, str] | None:
@@ -167,6 +183,8 @@ class _Q:
         "events_fd",
         "jobs_fd",
         "ready_fd",
+        "lanes",
+        "lane_fds",
         "delayed_fd",
         "expiry_fd",
         "tlock",
@@ -211,10 +229,26 @@ class _Q:
         self.events_fd = os.open(self.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.jobs_fd = os.open(self.jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # The ready list's lanes by priority (0 first): ``ready/`` for the default, else
+        # ``ready/p<n>/``; each is FIFO by marker number.
+        self.lanes = [
+            self.ready if p == DEFAULT_PRIORITY else os.path.join(self.ready, f"p{p}") for p in range(MAX_PRIORITY + 1)
+        ]
+        made = False
+        for lane in self.lanes:
+            if lane != self.ready and not os.path.isdir(lane):
+                os.makedirs(lane, exist_ok=True)
+                made = True
+        if made:
+            os.fsync(self.ready_fd)
+        self.lane_fds = [
+            self.ready_fd if lane == self.ready else os.open(lane, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            for lane in self.lanes
+        ]
         self.delayed_fd = os.open(self.delayed, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.expiry_fd = os.open(self.expiry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.tlock = threading.RLock()
-        self.cache: deque[str] = deque()
+        self.cache: list[deque[str]] = [deque() for _ in self.lanes]  # per lane: sorted names
         self.cache_front = -1
         self.proc_dirs: set[str] = set()
         self.last_clean = 0.0
@@ -236,7 +270,7 @@ class _Q:
         w = self.watches.get(key)
         if w is None:
             if what == "ready":
-                w = Watch([self.ready, self.delayed], IN_CREATE | IN_MOVED_TO)
+                w = Watch([*self.lanes, self.delayed], IN_CREATE | IN_MOVED_TO)
             else:
                 w = Watch([self.path], IN_MODIFY | IN_CREATE | IN_MOVED_TO)
             self.watches[key] = w
@@ -246,7 +280,8 @@ class _Q:
         for w in self.watches.values():
             w.close()
         self.watches.clear()
-        for fd in (self.lock_fd, self.events_fd, self.jobs_fd, self.ready_fd, self.delayed_fd, self.expiry_fd):
+        lanes = [fd for fd in self.lane_fds if fd != self.ready_fd]
+        for fd in (self.lock_fd, self.events_fd, self.jobs_fd, self.ready_fd, self.delayed_fd, self.expiry_fd, *lanes):
             try:
                 os.close(fd)
             except OSError:

@@ -37,6 +37,7 @@ from ._layout import (
     _close_on_error,
     _EnqReq,
     _EnqState,
+    _ready_name,
     _seq_name,
     _state,
     _unlink,
@@ -119,7 +120,8 @@ class Producer(FileCore):
                         r.out = outcomes[pos : pos + len(r.jobs)]
                         pos += len(r.jobs)
                     if any_new:
-                        await self._durable(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd})
+                        lanes = {q.lane_fds[j.priority] for j in flat}
+                        await self._durable(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, *lanes})
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
                     for r in group:
                         r.error = exc
@@ -159,10 +161,11 @@ class Producer(FileCore):
                     if job.run_at is not None and job.run_at > now:
                         kind, mk = _DELAYED, _seq_name(int(job.run_at * 1000), enc)
                     else:
-                        kind, mk = _QUEUED, _seq_name(nxt, enc)
+                        kind, mk = _QUEUED, _ready_name(nxt, enc, job.priority)
                         nxt += 1
                     r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                     r.token = job.token
+                    r.priority = job.priority
                     items[enc] = r
                     seen[enc] = r
                     outcomes.append(_QUEUED_OUTCOME)
@@ -236,7 +239,7 @@ class Producer(FileCore):
         if r.exp is not None and r.exp <= time.time():
             return None
         return JobRecord(
-            r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress
+            r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority
         )
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:

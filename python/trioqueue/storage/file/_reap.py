@@ -31,8 +31,9 @@ from ._layout import (
     _Q,
     _close_on_error,
     _mtime,
-    _seq_name,
+    _ready_name,
     _split_marker,
+    _split_ready,
     _stalled_error,
     _unlink,
     log,
@@ -51,7 +52,7 @@ class Reaper(FileCore):
         events: list[StorageEvent] = []
         next_deadline = math.inf
         fds: list[int] = []
-        dirs = {q.jobs_fd, q.ready_fd}
+        dirs = {q.jobs_fd, *q.lane_fds}
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
@@ -106,7 +107,7 @@ class Reaper(FileCore):
                             recovered.append((r.id, "cancelled"))
                         elif not r.started or r.attempts < r.max_attempts:
                             # A reserved claim never ran: it goes back at no cost.
-                            mk = _seq_name(nxt, enc)
+                            mk = _ready_name(nxt, enc, r.priority)
                             nxt += 1
                             r.kind = _QUEUED
                             r.started = False
@@ -192,7 +193,7 @@ class Reaper(FileCore):
         crash between the record write and the marker creation left missing, and
         quarantine unreadable records."""
         with self._locked(q):
-            for d in (q.path, q.jobs, q.ready, q.delayed, q.names):
+            for d in (q.path, q.jobs, *q.lanes, q.delayed, q.names):
                 clean_tmp(d)
             for d in os.listdir(q.proc):
                 clean_tmp(os.path.join(q.proc, d))
@@ -204,10 +205,11 @@ class Reaper(FileCore):
                     pass
             nxt, front = q.counters()
             max_seq = nxt - 1
-            for name in os.listdir(q.ready):
-                parsed = _split_marker(name)
-                if parsed is not None:
-                    max_seq = max(max_seq, parsed[0])
+            for lane in q.lanes:
+                for name in os.listdir(lane):
+                    parsed = _split_marker(name)
+                    if parsed is not None:
+                        max_seq = max(max_seq, parsed[0])
             nxt = max_seq + 1
             now = time.time()
             items: dict[str, Rec] = {}
@@ -223,7 +225,7 @@ class Reaper(FileCore):
                     _unlink(os.path.join(q.jobs, enc))
                     continue
                 if r.kind == _QUEUED:
-                    parsed = _split_marker(r.mk) if r.mk else None
+                    parsed = _split_ready(r.mk) if r.mk else None
                     if parsed is not None and parsed[1] == enc:
                         nxt = max(nxt, parsed[0] + 1)  # the crashed batch may not have saved it
                     if r.mk and os.path.exists(os.path.join(q.ready, r.mk)):
@@ -238,7 +240,7 @@ class Reaper(FileCore):
                     if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
                         delayed.append((enc, r.mk))
             for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):
-                r.mk = _seq_name(nxt, enc)
+                r.mk = _ready_name(nxt, enc, r.priority)
                 nxt += 1
             # New records (naming the new markers) first, then the markers: links to them.
             fds: list[int] = []
@@ -255,4 +257,4 @@ class Reaper(FileCore):
             if fixed:
                 log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
             if self._fsync:
-                sync_now(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd})
+                sync_now(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd})

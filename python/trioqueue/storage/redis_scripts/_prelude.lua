@@ -4,6 +4,28 @@ local JOBS, META, ENV, RESULTS, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KE
 local Q, D, L, X, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local SEQ, PAUSED, CTL, SCHED, SCHED_LAST, EVENTS = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local STATES = KEYS[19]
+-- The ready list in lanes by priority (0 first): the default priority (5) keeps Q, the
+-- others are KEYS[20..28]. FIFO within a lane; a job keeps its lane for life (m.p).
+local LANES = {KEYS[20], KEYS[21], KEYS[22], KEYS[23], KEYS[24], Q, KEYS[25], KEYS[26], KEYS[27], KEYS[28]}
+local DEFAULT_PRIORITY = 5
+local function lane_of(m) return LANES[(m.p or DEFAULT_PRIORITY) + 1] end
+-- Wake-ups. A blocking claim waits with BLMOVE on Q (one list, so that what it moves is
+-- always in the worker's processing list, never lost if the client is cancelled or
+-- closed), and it only blocks while Q is empty. A job pushed to another lane therefore
+-- pushes a '~' marker to Q when Q is empty (one per such job, up to 16): it wakes a
+-- blocked claimer, whose claim script (pipelined behind the move) drops the marker and
+-- scans every lane. When Q is not empty no claimer is blocked, and markers are skipped
+-- as stale entries by claims. Jobs of the default priority never cost a marker.
+local WAKE = 0
+local function pushed_to(m) if (m.p or DEFAULT_PRIORITY) ~= DEFAULT_PRIORITY then WAKE = WAKE + 1 end end
+-- whether any lane holds entries (Q first: the common case costs one call)
+local function ready_any()
+  if redis.call('LLEN', Q) > 0 then return 1 end
+  for p = 1, #LANES do
+    if redis.call('LLEN', LANES[p]) > 0 then return 1 end
+  end
+  return 0
+end
 local SMALL = 65536
 local function now_ms()
   local t = redis.call('TIME')
@@ -23,6 +45,10 @@ local function ev(kind, id, worker, result, err, token)
   EV[#EV + 1] = ns(kind) .. ns(id) .. ns(worker) .. ns(result) .. ns(err) .. ns(token)
 end
 local function flush()
+  if WAKE > 0 and redis.call('LLEN', Q) == 0 then
+    for _ = 1, math.min(WAKE, 16) do redis.call('RPUSH', Q, '~') end
+  end
+  WAKE = 0
   if #EV > 0 then redis.call('PUBLISH', EVENTS, table.concat(EV)) end
 end
 local function split(entry)
@@ -34,7 +60,7 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- a job's metadata: a attempts, m max_attempts, t result TTL (ms), k ready-list entry
 -- token, c created (ms), w worker holding it, q enqueue-call token, z settle-call token,
 -- i incarnation token, l claim token, n claims, s started (1: attempt counted),
--- x cancel requested (1)
+-- x cancel requested (1), p priority (absent: the default)
 local function getm(id)
   local raw = redis.call('HGET', META, id)
   if not raw then return nil end

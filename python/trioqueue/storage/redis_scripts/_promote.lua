@@ -10,7 +10,9 @@ local function promote(now)
       m.k = tok
       setm(id, m)
       setst(id, 'queued:' .. now)
-      redis.call('RPUSH', Q, tok .. ':' .. id)
+      local LANE = lane_of(m)
+      redis.call('RPUSH', LANE, tok .. ':' .. id)
+      pushed_to(m)
       ev(starts(st, 'failing:') and 'requeued' or 'promoted', id, nil, nil, nil, m.i)
     end
   end

@@ -1,5 +1,5 @@
--- ARGV: call token, then (id, envelope, '<max_attempts>:<result_ttl_ms>', incarnation
--- token, run-at ms or '') per job.
+-- ARGV: call token, then (id, envelope, '<max_attempts>:<result_ttl_ms>[:<priority>]',
+-- incarnation token, run-at ms or '') per job (no priority: the default).
 -- Returns per job {'q'} | {'d', state, token} | {'c', state, result, token}.
 -- Reads the registry in one HMGET and writes each hash in one HSET per 500 jobs: a
 -- redis.call per job and hash would cost more than the work itself.
@@ -13,7 +13,8 @@ for i = 2, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
 local states = redis.call('HMGET', JOBS, unpack(ids))
 local out = {}
 local seen = {}
-local fresh = {}
+local fresh = {}  -- entries for Q (the default priority)
+local lanes = {}  -- priority -> entries for the other lanes
 local w_env, w_meta, w_jobs = {}, {}, {}
 local delayed = false
 local call_json = cjson.encode(call)
@@ -31,19 +32,29 @@ for j = 1, n do
     if st then purge(id) end  -- what the cancelled incarnation left
     tok = tok + 1
     local mx, ttl = split(ARGV[i + 2])
+    local ttl2, prio = split(ttl)
+    if prio then ttl = ttl2 end
+    prio = tonumber(prio) or DEFAULT_PRIORITY
     local run_at = tonumber(ARGV[i + 4])
     w_env[#w_env + 1] = id
     w_env[#w_env + 1] = ARGV[i + 1]
     w_meta[#w_meta + 1] = id
     w_meta[#w_meta + 1] = '{"a":0,"m":' .. mx .. ',"t":' .. ttl .. ',"k":' .. tok .. ',"c":' .. now ..
-      ',"q":' .. call_json .. ',"i":' .. cjson.encode(ARGV[i + 3]) .. ',"n":0,"s":0,"x":0}'
+      ',"q":' .. call_json .. ',"i":' .. cjson.encode(ARGV[i + 3]) .. ',"n":0,"s":0,"x":0' ..
+      (prio ~= DEFAULT_PRIORITY and (',"p":' .. prio .. '}') or '}')
     if run_at and run_at > now then
       st = 'delayed:' .. now .. ':' .. run_at
       redis.call('ZADD', D, run_at, id)
       delayed = true
     else
       st = 'queued:' .. now
-      fresh[#fresh + 1] = tok .. ':' .. id
+      if prio == DEFAULT_PRIORITY then
+        fresh[#fresh + 1] = tok .. ':' .. id
+      else
+        if not lanes[prio] then lanes[prio] = {} end
+        table.insert(lanes[prio], tok .. ':' .. id)
+        WAKE = WAKE + 1
+      end
     end
     w_jobs[#w_jobs + 1] = id
     w_jobs[#w_jobs + 1] = st
@@ -70,7 +81,13 @@ setsts(w_jobs)
 for i = 1, #fresh, 1000 do  -- RPUSH in chunks
   redis.call('RPUSH', Q, unpack(fresh, i, math.min(i + 999, #fresh)))
 end
+for p, entries in pairs(lanes) do
+  local LANE = LANES[p + 1]
+  for i = 1, #entries, 1000 do
+    redis.call('RPUSH', LANE, unpack(entries, i, math.min(i + 999, #entries)))
+  end
+end
 -- a delayed job: wake a blocked claimer so that it recomputes when to wake up
-if delayed and #fresh == 0 then redis.call('RPUSH', Q, '~') end
+if delayed and #fresh == 0 and WAKE == 0 then redis.call('RPUSH', Q, '~') end
 flush()
 return out

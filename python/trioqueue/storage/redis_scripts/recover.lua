@@ -1,4 +1,4 @@
--- KEYS[20..]: the processing lists of the workers named in ARGV (the members of PROCS
+-- KEYS[29..]: the processing lists of the workers named in ARGV (the members of PROCS
 -- and WK the caller read just before); the last KEY: the flow hash. Recovers expired leases and the jobs of dead
 -- workers, promotes due jobs, removes dead workers that hold nothing.
 -- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false}.
@@ -9,7 +9,7 @@
 local now = now_ms()
 local rec = {}
 local lists = {}
-for i = 1, #ARGV do lists[ARGV[i]] = KEYS[19 + i] end
+for i = 1, #ARGV do lists[ARGV[i]] = KEYS[28 + i] end
 promote(now)
 local function recover(id, m, W)
   redis.call('ZREM', L, id)
@@ -24,7 +24,9 @@ local function recover(id, m, W)
     m.s = 0
     setm(id, m)
     setst(id, 'queued:' .. now)
-    redis.call('RPUSH', Q, m.k .. ':' .. id)
+    local LANE = lane_of(m)
+    redis.call('RPUSH', LANE, m.k .. ':' .. id)
+    pushed_to(m)
     ev('requeued', id, W, nil, nil, m.i)
     rec[#rec + 1] = {id, 'requeued'}
   else
@@ -69,11 +71,15 @@ for W, P in pairs(lists) do
         local m = st and getm(id) or nil
         if m and tostring(m.k) == tok then
           if starts(st, 'processing:') and m.w == W then recover(id, m, W)
-          elseif starts(st, 'queued:') then back[#back + 1] = e end
+          elseif starts(st, 'queued:') then back[#back + 1] = {e, m} end
         end
       end
     end
-    for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+    for i = #back, 1, -1 do
+      local LANE = lane_of(back[i][2])
+      redis.call('LPUSH', LANE, back[i][1])
+      pushed_to(back[i][2])
+    end
     -- a dead worker holding nothing leaves the registry
     if alive then redis.call('ZREM', WK, W) end
   elseif redis.call('LLEN', P) > 0 then

@@ -1,4 +1,4 @@
--- KEYS[20]: the worker's processing list; the last KEY: the flow hash. ARGV: worker, ids...
+-- KEYS[29]: the worker's processing list; the last KEY: the flow hash. ARGV: worker, ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
 -- claim's attempt stays counted: attempts never go down; a job with a cancel request
 -- ends cancelled instead).
@@ -6,7 +6,7 @@
 --@include _prelude
 --@include _cancel
 --@include _flow_free
-local P = KEYS[20]
+local P = KEYS[29]
 local W = ARGV[1]
 local now = now_ms()
 local byid = {}
@@ -41,18 +41,23 @@ for i = 2, #ARGV do
             m.l = nil
             setm(id, m)
             setst(id, 'queued:' .. now)
-            back[#back + 1] = e
+            back[#back + 1] = {e, m}
             ev('requeued', id, W, nil, nil, m.i)
           end
         elseif starts(st, 'queued:') then
-          back[#back + 1] = e  -- moved by a blocking claim, never claimed
+          back[#back + 1] = {e, m}  -- moved by a blocking claim, never claimed
         end
         st = nil
       end
     end
   end
 end
-for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+-- to the front of each job's own lane, in the order given
+for i = #back, 1, -1 do
+  local LANE = lane_of(back[i][2])
+  redis.call('LPUSH', LANE, back[i][1])
+  pushed_to(back[i][2])
+end
 if #back > 0 or #EV > 0 then slot_freed() end
 flush()
 return #back

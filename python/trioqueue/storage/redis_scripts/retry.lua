@@ -1,5 +1,5 @@
 -- ARGV: id, incarnation token. A failed or cancelled job whose envelope is kept goes back
--- to the ready list as a new incarnation (attempts 0). Returns 1, or 0 (nothing changed).
+-- to the ready list (its priority's lane) as a new incarnation (attempts 0). Returns 1, or 0 (nothing changed).
 --@include _prelude
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -13,9 +13,12 @@ redis.call('HDEL', RESULTS, id)
 redis.call('HDEL', ERRORS, id)
 redis.call('HDEL', PROGRESS, id)
 redis.call('ZREM', X, id)
-setm(id, {a = 0, m = old.m or 1, t = old.t or 0, k = tok, c = now, i = token, n = 0, s = 0, x = 0})
+local m = {a = 0, m = old.m or 1, t = old.t or 0, k = tok, c = now, i = token, n = 0, s = 0, x = 0, p = old.p}
+setm(id, m)
 setst(id, 'queued:' .. now)
-redis.call('RPUSH', Q, tok .. ':' .. id)
+local LANE = lane_of(m)  -- its own priority's lane
+redis.call('RPUSH', LANE, tok .. ':' .. id)
+pushed_to(m)
 ev('enqueued', id, nil, nil, nil, token)
 flush()
 return 1
