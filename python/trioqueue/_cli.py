@@ -92,8 +92,12 @@ def _parser() -> _Parser:
     )
     demo.add_argument("--jobs", type=_positive_int, default=5000, help="number of jobs")
     demo.add_argument("--concurrency", type=_positive_int, default=50, help="handlers at once")
-    demo.add_argument("--storage", choices=["memory", "file", "redis"], default="file")
-    demo.add_argument("--location", default=None, help="directory (file) or URL (redis)")
+    demo.add_argument("--storage", choices=["memory", "file", "redis"], default="file", help="the backend")
+    demo.add_argument(
+        "--location",
+        default=None,
+        help="directory (file; default: a temporary one) or URL (redis; default: redis://127.0.0.1:6379/0)",
+    )
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
     from ._bench import add_parser as add_bench
