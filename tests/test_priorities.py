@@ -67,6 +67,15 @@ async def test_a_failed_job_retried_by_hand_keeps_its_priority(storage: Storage,
     assert await ids(storage, queue_name) == ["f0", "e3", "d5"]
 
 
+async def test_listings_and_lookups_report_each_jobs_priority(storage: Storage, queue_name: str) -> None:
+    await storage.enqueue(queue_name, [pjob("u0", 0), pjob("d5", 5), pjob("l9", 9)])
+    listed = {r.id: r.priority for r in (await storage.list_jobs(queue_name, "queued"))[0]}
+    assert listed == {"u0": 0, "d5": 5, "l9": 9}
+    for job_id, priority in listed.items():
+        rec = await storage.get_job(queue_name, job_id)
+        assert rec is not None and rec.priority == priority
+
+
 async def test_release_returns_jobs_to_the_front_of_their_priority(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [pjob("h3", 3), pjob("l7", 7), pjob("m7", 7), pjob("n8", 8)])
     # Three claims: two started, one reserved (prefetched, never run).

@@ -156,11 +156,9 @@ class QueueEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-EVENT_NAMES = frozenset(
+# The job events the storages publish that reach ``Queue.on`` as they are.
+STORAGE_EVENT_NAMES = frozenset(
     {
-        "started",
-        "stopped",
-        "error",
         "enqueued",
         "completed",
         "failed",
@@ -168,15 +166,20 @@ EVENT_NAMES = frozenset(
         "requeued",
         "cancelled",
         "stalled",
-        "leadership_acquired",
-        "leadership_lost",
-        "resync",
         "promoted",
         "paused",
         "resumed",
-        "progress",
-        "cancel_requested",
         "removed",
         "rate_limited",
     }
 )
+EVENT_NAMES = STORAGE_EVENT_NAMES | {
+    "started",
+    "stopped",
+    "error",
+    "leadership_acquired",
+    "leadership_lost",
+    "resync",
+    "progress",
+    "cancel_requested",
+}

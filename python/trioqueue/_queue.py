@@ -39,6 +39,7 @@ from ._models import (
     ExecutionContext,
     Job,
     JobState,
+    STORAGE_EVENT_NAMES,
 )
 from ._observe import QueueObserver, notify
 from ._reaper import LeaderElection, Reaper
@@ -57,22 +58,6 @@ Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
-_STORAGE_EVENT_NAMES = frozenset(
-    {
-        "enqueued",
-        "completed",
-        "failed",
-        "failing",
-        "requeued",
-        "cancelled",
-        "stalled",
-        "promoted",
-        "paused",
-        "resumed",
-        "removed",
-        "rate_limited",
-    }
-)
 
 
 def default_worker_id() -> str:
@@ -373,7 +358,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
                             else:
                                 events.emit(kind, ev.job_id, worker_id=ev.worker_id, progress=value)
                         continue
-                    if kind in _STORAGE_EVENT_NAMES:
+                    if kind in STORAGE_EVENT_NAMES:
                         if events.wants(kind):
                             data: dict[str, Any] = {"worker_id": ev.worker_id}
                             if ev.error is not None:

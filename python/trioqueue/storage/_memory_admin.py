@@ -38,6 +38,7 @@ def _record(rec: _Rec) -> JobRecord:
         rec.error,
         rec.token,
         rec.progress,
+        rec.priority,
     )
 
 

@@ -93,6 +93,7 @@ class RedisAdmin:
                 r[6],
                 None if r[7] is None else _text(r[7]),
                 r[8],
+                int(r[9]),
             )
             for r in recs
         ]

@@ -43,7 +43,7 @@ from ._base import FAILED as _FAILED
 from ._base import FAILING as _FAILING
 from ._base import PROCESSING as _PROCESSING
 from ._base import QUEUED as _QUEUED
-from ._memory_admin import MemoryAdmin
+from ._memory_admin import MemoryAdmin, _record
 from ._memory_control import MemoryControl
 from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
@@ -189,18 +189,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             rec = q.jobs.get(job_id)
             if rec is None:
                 return None
-            return JobRecord(
-                rec.id,
-                rec.state(),
-                rec.created_at_ms,
-                rec.attempts,
-                rec.max_attempts,
-                rec.result,
-                rec.error,
-                rec.token,
-                rec.progress,
-                rec.priority,
-            )
+            return _record(rec)
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()

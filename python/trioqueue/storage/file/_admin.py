@@ -25,15 +25,11 @@ from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, che
 from .._cursor import decode_cursor, encode_cursor
 from .._fsutil import CorruptRecord, Rec, decode_name, encode_name, read_rec
 from ._core import FileCore
-from ._layout import _Q, _close_on_error, _ready_name, _state, _unlink
+from ._layout import _Q, _close_on_error, _job_record, _ready_name, _unlink
 
 __all__ = ["Admin"]
 
 _SLICE = 1000  # ids a purge checks and unlinks per lock hold
-
-
-def _job_record(r: Rec) -> JobRecord:
-    return JobRecord(r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress)
 
 
 class Admin(FileCore):

@@ -17,6 +17,7 @@ import trio
 from ..._core import format_state
 from ..._models import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus, JobError
 from .._base import (
+    JobRecord,
     EnqueueOutcome,
     NewJob,
     StorageEvent,
@@ -82,6 +83,13 @@ def _state(r: Rec) -> str:
         parsed = _split_marker(r.mk) if r.mk else None
         return format_state(_DELAYED, r.ts, parsed[0] if parsed else r.ts)
     return format_state(r.kind, r.ts)
+
+
+def _job_record(r: Rec) -> JobRecord:
+    """The storage-interface view of a record."""
+    return JobRecord(
+        r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority
+    )
 
 
 def _unlink(path: str) -> bool:

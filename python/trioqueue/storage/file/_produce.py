@@ -37,6 +37,7 @@ from ._layout import (
     _close_on_error,
     _EnqReq,
     _EnqState,
+    _job_record,
     _ready_name,
     _seq_name,
     _state,
@@ -238,9 +239,7 @@ class Producer(FileCore):
             return None
         if r.exp is not None and r.exp <= time.time():
             return None
-        return JobRecord(
-            r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority
-        )
+        return _job_record(r)
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()

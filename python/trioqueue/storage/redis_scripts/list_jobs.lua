@@ -35,13 +35,13 @@ for i = 1, #got, 2 do
   if score < lo then break end
   if #recs == limit then
     local last = recs[#recs]
-    nxt_ms, nxt_id = last[10], last[1]
+    nxt_ms, nxt_id = last[11], last[1]
     break
   end
   local m = getm(id) or {}
   recs[#recs + 1] = {id, redis.call('HGET', JOBS, id) or '', tostring(m.c or 0), tostring(m.a or 0),
     tostring(m.m or 0), redis.call('HGET', RESULTS, id), redis.call('HGET', ERRORS, id), m.i or false,
-    redis.call('HGET', PROGRESS, id), fmt(score - lo)}
+    redis.call('HGET', PROGRESS, id), tostring(m.p or DEFAULT_PRIORITY), fmt(score - lo)}
 end
-for _, r in ipairs(recs) do r[10] = nil end
+for _, r in ipairs(recs) do r[11] = nil end
 return {recs, nxt_ms, nxt_id}
