@@ -23,7 +23,7 @@ from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, check_state_kind
 from .._cursor import decode_cursor, encode_cursor
-from .._fsutil import CorruptRecord, Rec, decode_name, encode_name, read_rec
+from .._fsutil import CorruptRecord, Rec, encode_name, read_rec
 from ._core import FileCore
 from ._layout import _Q, _close_on_error, _job_record, _ready_name, _unlink
 
@@ -164,24 +164,7 @@ class Admin(FileCore):
         return n
 
     async def queue_names(self) -> list[str]:
-        def scan() -> list[str]:
-            names: list[str] = []
-            qroot = os.path.join(self._root, "q")
-            for enc in os.listdir(qroot):
-                path = os.path.join(qroot, enc)
-                if not os.path.isdir(path):
-                    continue
-                name = decode_name(enc)
-                if name is None:
-                    try:
-                        with open(os.path.join(path, "name"), encoding="utf-8") as f:
-                            name = f.read()
-                    except OSError:
-                        continue
-                names.append(name)
-            return sorted(names)
-
-        return await trio.to_thread.run_sync(scan)
+        return sorted(await trio.to_thread.run_sync(self._queue_dirs))
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         await trio.lowlevel.checkpoint()

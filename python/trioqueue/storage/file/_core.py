@@ -101,19 +101,26 @@ class FileCore(Storage):
         self._root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._locks_fd = os.open(os.path.join(self._locks_dir, ".flock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         clean_tmp(self._locks_dir)
+        for name in self._queue_dirs():
+            self._repair(self._q(name))
+
+    def _queue_dirs(self) -> list[str]:
+        """The names of the queues that have a directory (blocking: run it in a thread)."""
+        names: list[str] = []
         qroot = os.path.join(self._root, "q")
         for enc in os.listdir(qroot):
             path = os.path.join(qroot, enc)
             if not os.path.isdir(path):
                 continue
             name = decode_name(enc)
-            if name is None:
+            if name is None:  # a long name: kept in the directory's "name" file
                 try:
                     with open(os.path.join(path, "name"), encoding="utf-8") as f:
                         name = f.read()
                 except OSError:
                     continue
-            self._repair(self._q(name))
+            names.append(name)
+        return names
 
     async def _disconnect(self) -> None:
         with self._qlock:
