@@ -104,7 +104,17 @@ async def test_every_job_completes_despite_storage_faults(storage: Storage, queu
     faulty = FaultyStorage(storage, plan, seed=11)
     async with (
         Queue(storage, name=queue_name) as producer,
-        Queue(faulty, name=queue_name, handler=handler, concurrency=4, retry_delay=0, block_timeout=0.3),
+        # A claim whose reply was lost leaves its jobs in the worker's list until their lease
+        # runs out and the reaper gives them back: a short lease keeps the test short.
+        Queue(
+            faulty,
+            name=queue_name,
+            handler=handler,
+            concurrency=4,
+            retry_delay=0,
+            block_timeout=0.3,
+            visibility_timeout=3.0,
+        ),
     ):
         results: dict[str, int] = {}
 
