@@ -396,3 +396,36 @@ def test_decode_events_truncated() -> None:
     for cut in range(1, len(wire)):
         with pytest.raises(_core.EventsError):
             _core.decode_events(wire[:cut])
+
+
+# -- RESP2 (the Redis protocol) ------------------------------------------------------
+
+
+def test_resp_reader_returns_each_reply_including_errors_as_values() -> None:
+    r = _core.RespReader()
+    r.feed(b"+OK\r\n-ERR no such key\r\n:7\r\n$3\r\nab")
+    got = r.pop_all()
+    assert got[:1] == ["OK"] and got[2:] == [7]
+    assert isinstance(got[1], _core.ReplyError) and str(got[1]) == "ERR no such key"
+    assert r.buffered() == len(b"$3\r\nab")
+    r.feed(bytearray(b"c\r\n*2\r\n$-1\r\n*1\r\n:1\r\n"))
+    assert r.pop_all() == [b"abc", [None, [1]]]
+
+
+def test_resp_reader_rejects_bytes_that_are_not_resp() -> None:
+    r = _core.RespReader()
+    r.feed(b"HTTP/1.1 400 Bad Request\r\n")
+    with pytest.raises(_core.RespProtocolError, match="byte 0"):
+        r.pop_all()
+    with pytest.raises(TypeError, match="bytes or bytearray"):
+        r.feed("text")  # type: ignore[arg-type]
+
+
+def test_encode_command_takes_bytes_str_and_int_and_names_anything_else() -> None:
+    assert _core.encode_command(("SET", b"k"), [1]) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n1\r\n"
+    with pytest.raises(TypeError, match="bytes, str or int, got float"):
+        _core.encode_command(["SET", 1.5])
+    with pytest.raises(TypeError, match="bytes, str or int, got bool"):
+        _core.encode_command(["SET", True])
+    with pytest.raises(TypeError, match="single bytes/str"):
+        _core.encode_command("SET")

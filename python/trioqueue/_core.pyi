@@ -1,4 +1,5 @@
-"""Rust core of trioqueue: envelope codec, job-state strings and a lock-free MPMC queue."""
+"""Rust core of trioqueue: envelope codec, job-state strings, a lock-free MPMC queue and
+the Redis protocol (RESP2) codec."""
 
 from collections.abc import Iterable
 from typing import Final, Literal, final
@@ -7,8 +8,12 @@ __all__ = [
     "ENVELOPE_VERSION",
     "CodecError",
     "MpmcQueue",
+    "ReplyError",
+    "RespProtocolError",
+    "RespReader",
     "StateError",
     "decode_envelope",
+    "encode_command",
     "encode_envelope",
     "envelope_id",
     "envelope_with_attempts",
@@ -108,3 +113,36 @@ class MpmcQueue:
         """Remove and return up to ``n`` items, oldest first."""
 
     def __len__(self) -> int: ...
+
+class RespProtocolError(ValueError):
+    """Bytes from a Redis server are not a RESP2 reply (the connection is out of step)."""
+
+class ReplyError(Exception):
+    """An error reply from a Redis server; :meth:`RespReader.pop_all` returns it as a
+    value (the reply of one command among many), it is never raised by the reader."""
+
+RespValue = bytes | str | int | None | ReplyError | list["RespValue"]
+
+def encode_command(*parts: Iterable[bytes | str | int]) -> bytes:
+    """The RESP encoding of one command: every argument of every iterable in ``parts``,
+    in order, as a bulk string (``str`` as UTF-8, ``int`` in decimal; ``TypeError`` for
+    anything else, ``bool`` included)."""
+
+@final
+class RespReader:
+    """Incremental RESP2 reply parser, free of I/O: :meth:`feed` the bytes received,
+    :meth:`pop_all` the complete replies. Refuses nesting deeper than 64 and lengths
+    above 512 MiB (``RespProtocolError``); never allocates an announced length up front."""
+
+    def __init__(self) -> None: ...
+    def feed(self, data: bytes | bytearray) -> None:
+        """Append bytes received from the server."""
+
+    def pop_all(self) -> list[RespValue]:
+        """Every complete reply fed so far, oldest first: bulk strings as ``bytes``,
+        simple strings as ``str``, integers as ``int``, nulls as ``None``, arrays as
+        ``list``, error replies as :class:`ReplyError` values. Raises
+        ``RespProtocolError`` when the bytes are not RESP2."""
+
+    def buffered(self) -> int:
+        """Bytes fed that are not part of a complete reply yet."""

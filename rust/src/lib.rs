@@ -1,7 +1,7 @@
 //! Rust core of trioqueue.
 //!
 //! The logic lives in plain Rust modules that do not depend on PyO3
-//! ([`codec`], [`events`], [`state`], [`mpmc`]); the `python` feature adds the thin
+//! ([`codec`], [`events`], [`state`], [`mpmc`], [`resp`]); the `python` feature adds the thin
 //! binding layer that maturin builds into `trioqueue._core`.
 
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
@@ -13,6 +13,7 @@
 pub mod codec;
 pub mod events;
 pub mod mpmc;
+pub mod resp;
 pub mod state;
 
 #[cfg(feature = "python")]

@@ -8,11 +8,12 @@
 
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 use pyo3::{create_exception, intern};
 
 use crate::codec::{self, Envelope};
 use crate::mpmc::Mpmc;
+use crate::resp;
 use crate::state::{self, Extra, State};
 
 create_exception!(
@@ -26,6 +27,18 @@ create_exception!(
     EventsError,
     PyValueError,
     "Raised when an event-stream message is malformed."
+);
+create_exception!(
+    trioqueue._core,
+    RespProtocolError,
+    PyValueError,
+    "Raised when bytes from a Redis server are not a RESP2 reply (the connection is out of sync)."
+);
+create_exception!(
+    trioqueue._core,
+    ReplyError,
+    pyo3::exceptions::PyException,
+    "An error reply from a Redis server (returned by RespReader as a value, not raised)."
 );
 create_exception!(
     trioqueue._core,
@@ -390,6 +403,136 @@ impl MpmcQueue {
     }
 }
 
+// -- RESP2 (the Redis protocol) ------------------------------------------------------
+
+#[cold]
+#[inline(never)]
+fn bad_arg(obj: &Bound<'_, PyAny>) -> PyErr {
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    PyTypeError::new_err(format!(
+        "a Redis command argument must be bytes, str or int, got {ty}"
+    ))
+}
+
+/// Appends one argument (`bytes`, `str` or `int`) as a RESP bulk string.
+fn push_arg(obj: &Bound<'_, PyAny>, args: &mut Vec<Vec<u8>>) -> PyResult<()> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        args.push(b.as_bytes().to_vec());
+    } else if let Ok(s) = obj.cast::<PyString>() {
+        args.push(s.to_str()?.as_bytes().to_vec());
+    } else if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
+        args.push(obj.extract::<i64>()?.to_string().into_bytes());
+    } else {
+        return Err(bad_arg(obj));
+    }
+    Ok(())
+}
+
+fn push_args(seq: &Bound<'_, PyAny>, args: &mut Vec<Vec<u8>>) -> PyResult<()> {
+    if seq.is_instance_of::<PyBytes>() || seq.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(
+            "expected a sequence of Redis command arguments, got a single bytes/str",
+        ));
+    }
+    if let Ok(list) = seq.cast::<PyList>() {
+        for obj in list.iter() {
+            push_arg(&obj, args)?;
+        }
+    } else if let Ok(tuple) = seq.cast::<PyTuple>() {
+        for obj in tuple.iter() {
+            push_arg(&obj, args)?;
+        }
+    } else {
+        for obj in seq.try_iter()? {
+            push_arg(&obj?, args)?;
+        }
+    }
+    Ok(())
+}
+
+/// The RESP encoding of one command: every argument of every sequence given, in order.
+#[pyfunction]
+#[pyo3(signature = (*parts))]
+fn encode_command<'py>(py: Python<'py>, parts: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
+    let mut args: Vec<Vec<u8>> = Vec::with_capacity(8);
+    for part in parts.iter() {
+        push_args(&part, &mut args)?;
+    }
+    let mut out = Vec::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
+    resp::encode_command(&args, &mut out);
+    Ok(PyBytes::new(py, &out))
+}
+
+fn reply_to_py<'py>(py: Python<'py>, value: resp::Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        resp::Value::Simple(s) => PyString::new(py, &s).into_any(),
+        resp::Value::Error(s) => py.get_type::<ReplyError>().call1((s,))?,
+        resp::Value::Int(n) => n.into_pyobject(py)?.into_any(),
+        resp::Value::Bulk(Some(b)) => PyBytes::new(py, &b).into_any(),
+        resp::Value::Bulk(None) | resp::Value::Array(None) => py.None().into_bound(py),
+        resp::Value::Array(Some(items)) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(reply_to_py(py, item)?)?;
+            }
+            list.into_any()
+        }
+    })
+}
+
+/// Incremental RESP2 reply parser: ``feed()`` bytes as they arrive, ``pop_all()`` the
+/// complete replies (bulk strings as ``bytes``, simple strings as ``str``, integers as
+/// ``int``, nulls as ``None``, arrays as ``list``, error replies as ``ReplyError``
+/// values).
+#[pyclass(module = "trioqueue._core")]
+struct RespReader {
+    inner: resp::Reader,
+}
+
+#[pymethods]
+impl RespReader {
+    #[new]
+    fn new() -> Self {
+        RespReader {
+            inner: resp::Reader::new(),
+        }
+    }
+
+    /// Appends bytes received from the server (``bytes`` or ``bytearray``).
+    fn feed(&mut self, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        if let Ok(b) = data.cast::<PyBytes>() {
+            self.inner.feed(b.as_bytes());
+        } else if let Ok(b) = data.cast::<PyByteArray>() {
+            self.inner.feed(&b.to_vec());
+        } else {
+            return Err(PyTypeError::new_err("RespReader.feed() expects bytes or bytearray"));
+        }
+        Ok(())
+    }
+
+    /// Every complete reply fed so far, oldest first; raises ``RespProtocolError`` if
+    /// the bytes are not RESP2.
+    fn pop_all<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        loop {
+            match self.inner.next_reply() {
+                Ok(Some(v)) => out.append(reply_to_py(py, v)?)?,
+                Ok(None) => return Ok(out),
+                Err(e) => return Err(RespProtocolError::new_err(e.to_string())),
+            }
+        }
+    }
+
+    /// Bytes fed that are not part of a complete reply yet.
+    fn buffered(&self) -> usize {
+        self.inner.buffered()
+    }
+}
+
 #[pymodule(name = "_core")]
 fn trioqueue_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -405,5 +548,9 @@ fn trioqueue_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_events, m)?)?;
     m.add_function(wrap_pyfunction!(format_state, m)?)?;
     m.add_class::<MpmcQueue>()?;
+    m.add("RespProtocolError", py.get_type::<RespProtocolError>())?;
+    m.add("ReplyError", py.get_type::<ReplyError>())?;
+    m.add_function(wrap_pyfunction!(encode_command, m)?)?;
+    m.add_class::<RespReader>()?;
     Ok(())
 }

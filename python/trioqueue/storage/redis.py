@@ -110,7 +110,11 @@ class RedisStorage(RedisAdmin, Storage):
     each queue's keys share the hash tag ``{prefix:queue}``. ``client``: an existing GLIDE
     client to use for ordinary commands (blocking and pub/sub clients are still created
     from ``url``). ``retry_timeout``: how long an operation keeps retrying while the server
-    is unreachable before raising :class:`~trioqueue.StorageError`.
+    is unreachable before raising :class:`~trioqueue.StorageError`. ``lean``: on a
+    standalone server, send ordinary commands, scripts and blocking claims through the
+    built-in lean client (a Trio socket, RESP parsed in Rust; ~2.5x cheaper per call than
+    GLIDE under Trio); ``False`` sends everything through GLIDE. Pub/sub and Cluster always
+    use GLIDE.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class RedisStorage(RedisAdmin, Storage):
         block_chunk: float = 1.0,
         watch_interval: float = 0.5,
         client_name: str | None = None,
+        lean: bool = True,
     ) -> None:
         super().__init__()
         self.url = url
@@ -132,7 +137,9 @@ class RedisStorage(RedisAdmin, Storage):
         self._params: ConnParams = parse_url(
             url, cluster=cluster, request_timeout=request_timeout, client_name=client_name
         )
-        self._adapter = GlideAdapter(self._params, client=client, retry_timeout=retry_timeout, on_fault=self._fault)
+        self._adapter = GlideAdapter(
+            self._params, client=client, retry_timeout=retry_timeout, on_fault=self._fault, lean=lean
+        )
         self._block_chunk = block_chunk
         self._watch_interval = watch_interval
         self._scripts: dict[str, Any] = {}
