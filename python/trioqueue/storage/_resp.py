@@ -112,6 +112,8 @@ class RespConnection:
             # a send_all cut short by a cancellation would leave half a command on the
             # wire: shielded, but bounded
             with trio.CancelScope(shield=True, deadline=trio.current_time() + self._timeout) as scope:
+                # send_all yields after each write: the commands of the tasks that run
+                # meanwhile share the next one
                 while self._wbuf and self.broken is None:
                     chunk = bytes(self._wbuf)
                     self._wbuf.clear()
