@@ -8,8 +8,10 @@ at depth, on a local valkey-server started here (free port, no persistence), as
 (b) Priority claims at depth: queues of 1k, 100k and 1M jobs of mixed priorities (0..9);
     single-job claim latency and 100-job claim throughput at each depth, measured in
     interleaved rounds (claimed jobs are enqueued again), as ratios against 1k.
+(c) The same at depth on FileStorage (a temporary directory), ``--file-depths``.
 
     python benches/bench_scheduling.py [--jobs 100000] [--depths 1000,100000,1000000]
+                                       [--file-depths 1000,100000]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from itertools import count
@@ -31,7 +34,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from redis_server import RedisServer, valkey_server_binary  # noqa: E402
 
-from trioqueue.storage import NewJob  # noqa: E402
+from trioqueue.storage import NewJob, Storage  # noqa: E402
+from trioqueue.storage.file import FileStorage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
 
 ENVELOPE = b"\x01" + b"x" * 63  # a typical small envelope (opaque to the storage)
@@ -49,14 +53,14 @@ def _jobs(n: int, *, run_at: float | None = None, mixed: bool = False) -> list[N
     ]
 
 
-async def _fill(st: RedisStorage, queue: str, jobs: list[NewJob]) -> float:
+async def _fill(st: Storage, queue: str, jobs: list[NewJob]) -> float:
     t = time.perf_counter()
     for i in range(0, len(jobs), BATCH):
         await st.enqueue(queue, jobs[i : i + BATCH])
     return time.perf_counter() - t
 
 
-async def _claim_all(st: RedisStorage, queue: str, n: int) -> float:
+async def _claim_all(st: Storage, queue: str, n: int) -> float:
     """Seconds until ``CONSUMERS`` consumers claiming ``CLAIM`` at a time got ``n`` jobs
     (the others' waiting claims are cancelled then)."""
     got = 0
@@ -77,7 +81,7 @@ async def _claim_all(st: RedisStorage, queue: str, n: int) -> float:
     return end - t
 
 
-async def bench_promotion(st: RedisStorage, n: int) -> dict[str, float]:
+async def bench_promotion(st: Storage, n: int) -> dict[str, float]:
     fill_plain = await _fill(st, "plain", _jobs(n))
     plain = await _claim_all(st, "plain", n)
     # Due once the whole batch is written (its writing time measured just above, with room).
@@ -88,7 +92,7 @@ async def bench_promotion(st: RedisStorage, n: int) -> dict[str, float]:
     return {"plain": plain, "promoted": promoted}
 
 
-async def _latency(st: RedisStorage, queue: str, k: int) -> float:
+async def _latency(st: Storage, queue: str, k: int) -> float:
     """Median seconds of ``k`` sequential single-job claims."""
     times = []
     for _ in range(k):
@@ -99,7 +103,7 @@ async def _latency(st: RedisStorage, queue: str, k: int) -> float:
     return statistics.median(times)
 
 
-async def _throughput(st: RedisStorage, queue: str, calls: int) -> tuple[int, float]:
+async def _throughput(st: Storage, queue: str, calls: int) -> tuple[int, float]:
     """``(jobs, seconds)`` of ``calls`` sequential claims of ``CLAIM`` jobs."""
     t = time.perf_counter()
     got = 0
@@ -109,7 +113,7 @@ async def _throughput(st: RedisStorage, queue: str, calls: int) -> tuple[int, fl
     return got, time.perf_counter() - t
 
 
-async def bench_depth(st: RedisStorage, depths: list[int], rounds: int = 5) -> dict[int, dict[str, float]]:
+async def bench_depth(st: Storage, depths: list[int], rounds: int = 5) -> dict[int, dict[str, float]]:
     build: dict[int, float] = {}
     for d in depths:
         build[d] = await _fill(st, f"depth-{d}", _jobs(d, mixed=True))
@@ -140,12 +144,19 @@ async def run(url: str, n: int, depths: list[int]) -> tuple[dict[str, float], di
     return promotion, depth
 
 
+async def run_file(depths: list[int]) -> dict[int, dict[str, float]]:
+    with tempfile.TemporaryDirectory(prefix="trioqueue-bench-") as d:
+        async with FileStorage(d) as st:
+            return await bench_depth(st, depths)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--depths", default="1000,100000,1000000")
     ap.add_argument("--out", default=str(HERE / "results" / "scheduling.md"))
     ap.add_argument("--default-priority-only", action="store_true", help="(b) with every job at priority 5")
+    ap.add_argument("--file-depths", default="1000,100000", help="(c) FileStorage depths ('' to skip)")
     args = ap.parse_args()
     global MIXED
     MIXED = not args.default_priority_only
@@ -157,6 +168,8 @@ def main() -> None:
     with RedisServer(server_bin) as server:
         version = subprocess.run([server_bin, "--version"], capture_output=True, text=True).stdout.strip()
         promotion, depth = trio.run(run, server.url, args.jobs, depths)
+    file_depths = [int(x) for x in args.file_depths.split(",") if x]
+    file_depth = trio.run(run_file, file_depths) if file_depths else {}
     total = time.perf_counter() - t0
     n = args.jobs
     base = depth[depths[0]]
@@ -198,6 +211,26 @@ def main() -> None:
         "measured in the same run, rather than the absolute figures.",
         "",
     ]
+    if file_depth:
+        fbase = file_depth[file_depths[0]]
+        lines += [
+            "## (c) FileStorage claims at depth (mixed priorities 0..9, a temporary directory)",
+            "",
+            "| queued jobs | built in (s) | single-job claim, median (ms) | vs smallest | 100-job claims (jobs/s) | vs smallest |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for d in file_depths:
+            r = file_depth[d]
+            lines.append(
+                f"| {d:,} | {r['build_s']:.1f} | {r['latency_s'] * 1000:.3f} | {r['latency_s'] / fbase['latency_s']:.2f} "
+                f"| {r['claims_per_s']:,.0f} | {r['claims_per_s'] / fbase['claims_per_s']:.2f} |"
+            )
+        lines += [
+            "",
+            "Same rounds as (b). A FileStorage claim renames the first names of the ready",
+            "directory's per-priority order into the worker's directory under the queue lock.",
+            "",
+        ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
