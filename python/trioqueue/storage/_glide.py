@@ -30,7 +30,7 @@ import trio
 
 from .. import _core
 from .._errors import StorageError, ValidationError
-from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection
+from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection, Subscriber
 
 try:
     import glide as _g
@@ -421,7 +421,15 @@ class GlideAdapter:
     # -- pub/sub ---------------------------------------------------------------------
 
     async def subscriber(self, channel: str, on_message: Callable[[bytes], None]) -> Any:
-        """A client subscribed to ``channel``; ``on_message(payload)`` runs on the Trio thread."""
+        """A client subscribed to ``channel``; ``on_message(payload)`` runs on the Trio thread
+        (for the lean client's subscriber, from :meth:`serve`, which the owner runs)."""
+        if self._fast is not None:
+            sub = Subscriber(self._fast, channel, on_message)
+            try:
+                await self._retry_connect(sub.subscribe)
+            except StorageError as exc:
+                raise StorageError(f"could not subscribe to {channel!r}: {exc}") from exc
+            return sub
 
         def callback(msg: Any, _context: Any) -> None:
             on_message(msg.message)
@@ -432,7 +440,32 @@ class GlideAdapter:
         await self.wait_subscribed(client, channel)
         return client
 
+    async def serve(self, client: Any) -> None:
+        """Run ``client``'s message delivery until cancelled (GLIDE delivers on its own)."""
+        if isinstance(client, Subscriber):
+            await client.run()
+        else:
+            await trio.sleep_forever()
+
+    async def _retry_connect(self, fn: Callable[[], Awaitable[None]]) -> None:
+        delay = 0.02
+        deadline = trio.current_time() + self.retry_timeout
+        while True:
+            try:
+                return await fn()
+            except ConnectionLost as exc:
+                if trio.current_time() + delay > deadline:
+                    raise StorageError(f"Redis unavailable for {self.retry_timeout:g} s: {exc}") from exc
+            await trio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
     async def wait_subscribed(self, client: Any, channel: str, timeout: float = 10.0) -> None:
+        if isinstance(client, Subscriber):
+            with trio.move_on_after(timeout):
+                while not client.connected:
+                    await trio.sleep(0.005)
+                return
+            raise StorageError(f"could not subscribe to {channel!r}")
         want = channel.encode()
         with trio.move_on_after(timeout):
             delay = 0.005
@@ -449,7 +482,10 @@ class GlideAdapter:
         raise StorageError(f"could not subscribe to {channel!r}")
 
     async def connection_id(self, client: Any) -> int | None:
-        """The server-side id of ``client``'s connection, or None if unreachable."""
+        """The server-side id of ``client``'s connection (for the lean subscriber, its
+        connection's generation), or None if unreachable."""
+        if isinstance(client, Subscriber):
+            return client.generation if client.connected else None
         try:
             if self.params.cluster:
                 return hash(str(await client.custom_command(["CLIENT", "ID"], _g.AllNodes())))
@@ -459,7 +495,10 @@ class GlideAdapter:
 
     @staticmethod
     async def close_client(client: Any) -> None:
-        await _close_quietly(client)
+        if isinstance(client, Subscriber):
+            await client.aclose()
+        else:
+            await _close_quietly(client)
 
 
 async def _close_quietly(client: Any) -> None:

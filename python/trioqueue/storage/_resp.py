@@ -24,6 +24,7 @@ from __future__ import annotations
 import socket
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -31,7 +32,7 @@ import trio
 from .. import _core
 from .._errors import StorageError
 
-__all__ = ["ConnectionLost", "ReplyError", "RespClient", "RespConnection"]
+__all__ = ["ConnectionLost", "ReplyError", "RespClient", "RespConnection", "Subscriber"]
 
 ReplyError = _core.ReplyError
 
@@ -218,6 +219,38 @@ class RespConnection:
             if c.event is not None:
                 c.event.set()
 
+    async def send(self, data: bytes) -> None:
+        """Send ``data`` expecting no reply (a subscriber's ``SUBSCRIBE``: what comes back
+        is read with :meth:`receive_pushes`)."""
+        if self.broken is not None:
+            raise ConnectionLost(str(self.broken))
+        self._wbuf += data
+        if not self._writing:
+            await self._flush()
+        if self.broken is not None:
+            raise ConnectionLost(str(self.broken))
+
+    async def receive_pushes(self) -> list[Any]:
+        """For a connection in subscriber mode (after ``SUBSCRIBE``, with no call
+        pending): wait for the next bytes and return the messages they complete (maybe
+        none). Raises :class:`ConnectionLost` when the connection breaks."""
+        if self.broken is not None:
+            raise ConnectionLost(str(self.broken))
+        try:
+            data = await self._stream.receive_some(_RECV_SIZE)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._break(ConnectionLost(f"connection lost: {exc}"))
+            raise ConnectionLost(str(self.broken)) from exc
+        if not data:
+            self._break(ConnectionLost("connection closed by the server"))
+            raise ConnectionLost(str(self.broken))
+        self._reader.feed(data)
+        try:
+            return self._reader.pop_all()
+        except _core.RespProtocolError as exc:
+            self._break(ConnectionLost(str(exc)))
+            raise ConnectionLost(str(exc)) from exc
+
     async def aclose(self) -> None:
         self._break(ConnectionLost("connection closed"))
         with trio.CancelScope(shield=True):
@@ -312,6 +345,76 @@ class RespClient:
 
     async def aclose(self) -> None:
         self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.aclose()
+
+
+class Subscriber:
+    """A connection subscribed to one pub/sub channel. :meth:`run` (a task of the
+    subscriber's nursery) hands each message's payload to ``on_message`` and, when the
+    connection breaks, opens and subscribes a new one (with backoff). Messages published
+    while it was away are lost: :attr:`generation` changes with every new connection, for
+    the owner to announce a ``resync``."""
+
+    def __init__(self, client: RespClient, channel: str, on_message: Callable[[bytes], None]) -> None:
+        self._client = client
+        self._channel = channel
+        self._on_message = on_message
+        self._conn: RespConnection | None = None
+        self.generation = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.broken is None
+
+    async def subscribe(self) -> None:
+        """Open a connection and subscribe (returns once the server confirmed)."""
+        conn = await self._client.open_connection()
+        try:
+            await conn.send(_core.encode_command(("SUBSCRIBE", self._channel)))
+            early: list[Any] = []
+            with trio.move_on_after(self._client.params.request_timeout):
+                while not early:
+                    early = await conn.receive_pushes()
+            reply = early[0] if early else None
+            if isinstance(reply, ReplyError) or not (isinstance(reply, list) and reply[:1] == [b"subscribe"]):
+                raise StorageError(f"could not subscribe to {self._channel!r}: {reply!r:.200}")
+        except BaseException:
+            await conn.aclose()
+            raise
+        old, self._conn = self._conn, conn
+        self.generation += 1
+        self._deliver(early[1:])  # messages that came in the confirmation's read
+        if old is not None:
+            await old.aclose()
+
+    def _deliver(self, pushes: list[Any]) -> None:
+        for push in pushes:
+            # [b"message", channel, payload]; confirmations and pongs are skipped
+            if isinstance(push, list) and len(push) == 3 and push[0] == b"message":
+                self._on_message(push[2])
+
+    async def run(self) -> None:
+        """Deliver messages until cancelled; reconnect after a fault."""
+        delay = 0.02
+        while True:
+            conn = self._conn
+            if conn is None or conn.broken is not None:
+                try:
+                    await self.subscribe()
+                    delay = 0.02
+                except (ConnectionLost, StorageError):
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                continue
+            try:
+                pushes = await conn.receive_pushes()
+            except ConnectionLost:
+                continue
+            self._deliver(pushes)
+
+    async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.aclose()

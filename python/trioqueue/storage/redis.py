@@ -594,6 +594,7 @@ class RedisStorage(RedisAdmin, Storage):
         self._subs.add(sub)
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._adapter.serve, client)
                 nursery.start_soon(self._watch, client, channel, sub)
                 try:
                     yield receive
