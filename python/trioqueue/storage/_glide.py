@@ -1,9 +1,9 @@
 """The only module that touches the valkey-glide API: a small adapter for RedisStorage.
 
-On a standalone server (plain or TLS) ordinary commands and scripts go through the lean
-client of :mod:`._resp` instead (a Trio socket, RESP parsed in Rust: about 2.5x cheaper
-per awaited call than GLIDE under Trio, see ``benches/bench_resp.py``); GLIDE keeps
-blocking claims, pub/sub, Cluster and an application's own client (``client=``).
+On a standalone server (plain or TLS) commands, scripts, blocking calls and subscriptions
+go through the lean client of :mod:`._resp` instead (a Trio socket, RESP parsed in Rust:
+about 2.5x cheaper per awaited call than GLIDE under Trio, see ``benches/bench_resp.py``);
+GLIDE serves Cluster, an application's own client (``client=``) and ``lean=False``.
 
 What it encodes (see /work/shared/notes/redis-clients-under-trio.md for the measurements):
 

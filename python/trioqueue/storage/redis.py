@@ -1,8 +1,9 @@
-"""RedisStorage: the reliable queue on Redis >= 7 / Valkey, through valkey-glide.
+"""RedisStorage: the reliable queue on Redis >= 7 / Valkey.
 
-Every mutating operation is one Lua script (see :mod:`._lua` for the key layout); the
-valkey-glide specifics (which client does what, retries, cancellation remedies) live in
-:mod:`._glide`. Under Trio an awaited round trip costs ~250 µs whatever the client, so:
+Every mutating operation is one Lua script (see :mod:`._lua` for the key layout); which
+client does what (the lean client of :mod:`._resp` on a standalone server, valkey-glide on
+Cluster), retries and cancellation remedies live in :mod:`._glide`. An awaited round trip
+costs far more under Trio than on the wire, so:
 
 - concurrent :meth:`enqueue` calls on one queue share round trips (calls that arrive while
   one script call is in flight go together in the next one);
@@ -14,8 +15,8 @@ valkey-glide specifics (which client does what, retries, cancellation remedies) 
   more, up to ``max_jobs``) as soon as it arrives, with no extra round trip.
 
 Events are published by the scripts on ``{prefix:queue}:events``; each :meth:`subscribe`
-context has one subscriber client whose messages GLIDE hands to a callback on the Trio
-thread, forwarding into a memory channel; a watchdog emits ``resync`` after a reconnect.
+context has one subscriber connection whose messages a callback on the Trio thread
+forwards into a memory channel; a watchdog emits ``resync`` after a reconnect.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ class RedisStorage(RedisAdmin, Storage):
     is unreachable before raising :class:`~trioqueue.StorageError`. ``lean``: on a
     standalone server, send ordinary commands, scripts and blocking claims through the
     built-in lean client (a Trio socket, RESP parsed in Rust; ~2.5x cheaper per call than
-    GLIDE under Trio); ``False`` sends everything through GLIDE. Pub/sub and Cluster always
-    use GLIDE.
+    GLIDE under Trio), subscriptions included; ``False`` sends everything through GLIDE.
+    Cluster always uses GLIDE.
     """
 
     def __init__(
