@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 import pytest
 import trio
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -84,7 +89,17 @@ class Page:
         # A live page replaces its content when events arrive: an element found a moment
         # ago may be gone (stale); look again.
         ignored = (NoSuchElementException, StaleElementReferenceException)
-        return WebDriverWait(self.d, WAIT, ignored_exceptions=ignored).until(predicate)
+
+        def attempt(d: WebDriver) -> Any:
+            try:
+                return predicate(d)
+            except WebDriverException as exc:
+                # Chromium sometimes reports a replaced node this way instead of as stale
+                if "does not belong to the document" in str(exc):
+                    return False
+                raise
+
+        return WebDriverWait(self.d, WAIT, ignored_exceptions=ignored).until(attempt)
 
     def count(self, queue: str, state: str) -> str:
         return self.text(f'[data-count][data-queue="{queue}"][data-state="{state}"]')
