@@ -191,8 +191,8 @@ def main() -> None:
         "writes commands as they come (pipelined) and matches replies in order; the caller whose",
         "reply is due reads the socket for everyone (no background task). RESP is encoded and",
         "parsed by the Rust core (`_core.encode_command`, `_core.RespReader`; 4-7x their Python",
-        "twins in `core.md`). RedisStorage uses it for ordinary commands and scripts on a",
-        "standalone server (plain or TLS); GLIDE keeps blocking claims, pub/sub and Cluster.",
+        "twins in `core.md`). RedisStorage uses it on a standalone server (plain or TLS) for",
+        "commands, scripts, blocking claims and subscriptions; GLIDE serves Cluster.",
         "",
     ]
     RESULTS.write_text("\n".join(lines))
