@@ -66,6 +66,15 @@ fn internal_buffer_error(_: codec::BufferTooSmall) -> PyErr {
     PyRuntimeError::new_err("trioqueue internal error: envelope size miscomputed")
 }
 
+/// The name of `obj`'s type, for error messages.
+#[cold]
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
 /// Builds the error for an int argument that does not fit `bits` unsigned bits.
 #[cold]
 #[inline(never)]
@@ -79,12 +88,7 @@ fn int_arg_error(obj: &Bound<'_, PyAny>, name: &str, bits: u32) -> PyErr {
             ))
         }
     } else {
-        let ty = obj
-            .get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_else(|_| "?".to_owned());
-        PyTypeError::new_err(format!("{name} must be an int, got {ty}"))
+        PyTypeError::new_err(format!("{name} must be an int, got {}", type_name(obj)))
     }
 }
 
@@ -320,13 +324,9 @@ struct MpmcQueue {
 #[cold]
 #[inline(never)]
 fn not_bytes(method: &str, obj: &Bound<'_, PyAny>) -> PyErr {
-    let ty = obj
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".to_owned());
     PyTypeError::new_err(format!(
-        "MpmcQueue.{method}() expects bytes items, got {ty}"
+        "MpmcQueue.{method}() expects bytes items, got {}",
+        type_name(obj)
     ))
 }
 
@@ -408,13 +408,9 @@ impl MpmcQueue {
 #[cold]
 #[inline(never)]
 fn bad_arg(obj: &Bound<'_, PyAny>) -> PyErr {
-    let ty = obj
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".to_owned());
     PyTypeError::new_err(format!(
-        "a Redis command argument must be bytes, str or int, got {ty}"
+        "a Redis command argument must be bytes, str or int, got {}",
+        type_name(obj)
     ))
 }
 
@@ -457,7 +453,10 @@ fn push_args(seq: &Bound<'_, PyAny>, args: &mut Vec<Vec<u8>>) -> PyResult<()> {
 /// The RESP encoding of one command: every argument of every sequence given, in order.
 #[pyfunction]
 #[pyo3(signature = (*parts))]
-fn encode_command<'py>(py: Python<'py>, parts: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
+fn encode_command<'py>(
+    py: Python<'py>,
+    parts: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let mut args: Vec<Vec<u8>> = Vec::with_capacity(8);
     for part in parts.iter() {
         push_args(&part, &mut args)?;
@@ -509,7 +508,9 @@ impl RespReader {
         } else if let Ok(b) = data.cast::<PyByteArray>() {
             self.inner.feed(&b.to_vec());
         } else {
-            return Err(PyTypeError::new_err("RespReader.feed() expects bytes or bytearray"));
+            return Err(PyTypeError::new_err(
+                "RespReader.feed() expects bytes or bytearray",
+            ));
         }
         Ok(())
     }

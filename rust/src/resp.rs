@@ -282,7 +282,10 @@ mod tests {
             Value::Array(Some(vec![])),
             Value::Array(Some(vec![
                 Value::Int(1),
-                Value::Array(Some(vec![Value::Bulk(Some(b"x".to_vec())), Value::Bulk(None)])),
+                Value::Array(Some(vec![
+                    Value::Bulk(Some(b"x".to_vec())),
+                    Value::Bulk(None),
+                ])),
                 Value::Simple("PONG".into()),
             ])),
         ]

@@ -108,6 +108,23 @@ def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParam
 _PING = _core.encode_command(("PING",))
 
 
+class _Backoff:
+    """Waits between the retries of one operation (20 ms doubling to 0.5 s) until
+    ``timeout`` seconds have passed, then raises :class:`StorageError` with the last
+    fault."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.delay = 0.02
+        self.deadline = trio.current_time() + timeout
+
+    async def wait(self, err: BaseException) -> None:
+        if trio.current_time() + self.delay > self.deadline:
+            raise StorageError(f"Redis unavailable for {self.timeout:g} s: {err}") from err
+        await trio.sleep(self.delay)
+        self.delay = min(self.delay * 2, 0.5)
+
+
 def _is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, (_g.ConnectionError, _g.TimeoutError)):
         return True
@@ -248,8 +265,7 @@ class GlideAdapter:
     # -- commands --------------------------------------------------------------------
 
     async def _retry(self, fn: Callable[[], Awaitable[Any]]) -> Any:
-        delay = 0.02
-        deadline = trio.current_time() + self.retry_timeout
+        backoff = _Backoff(self.retry_timeout)
         while True:
             try:
                 return await fn()
@@ -263,10 +279,7 @@ class GlideAdapter:
                     raise StorageError(f"Redis error: {exc}") from exc
                 err = exc
             self._on_fault()
-            if trio.current_time() + delay > deadline:
-                raise StorageError(f"Redis unavailable for {self.retry_timeout:g} s: {err}") from err
-            await trio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            await backoff.wait(err)
 
     async def _replace_client(self) -> None:
         assert self._reconnect_lock is not None
@@ -296,8 +309,7 @@ class GlideAdapter:
         """One command on the lean client, retried like :meth:`_retry`: on a lost
         connection and on the server's transient errors (``LOADING``...)."""
         assert self._fast is not None
-        delay = 0.02
-        deadline = trio.current_time() + self.retry_timeout
+        backoff = _Backoff(self.retry_timeout)
         while True:
             err: BaseException
             try:
@@ -317,10 +329,7 @@ class GlideAdapter:
                     raise StorageError(f"Redis error: {text}")
                 err = reply
             self._on_fault()
-            if trio.current_time() + delay > deadline:
-                raise StorageError(f"Redis unavailable for {self.retry_timeout:g} s: {err}") from err
-            await trio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            await backoff.wait(err)
 
     # -- blocking move ---------------------------------------------------------------
 
@@ -448,16 +457,12 @@ class GlideAdapter:
             await trio.sleep_forever()
 
     async def _retry_connect(self, fn: Callable[[], Awaitable[None]]) -> None:
-        delay = 0.02
-        deadline = trio.current_time() + self.retry_timeout
+        backoff = _Backoff(self.retry_timeout)
         while True:
             try:
                 return await fn()
             except ConnectionLost as exc:
-                if trio.current_time() + delay > deadline:
-                    raise StorageError(f"Redis unavailable for {self.retry_timeout:g} s: {exc}") from exc
-            await trio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+                await backoff.wait(exc)
 
     async def wait_subscribed(self, client: Any, channel: str, timeout: float = 10.0) -> None:
         if isinstance(client, Subscriber):
