@@ -13,7 +13,7 @@ from redis_server import raw_command
 from trioqueue import _core
 from trioqueue._errors import StorageError
 from trioqueue.storage._glide import parse_url
-from trioqueue.storage._resp import ConnectionLost, ReplyError, RespClient
+from trioqueue.storage._resp import ConnectionLost, ReplyError, RespClient, Subscriber
 
 pytestmark = pytest.mark.trio
 
@@ -132,3 +132,37 @@ async def test_closed_client_refuses_calls(redis_url: str) -> None:
     await client.aclose()
     with pytest.raises(StorageError, match="closed"):
         await client.execute(_echo("y"))
+
+
+async def test_subscriber_delivers_messages_and_resubscribes_after_its_connection_is_killed(redis_url: str) -> None:
+    client = RespClient(parse_url(redis_url))
+    got: list[bytes] = []
+    arrived = trio.Event()
+
+    def on_message(payload: bytes) -> None:
+        got.append(payload)
+        arrived.set()
+
+    sub = Subscriber(client, "tq-test-channel", on_message)
+    await sub.subscribe()
+    assert sub.connected and sub.generation == 1
+
+    async def publish_until_heard(text: str) -> None:
+        nonlocal arrived
+        arrived = trio.Event()
+        with trio.fail_after(10):
+            while not arrived.is_set():  # a message sent while resubscribing is lost: send again
+                await client.execute(_core.encode_command(("PUBLISH", "tq-test-channel", text)))
+                with trio.move_on_after(0.05):
+                    await arrived.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sub.run)
+        await publish_until_heard("one")
+        raw_command(_port(redis_url), "CLIENT", "KILL", "TYPE", "pubsub")
+        await publish_until_heard("two")
+        assert sub.generation == 2  # a new connection: its owner announces a resync
+        nursery.cancel_scope.cancel()
+    assert got[0] == b"one" and got[-1] == b"two"
+    await sub.aclose()
+    await client.aclose()
