@@ -218,7 +218,10 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         producer; the terminal notices alone for ``completed``/``failed``/``cancelled``/
         ``removed``/``cancel_requested``; everything for the others). Registered while
         the queue runs, a callback that needs a wider subscription gets events from once
-        it is live (after a ``resync``)."""
+        it is live (after a ``resync``). ``error`` and ``resync`` callbacks subscribe to
+        nothing by themselves: the storage's own errors (a fenced settlement, a
+        quarantined file) reach a queue that subscribes for another reason (a worker, a
+        waiter, another callback)."""
         if callback is None:
             return lambda cb: self.on(name, cb)
         registered = self._events.on(name, callback)
