@@ -527,3 +527,16 @@ async def test_routing_on_the_wire(st: RedisStorage) -> None:
             assert await _numsub(st, "wire") == {"events": 0, "notices": 2}
             async with producer.events():
                 assert await _numsub(st, "wire") == {"events": 1, "notices": 1}  # switched over
+
+
+def test_the_scripts_publish_exactly_the_notice_kinds_on_the_notices_channel() -> None:
+    """The prelude's NOTICE table and ``NOTICE_KINDS`` (what subscribe() routes to the
+    notices channel) must name the same kinds, or a waiter would miss an outcome."""
+    import re
+
+    from trioqueue.storage import _lua
+    from trioqueue.storage._base import NOTICE_KINDS
+
+    table = re.search(r"local NOTICE = \{(.*?)\}", _lua.source("settle"), re.DOTALL)
+    assert table is not None
+    assert set(re.findall(r"(\w+) = true", table.group(1))) == NOTICE_KINDS
