@@ -60,8 +60,8 @@ async def test_a_worker_that_missed_the_cancel_event_learns_it_from_its_heartbea
     real_subscribe = storage.subscribe
 
     @asynccontextmanager
-    async def without_cancel_requests(queue: str) -> AsyncIterator[Any]:
-        async with real_subscribe(queue) as receive:
+    async def without_cancel_requests(queue: str, kinds: Any = None) -> AsyncIterator[Any]:
+        async with real_subscribe(queue, kinds) as receive:
             send, filtered = trio.open_memory_channel[Any](100)
 
             async def pump() -> None:

@@ -179,9 +179,11 @@ async def test_waiter_woken_by_resync_and_completion_together_returns(storage: S
     real_subscribe = storage.subscribe
 
     @asynccontextmanager
-    async def resync_before_completions(queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+    async def resync_before_completions(
+        queue: str, kinds: Any = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
-        async with real_subscribe(queue) as upstream, trio.open_nursery() as nursery:
+        async with real_subscribe(queue, kinds) as upstream, trio.open_nursery() as nursery:
 
             async def pump() -> None:
                 async for batch in upstream:
@@ -222,11 +224,13 @@ async def test_waiter_on_reenqueued_job_ignores_the_old_cancellation(storage: St
     hold = trio.Event()
 
     @asynccontextmanager
-    async def late_events(queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+    async def late_events(
+        queue: str, kinds: Any = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
         # Deliver the stream only once the test says so: the old ``cancelled`` notice then
         # reaches the queue after the new incarnation was enqueued, as it may on a busy loop.
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
-        async with real_subscribe(queue) as upstream, trio.open_nursery() as nursery:
+        async with real_subscribe(queue, kinds) as upstream, trio.open_nursery() as nursery:
 
             async def pump() -> None:
                 await hold.wait()
@@ -238,7 +242,9 @@ async def test_waiter_on_reenqueued_job_ignores_the_old_cancellation(storage: St
             nursery.cancel_scope.cancel()
 
     storage.subscribe = late_events  # type: ignore[method-assign]
-    async with Queue(storage, name=queue_name) as producer:
+    producer = Queue(storage, name=queue_name)
+    producer.on("cancelled", lambda event: None)  # subscribed from the start: it hears the old cancel
+    async with producer:
         await producer.enqueue("again", 1)
         assert (await producer.cancel("again")).status.value == "cancelled"
         async with Queue(storage, name=queue_name, handler=lambda job: job.payload * 10, **FAST) as consumer:

@@ -482,7 +482,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
 
     declared = {
         "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "X", "WK", "PROCS",
-        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "STATES", "P", "KEYS[1]", "KEYS[29]",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "P", "KEYS[1]", "KEYS[30]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
         "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q
     }  # fmt: skip
@@ -497,3 +497,46 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
     prelude = _lua.source("claim")
     for i, suffix in enumerate(_lua.QUEUE_KEY_NAMES, start=1):
         assert f"KEYS[{i}]" in prelude, suffix
+
+
+async def _numsub(st: RedisStorage, queue: str) -> dict[str, int]:
+    """Subscribers on the server of the queue's two channels (events, notices)."""
+    base = st._base(queue)
+    reply = await st._adapter.command(["PUBSUB", "NUMSUB", base + ":events", base + ":notices"])
+    if not isinstance(reply, dict):  # a flat list (RESP2)
+        reply = dict(zip(reply[::2], reply[1::2]))
+    counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in reply.items()}
+    return {"events": counts[base + ":events"], "notices": counts[base + ":notices"]}
+
+
+async def test_routing_on_the_wire(st: RedisStorage) -> None:
+    """A pure producer has no subscriber connection; a waiter listens on the notices
+    channel alone, so the ``enqueued`` events of its enqueues never reach it."""
+    from trioqueue import Job, Queue
+
+    async def double(job: Job[int]) -> int:
+        return job.payload * 2
+
+    async with Queue(st, name="wire") as producer:
+        await producer.enqueue("a", 1)
+        assert await _numsub(st, "wire") == {"events": 0, "notices": 0}
+        async with Queue(st, name="wire", handler=double, block_timeout=0.2):
+            assert await _numsub(st, "wire") == {"events": 0, "notices": 1}  # the worker: cancel requests
+            with trio.fail_after(10):
+                assert await producer.enqueue_and_wait("b", 2) == 4
+            assert await _numsub(st, "wire") == {"events": 0, "notices": 2}
+            async with producer.events():
+                assert await _numsub(st, "wire") == {"events": 1, "notices": 1}  # switched over
+
+
+def test_the_scripts_publish_exactly_the_notice_kinds_on_the_notices_channel() -> None:
+    """The prelude's NOTICE table and ``NOTICE_KINDS`` (what subscribe() routes to the
+    notices channel) must name the same kinds, or a waiter would miss an outcome."""
+    import re
+
+    from trioqueue.storage import _lua
+    from trioqueue.storage._base import NOTICE_KINDS
+
+    table = re.search(r"local NOTICE = \{(.*?)\}", _lua.source("settle"), re.DOTALL)
+    assert table is not None
+    assert set(re.findall(r"(\w+) = true", table.group(1))) == NOTICE_KINDS

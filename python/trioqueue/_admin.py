@@ -14,10 +14,12 @@ from ._execution import encode_value
 from ._models import CancelResult, JobError, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ._scheduler import Missed, Schedule, Scheduler
 from ._serde import Serde, decode_error
+from ._listen import level_for
 from ._streams import EventStream, watch
 
 if TYPE_CHECKING:
     from ._events import Emitter
+    from ._listen import Listener
     from .storage._base import JobRecord, Storage
 
 _STATES = [s.value for s in JobState]
@@ -55,6 +57,7 @@ class QueueAdmin(Generic[P]):
     max_attempts: int
     result_ttl: float
     _events: Emitter
+    _listener: Listener
 
     def _check_running(self) -> None:
         raise NotImplementedError
@@ -84,6 +87,7 @@ class QueueAdmin(Generic[P]):
         says why."""
         jid = check.job_id(job_id)
         self._check_running()
+        await self._listener.caught_up()
         return CancelResult(jid, await self.storage.cancel(self.name, jid))
 
     async def schedule(
@@ -140,6 +144,7 @@ class QueueAdmin(Generic[P]):
         the reader gets one ``resync`` event marking the gap."""
         self._check_running()
         stream = EventStream(self.name, kinds or None, job_ids, buffer)
+        await self._listener.ensure(level_for(stream.kinds))  # live before the stream is
         self._events.streams.append(stream)
         try:
             yield stream
@@ -156,11 +161,13 @@ class QueueAdmin(Generic[P]):
         """Stop every worker of this queue (in every process) from claiming jobs; running
         jobs finish. Stored in the storage; returns False if it was already paused."""
         self._check_running()
+        await self._listener.caught_up()
         return await self.storage.set_paused(self.name, True)
 
     async def resume(self) -> bool:
         """Let workers claim again (waiting ones wake at once); False if it was not paused."""
         self._check_running()
+        await self._listener.caught_up()
         return await self.storage.set_paused(self.name, False)
 
     async def is_paused(self) -> bool:
@@ -218,6 +225,7 @@ class QueueAdmin(Generic[P]):
         original payload and its attempts reset. False if it is not failed/cancelled."""
         jid = check.job_id(job_id)
         self._check_running()
+        await self._listener.caught_up()
         return await self.storage.retry_job(self.name, jid, self._new_token())
 
     async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
@@ -234,6 +242,7 @@ class QueueAdmin(Generic[P]):
         False if it is unknown or running."""
         jid = check.job_id(job_id)
         self._check_running()
+        await self._listener.caught_up()
         return await self.storage.remove_job(self.name, jid)
 
     def _new_token(self) -> str:

@@ -28,6 +28,7 @@ from ._errors import (
     ValidationError,
 )
 from ._events import Emitter, EventCallback
+from ._listen import NOTICES, Listener, level_for
 from ._flow import RateLimit, claim_limits
 from ._admin import JobNotFinishedError, QueueAdmin
 from ._waiters import Waiter, terminal_from_record
@@ -39,12 +40,11 @@ from ._models import (
     ExecutionContext,
     Job,
     JobState,
-    STORAGE_EVENT_NAMES,
 )
 from ._observe import QueueObserver, notify
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff, RetryDelay, retry_policy
-from ._serde import JsonSerde, Serde, decode_error
+from ._serde import JsonSerde, Serde
 from .storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
 
 __all__ = ["Handler", "JobNotFinishedError", "Queue"]
@@ -56,9 +56,6 @@ R = TypeVar("R")
 
 Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
-
-_TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
-
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -80,6 +77,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
+    (as far as needed: not at all for a pure producer, see :mod:`trioqueue._listen`)
     and, if a handler is set, starts ``concurrency`` consumers, their heartbeat, and a
     :class:`~trioqueue.Reaper` (leader-elected, so one per queue is active). On exit it
     stops gracefully: no new jobs are claimed, prefetched jobs go back to the queue, running
@@ -157,6 +155,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self._use_reaper = reaper
         self._events = Emitter(self.name)
         self._waiters: dict[str, list[Waiter]] = {}
+        self._listener = Listener(self)  # the storage subscription, opened by need
         # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
         self._token_prefix = uuid.uuid4().hex[:12] + "-"
         self._token_seq = count(1)
@@ -212,10 +211,23 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         storage's event stream, so a producer also sees completions done by other workers.
         ``resync`` (no job id) says the stream may have lost events (a reconnect, a log
         rotation): a subscriber tracking jobs re-reads their status (``get_status``);
-        waiters of ``enqueue_and_wait`` do so by themselves."""
+        waiters of ``enqueue_and_wait`` do so by themselves.
+
+        Events are routed by need: the queue subscribes to the storage's events only as
+        far as its callbacks, streams, waiters and consumer need (none for a pure
+        producer; the terminal notices alone for ``completed``/``failed``/``cancelled``/
+        ``removed``/``cancel_requested``; everything for the others). Registered while
+        the queue runs, a callback that needs a wider subscription gets events from once
+        it is live (after a ``resync``). ``error`` and ``resync`` callbacks subscribe to
+        nothing by themselves: the storage's own errors (a fenced settlement, a
+        quarantined file) reach a queue that subscribes for another reason (a worker, a
+        waiter, another callback)."""
         if callback is None:
-            return lambda cb: self._events.on(name, cb)
-        return self._events.on(name, callback)
+            return lambda cb: self.on(name, cb)
+        registered = self._events.on(name, callback)
+        if self._running:
+            self._listener.want(level_for((name,)))
+        return registered
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -279,7 +291,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self._events.run)
-                await nursery.start(self._listen)
+                await nursery.start(self._listener.run)
                 consumer = None
                 if self._handler is not None:
                     consumer = self._consumer = Consumer(self)
@@ -326,54 +338,6 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             )
 
     # -- notifications -----------------------------------------------------------------
-
-    async def _listen(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        events = self._events
-        async with self.storage.subscribe(self.name) as receive:
-            task_status.started()
-            async for batch in receive:
-                waiters = self._waiters
-                for ev in batch:
-                    kind = ev.kind
-                    if waiters:
-                        if kind in _TERMINAL_EVENTS:
-                            for w in waiters.get(ev.job_id, ()):
-                                w.offer(ev)
-                        elif kind == "resync":
-                            self._wake_waiters()
-                    if kind == "resync":
-                        events.emit("resync")
-                        continue
-                    if kind == "cancel_requested":
-                        if ev.worker_id == self.worker_id and self._consumer is not None:
-                            self._consumer.request_cancel(ev.job_id)
-                        events.emit(kind, ev.job_id, worker_id=ev.worker_id)
-                        continue
-                    if kind == "progress":
-                        if events.wants(kind) and ev.result is not None:
-                            try:
-                                value = self.result_serde.loads(ev.result)
-                            except Exception as exc:
-                                events.emit("error", ev.job_id, error=exc, where="decoding a progress event")
-                            else:
-                                events.emit(kind, ev.job_id, worker_id=ev.worker_id, progress=value)
-                        continue
-                    if kind in STORAGE_EVENT_NAMES:
-                        if events.wants(kind):
-                            data: dict[str, Any] = {"worker_id": ev.worker_id}
-                            if ev.error is not None:
-                                data["error"] = decode_error(ev.error)
-                            events.emit(kind, ev.job_id or None, **data)
-                    elif kind == "fenced":
-                        events.emit(
-                            "error",
-                            ev.job_id,
-                            worker_id=ev.worker_id,
-                            error=f"settlement of job {ev.job_id!r} by worker {ev.worker_id!r} refused: "
-                            "the worker no longer held it (it was recovered as stalled)",
-                        )
-                    elif kind == "error":
-                        events.emit("error", ev.job_id or None, error=ev.error.decode() if ev.error else "storage error")
 
     # -- producer API ------------------------------------------------------------------
 
@@ -446,6 +410,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority
         )
         self._check_running()
+        await self._listener.caught_up()
         [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
         return self._enqueue_result(new.id, outcome)
 
@@ -473,6 +438,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         if not new:
             await trio.lowlevel.checkpoint()
             return []
+        await self._listener.caught_up()
         outcomes = self._enqueued(await self.storage.enqueue(self.name, new))
         return [self._enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
 
@@ -512,6 +478,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self._waiters.setdefault(jid, []).append(waiter)
         try:
             with trio.move_on_after(timeout):
+                # The terminal notices are live before we enqueue (the first waiter of a
+                # queue subscribes to them; later ones find them live).
+                await self._listener.ensure(max(NOTICES, self._listener.pending))
                 [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
                 if outcome.status is EnqueueStatus.COMPLETED:
                     return self._load_result(jid, outcome.result)  # type: ignore[no-any-return]

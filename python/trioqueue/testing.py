@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -185,9 +185,11 @@ class _FaultyBase(Storage):
         return result
 
     @asynccontextmanager
-    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+    async def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
-        async with self.inner.subscribe(queue) as inner, trio.open_nursery() as nursery:
+        async with self.inner.subscribe(queue, kinds) as inner, trio.open_nursery() as nursery:
 
             async def pump() -> None:
                 async with send:

@@ -23,7 +23,10 @@ A backend stores, for each *queue name*, the reliable-queue structures:
   TTL; when it expires the id is forgotten (free to be enqueued again);
 - a **worker registry** with heartbeat TTLs, **leader locks** for the reaper, and an
   **event stream** per queue (job transitions, used for ``enqueue_and_wait`` and
-  ``Queue.on``).
+  ``Queue.on``). Events are routed by need: a subscriber names the kinds it wants
+  (:meth:`Storage.subscribe`), and the *notice* kinds (:data:`NOTICE_KINDS`: terminal
+  outcomes, cancel requests, fenced settlements) have a route of their own, so a waiter
+  or a worker never receives (let alone decodes) the ``enqueued``/``progress``/... events.
 
 All methods are async and are Trio checkpoints. Every mutating method is atomic: it either
 happens entirely or not at all (a Lua script on Redis, a lock-protected step in memory,
@@ -37,7 +40,7 @@ then runs against it.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -49,6 +52,7 @@ import trio
 from .._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 
 __all__ = [
+    "NOTICE_KINDS",
     "Claim",
     "ClaimLimits",
     "EnqueueOutcome",
@@ -73,6 +77,27 @@ DELAYED = "delayed"
 # Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
 STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED)
 TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
+
+# The event kinds someone *acts on*, routed on their own (Redis: a second pub/sub channel):
+# a job's terminal outcome (what ``enqueue_and_wait`` waits for: ``removed`` ends a job
+# too), a cancel request (for the worker holding the job), a fenced settlement and a
+# storage ``error``. A subscription asking for some of these only
+# (``subscribe(queue, kinds=NOTICE_KINDS)``) gets none of the per-job traffic
+# (``enqueued``, ``progress``, ``requeued``...).
+NOTICE_KINDS = frozenset({COMPLETED, FAILED, CANCELLED, "removed", "cancel_requested", "fenced", "error"})
+
+
+def wanted_kinds(kinds: Collection[str] | None) -> frozenset[str] | None:
+    """``kinds`` of :meth:`Storage.subscribe` as a frozenset (``None``: every kind)."""
+    return None if kinds is None else frozenset(kinds)
+
+
+def select_events(events: list[StorageEvent], kinds: frozenset[str] | None) -> list[StorageEvent]:
+    """The events of ``events`` a subscription for ``kinds`` receives: those of its kinds
+    and every ``resync`` (all of them when ``kinds`` is ``None``), in order."""
+    if kinds is None:
+        return events
+    return [ev for ev in events if ev.kind in kinds or ev.kind == "resync"]
 
 
 def check_active_kind(state: str) -> None:
@@ -550,7 +575,17 @@ class Storage(abc.ABC):
     # -- events ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def subscribe(self, queue: str) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[list[StorageEvent]]]:
+    def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AbstractAsyncContextManager[trio.abc.ReceiveChannel[list[StorageEvent]]]:
         """An async context manager yielding a receive channel of event batches for
         ``queue``, in publication order. Subscribed once ``__aenter__`` returns (no event
-        published after that is missed, barring ``resync``); unsubscribed on exit."""
+        published after that is missed, barring ``resync``); unsubscribed on exit.
+
+        ``kinds`` routes by need: only events of those kinds are delivered (never an
+        empty batch), plus every ``resync``, which is never filtered out; ``None`` (the
+        default) delivers every kind. A backend should route, not just filter, when
+        ``kinds`` is a subset of :data:`NOTICE_KINDS`: such a subscriber (a waiter, a
+        worker) must not pay for the other events (Redis publishes the notice kinds on a
+        second channel, ``{prefix:queue}:notices``, and subscribes there; memory and file
+        filter before delivering). Use :func:`select_events` to filter."""

@@ -21,7 +21,7 @@ __all__ = ["QUEUE_KEY_NAMES", "SCRIPT_NAMES", "SMALL", "queue_keys", "source"]
 
 SMALL = 65536  # results/errors up to this size ride along in events
 
-# KEYS[1..28] of every queue script, as suffixes of ``{prefix:queue}``.
+# KEYS[1..29] of every queue script, as suffixes of ``{prefix:queue}``.
 QUEUE_KEY_NAMES = (
     "jobs",  # hash id -> state string (the registry)
     "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...)
@@ -44,6 +44,7 @@ QUEUE_KEY_NAMES = (
     "states",  # zset id -> kind * 2**44 + ms it entered its state (the per-state index)
     # the ready lists of the other priorities (``queue`` is the default priority's, 5)
     *(f"queue:{p}" for p in (0, 1, 2, 3, 4, 6, 7, 8, 9)),
+    "notices",  # pub/sub channel of the notice kinds only (``NOTICE_KINDS``: waiters, holders)
 )
 
 SCRIPT_NAMES = (
@@ -80,7 +81,7 @@ _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
 def queue_keys(base: str) -> list[str]:
-    """KEYS[1..28] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
+    """KEYS[1..29] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
     return [f"{base}:{name}" for name in QUEUE_KEY_NAMES]
 
 

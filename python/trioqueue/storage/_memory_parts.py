@@ -11,7 +11,7 @@ import trio
 
 from .._core import MpmcQueue, format_state
 from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
-from ._base import EnqueueOutcome, NewJob, StorageEvent
+from ._base import EnqueueOutcome, NewJob, StorageEvent, select_events
 from ._memory_index import StateIndex
 from ._flow import FlowState
 
@@ -117,14 +117,19 @@ class _Waiter:
 
 
 class _Subscriber:
-    __slots__ = ("thread", "token", "send")
+    __slots__ = ("thread", "token", "send", "kinds")
 
-    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]]) -> None:
+    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]], kinds: frozenset[str] | None = None) -> None:
         self.thread = threading.get_ident()
         self.token = trio.lowlevel.current_trio_token()
         self.send = send
+        self.kinds = kinds  # the kinds it asked for (None: all); see Storage.subscribe
 
     def deliver(self, events: list[StorageEvent]) -> None:
+        if self.kinds is not None:
+            events = select_events(events, self.kinds)
+            if not events:
+                return
         if self.thread == threading.get_ident():
             _send_quietly(self.send, events)
         else:

@@ -15,7 +15,7 @@ import heapq
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from itertools import count
 
@@ -34,6 +34,7 @@ from ._base import (
     SettleKind,
     StorageEvent,
     ttl_update_status,
+    wanted_kinds,
 )
 
 from ._base import CANCELLED as _CANCELLED
@@ -536,9 +537,11 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
     # -- events ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+    async def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
-        sub = _Subscriber(send)
+        sub = _Subscriber(send, wanted_kinds(kinds))
         with self._lock:
             q = self._q(queue)
             q.subscribers = [*q.subscribers, sub]

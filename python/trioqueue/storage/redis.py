@@ -14,7 +14,10 @@ costs far more under Trio than on the wire, so:
   ``BLMOVE`` on that connection, so the server validates and claims the moved job (with
   more, up to ``max_jobs``) as soon as it arrives, with no extra round trip.
 
-Events are published by the scripts on ``{prefix:queue}:events``; each :meth:`subscribe`
+Events are published by the scripts on ``{prefix:queue}:events``, and the notice kinds
+(``NOTICE_KINDS``: terminal outcomes, cancel requests, fenced settlements) also on
+``{prefix:queue}:notices``, where a subscriber asking for notice kinds only listens (so
+a waiter or a worker never decodes ``enqueued`` events); each :meth:`subscribe`
 context has one subscriber connection whose messages a callback on the Trio thread
 forwards into a memory channel; a watchdog emits ``resync`` after a reconnect.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,6 +38,7 @@ from .._errors import StorageError
 from .._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from ._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._base import NOTICE_KINDS, select_events, wanted_kinds
 from ._glide import ConnParams, GlideAdapter, make_script, parse_url
 from ._redis_admin import RedisAdmin
 
@@ -579,16 +583,28 @@ class RedisStorage(RedisAdmin, Storage):
     # -- events ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+    async def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
         sub = _Sub(send)
-        channel = self._base(queue) + ":events"
+        wanted = wanted_kinds(kinds)
+        # Route by need: the notice kinds have a channel of their own (the scripts publish
+        # them on both), so a subscriber wanting only those never receives the rest.
+        notices_only = wanted is not None and wanted <= NOTICE_KINDS
+        channel = self._base(queue) + (":notices" if notices_only else ":events")
+        if wanted is not None and wanted == NOTICE_KINDS:
+            wanted = None  # the channel carries exactly those: nothing to filter
 
         def on_message(payload: bytes) -> None:
             try:
                 events = decode_events(payload)
             except (ValueError, UnicodeDecodeError):
                 events = [_RESYNC]
+            if wanted is not None:
+                events = select_events(events, wanted)
+                if not events:
+                    return
             sub.deliver(events)
 
         client = await self._adapter.subscriber(channel, on_message)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 
 import trio
 
 from .._base import (
     StorageEvent,
+    select_events,
+    wanted_kinds,
 )
 from .._fsutil import (
     Watch,
@@ -29,7 +31,11 @@ class Events(FileCore):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
     @asynccontextmanager
-    async def subscribe(self, queue: str) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+    async def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        """Every subscriber tails the queue's one event log; ``kinds`` filters what it
+        reads before delivering (see :meth:`Storage.subscribe`)."""
         q = self._q(queue)
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
         watch = q.watch("events")
@@ -38,7 +44,7 @@ class Events(FileCore):
         gen = watch.gen
         await trio.lowlevel.checkpoint()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._tail, q, watch, gen, fd, offset, send)
+            nursery.start_soon(self._tail, q, watch, gen, fd, offset, send, wanted_kinds(kinds))
             try:
                 yield receive
             finally:
@@ -46,7 +52,14 @@ class Events(FileCore):
                 receive.close()
 
     async def _tail(
-        self, q: _Q, watch: Watch, gen: int, fd: int, offset: int, send: trio.MemorySendChannel[list[StorageEvent]]
+        self,
+        q: _Q,
+        watch: Watch,
+        gen: int,
+        fd: int,
+        offset: int,
+        send: trio.MemorySendChannel[list[StorageEvent]],
+        kinds: frozenset[str] | None = None,
     ) -> None:
         """Follow the event log across rotations without losing an event: when the path
         names a new file, the old one is read to its end *after* the rotation was seen (all
@@ -106,6 +119,7 @@ class Events(FileCore):
                         log_gen = new_gen
                         continue
                     break
+                batch = select_events(batch, kinds)
                 if batch:
                     try:
                         send.send_nowait(batch)

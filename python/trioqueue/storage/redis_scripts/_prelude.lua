@@ -4,6 +4,9 @@ local JOBS, META, ENV, RESULTS, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KE
 local Q, D, L, X, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local SEQ, PAUSED, CTL, SCHED, SCHED_LAST, EVENTS = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local STATES = KEYS[19]
+-- KEYS[29]: the notices channel, a second pub/sub channel carrying only the events a
+-- waiter or a job's holder acts on (NOTICE below); EVENTS carries every event.
+local NOTICES = KEYS[29]
 -- The ready list in lanes by priority (0 first): the default priority (5) keeps Q, the
 -- others are KEYS[20..28]. FIFO within a lane; a job keeps its lane for life (m.p).
 local LANES = {KEYS[20], KEYS[21], KEYS[22], KEYS[23], KEYS[24], Q, KEYS[25], KEYS[26], KEYS[27], KEYS[28]}
@@ -32,6 +35,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local EV = {}
+-- The kinds also published on NOTICES (``NOTICE_KINDS`` in storage/_base.py): terminal
+-- outcomes for waiters, cancel requests and fenced settlements for the holder.
+local NOTICE = {
+  completed = true, failed = true, cancelled = true, removed = true, cancel_requested = true, fenced = true, error = true,
+}
+local NV = {}
 local function ns(s)
   if s == nil or s == false then return '-' end
   return #s .. ':' .. s
@@ -42,7 +51,9 @@ local function small(s)
 end
 -- an event: kind, job id, worker, result, error, incarnation token
 local function ev(kind, id, worker, result, err, token)
-  EV[#EV + 1] = ns(kind) .. ns(id) .. ns(worker) .. ns(result) .. ns(err) .. ns(token)
+  local e = ns(kind) .. ns(id) .. ns(worker) .. ns(result) .. ns(err) .. ns(token)
+  EV[#EV + 1] = e
+  if NOTICE[kind] then NV[#NV + 1] = e end
 end
 local function flush()
   if WAKE > 0 and redis.call('LLEN', Q) == 0 then
@@ -50,6 +61,7 @@ local function flush()
   end
   WAKE = 0
   if #EV > 0 then redis.call('PUBLISH', EVENTS, table.concat(EV)) end
+  if #NV > 0 then redis.call('PUBLISH', NOTICES, table.concat(NV)) end
 end
 local function split(entry)
   local c = string.find(entry, ':', 1, true)

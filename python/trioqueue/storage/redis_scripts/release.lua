@@ -1,4 +1,4 @@
--- KEYS[29]: the worker's processing list; the last KEY: the flow hash. ARGV: worker, ids...
+-- KEYS[30]: the worker's processing list; the last KEY: the flow hash. ARGV: worker, ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
 -- claim's attempt stays counted: attempts never go down; a job with a cancel request
 -- ends cancelled instead).
@@ -6,7 +6,7 @@
 --@include _prelude
 --@include _cancel
 --@include _flow_free
-local P = KEYS[29]
+local P = KEYS[30]
 local W = ARGV[1]
 local now = now_ms()
 local byid = {}

@@ -1,8 +1,8 @@
--- KEYS[29]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
+-- KEYS[30]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
 -- Counts the attempts of reserved claims about to run. Returns 1/0 per pair.
 --@include _prelude
 --@include _cancel
-local P = KEYS[29]
+local P = KEYS[30]
 local W = ARGV[1]
 local now = now_ms()
 local out = {}

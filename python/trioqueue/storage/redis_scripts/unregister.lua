@@ -1,6 +1,6 @@
--- KEYS[29]: the worker's processing list. ARGV: worker
+-- KEYS[30]: the worker's processing list. ARGV: worker
 --@include _prelude
 local W = ARGV[1]
 redis.call('ZREM', WK, W)
-if redis.call('LLEN', KEYS[29]) == 0 then redis.call('SREM', PROCS, W) end
+if redis.call('LLEN', KEYS[30]) == 0 then redis.call('SREM', PROCS, W) end
 return 1

@@ -1,0 +1,206 @@
+"""The Queue's subscription to its storage events, opened by need.
+
+A Queue subscribes only to what something in it uses (issue 11: route events by need):
+
+- ``NONE``: a pure producer (``enqueue`` only, no handler, no job-event callback or
+  stream) does not subscribe at all, so it never receives (or decodes) the ``enqueued``
+  events of its own enqueues;
+- ``NOTICES``: waiters of ``enqueue_and_wait`` (terminal outcomes), a consumer (cancel
+  requests, fenced settlements) and callbacks/streams of notice kinds only
+  (``completed``, ``failed``...): ``subscribe(queue, kinds=NOTICE_KINDS)``, which Redis
+  serves from the queue's notices channel;
+- ``ALL``: a callback or stream that wants other job events (``enqueued``, ``progress``,
+  ``Queue.watch``...): every event.
+
+The level only goes up while the queue runs (the first waiter, an ``events()`` stream
+or an ``on()`` callback may raise it). Raising it opens the wider subscription, waits
+until it is live, and only then drops the narrower one; events still in flight on the
+old one are dropped rather than risking duplicates, so waiters re-read the registry and
+callbacks and streams get a ``resync`` (the documented cue: events may have been lost).
+Each subscriber still sees its events in publication order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._models import STORAGE_EVENT_NAMES
+from ._serde import decode_error
+from .storage._base import NOTICE_KINDS, StorageEvent
+
+if TYPE_CHECKING:
+    from ._queue import Queue
+
+__all__ = ["ALL", "NONE", "NOTICES", "Listener", "level_for"]
+
+NONE, NOTICES, ALL = 0, 1, 2
+_TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
+# Queue event names fed by the storage's event stream (the others are the queue's own:
+# started, stopped, leadership_*, and error/resync, which need no subscription by
+# themselves: a queue that subscribes to nothing loses no event).
+_STORAGE_FED = STORAGE_EVENT_NAMES | {"progress", "cancel_requested"}
+
+
+def level_for(kinds: Collection[str] | None) -> int:
+    """The subscription level a callback or stream of event names ``kinds`` (``None``:
+    every name) needs."""
+    if kinds is None:
+        return ALL
+    fed = set(kinds) & _STORAGE_FED
+    if not fed:
+        return NONE
+    return NOTICES if fed <= NOTICE_KINDS else ALL
+
+
+class Listener:
+    """Holds the queue's one live subscription (see the module docstring) and dispatches
+    its events to waiters, the consumer, callbacks and streams."""
+
+    def __init__(self, queue: Queue[Any, Any]) -> None:
+        self.q = queue
+        self.level = NONE  # of the live subscription
+        self._scope: trio.CancelScope | None = None  # the live subscription's follower
+        self._closed: trio.Event | None = None  # set once it has unsubscribed
+        self._nursery: trio.Nursery | None = None
+        self._lock = trio.Lock()
+        self.pending = NONE  # a level want() asked for
+
+    def needed(self) -> int:
+        """The level the queue's consumer, callbacks and streams need now."""
+        q = self.q
+        level = NOTICES if q._handler is not None or q._waiters else NONE
+        for name in q._events.callbacks():
+            level = max(level, level_for((name,)))
+        for stream in q._events.streams:
+            level = max(level, level_for(stream.kinds))
+        return level
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe at the level needed at start; reports started once it is live; then
+        serve :meth:`ensure` until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self.ensure(self.needed())
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._scope = self._closed = None
+            self.level = self.pending = NONE
+
+    async def ensure(self, level: int) -> None:
+        """Return once the live subscription is at ``level`` or above (at once when it
+        is: the common case costs a comparison). Raises what subscribing raised."""
+        if self.level >= level:
+            return
+        async with self._lock:
+            if self.level >= level or self._nursery is None:
+                return
+            narrower = self._closed
+            await self._nursery.start(self._follow, level)
+            if narrower is not None:
+                await narrower.wait()  # unsubscribed: one subscription at a time
+
+    def want(self, level: int) -> None:
+        """Raise the level in the background (``on()`` called while running); the queue's
+        next storage call that publishes events waits for it (:meth:`caught_up`), so a
+        callback registered before an ``enqueue`` hears of that job."""
+        if self.level >= level or self._nursery is None:
+            return
+        self.pending = max(self.pending, level)
+
+        async def raise_level() -> None:
+            try:
+                await self.ensure(level)
+            except Exception as exc:  # noqa: BLE001 - reported, the queue keeps running
+                self.q._events.emit("error", error=exc, where="subscribing to events")
+
+        self._nursery.start_soon(raise_level)
+
+    async def caught_up(self) -> None:
+        """Wait for a level :meth:`want` asked for (nothing to do, no checkpoint, when
+        none is pending: the producer's fast path)."""
+        if self.pending > self.level:
+            await self.ensure(self.pending)
+
+    async def _follow(self, level: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        kinds = None if level >= ALL else NOTICE_KINDS
+        closed = trio.Event()
+        try:
+            await self._subscribed(level, kinds, closed, task_status)
+        finally:
+            closed.set()
+
+    async def _subscribed(
+        self, level: int, kinds: frozenset[str] | None, closed: trio.Event, task_status: trio.TaskStatus[None]
+    ) -> None:
+        with trio.CancelScope() as scope:
+            async with self.q.storage.subscribe(self.q.name, kinds) as receive:
+                # Live: from now on every event reaches this subscription. Take over from
+                # the narrower one; what it still had in flight is dropped (a resync).
+                old, self._scope, self._closed = self._scope, scope, closed
+                had = self.level
+                self.level = level
+                if old is not None:
+                    old.cancel()
+                if had > NONE:
+                    self._resync()
+                task_status.started()
+                async for batch in receive:
+                    if self._scope is not scope:
+                        return  # superseded (the cancellation is on its way)
+                    self._dispatch(batch)
+
+    def _resync(self) -> None:
+        self.q._wake_waiters()
+        self.q._events.emit("resync")
+
+    def _dispatch(self, batch: list[StorageEvent]) -> None:
+        q = self.q
+        events = q._events
+        waiters = q._waiters
+        for ev in batch:
+            kind = ev.kind
+            if waiters:
+                if kind in _TERMINAL_EVENTS:
+                    for w in waiters.get(ev.job_id, ()):
+                        w.offer(ev)
+                elif kind == "resync":
+                    q._wake_waiters()
+            if kind == "resync":
+                events.emit("resync")
+                continue
+            if kind == "cancel_requested":
+                if ev.worker_id == q.worker_id and q._consumer is not None:
+                    q._consumer.request_cancel(ev.job_id)
+                events.emit(kind, ev.job_id, worker_id=ev.worker_id)
+                continue
+            if kind == "progress":
+                if events.wants(kind) and ev.result is not None:
+                    try:
+                        value = q.result_serde.loads(ev.result)
+                    except Exception as exc:
+                        events.emit("error", ev.job_id, error=exc, where="decoding a progress event")
+                    else:
+                        events.emit(kind, ev.job_id, worker_id=ev.worker_id, progress=value)
+                continue
+            if kind in STORAGE_EVENT_NAMES:
+                if events.wants(kind):
+                    data: dict[str, Any] = {"worker_id": ev.worker_id}
+                    if ev.error is not None:
+                        data["error"] = decode_error(ev.error)
+                    events.emit(kind, ev.job_id or None, **data)
+            elif kind == "fenced":
+                events.emit(
+                    "error",
+                    ev.job_id,
+                    worker_id=ev.worker_id,
+                    error=f"settlement of job {ev.job_id!r} by worker {ev.worker_id!r} refused: "
+                    "the worker no longer held it (it was recovered as stalled)",
+                )
+            elif kind == "error":
+                events.emit("error", ev.job_id or None, error=ev.error.decode() if ev.error else "storage error")
