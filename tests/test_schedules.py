@@ -33,7 +33,9 @@ async def test_periodic_schedule_enqueues_each_tick_once_with_its_id(storage: St
     ids = [job_id for job_id, _ in ran]
     assert len(set(ids)) == len(ids)  # each tick once
     ticks = [schedule.job_id(schedule.created_at + k * 0.2) for k in range(500)]
-    assert ids[0] == ticks[0] and set(ids) <= set(ticks)  # the first tick at once, then on the grid
+    # on the grid (the first is tick 0 unless the scheduler's first look came more than a
+    # period late on a loaded machine: then the latest missed tick, run once)
+    assert set(ids) <= set(ticks)
     assert all(payload == {"ping": 1} for _, payload in ran)
 
 
