@@ -10,9 +10,8 @@ if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') the
   -- its ready-list entry (if any) no longer matches: dropped when met
   m.k = -1
   redis.call('ZREM', D, id)
-  setst(id, 'cancelled:' .. now)
   ev('cancelled', id, nil, nil, nil, m.i)
-  terminal(id, m, now, m.t or 0)
+  terminal(id, m, now, m.t or 0, 'cancelled:' .. now, '')
   flush()
   return 'cancelled'
 end

@@ -27,7 +27,7 @@ for j = 1, n do
   if st and not seen[id] and expired(id, now) then st = false end
   if seen[id] then
     st = seen[id]
-    out[#out + 1] = {'d', st, false}
+    out[#out + 1] = {'d', stpart(st), false}
   elseif not st or starts(st, 'cancelled:') then
     if st then purge(id) end  -- what the cancelled incarnation left
     tok = tok + 1
@@ -61,12 +61,19 @@ for j = 1, n do
     ev('enqueued', id, nil, nil, nil, ARGV[i + 3])
     out[#out + 1] = {'q'}
   else
-    local m = getm(id)
+    local m, r = nil, nil
+    if isrec(st) then
+      local s
+      s, m, r = unrec(st)
+      if not starts(s, 'completed:') then r = nil end
+      st = s
+    else
+      m = getm(id)
+    end
     if m and m.q == call then
       out[#out + 1] = {'q'}  -- a retry of this very call after a lost reply
-    elseif starts(st, 'completed:') then
-      local r = redis.call('HGET', RESULTS, id)
-      if r then out[#out + 1] = {'c', st, r, m and m.i or false} else out[#out + 1] = {'d', st, m and m.i or false} end
+    elseif r then
+      out[#out + 1] = {'c', st, r, m.i or false}
     else
       out[#out + 1] = {'d', st, m and m.i or false}
     end

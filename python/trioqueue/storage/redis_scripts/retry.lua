@@ -9,10 +9,8 @@ if not (starts(st, 'failed:') or starts(st, 'cancelled:')) then return 0 end
 if redis.call('HEXISTS', ENV, id) == 0 then return 0 end
 local old = getm(id) or {}
 local tok = redis.call('INCR', SEQ)
-redis.call('HDEL', RESULTS, id)
 redis.call('HDEL', ERRORS, id)
 redis.call('HDEL', PROGRESS, id)
-redis.call('ZREM', X, id)
 local m = {a = 0, m = old.m or 1, t = old.t or 0, k = tok, c = now, i = token, n = 0, s = 0, x = 0, p = old.p}
 setm(id, m)
 setst(id, 'queued:' .. now)
