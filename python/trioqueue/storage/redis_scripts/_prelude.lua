@@ -63,12 +63,22 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- x cancel requested (1), p priority (absent: the default)
 --
 -- A terminal job (completed, failed, cancelled) has no META entry: its registry field is
--- one record, '<state>|a,m,t,created-before-state,n,p,l,q,<#i>:<i><payload>' (l: 1 if the
--- claim token i.n is kept; payload: a completed job's result), and its STATES score says
--- when it is forgotten (see below). One hash field and one zset member per kept job.
+-- one record, '<C|F|X><ms>|a,m,t,created-before-state,n,p,l,q,<#i>:<i><payload>' (C
+-- completed, F failed, X cancelled, at <ms>; t: only where retry_job may need it, not for
+-- a completed job; l: 1 if the claim token i.n is kept; payload: a completed job's
+-- result), and its STATES score says when it is forgotten (see below): one hash field
+-- and one zset member per kept job. Read a registry value through stpart (the state
+-- string) or unrec, never with starts() on the raw value.
+local CODE = {completed = 'C', failed = 'F', cancelled = 'X'}
+local UNCODE = {C = 'completed:', F = 'failed:', X = 'cancelled:'}
+-- whether a registry value is a terminal record (active state strings are lowercase)
+local function isrec(v)
+  return v and UNCODE[string.sub(v, 1, 1)] ~= nil or false
+end
 local function unrec(rec)
   local b = string.find(rec, '|', 1, true)
-  local st = string.sub(rec, 1, b - 1)
+  local ms = tonumber(string.sub(rec, 2, b - 1))
+  local st = UNCODE[string.sub(rec, 1, 1)] .. string.sub(rec, 2, b - 1)
   local f, pos = {}, b + 1
   for k = 1, 8 do
     local e = string.find(rec, ',', pos, true)
@@ -78,33 +88,27 @@ local function unrec(rec)
   local c = string.find(rec, ':', pos, true)
   local ilen = tonumber(string.sub(rec, pos, c - 1))
   local i = string.sub(rec, c + 1, c + ilen)
-  local ms = tonumber(string.sub(st, string.find(st, ':', 1, true) + 1))
   local m = {a = tonumber(f[1]), m = tonumber(f[2]), t = tonumber(f[3]), c = ms - tonumber(f[4]),
     n = tonumber(f[5]), p = tonumber(f[6]), i = i}
   if f[7] == '1' then m.l = i .. '.' .. m.n end
   if f[8] ~= '' then m.q = f[8] end
   return st, m, string.sub(rec, c + ilen + 1)
 end
-local TERMINAL = {completed = true, failed = true, cancelled = true}
--- whether a registry value is a terminal record (an active state string may hold '|' in
--- a worker id, never in its first field)
-local function isrec(v)
-  if not v then return false end
-  local c = string.find(v, ':', 1, true)
-  return c ~= nil and TERMINAL[string.sub(v, 1, c - 1)] == true and string.find(v, '|', c, true) ~= nil
-end
 -- a registry value as the state string callers see
 local function stpart(v)
-  if isrec(v) then return string.sub(v, 1, string.find(v, '|', 1, true) - 1) end
+  if isrec(v) then return UNCODE[string.sub(v, 1, 1)] .. string.sub(v, 2, string.find(v, '|', 1, true) - 1) end
   return v
 end
 local function record(st, m, payload)
-  local ms = tonumber(string.sub(st, string.find(st, ':', 1, true) + 1))
+  local c = string.find(st, ':', 1, true)
+  local kind = string.sub(st, 1, c - 1)
+  local ms = tonumber(string.sub(st, c + 1))
   local i = m.i or ''
   local n = m.n or 0
-  return st .. '|' .. (m.a or 0) .. ',' .. (m.m or 1) .. ',' .. (m.t or 0) .. ',' ..
-    string.format('%.0f', ms - (m.c or ms)) .. ',' .. n .. ',' .. (m.p or '') .. ',' ..
-    ((m.l and m.l == i .. '.' .. n) and '1' or '') .. ',' .. (m.q or '') .. ',' .. #i .. ':' .. i .. (payload or '')
+  return CODE[kind] .. string.sub(st, c + 1) .. '|' .. (m.a or 0) .. ',' .. (m.m or 1) .. ',' ..
+    (kind == 'completed' and '' or (m.t or 0)) .. ',' .. string.format('%.0f', ms - (m.c or ms)) .. ',' ..
+    n .. ',' .. (m.p or '') .. ',' .. ((m.l and m.l == i .. '.' .. n) and '1' or '') .. ',' ..
+    (m.q or '') .. ',' .. #i .. ':' .. i .. (payload or '')
 end
 -- metadata from a META value or, failing that, from a terminal record
 local function meta_of(raw, v)

@@ -3,7 +3,7 @@
 local id = ARGV[1]
 local now = now_ms()
 expired(id, now)
-local st = redis.call('HGET', JOBS, id)
+local st = stpart(redis.call('HGET', JOBS, id))
 if not st then return 'not_found' end
 local m = getm(id)
 if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') then

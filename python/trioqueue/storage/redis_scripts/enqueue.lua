@@ -23,11 +23,12 @@ local tok = redis.call('INCRBY', SEQ, n) - n
 for j = 1, n do
   local i = 2 + (j - 1) * 5
   local id = ids[j]
-  local st = states[j]
-  if st and not seen[id] and expired(id, now) then st = false end
+  local raw = states[j]
+  if raw and not seen[id] and expired(id, now) then raw = false end
+  local st = stpart(raw)
   if seen[id] then
     st = seen[id]
-    out[#out + 1] = {'d', stpart(st), false}
+    out[#out + 1] = {'d', st, false}
   elseif not st or starts(st, 'cancelled:') then
     if st then purge(id) end  -- what the cancelled incarnation left
     tok = tok + 1
@@ -62,11 +63,10 @@ for j = 1, n do
     out[#out + 1] = {'q'}
   else
     local m, r = nil, nil
-    if isrec(st) then
-      local s
-      s, m, r = unrec(st)
-      if not starts(s, 'completed:') then r = nil end
-      st = s
+    if isrec(raw) then
+      local _
+      _, m, r = unrec(raw)
+      if not starts(st, 'completed:') then r = nil end
     else
       m = getm(id)
     end

@@ -4,7 +4,7 @@
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 if expired(id, now) then return 0 end
-local st = redis.call('HGET', JOBS, id)
+local st = stpart(redis.call('HGET', JOBS, id))
 if not (starts(st, 'failed:') or starts(st, 'cancelled:')) then return 0 end
 if redis.call('HEXISTS', ENV, id) == 0 then return 0 end
 local old = getm(id) or {}
