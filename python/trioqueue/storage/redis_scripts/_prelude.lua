@@ -63,24 +63,35 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- x cancel requested (1), p priority (absent: the default)
 --
 -- A terminal job (completed, failed, cancelled) has no META entry: its registry field is
--- one record, '<C|F|X><ms>|a,m,t,created-before-state,n,p,l,q,<#i>:<i><payload>' (C
--- completed, F failed, X cancelled, at <ms>; t: only where retry_job may need it, not for
--- a completed job; l: 1 if the claim token i.n is kept; payload: a completed job's
--- result), and its STATES score says when it is forgotten (see below): one hash field
--- and one zset member per kept job. Read a registry value through stpart (the state
--- string) or unrec, never with starts() on the raw value.
+-- one record, '<C|F|X><ms>|a,m,t,created-before-state,n,p,q,<#i>:<i><payload>' (C
+-- completed, F failed, X cancelled, at <ms> in base 36; t: only where retry_job may need
+-- it, not for a completed job; n: negative if the claim token i.n is not kept; payload: a
+-- completed job's result), and its STATES score says when it is forgotten (see below):
+-- one hash field and one zset member per kept job. Read a registry value through stpart
+-- (the state string) or unrec, never with starts() on the raw value.
 local CODE = {completed = 'C', failed = 'F', cancelled = 'X'}
 local UNCODE = {C = 'completed:', F = 'failed:', X = 'cancelled:'}
+local B36 = '0123456789abcdefghijklmnopqrstuvwxyz'
+local function b36(x)
+  local s = ''
+  repeat
+    local d = x % 36
+    s = string.sub(B36, d + 1, d + 1) .. s
+    x = (x - d) / 36
+  until x == 0
+  return s
+end
 -- whether a registry value is a terminal record (active state strings are lowercase)
 local function isrec(v)
   return v and UNCODE[string.sub(v, 1, 1)] ~= nil or false
 end
+local function rec_ms(v) return tonumber(string.sub(v, 2, string.find(v, '|', 1, true) - 1), 36) end
 local function unrec(rec)
   local b = string.find(rec, '|', 1, true)
-  local ms = tonumber(string.sub(rec, 2, b - 1))
-  local st = UNCODE[string.sub(rec, 1, 1)] .. string.sub(rec, 2, b - 1)
+  local ms = rec_ms(rec)
+  local st = UNCODE[string.sub(rec, 1, 1)] .. string.format('%.0f', ms)
   local f, pos = {}, b + 1
-  for k = 1, 8 do
+  for k = 1, 7 do
     local e = string.find(rec, ',', pos, true)
     f[k] = string.sub(rec, pos, e - 1)
     pos = e + 1
@@ -88,15 +99,16 @@ local function unrec(rec)
   local c = string.find(rec, ':', pos, true)
   local ilen = tonumber(string.sub(rec, pos, c - 1))
   local i = string.sub(rec, c + 1, c + ilen)
+  local n = tonumber(f[5])
   local m = {a = tonumber(f[1]), m = tonumber(f[2]), t = tonumber(f[3]), c = ms - tonumber(f[4]),
-    n = tonumber(f[5]), p = tonumber(f[6]), i = i}
-  if f[7] == '1' then m.l = i .. '.' .. m.n end
-  if f[8] ~= '' then m.q = f[8] end
+    n = math.abs(n), p = tonumber(f[6]), i = i}
+  if n > 0 then m.l = i .. '.' .. n end
+  if f[7] ~= '' then m.q = f[7] end
   return st, m, string.sub(rec, c + ilen + 1)
 end
 -- a registry value as the state string callers see
 local function stpart(v)
-  if isrec(v) then return UNCODE[string.sub(v, 1, 1)] .. string.sub(v, 2, string.find(v, '|', 1, true) - 1) end
+  if isrec(v) then return UNCODE[string.sub(v, 1, 1)] .. string.format('%.0f', rec_ms(v)) end
   return v
 end
 local function record(st, m, payload)
@@ -105,10 +117,11 @@ local function record(st, m, payload)
   local ms = tonumber(string.sub(st, c + 1))
   local i = m.i or ''
   local n = m.n or 0
-  return CODE[kind] .. string.sub(st, c + 1) .. '|' .. (m.a or 0) .. ',' .. (m.m or 1) .. ',' ..
+  local kept = n > 0 and m.l and m.l == i .. '.' .. n
+  return CODE[kind] .. b36(ms) .. '|' .. (m.a or 0) .. ',' .. (m.m or 1) .. ',' ..
     (kind == 'completed' and '' or (m.t or 0)) .. ',' .. string.format('%.0f', ms - (m.c or ms)) .. ',' ..
-    n .. ',' .. (m.p or '') .. ',' .. ((m.l and m.l == i .. '.' .. n) and '1' or '') .. ',' ..
-    (m.q or '') .. ',' .. #i .. ':' .. i .. (payload or '')
+    (kept and n or (n > 0 and '-' .. n or '0')) .. ',' .. (m.p or '') .. ',' .. (m.q or '') .. ',' ..
+    #i .. ':' .. i .. (payload or '')
 end
 -- metadata from a META value or, failing that, from a terminal record
 local function meta_of(raw, v)
