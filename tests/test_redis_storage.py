@@ -480,7 +480,8 @@ async def test_a_finished_job_is_one_record_and_one_index_member(st: RedisStorag
     caller reads of it still comes back."""
     await st.enqueue("q", [_job("a", max_attempts=4), NewJob("b", b"env-b", 2, 60.0, "t,b|:9", priority=2)])
     claims = await st.dequeue("q", "w", 10, 0, 30)
-    assert await st.settle("q", "w", [_done(c, b"r-" + c.id.encode()) for c in claims]) == [True, True]
+    # results are bytes: a NUL or a separator in one must survive the record
+    assert await st.settle("q", "w", [_done(c, b"r-\x00|," + c.id.encode()) for c in claims]) == [True, True]
     base = st._base("q")
     for key in ("meta", "env", "results", "expiry", "errors"):
         assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
@@ -489,13 +490,13 @@ async def test_a_finished_job_is_one_record_and_one_index_member(st: RedisStorag
     a, b = await st.get_job("q", "a"), await st.get_job("q", "b")
     assert a is not None and b is not None
     assert (a.state.split(":")[0], a.attempts, a.max_attempts, a.result, a.token, a.priority) == (
-        "completed", 1, 4, b"r-a", "t-a", 5)
-    assert (b.attempts, b.max_attempts, b.result, b.token, b.priority) == (1, 2, b"r-b", "t,b|:9", 2)
+        "completed", 1, 4, b"r-\x00|,a", "t-a", 5)
+    assert (b.attempts, b.max_attempts, b.result, b.token, b.priority) == (1, 2, b"r-\x00|,b", "t,b|:9", 2)
     assert 0 <= int(a.state.split(":")[1]) - a.created_at_ms < 60_000
     # a settlement retried after its reply was lost is still a no-op success
     assert await st.settle("q", "w", [_done(claims[0], b"again")]) == [True]
     [dup] = await st.enqueue("q", [_job("a")])
-    assert (dup.status, dup.result, dup.token) == ("completed", b"r-a", "t-a")
+    assert (dup.status, dup.result, dup.token) == ("completed", b"r-\x00|,a", "t-a")
 
 
 def test_every_key_a_script_touches_is_declared_in_keys() -> None:

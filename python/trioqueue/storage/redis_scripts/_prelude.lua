@@ -63,34 +63,25 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- x cancel requested (1), p priority (absent: the default)
 --
 -- A terminal job (completed, failed, cancelled) has no META entry: its registry field is
--- one record, '<C|F|X><ms>|a,m,t,created-before-state,n,p,q,<#i>:<i><payload>' (C
--- completed, F failed, X cancelled, at <ms> in base 36; t: only where retry_job may need
--- it, not for a completed job; n: negative if the claim token i.n is not kept; payload: a
--- completed job's result), and its STATES score says when it is forgotten (see below):
--- one hash field and one zset member per kept job. Read a registry value through stpart
--- (the state string) or unrec, never with starts() on the raw value.
+-- one record, '<C|F|X><ms>a,m,t,created-before-state,n,p,q,<#i>:<i><payload>' (C
+-- completed, F failed, X cancelled, at <ms>: 11 hex digits, as K44 = 16^11; t: only where retry_job may need it,
+-- not for a completed job; n: negative if the job holds no claim token (l is nil or
+-- i .. '.' .. n: claim sets it, recover and release clear it); payload: a completed job's
+-- result), and its STATES score says when it is forgotten (see below): one hash field
+-- and one zset member per kept job. Read a registry value through stpart (the state
+-- string) or unrec, never with starts() on the raw value. Written by settle for every
+-- finished job: one string.format for the fields (cheaper than cjson.encode of the metadata).
 local CODE = {completed = 'C', failed = 'F', cancelled = 'X'}
 local UNCODE = {C = 'completed:', F = 'failed:', X = 'cancelled:'}
-local B36 = '0123456789abcdefghijklmnopqrstuvwxyz'
-local function b36(x)
-  local s = ''
-  repeat
-    local d = x % 36
-    s = string.sub(B36, d + 1, d + 1) .. s
-    x = (x - d) / 36
-  until x == 0
-  return s
-end
 -- whether a registry value is a terminal record (active state strings are lowercase)
 local function isrec(v)
   return v and UNCODE[string.sub(v, 1, 1)] ~= nil or false
 end
-local function rec_ms(v) return tonumber(string.sub(v, 2, string.find(v, '|', 1, true) - 1), 36) end
+local function rec_ms(v) return tonumber(string.sub(v, 2, 12), 16) end
 local function unrec(rec)
-  local b = string.find(rec, '|', 1, true)
   local ms = rec_ms(rec)
   local st = UNCODE[string.sub(rec, 1, 1)] .. string.format('%.0f', ms)
-  local f, pos = {}, b + 1
+  local f, pos = {}, 13
   for k = 1, 7 do
     local e = string.find(rec, ',', pos, true)
     f[k] = string.sub(rec, pos, e - 1)
@@ -117,11 +108,10 @@ local function record(st, m, payload)
   local ms = tonumber(string.sub(st, c + 1))
   local i = m.i or ''
   local n = m.n or 0
-  local kept = n > 0 and m.l and m.l == i .. '.' .. n
-  return CODE[kind] .. b36(ms) .. '|' .. (m.a or 0) .. ',' .. (m.m or 1) .. ',' ..
-    (kind == 'completed' and '' or (m.t or 0)) .. ',' .. string.format('%.0f', ms - (m.c or ms)) .. ',' ..
-    (kept and n or (n > 0 and '-' .. n or '0')) .. ',' .. (m.p or '') .. ',' .. (m.q or '') .. ',' ..
-    #i .. ':' .. i .. (payload or '')
+  -- (the token and the payload are concatenated: '%s' would cut a short one at a NUL byte)
+  return string.format('%s%011x%d,%d,%s,%.0f,%d,%s,%s,%d:', CODE[kind], ms, m.a or 0, m.m or 1,
+    kind == 'completed' and '' or (m.t or 0), ms - (m.c or ms), (m.l and n > 0) and n or -n,
+    m.p or '', m.q or '', #i) .. i .. (payload or '')
 end
 -- metadata from a META value or, failing that, from a terminal record
 local function meta_of(raw, v)
