@@ -64,13 +64,14 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 --
 -- A terminal job (completed, failed, cancelled) has no META entry: its registry field is
 -- one record, '<C|F|X><ms>a,m,t,created-before-state,n,p,q,<#i>:<i><payload>' (C
--- completed, F failed, X cancelled, at <ms>: 11 hex digits, as K44 = 16^11; t: only where retry_job may need it,
--- not for a completed job; n: negative if the job holds no claim token (l is nil or
--- i .. '.' .. n: claim sets it, recover and release clear it); payload: a completed job's
--- result), and its STATES score says when it is forgotten (see below): one hash field
--- and one zset member per kept job. Read a registry value through stpart (the state
--- string) or unrec, never with starts() on the raw value. Written by settle for every
--- finished job: one string.format for the fields (cheaper than cjson.encode of the metadata).
+-- completed, F failed, X cancelled, at <ms>: 11 hex digits, as K44 = 16^11; t: only
+-- where retry_job may need it, not for a completed job; n: negative if the job holds no
+-- claim token (l is nil or i .. '.' .. n: claim sets it, recover and release clear it);
+-- payload: a completed job's result), and its STATES score says when it is forgotten
+-- (see below): one hash field and one zset member per kept job. Read a registry value
+-- through stpart (the state string) or unrec, never with starts() on the raw value.
+-- Written for every finished job: one string.format for the fields (cheaper than the
+-- cjson.encode of the metadata it replaces).
 local CODE = {completed = 'C', failed = 'F', cancelled = 'X'}
 local UNCODE = {C = 'completed:', F = 'failed:', X = 'cancelled:'}
 -- whether a registry value is a terminal record (active state strings are lowercase)
