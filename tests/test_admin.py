@@ -157,6 +157,48 @@ async def test_purge_by_age(storage: Storage, queue_name: str) -> None:
     assert again.status == "queued"
 
 
+async def test_expired_jobs_leave_listings_counts_and_lookups(storage: Storage, queue_name: str) -> None:
+    """Finished jobs whose TTL ran out are gone from get_job, listings and counts after a
+    reaper pass, whatever the order in which their TTLs run out."""
+    await storage.enqueue(queue_name, [job("keep"), job("short"), job("bad"), job("x", ttl=0.2)])
+    await claim(storage, queue_name, n=3)
+    await storage.settle(
+        queue_name,
+        W1,
+        [
+            settlement(SettleKind.COMPLETE, queue_name, "keep", b"1", ttl=60),
+            settlement(SettleKind.COMPLETE, queue_name, "short", b"2", ttl=0.2),
+            settlement(SettleKind.FAIL, queue_name, "bad", ERR, ttl=0.2),
+        ],
+    )
+    assert await storage.cancel(queue_name, "x") == "cancelled"  # kept for the job's own TTL
+    counts = await storage.counts(queue_name)
+    assert (counts["completed"], counts["failed"], counts["cancelled"]) == (2, 1, 1)
+    await trio.sleep(0.35)  # the short TTLs run out: nothing announces it
+    await storage.recover_stalled(queue_name)  # a reaper pass (sweeps what expired)
+    assert [r.id for r in (await storage.list_jobs(queue_name, "completed"))[0]] == ["keep"]
+    assert await storage.list_jobs(queue_name, "failed") == ([], None)
+    assert await storage.list_jobs(queue_name, "cancelled") == ([], None)
+    assert await storage.counts(queue_name) == {**dict.fromkeys(ALL_STATES, 0), "completed": 1}
+    for gone in ("short", "bad", "x"):
+        assert await storage.get_job(queue_name, gone) is None
+    rec = await storage.get_job(queue_name, "keep")
+    assert rec is not None and rec.result == b"1" and rec.token == "t-keep" and rec.attempts == 1
+
+
+async def test_purge_by_age_with_mixed_ttls(storage: Storage, queue_name: str) -> None:
+    """An older job that is kept longer than a newer one is still the one purged by age."""
+    await storage.enqueue(queue_name, [job("old"), job("new")])
+    await claim(storage, queue_name)
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "old", b"1", ttl=600)])
+    await trio.sleep(0.05)  # ms apart: nothing announces that time has passed
+    await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "new", b"1", ttl=30)])
+    recs = {j: await storage.get_job(queue_name, j) for j in ("old", "new")}
+    ms = {j: parse_state(r.state)[1] for j, r in recs.items() if r is not None}
+    assert await storage.purge(queue_name, "completed", older_than=time.time() - (ms["old"] + ms["new"]) / 2000) == 1
+    assert await storage.get_job(queue_name, "old") is None and await storage.get_job(queue_name, "new") is not None
+
+
 async def test_purge_many_in_slices(storage: Storage, queue_name: str) -> None:
     n = 1200
     await storage.enqueue(queue_name, [job(f"p{i}") for i in range(n)])

@@ -123,7 +123,8 @@ async def test_result_ttls_are_per_job(st: RedisStorage) -> None:
     base = st._base("q")
 
     async def left_ms(job_id: str) -> float:
-        expiry = float(await st._adapter.command(["ZSCORE", base + ":expiry", job_id]))
+        # a terminal job's STATES score: its kind * 2**44 + when it is forgotten
+        expiry = float(await st._adapter.command(["ZSCORE", base + ":states", job_id])) % 2**44
         return expiry - time.time() * 1000
 
     assert 0 < await left_ms("short") <= 300 and 59_000 < await left_ms("long") <= 60_000
@@ -466,11 +467,36 @@ async def test_expiry_sweep_forgets_every_expired_job_in_bounded_slices(st: Redi
     assert len(claims) == n
     assert all(await st.settle("q", "w", [_done(c, b"r", ttl=0.05) for c in claims]))
     base = st._base("q")
-    assert await st._adapter.command(["ZCARD", base + ":expiry"]) == n
+    assert await st._adapter.command(["ZCARD", base + ":states"]) == n  # also the expiry index
     await trio.sleep(0.1)  # the results' TTL runs out: no event announces it
     await st.recover_stalled("q")  # one reaper pass
     for key in ("expiry", "jobs", "meta", "results", "env", "states"):
         assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
+
+
+async def test_a_finished_job_is_one_record_and_one_index_member(st: RedisStorage) -> None:
+    """Issue 11 (memory per kept job): a finished job keeps one registry field (state,
+    metadata and result together) and one STATES member (also its expiry); everything a
+    caller reads of it still comes back."""
+    await st.enqueue("q", [_job("a", max_attempts=4), NewJob("b", b"env-b", 2, 60.0, "t,b|:9", priority=2)])
+    claims = await st.dequeue("q", "w", 10, 0, 30)
+    # results are bytes: a NUL or a separator in one must survive the record
+    assert await st.settle("q", "w", [_done(c, b"r-\x00|," + c.id.encode()) for c in claims]) == [True, True]
+    base = st._base("q")
+    for key in ("meta", "env", "results", "expiry", "errors"):
+        assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
+    assert await st._adapter.command(["HLEN", f"{base}:jobs"]) == 2
+    assert await st._adapter.command(["ZCARD", f"{base}:states"]) == 2
+    a, b = await st.get_job("q", "a"), await st.get_job("q", "b")
+    assert a is not None and b is not None
+    assert (a.state.split(":")[0], a.attempts, a.max_attempts, a.result, a.token, a.priority) == (
+        "completed", 1, 4, b"r-\x00|,a", "t-a", 5)
+    assert (b.attempts, b.max_attempts, b.result, b.token, b.priority) == (1, 2, b"r-\x00|,b", "t,b|:9", 2)
+    assert 0 <= int(a.state.split(":")[1]) - a.created_at_ms < 60_000
+    # a settlement retried after its reply was lost is still a no-op success
+    assert await st.settle("q", "w", [_done(claims[0], b"again")]) == [True]
+    [dup] = await st.enqueue("q", [_job("a")])
+    assert (dup.status, dup.result, dup.token) == ("completed", b"r-\x00|,a", "t-a")
 
 
 def test_every_key_a_script_touches_is_declared_in_keys() -> None:

@@ -23,16 +23,16 @@ SMALL = 65536  # results/errors up to this size ride along in events
 
 # KEYS[1..29] of every queue script, as suffixes of ``{prefix:queue}``.
 QUEUE_KEY_NAMES = (
-    "jobs",  # hash id -> state string (the registry)
-    "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...)
+    "jobs",  # hash id -> state string (the registry); a terminal job's: its whole record
+    "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...) of an active job
     "env",  # hash id -> envelope (until completed; a failed/cancelled job's until forgotten: retry)
-    "results",  # hash id -> serialized result (completed, until expiry)
+    "results",  # unused (results live in the completed jobs' records); kept: KEYS positions
     "errors",  # hash id -> serialized error (failing/failed, until expiry)
     "progress",  # hash id -> last reported progress
     "queue",  # list: the ready list of entries <entry token>:<id>
     "delayed",  # zset id -> due time (ms) of failing and delayed jobs
     "leases",  # zset id -> lease deadline (ms)
-    "expiry",  # zset id -> when a terminal entry is forgotten (ms)
+    "expiry",  # unused (``states`` holds when a terminal job is forgotten); kept: KEYS positions
     "workers",  # zset worker -> heartbeat expiry (ms)
     "procs",  # set of workers that may have a processing list
     "seq",  # counter of entry tokens
@@ -41,7 +41,7 @@ QUEUE_KEY_NAMES = (
     "schedules",  # hash name -> schedule spec
     "schedule_ticks",  # hash name -> last tick (seconds since the epoch)
     "events",  # pub/sub channel of the queue's events
-    "states",  # zset id -> kind * 2**44 + ms it entered its state (the per-state index)
+    "states",  # zset id -> kind * 2**44 + ms it entered its state (terminal: it is forgotten)
     # the ready lists of the other priorities (``queue`` is the default priority's, 5)
     *(f"queue:{p}" for p in (0, 1, 2, 3, 4, 6, 7, 8, 9)),
     "notices",  # pub/sub channel of the notice kinds only (``NOTICE_KINDS``: waiters, holders)

@@ -2,9 +2,10 @@
 ``redis.py``): counts, listing, retry, purge, remove and the queue names.
 
 The per-state index is the zset ``{prefix:queue}:states`` (id -> kind * 2**44 + the ms
-the job entered its state), written by every script that changes a state string: counts
-are ``ZCOUNT`` of a kind's score range, pages are rank ranges of it (``list_jobs.lua``),
-purges take bounded slices of its oldest entries. The known queue names live in the set
+the job entered its state; for a terminal job, the ms it is forgotten: the same member is
+the expiry index), written by every script that changes a state: counts are ``ZCOUNT`` of
+a kind's score range, pages are rank ranges of it (``list_jobs.lua``), purges go through
+a kind's range in bounded slices. The known queue names live in the set
 ``{prefix:}:queues``: in a cluster that key hashes to another slot than the queue's keys,
 so the enqueue script cannot add to it; each process adds a queue's name once, from
 Python, before its first enqueue to that queue.
@@ -22,7 +23,7 @@ from ._cursor import decode_cursor, encode_cursor
 
 __all__ = ["RedisAdmin"]
 
-_K44 = 2**44  # STATES scores: kind * 2**44 + the ms the job entered its state
+_K44 = 2**44  # STATES scores: kind * 2**44 + the ms the job entered its state (terminal: leaves)
 _PURGE_SLICE = 500  # jobs forgotten per script call (each call holds the server briefly)
 
 
@@ -112,12 +113,13 @@ class RedisAdmin:
             time_ms = await self._adapter.command(["TIME"])
             now_ms = int(_text(time_ms[0])) * 1000 + int(_text(time_ms[1])) // 1000
             cutoff = str(int(now_ms - older_than * 1000))
-        total = 0
-        while True:
-            n = int(await self._run("purge", queue, [state, cutoff, str(_PURGE_SLICE)]))
-            total += n
-            if n < _PURGE_SLICE:
+        total, offset = 0, 0
+        while True:  # the kind's range in slices; the jobs kept (newer) are skipped by offset
+            n, nxt = await self._run("purge", queue, [state, cutoff, str(_PURGE_SLICE), str(offset)])
+            total += int(n)
+            if nxt is None:
                 return total
+            offset = int(nxt)
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -24,6 +24,7 @@ forwards into a memory channel; a watchdog emits ``resync`` after a reconnect.
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import time
@@ -155,7 +156,7 @@ class RedisStorage(RedisAdmin, Storage):
         self._drained: set[tuple[str, str]] = set()
         self._unclaimed_moves: set[tuple[str, str]] = set()
         self._call_seq = 0
-        self._call_prefix = os.urandom(6).hex()
+        self._call_prefix = base64.urlsafe_b64encode(os.urandom(6)).decode()  # 8 chars: kept in records
         self._named: set[str] = set()  # queues added to the set of names (queue_names)
 
     def __repr__(self) -> str:

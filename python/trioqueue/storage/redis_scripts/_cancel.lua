@@ -2,7 +2,6 @@
 local function cancel_claimed(id, m, now, W)
   m.s = 0
   m.x = 0
-  setst(id, 'cancelled:' .. now)
   ev('cancelled', id, W, nil, nil, m.i)
-  terminal(id, m, now, m.t or 0)
+  terminal(id, m, now, m.t or 0, 'cancelled:' .. now, '')
 end

@@ -70,13 +70,72 @@ local function split(entry)
 end
 local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- a job's metadata: a attempts, m max_attempts, t result TTL (ms), k ready-list entry
--- token, c created (ms), w worker holding it, q enqueue-call token, z settle-call token,
--- i incarnation token, l claim token, n claims, s started (1: attempt counted),
+-- token, c created (ms), w worker holding it, q enqueue-call token, i incarnation token,
+-- l claim token (i .. '.' .. n, or absent), n claims, s started (1: attempt counted),
 -- x cancel requested (1), p priority (absent: the default)
+--
+-- A terminal job (completed, failed, cancelled) has no META entry: its registry field is
+-- one record, '<C|F|X><ms>a,m,t,created-before-state,n,p,q,<#i>:<i><payload>' (C
+-- completed, F failed, X cancelled, at <ms>: 11 hex digits, as K44 = 16^11; t: only
+-- where retry_job may need it, not for a completed job; n: negative if the job holds no
+-- claim token (l is nil or i .. '.' .. n: claim sets it, recover and release clear it);
+-- payload: a completed job's result), and its STATES score says when it is forgotten
+-- (see below): one hash field and one zset member per kept job. Read a registry value
+-- through stpart (the state string) or unrec, never with starts() on the raw value.
+-- Written for every finished job: one string.format for the fields (cheaper than the
+-- cjson.encode of the metadata it replaces).
+local CODE = {completed = 'C', failed = 'F', cancelled = 'X'}
+local UNCODE = {C = 'completed:', F = 'failed:', X = 'cancelled:'}
+-- whether a registry value is a terminal record (active state strings are lowercase)
+local function isrec(v)
+  return v and UNCODE[string.sub(v, 1, 1)] ~= nil or false
+end
+local function rec_ms(v) return tonumber(string.sub(v, 2, 12), 16) end
+local function unrec(rec)
+  local ms = rec_ms(rec)
+  local st = UNCODE[string.sub(rec, 1, 1)] .. string.format('%.0f', ms)
+  local f, pos = {}, 13
+  for k = 1, 7 do
+    local e = string.find(rec, ',', pos, true)
+    f[k] = string.sub(rec, pos, e - 1)
+    pos = e + 1
+  end
+  local c = string.find(rec, ':', pos, true)
+  local ilen = tonumber(string.sub(rec, pos, c - 1))
+  local i = string.sub(rec, c + 1, c + ilen)
+  local n = tonumber(f[5])
+  local m = {a = tonumber(f[1]), m = tonumber(f[2]), t = tonumber(f[3]), c = ms - tonumber(f[4]),
+    n = math.abs(n), p = tonumber(f[6]), i = i}
+  if n > 0 then m.l = i .. '.' .. n end
+  if f[7] ~= '' then m.q = f[7] end
+  return st, m, string.sub(rec, c + ilen + 1)
+end
+-- a registry value as the state string callers see
+local function stpart(v)
+  if isrec(v) then return UNCODE[string.sub(v, 1, 1)] .. string.format('%.0f', rec_ms(v)) end
+  return v
+end
+local function record(st, m, payload)
+  local c = string.find(st, ':', 1, true)
+  local kind = string.sub(st, 1, c - 1)
+  local ms = tonumber(string.sub(st, c + 1))
+  local i = m.i or ''
+  local n = m.n or 0
+  -- (the token and the payload are concatenated: '%s' would cut a short one at a NUL byte)
+  return string.format('%s%011x%d,%d,%s,%.0f,%d,%s,%s,%d:', CODE[kind], ms, m.a or 0, m.m or 1,
+    kind == 'completed' and '' or (m.t or 0), ms - (m.c or ms), (m.l and n > 0) and n or -n,
+    m.p or '', m.q or '', #i) .. i .. (payload or '')
+end
+-- metadata from a META value or, failing that, from a terminal record
+local function meta_of(raw, v)
+  if raw then return cjson.decode(raw) end
+  if isrec(v) then local _, m = unrec(v) return m end
+  return nil
+end
 local function getm(id)
   local raw = redis.call('HGET', META, id)
-  if not raw then return nil end
-  return cjson.decode(raw)
+  if raw then return cjson.decode(raw) end
+  return meta_of(nil, redis.call('HGET', JOBS, id))
 end
 local function setm(id, m) redis.call('HSET', META, id, cjson.encode(m)) end
 local function purge(id)
@@ -84,24 +143,27 @@ local function purge(id)
   redis.call('ZREM', STATES, id)
   redis.call('HDEL', META, id)
   redis.call('HDEL', ENV, id)
-  redis.call('HDEL', RESULTS, id)
   redis.call('HDEL', ERRORS, id)
   redis.call('HDEL', PROGRESS, id)
-  redis.call('ZREM', X, id)
   redis.call('ZREM', D, id)
   redis.call('ZREM', L, id)
 end
 -- The per-state index STATES: one zset, id -> kind * 2^44 + the ms the job entered its
--- state, so each state is a score range ordered by entry time (ties: by id), counted by
--- ZCOUNT and paged by rank. Every write of a state string goes through setst/setsts.
+-- state (a terminal job: the ms it is forgotten, so that the same member is the expiry
+-- index), so each state is a score range, counted by ZCOUNT and paged by rank. Every
+-- write of an active state string goes through setst/setsts; of a terminal one, terminal.
 local K44 = 17592186044416
 local KIND = {queued = 0, delayed = 1, processing = 2, failing = 3, completed = 4, failed = 5, cancelled = 6}
+local function fmt(x) return string.format('%.0f', x) end
 local function sidx(st)
   local c = string.find(st, ':', 1, true)
   local rest = string.sub(st, c + 1)
   local c2 = string.find(rest, ':', 1, true)
-  local score = KIND[string.sub(st, 1, c - 1)] * K44 + tonumber(c2 and string.sub(rest, 1, c2 - 1) or rest)
-  return string.format('%.0f', score)
+  return fmt(KIND[string.sub(st, 1, c - 1)] * K44 + tonumber(c2 and string.sub(rest, 1, c2 - 1) or rest))
+end
+-- a terminal job's STATES score: its kind's range, at the ms it is forgotten
+local function xidx(st, at)
+  return fmt(KIND[string.sub(st, 1, string.find(st, ':', 1, true) - 1)] * K44 + math.min(at, K44 - 1))
 end
 local function setst(id, st)
   redis.call('HSET', JOBS, id, st)
@@ -116,23 +178,49 @@ local function setsts(w)
     redis.call('ZADD', STATES, unpack(z, i, math.min(i + 999, #z)))
   end
 end
+-- forget the job if it is terminal and due (its STATES score); true if forgotten
 local function expired(id, now)
-  local s = redis.call('ZSCORE', X, id)
-  if s and tonumber(s) <= now then purge(id) return true end
+  local s = redis.call('ZSCORE', STATES, id)
+  if not s then return false end
+  s = tonumber(s)
+  local k = math.floor(s / K44)
+  if k >= KIND.completed and s - k * K44 <= now then purge(id) return true end
   return false
 end
--- forget up to n expired terminal jobs; returns how many
+-- forget up to n expired terminal jobs (the due ends of the terminal kinds' ranges);
+-- returns how many
 local function sweep(now, n)
-  local ids = redis.call('ZRANGEBYSCORE', X, '-inf', now, 'LIMIT', 0, n)
-  for _, id in ipairs(ids) do purge(id) end
-  return #ids
+  local done = 0
+  for k = KIND.completed, KIND.cancelled do
+    if done >= n then break end
+    local ids = redis.call('ZRANGEBYSCORE', STATES, fmt(k * K44), fmt(k * K44 + now), 'LIMIT', 0, n - done)
+    for _, id in ipairs(ids) do purge(id) end
+    done = done + #ids
+  end
+  return done
 end
--- a terminal job keeps its registry entry (and result/error) for ttl ms
-local function terminal(id, m, now, ttl)
-  if ttl <= 0 then purge(id) return end
-  redis.call('ZADD', X, now + ttl, id)
+-- the job enters terminal state st (payload: a completed job's result) and is kept as a
+-- record for ttl ms (ttl <= 0: forgotten at once)
+local function terminal(id, m, now, ttl, st, payload)
   redis.call('ZREM', L, id)
-  m.w = nil
-  setm(id, m)
+  if ttl <= 0 then purge(id) return end
+  redis.call('HSET', JOBS, id, record(st, m, payload))
+  redis.call('HDEL', META, id)
+  redis.call('ZADD', STATES, xidx(st, now + ttl), id)
+end
+-- what get_job and list_jobs report of a job: false, or {state, created_ms, attempts,
+-- max_attempts, result, error, token, progress, priority}
+local function report(id)
+  local v = redis.call('HGET', JOBS, id)
+  if not v then return false end
+  local st, m, result = v, nil, false
+  if isrec(v) then
+    st, m, result = unrec(v)
+    if not starts(st, 'completed:') then result = false end
+  else
+    m = getm(id) or {}
+  end
+  return {st, tostring(m.c or 0), tostring(m.a or 0), tostring(m.m or 0), result,
+    redis.call('HGET', ERRORS, id), m.i or false, redis.call('HGET', PROGRESS, id), m.p or DEFAULT_PRIORITY}
 end
 local function state_kind(st) return string.sub(st, 1, (string.find(st, ':', 1, true) or 0) - 1) end

@@ -3,16 +3,15 @@
 local id = ARGV[1]
 local now = now_ms()
 expired(id, now)
-local st = redis.call('HGET', JOBS, id)
+local st = stpart(redis.call('HGET', JOBS, id))
 if not st then return 'not_found' end
 local m = getm(id)
 if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') then
   -- its ready-list entry (if any) no longer matches: dropped when met
   m.k = -1
   redis.call('ZREM', D, id)
-  setst(id, 'cancelled:' .. now)
   ev('cancelled', id, nil, nil, nil, m.i)
-  terminal(id, m, now, m.t or 0)
+  terminal(id, m, now, m.t or 0, 'cancelled:' .. now, '')
   flush()
   return 'cancelled'
 end

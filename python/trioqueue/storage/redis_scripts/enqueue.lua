@@ -23,8 +23,9 @@ local tok = redis.call('INCRBY', SEQ, n) - n
 for j = 1, n do
   local i = 2 + (j - 1) * 5
   local id = ids[j]
-  local st = states[j]
-  if st and not seen[id] and expired(id, now) then st = false end
+  local raw = states[j]
+  if raw and not seen[id] and expired(id, now) then raw = false end
+  local st = stpart(raw)
   if seen[id] then
     st = seen[id]
     out[#out + 1] = {'d', st, false}
@@ -61,12 +62,18 @@ for j = 1, n do
     ev('enqueued', id, nil, nil, nil, ARGV[i + 3])
     out[#out + 1] = {'q'}
   else
-    local m = getm(id)
+    local m, r = nil, nil
+    if isrec(raw) then
+      local _
+      _, m, r = unrec(raw)
+      if not starts(st, 'completed:') then r = nil end
+    else
+      m = getm(id)
+    end
     if m and m.q == call then
       out[#out + 1] = {'q'}  -- a retry of this very call after a lost reply
-    elseif starts(st, 'completed:') then
-      local r = redis.call('HGET', RESULTS, id)
-      if r then out[#out + 1] = {'c', st, r, m and m.i or false} else out[#out + 1] = {'d', st, m and m.i or false} end
+    elseif r then
+      out[#out + 1] = {'c', st, r, m.i or false}
     else
       out[#out + 1] = {'d', st, m and m.i or false}
     end

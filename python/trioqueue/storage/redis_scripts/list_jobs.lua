@@ -1,7 +1,9 @@
 -- ARGV: state kind, limit, cursor ms ('' for the first page), cursor id.
 -- Returns {records, next cursor ms or false, next cursor id or false}; each record is
 -- {id, state, created_ms, attempts, max_attempts, result, error, token, progress}.
--- Newest first: the kind's score range of STATES in reverse, paged by rank. The cursor is
+-- Newest first (terminal kinds: the last to be forgotten first, which is the newest
+-- first when the jobs share a result TTL): the kind's score range of STATES in reverse,
+-- paged by rank. The cursor is
 -- the (ms, id) of the last job of the previous page; its rank is found by putting it in
 -- place for a moment (restoring the member's own score, if it has one), so the next page
 -- starts right after it even if that job has left the state since.
@@ -10,7 +12,6 @@ sweep(now_ms(), 1000)
 local k = KIND[ARGV[1]]
 local limit = tonumber(ARGV[2])
 local lo = k * K44
-local function fmt(x) return string.format('%.0f', x) end
 local start
 if ARGV[3] == '' then
   start = redis.call('ZCOUNT', STATES, '(' .. fmt(lo + K44 - 1), '+inf')
@@ -38,10 +39,8 @@ for i = 1, #got, 2 do
     nxt_ms, nxt_id = last[11], last[1]
     break
   end
-  local m = getm(id) or {}
-  recs[#recs + 1] = {id, redis.call('HGET', JOBS, id) or '', tostring(m.c or 0), tostring(m.a or 0),
-    tostring(m.m or 0), redis.call('HGET', RESULTS, id), redis.call('HGET', ERRORS, id), m.i or false,
-    redis.call('HGET', PROGRESS, id), tostring(m.p or DEFAULT_PRIORITY), fmt(score - lo)}
+  local r = report(id) or {'', '0', '0', '0', false, false, false, false, DEFAULT_PRIORITY}
+  recs[#recs + 1] = {id, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tostring(r[9]), fmt(score - lo)}
 end
 for _, r in ipairs(recs) do r[11] = nil end
 return {recs, nxt_ms, nxt_id}

@@ -35,9 +35,8 @@ local function recover(id, m, W)
       message = "job '" .. id .. "' stalled on worker '" .. W ..
         "' (lease expired or worker died) and has used all " .. m.a .. " attempts"})
     if ttl > 0 then redis.call('HSET', ERRORS, id, err) end
-    setst(id, 'failed:' .. now)
     ev('failed', id, W, nil, small(err), m.i)
-    terminal(id, m, now, ttl)
+    terminal(id, m, now, ttl, 'failed:' .. now, '')
     rec[#rec + 1] = {id, 'failed'}
   end
 end

@@ -4,15 +4,13 @@
 local id, token = ARGV[1], ARGV[2]
 local now = now_ms()
 if expired(id, now) then return 0 end
-local st = redis.call('HGET', JOBS, id)
+local st = stpart(redis.call('HGET', JOBS, id))
 if not (starts(st, 'failed:') or starts(st, 'cancelled:')) then return 0 end
 if redis.call('HEXISTS', ENV, id) == 0 then return 0 end
 local old = getm(id) or {}
 local tok = redis.call('INCR', SEQ)
-redis.call('HDEL', RESULTS, id)
 redis.call('HDEL', ERRORS, id)
 redis.call('HDEL', PROGRESS, id)
-redis.call('ZREM', X, id)
 local m = {a = 0, m = old.m or 1, t = old.t or 0, k = tok, c = now, i = token, n = 0, s = 0, x = 0, p = old.p}
 setm(id, m)
 setst(id, 'queued:' .. now)

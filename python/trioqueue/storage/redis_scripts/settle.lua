@@ -23,7 +23,8 @@ for i = 1, #ids, 1000 do
   for k = 1, #s do sts[#sts + 1] = s[k]; metas[#metas + 1] = m[k] end
 end
 local cur_st, cur_m = {}, {}  -- what this batch changed (an id twice in one batch)
-local w_meta, w_jobs, w_res, w_err, x_add, l_rem, env_del = {}, {}, {}, {}, {}, {}, {}
+local w_meta, w_jobs, w_err, l_rem, env_del = {}, {}, {}, {}, {}
+local w_rec, z_rec, m_del = {}, {}, {}  -- terminal records, their STATES scores, META fields gone
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
@@ -32,7 +33,7 @@ for j, id in ipairs(ids) do
   local ttl_s, delay_s = split(rest)
   local ttl, delay = tonumber(ttl_s), tonumber(delay_s)
   local st = cur_st[id] or sts[j]
-  local m = cur_m[id] or (metas[j] and cjson.decode(metas[j])) or nil
+  local m = cur_m[id] or meta_of(metas[j], sts[j])
   local held = m and starts(st, 'processing:') and m.w == W and m.l == claim
   if held and redis.call('LREM', P, 1, m.k .. ':' .. id) == 0 then held = false end
   if not held then
@@ -50,19 +51,16 @@ for j, id in ipairs(ids) do
     elseif m.s ~= 1 and kind ~= 'x' then
       m.a = m.a + 1  -- settled without start()
     end
-    m.z = CALL
     if kind == 'x' or kind == 'l' or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
       -- the rare paths, one call at a time
       redis.call('ZREM', L, id)
       if kind == 'c' then
-        setst(id, 'completed:' .. now)
         ev('completed', id, W, small(data), nil, m.i)
-        terminal(id, m, now, ttl)
+        terminal(id, m, now, ttl, 'completed:' .. now, data)
         redis.call('HDEL', ENV, id)
       elseif kind == 'f' then
-        setst(id, 'failed:' .. now)
         ev('failed', id, W, nil, small(data), m.i)
-        terminal(id, m, now, ttl)
+        terminal(id, m, now, ttl, 'failed:' .. now, '')
       elseif kind == 'l' and m.x ~= 1 then
         -- RateLimited: back as delayed, and the whole queue holds off as long
         m.w = nil
@@ -75,20 +73,21 @@ for j, id in ipairs(ids) do
       else
         cancel_claimed(id, m, now, W)
       end
-      cur_st[id] = redis.call('HGET', JOBS, id) or 'gone:0'
+      cur_st[id] = stpart(redis.call('HGET', JOBS, id)) or 'gone:0'
       cur_m[id] = m  -- written (or purged) by terminal() already
     elseif kind == 'c' or kind == 'f' then
       st = (kind == 'c' and 'completed:' or 'failed:') .. now
+      m.w = nil
       if kind == 'c' then
-        put(w_res, id, data)
+        put(w_rec, id, record(st, m, data))
         ev('completed', id, W, small(data), nil, m.i)
       else
+        put(w_rec, id, record(st, m, ''))
         put(w_err, id, data)
         ev('failed', id, W, nil, small(data), m.i)
       end
-      m.w = nil
-      put(w_jobs, id, st)
-      put(x_add, now + ttl, id)
+      put(z_rec, xidx(st, now + ttl), id)
+      m_del[#m_del + 1] = id
       l_rem[#l_rem + 1] = id
       -- a completed job's envelope is not needed any more (a failed one's is: retry)
       if kind == 'c' then env_del[#env_del + 1] = id end
@@ -105,16 +104,19 @@ for j, id in ipairs(ids) do
       cur_st[id] = st
     end
     if cur_m[id] ~= m then
-      put(w_meta, id, cjson.encode(m))
+      if m_del[#m_del] ~= id then put(w_meta, id, cjson.encode(m)) end
       cur_m[id] = m
     end
   end
 end
 for i = 1, #w_meta, 1000 do redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta))) end
 setsts(w_jobs)
-for i = 1, #w_res, 1000 do redis.call('HSET', RESULTS, unpack(w_res, i, math.min(i + 999, #w_res))) end
+for i = 1, #w_rec, 1000 do
+  redis.call('HSET', JOBS, unpack(w_rec, i, math.min(i + 999, #w_rec)))
+  redis.call('ZADD', STATES, unpack(z_rec, i, math.min(i + 999, #z_rec)))
+end
+for i = 1, #m_del, 1000 do redis.call('HDEL', META, unpack(m_del, i, math.min(i + 999, #m_del))) end
 for i = 1, #w_err, 1000 do redis.call('HSET', ERRORS, unpack(w_err, i, math.min(i + 999, #w_err))) end
-for i = 1, #x_add, 1000 do redis.call('ZADD', X, unpack(x_add, i, math.min(i + 999, #x_add))) end
 for i = 1, #l_rem, 1000 do redis.call('ZREM', L, unpack(l_rem, i, math.min(i + 999, #l_rem))) end
 for i = 1, #env_del, 1000 do redis.call('HDEL', ENV, unpack(env_del, i, math.min(i + 999, #env_del))) end
 -- a retry due now: wake a blocked claimer (the claim script drops this entry)

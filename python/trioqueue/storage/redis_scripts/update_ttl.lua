@@ -3,15 +3,16 @@
 local id, ttl = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 expired(id, now)
-local st = redis.call('HGET', JOBS, id)
-if not st then return 'not_found' end
+local v = redis.call('HGET', JOBS, id)
+if not v then return 'not_found' end
+local st = stpart(v)
 if starts(st, 'completed:') then
-  if redis.call('HEXISTS', RESULTS, id) == 0 then return 'missing_payload' end
+  if not isrec(v) then return 'missing_payload' end  -- (a record keeps the result)
 elseif starts(st, 'failed:') then
   if redis.call('HEXISTS', ERRORS, id) == 0 then return 'missing_payload' end
 elseif not starts(st, 'cancelled:') then
   return 'not_terminal'
 end
 if ttl <= 0 then purge(id) return 'updated' end
-redis.call('ZADD', X, now + ttl, id)
+redis.call('ZADD', STATES, xidx(st, now + ttl), id)
 return 'updated'
