@@ -4,6 +4,7 @@ tasks, and settles in batches, with no Trio task, lock or round trip per job."""
 from __future__ import annotations
 
 from collections import deque
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
 # Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
 CLEANUP_TIMEOUT = 10.0
 RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
+# How long a worker may run jobs whose handlers never block back to back before it lets
+# the other tasks run (each job is a cancel point all the same).
+WORKER_SLICE = 0.001
 
 
 class _StartBatch:
@@ -49,11 +53,15 @@ class Consumer:
         self.buffer: deque[Claim] = deque()
         self.running: dict[str, str] = {}  # job id -> claim token
         self.scopes: dict[str, trio.CancelScope] = {}  # job id -> its handler's scope
+        self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel()
         self.cancel_requests: set[str] = set()  # cancel() reached these jobs: do not run them
         self.pending: list[Settlement] = []
         self.held = 0
         self.limit = queue.concurrency + queue.prefetch
         self.work = trio.lowlevel.ParkingLot()  # idle workers
+        self.waking = 0  # workers woken for claims that have not run yet (0 or 1)
+        # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
+        self.start_nowait = self.storage.start_nowait if self.storage.supports_start_nowait else None
         self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
         self.settle_wakeup = trio.lowlevel.ParkingLot()
         self.start_wakeup = trio.lowlevel.ParkingLot()
@@ -131,6 +139,7 @@ class Consumer:
         scope = self.scopes.get(job_id)
         if scope is not None:
             scope.cancel()
+            self.spent_scopes.add(scope)
             return
         for claim in self.buffer:
             if claim.id == job_id:
@@ -183,7 +192,7 @@ class Consumer:
                 if claims:
                     self.held += len(claims)
                     self.buffer.extend(claims)
-                    self.work.unpark(count=len(claims))
+                    self._wake_worker()
         # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
         # gives such jobs back with its final reconcile, once the running ones are settled.
 
@@ -218,37 +227,88 @@ class Consumer:
             backoff = RETRY_BACKOFF[0]
             batch.done.set()
 
+    def _wake_worker(self) -> None:
+        """Wake one idle worker, unless one is waking already: a woken worker that finds
+        more claims wakes the next (a chain), so claims that one worker runs back to back
+        cost no wake-up of the others, and handlers that block still spread at once."""
+        if not self.waking and self.work.unpark():
+            self.waking += 1
+
     async def _worker(self) -> None:
+        try:
+            while await self._work():
+                pass  # a cancel() used the scope: the next jobs run under a new one
+        finally:
+            self.workers_left -= 1
+            if self.workers_left == 0:
+                self.settle_wakeup.unpark_all()
+
+    async def _work(self) -> bool:
+        """Run jobs one after another under one cancel scope, the scope of whichever job
+        runs (see :meth:`Executor.execute`). Jobs whose handlers do not block run back to
+        back for up to :data:`WORKER_SLICE` seconds between schedule points; each is a
+        cancel point all the same. Returns ``True`` when a ``cancel()`` used the scope (the
+        caller starts a new one), ``False`` when the worker is done (draining)."""
         q = self.q
         buffer = self.buffer
-        try:
+        executor = q._executor
+        start_nowait = self.start_nowait
+        spent = self.spent_scopes
+        claim: Claim | None = None
+        began = 0.0
+        with trio.CancelScope() as scope:
+            yield_at = perf_counter() + WORKER_SLICE
             while True:
                 if not buffer:
                     if self.draining:
-                        return
+                        return False
                     await self.work.park()
+                    if self.waking:
+                        self.waking -= 1
+                    yield_at = perf_counter() + WORKER_SLICE
                     continue
                 claim = buffer.popleft()
-                self.running[claim.id] = claim.token
+                if buffer and self.work:
+                    self._wake_worker()
+                job_id = claim.id
+                self.running[job_id] = claim.token
                 try:
-                    if not claim.started and not await self._begin(claim):
-                        self._unhold(1)  # the reaper took it back: not ours to run
-                        continue
-                    settlement = await q._executor.execute(claim)
+                    if not claim.started:
+                        if start_nowait is not None:
+                            ok = start_nowait(q.name, q.worker_id, [(job_id, claim.token)])[0]
+                        else:
+                            ok = await self._begin(claim)
+                        if not ok:
+                            self._unhold(1)  # the reaper took it back: not ours to run
+                            claim = None
+                            continue
+                    began = perf_counter()
+                    settlement = await executor.execute(claim, scope)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
                     self.settle_wakeup.unpark()
                     raise esc.exc from None
                 finally:
-                    del self.running[claim.id]
+                    del self.running[job_id]
+                claim = None
                 self.pending.append(settlement)
                 if self.settle_wakeup:
                     self.settle_wakeup.unpark()
-                await trio.lowlevel.checkpoint()
-        finally:
-            self.workers_left -= 1
-            if self.workers_left == 0:
-                self.settle_wakeup.unpark_all()
+                if spent and scope in spent:
+                    spent.discard(scope)
+                    return True  # a cancel() of the job that just ended: never reuse the scope
+                if perf_counter() >= yield_at:
+                    await trio.lowlevel.checkpoint()
+                    yield_at = perf_counter() + WORKER_SLICE
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+        # Only a cancel() of the running job cancels the scope: it caught that job's
+        # Cancelled (a forced stop's goes through).
+        spent.discard(scope)
+        if claim is not None:
+            self.pending.append(executor.cancelled(claim, perf_counter() - began))
+            self.settle_wakeup.unpark()
+        return True
 
     def _unhold(self, n: int) -> None:
         self.held -= n

@@ -171,12 +171,19 @@ class Executor:
             result = await result
         return result
 
-    async def execute(self, claim: Claim) -> Settlement:
+    async def execute(self, claim: Claim, scope: trio.CancelScope) -> Settlement:
         """Run one attempt; return how to settle it. Every failure of the job becomes a
         settlement, a ``BaseException`` other than Trio's ``Cancelled`` included (it counts
         as a failed attempt). For ``KeyboardInterrupt`` and ``SystemExit`` the settlement
         travels in an :class:`Escalation`: the worker stores it, then the interrupt
-        propagates. Only cancellation escapes without a settlement."""
+        propagates. Only cancellation escapes without a settlement.
+
+        ``scope`` is the calling worker's cancel scope (entered by the worker, lived across
+        many jobs: a scope per job costs more than a noop handler). It is registered as
+        this job's while its handler runs, so a ``cancel()`` of the running job cancels it;
+        the ``Cancelled`` then escapes from here, the worker's scope catches it and the
+        worker settles the job with :meth:`cancelled` (a cancelled scope is never reused).
+        """
         q = self.q
         token = claim.token
         try:
@@ -204,23 +211,21 @@ class Executor:
         if jid in requests:  # cancel() came before the handler started
             requests.discard(jid)
             return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
-        cancel_scope = trio.CancelScope()  # cancelled by a cancel() of this running job
-        if consumer is not None:
-            consumer.scopes[jid] = cancel_scope
+        scopes = consumer.scopes if consumer is not None else {}
+        scopes[jid] = scope  # cancelled by a cancel() of this running job
         if q._observers:
             wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if claim.attempts == 1 else None
             notify(q._observers, "job_started", q.name, jid, claim.attempts, wait)
         span = _tracing.start_job_span(q.name, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()
         try:
-            with cancel_scope:
-                if timeout is None:
+            if timeout is None:
+                result = await self.call_handler(job, token)
+            else:
+                with trio.move_on_after(timeout) as timer:
                     result = await self.call_handler(job, token)
-                else:
-                    with trio.move_on_after(timeout) as scope:
-                        result = await self.call_handler(job, token)
-                    if scope.cancelled_caught:
-                        raised = JobTimeoutError(jid, timeout)
+                if timer.cancelled_caught:
+                    raised = JobTimeoutError(jid, timeout)
         except Exception as exc:
             raised = exc
         except BaseException as exc:
@@ -230,12 +235,11 @@ class Executor:
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 escalate = exc
         finally:
-            duration = time.perf_counter() - began
-            if consumer is not None:
-                consumer.scopes.pop(jid, None)
+            scopes.pop(jid, None)
             if span is not None:
                 _tracing.end_job_span(span, raised)
-        if cancel_scope.cancelled_caught or jid in requests:
+        duration = time.perf_counter() - began
+        if jid in requests:
             requests.discard(jid)
             return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
         settlement = self._finished(await self.settlement(job, token, result, raised, ttl, options), duration)
@@ -262,6 +266,19 @@ class Executor:
         if escalate is not None:
             raise Escalation(settlement, escalate)
         return settlement
+
+    def cancelled(self, claim: Claim, duration: float | None) -> Settlement:
+        """The settlement of an attempt whose handler a ``cancel()`` interrupted (the
+        ``Cancelled`` escaped :meth:`execute` and the worker's scope caught it)."""
+        q = self.q
+        if q._consumer is not None:
+            q._consumer.cancel_requests.discard(claim.id)
+        try:
+            ttl_ms = decode_envelope(claim.envelope)[5]
+        except CodecError:
+            ttl_ms = 0
+        ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
+        return self._finished(Settlement(SettleKind.CANCEL, claim.id, b"", ttl=ttl, token=claim.token), duration)
 
     def _finished(self, settlement: Settlement, duration: float | None = None) -> Settlement:
         """Tell the queue's observers how an attempt ended; returns ``settlement``."""

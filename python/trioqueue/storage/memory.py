@@ -386,6 +386,13 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        out = self.start_nowait(queue, worker_id, claims)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    supports_start_nowait = True
+
+    def start_nowait(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         out: list[bool] = []
         events: list[StorageEvent] = []
         with self._lock:
@@ -406,7 +413,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     rec.attempts += 1
                 out.append(True)
             self._publish(q, events)
-        await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
     async def heartbeat(
