@@ -268,14 +268,14 @@ class Consumer:
                     yield_at = perf_counter() + WORKER_SLICE
                     continue
                 claim = buffer.popleft()
-                if buffer and self.work:
+                if buffer and not self.waking and self.work:
                     self._wake_worker()
                 job_id = claim.id
                 self.running[job_id] = claim.token
                 try:
                     if not claim.started:
                         if start_nowait is not None:
-                            ok = start_nowait(q.name, q.worker_id, [(job_id, claim.token)])[0]
+                            ok = start_nowait(q.name, q.worker_id, job_id, claim.token)
                         else:
                             ok = await self._begin(claim)
                         if not ok:
@@ -291,8 +291,9 @@ class Consumer:
                 finally:
                     del self.running[job_id]
                 claim = None
-                self.pending.append(settlement)
-                if self.settle_wakeup:
+                pending = self.pending
+                pending.append(settlement)
+                if len(pending) == 1:  # else the settler was woken already (or runs)
                     self.settle_wakeup.unpark()
                 if spent and scope in spent:
                     spent.discard(scope)

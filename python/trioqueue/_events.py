@@ -48,7 +48,10 @@ class Emitter:
         return {name: list(cbs) for name, cbs in self._callbacks.items()}
 
     def wants(self, name: str) -> bool:
-        return name in self._callbacks or any(s.wants(name) for s in self.streams)
+        if name in self._callbacks:
+            return True
+        streams = self.streams
+        return bool(streams) and any(s.wants(name) for s in streams)
 
     def emit(self, name: str, job_id: str | None = None, **data: Any) -> None:
         if self.streams:

@@ -75,13 +75,17 @@ def job_error(exc: BaseException) -> JobError:
     )
 
 
-def encode_value(serde: Serde, value: Any, what: str, error: type[TrioQueueError]) -> bytes:
-    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``."""
+def encode_value(serde: Serde, value: Any, what: str, error: type[TrioQueueError], subject: str | None = None) -> bytes:
+    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``
+    about ``what`` (followed by ``subject``'s repr when given: the message is only built
+    on failure)."""
     try:
         data = serde.dumps(value)
     except Exception as exc:
+        what = what if subject is None else f"{what} {subject!r}"
         raise error(f"{what} cannot be encoded by {type(serde).__name__}: {exc}") from exc
     if not isinstance(data, bytes):
+        what = what if subject is None else f"{what} {subject!r}"
         raise error(f"{what}: {type(serde).__name__}.dumps returned {type(data).__name__}, not bytes")
     return data
 
@@ -147,6 +151,8 @@ class JobOptions:
 
 
 _NO_OPTIONS = JobOptions()
+_COMPLETE = SettleKind.COMPLETE
+_new = tuple.__new__  # a Job or Settlement per attempt, built as the tuple it is
 
 
 class Executor:
@@ -188,7 +194,7 @@ class Executor:
         token = claim.token
         try:
             jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(claim.envelope)
-            options = JobOptions.decode(opts)
+            options = JobOptions.decode(opts) if opts else _NO_OPTIONS
         except CodecError as exc:
             bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
             return self._finished(Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=q.result_ttl, token=token))
@@ -201,7 +207,7 @@ class Executor:
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
             )
             return self._finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
-        job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, q.worker_id, corr)
+        job: Job[Any] = _new(Job, (jid, payload, claim.attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
         result: Any = None
@@ -220,7 +226,14 @@ class Executor:
         began = time.perf_counter()
         try:
             if timeout is None:
-                result = await self.call_handler(job, token)
+                if q._handler_is_async:  # call_handler's, inline: the common case, per job
+                    reset = _ATTEMPT.set((self, jid, token))
+                    try:
+                        result = await q._handler(job)  # type: ignore[misc]
+                    finally:
+                        _ATTEMPT.reset(reset)
+                else:
+                    result = await self.call_handler(job, token)
             else:
                 with trio.move_on_after(timeout) as timer:
                     result = await self.call_handler(job, token)
@@ -242,7 +255,16 @@ class Executor:
         if jid in requests:
             requests.discard(jid)
             return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
-        settlement = self._finished(await self.settlement(job, token, result, raised, ttl, options), duration)
+        settlement = None
+        if raised is None and q._after_execution is None:  # settlement()'s common case, inline
+            try:
+                settlement = _new(Settlement, (_COMPLETE, jid, self.dump_result(jid, result), ttl, 0.0, token))
+            except TrioQueueError as exc:
+                raised = exc
+        if settlement is None:
+            settlement = await self.settlement(job, token, result, raised, ttl, options)
+        if q._observers:
+            self._finished(settlement, duration)
         if raised is not None and settlement.kind in (SettleKind.RETRY, SettleKind.FAIL):
             retry = settlement.kind is SettleKind.RETRY
             logger.info(
@@ -344,7 +366,7 @@ class Executor:
         return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
 
     def dump_result(self, job_id: str, result: Any) -> bytes:
-        return encode_value(self.q.result_serde, result, f"result of job {job_id!r}", TrioQueueError)
+        return encode_value(self.q.result_serde, result, "result of job", TrioQueueError, job_id)
 
 
 def check_retry_if(value: Any) -> RetryIf | None:
@@ -361,6 +383,6 @@ async def report_progress(job: Job[Any], value: Any) -> None:
         raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
     executor, job_id, token = attempt
     q = executor.q
-    data = encode_value(q.result_serde, value, f"progress of job {job_id!r}", ValidationError)
+    data = encode_value(q.result_serde, value, "progress of job", ValidationError, job_id)
     if not await q.storage.set_progress(q.name, q.worker_id, job_id, token, data):
         raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")

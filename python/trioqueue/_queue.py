@@ -396,7 +396,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
         options = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
-        data = encode_value(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
+        data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )

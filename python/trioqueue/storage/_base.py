@@ -400,10 +400,11 @@ class Storage(abc.ABC):
     #: ``True`` when :meth:`start_nowait` is implemented (a backend without I/O).
     supports_start_nowait = False
 
-    def start_nowait(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
-        """:meth:`start` as a plain call, for a backend that needs no I/O for it (memory):
-        the consumer then counts each reserved claim's attempt right before its handler,
-        with no batch and no wait. Only called when :attr:`supports_start_nowait` is set."""
+    def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
+        """:meth:`start` of one claim as a plain call, for a backend that needs no I/O for
+        it (memory): the consumer then counts each reserved claim's attempt right before
+        its handler, with no batch and no wait. Only called when
+        :attr:`supports_start_nowait` is set."""
         raise NotImplementedError(f"{type(self).__name__} does not implement start_nowait()")
 
     @abc.abstractmethod

@@ -212,7 +212,10 @@ class _Q:
         self.jobs: dict[str, _Rec] = {}
         self.processing: dict[str, dict[str, _Rec]] = {}
         self.delayed: list[tuple[float, int, _Rec]] = []  # (run_at, seq, rec)
-        self.expiry: list[tuple[float, int, _Rec]] = []  # (expires_at, seq, rec)
+        # (expires_at, seq, rec or [recs]): a list for the jobs of one settle call that
+        # expire at once (one entry, not one per job); an entry counts for a record while
+        # the record's own expires_at is still the entry's.
+        self.expiry: list[tuple[float, int, _Rec | list[_Rec]]] = []
         self.waiters: set[_Waiter] = set()
         self.subscribers: list[_Subscriber] = []
         self.workers: dict[str, float] = {}

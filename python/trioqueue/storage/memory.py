@@ -50,6 +50,10 @@ from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 __all__ = ["MemoryStorage"]
 
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
+_COMPLETE = SettleKind.COMPLETE
+# Claims and events by the thousand: built as the tuples they are, without the keyword
+# handling of a NamedTuple's constructor.
+_new = tuple.__new__
 
 class MemoryStorage(MemoryAdmin, MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
@@ -72,10 +76,11 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
     def _expire(self, q: _Q, now: float) -> None:
         heap = q.expiry
         while heap and heap[0][0] <= now:
-            expires_at, _, rec = heapq.heappop(heap)
-            if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
-                del q.jobs[rec.id]
-                q.index.drop(rec)
+            expires_at, _, item = heapq.heappop(heap)
+            for rec in item if type(item) is list else (item,):
+                if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
+                    del q.jobs[rec.id]
+                    q.index.drop(rec)
 
     def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
         rec.kind = kind
@@ -228,6 +233,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         if proc is None:
             proc = q.processing[worker_id] = {}
         table = q.jobs
+        taken: list[_Rec] = []  # their index entries move in one batch
+        append = claims.append
         while len(claims) < max_jobs:
             envelopes = q.ready.pop(max_jobs - len(claims))
             if not envelopes:
@@ -235,19 +242,24 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             for env in envelopes:
                 job_id = envelope_id(env)
                 rec = table.get(job_id)
-                if rec is None or rec.envelope is not env or rec.kind != _QUEUED:
+                if rec is None or rec.envelope is not env or rec._kind != _QUEUED:
                     continue  # cancelled, or a stale copy
-                rec.kind = _PROCESSING
+                rec._kind = _PROCESSING  # the index is told below, for the whole batch
                 rec.ts_ms = now_ms
                 rec.worker = worker_id
-                rec.claims += 1
-                rec.claim = f"{rec.token}.{rec.claims}"
-                rec.started = len(claims) < start
-                if rec.started:
-                    rec.attempts += 1
+                n = rec.claims = rec.claims + 1
+                token = rec.claim = f"{rec.token}.{n}"
                 rec.lease_deadline = deadline
                 proc[job_id] = rec
-                claims.append(Claim(job_id, env, rec.attempts + (not rec.started), rec.claim, rec.started))
+                taken.append(rec)
+                if len(claims) < start:
+                    rec.started = True
+                    rec.attempts += 1
+                    append(_new(Claim, (job_id, env, rec.attempts, token, True)))
+                else:
+                    rec.started = False
+                    append(_new(Claim, (job_id, env, rec.attempts + 1, token, False)))
+        q.index.move(taken, _QUEUED, _PROCESSING)
         q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
@@ -298,11 +310,33 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         out: list[bool] = []
         events: list[StorageEvent] = []
         retried = False
+        now_ms = int(now * 1000)
+        completed: list[_Rec] = []  # their index entries move in one batch
+        group_at, group = math.nan, completed  # (no group yet: NaN equals nothing)
         with self._lock:
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
                 rec = proc.get(s.id)
+                if rec is not None and rec.claim == s.token and s.kind is _COMPLETE:
+                    # The common case, inline (as _set_terminal does it, but the index).
+                    del proc[s.id]
+                    out.append(True)
+                    if not rec.started:
+                        rec.attempts += 1  # settled without start(): the attempt happened
+                    rec.result = s.data
+                    rec._kind = _COMPLETED
+                    rec.ts_ms = now_ms
+                    rec.worker = None
+                    rec.lease_deadline = math.inf
+                    expires_at = rec.expires_at = now + s.ttl
+                    if expires_at != group_at:  # one expiry entry per run of equal TTLs
+                        group_at, group = expires_at, []
+                        heapq.heappush(q.expiry, (expires_at, next(self._seq), group))
+                    group.append(rec)
+                    completed.append(rec)
+                    events.append(_new(StorageEvent, ("completed", s.id, worker_id, s.data, None, rec.token)))
+                    continue
                 if rec is None or rec.claim != s.token:
                     known = q.jobs.get(s.id)
                     if known is not None and known.claim == s.token and known.kind != _PROCESSING:
@@ -342,6 +376,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     kind = "rate_limited" if limited else "failing"
                     events.append(StorageEvent(kind, s.id, worker_id, error=None if limited else s.data, token=rec.token))
                     retried = True
+            q.index.move(completed, _PROCESSING, _COMPLETED)
             self._publish(q, events)
             if retried or (any(out) and q.flow.freed()):
                 self._wake(q)  # waiters recompute when the next retry is due
@@ -386,34 +421,43 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        out = self.start_nowait(queue, worker_id, claims)
+        events: list[StorageEvent] = []
+        with self._lock:
+            q = self._q(queue)
+            out = [self._start(q, worker_id, job_id, token, events) for job_id, token in claims]
+            self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
     supports_start_nowait = True
 
-    def start_nowait(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
-        out: list[bool] = []
-        events: list[StorageEvent] = []
+    def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
         with self._lock:
             q = self._q(queue)
-            proc = q.processing.get(worker_id, {})
-            for job_id, token in claims:
-                rec = proc.get(job_id)
-                if rec is None or rec.claim != token:
-                    out.append(False)
-                    continue
-                if rec.cancel_requested and not rec.started:
-                    del proc[job_id]
-                    self._cancel_claimed(q, rec, time.time(), worker_id, events)
-                    out.append(False)
-                    continue
-                if not rec.started:
+            rec = q.processing.get(worker_id, {}).get(job_id)
+            if rec is not None and rec.claim == token and not rec.cancel_requested:
+                if not rec.started:  # the common case, inline
                     rec.started = True
                     rec.attempts += 1
-                out.append(True)
+                return True
+            events: list[StorageEvent] = []
+            ok = self._start(q, worker_id, job_id, token, events)
             self._publish(q, events)
-        return out
+            return ok
+
+    def _start(self, q: _Q, worker_id: str, job_id: str, token: str, events: list[StorageEvent]) -> bool:
+        proc = q.processing.get(worker_id, {})
+        rec = proc.get(job_id)
+        if rec is None or rec.claim != token:
+            return False
+        if rec.cancel_requested and not rec.started:
+            del proc[job_id]
+            self._cancel_claimed(q, rec, time.time(), worker_id, events)
+            return False
+        if not rec.started:
+            rec.started = True
+            rec.attempts += 1
+        return True
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
