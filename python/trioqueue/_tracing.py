@@ -83,6 +83,8 @@ class JobSpan:
 def start_job_span(queue: str, job: Job[Any], carrier: dict[str, str] | None) -> JobSpan | None:
     """Start the span of one attempt of ``job``, continuing ``carrier``'s context, and make
     it current in this task; ``None`` while no tracer provider is configured."""
+    if not _ENV_PROVIDER and getattr(trace, "_TRACER_PROVIDER", False) is None:
+        return None  # _provider()'s first test, inline: this runs for every job
     tracer = _configured_tracer()
     if tracer is None:
         return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
+from itertools import compress
 from typing import Any, Protocol
 
 from ._base import STATE_KINDS
@@ -96,9 +97,9 @@ class StateIndex:
     def _maybe_compact(self, kind: str) -> None:
         log = self.logs[kind]
         if len(log.recs) > 2 * self.live[kind] + _SLACK:
-            live = [(s, r) for s, r in zip(log.seqs, log.recs) if r.iseq == s]
-            log.seqs = array("q", [s for s, _ in live])
-            log.recs = [r for _, r in live]
+            keep = [r.iseq == s for s, r in zip(log.seqs, log.recs)]  # no tuple per entry
+            log.seqs = array("q", compress(log.seqs, keep))
+            log.recs = list(compress(log.recs, keep))
 
     def page(self, kind: str, limit: int, cursor: int | None) -> tuple[list[Any], int | None]:
         """Up to ``limit`` live records of ``kind`` that entered it before ``cursor`` (a
