@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._errors import StorageError
-from ._execution import Escalation
+from ._execution import Attempt, Escalation, enter_worker
 from .storage._base import Claim, Settlement, SettleKind
 
 if TYPE_CHECKING:
@@ -235,15 +235,16 @@ class Consumer:
             self.waking += 1
 
     async def _worker(self) -> None:
+        attempt = enter_worker(self.q._executor)
         try:
-            while await self._work():
+            while await self._work(attempt):
                 pass  # a cancel() used the scope: the next jobs run under a new one
         finally:
             self.workers_left -= 1
             if self.workers_left == 0:
                 self.settle_wakeup.unpark_all()
 
-    async def _work(self) -> bool:
+    async def _work(self, attempt: Attempt) -> bool:
         """Run jobs one after another under one cancel scope, the scope of whichever job
         runs (see :meth:`Executor.execute`). Jobs whose handlers do not block run back to
         back for up to :data:`WORKER_SLICE` seconds between schedule points; each is a
@@ -282,8 +283,9 @@ class Consumer:
                             self._unhold(1)  # the reaper took it back: not ours to run
                             claim = None
                             continue
-                    began = perf_counter()
-                    settlement = await executor.execute(claim, scope)
+                    if q._observers:  # the duration of an attempt cancel() ends
+                        began = perf_counter()
+                    settlement = await executor.execute(claim, scope, attempt)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
                     self.settle_wakeup.unpark()
@@ -307,7 +309,7 @@ class Consumer:
         # Cancelled (a forced stop's goes through).
         spent.discard(scope)
         if claim is not None:
-            self.pending.append(executor.cancelled(claim, perf_counter() - began))
+            self.pending.append(executor.cancelled(claim, perf_counter() - began if q._observers else None))
             self.settle_wakeup.unpark()
         return True
 

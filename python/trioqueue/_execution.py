@@ -34,19 +34,45 @@ if TYPE_CHECKING:
     from ._queue import Queue
 
 __all__ = [
+    "Attempt",
     "Escalation",
     "Executor",
     "JobOptions",
     "RetryIf",
     "check_retry_if",
+    "encode_failure",
     "encode_value",
+    "enter_worker",
     "job_error",
     "only_cancelled",
     "report_progress",
 ]
 
-# The attempt the current task runs a handler for: (executor, job id, claim token).
-_ATTEMPT: ContextVar[tuple[Executor, str, str] | None] = ContextVar("trioqueue_attempt", default=None)
+
+class Attempt:
+    """The attempt a worker task is running an async handler for, as
+    :func:`report_progress` finds it: one per worker task, put in the task's context once
+    (:func:`enter_worker`) and filled in for each job while its handler runs (a context
+    variable set and reset per job costs more than a noop handler). Tasks the handler
+    starts inherit it; ``job`` is ``None`` between handlers, so a task that outlives its
+    handler cannot report for the next job."""
+
+    __slots__ = ("executor", "job", "token")
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.job: Job[Any] | None = None
+        self.token = ""  # the claim token of ``job``'s attempt
+
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("trioqueue_attempt", default=None)
+
+
+def enter_worker(executor: Executor) -> Attempt:
+    """Called by each worker task, once: its :class:`Attempt`, made current in its context."""
+    attempt = Attempt(executor)
+    _ATTEMPT.set(attempt)
+    return attempt
 
 logger = logging.getLogger("trioqueue.jobs")
 
@@ -82,12 +108,23 @@ def encode_value(serde: Serde, value: Any, what: str, error: type[TrioQueueError
     try:
         data = serde.dumps(value)
     except Exception as exc:
-        what = what if subject is None else f"{what} {subject!r}"
-        raise error(f"{what} cannot be encoded by {type(serde).__name__}: {exc}") from exc
+        raise encode_failure(serde, what, error, subject, exc) from exc
     if not isinstance(data, bytes):
-        what = what if subject is None else f"{what} {subject!r}"
-        raise error(f"{what}: {type(serde).__name__}.dumps returned {type(data).__name__}, not bytes")
+        raise encode_failure(serde, what, error, subject, data)
     return data
+
+
+def encode_failure(
+    serde: Serde, what: str, error: type[TrioQueueError], subject: str | None, outcome: object
+) -> TrioQueueError:
+    """The ``error`` for a ``serde.dumps`` that raised ``outcome`` (an exception, chained
+    as the cause) or returned it (not bytes)."""
+    what = what if subject is None else f"{what} {subject!r}"
+    if isinstance(outcome, Exception):
+        failure = error(f"{what} cannot be encoded by {type(serde).__name__}: {outcome}")
+        failure.__cause__ = outcome
+        return failure
+    return error(f"{what}: {type(serde).__name__}.dumps returned {type(outcome).__name__}, not bytes")
 
 
 def only_cancelled(exc: BaseException) -> bool:
@@ -162,22 +199,22 @@ class Executor:
         self.q = queue
         self.retry_if = retry_if
 
-    async def call_handler(self, job: Job[Any], token: str) -> Any:
+    async def call_handler(self, job: Job[Any], token: str, attempt: Attempt) -> Any:
         q = self.q
         handler = q._handler
         assert handler is not None
         if q._handler_is_async:
-            reset = _ATTEMPT.set((self, job.id, token))
+            attempt.job, attempt.token = job, token
             try:
                 return await handler(job)
             finally:
-                _ATTEMPT.reset(reset)
+                attempt.job = None
         result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
         if inspect.isawaitable(result):
             result = await result
         return result
 
-    async def execute(self, claim: Claim, scope: trio.CancelScope) -> Settlement:
+    async def execute(self, claim: Claim, scope: trio.CancelScope, attempt: Attempt) -> Settlement:
         """Run one attempt; return how to settle it. Every failure of the job becomes a
         settlement, a ``BaseException`` other than Trio's ``Cancelled`` included (it counts
         as a failed attempt). For ``KeyboardInterrupt`` and ``SystemExit`` the settlement
@@ -189,6 +226,7 @@ class Executor:
         this job's while its handler runs, so a ``cancel()`` of the running job cancels it;
         the ``Cancelled`` then escapes from here, the worker's scope catches it and the
         worker settles the job with :meth:`cancelled` (a cancelled scope is never reused).
+        ``attempt`` is the worker's (:func:`enter_worker`).
         """
         q = self.q
         token = claim.token
@@ -227,16 +265,16 @@ class Executor:
         try:
             if timeout is None:
                 if q._handler_is_async:  # call_handler's, inline: the common case, per job
-                    reset = _ATTEMPT.set((self, jid, token))
+                    attempt.job, attempt.token = job, token
                     try:
                         result = await q._handler(job)  # type: ignore[misc]
                     finally:
-                        _ATTEMPT.reset(reset)
+                        attempt.job = None
                 else:
-                    result = await self.call_handler(job, token)
+                    result = await self.call_handler(job, token, attempt)
             else:
                 with trio.move_on_after(timeout) as timer:
-                    result = await self.call_handler(job, token)
+                    result = await self.call_handler(job, token, attempt)
                 if timer.cancelled_caught:
                     raised = JobTimeoutError(jid, timeout)
         except Exception as exc:
@@ -251,16 +289,23 @@ class Executor:
             scopes.pop(jid, None)
             if span is not None:
                 _tracing.end_job_span(span, raised)
-        duration = time.perf_counter() - began
+        # (only observers and the failure log use the duration)
+        duration = time.perf_counter() - began if q._observers or raised is not None else 0.0
         if jid in requests:
             requests.discard(jid)
             return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
         settlement = None
         if raised is None and q._after_execution is None:  # settlement()'s common case, inline
+            serde = q.result_serde
             try:
-                settlement = _new(Settlement, (_COMPLETE, jid, self.dump_result(jid, result), ttl, 0.0, token))
-            except TrioQueueError as exc:
-                raised = exc
+                data = serde.dumps(result)
+            except Exception as exc:
+                raised = encode_failure(serde, "result of job", TrioQueueError, jid, exc)
+            else:
+                if type(data) is bytes or isinstance(data, bytes):
+                    settlement = _new(Settlement, (_COMPLETE, jid, data, ttl, 0.0, token))
+                else:
+                    raised = encode_failure(serde, "result of job", TrioQueueError, jid, data)
         if settlement is None:
             settlement = await self.settlement(job, token, result, raised, ttl, options)
         if q._observers:
@@ -379,10 +424,12 @@ def check_retry_if(value: Any) -> RetryIf | None:
 async def report_progress(job: Job[Any], value: Any) -> None:
     """:meth:`Job.report_progress`: store and announce the progress of the running attempt."""
     attempt = _ATTEMPT.get()
-    if attempt is None or attempt[1] != job.id:
+    current = None if attempt is None else attempt.job
+    if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
         raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
-    executor, job_id, token = attempt
-    q = executor.q
+    assert attempt is not None
+    job_id, token = current.id, attempt.token
+    q = attempt.executor.q
     data = encode_value(q.result_serde, value, "progress of job", ValidationError, job_id)
     if not await q.storage.set_progress(q.name, q.worker_id, job_id, token, data):
         raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")
