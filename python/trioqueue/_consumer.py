@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 CLEANUP_TIMEOUT = 10.0
 RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
 # How long a worker may run jobs whose handlers never block back to back before it lets
-# the other tasks run (each job is a cancel point all the same).
+# the other tasks run, and how long before it checks for cancellation (a forced stop)
+# between two such jobs.
 WORKER_SLICE = 0.001
+CANCEL_CHECK = 0.00005
 
 
 class _StartBatch:
@@ -247,9 +249,10 @@ class Consumer:
     async def _work(self, attempt: Attempt) -> bool:
         """Run jobs one after another under one cancel scope, the scope of whichever job
         runs (see :meth:`Executor.execute`). Jobs whose handlers do not block run back to
-        back for up to :data:`WORKER_SLICE` seconds between schedule points; each is a
-        cancel point all the same. Returns ``True`` when a ``cancel()`` used the scope (the
-        caller starts a new one), ``False`` when the worker is done (draining)."""
+        back for up to :data:`WORKER_SLICE` seconds between schedule points, checking for
+        cancellation at least every :data:`CANCEL_CHECK` seconds. Returns ``True`` when a
+        ``cancel()`` used the scope (the caller starts a new one), ``False`` when the
+        worker is done (draining)."""
         q = self.q
         buffer = self.buffer
         executor = q._executor
@@ -259,6 +262,7 @@ class Consumer:
         began = 0.0
         with trio.CancelScope() as scope:
             yield_at = perf_counter() + WORKER_SLICE
+            check_at = 0.0
             while True:
                 if not buffer:
                     if self.draining:
@@ -300,11 +304,14 @@ class Consumer:
                 if spent and scope in spent:
                     spent.discard(scope)
                     return True  # a cancel() of the job that just ended: never reuse the scope
-                if perf_counter() >= yield_at:
+                now = perf_counter()
+                if now >= yield_at:
                     await trio.lowlevel.checkpoint()
                     yield_at = perf_counter() + WORKER_SLICE
-                else:
+                    check_at = yield_at - WORKER_SLICE + CANCEL_CHECK
+                elif now >= check_at:
                     await trio.lowlevel.checkpoint_if_cancelled()
+                    check_at = now + CANCEL_CHECK
         # Only a cancel() of the running job cancels the scope: it caught that job's
         # Cancelled (a forced stop's goes through).
         spent.discard(scope)
