@@ -47,6 +47,10 @@ class Emitter:
         """The registered callbacks by event name (a copy)."""
         return {name: list(cbs) for name, cbs in self._callbacks.items()}
 
+    def listening(self) -> bool:
+        """Whether any callback or event stream is registered (else no event is wanted)."""
+        return bool(self._callbacks) or bool(self.streams)
+
     def wants(self, name: str) -> bool:
         if name in self._callbacks:
             return True

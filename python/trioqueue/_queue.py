@@ -58,6 +58,7 @@ Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
+assert _TERMINAL_EVENTS <= STORAGE_EVENT_NAMES  # _listen tests the latter first
 
 
 def default_worker_id() -> str:
@@ -333,14 +334,21 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             task_status.started()
             async for batch in receive:
                 waiters = self._waiters
+                listening = events.listening()  # nobody listens: job events only reach waiters
                 for ev in batch:
                     kind = ev.kind
-                    if waiters:
-                        if kind in _TERMINAL_EVENTS:
+                    if kind in STORAGE_EVENT_NAMES:  # the bulk: one test, then what it needs
+                        if waiters and kind in _TERMINAL_EVENTS:
                             for w in waiters.get(ev.job_id, ()):
                                 w.offer(ev)
-                        elif kind == "resync":
-                            self._wake_waiters()
+                        if listening and events.wants(kind):
+                            data: dict[str, Any] = {"worker_id": ev.worker_id}
+                            if ev.error is not None:
+                                data["error"] = decode_error(ev.error)
+                            events.emit(kind, ev.job_id or None, **data)
+                        continue
+                    if waiters and kind == "resync":
+                        self._wake_waiters()
                     if kind == "resync":
                         events.emit("resync")
                         continue
@@ -358,13 +366,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
                             else:
                                 events.emit(kind, ev.job_id, worker_id=ev.worker_id, progress=value)
                         continue
-                    if kind in STORAGE_EVENT_NAMES:
-                        if events.wants(kind):
-                            data: dict[str, Any] = {"worker_id": ev.worker_id}
-                            if ev.error is not None:
-                                data["error"] = decode_error(ev.error)
-                            events.emit(kind, ev.job_id or None, **data)
-                    elif kind == "fenced":
+                    if kind == "fenced":
                         events.emit(
                             "error",
                             ev.job_id,
