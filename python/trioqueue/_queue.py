@@ -58,6 +58,7 @@ Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
+_new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
 assert _TERMINAL_EVENTS <= STORAGE_EVENT_NAMES  # _listen tests the latter first
 
 
@@ -402,7 +403,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
-        return NewJob(jid, envelope, attempts, ttl, self._new_token(), run_at, prio)
+        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio))  # (all fields)
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"

@@ -135,7 +135,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             table = q.jobs
             for job in jobs:
                 rec = table.get(job.id)
-                if rec is None or rec.kind == _CANCELLED:
+                if rec is None or rec._kind == _CANCELLED:
                     if rec is not None:
                         q.index.drop(rec)
                     rec = table[job.id] = _Rec(job, now_ms, q.index)
@@ -147,7 +147,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     else:
                         envelopes.append(rec)
                     outcomes.append(_QUEUED_OUTCOME)
-                    events.append(StorageEvent("enqueued", job.id, token=job.token))
+                    events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
                 elif rec.kind == _COMPLETED and rec.result is not None:
                     outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
                 else:
@@ -433,8 +433,9 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
         with self._lock:
-            q = self._q(queue)
-            rec = q.processing.get(worker_id, {}).get(job_id)
+            q = self._queues.get(queue) or self._q(queue)
+            proc = q.processing.get(worker_id)
+            rec = None if proc is None else proc.get(job_id)
             if rec is not None and rec.claim == token and not rec.cancel_requested:
                 if not rec.started:  # the common case, inline
                     rec.started = True
