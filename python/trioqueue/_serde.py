@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import json.scanner
 from typing import Any, Protocol, runtime_checkable
 
 from ._models import JobError
@@ -29,7 +28,7 @@ class JsonSerde:
         self._encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
         decoder = json.JSONDecoder()
         self._decoder = decoder.decode
-        self._scan = json.scanner.make_scanner(decoder)  # the decoder's own scanner (C)
+        self._scan = decoder.scan_once  # type: ignore[attr-defined]  # its own scanner (C)
 
     def dumps(self, value: Any, /) -> bytes:
         if value is None:

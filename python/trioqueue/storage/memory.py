@@ -77,7 +77,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         heap = q.expiry
         while heap and heap[0][0] <= now:
             expires_at, _, item = heapq.heappop(heap)
-            for rec in item if type(item) is list else (item,):
+            for rec in item if isinstance(item, list) else (item,):
                 if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
                     del q.jobs[rec.id]
                     q.index.drop(rec)
