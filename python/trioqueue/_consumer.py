@@ -45,8 +45,13 @@ class Consumer:
     is stored, and is in exactly one of: ``buffer`` (claimed, not started), ``running``
     (a worker has it: starting or running), ``pending`` (finished, settlement not stored
     yet). Claims fetched for idle workers are started at claim time; the rest (prefetch)
-    are reserved, and their attempt is counted in a batched :meth:`Storage.start` just
-    before their handler runs, so a crash costs a prefetched job nothing.
+    are reserved, and their attempt is counted just before their handler runs (by a
+    batched :meth:`Storage.start`, or :meth:`Storage.start_nowait` where the storage
+    needs no I/O for it), so a crash costs a prefetched job nothing.
+
+    A worker whose handlers do not block runs job after job without a schedule point
+    (see :meth:`_work`), and wakes at most one idle worker at a time for the claims left
+    in the buffer; handlers that block spread over the workers as before.
     """
 
     def __init__(self, queue: Queue[Any, Any]) -> None:

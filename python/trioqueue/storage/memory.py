@@ -563,27 +563,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
-        with self._lock:
-            holder = self._locks.get(name)
-            ok = holder is None or holder[0] == owner or holder[1] <= now
-            if ok:
-                self._locks[name] = (owner, now + ttl)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
-
-    async def release_lock(self, name: str, owner: str) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            holder = self._locks.get(name)
-            ok = holder is not None and holder[0] == owner
-            if ok:
-                del self._locks[name]
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
-
     # -- events ------------------------------------------------------------------------
 
     @asynccontextmanager
