@@ -292,8 +292,7 @@ class Consumer:
                             self._unhold(1)  # the reaper took it back: not ours to run
                             claim = None
                             continue
-                    if q._observers:  # the duration of an attempt cancel() ends
-                        began = perf_counter()
+                    began = perf_counter() if q._observers else 0.0  # for an attempt cancel() ends
                     settlement = await executor.execute(claim, scope, attempt)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
@@ -321,7 +320,7 @@ class Consumer:
         # Cancelled (a forced stop's goes through).
         spent.discard(scope)
         if claim is not None:
-            self.pending.append(executor.cancelled(claim, perf_counter() - began if q._observers else None))
+            self.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
             self.settle_wakeup.unpark()
         return True
 
