@@ -280,12 +280,12 @@ class Consumer:
                 claim = buffer.popleft()
                 if buffer and not self.waking and self.work:
                     self._wake_worker()
-                job_id = claim.id
-                self.running[job_id] = claim.token
+                job_id, _, _, token, started = claim
+                self.running[job_id] = token
                 try:
-                    if not claim.started:
+                    if not started:
                         if start_nowait is not None:
-                            ok = start_nowait(q.name, q.worker_id, job_id, claim.token)
+                            ok = start_nowait(q.name, q.worker_id, job_id, token)
                         else:
                             ok = await self._begin(claim)
                         if not ok:

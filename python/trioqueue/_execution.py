@@ -229,13 +229,13 @@ class Executor:
         ``attempt`` is the worker's (:func:`enter_worker`).
         """
         q = self.q
-        token = claim.token
+        claim_id, envelope, attempts, token, _ = claim
         try:
-            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(claim.envelope)
+            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
             options = JobOptions.decode(opts) if opts else _NO_OPTIONS
         except CodecError as exc:
-            bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
-            return self._finished(Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=q.result_ttl, token=token))
+            bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
+            return self._finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
         ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
         try:
             payload = q.payload_serde.loads(raw)
@@ -245,7 +245,7 @@ class Executor:
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
             )
             return self._finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
-        job: Job[Any] = _new(Job, (jid, payload, claim.attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
+        job: Job[Any] = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
         result: Any = None
@@ -258,8 +258,8 @@ class Executor:
         scopes = consumer.scopes if consumer is not None else {}
         scopes[jid] = scope  # cancelled by a cancel() of this running job
         if q._observers:
-            wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if claim.attempts == 1 else None
-            notify(q._observers, "job_started", q.name, jid, claim.attempts, wait)
+            wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if attempts == 1 else None
+            notify(q._observers, "job_started", q.name, jid, attempts, wait)
         span = _tracing.start_job_span(q.name, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()
         try:

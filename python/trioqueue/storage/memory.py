@@ -317,25 +317,26 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                rec = proc.get(s.id)
-                if rec is not None and rec.claim == s.token and s.kind is _COMPLETE:
+                kind, sid, data, ttl, _, token = s
+                rec = proc.get(sid)
+                if rec is not None and rec.claim == token and kind is _COMPLETE:
                     # The common case, inline (as _set_terminal does it, but the index).
-                    del proc[s.id]
+                    del proc[sid]
                     out.append(True)
                     if not rec.started:
                         rec.attempts += 1  # settled without start(): the attempt happened
-                    rec.result = s.data
+                    rec.result = data
                     rec._kind = _COMPLETED
                     rec.ts_ms = now_ms
                     rec.worker = None
                     rec.lease_deadline = math.inf
-                    expires_at = rec.expires_at = now + s.ttl
+                    expires_at = rec.expires_at = now + ttl
                     if expires_at != group_at:  # one expiry entry per run of equal TTLs
                         group_at, group = expires_at, []
                         heapq.heappush(q.expiry, (expires_at, next(self._seq), group))
                     group.append(rec)
                     completed.append(rec)
-                    events.append(_new(StorageEvent, ("completed", s.id, worker_id, s.data, None, rec.token)))
+                    events.append(_new(StorageEvent, ("completed", sid, worker_id, data, None, rec.token)))
                     continue
                 if rec is None or rec.claim != s.token:
                     known = q.jobs.get(s.id)
