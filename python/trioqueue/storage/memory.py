@@ -317,9 +317,9 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                kind, sid, data, ttl, _, token = s
+                skind, sid, data, ttl, _, token = s
                 rec = proc.get(sid)
-                if rec is not None and rec.claim == token and kind is _COMPLETE:
+                if rec is not None and rec.claim == token and skind is _COMPLETE:
                     # The common case, inline (as _set_terminal does it, but the index).
                     del proc[sid]
                     out.append(True)
