@@ -21,7 +21,6 @@ from itertools import count
 
 import trio
 
-from .._core import envelope_id
 from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
 from ._base import (
@@ -232,18 +231,17 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         proc = q.processing.get(worker_id)
         if proc is None:
             proc = q.processing[worker_id] = {}
-        table = q.jobs
         taken: list[_Rec] = []  # their index entries move in one batch
         append = claims.append
         while len(claims) < max_jobs:
-            envelopes = q.ready.pop(max_jobs - len(claims))
-            if not envelopes:
+            entries = q.ready.pop(max_jobs - len(claims))
+            if not entries:
                 break
-            for env in envelopes:
-                job_id = envelope_id(env)
-                rec = table.get(job_id)
-                if rec is None or rec.envelope is not env or rec._kind != _QUEUED:
-                    continue  # cancelled, or a stale copy
+            for rec in entries:
+                if rec._kind != _QUEUED or not rec.iseq:
+                    continue  # a stale entry: the job was cancelled, or forgotten
+                job_id = rec.id
+                env = rec.envelope
                 rec._kind = _PROCESSING  # the index is told below, for the whole batch
                 rec.ts_ms = now_ms
                 rec.worker = worker_id
