@@ -426,6 +426,36 @@ def bench_queue_single(t: Table, repeat: int, n: int) -> None:
         best_ops(deque_batch_interleaved, repeat),
     )
 
+    # ObjectQueue: the same batch calls for any objects (MemoryStorage's lanes of records).
+    records = [object() for _ in range(n)]
+    record_batches = [records[i : i + batch] for i in range(0, n, batch)]
+
+    def objects_rust_batch() -> int:
+        q: _core.ObjectQueue[object] = _core.ObjectQueue()
+        push_many, pop_many = q.push_many, q.pop_many
+        for b in record_batches:
+            push_many(b)
+        for _ in nb:
+            pop_many(batch)
+        return n
+
+    def objects_deque_batch() -> int:
+        q: collections.deque[object] = collections.deque()
+        extend, pop = q.extend, q.popleft
+        for b in record_batches:
+            extend(b)
+        for _ in nb:
+            [pop() for _ in inner]
+        return n
+
+    t.add(
+        "queue",
+        "ObjectQueue push_many+pop_many, batch 100 (1 thread)",
+        best_ops(objects_rust_batch, repeat),
+        "deque.extend + popleft loop",
+        best_ops(objects_deque_batch, repeat),
+    )
+
 
 def run_threads(producer: Callable[[int], None], consumer: Callable[[], None]) -> float:
     threads = [threading.Thread(target=producer, args=(p,)) for p in range(2)]

@@ -91,3 +91,56 @@ async def test_a_worker_that_missed_the_cancel_event_learns_it_from_its_heartbea
                 nursery.start_soon(waiter)
                 await started.wait()
                 await q.cancel("deaf")
+
+
+async def test_after_a_cancelled_job_the_same_worker_runs_the_next_jobs_normally(storage: Storage, queue_name: str) -> None:
+    """A worker runs many jobs under one cancel scope and replaces it after a cancel():
+    the cancel reaches only its job, whether the handler was cancelled at a checkpoint or
+    ended on its own after the request (its scope cancelled too late to matter)."""
+    started: dict[str, trio.Event] = {jid: trio.Event() for jid in ("blocked", "shielded")}
+    release_shielded = trio.Event()
+    outcomes: dict[str, str] = {}
+
+    async def handler(job: Job[Any]) -> str:
+        if job.id == "blocked":
+            started["blocked"].set()
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                outcomes["blocked"] = "cancelled"
+                raise
+        if job.id == "shielded":
+            started["shielded"].set()
+            with trio.CancelScope(shield=True):
+                await release_shielded.wait()  # the cancel arrives here: too late to interrupt
+            outcomes["shielded"] = "returned"
+            return "ignored"
+        await trio.sleep(0)  # a checkpoint: a leftover cancellation would hit it
+        return f"ok-{job.id}"
+
+    async with Queue(storage, name=queue_name, handler=handler, concurrency=1, prefetch=1, **FAST) as q:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+
+                async def wait_cancelled(jid: str) -> None:
+                    with pytest.raises(JobCancelledError):
+                        await q.enqueue_and_wait(jid, None)
+
+                nursery.start_soon(wait_cancelled, "blocked")
+                await started["blocked"].wait()
+                await q.cancel("blocked")
+            assert await q.enqueue_and_wait("after-1", None) == "ok-after-1"
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_cancelled, "shielded")
+                await started["shielded"].wait()
+                cancelled = Recorder()
+                q.on("cancel_requested", cancelled)
+                await q.cancel("shielded")
+                await cancelled.wait_for("cancel_requested", "shielded")
+                release_shielded.set()
+            results = [await q.enqueue_and_wait(f"after-{i}", None) for i in range(2, 5)]
+            for jid in ("blocked", "shielded"):
+                status = await q.get_status(jid)
+                assert status is not None and status.state is JobState.CANCELLED
+    assert outcomes == {"blocked": "cancelled", "shielded": "returned"}
+    assert results == ["ok-after-2", "ok-after-3", "ok-after-4"]

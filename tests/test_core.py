@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -299,6 +300,39 @@ def test_queue_rejects_non_bytes() -> None:
         q.push_many(5)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         q.pop_many(-1)
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(), st.text(), st.binary()), max_size=50), st.integers(1, 60))
+def test_object_queue_matches_deque(items: list[object], n: int) -> None:
+    """ObjectQueue: FIFO of the very objects pushed, any type, from any iterable."""
+    q: _core.ObjectQueue[object] = _core.ObjectQueue()
+    half = len(items) // 2
+    q.push_many(items[:half])
+    q.push_many(iter(items[half:]))
+    assert len(q) == len(items)
+    out: list[object] = []
+    while batch := q.pop_many(n):
+        out.extend(batch)
+    assert len(out) == len(items) and all(a is b for a, b in zip(out, items))
+    assert len(q) == 0 and q.pop_many(0) == []
+
+
+def test_object_queue_rejects_what_is_not_a_batch() -> None:
+    q: _core.ObjectQueue[object] = _core.ObjectQueue()
+
+    def broken() -> Iterator[object]:
+        yield 1
+        raise RuntimeError("iterating failed")
+
+    with pytest.raises(RuntimeError):
+        q.push_many(broken())
+    assert len(q) == 0  # all or nothing
+    with pytest.raises(TypeError):
+        q.push_many(5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        q.pop_many(-1)
+    q.push_many((1, 2))
+    assert q.pop_many(5) == [1, 2]
 
 
 def test_queue_threads_nothing_lost_or_duplicated() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 import trio
 
-from trioqueue import Job, MemoryStorage, Queue
+from trioqueue import Job, MemoryStorage, Queue, UpdateTTLStatus
+from trioqueue.storage import Settlement, SettleKind
 
 from support import Recorder
 
@@ -88,3 +89,50 @@ def test_concurrent_claims_from_many_threads_never_duplicate() -> None:
         t.join(60)
     everything = [j for part in claimed for j in part]
     assert len(everything) == 5000 and len(set(everything)) == 5000
+
+
+async def test_start_nowait_counts_a_reserved_claim_like_start() -> None:
+    """The consumer's plain-call start (no batch, no checkpoint) fences like start():
+    counted once, refused for a forged or stale token, and a job whose cancel() came
+    while it was reserved is cancelled instead of run."""
+    from test_storage import W1, job
+
+    storage = MemoryStorage()
+    assert storage.supports_start_nowait
+    await storage.heartbeat("q", W1, 30.0, [], 30.0)
+    await storage.enqueue("q", [job("a"), job("b"), job("c")])
+    a, b, c = await storage.dequeue("q", W1, 3, 0.05, 0.2, 0)
+    assert not (a.started or b.started or c.started)
+    assert storage.start_nowait("q", W1, "a", a.token) and storage.start_nowait("q", W1, "a", a.token)
+    assert not storage.start_nowait("q", W1, "b", "forged")
+    rec = await storage.get_job("q", "a")
+    assert rec is not None and rec.attempts == 1
+    async with storage.subscribe("q") as events:
+        await storage.cancel("q", "b")
+        assert not storage.start_nowait("q", W1, "b", b.token)
+        seen = [(e.kind, e.job_id) for e in await events.receive()]
+        seen += [(e.kind, e.job_id) for e in await events.receive()]
+    assert seen == [("cancel_requested", "b"), ("cancelled", "b")]
+    rec = await storage.get_job("q", "b")
+    assert rec is not None and rec.state.startswith("cancelled") and rec.attempts == 0
+    await trio.sleep(0.25)  # c's lease runs out: the reaper takes it back
+    assert await storage.recover_stalled("q") == ([("a", "requeued"), ("c", "requeued")], None)
+    assert not storage.start_nowait("q", W1, "c", c.token)
+
+
+async def test_results_of_one_settle_call_expire_by_their_own_ttl() -> None:
+    """Jobs settled together share expiry entries by TTL; each still expires on its own
+    terms (a TTL updated later keeps its job)."""
+    from test_storage import W1, job
+
+    storage = MemoryStorage()
+    await storage.enqueue("q", [job(f"j{i}") for i in range(4)])
+    claims = await storage.dequeue("q", W1, 4, 0.05, 30.0)
+    ttls = [0.05, 0.05, 30.0, 0.05]
+    await storage.settle(
+        "q", W1, [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=t, token=c.token) for c, t in zip(claims, ttls)]
+    )
+    assert await storage.update_result_ttl("q", "j1", 30.0) is UpdateTTLStatus.UPDATED
+    await trio.sleep(0.1)  # the short TTLs run out
+    assert [await storage.get_job("q", f"j{i}") is not None for i in range(4)] == [False, True, True, False]
+    assert (await storage.counts("q"))["completed"] == 2

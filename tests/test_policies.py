@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -53,6 +54,28 @@ def test_json_serde_round_trips(value: object) -> None:
     data = serde.dumps(value)
     assert isinstance(data, bytes)
     assert serde.loads(data) == value
+
+
+def _outcome(fn: object, data: bytes) -> tuple[str, object]:
+    try:
+        return "value", fn(data)  # type: ignore[operator]
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+@given(
+    st.one_of(
+        json_values.map(lambda v: json.dumps(v)),
+        json_values.map(lambda v: f" {json.dumps(v, indent=1)}\n"),
+        json_values.map(lambda v: json.dumps(v) + " x"),
+        st.text(alphabet=' \t\n"[]{},:0123456789.eE+-truefalsnNIfiy\\', max_size=12),
+    )
+)
+def test_json_serde_decodes_exactly_as_json_loads(text: str) -> None:
+    """loads() calls the decoder's scanner directly when it can: same values, same errors
+    as ``json.loads`` (whitespace around a value, trailing data, malformed documents)."""
+    data = text.encode()
+    assert _outcome(JsonSerde().loads, data) == _outcome(json.loads, data)
 
 
 def test_json_serde_rejects_what_json_cannot_hold() -> None:

@@ -260,3 +260,32 @@ async def test_waiter_on_reenqueued_job_ignores_the_old_cancellation(storage: St
                     await trio.testing.wait_all_tasks_blocked()
                     hold.set()
             assert results == [20]
+
+
+async def test_a_forced_stop_interrupts_handlers_that_never_block(storage: Storage, queue_name: str) -> None:
+    """Workers run handlers that never block back to back, without a schedule point per
+    job, but a forced stop still ends them well before the backlog is done; every job
+    then completes exactly once (nothing lost, nothing run twice)."""
+    total = 2000
+    runs: dict[str, int] = {}
+    stop_at = 50
+    scope = trio.CancelScope()
+
+    async def handler(job: Job[Any]) -> int:
+        runs[job.id] = runs.get(job.id, 0) + 1
+        if len(runs) == stop_at:
+            scope.cancel()  # a forced stop, seen at the worker's next cancel point
+        return 1
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue_many([(f"j{i}", i) for i in range(total)])
+        with trio.fail_after(30):
+            with scope:
+                async with Queue(storage, name=queue_name, handler=handler, concurrency=4, **FAST):
+                    await trio.sleep_forever()
+            assert stop_at <= len(runs) < total // 2
+            counts = await storage.counts(queue_name)
+            assert counts["processing"] == 0 and counts["completed"] == len(runs)
+            async with Queue(storage, name=queue_name, handler=handler, concurrency=4, **FAST) as again:
+                done = await again.enqueue_and_wait("last", None)
+    assert done == 1 and len(runs) == total + 1 and set(runs.values()) == {1}

@@ -111,7 +111,7 @@ class QueueAdmin(Generic[P]):
         latest of them) or skipped (``skip``)."""
         name = check.job_id(name, "schedule name")
         self._check_running()
-        data = encode_value(self.payload_serde, payload, f"payload of schedule {name!r}", ValidationError)
+        data = encode_value(self.payload_serde, payload, "payload of schedule", ValidationError, name)
         attempts = (
             self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=name)
         )

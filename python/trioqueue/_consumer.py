@@ -4,12 +4,13 @@ tasks, and settles in batches, with no Trio task, lock or round trip per job."""
 from __future__ import annotations
 
 from collections import deque
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ._errors import StorageError
-from ._execution import Escalation
+from ._execution import Attempt, Escalation, enter_worker
 from .storage._base import Claim, Settlement, SettleKind
 
 if TYPE_CHECKING:
@@ -18,6 +19,11 @@ if TYPE_CHECKING:
 # Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
 CLEANUP_TIMEOUT = 10.0
 RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
+# How long a worker may run jobs whose handlers never block back to back before it lets
+# the other tasks run, and how long before it checks for cancellation (a forced stop)
+# between two such jobs.
+WORKER_SLICE = 0.001
+CANCEL_CHECK = 0.00005
 
 
 class _StartBatch:
@@ -39,8 +45,13 @@ class Consumer:
     is stored, and is in exactly one of: ``buffer`` (claimed, not started), ``running``
     (a worker has it: starting or running), ``pending`` (finished, settlement not stored
     yet). Claims fetched for idle workers are started at claim time; the rest (prefetch)
-    are reserved, and their attempt is counted in a batched :meth:`Storage.start` just
-    before their handler runs, so a crash costs a prefetched job nothing.
+    are reserved, and their attempt is counted just before their handler runs (by a
+    batched :meth:`Storage.start`, or :meth:`Storage.start_nowait` where the storage
+    needs no I/O for it), so a crash costs a prefetched job nothing.
+
+    A worker whose handlers do not block runs job after job without a schedule point
+    (see :meth:`_work`), and wakes at most one idle worker at a time for the claims left
+    in the buffer; handlers that block spread over the workers as before.
     """
 
     def __init__(self, queue: Queue[Any, Any]) -> None:
@@ -49,11 +60,15 @@ class Consumer:
         self.buffer: deque[Claim] = deque()
         self.running: dict[str, str] = {}  # job id -> claim token
         self.scopes: dict[str, trio.CancelScope] = {}  # job id -> its handler's scope
+        self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel()
         self.cancel_requests: set[str] = set()  # cancel() reached these jobs: do not run them
         self.pending: list[Settlement] = []
         self.held = 0
         self.limit = queue.concurrency + queue.prefetch
         self.work = trio.lowlevel.ParkingLot()  # idle workers
+        self.waking = 0  # workers woken for claims that have not run yet (0 or 1)
+        # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
+        self.start_nowait = self.storage.start_nowait if self.storage.supports_start_nowait else None
         self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
         self.settle_wakeup = trio.lowlevel.ParkingLot()
         self.start_wakeup = trio.lowlevel.ParkingLot()
@@ -131,6 +146,7 @@ class Consumer:
         scope = self.scopes.get(job_id)
         if scope is not None:
             scope.cancel()
+            self.spent_scopes.add(scope)
             return
         for claim in self.buffer:
             if claim.id == job_id:
@@ -183,7 +199,7 @@ class Consumer:
                 if claims:
                     self.held += len(claims)
                     self.buffer.extend(claims)
-                    self.work.unpark(count=len(claims))
+                    self._wake_worker()
         # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
         # gives such jobs back with its final reconcile, once the running ones are settled.
 
@@ -218,37 +234,95 @@ class Consumer:
             backoff = RETRY_BACKOFF[0]
             batch.done.set()
 
+    def _wake_worker(self) -> None:
+        """Wake one idle worker, unless one is waking already: a woken worker that finds
+        more claims wakes the next (a chain), so claims that one worker runs back to back
+        cost no wake-up of the others, and handlers that block still spread at once."""
+        if not self.waking and self.work.unpark():
+            self.waking += 1
+
     async def _worker(self) -> None:
+        attempt = enter_worker(self.q._executor)
+        try:
+            while await self._work(attempt):
+                pass  # a cancel() used the scope: the next jobs run under a new one
+        finally:
+            self.workers_left -= 1
+            if self.workers_left == 0:
+                self.settle_wakeup.unpark_all()
+
+    async def _work(self, attempt: Attempt) -> bool:
+        """Run jobs one after another under one cancel scope, the scope of whichever job
+        runs (see :meth:`Executor.execute`). Jobs whose handlers do not block run back to
+        back for up to :data:`WORKER_SLICE` seconds between schedule points, checking for
+        cancellation at least every :data:`CANCEL_CHECK` seconds. Returns ``True`` when a
+        ``cancel()`` used the scope (the caller starts a new one), ``False`` when the
+        worker is done (draining)."""
         q = self.q
         buffer = self.buffer
-        try:
+        executor = q._executor
+        start_nowait = self.start_nowait
+        spent = self.spent_scopes
+        claim: Claim | None = None
+        began = 0.0
+        with trio.CancelScope() as scope:
+            yield_at = perf_counter() + WORKER_SLICE
+            check_at = 0.0
             while True:
                 if not buffer:
                     if self.draining:
-                        return
+                        return False
                     await self.work.park()
+                    if self.waking:
+                        self.waking -= 1
+                    yield_at = perf_counter() + WORKER_SLICE
                     continue
                 claim = buffer.popleft()
-                self.running[claim.id] = claim.token
+                if buffer and not self.waking and self.work:
+                    self._wake_worker()
+                job_id, _, _, token, started = claim
+                self.running[job_id] = token
                 try:
-                    if not claim.started and not await self._begin(claim):
-                        self._unhold(1)  # the reaper took it back: not ours to run
-                        continue
-                    settlement = await q._executor.execute(claim)
+                    if not started:
+                        if start_nowait is not None:
+                            ok = start_nowait(q.name, q.worker_id, job_id, token)
+                        else:
+                            ok = await self._begin(claim)
+                        if not ok:
+                            self._unhold(1)  # the reaper took it back: not ours to run
+                            claim = None
+                            continue
+                    began = perf_counter() if q._observers else 0.0  # for an attempt cancel() ends
+                    settlement = await executor.execute(claim, scope, attempt)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
                     self.settle_wakeup.unpark()
                     raise esc.exc from None
                 finally:
-                    del self.running[claim.id]
-                self.pending.append(settlement)
-                if self.settle_wakeup:
+                    del self.running[job_id]
+                claim = None
+                pending = self.pending
+                pending.append(settlement)
+                if len(pending) == 1:  # else the settler was woken already (or runs)
                     self.settle_wakeup.unpark()
-                await trio.lowlevel.checkpoint()
-        finally:
-            self.workers_left -= 1
-            if self.workers_left == 0:
-                self.settle_wakeup.unpark_all()
+                if spent and scope in spent:
+                    spent.discard(scope)
+                    return True  # a cancel() of the job that just ended: never reuse the scope
+                now = perf_counter()
+                if now >= yield_at:
+                    await trio.lowlevel.checkpoint()
+                    yield_at = perf_counter() + WORKER_SLICE
+                    check_at = yield_at - WORKER_SLICE + CANCEL_CHECK
+                elif now >= check_at:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    check_at = now + CANCEL_CHECK
+        # Only a cancel() of the running job cancels the scope: it caught that job's
+        # Cancelled (a forced stop's goes through).
+        spent.discard(scope)
+        if claim is not None:
+            self.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
+            self.settle_wakeup.unpark()
+        return True
 
     def _unhold(self, n: int) -> None:
         self.held -= n

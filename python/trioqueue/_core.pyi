@@ -2,12 +2,15 @@
 the Redis protocol (RESP2) codec."""
 
 from collections.abc import Iterable
-from typing import Final, Literal, final
+from typing import Final, Generic, Literal, TypeVar, final
+
+_T = TypeVar("_T")
 
 __all__ = [
     "ENVELOPE_VERSION",
     "CodecError",
     "MpmcQueue",
+    "ObjectQueue",
     "ReplyError",
     "RespProtocolError",
     "RespReader",
@@ -146,3 +149,19 @@ class RespReader:
 
     def buffered(self) -> int:
         """Bytes fed that are not part of a complete reply yet."""
+
+@final
+class ObjectQueue(Generic[_T]):
+    """Lock-free multi-producer multi-consumer FIFO of any objects (the batch calls of
+    :class:`MpmcQueue` without its ``bytes`` check): MemoryStorage's ready lanes hold
+    its job records in them. Holds the very objects pushed; safe to share between
+    threads."""
+
+    def __init__(self) -> None: ...
+    def push_many(self, items: Iterable[_T]) -> None:
+        """Append every item in order."""
+
+    def pop_many(self, n: int) -> list[_T]:
+        """Remove and return up to ``n`` items, oldest first (``ValueError`` if ``n < 0``)."""
+
+    def __len__(self) -> int: ...

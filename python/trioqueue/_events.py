@@ -47,8 +47,15 @@ class Emitter:
         """The registered callbacks by event name (a copy)."""
         return {name: list(cbs) for name, cbs in self._callbacks.items()}
 
+    def listening(self) -> bool:
+        """Whether any callback or event stream is registered (else no event is wanted)."""
+        return bool(self._callbacks) or bool(self.streams)
+
     def wants(self, name: str) -> bool:
-        return name in self._callbacks or any(s.wants(name) for s in self.streams)
+        if name in self._callbacks:
+            return True
+        streams = self.streams
+        return bool(streams) and any(s.wants(name) for s in streams)
 
     def emit(self, name: str, job_id: str | None = None, **data: Any) -> None:
         if self.streams:

@@ -34,19 +34,45 @@ if TYPE_CHECKING:
     from ._queue import Queue
 
 __all__ = [
+    "Attempt",
     "Escalation",
     "Executor",
     "JobOptions",
     "RetryIf",
     "check_retry_if",
+    "encode_failure",
     "encode_value",
+    "enter_worker",
     "job_error",
     "only_cancelled",
     "report_progress",
 ]
 
-# The attempt the current task runs a handler for: (executor, job id, claim token).
-_ATTEMPT: ContextVar[tuple[Executor, str, str] | None] = ContextVar("trioqueue_attempt", default=None)
+
+class Attempt:
+    """The attempt a worker task is running an async handler for, as
+    :func:`report_progress` finds it: one per worker task, put in the task's context once
+    (:func:`enter_worker`) and filled in for each job while its handler runs (a context
+    variable set and reset per job costs more than a noop handler). Tasks the handler
+    starts inherit it; ``job`` is ``None`` between handlers, so a task that outlives its
+    handler cannot report for the next job."""
+
+    __slots__ = ("executor", "job", "token")
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.job: Job[Any] | None = None
+        self.token = ""  # the claim token of ``job``'s attempt
+
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("trioqueue_attempt", default=None)
+
+
+def enter_worker(executor: Executor) -> Attempt:
+    """Called by each worker task, once: its :class:`Attempt`, made current in its context."""
+    attempt = Attempt(executor)
+    _ATTEMPT.set(attempt)
+    return attempt
 
 logger = logging.getLogger("trioqueue.jobs")
 
@@ -75,15 +101,30 @@ def job_error(exc: BaseException) -> JobError:
     )
 
 
-def encode_value(serde: Serde, value: Any, what: str, error: type[TrioQueueError]) -> bytes:
-    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``."""
+def encode_value(serde: Serde, value: Any, what: str, error: type[TrioQueueError], subject: str | None = None) -> bytes:
+    """``serde.dumps(value)``, with any failure (or a non-bytes result) raised as ``error``
+    about ``what`` (followed by ``subject``'s repr when given: the message is only built
+    on failure)."""
     try:
         data = serde.dumps(value)
     except Exception as exc:
-        raise error(f"{what} cannot be encoded by {type(serde).__name__}: {exc}") from exc
+        raise encode_failure(serde, what, error, subject, exc) from exc
     if not isinstance(data, bytes):
-        raise error(f"{what}: {type(serde).__name__}.dumps returned {type(data).__name__}, not bytes")
+        raise encode_failure(serde, what, error, subject, data)
     return data
+
+
+def encode_failure(
+    serde: Serde, what: str, error: type[TrioQueueError], subject: str | None, outcome: object
+) -> TrioQueueError:
+    """The ``error`` for a ``serde.dumps`` that raised ``outcome`` (an exception, chained
+    as the cause) or returned it (not bytes)."""
+    what = what if subject is None else f"{what} {subject!r}"
+    if isinstance(outcome, Exception):
+        failure = error(f"{what} cannot be encoded by {type(serde).__name__}: {outcome}")
+        failure.__cause__ = outcome
+        return failure
+    return error(f"{what}: {type(serde).__name__}.dumps returned {type(outcome).__name__}, not bytes")
 
 
 def only_cancelled(exc: BaseException) -> bool:
@@ -147,6 +188,8 @@ class JobOptions:
 
 
 _NO_OPTIONS = JobOptions()
+_COMPLETE = SettleKind.COMPLETE
+_new = tuple.__new__  # a Job or Settlement per attempt, built as the tuple it is
 
 
 class Executor:
@@ -156,35 +199,43 @@ class Executor:
         self.q = queue
         self.retry_if = retry_if
 
-    async def call_handler(self, job: Job[Any], token: str) -> Any:
+    async def call_handler(self, job: Job[Any], token: str, attempt: Attempt) -> Any:
         q = self.q
         handler = q._handler
         assert handler is not None
         if q._handler_is_async:
-            reset = _ATTEMPT.set((self, job.id, token))
+            attempt.job, attempt.token = job, token
             try:
                 return await handler(job)
             finally:
-                _ATTEMPT.reset(reset)
+                attempt.job = None
         result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
         if inspect.isawaitable(result):
             result = await result
         return result
 
-    async def execute(self, claim: Claim) -> Settlement:
+    async def execute(self, claim: Claim, scope: trio.CancelScope, attempt: Attempt) -> Settlement:
         """Run one attempt; return how to settle it. Every failure of the job becomes a
         settlement, a ``BaseException`` other than Trio's ``Cancelled`` included (it counts
         as a failed attempt). For ``KeyboardInterrupt`` and ``SystemExit`` the settlement
         travels in an :class:`Escalation`: the worker stores it, then the interrupt
-        propagates. Only cancellation escapes without a settlement."""
+        propagates. Only cancellation escapes without a settlement.
+
+        ``scope`` is the calling worker's cancel scope (entered by the worker, lived across
+        many jobs: a scope per job costs more than a noop handler). It is registered as
+        this job's while its handler runs, so a ``cancel()`` of the running job cancels it;
+        the ``Cancelled`` then escapes from here, the worker's scope catches it and the
+        worker settles the job with :meth:`cancelled` (a cancelled scope is never reused).
+        ``attempt`` is the worker's (:func:`enter_worker`).
+        """
         q = self.q
-        token = claim.token
+        claim_id, envelope, attempts, token, _ = claim
         try:
-            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(claim.envelope)
-            options = JobOptions.decode(opts)
+            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
+            options = JobOptions.decode(opts) if opts else _NO_OPTIONS
         except CodecError as exc:
-            bad = JobError("CodecError", f"job {claim.id!r} has an unreadable envelope: {exc}")
-            return self._finished(Settlement(SettleKind.FAIL, claim.id, encode_error(bad), ttl=q.result_ttl, token=token))
+            bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
+            return self._finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
         ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
         try:
             payload = q.payload_serde.loads(raw)
@@ -194,7 +245,7 @@ class Executor:
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
             )
             return self._finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
-        job: Job[Any] = Job(jid, payload, claim.attempts, max_attempts, created_ms / 1000, q.worker_id, corr)
+        job: Job[Any] = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
         result: Any = None
@@ -204,23 +255,28 @@ class Executor:
         if jid in requests:  # cancel() came before the handler started
             requests.discard(jid)
             return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
-        cancel_scope = trio.CancelScope()  # cancelled by a cancel() of this running job
-        if consumer is not None:
-            consumer.scopes[jid] = cancel_scope
+        scopes = consumer.scopes if consumer is not None else {}
+        scopes[jid] = scope  # cancelled by a cancel() of this running job
         if q._observers:
-            wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if claim.attempts == 1 else None
-            notify(q._observers, "job_started", q.name, jid, claim.attempts, wait)
+            wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if attempts == 1 else None
+            notify(q._observers, "job_started", q.name, jid, attempts, wait)
         span = _tracing.start_job_span(q.name, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()
         try:
-            with cancel_scope:
-                if timeout is None:
-                    result = await self.call_handler(job, token)
+            if timeout is None:
+                if q._handler_is_async:  # call_handler's, inline: the common case, per job
+                    attempt.job, attempt.token = job, token
+                    try:
+                        result = await q._handler(job)  # type: ignore[misc]
+                    finally:
+                        attempt.job = None
                 else:
-                    with trio.move_on_after(timeout) as scope:
-                        result = await self.call_handler(job, token)
-                    if scope.cancelled_caught:
-                        raised = JobTimeoutError(jid, timeout)
+                    result = await self.call_handler(job, token, attempt)
+            else:
+                with trio.move_on_after(timeout) as timer:
+                    result = await self.call_handler(job, token, attempt)
+                if timer.cancelled_caught:
+                    raised = JobTimeoutError(jid, timeout)
         except Exception as exc:
             raised = exc
         except BaseException as exc:
@@ -230,15 +286,30 @@ class Executor:
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 escalate = exc
         finally:
-            duration = time.perf_counter() - began
-            if consumer is not None:
-                consumer.scopes.pop(jid, None)
+            scopes.pop(jid, None)
             if span is not None:
                 _tracing.end_job_span(span, raised)
-        if cancel_scope.cancelled_caught or jid in requests:
+        # (only observers and the failure log use the duration)
+        duration = time.perf_counter() - began if q._observers or raised is not None else 0.0
+        if jid in requests:
             requests.discard(jid)
             return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
-        settlement = self._finished(await self.settlement(job, token, result, raised, ttl, options), duration)
+        settlement = None
+        if raised is None and q._after_execution is None:  # settlement()'s common case, inline
+            serde = q.result_serde
+            try:
+                data = serde.dumps(result)
+            except Exception as exc:
+                raised = encode_failure(serde, "result of job", TrioQueueError, jid, exc)
+            else:
+                if type(data) is bytes or isinstance(data, bytes):
+                    settlement = _new(Settlement, (_COMPLETE, jid, data, ttl, 0.0, token))
+                else:
+                    raised = encode_failure(serde, "result of job", TrioQueueError, jid, data)
+        if settlement is None:
+            settlement = await self.settlement(job, token, result, raised, ttl, options)
+        if q._observers:
+            self._finished(settlement, duration)
         if raised is not None and settlement.kind in (SettleKind.RETRY, SettleKind.FAIL):
             retry = settlement.kind is SettleKind.RETRY
             logger.info(
@@ -262,6 +333,19 @@ class Executor:
         if escalate is not None:
             raise Escalation(settlement, escalate)
         return settlement
+
+    def cancelled(self, claim: Claim, duration: float | None) -> Settlement:
+        """The settlement of an attempt whose handler a ``cancel()`` interrupted (the
+        ``Cancelled`` escaped :meth:`execute` and the worker's scope caught it)."""
+        q = self.q
+        if q._consumer is not None:
+            q._consumer.cancel_requests.discard(claim.id)
+        try:
+            ttl_ms = decode_envelope(claim.envelope)[5]
+        except CodecError:
+            ttl_ms = 0
+        ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
+        return self._finished(Settlement(SettleKind.CANCEL, claim.id, b"", ttl=ttl, token=claim.token), duration)
 
     def _finished(self, settlement: Settlement, duration: float | None = None) -> Settlement:
         """Tell the queue's observers how an attempt ended; returns ``settlement``."""
@@ -327,7 +411,7 @@ class Executor:
         return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
 
     def dump_result(self, job_id: str, result: Any) -> bytes:
-        return encode_value(self.q.result_serde, result, f"result of job {job_id!r}", TrioQueueError)
+        return encode_value(self.q.result_serde, result, "result of job", TrioQueueError, job_id)
 
 
 def check_retry_if(value: Any) -> RetryIf | None:
@@ -340,10 +424,12 @@ def check_retry_if(value: Any) -> RetryIf | None:
 async def report_progress(job: Job[Any], value: Any) -> None:
     """:meth:`Job.report_progress`: store and announce the progress of the running attempt."""
     attempt = _ATTEMPT.get()
-    if attempt is None or attempt[1] != job.id:
+    current = None if attempt is None else attempt.job
+    if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
         raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
-    executor, job_id, token = attempt
-    q = executor.q
-    data = encode_value(q.result_serde, value, f"progress of job {job_id!r}", ValidationError)
+    assert attempt is not None
+    job_id, token = current.id, attempt.token
+    q = attempt.executor.q
+    data = encode_value(q.result_serde, value, "progress of job", ValidationError, job_id)
     if not await q.storage.set_progress(q.name, q.worker_id, job_id, token, data):
         raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")

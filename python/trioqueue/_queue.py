@@ -57,6 +57,9 @@ R = TypeVar("R")
 Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
+_new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -360,11 +363,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
         options = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
-        data = encode_value(self.payload_serde, payload, f"payload of job {jid!r}", ValidationError)
+        data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
         )
-        return NewJob(jid, envelope, attempts, ttl, self._new_token(), run_at, prio)
+        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio))  # (all fields)
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"

@@ -11,6 +11,7 @@ configured (no SDK), nothing is done either: the API would only make no-op spans
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -32,13 +33,26 @@ TRACER_NAME = "trioqueue"
 
 _tracer: tuple[Any, Any] = (None, None)  # (provider, its trioqueue tracer)
 
+# ``get_tracer_provider()`` looks the environment up on every call while no provider is
+# set (a microsecond, on every job and enqueue); the API's global says so for free.
+_ENV_PROVIDER = ENABLED and "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+def _provider() -> Any:
+    """The configured tracer provider, or ``None`` while there is none (the API's proxy
+    provider: spans would be no-ops)."""
+    if not _ENV_PROVIDER and getattr(trace, "_TRACER_PROVIDER", False) is None:
+        return None  # the API's own test: no provider set in code nor named in the environment
+    provider = trace.get_tracer_provider()
+    return None if isinstance(provider, trace.ProxyTracerProvider) else provider
+
 
 def _configured_tracer() -> Any:
     """The trioqueue tracer of the configured provider, or ``None`` while no SDK is
     configured (the API's proxy provider: spans would be no-ops; skip them)."""
     global _tracer
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, trace.ProxyTracerProvider):
+    provider = _provider()
+    if provider is None:
         return None
     if _tracer[0] is not provider:
         _tracer = (provider, provider.get_tracer(TRACER_NAME))
@@ -48,7 +62,7 @@ def _configured_tracer() -> Any:
 def current_context() -> dict[str, str] | None:
     """The current trace context as a carrier dict, or ``None`` when there is none (or
     no tracer provider is configured)."""
-    if not ENABLED or isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if not ENABLED or _provider() is None:
         return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
@@ -69,6 +83,8 @@ class JobSpan:
 def start_job_span(queue: str, job: Job[Any], carrier: dict[str, str] | None) -> JobSpan | None:
     """Start the span of one attempt of ``job``, continuing ``carrier``'s context, and make
     it current in this task; ``None`` while no tracer provider is configured."""
+    if not _ENV_PROVIDER and getattr(trace, "_TRACER_PROVIDER", False) is None:
+        return None  # _provider()'s first test, inline: this runs for every job
     tracer = _configured_tracer()
     if tracer is None:
         return None

@@ -63,6 +63,8 @@ def positive_int(name: str, value: Any, *, job: str | None = None) -> int:
 
 def priority(value: Any, *, job: str | None = None) -> int:
     """A job priority: an int in ``MIN_PRIORITY..MAX_PRIORITY`` (0..9)."""
+    if type(value) is int and MIN_PRIORITY <= value <= MAX_PRIORITY:
+        return value  # the common case, before any message is built
     where = f" (job {job!r})" if job is not None else ""
     span = f"from {MIN_PRIORITY} to {MAX_PRIORITY}"
     if isinstance(value, bool) or not isinstance(value, int):
@@ -75,6 +77,8 @@ def priority(value: Any, *, job: str | None = None) -> int:
 def run_at(delay: Any, at: Any, *, job: str | None = None) -> float | None:
     """When a job is due (seconds since the epoch) from ``delay`` (seconds from now) or
     ``at`` (a timezone-aware ``datetime`` or a UNIX timestamp); ``None``: now."""
+    if delay is None and at is None:
+        return None  # the common case, before any message is built
     where = f" (job {job!r})" if job is not None else ""
     if delay is not None and at is not None:
         raise ValidationError(f"give delay or at, not both{where}")

@@ -534,6 +534,59 @@ impl RespReader {
     }
 }
 
+/// Lock-free multi-producer multi-consumer FIFO of any Python objects: the
+/// batch half of `MpmcQueue` without its `bytes` check, for a store that
+/// queues its own records (MemoryStorage's ready lanes) rather than bytes.
+///
+/// Stores the very objects pushed (no copies), so `q.pop_many(1)[0] is item`.
+#[pyclass(frozen, module = "trioqueue._core")]
+struct ObjectQueue {
+    inner: Mpmc<Py<PyAny>>,
+}
+
+#[pymethods]
+impl ObjectQueue {
+    #[new]
+    fn new() -> Self {
+        ObjectQueue { inner: Mpmc::new() }
+    }
+
+    /// Appends every object of an iterable, in order (nothing is pushed if
+    /// iterating fails part-way).
+    fn push_many(&self, items: &Bound<'_, PyAny>) -> PyResult<()> {
+        let mut batch: Vec<Py<PyAny>> = Vec::new();
+        if let Ok(list) = items.cast::<PyList>() {
+            batch.reserve(list.len());
+            for obj in list.iter() {
+                batch.push(obj.unbind());
+            }
+        } else if let Ok(tuple) = items.cast::<PyTuple>() {
+            batch.reserve(tuple.len());
+            for obj in tuple.iter() {
+                batch.push(obj.unbind());
+            }
+        } else {
+            for obj in items.try_iter()? {
+                batch.push(obj?.unbind());
+            }
+        }
+        self.inner.push_many(batch);
+        Ok(())
+    }
+
+    /// Removes and returns up to `n` objects, oldest first.
+    fn pop_many<'py>(&self, py: Python<'py>, n: isize) -> PyResult<Bound<'py, PyList>> {
+        let n = usize::try_from(n)
+            .map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
+        let items = self.inner.pop_many(n);
+        PyList::new(py, items)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}
+
 #[pymodule(name = "_core")]
 fn trioqueue_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -553,5 +606,6 @@ fn trioqueue_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ReplyError", py.get_type::<ReplyError>())?;
     m.add_function(wrap_pyfunction!(encode_command, m)?)?;
     m.add_class::<RespReader>()?;
+    m.add_class::<ObjectQueue>()?;
     Ok(())
 }

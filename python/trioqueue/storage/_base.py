@@ -422,6 +422,16 @@ class Storage(abc.ABC):
         implement it."""
         raise NotImplementedError(f"{type(self).__name__} does not implement start() (reserved claims)")
 
+    #: ``True`` when :meth:`start_nowait` is implemented (a backend without I/O).
+    supports_start_nowait = False
+
+    def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
+        """:meth:`start` of one claim as a plain call, for a backend that needs no I/O for
+        it (memory): the consumer then counts each reserved claim's attempt right before
+        its handler, with no batch and no wait. Only called when
+        :attr:`supports_start_nowait` is set."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement start_nowait()")
+
     @abc.abstractmethod
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         """Ids in ``worker_id``'s processing list."""

@@ -96,10 +96,9 @@ class MemoryAdmin:
             ok = old is not None and old.kind in (FAILED, CANCELLED)
             if old is not None and ok:
                 q.index.drop(old)
-                # A new envelope object: a stale copy of the old one may still sit in the
-                # ready list (a cancelled job), and claims match records by identity.
-                env = bytes(memoryview(old.envelope))
-                again = NewJob(job_id, env, old.max_attempts, old.result_ttl, token, None, old.priority)
+                # A new record: the old one may still sit in the ready list (a cancelled
+                # job), where claims skip it (cancelled, and forgotten by the index).
+                again = NewJob(job_id, old.envelope, old.max_attempts, old.result_ttl, token, None, old.priority)
                 rec = q.jobs[job_id] = _Rec(again, int(now * 1000), q.index)
                 q.ready.push([rec])  # its own priority's lane
                 self._publish(q, [StorageEvent("enqueued", job_id, token=token)])

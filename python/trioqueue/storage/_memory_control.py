@@ -1,9 +1,11 @@
-"""MemoryStorage's queue controls kept apart from its job paths: stored schedules and
-pause/resume (each one step under the storage's lock, like everything else)."""
+"""MemoryStorage's queue controls kept apart from its job paths: stored schedules,
+pause/resume and the reapers' leader locks (each one step under the storage's lock, like
+everything else)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import trio
 
@@ -17,6 +19,7 @@ class MemoryControl(Storage):
     """A part of :class:`~trioqueue.storage.MemoryStorage` (which provides the helpers)."""
 
     _lock: threading.Lock
+    _locks: dict[str, tuple[str, float]]  # lock name -> (owner, expiry)
 
     def _q(self, name: str) -> _Q:
         raise NotImplementedError
@@ -73,3 +76,24 @@ class MemoryControl(Storage):
         await trio.lowlevel.checkpoint()
         with self._lock:
             return self._q(queue).paused
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            holder = self._locks.get(name)
+            ok = holder is None or holder[0] == owner or holder[1] <= now
+            if ok:
+                self._locks[name] = (owner, now + ttl)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            holder = self._locks.get(name)
+            ok = holder is not None and holder[0] == owner
+            if ok:
+                del self._locks[name]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok

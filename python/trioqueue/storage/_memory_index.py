@@ -1,8 +1,10 @@
 """MemoryStorage's per-state index: counts, newest-first listing and purge by age.
 
-Each state kind has an append-only log of ``(seq, record)`` entries; a record entering a
-state gets the next sequence number and an entry at the end of that state's log, so each
-log is in the order jobs entered the state. An entry is live while the record's ``iseq``
+Each state kind has an append-only log of ``(seq, record)`` entries (two parallel lists:
+the sequence numbers in an ``array``, the records in a list, so that an entry allocates
+no object for the garbage collector to walk); a record entering a state gets the next
+sequence number and an entry at the end of that state's log, so each log is in the order
+jobs entered the state. An entry is live while the record's ``iseq``
 is still its ``seq`` (a record that moves on, or is forgotten, leaves a stale entry
 behind); a log is compacted when its stale entries outnumber its live ones, so memory stays
 proportional to the live jobs. Used with the storage's lock held.
@@ -10,8 +12,10 @@ proportional to the live jobs. Used with the storage's lock held.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable
+from itertools import compress
 from typing import Any, Protocol
 
 from ._base import STATE_KINDS
@@ -29,8 +33,17 @@ class _Indexed(Protocol):
     def kind(self) -> str: ...
 
 
-def _seq(entry: tuple[int, Any]) -> int:
-    return entry[0]
+class _Log:
+    """One state's log: ``seqs[i]`` is the sequence number of the entry of ``recs[i]``."""
+
+    __slots__ = ("seqs", "recs")
+
+    def __init__(self) -> None:
+        self.seqs = array("q")
+        self.recs: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.recs)
 
 
 class StateIndex:
@@ -39,7 +52,7 @@ class StateIndex:
     __slots__ = ("logs", "live", "seq")
 
     def __init__(self) -> None:
-        self.logs: dict[str, list[tuple[int, Any]]] = {k: [] for k in STATE_KINDS}
+        self.logs: dict[str, _Log] = {k: _Log() for k in STATE_KINDS}
         self.live: dict[str, int] = dict.fromkeys(STATE_KINDS, 0)
         self.seq = 0
 
@@ -51,7 +64,27 @@ class StateIndex:
         self.seq += 1
         rec.iseq = self.seq
         self.live[new] += 1
-        self.logs[new].append((self.seq, rec))
+        log = self.logs[new]
+        log.seqs.append(self.seq)
+        log.recs.append(rec)
+        self._maybe_compact(new)
+
+    def move(self, recs: list[Any], old: str, new: str) -> None:
+        """Each of ``recs`` moved from state ``old`` into ``new`` (a batch of
+        :meth:`enter`, for records whose kinds the caller has already set)."""
+        if not recs:
+            return
+        first = self.seq + 1
+        seq = self.seq = self.seq + len(recs)
+        for s, rec in zip(range(first, seq + 1), recs):
+            rec.iseq = s
+        log = self.logs[new]
+        log.seqs.extend(range(first, seq + 1))
+        log.recs.extend(recs)
+        n = len(recs)
+        self.live[old] -= n
+        self.live[new] += n
+        self._maybe_compact(old)
         self._maybe_compact(new)
 
     def drop(self, rec: _Indexed) -> None:
@@ -63,19 +96,22 @@ class StateIndex:
 
     def _maybe_compact(self, kind: str) -> None:
         log = self.logs[kind]
-        if len(log) > 2 * self.live[kind] + _SLACK:
-            self.logs[kind] = [e for e in log if e[1].iseq == e[0]]
+        if len(log.recs) > 2 * self.live[kind] + _SLACK:
+            keep = [r.iseq == s for s, r in zip(log.seqs, log.recs)]  # no tuple per entry
+            log.seqs = array("q", compress(log.seqs, keep))
+            log.recs = list(compress(log.recs, keep))
 
     def page(self, kind: str, limit: int, cursor: int | None) -> tuple[list[Any], int | None]:
         """Up to ``limit`` live records of ``kind`` that entered it before ``cursor`` (a
         sequence number; ``None``: from the newest), newest first, and the next cursor."""
         log = self.logs[kind]
-        i = len(log) if cursor is None else bisect_left(log, cursor, key=_seq)
+        seqs, recs = log.seqs, log.recs
+        i = len(recs) if cursor is None else bisect_left(seqs, cursor)
         out: list[Any] = []
         last = 0
         while i > 0:
             i -= 1
-            seq, rec = log[i]
+            seq, rec = seqs[i], recs[i]
             if rec.iseq != seq:
                 continue
             if len(out) == limit:
@@ -86,7 +122,8 @@ class StateIndex:
 
     def oldest(self, kind: str) -> int | None:
         """When (ms) the live record that entered ``kind`` first entered it."""
-        for seq, rec in self.logs[kind]:
+        log = self.logs[kind]
+        for seq, rec in zip(log.seqs, log.recs):
             if rec.iseq == seq:
                 return rec.ts_ms  # type: ignore[no-any-return]
         return None
@@ -96,7 +133,7 @@ class StateIndex:
         that entered it at or before ``cutoff_ms`` (all when ``None``), oldest first."""
         log = self.logs[kind]
         n = 0
-        for seq, rec in list(log):
+        for seq, rec in list(zip(log.seqs, log.recs)):
             if rec.iseq != seq:
                 continue
             if cutoff_ms is not None and rec.ts_ms > cutoff_ms:

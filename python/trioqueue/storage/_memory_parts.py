@@ -9,7 +9,7 @@ from collections import deque
 
 import trio
 
-from .._core import MpmcQueue, format_state
+from .._core import ObjectQueue, format_state
 from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
 from ._base import EnqueueOutcome, NewJob, StorageEvent, select_events
 from ._memory_index import StateIndex
@@ -149,37 +149,39 @@ def _send_quietly(send: trio.MemorySendChannel[list[StorageEvent]], events: list
 class _Lanes:
     """The ready list: one lock-free FIFO per priority (0 first), each with a front deque
     of released jobs claimed before it. A claim scans the 10 lanes: O(1) in the number of
-    queued jobs. Entries are envelopes; stale ones are skipped at claim time."""
+    queued jobs. Entries are the job records themselves (no id to parse, no table to look
+    up at claim time); a stale one (its job cancelled, or forgotten: ``iseq`` 0) is
+    skipped at claim time."""
 
     __slots__ = ("lanes", "fronts")
 
     def __init__(self) -> None:
-        self.lanes = [MpmcQueue() for _ in range(MAX_PRIORITY + 1)]
-        self.fronts: list[deque[bytes]] = [deque() for _ in range(MAX_PRIORITY + 1)]
+        self.lanes: list[ObjectQueue[_Rec]] = [ObjectQueue() for _ in range(MAX_PRIORITY + 1)]
+        self.fronts: list[deque[_Rec]] = [deque() for _ in range(MAX_PRIORITY + 1)]
 
     def push(self, recs: list[_Rec]) -> None:
-        """Append the jobs' envelopes to their lanes, in order (batch calls: where the
-        Rust queue beats a deque)."""
+        """Append the jobs to their lanes, in order (batch calls: where the Rust queue
+        beats a deque)."""
         if not recs:
             return
         first = recs[0].priority
         if all(r.priority == first for r in recs):
-            self.lanes[first].push_many([r.envelope for r in recs])
+            self.lanes[first].push_many(recs)
             return
-        by: dict[int, list[bytes]] = {}
+        by: dict[int, list[_Rec]] = {}
         for r in recs:
-            by.setdefault(r.priority, []).append(r.envelope)
-        for p, envs in by.items():
-            self.lanes[p].push_many(envs)
+            by.setdefault(r.priority, []).append(r)
+        for p, part in by.items():
+            self.lanes[p].push_many(part)
 
     def push_front(self, recs: list[_Rec]) -> None:
         """Put the jobs before everything else of their lanes, in the order given."""
         for r in reversed(recs):
-            self.fronts[r.priority].appendleft(r.envelope)
+            self.fronts[r.priority].appendleft(r)
 
-    def pop(self, want: int) -> list[bytes]:
-        """Up to ``want`` envelopes: lane 0 first, each lane's front before its FIFO."""
-        out: list[bytes] = []
+    def pop(self, want: int) -> list[_Rec]:
+        """Up to ``want`` entries: lane 0 first, each lane's front before its FIFO."""
+        out: list[_Rec] = []
         for p in range(MAX_PRIORITY + 1):
             front = self.fronts[p]
             while front and len(out) < want:
@@ -217,7 +219,10 @@ class _Q:
         self.jobs: dict[str, _Rec] = {}
         self.processing: dict[str, dict[str, _Rec]] = {}
         self.delayed: list[tuple[float, int, _Rec]] = []  # (run_at, seq, rec)
-        self.expiry: list[tuple[float, int, _Rec]] = []  # (expires_at, seq, rec)
+        # (expires_at, seq, rec or [recs]): a list for the jobs of one settle call that
+        # expire at once (one entry, not one per job); an entry counts for a record while
+        # the record's own expires_at is still the entry's.
+        self.expiry: list[tuple[float, int, _Rec | list[_Rec]]] = []
         self.waiters: set[_Waiter] = set()
         self.subscribers: list[_Subscriber] = []
         self.workers: dict[str, float] = {}

@@ -21,7 +21,6 @@ from itertools import count
 
 import trio
 
-from .._core import envelope_id
 from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
 from .._serde import encode_error
 from ._base import (
@@ -51,6 +50,10 @@ from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 __all__ = ["MemoryStorage"]
 
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
+_COMPLETE = SettleKind.COMPLETE
+# Claims and events by the thousand: built as the tuples they are, without the keyword
+# handling of a NamedTuple's constructor.
+_new = tuple.__new__
 
 class MemoryStorage(MemoryAdmin, MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
@@ -73,10 +76,11 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
     def _expire(self, q: _Q, now: float) -> None:
         heap = q.expiry
         while heap and heap[0][0] <= now:
-            expires_at, _, rec = heapq.heappop(heap)
-            if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
-                del q.jobs[rec.id]
-                q.index.drop(rec)
+            expires_at, _, item = heapq.heappop(heap)
+            for rec in item if isinstance(item, list) else (item,):
+                if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
+                    del q.jobs[rec.id]
+                    q.index.drop(rec)
 
     def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
         rec.kind = kind
@@ -131,7 +135,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             table = q.jobs
             for job in jobs:
                 rec = table.get(job.id)
-                if rec is None or rec.kind == _CANCELLED:
+                if rec is None or rec._kind == _CANCELLED:
                     if rec is not None:
                         q.index.drop(rec)
                     rec = table[job.id] = _Rec(job, now_ms, q.index)
@@ -143,7 +147,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     else:
                         envelopes.append(rec)
                     outcomes.append(_QUEUED_OUTCOME)
-                    events.append(StorageEvent("enqueued", job.id, token=job.token))
+                    events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
                 elif rec.kind == _COMPLETED and rec.result is not None:
                     outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
                 else:
@@ -228,27 +232,33 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         proc = q.processing.get(worker_id)
         if proc is None:
             proc = q.processing[worker_id] = {}
-        table = q.jobs
+        taken: list[_Rec] = []  # their index entries move in one batch
+        append = claims.append
         while len(claims) < max_jobs:
-            envelopes = q.ready.pop(max_jobs - len(claims))
-            if not envelopes:
+            entries = q.ready.pop(max_jobs - len(claims))
+            if not entries:
                 break
-            for env in envelopes:
-                job_id = envelope_id(env)
-                rec = table.get(job_id)
-                if rec is None or rec.envelope is not env or rec.kind != _QUEUED:
-                    continue  # cancelled, or a stale copy
-                rec.kind = _PROCESSING
+            for rec in entries:
+                if rec._kind != _QUEUED or not rec.iseq:
+                    continue  # a stale entry: the job was cancelled, or forgotten
+                job_id = rec.id
+                env = rec.envelope
+                rec._kind = _PROCESSING  # the index is told below, for the whole batch
                 rec.ts_ms = now_ms
                 rec.worker = worker_id
-                rec.claims += 1
-                rec.claim = f"{rec.token}.{rec.claims}"
-                rec.started = len(claims) < start
-                if rec.started:
-                    rec.attempts += 1
+                n = rec.claims = rec.claims + 1
+                token = rec.claim = f"{rec.token}.{n}"
                 rec.lease_deadline = deadline
                 proc[job_id] = rec
-                claims.append(Claim(job_id, env, rec.attempts + (not rec.started), rec.claim, rec.started))
+                taken.append(rec)
+                if len(claims) < start:
+                    rec.started = True
+                    rec.attempts += 1
+                    append(_new(Claim, (job_id, env, rec.attempts, token, True)))
+                else:
+                    rec.started = False
+                    append(_new(Claim, (job_id, env, rec.attempts + 1, token, False)))
+        q.index.move(taken, _QUEUED, _PROCESSING)
         q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
@@ -299,11 +309,34 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         out: list[bool] = []
         events: list[StorageEvent] = []
         retried = False
+        now_ms = int(now * 1000)
+        completed: list[_Rec] = []  # their index entries move in one batch
+        group_at, group = math.nan, completed  # (no group yet: NaN equals nothing)
         with self._lock:
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                rec = proc.get(s.id)
+                skind, sid, data, ttl, _, token = s
+                rec = proc.get(sid)
+                if rec is not None and rec.claim == token and skind is _COMPLETE:
+                    # The common case, inline (as _set_terminal does it, but the index).
+                    del proc[sid]
+                    out.append(True)
+                    if not rec.started:
+                        rec.attempts += 1  # settled without start(): the attempt happened
+                    rec.result = data
+                    rec._kind = _COMPLETED
+                    rec.ts_ms = now_ms
+                    rec.worker = None
+                    rec.lease_deadline = math.inf
+                    expires_at = rec.expires_at = now + ttl
+                    if expires_at != group_at:  # one expiry entry per run of equal TTLs
+                        group_at, group = expires_at, []
+                        heapq.heappush(q.expiry, (expires_at, next(self._seq), group))
+                    group.append(rec)
+                    completed.append(rec)
+                    events.append(_new(StorageEvent, ("completed", sid, worker_id, data, None, rec.token)))
+                    continue
                 if rec is None or rec.claim != s.token:
                     known = q.jobs.get(s.id)
                     if known is not None and known.claim == s.token and known.kind != _PROCESSING:
@@ -343,6 +376,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     kind = "rate_limited" if limited else "failing"
                     events.append(StorageEvent(kind, s.id, worker_id, error=None if limited else s.data, token=rec.token))
                     retried = True
+            q.index.move(completed, _PROCESSING, _COMPLETED)
             self._publish(q, events)
             if retried or (any(out) and q.flow.freed()):
                 self._wake(q)  # waiters recompute when the next retry is due
@@ -387,28 +421,44 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        out: list[bool] = []
         events: list[StorageEvent] = []
         with self._lock:
             q = self._q(queue)
-            proc = q.processing.get(worker_id, {})
-            for job_id, token in claims:
-                rec = proc.get(job_id)
-                if rec is None or rec.claim != token:
-                    out.append(False)
-                    continue
-                if rec.cancel_requested and not rec.started:
-                    del proc[job_id]
-                    self._cancel_claimed(q, rec, time.time(), worker_id, events)
-                    out.append(False)
-                    continue
-                if not rec.started:
-                    rec.started = True
-                    rec.attempts += 1
-                out.append(True)
+            out = [self._start(q, worker_id, job_id, token, events) for job_id, token in claims]
             self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
+
+    supports_start_nowait = True
+
+    def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
+        with self._lock:
+            q = self._queues.get(queue) or self._q(queue)
+            proc = q.processing.get(worker_id)
+            rec = None if proc is None else proc.get(job_id)
+            if rec is not None and rec.claim == token and not rec.cancel_requested:
+                if not rec.started:  # the common case, inline
+                    rec.started = True
+                    rec.attempts += 1
+                return True
+            events: list[StorageEvent] = []
+            ok = self._start(q, worker_id, job_id, token, events)
+            self._publish(q, events)
+            return ok
+
+    def _start(self, q: _Q, worker_id: str, job_id: str, token: str, events: list[StorageEvent]) -> bool:
+        proc = q.processing.get(worker_id, {})
+        rec = proc.get(job_id)
+        if rec is None or rec.claim != token:
+            return False
+        if rec.cancel_requested and not rec.started:
+            del proc[job_id]
+            self._cancel_claimed(q, rec, time.time(), worker_id, events)
+            return False
+        if not rec.started:
+            rec.started = True
+            rec.attempts += 1
+        return True
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
@@ -510,27 +560,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             if rec is not None and ok:
                 rec.progress = progress
                 self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
-
-    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
-        with self._lock:
-            holder = self._locks.get(name)
-            ok = holder is None or holder[0] == owner or holder[1] <= now
-            if ok:
-                self._locks[name] = (owner, now + ttl)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
-
-    async def release_lock(self, name: str, owner: str) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            holder = self._locks.get(name)
-            ok = holder is not None and holder[0] == owner
-            if ok:
-                del self._locks[name]
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
