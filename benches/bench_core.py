@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -383,23 +384,36 @@ def bench_queue_single(t: Table, repeat: int, n: int) -> None:
     nb = range(len(batches))
     inner = range(batch)
 
-    def rust_batch() -> int:
-        q = _core.MpmcQueue()
-        push_many, pop_many = q.push_many, q.pop_many
-        for b in batches:
-            push_many(b)
-        for _ in nb:
-            pop_many(batch)
-        return n
+    def batch_then_drain(make: Callable[[], Any], batches: list[list[Any]]) -> Callable[[], int]:
+        """Push every batch with push_many, then pop them all, batch by batch."""
 
-    def deque_batch() -> int:
-        q: collections.deque[bytes] = collections.deque()
-        extend, pop = q.extend, q.popleft
-        for b in batches:
-            extend(b)
-        for _ in nb:
-            [pop() for _ in inner]
-        return n
+        def go() -> int:
+            q = make()
+            push_many, pop_many = q.push_many, q.pop_many
+            for b in batches:
+                push_many(b)
+            for _ in nb:
+                pop_many(batch)
+            return n
+
+        return go
+
+    def deque_then_drain(batches: list[list[Any]]) -> Callable[[], int]:
+        """The deque twin of :func:`batch_then_drain`."""
+
+        def go() -> int:
+            q: collections.deque[Any] = collections.deque()
+            extend, pop = q.extend, q.popleft
+            for b in batches:
+                extend(b)
+            for _ in nb:
+                [pop() for _ in inner]
+            return n
+
+        return go
+
+    rust_batch = batch_then_drain(_core.MpmcQueue, batches)
+    deque_batch = deque_then_drain(batches)
 
     def rust_batch_interleaved() -> int:
         q = _core.MpmcQueue()
@@ -430,23 +444,8 @@ def bench_queue_single(t: Table, repeat: int, n: int) -> None:
     records = [object() for _ in range(n)]
     record_batches = [records[i : i + batch] for i in range(0, n, batch)]
 
-    def objects_rust_batch() -> int:
-        q: _core.ObjectQueue[object] = _core.ObjectQueue()
-        push_many, pop_many = q.push_many, q.pop_many
-        for b in record_batches:
-            push_many(b)
-        for _ in nb:
-            pop_many(batch)
-        return n
-
-    def objects_deque_batch() -> int:
-        q: collections.deque[object] = collections.deque()
-        extend, pop = q.extend, q.popleft
-        for b in record_batches:
-            extend(b)
-        for _ in nb:
-            [pop() for _ in inner]
-        return n
+    objects_rust_batch = batch_then_drain(_core.ObjectQueue, record_batches)
+    objects_deque_batch = deque_then_drain(record_batches)
 
     t.add(
         "queue",

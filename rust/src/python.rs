@@ -330,6 +330,28 @@ fn not_bytes(method: &str, obj: &Bound<'_, PyAny>) -> PyErr {
     ))
 }
 
+/// Calls `f` on every item of a list, a tuple (both without the iterator protocol) or
+/// any other iterable, stopping at the first error.
+fn for_each_item<'py>(
+    items: &Bound<'py, PyAny>,
+    mut f: impl FnMut(Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    if let Ok(list) = items.cast::<PyList>() {
+        for obj in list.iter() {
+            f(obj)?;
+        }
+    } else if let Ok(tuple) = items.cast::<PyTuple>() {
+        for obj in tuple.iter() {
+            f(obj)?;
+        }
+    } else {
+        for obj in items.try_iter()? {
+            f(obj?)?;
+        }
+    }
+    Ok(())
+}
+
 #[inline]
 fn as_bytes(method: &str, obj: Bound<'_, PyAny>) -> PyResult<Py<PyBytes>> {
     match obj.cast_into::<PyBytes>() {
@@ -365,22 +387,11 @@ impl MpmcQueue {
                  object (use push())",
             ));
         }
-        let mut batch: Vec<Py<PyBytes>> = Vec::new();
-        if let Ok(list) = items.cast::<PyList>() {
-            batch.reserve(list.len());
-            for obj in list.iter() {
-                batch.push(as_bytes("push_many", obj)?);
-            }
-        } else if let Ok(tuple) = items.cast::<PyTuple>() {
-            batch.reserve(tuple.len());
-            for obj in tuple.iter() {
-                batch.push(as_bytes("push_many", obj)?);
-            }
-        } else {
-            for obj in items.try_iter()? {
-                batch.push(as_bytes("push_many", obj?)?);
-            }
-        }
+        let mut batch: Vec<Py<PyBytes>> = Vec::with_capacity(items.len().unwrap_or(0));
+        for_each_item(items, |obj| {
+            batch.push(as_bytes("push_many", obj)?);
+            Ok(())
+        })?;
         self.inner.push_many(batch);
         Ok(())
     }
@@ -434,20 +445,7 @@ fn push_args(seq: &Bound<'_, PyAny>, args: &mut Vec<Vec<u8>>) -> PyResult<()> {
             "expected a sequence of Redis command arguments, got a single bytes/str",
         ));
     }
-    if let Ok(list) = seq.cast::<PyList>() {
-        for obj in list.iter() {
-            push_arg(&obj, args)?;
-        }
-    } else if let Ok(tuple) = seq.cast::<PyTuple>() {
-        for obj in tuple.iter() {
-            push_arg(&obj, args)?;
-        }
-    } else {
-        for obj in seq.try_iter()? {
-            push_arg(&obj?, args)?;
-        }
-    }
-    Ok(())
+    for_each_item(seq, |obj| push_arg(&obj, args))
 }
 
 /// The RESP encoding of one command: every argument of every sequence given, in order.
@@ -554,22 +552,11 @@ impl ObjectQueue {
     /// Appends every object of an iterable, in order (nothing is pushed if
     /// iterating fails part-way).
     fn push_many(&self, items: &Bound<'_, PyAny>) -> PyResult<()> {
-        let mut batch: Vec<Py<PyAny>> = Vec::new();
-        if let Ok(list) = items.cast::<PyList>() {
-            batch.reserve(list.len());
-            for obj in list.iter() {
-                batch.push(obj.unbind());
-            }
-        } else if let Ok(tuple) = items.cast::<PyTuple>() {
-            batch.reserve(tuple.len());
-            for obj in tuple.iter() {
-                batch.push(obj.unbind());
-            }
-        } else {
-            for obj in items.try_iter()? {
-                batch.push(obj?.unbind());
-            }
-        }
+        let mut batch: Vec<Py<PyAny>> = Vec::with_capacity(items.len().unwrap_or(0));
+        for_each_item(items, |obj| {
+            batch.push(obj.unbind());
+            Ok(())
+        })?;
         self.inner.push_many(batch);
         Ok(())
     }
