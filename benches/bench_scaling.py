@@ -79,10 +79,12 @@ async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs
     producers = [Queue(storage, name=q) for q in queues]
     done = trio.Event()
     count = [0]
+    per_queue = jobs // len(queues)
+    total = per_queue * len(queues)  # what is enqueued (``jobs`` may not divide evenly)
 
     def completed(_: object) -> None:
         count[0] += 1
-        if count[0] >= jobs:
+        if count[0] >= total:
             done.set()
 
     async with storage, AsyncExitStack() as stack:
@@ -98,7 +100,6 @@ async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs
                 workers.append(
                     subprocess.Popen([trioqueue, "worker", *specs, "--log-level", "ERROR"], env=env, cwd=app_dir)
                 )
-            per_queue = jobs // len(queues)
             for qi, p in enumerate(producers):
                 items = [(f"j{qi}-{i}", i) for i in range(per_queue)]
                 for s in range(0, per_queue, 1000):
@@ -111,7 +112,7 @@ async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs
                 await p.resume()
             with trio.fail_after(600):
                 await done.wait()
-            return per_queue * len(queues) / (time.perf_counter() - t0)
+            return total / (time.perf_counter() - t0)
         finally:
             for w in workers:
                 w.terminate()
@@ -228,7 +229,7 @@ async def main(args: argparse.Namespace) -> None:
                 single.append((procs, rate))
                 print(f"single server, {procs} worker processes: {rate:,.0f} jobs/s", file=sys.stderr)
             for n in args.retained:
-                raw_command(server.port, "FLUSHALL")
+                raw_command(server.port, "FLUSHALL", "SYNC")  # SYNC: an async flush frees memory while we measure
                 memory.append((n, await _memory_per_job(server.url, server.port, n)))
                 print(f"{n} finished jobs kept: {memory[-1][1]:.0f} B/job", file=sys.stderr)
         c = RedisCluster(3, binary).start()
