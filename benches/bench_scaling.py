@@ -268,7 +268,9 @@ async def main(args: argparse.Namespace) -> None:
         "every worker process and the producer that counts completions; past 2 processes the",
         "workers only take turns on the same cores, so throughput flattens (or drops with the",
         "extra context switches). On a machine with more cores the limit moves to the server's",
-        "single thread on one server, and the cluster spreads that over its masters.",
+        "single thread on one server, and the cluster spreads that over its masters. Here the",
+        "cluster runs three servers on the same 2 cores, and its clients are valkey-glide's",
+        "(the lean client serves standalone servers only), hence its lower curve.",
         "",
         "## Redis memory per finished job kept",
         "",
@@ -278,8 +280,9 @@ async def main(args: argparse.Namespace) -> None:
         "|---:|---:|",
         *[f"| {n:,} | {b:.0f} |" for n, b in memory],
         "",
-        "Flat in the number of jobs: the cost is per job (registry state, metadata, result, the",
-        "expiry index), not per queue. Issue 11's target is ≤ 250 B.",
+        "Flat in the number of jobs: the cost is per job (one registry record with state,",
+        "metadata and result, and one member of the per-state sorted set), not per queue.",
+        "Issue 11's target is ≤ 250 B; `benches/results/redis-memory.md` has the breakdown.",
         "",
     ]
     (RESULTS / "scaling.md").write_text("\n".join(lines))
