@@ -150,6 +150,16 @@ async def run_file(depths: list[int]) -> dict[int, dict[str, float]]:
             return await bench_depth(st, depths)
 
 
+def _depth_rows(depth: dict[int, dict[str, float]]) -> list[str]:
+    """Table rows of :func:`bench_depth`'s figures, with ratios to the smallest depth."""
+    base = depth[min(depth)]
+    return [
+        f"| {d:,} | {r['build_s']:.1f} | {r['latency_s'] * 1000:.3f} | {r['latency_s'] / base['latency_s']:.2f} "
+        f"| {r['claims_per_s']:,.0f} | {r['claims_per_s'] / base['claims_per_s']:.2f} |"
+        for d, r in sorted(depth.items())
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=100_000)
@@ -172,7 +182,6 @@ def main() -> None:
     file_depth = trio.run(run_file, file_depths) if file_depths else {}
     total = time.perf_counter() - t0
     n = args.jobs
-    base = depth[depths[0]]
     lines = [
         "# Scheduling benchmarks (RedisStorage)",
         "",
@@ -195,12 +204,7 @@ def main() -> None:
         "| queued jobs | built in (s) | single-job claim, median (ms) | vs 1k | 100-job claims (jobs/s) | vs 1k |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
-    for d in depths:
-        r = depth[d]
-        lines.append(
-            f"| {d:,} | {r['build_s']:.1f} | {r['latency_s'] * 1000:.3f} | {r['latency_s'] / base['latency_s']:.2f} "
-            f"| {r['claims_per_s']:,.0f} | {r['claims_per_s'] / base['claims_per_s']:.2f} |"
-        )
+    lines += _depth_rows(depth)
     lines += [
         "",
         "Medians of 5 interleaved rounds (per depth and round: 200 single-job claims, then",
@@ -212,19 +216,13 @@ def main() -> None:
         "",
     ]
     if file_depth:
-        fbase = file_depth[file_depths[0]]
         lines += [
             "## (c) FileStorage claims at depth (mixed priorities 0..9, a temporary directory)",
             "",
             "| queued jobs | built in (s) | single-job claim, median (ms) | vs smallest | 100-job claims (jobs/s) | vs smallest |",
             "|---:|---:|---:|---:|---:|---:|",
         ]
-        for d in file_depths:
-            r = file_depth[d]
-            lines.append(
-                f"| {d:,} | {r['build_s']:.1f} | {r['latency_s'] * 1000:.3f} | {r['latency_s'] / fbase['latency_s']:.2f} "
-                f"| {r['claims_per_s']:,.0f} | {r['claims_per_s'] / fbase['claims_per_s']:.2f} |"
-            )
+        lines += _depth_rows(file_depth)
         lines += [
             "",
             "Same rounds as (b). A FileStorage claim renames the first names of the ready",
