@@ -152,7 +152,6 @@ class GlideAdapter:
         self._client: Any = client
         self._on_fault = on_fault or (lambda: None)
         self._idle_blockers: list[Any] = []
-        self._idle_lean: list[RespConnection] = []
         # ordinary commands on a standalone server: the lean client
         self._fast = RespClient(params) if lean and client is None and not params.cluster else None
         self._closed = False
@@ -253,9 +252,6 @@ class GlideAdapter:
         blockers, self._idle_blockers = self._idle_blockers, []
         for c in blockers:
             await _close_quietly(c)
-        lean, self._idle_lean = self._idle_lean, []
-        for conn in lean:
-            await conn.aclose()
         if self._fast is not None:
             await self._fast.aclose()
         if self._client is not None and self._client is not self._external:
@@ -349,7 +345,7 @@ class GlideAdapter:
         if self._fast is not None:
             data = _core.encode_command(("BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"))
             data += _core.encode_command(("EVALSHA", script.get_hash(), len(keys)), keys, args)
-            async with self._lean_blocker("blocking claim failed") as conn:
+            async with self._blocker(timeout, "blocking claim failed") as conn:
                 moved, reply = await conn.call(data, 2, timeout=timeout + 5.0)
             if isinstance(moved, ReplyError):
                 raise StorageError(f"blocking claim failed: {moved}")
@@ -372,7 +368,7 @@ class GlideAdapter:
         """A blocking command (``XREAD BLOCK ...``) on a dedicated client from the same
         pool as :meth:`blocking_move_then`; cancellation closes the client."""
         if self._fast is not None:
-            async with self._lean_blocker("blocking wait failed") as conn:
+            async with self._blocker(timeout, "blocking wait failed") as conn:
                 reply = await conn.call(_core.encode_command(args), timeout=timeout + 5.0)
             if isinstance(reply, ReplyError):
                 raise StorageError(f"blocking wait failed: {reply}")
@@ -381,50 +377,29 @@ class GlideAdapter:
             return await client.custom_command(list(args))
 
     @asynccontextmanager
-    async def _lean_blocker(self, what: str) -> AsyncIterator[RespConnection]:
-        """:meth:`_blocker` on the lean client: a connection of its own, back to the idle
-        pool if the call completed, closed if it failed or was cancelled."""
-        assert self._fast is not None
-        conn = self._idle_lean.pop() if self._idle_lean else None
-        if conn is None:
-            try:
-                conn = await self._fast.open_connection()
-            except ConnectionLost as exc:
-                self._on_fault()
-                raise StorageError(f"{what}: {exc}") from exc
-        ok = False
-        try:
-            yield conn
-            ok = True
-        except ConnectionLost as exc:
-            self._on_fault()
-            raise StorageError(f"{what}: {exc}") from exc
-        finally:
-            if ok and not self._closed and conn.broken is None:
-                self._idle_lean.append(conn)
-            else:
-                await conn.aclose()
-
-    @asynccontextmanager
     async def _blocker(self, timeout: float, what: str) -> AsyncIterator[Any]:
-        """A dedicated client for one blocking call: back to the idle pool if the call
-        completed, closed if it failed or was cancelled (the server drops what it was
-        blocked on). GLIDE errors become :class:`StorageError`."""
+        """A dedicated connection for one blocking call (the lean client's on a standalone
+        server, a GLIDE client otherwise): back to the idle pool if the call completed,
+        closed if it failed or was cancelled (the server drops what it was blocked on).
+        Faults become :class:`StorageError`."""
         client = self._idle_blockers.pop() if self._idle_blockers else None
-        if client is None:
-            client = await self._create(self._config(request_timeout=timeout + 5.0))
         ok = False
         try:
+            if client is None:
+                if self._fast is not None:
+                    client = await self._fast.open_connection()
+                else:
+                    client = await self._create(self._config(request_timeout=timeout + 5.0))
             yield client
             ok = True
-        except _g.GlideError as exc:
+        except (ConnectionLost, _g.GlideError) as exc:
             self._on_fault()
             raise StorageError(f"{what}: {exc}") from exc
         finally:
-            if ok and not self._closed:
-                self._idle_blockers.append(client)
-            else:
-                with trio.CancelScope(shield=True):
+            if client is not None:
+                if ok and not self._closed and getattr(client, "broken", None) is None:
+                    self._idle_blockers.append(client)
+                else:
                     await _close_quietly(client)
 
     # -- pub/sub ---------------------------------------------------------------------
@@ -466,11 +441,11 @@ class GlideAdapter:
 
     async def wait_subscribed(self, client: Any, channel: str, timeout: float = 10.0) -> None:
         if isinstance(client, Subscriber):
-            with trio.move_on_after(timeout):
-                while not client.connected:
-                    await trio.sleep(0.005)
-                return
-            raise StorageError(f"could not subscribe to {channel!r}")
+            # its generation (connection_id) only changes once a new connection subscribed
+            if not client.connected:
+                raise StorageError(f"could not subscribe to {channel!r}: not connected")
+            await trio.lowlevel.checkpoint()
+            return
         want = channel.encode()
         with trio.move_on_after(timeout):
             delay = 0.005
@@ -500,16 +475,14 @@ class GlideAdapter:
 
     @staticmethod
     async def close_client(client: Any) -> None:
-        if isinstance(client, Subscriber):
-            await client.aclose()
-        else:
-            await _close_quietly(client)
+        await _close_quietly(client)
 
 
 async def _close_quietly(client: Any) -> None:
+    """Close a GLIDE client or a lean connection, shielded, ignoring what it raises."""
     with trio.CancelScope(shield=True):
         try:
-            await client.close()
+            await (client.aclose() if isinstance(client, (RespConnection, Subscriber)) else client.close())
         except Exception:  # noqa: BLE001 - already closed/broken: nothing to release
             pass
 
