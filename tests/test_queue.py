@@ -496,6 +496,55 @@ async def test_graceful_stop_finishes_running_and_returns_prefetched(storage: St
         assert consumer.worker_id not in await storage.workers(queue_name)
 
 
+@pytest.mark.parametrize("stop", ["graceful", "forced"])
+async def test_claims_started_ahead_by_the_pace_are_refunded_at_stop(
+    storage: Storage, queue_name: str, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """Once workers settle jobs fast, the consumer starts new claims at claim time (their
+    handlers then never wait for a start round trip); a stop, graceful or forced, hands
+    back the ones that never ran with their attempts taken back."""
+    import trioqueue._consumer
+
+    monkeypatch.setattr(trioqueue._consumer, "PACE_WINDOW", 0.0)  # a pace after the first settlement
+    monkeypatch.setattr(trioqueue._consumer, "PACE_HORIZON", 3600.0)  # every claim is "about to begin"
+    gate_started, release = trio.Event(), trio.Event()
+
+    async def handler(job: Job[Any]) -> str:
+        if job.id == "gate":
+            gate_started.set()
+            await release.wait()
+        return job.id
+
+    async with Queue(storage, name=queue_name) as producer:
+        await producer.enqueue_many([(f"fast{i}", i) for i in range(200)])
+        await producer.enqueue("gate", 0)
+        await producer.enqueue_many([(f"late{i}", i) for i in range(20)])
+        consumer = Queue(storage, name=queue_name, handler=handler, concurrency=1, prefetch=20, **FAST)
+        late = {f"late{i}" for i in range(20)}
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                await gate_started.wait()
+                # late jobs are claimed behind the gate (no event tells when: poll, bounded)
+                while not (held := late & set(await storage.held_jobs(queue_name, consumer.worker_id))):
+                    await trio.sleep(0.005)
+                # ... with their attempts counted at claim time
+                assert {(await producer.get_status(j)).attempts for j in held} == {1}
+                if stop == "graceful":
+                    consumer.stop()  # the gate finishes, the late jobs go back
+                    while set(await storage.held_jobs(queue_name, consumer.worker_id)) != {"gate"}:
+                        await trio.sleep(0.005)  # (no event says when all went back: poll, bounded)
+                    release.set()
+                else:
+                    nursery.cancel_scope.cancel()  # the gate goes back too
+        gate = await producer.get_status("gate")
+        assert gate.state is (JobState.COMPLETED if stop == "graceful" else JobState.QUEUED)
+        assert gate.attempts == 1
+        for jid in sorted(late):
+            status = await producer.get_status(jid)
+            assert status.state is JobState.QUEUED and status.attempts == 0, jid
+
+
 def never_finishing() -> tuple[Any, trio.Event]:
     """A handler that signals its start and then runs until cancelled."""
     started = trio.Event()

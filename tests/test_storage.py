@@ -455,6 +455,25 @@ async def test_release_never_takes_an_attempt_back(storage: Storage, queue_name:
         assert rec is not None and kind(rec.state) == "queued" and rec.attempts == attempts
 
 
+async def test_release_with_refund_takes_back_the_attempts_of_claims_that_never_ran(
+    storage: Storage, queue_name: str
+) -> None:
+    """A consumer hands back prefetched claims at shutdown that were started at claim
+    time but never reached a handler: their attempts are taken back, and only theirs."""
+    await storage.enqueue(queue_name, [job("s", max_attempts=1), job("other"), job("r")])
+    claims = await claim(storage, queue_name, W1, 3, start=2)
+    assert [(c.id, c.started) for c in claims] == [("s", True), ("other", True), ("r", False)]
+    assert await storage.start(queue_name, W1, [("r", claims[2].token)]) == [True]
+    assert await storage.release(queue_name, W1, ["s", "r"], refund=True) == 2
+    assert await storage.release(queue_name, W1, ["other"]) == 1
+    for job_id, attempts in (("s", 0), ("r", 0), ("other", 1)):
+        rec = await storage.get_job(queue_name, job_id)
+        assert rec is not None and kind(rec.state) == "queued" and rec.attempts == attempts
+    # A job at max_attempts=1 handed back with a refund runs its one attempt in full.
+    again = {c.id: c for c in await claim(storage, queue_name, W2, 3)}
+    assert again["s"].attempts == 1 and again["r"].attempts == 1 and again["other"].attempts == 2
+
+
 async def test_events_carry_the_incarnation_token(storage: Storage, queue_name: str) -> None:
     seen: list[StorageEvent] = []
     async with storage.subscribe(queue_name) as events:

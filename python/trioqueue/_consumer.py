@@ -24,6 +24,13 @@ RETRY_BACKOFF = (0.05, 2.0)  # storage error in a loop: first and maximum pause
 # between two such jobs.
 WORKER_SLICE = 0.001
 CANCEL_CHECK = 0.00005
+# Claims that the recent pace of the workers says will begin within PACE_HORIZON seconds
+# are started at claim time (no start() call, no wait before their handlers); the pace is
+# the rate of settled jobs over windows of PACE_WINDOW seconds, forgotten after
+# PACE_STALE seconds without a settlement.
+PACE_HORIZON = 0.02
+PACE_WINDOW = 0.1
+PACE_STALE = 0.2
 
 
 class _StartBatch:
@@ -48,6 +55,12 @@ class Consumer:
     are reserved, and their attempt is counted just before their handler runs (by a
     batched :meth:`Storage.start`, or :meth:`Storage.start_nowait` where the storage
     needs no I/O for it), so a crash costs a prefetched job nothing.
+
+    Where the workers have lately been settling jobs fast enough that a new claim will
+    begin within :data:`PACE_HORIZON` seconds, it is started at claim time too: a handler
+    then never waits for a start round trip. The cost is bounded: a crash charges an
+    attempt to at most that horizon's worth of claims that had not begun; a graceful stop
+    hands them back with their attempts refunded.
 
     A worker whose handlers do not block runs job after job without a schedule point
     (see :meth:`_work`), and wakes at most one idle worker at a time for the claims left
@@ -74,6 +87,9 @@ class Consumer:
         self.start_wakeup = trio.lowlevel.ParkingLot()
         self.start_batch = _StartBatch()
         self.fetch_scope = trio.CancelScope()
+        self.pace = 0.0  # jobs settled per second over the last window (0: not known)
+        self.pace_count = 0  # settled in the current window
+        self.pace_since = self.pace_at = perf_counter()  # the current window's start, the last settlement
         self.draining = False
         self.workers_left = queue.concurrency
         self.settled_all = trio.Event()
@@ -129,7 +145,8 @@ class Consumer:
             self.buffer.clear()
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
                 try:
-                    self.held -= await self.storage.release(self.q.name, self.q.worker_id, ids)
+                    # none of these ran: a claim started at claim time gets its attempt back
+                    self.held -= await self.storage.release(self.q.name, self.q.worker_id, ids, refund=True)
                 except Exception as exc:
                     self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
         self.work.unpark_all()
@@ -164,7 +181,15 @@ class Consumer:
         busy = self.running.keys() | {s.id for s in self.pending}
         orphans = [j for j in held if j not in busy]
         if orphans:
-            await self.storage.release(q.name, q.worker_id, orphans)
+            # a buffered claim never reached a handler: one started at claim time gets its
+            # attempt back; the others (moved by a cancelled claim, left by an earlier run)
+            # may have run, and keep theirs
+            buffered = {c.id for c in self.buffer}
+            unrun = [j for j in orphans if j in buffered]
+            if unrun:
+                await self.storage.release(q.name, q.worker_id, unrun, refund=True)
+            if len(unrun) < len(orphans):
+                await self.storage.release(q.name, q.worker_id, [j for j in orphans if j not in buffered])
             gone = set(orphans)
             before = len(self.buffer)
             kept = [c for c in self.buffer if c.id not in gone]
@@ -183,6 +208,9 @@ class Consumer:
                 # Workers idle now take the first claims at once: count those attempts at
                 # claim time; the rest wait in the buffer, reserved.
                 start = min(want, max(0, len(self.work) - len(self.buffer)))
+                ahead = self._pace_ahead()
+                if ahead > start:
+                    start = min(want, ahead)
                 limits = q._claim_limits
                 if limits is not None:
                     start = want  # no prefetch: every claim has a worker
@@ -324,6 +352,23 @@ class Consumer:
             self.settle_wakeup.unpark()
         return True
 
+    def _pace_ahead(self) -> int:
+        """How many new claims (behind the buffer) the workers' recent pace says will
+        begin within :data:`PACE_HORIZON` seconds (0 when the pace is not known)."""
+        if not self.pace or perf_counter() - self.pace_at > PACE_STALE:
+            return 0  # nothing settled for a while: the pace is stale
+        return int(self.pace * PACE_HORIZON) - len(self.buffer)
+
+    def _paced(self, n: int) -> None:
+        """Count ``n`` settled jobs towards the pace."""
+        self.pace_count += n
+        self.pace_at = now = perf_counter()
+        elapsed = now - self.pace_since
+        if elapsed >= PACE_WINDOW:
+            self.pace = self.pace_count / elapsed
+            self.pace_count = 0
+            self.pace_since = now
+
     def _unhold(self, n: int) -> None:
         self.held -= n
         self.capacity.unpark_all()
@@ -354,6 +399,7 @@ class Consumer:
                 backoff = min(backoff * 2, RETRY_BACKOFF[1])
                 continue
             backoff = RETRY_BACKOFF[0]
+            self._paced(len(batch))
             self._unhold(len(batch))
 
     async def _heartbeat_loop(self) -> None:

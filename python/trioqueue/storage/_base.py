@@ -406,11 +406,13 @@ class Storage(abc.ABC):
         (a retried call whose first try landed) yields ``True`` and changes nothing."""
 
     @abc.abstractmethod
-    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
         """Give claimed-but-unfinished jobs back: move each from the worker's processing
-        list to the *front* of the ready list (of its priority's lane), state ``queued``. Attempts never go down: a
-        started claim's attempt stays counted (its handler may have run in part), a
-        reserved claim's was never counted. Returns how many were released. Used at
+        list to the *front* of the ready list (of its priority's lane), state ``queued``.
+        A started claim's attempt stays counted (its handler may have run in part), a
+        reserved claim's was never counted; with ``refund`` the holder says that none of
+        these claims' handlers ran (prefetched claims handed back at shutdown), and a
+        started claim's attempt is taken back. Returns how many were released. Used at
         shutdown and when reconciling after a cancelled claim."""
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:

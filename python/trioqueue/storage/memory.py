@@ -383,7 +383,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
-    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
         now_ms = int(time.time() * 1000)
         events: list[StorageEvent] = []
@@ -402,6 +402,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 rec.kind = _QUEUED
                 rec.ts_ms = now_ms
                 rec.worker = None
+                if refund:
+                    rec.attempts -= rec.started  # never ran: the attempt did not happen
                 rec.started = False
                 rec.claim = None
                 rec.lease_deadline = math.inf

@@ -477,11 +477,12 @@ class RedisStorage(RedisAdmin, Storage):
         reply = await self._run_shielded("settle", queue, args, worker_id)
         return [bool(x) for x in reply]
 
-    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not job_ids:
             return 0
-        return int(await self._run_shielded("release", queue, [worker_id, *job_ids], worker_id))
+        args = [worker_id, b"1" if refund else b"0", *job_ids]
+        return int(await self._run_shielded("release", queue, args, worker_id))
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -251,7 +251,7 @@ class Consumer(FileCore):
         await self._finish(fds, dirs, bool(items))
         return out
 
-    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str]) -> int:
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         events: list[StorageEvent] = []
@@ -287,6 +287,8 @@ class Consumer(FileCore):
                 r.ts = now_ms
                 r.worker = None
                 r.lease = None
+                if refund:
+                    r.attempts -= r.started  # never ran: the attempt did not happen
                 r.started = False
                 r.claim = None
                 r.mk = _ready_name(front + 1 + i, enc, r.priority)

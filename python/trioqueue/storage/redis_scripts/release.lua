@@ -1,13 +1,14 @@
--- KEYS[30]: the worker's processing list; the last KEY: the flow hash. ARGV: worker, ids...
--- Gives claimed-but-unfinished jobs back to the front of the ready list (a started
--- claim's attempt stays counted: attempts never go down; a job with a cancel request
--- ends cancelled instead).
+-- KEYS[30]: the worker's processing list; the last KEY: the flow hash. ARGV: worker,
+-- refund ('1': none of these claims ran, a started claim's attempt is taken back), ids...
+-- Gives claimed-but-unfinished jobs back to the front of the ready list (without refund
+-- a started claim's attempt stays counted; a job with a cancel request ends cancelled
+-- instead).
 -- Returns how many went back.
 --@include _prelude
 --@include _cancel
 --@include _flow_free
 local P = KEYS[30]
-local W = ARGV[1]
+local W, REFUND = ARGV[1], ARGV[2] == '1'
 local now = now_ms()
 local byid = {}
 for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
@@ -20,7 +21,7 @@ for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
   end
 end
 local back = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local id = ARGV[i]
   local list = byid[id]
   byid[id] = nil
@@ -36,6 +37,7 @@ for i = 2, #ARGV do
           if m.x == 1 then
             cancel_claimed(id, m, now, W)
           else
+            if REFUND and m.s == 1 then m.a = m.a - 1 end
             m.s = 0
             m.w = nil
             m.l = nil
