@@ -21,13 +21,14 @@ local function lane_of(m) return LANES[(m.p or DEFAULT_PRIORITY) + 1] end
 -- as stale entries by claims. Jobs of the default priority never cost a marker.
 local WAKE = 0
 local function pushed_to(m) if (m.p or DEFAULT_PRIORITY) ~= DEFAULT_PRIORITY then WAKE = WAKE + 1 end end
--- whether any lane holds entries (Q first: the common case costs one call)
+-- whether any lane holds entries (an empty list does not exist: one EXISTS for all)
 local function ready_any()
-  if redis.call('LLEN', Q) > 0 then return 1 end
-  for p = 1, #LANES do
-    if redis.call('LLEN', LANES[p]) > 0 then return 1 end
-  end
+  if redis.call('EXISTS', unpack(LANES)) > 0 then return 1 end
   return 0
+end
+-- whether any of the lanes first..last holds entries
+local function lanes_hold(first, last)
+  return redis.call('EXISTS', unpack(LANES, first, last)) > 0
 end
 local SMALL = 65536
 local function now_ms()

@@ -22,12 +22,7 @@ local took = {}  -- entries claimed from the ready list, appended to P in one RP
 local back = {}  -- entries a blocking move took while claiming is paused: they go back
 -- A job the blocking move took from Q (the default priority's lane) yields to queued
 -- jobs of the lanes before Q: it goes back to the head of Q, and the lanes are scanned.
-local function urgent()
-  for p = 1, DEFAULT_PRIORITY do
-    if redis.call('LLEN', LANES[p]) > 0 then return true end
-  end
-  return false
-end
+local function urgent() return lanes_hold(1, DEFAULT_PRIORITY) end
 local yield = false
 -- 'claim' | 'held' (already claimed by W: leave it) | 'stale' | 'back' | 'front'
 local function try(entry)
@@ -90,17 +85,24 @@ for i = #fronts, 1, -1 do redis.call('LPUSH', Q, fronts[i]) end
 yield = false
 -- The ready list, lane by lane (priority 0 first), in batches: one HMGET per hash for the
 -- popped entries and one write per hash for the claims (a redis.call per job and hash
--- would cost more than the work). Ten lanes: O(1) in the number of queued jobs.
+-- would cost more than the work). Ten lanes: O(1) in the number of queued jobs. One
+-- EXISTS skips the lanes before Q, and one the lanes after it, when they are empty (the
+-- common case: every redis.call costs ~1.5 us of script time).
 local claimed = {}
 local w_meta, w_jobs, w_leases, c_ids, c_meta = {}, {}, {}, {}, {}
 local processing = 'processing:' .. now .. ':' .. W
+local QLANE = DEFAULT_PRIORITY + 1
 local lane = 1
 while #out + #c_ids < MX and not paused and lane <= #LANES do
+  if (lane == 1 and not lanes_hold(1, QLANE - 1)) or (lane == QLANE + 1 and not lanes_hold(lane, #LANES)) then
+    lane = lane == 1 and QLANE or #LANES + 1
+  end
+  if lane > #LANES then break end
   local LANE = LANES[lane]
-  local entries = redis.call('LPOP', LANE, MX - #out - #c_ids)
-  if not entries then
-    lane = lane + 1
-  else
+  local want = MX - #out - #c_ids
+  local entries = redis.call('LPOP', LANE, want)
+  if not entries or #entries < want then lane = lane + 1 end  -- the lane is empty now
+  if entries then
     local ids, toks = {}, {}
     for k, e in ipairs(entries) do
       local tok, id = split(e)
