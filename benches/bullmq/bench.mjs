@@ -4,42 +4,15 @@
 //                  [--payload-bytes 52] [--workloads A-seq,...] [--json out.json]
 import { Queue, Worker, QueueEvents } from "bullmq";
 import IORedis from "ioredis";
-import { writeFileSync } from "node:fs";
-import { randomBytes } from "node:crypto";
-
-const WORKLOADS = ["A-seq", "A-100", "A-batch", "B", "B-1ms", "C-1", "C-50"];
-
-function parseArgs(argv) {
-  const out = { url: "redis://127.0.0.1:6379", jobs: 20000, concurrency: 100, payloadBytes: 52, workloads: WORKLOADS, json: null };
-  for (let i = 0; i < argv.length; i += 2) {
-    const [k, v] = [argv[i], argv[i + 1]];
-    if (v === undefined) throw new Error(`missing value for ${k}`);
-    if (k === "--url") out.url = v;
-    else if (k === "--jobs") out.jobs = parseInt(v, 10);
-    else if (k === "--concurrency") out.concurrency = parseInt(v, 10);
-    else if (k === "--payload-bytes") out.payloadBytes = parseInt(v, 10);
-    else if (k === "--workloads") out.workloads = v.split(",").map((s) => s.trim()).filter(Boolean);
-    else if (k === "--json") out.json = v;
-    else throw new Error(`unknown option ${k}`);
-  }
-  for (const w of out.workloads) if (!WORKLOADS.includes(w)) throw new Error(`unknown workload ${w}`);
-  return out;
-}
+import { parseArgs, payloadOf, newRunId, now, pct, RESULT_TTL_S, runAll } from "./common.mjs";
 
 const args = parseArgs(process.argv.slice(2));
 const u = new URL(args.url);
 // in native ESM BullMQ takes constructed clients: one per Queue/Worker/QueueEvents, as its defaults would
 const conn = () => new IORedis({ host: u.hostname, port: parseInt(u.port || "6379", 10), maxRetriesPerRequest: null });
-const payload = { d: "x".repeat(args.payloadBytes - '{"d":""}'.length) };
-const runId = randomBytes(4).toString("hex");
-const now = () => Number(process.hrtime.bigint()) / 1e9;
-const pct = (xs, p) => {
-  if (!xs.length) return null;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-};
-// like trioqueue's result TTL: finished jobs are kept for a while, not forever
-const jobOpts = { removeOnComplete: { age: 120 }, removeOnFail: { age: 120 } };
+const payload = payloadOf(args.payloadBytes);
+const runId = newRunId();
+const jobOpts = { removeOnComplete: { age: RESULT_TTL_S }, removeOnFail: { age: RESULT_TTL_S } };
 
 function queueOf(w) {
   return new Queue(`bench-${runId}-${w}`, { connection: conn() });
@@ -141,17 +114,4 @@ const RUN = {
   "C-50": () => requestResponse("C-50", 50),
 };
 
-const results = [];
-for (const w of args.workloads) {
-  const r = await RUN[w]();
-  results.push({ p50_ms: null, p99_ms: null, extra: {}, ...r });
-  console.error(`${w}: ${Math.round(r.rate)}/s`);
-}
-const doc = {
-  tool: "bullmq", version: "6.7.0", storage: args.url, node: process.version,
-  time: new Date().toISOString(), jobs: args.jobs, concurrency: args.concurrency,
-  payload_bytes: args.payloadBytes, results,
-};
-if (args.json) writeFileSync(args.json, JSON.stringify(doc, null, 2));
-else console.log(JSON.stringify(doc, null, 2));
-process.exit(0);
+await runAll(args, RUN, { tool: "bullmq", version: "6.7.0" });
