@@ -511,6 +511,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
         "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "P", "KEYS[1]", "KEYS[30]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
         "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q
+        "unpack(LANES",  # EXISTS over all of them, or a range of them
     }  # fmt: skip
     keyless = {"TIME", "PUBLISH"}
     for name in _lua.SCRIPT_NAMES:
