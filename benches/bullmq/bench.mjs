@@ -4,7 +4,7 @@
 //                  [--payload-bytes 52] [--workloads A-seq,...] [--json out.json]
 import { Queue, Worker, QueueEvents } from "bullmq";
 import IORedis from "ioredis";
-import { parseArgs, payloadOf, newRunId, now, pct, RESULT_TTL_S, runAll } from "./common.mjs";
+import { parseArgs, payloadOf, newRunId, now, RESULT_TTL_S, runAll, latencyResult } from "./common.mjs";
 
 const args = parseArgs(process.argv.slice(2));
 const u = new URL(args.url);
@@ -98,10 +98,7 @@ async function requestResponse(w, callers) {
   await worker.close();
   await events.close();
   await q.close();
-  return {
-    workload: w, jobs: lat.length, seconds: s, rate: lat.length / s,
-    p50_ms: pct(lat, 50) * 1000, p99_ms: pct(lat, 99) * 1000, extra: { callers },
-  };
+  return latencyResult(w, lat, s, callers);
 }
 
 const RUN = {

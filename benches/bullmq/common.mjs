@@ -31,6 +31,11 @@ export const pct = (xs, p) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
 };
+// the result of a request/response workload: `lat` latencies (s) over `s` seconds
+export const latencyResult = (w, lat, s, callers) => ({
+  workload: w, jobs: lat.length, seconds: s, rate: lat.length / s,
+  p50_ms: pct(lat, 50) * 1000, p99_ms: pct(lat, 99) * 1000, extra: { callers },
+});
 // like trioqueue's result TTL in the bench: finished jobs are kept for a while, not forever
 export const RESULT_TTL_S = 120;
 

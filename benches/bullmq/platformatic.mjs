@@ -16,7 +16,7 @@
 //   enqueueAndWait); on older Node the standard polyfill below is installed.
 import { readFileSync } from "node:fs";
 import { Queue, RedisStorage } from "@platformatic/job-queue";
-import { parseArgs, payloadOf, newRunId, now, pct, RESULT_TTL_S, runAll } from "./common.mjs";
+import { parseArgs, payloadOf, newRunId, now, RESULT_TTL_S, runAll, latencyResult } from "./common.mjs";
 
 if (typeof Promise.withResolvers !== "function") {
   Promise.withResolvers = function withResolvers() {
@@ -128,10 +128,7 @@ async function requestResponse(w, callers) {
   );
   const s = now() - t0;
   await q.stop();
-  return {
-    workload: w, jobs: lat.length, seconds: s, rate: lat.length / s,
-    p50_ms: pct(lat, 50) * 1000, p99_ms: pct(lat, 99) * 1000, extra: { callers },
-  };
+  return latencyResult(w, lat, s, callers);
 }
 
 const RUN = {
