@@ -4,7 +4,7 @@
 //                  [--payload-bytes 52] [--workloads A-seq,...] [--json out.json]
 import { Queue, Worker, QueueEvents } from "bullmq";
 import IORedis from "ioredis";
-import { parseArgs, payloadOf, newRunId, now, RESULT_TTL_S, runAll, latencyResult } from "./common.mjs";
+import { parseArgs, payloadOf, newRunId, now, RESULT_TTL_S, runAll, runCallers } from "./common.mjs";
 
 const args = parseArgs(process.argv.slice(2));
 const u = new URL(args.url);
@@ -80,25 +80,14 @@ async function requestResponse(w, callers) {
   await events.waitUntilReady();
   const worker = new Worker(q.name, async () => null, { connection: conn(), concurrency: Math.max(callers, args.concurrency) });
   await worker.waitUntilReady();
-  const n = Math.max(callers, Math.floor(args.jobs / (callers === 1 ? 20 : 4)));
-  const per = Math.floor(n / callers);
-  const lat = [];
-  const t0 = now();
-  await Promise.all(
-    Array.from({ length: callers }, async (_, k) => {
-      for (let i = 0; i < per; i++) {
-        const t = now();
-        const job = await q.add("j", payload, { ...jobOpts, jobId: `w${k}-${i}` });
-        await job.waitUntilFinished(events, 60000);
-        lat.push(now() - t);
-      }
-    }),
-  );
-  const s = now() - t0;
+  const r = await runCallers(w, callers, args.jobs, async (id) => {
+    const job = await q.add("j", payload, { ...jobOpts, jobId: id });
+    await job.waitUntilFinished(events, 60000);
+  });
   await worker.close();
   await events.close();
   await q.close();
-  return latencyResult(w, lat, s, callers);
+  return r;
 }
 
 const RUN = {

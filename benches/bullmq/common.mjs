@@ -36,6 +36,24 @@ export const latencyResult = (w, lat, s, callers) => ({
   workload: w, jobs: lat.length, seconds: s, rate: lat.length / s,
   p50_ms: pct(lat, 50) * 1000, p99_ms: pct(lat, 99) * 1000, extra: { callers },
 });
+// a request/response workload: `callers` loops at once, each sending its share of
+// max(callers, jobs / 20 (one caller) or / 4) requests one after another, timed one by one
+export async function runCallers(w, callers, jobs, request) {
+  const n = Math.max(callers, Math.floor(jobs / (callers === 1 ? 20 : 4)));
+  const per = Math.floor(n / callers);
+  const lat = [];
+  const t0 = now();
+  await Promise.all(
+    Array.from({ length: callers }, async (_, k) => {
+      for (let i = 0; i < per; i++) {
+        const t = now();
+        await request(`w${k}-${i}`);
+        lat.push(now() - t);
+      }
+    }),
+  );
+  return latencyResult(w, lat, now() - t0, callers);
+}
 // like trioqueue's result TTL in the bench: finished jobs are kept for a while, not forever
 export const RESULT_TTL_S = 120;
 

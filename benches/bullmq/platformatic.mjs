@@ -16,7 +16,7 @@
 //   enqueueAndWait); on older Node the standard polyfill below is installed.
 import { readFileSync } from "node:fs";
 import { Queue, RedisStorage } from "@platformatic/job-queue";
-import { parseArgs, payloadOf, newRunId, now, RESULT_TTL_S, runAll, latencyResult } from "./common.mjs";
+import { parseArgs, payloadOf, newRunId, now, RESULT_TTL_S, runAll, runCallers } from "./common.mjs";
 
 if (typeof Promise.withResolvers !== "function") {
   Promise.withResolvers = function withResolvers() {
@@ -113,22 +113,9 @@ async function requestResponse(w, callers) {
   const q = await queueOf(w, { concurrency: Math.max(callers, args.concurrency) });
   q.execute(async () => RESULT);
   await q.start();
-  const n = Math.max(callers, Math.floor(args.jobs / (callers === 1 ? 20 : 4)));
-  const per = Math.floor(n / callers);
-  const lat = [];
-  const t0 = now();
-  await Promise.all(
-    Array.from({ length: callers }, async (_, k) => {
-      for (let i = 0; i < per; i++) {
-        const t = now();
-        await q.enqueueAndWait(`w${k}-${i}`, payload, { ...jobOpts, timeout: 60000 });
-        lat.push(now() - t);
-      }
-    }),
-  );
-  const s = now() - t0;
+  const r = await runCallers(w, callers, args.jobs, (id) => q.enqueueAndWait(id, payload, { ...jobOpts, timeout: 60000 }));
   await q.stop();
-  return latencyResult(w, lat, s, callers);
+  return r;
 }
 
 const RUN = {
