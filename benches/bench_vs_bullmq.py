@@ -64,14 +64,13 @@ def _run(cmd: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def _run_trioqueue(url: str, args: argparse.Namespace, out: Path) -> dict:
-    return _run([sys.executable, "-m", "trioqueue", "bench", "--storage", url, "--jobs", str(args.jobs), "--concurrency",
-                 str(args.concurrency), "--workloads", args.workloads, "--no-progress", "--json", str(out)], out)
-
-
-def _run_peer(peer: str, url: str, args: argparse.Namespace, out: Path) -> dict:
-    return _run(["node", str(NODE / PEERS[peer][1]), "--url", url, "--jobs", str(args.jobs), "--concurrency",
-                 str(args.concurrency), "--workloads", args.workloads, "--json", str(out)], out)
+def _command(tool: str, url: str, args: argparse.Namespace, out: Path) -> list[str]:
+    """The command running ``tool``'s workloads (``trioqueue bench`` or a peer's script)."""
+    common = ["--jobs", str(args.jobs), "--concurrency", str(args.concurrency), "--workloads", args.workloads,
+              "--json", str(out)]
+    if tool == "trioqueue":
+        return [sys.executable, "-m", "trioqueue", "bench", "--storage", url, "--no-progress", *common]
+    return ["node", str(NODE / PEERS[tool][1]), "--url", url, *common]
 
 
 def _medians(docs: list[dict]) -> dict[str, dict[str, float]]:
@@ -90,7 +89,7 @@ def _figure(m: dict[str, float] | None, key: str) -> str:
     return f"{m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms" if key == "p50_ms" else f"{m['rate']:,.0f}/s"
 
 
-def _table(args: argparse.Namespace, peers: list[str], tq: dict, med: dict[str, dict]) -> list[str]:
+def _table(peers: list[str], tq: dict, med: dict[str, dict]) -> list[str]:
     titles = [PEERS[p][0] for p in peers]
     lines = ["| workload | trioqueue | " + " | ".join(titles) + " | " + " | ".join(f"× {t}" for t in titles)
              + " | target | met |", "|---|" + "---:|" * (1 + 2 * len(peers)) + "---|:-:|"]
@@ -129,8 +128,7 @@ def main() -> None:
             for tool in docs:  # trioqueue, then the peers in --peers order
                 raw_command(server.port, "FLUSHALL")  # each run starts from an empty server
                 out = Path(tmp) / f"{tool}{r}.json"
-                run = _run_trioqueue(server.url, args, out) if tool == "trioqueue" else _run_peer(tool, server.url, args, out)
-                docs[tool].append(run)
+                docs[tool].append(_run(_command(tool, server.url, args, out), out))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     med = {tool: _medians(d) for tool, d in docs.items()}
     node = docs[peers[0]][0]["node"] if peers else "-"
@@ -145,7 +143,7 @@ def main() -> None:
         "Each target is issue 11's, against the peer it names: A-100 against @platformatic/job-queue, the rest "
         "against BullMQ.",
         "",
-        *_table(args, peers, med["trioqueue"], {p: med[p] for p in peers}),
+        *_table(peers, med["trioqueue"], {p: med[p] for p in peers}),
         "",
     ]
     if "platformatic" in peers:

@@ -13,9 +13,9 @@ from typing import Any
 import trio
 
 from support import Recorder
-from test_storage import W1, claim, job, settlement
+from test_storage import job, mixed_lifecycle
 from trioqueue import Job, Queue
-from trioqueue.storage import SettleKind, Storage, StorageEvent
+from trioqueue.storage import Storage, StorageEvent
 from trioqueue.storage._base import NOTICE_KINDS
 from trioqueue.testing import FaultyStorage
 
@@ -41,18 +41,7 @@ async def test_subscribe_by_kinds(storage: Storage, queue_name: str) -> None:
         storage.subscribe(q, kinds={"completed"}) as completions,
         storage.subscribe(q, kinds=["enqueued"]) as enqueues,
     ):
-        await storage.enqueue(q, [job("a"), job("b"), job("c")])
-        await claim(storage, q, n=2)
-        await storage.settle(
-            q,
-            W1,
-            [
-                settlement(SettleKind.COMPLETE, q, "a", b'"ra"', ttl=60),
-                settlement(SettleKind.RETRY, q, "b", b'{"type":"E","message":"m","traceback":""}', delay=60),
-            ],
-        )
-        await storage.cancel(q, "c")
-        await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "zz", b"1", ttl=60)])  # fenced
+        await mixed_lifecycle(storage, q)  # a, b, c enqueued; a completed, b failing, c cancelled, zz fenced
         await storage.enqueue(q, [job("end")])
         assert await _until(every, ("enqueued", "end")) == [
             ("enqueued", "a"),

@@ -316,33 +316,43 @@ async def test_leader_lock(storage: Storage, queue_name: str) -> None:
     assert await storage.acquire_lock(lock, "a", 0.3)  # b's lock expired
 
 
+# The events of :func:`mixed_lifecycle`, in order.
+MIXED_EVENTS = [
+    ("enqueued", "a"),
+    ("enqueued", "b"),
+    ("enqueued", "c"),
+    ("completed", "a"),
+    ("failing", "b"),
+    ("cancelled", "c"),
+    ("fenced", "zz"),
+]
+
+
+async def mixed_lifecycle(storage: Storage, q: str) -> None:
+    """Enqueue a, b and c; complete a, retry b, cancel c; settle zz, which W1 never held
+    (fenced): the events of :data:`MIXED_EVENTS`."""
+    await storage.enqueue(q, [job("a"), job("b"), job("c")])
+    await claim(storage, q, n=2)
+    await storage.settle(
+        q,
+        W1,
+        [
+            settlement(SettleKind.COMPLETE, q, "a", b'"ra"', ttl=60),
+            settlement(SettleKind.RETRY, q, "b", b'{"type":"E","message":"m","traceback":""}', delay=60),
+        ],
+    )
+    await storage.cancel(q, "c")
+    await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "zz", b"1", ttl=60)])
+
+
 async def test_event_stream(storage: Storage, queue_name: str) -> None:
     seen: list[StorageEvent] = []
     async with storage.subscribe(queue_name) as events:
-        await storage.enqueue(queue_name, [job("a"), job("b"), job("c")])
-        await claim(storage, queue_name, n=2)
-        await storage.settle(
-            queue_name,
-            W1,
-            [
-                settlement(SettleKind.COMPLETE, queue_name, "a", b'"ra"', ttl=60),
-                settlement(SettleKind.RETRY, queue_name, "b", b'{"type":"E","message":"m","traceback":""}', delay=60),
-            ],
-        )
-        await storage.cancel(queue_name, "c")
-        await storage.settle(queue_name, W1, [settlement(SettleKind.COMPLETE, queue_name, "zz", b"1", ttl=60)])
+        await mixed_lifecycle(storage, queue_name)
         with trio.fail_after(10):
             while not any(e.kind == "fenced" for e in seen):
                 seen.extend(e for e in await events.receive() if e.kind != "resync")
-    assert [(e.kind, e.job_id) for e in seen] == [
-        ("enqueued", "a"),
-        ("enqueued", "b"),
-        ("enqueued", "c"),
-        ("completed", "a"),
-        ("failing", "b"),
-        ("cancelled", "c"),
-        ("fenced", "zz"),
-    ]
+    assert [(e.kind, e.job_id) for e in seen] == MIXED_EVENTS
     completed = seen[3]
     assert completed.worker_id == W1
     assert completed.result in (None, b'"ra"')

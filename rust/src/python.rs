@@ -360,6 +360,16 @@ fn as_bytes(method: &str, obj: Bound<'_, PyAny>) -> PyResult<Py<PyBytes>> {
     }
 }
 
+/// `pop_many(n)` of either queue class: up to `n` items, oldest first, as a list.
+fn pop_list<'py, T>(py: Python<'py>, inner: &Mpmc<T>, n: isize) -> PyResult<Bound<'py, PyList>>
+where
+    T: IntoPyObject<'py>,
+{
+    let n = usize::try_from(n)
+        .map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
+    PyList::new(py, inner.pop_many(n))
+}
+
 #[pymethods]
 impl MpmcQueue {
     #[new]
@@ -403,10 +413,7 @@ impl MpmcQueue {
 
     /// Removes and returns up to `n` items, oldest first.
     fn pop_many<'py>(&self, py: Python<'py>, n: isize) -> PyResult<Bound<'py, PyList>> {
-        let n = usize::try_from(n)
-            .map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
-        let items = self.inner.pop_many(n);
-        PyList::new(py, items)
+        pop_list(py, &self.inner, n)
     }
 
     fn __len__(&self) -> usize {
@@ -563,10 +570,7 @@ impl ObjectQueue {
 
     /// Removes and returns up to `n` objects, oldest first.
     fn pop_many<'py>(&self, py: Python<'py>, n: isize) -> PyResult<Bound<'py, PyList>> {
-        let n = usize::try_from(n)
-            .map_err(|_| PyValueError::new_err(format!("n must be >= 0, got {n}")))?;
-        let items = self.inner.pop_many(n);
-        PyList::new(py, items)
+        pop_list(py, &self.inner, n)
     }
 
     fn __len__(&self) -> usize {

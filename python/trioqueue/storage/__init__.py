@@ -1,11 +1,23 @@
 """Storage backends and the interface they implement."""
 
-from ._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from ._base import (
+    NOTICE_KINDS,
+    Claim,
+    ClaimLimits,
+    EnqueueOutcome,
+    JobRecord,
+    NewJob,
+    Settlement,
+    SettleKind,
+    Storage,
+    StorageEvent,
+)
 from ._url import from_url
 from .file import FileStorage
 from .memory import MemoryStorage
 
 __all__ = [
+    "NOTICE_KINDS",
     "Claim",
     "ClaimLimits",
     "EnqueueOutcome",
