@@ -470,8 +470,41 @@ async def test_expiry_sweep_forgets_every_expired_job_in_bounded_slices(st: Redi
     assert await st._adapter.command(["ZCARD", base + ":states"]) == n  # also the expiry index
     await trio.sleep(0.1)  # the results' TTL runs out: no event announces it
     await st.recover_stalled("q")  # one reaper pass
-    for key in ("expiry", "jobs", "meta", "results", "env", "states"):
+    for key in ("jobs", "meta", "results", "env", "states"):
         assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
+    # what is left is the queue's one "next due" time: nothing is due any more
+    assert int(await st._adapter.command(["GET", f"{base}:sweep_at"])) == 2**44 - 1
+
+
+async def test_enqueue_forgets_expired_jobs_whatever_order_their_ttls_were_set_in(st: RedisStorage) -> None:
+    """Issue 11 (A-seq): enqueue skips its sweep until the queue's next due time
+    (``sweep_at``); every write of a terminal job's expiry must bring that time forward,
+    or a job whose TTL was set shorter than the others' would be kept forever."""
+    base = st._base("q")
+
+    async def kept(job_id: str) -> bool:
+        return bool(await st._adapter.command(["HEXISTS", base + ":jobs", job_id]))
+
+    await st.enqueue("q", [_job("long"), _job("short")])
+    long, short = await st.dequeue("q", "w", 2, 0, 30)
+    assert await st.settle("q", "w", [_done(long, ttl=60)]) == [True]
+    assert await st.settle("q", "w", [_done(short, ttl=0.05)]) == [True]  # later, but due first
+    await trio.sleep(0.1)  # the short TTL runs out: no event announces it
+    await st.enqueue("q", [_job("x1")])
+    assert not await kept("short")
+    assert await kept("long")
+    # a TTL shortened after the fact
+    assert await st.update_result_ttl("q", "long", 0.05) == "updated"
+    await trio.sleep(0.1)
+    await st.enqueue("q", [_job("x2")])
+    assert not await kept("long")
+    # data written before the next due time was kept (no sweep_at key): the sweep looks
+    [c] = await st.dequeue("q", "w", 1, 0, 30)
+    assert await st.settle("q", "w", [_done(c, ttl=0.05)]) == [True]
+    await st._adapter.command(["DEL", base + ":sweep_at"])
+    await trio.sleep(0.1)
+    await st.enqueue("q", [_job("x3")])
+    assert not await kept(c.id)
 
 
 async def test_a_finished_job_is_one_record_and_one_index_member(st: RedisStorage) -> None:
@@ -483,7 +516,7 @@ async def test_a_finished_job_is_one_record_and_one_index_member(st: RedisStorag
     # results are bytes: a NUL or a separator in one must survive the record
     assert await st.settle("q", "w", [_done(c, b"r-\x00|," + c.id.encode()) for c in claims]) == [True, True]
     base = st._base("q")
-    for key in ("meta", "env", "results", "expiry", "errors"):
+    for key in ("meta", "env", "results", "errors"):
         assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
     assert await st._adapter.command(["HLEN", f"{base}:jobs"]) == 2
     assert await st._adapter.command(["ZCARD", f"{base}:states"]) == 2
@@ -507,7 +540,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
     from trioqueue.storage import _lua
 
     declared = {
-        "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "X", "WK", "PROCS",
+        "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "SWEEP_AT", "WK", "PROCS",
         "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "P", "KEYS[1]", "KEYS[30]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
         "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q

@@ -32,7 +32,7 @@ QUEUE_KEY_NAMES = (
     "queue",  # list: the ready list of entries <entry token>:<id>
     "delayed",  # zset id -> due time (ms) of failing and delayed jobs
     "leases",  # zset id -> lease deadline (ms)
-    "expiry",  # unused (``states`` holds when a terminal job is forgotten); kept: KEYS positions
+    "sweep_at",  # string: a lower bound of when the next kept terminal job is due (sweeps skip until then)
     "workers",  # zset worker -> heartbeat expiry (ms)
     "procs",  # set of workers that may have a processing list
     "seq",  # counter of entry tokens

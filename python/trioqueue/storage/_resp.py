@@ -21,6 +21,7 @@ opens a new one.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 from collections import deque
@@ -52,6 +53,7 @@ class _Call:
 
 
 _RECV_SIZE = 256 * 1024
+_NO_SCOPE = contextlib.nullcontext()
 
 
 class RespConnection:
@@ -94,7 +96,10 @@ class RespConnection:
                 await self._flush()
         last = calls[-1]
         try:
-            with trio.move_on_after(timeout):
+            # No scope of our own when an enclosing one ends first anyway (a shielded
+            # mutation's bounded wait): a cancel scope costs ~6 us, a tenth of a call.
+            deadline = trio.current_time() + timeout
+            with _NO_SCOPE if trio.current_effective_deadline() <= deadline else trio.CancelScope(deadline=deadline):
                 while not last.done:
                     if not self._reading:
                         self._reading = True

@@ -57,6 +57,7 @@ _KIND_CODE = {
 _FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 _MAX_JOBS_PER_CALL = 2000
+_KEY_CACHE_SIZE = 4096  # (queue, worker) KEYS lists kept; cleared when full
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
 
@@ -158,6 +159,7 @@ class RedisStorage(RedisAdmin, Storage):
         self._call_seq = 0
         self._call_prefix = base64.urlsafe_b64encode(os.urandom(6)).decode()  # 8 chars: kept in records
         self._named: set[str] = set()  # queues added to the set of names (queue_names)
+        self._key_cache: dict[tuple[str, str | None, bool], list[str]] = {}
 
     def __repr__(self) -> str:
         p = self._params
@@ -195,11 +197,23 @@ class RedisStorage(RedisAdmin, Storage):
         with trio.CancelScope(shield=True):
             await self._adapter.close()
 
+    def _script_keys(self, name: str, queue: str, worker: str | None) -> list[str]:
+        """KEYS of script ``name`` (built once per queue, worker and kind of script: the
+        29 names cost more to format than the rest of a call's arguments)."""
+        flow = name in _FLOW_SCRIPTS
+        cache_key = (queue, worker, flow)
+        keys = self._key_cache.get(cache_key)
+        if keys is None:
+            keys = self._keys(queue) if worker is None else self._keys(queue, self._plist(queue, worker))
+            if flow:
+                keys += self._flow_keys(queue)
+            if len(self._key_cache) >= _KEY_CACHE_SIZE:
+                self._key_cache.clear()
+            self._key_cache[cache_key] = keys
+        return keys
+
     async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
-        keys = self._keys(queue) if worker is None else self._keys(queue, self._plist(queue, worker))
-        if name in _FLOW_SCRIPTS:
-            keys += self._flow_keys(queue)
-        return await self._adapter.script(self._scripts[name], keys, args)
+        return await self._adapter.script(self._scripts[name], self._script_keys(name, queue, worker), args)
 
     async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
         # A mutation whose reply matters (claims, acks): once sent, wait for its reply,

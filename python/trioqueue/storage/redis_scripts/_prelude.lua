@@ -1,7 +1,7 @@
 -- Shared by every queue script (spliced in at load time by _lua.py).
 -- Every key a script touches is declared in KEYS (one hash tag: one cluster slot):
 local JOBS, META, ENV, RESULTS, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local Q, D, L, X, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local Q, D, L, SWEEP_AT, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local SEQ, PAUSED, CTL, SCHED, SCHED_LAST, EVENTS = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local STATES = KEYS[19]
 -- KEYS[29]: the notices channel, a second pub/sub channel carrying only the events a
@@ -188,16 +188,35 @@ local function expired(id, now)
   if k >= KIND.completed and s - k * K44 <= now then purge(id) return true end
   return false
 end
+-- SWEEP_AT (KEYS[10]): a lower bound of the ms at which the next kept terminal job is
+-- due, so that a sweep with nothing due costs one GET (enqueue sweeps on every call).
+-- Every write of a terminal STATES score lowers it (lower_sweep_at); absent means
+-- unknown: the next sweep looks (and sets it).
+local function lower_sweep_at(at)
+  local cur = redis.call('GET', SWEEP_AT)
+  if cur and at < tonumber(cur) then redis.call('SET', SWEEP_AT, fmt(at)) end
+end
 -- forget up to n expired terminal jobs (the due ends of the terminal kinds' ranges);
--- returns how many
+-- returns how many. The same ranged reads find the next due time (the first entry of
+-- each kind not forgotten), so a sweep costs what it did before SWEEP_AT existed.
 local function sweep(now, n)
-  local done = 0
+  local at = redis.call('GET', SWEEP_AT)
+  if at and tonumber(at) > now then return 0 end
+  local done, nxt = 0, K44 - 1
   for k = KIND.completed, KIND.cancelled do
-    if done >= n then break end
-    local ids = redis.call('ZRANGEBYSCORE', STATES, fmt(k * K44), fmt(k * K44 + now), 'LIMIT', 0, n - done)
-    for _, id in ipairs(ids) do purge(id) end
-    done = done + #ids
+    local base = k * K44
+    local got = redis.call('ZRANGEBYSCORE', STATES, fmt(base), fmt(base + K44 - 1), 'WITHSCORES', 'LIMIT', 0, n - done + 1)
+    for j = 1, #got, 2 do
+      local ms = tonumber(got[j + 1]) - base
+      if ms > now or done >= n then
+        if ms < nxt then nxt = ms end
+        break
+      end
+      purge(got[j])
+      done = done + 1
+    end
   end
+  redis.call('SET', SWEEP_AT, fmt(nxt))
   return done
 end
 -- the job enters terminal state st (payload: a completed job's result) and is kept as a
@@ -208,6 +227,7 @@ local function terminal(id, m, now, ttl, st, payload)
   redis.call('HSET', JOBS, id, record(st, m, payload))
   redis.call('HDEL', META, id)
   redis.call('ZADD', STATES, xidx(st, now + ttl), id)
+  lower_sweep_at(now + ttl)
 end
 -- what get_job and list_jobs report of a job: false, or {state, created_ms, attempts,
 -- max_attempts, result, error, token, progress, priority}

@@ -25,6 +25,7 @@ end
 local cur_st, cur_m = {}, {}  -- what this batch changed (an id twice in one batch)
 local w_meta, w_jobs, w_err, l_rem, env_del = {}, {}, {}, {}, {}
 local w_rec, z_rec, m_del = {}, {}, {}  -- terminal records, their STATES scores, META fields gone
+local first_due = nil  -- the earliest due time among z_rec (SWEEP_AT)
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
@@ -87,6 +88,7 @@ for j, id in ipairs(ids) do
         ev('failed', id, W, nil, small(data), m.i)
       end
       put(z_rec, xidx(st, now + ttl), id)
+      if not first_due or now + ttl < first_due then first_due = now + ttl end
       m_del[#m_del + 1] = id
       l_rem[#l_rem + 1] = id
       -- a completed job's envelope is not needed any more (a failed one's is: retry)
@@ -115,6 +117,7 @@ for i = 1, #w_rec, 1000 do
   redis.call('HSET', JOBS, unpack(w_rec, i, math.min(i + 999, #w_rec)))
   redis.call('ZADD', STATES, unpack(z_rec, i, math.min(i + 999, #z_rec)))
 end
+if first_due then lower_sweep_at(first_due) end
 for i = 1, #m_del, 1000 do redis.call('HDEL', META, unpack(m_del, i, math.min(i + 999, #m_del))) end
 for i = 1, #w_err, 1000 do redis.call('HSET', ERRORS, unpack(w_err, i, math.min(i + 999, #w_err))) end
 for i = 1, #l_rem, 1000 do redis.call('ZREM', L, unpack(l_rem, i, math.min(i + 999, #l_rem))) end

@@ -15,4 +15,5 @@ elseif not starts(st, 'cancelled:') then
 end
 if ttl <= 0 then purge(id) return 'updated' end
 redis.call('ZADD', STATES, xidx(st, now + ttl), id)
+lower_sweep_at(now + ttl)
 return 'updated'
