@@ -25,6 +25,7 @@ forwards into a memory channel; a watchdog emits ``resync`` after a reconnect.
 from __future__ import annotations
 
 import base64
+import functools
 import math
 import os
 import time
@@ -40,6 +41,7 @@ from .._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLSt
 from . import _lua
 from ._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from ._base import NOTICE_KINDS, select_events, wanted_kinds
+from ._coalesce import Coalescer, Slot
 from ._glide import ConnParams, GlideAdapter, make_script, parse_url
 from ._redis_admin import RedisAdmin
 
@@ -74,25 +76,6 @@ def decode_events(payload: bytes) -> list[StorageEvent]:
     the parsing is the Rust core's (``benches/bench_core.py`` measures it against Python).
     Raises ``ValueError`` on a malformed message."""
     return [StorageEvent(*fields) for fields in _decode_events(payload)]
-
-
-class _Slot:
-    __slots__ = ("jobs", "event", "result", "error", "baton")
-
-    def __init__(self, jobs: Sequence[NewJob]) -> None:
-        self.jobs = jobs
-        self.event = trio.Event()
-        self.result: list[EnqueueOutcome] | None = None
-        self.error: BaseException | None = None
-        self.baton = False
-
-
-class _Coalescer:
-    __slots__ = ("pending", "busy")
-
-    def __init__(self) -> None:
-        self.pending: list[_Slot] = []
-        self.busy = False
 
 
 class _Sub:
@@ -150,7 +133,7 @@ class RedisStorage(RedisAdmin, Storage):
         self._block_chunk = block_chunk
         self._watch_interval = watch_interval
         self._scripts: dict[str, Any] = {}
-        self._coalescers: dict[str, _Coalescer] = {}
+        self._coalescers: dict[str, Coalescer] = {}
         self._subs: set[_Sub] = set()
         # (queue, worker) whose blocking move failed or was cancelled: the server may have
         # moved a job into the worker's list anyway; its next claim adopts such entries.
@@ -238,50 +221,10 @@ class RedisStorage(RedisAdmin, Storage):
             await self._register_name(queue)
         co = self._coalescers.get(queue)
         if co is None:
-            co = self._coalescers[queue] = _Coalescer()
-        slot = _Slot(jobs)
-        co.pending.append(slot)
-        if co.busy:
-            try:
-                await slot.event.wait()
-            except BaseException:
-                # Cancelled while waiting. Not sent yet: withdraw (nothing written). Handed
-                # the baton meanwhile: pass it on, or every later enqueue would wait for a
-                # carrier that never comes. Sent with another call's batch: it lands anyway
-                # (only the outcome is lost, as with any cancelled write).
-                if slot in co.pending:
-                    co.pending.remove(slot)
-                if slot.baton:
-                    self._pass_baton(co)
-                raise
-            if not slot.baton:
-                return self._slot_result(slot)
-        co.busy = True
-        try:
-            batch, co.pending = co.pending, []
-            await self._flush(queue, batch)  # shielded per script call, within _SHIELD_LIMIT
-        finally:
-            self._pass_baton(co)
-        return self._slot_result(slot)
+            co = self._coalescers[queue] = Coalescer(functools.partial(self._flush, queue))
+        return await co.submit(jobs)
 
-    @staticmethod
-    def _pass_baton(co: _Coalescer) -> None:
-        """The carrier is done: the first waiting call carries the next batch."""
-        if co.pending:
-            nxt = co.pending[0]
-            nxt.baton = True
-            nxt.event.set()
-        else:
-            co.busy = False
-
-    @staticmethod
-    def _slot_result(slot: _Slot) -> list[EnqueueOutcome]:
-        if slot.error is not None:
-            raise slot.error
-        assert slot.result is not None
-        return slot.result
-
-    async def _flush(self, queue: str, batch: list[_Slot]) -> None:
+    async def _flush(self, queue: str, batch: list[Slot]) -> None:
         all_jobs = [job for slot in batch for job in slot.jobs]
         outcomes: list[EnqueueOutcome] = []
         try:
