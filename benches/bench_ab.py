@@ -1,0 +1,131 @@
+"""trioqueue against an earlier revision of itself: the workloads of ``trioqueue bench``,
+run by the working tree and by a git revision (``--base``), interleaved round by round on
+the same storage, so that a change is measured as a ratio on this noisy machine.
+
+The base revision is checked out into a temporary git worktree and runs with the working
+tree's Rust extension (the comparison is of the Python and Lua code; say so if the Rust
+core differs between the two). Redis: one server for the whole run, flushed before each
+run; file: a new directory per run; memory: in process.
+
+    python benches/bench_ab.py --base HEAD~3 --storage redis --workloads A-seq,A-100,C-50
+                               [--jobs 10000] [--rounds 3] [--name redis-enqueue]
+
+writes ``benches/results/ab-<name>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench_vs_bullmq import _medians, _run  # noqa: E402
+from redis_server import RedisServer, raw_command, redis_server_binary, valkey_server_binary  # noqa: E402
+
+CORE = "_core.abi3.so"
+
+
+@contextlib.contextmanager
+def _checkout(rev: str) -> Iterator[Path]:
+    """``rev`` in a temporary worktree, with the working tree's Rust extension."""
+    tmp = Path(tempfile.mkdtemp(prefix="trioqueue-ab-"))
+    tree = tmp / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
+    try:
+        shutil.copy2(ROOT / "python" / "trioqueue" / CORE, tree / "python" / "trioqueue" / CORE)
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(tree: Path, url: str, args: argparse.Namespace, out: Path) -> dict:
+    cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tree / 'python')!r}); "
+           "from trioqueue._cli import main; sys.exit(main(sys.argv[1:]))",
+           "bench", "--storage", url, "--no-progress", "--jobs", str(args.jobs),
+           "--concurrency", str(args.concurrency), "--workloads", args.workloads, "--json", str(out)]
+    return _run(cmd, out)
+
+
+def _ratio_key(m: dict[str, float]) -> str:
+    return "p50_ms" if "p50_ms" in m else "rate"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="git revision to compare with (e.g. HEAD~2, main)")
+    parser.add_argument("--storage", choices=("redis", "file", "memory"), default="redis")
+    parser.add_argument("--workloads", default="A-seq,A-100,B,C-1,C-50")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--name", help="results/ab-<name>.md (default: the storage)")
+    args = parser.parse_args()
+    base_sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    head_sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "python"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    docs: dict[str, list[dict]] = {"base": [], "new": []}
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(_checkout(args.base))
+        trees = {"base": base, "new": ROOT}
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        server = None
+        if args.storage == "redis":
+            binary = redis_server_binary() or valkey_server_binary()
+            server = stack.enter_context(RedisServer(binary))
+        for r in range(args.rounds):
+            for side in ("base", "new") if r % 2 == 0 else ("new", "base"):
+                out = tmp / f"{side}{r}.json"
+                if server is not None:
+                    raw_command(server.port, "FLUSHALL")
+                    url = server.url
+                elif args.storage == "file":
+                    url = "file://" + str(tmp / f"store-{side}{r}")
+                else:
+                    url = "memory://"
+                docs[side].append(_bench(trees[side], url, args, out))
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    med = {side: _medians(d) for side, d in docs.items()}
+    lines = [
+        f"# trioqueue {head_sha}{' + changes' if dirty else ''} against {base_sha} ({args.base}), {args.storage}",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, `python benches/bench_ab.py --base {args.base} --storage {args.storage} "
+        f"--workloads {args.workloads} --jobs {args.jobs} --rounds {args.rounds}`: medians of {args.rounds} "
+        "interleaved rounds (the order alternates each round), worker concurrency "
+        f"{args.concurrency}, 52-byte JSON payload, noop handler, both sides on the working tree's Rust "
+        "extension. Ratio = new / base (for latency, lower is better).",
+        "",
+        "| workload | base | new | new / base |",
+        "|---|---:|---:|---:|",
+    ]
+    for w in med["new"]:
+        b, n = med["base"].get(w), med["new"][w]
+        if not b:
+            continue
+        key = _ratio_key(n)
+        fig = (lambda m: f"{m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms") if key == "p50_ms" else (
+            lambda m: f"{m['rate']:,.0f}/s")
+        lines.append(f"| {w} | {fig(b)} | {fig(n)} | {n[key] / b[key]:.2f}× |")
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"ab-{args.name or args.storage}.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    print(f"written to {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
