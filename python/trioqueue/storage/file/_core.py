@@ -174,9 +174,14 @@ class FileCore(Storage):
         """The queue's lock, blocking: for worker threads only (start-up repair)."""
         with q.tlock:
             fcntl.flock(q.lock_fd, fcntl.LOCK_EX)
+            outer = q.owner  # re-entered by this thread (an RLock): the section goes on
             try:
+                if not outer:
+                    q.begin()
                 yield
             finally:
+                if not outer:
+                    q.end()
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
 
     @asynccontextmanager
@@ -198,8 +203,10 @@ class FileCore(Storage):
                 await trio.sleep(delay)
                 delay = min(delay * 2, 0.01)
             try:
+                q.begin()
                 yield
             finally:
+                q.end()
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
                 q.tlock.release()
 
@@ -237,7 +244,26 @@ class FileCore(Storage):
         await syncer.sync(fds, dirs)
 
     def _read(self, q: _Q, enc_id: str) -> Rec | None:
-        """The record, or None if absent. Corrupt records are quarantined (and None)."""
+        """The record, or None if absent. Corrupt records are quarantined (and None).
+
+        In a locked section, a record this process wrote itself comes from the record
+        cache, as a copy (callers mutate what they get): the cache was emptied at the
+        section's start if any other process of this code changed records since (the
+        generation), and the entry is used only while ``jobs/<id>`` still names the
+        segment it was written to (same inode, size and mtime: a writer of the older
+        code, which bumps no generation, re-points ``jobs/<id>`` to a new segment, which
+        existed before the old one could be freed, so it has another inode)."""
+        if q.owner == threading.get_ident():
+            hit = q.recs.get(enc_id)
+            if hit is not None:
+                try:
+                    st = os.stat(enc_id, dir_fd=q.jobs_fd)
+                except FileNotFoundError:
+                    q.drop(enc_id)
+                    return None
+                if st.st_ino == hit[1] and st.st_size == hit[2] and st.st_mtime_ns == hit[3]:
+                    return hit[0].copy()
+                q.drop(enc_id)
         path = os.path.join(q.jobs, enc_id)
         try:
             return read_rec(path, enc_id)
@@ -257,7 +283,8 @@ class FileCore(Storage):
         """Write ``items`` (encoded id -> record) as one segment and make each
         ``jobs/<id>`` a link to it (lock held). Returns whether an expiry entry was made.
 
-        Order: (1) the segment is written under a temp name in ``jobs/``; (2) if a record
+        Order: (0) the generation is bumped (see :meth:`_Q.bump`); (1) the segment is
+        written under a temp name in ``tmp/``; (2) if a record
         has an expiry, ``expiry/<min ms>-s<segment id>`` is linked to it; (3) each
         ``jobs/<id>`` is linked (new ids) or atomically re-pointed (link to a temp name +
         rename over); (4) the temp name is unlinked. A crash before (3) leaves only a temp
@@ -267,7 +294,8 @@ class FileCore(Storage):
         else closed."""
         if not items:
             return False
-        tmp, fd, seg = write_segment(q.jobs, list(items.items()))
+        q.bump()
+        tmp, fd, seg = write_segment(q.tmp, list(items.items()))
         keep = False
         try:
             exps = [r.exp for r in items.values() if r.exp is not None]
@@ -281,7 +309,11 @@ class FileCore(Storage):
                         continue
                     except FileExistsError:
                         pass
-                replace_link(tmp, q.jobs, enc)
+                replace_link(tmp, q.jobs, enc, q.tmp)
+            if q.owner == threading.get_ident():
+                st = os.fstat(fd)
+                for enc, r in items.items():
+                    q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
             keep = fds is not None and self._fsync
         finally:
             _unlink(tmp)
@@ -294,6 +326,8 @@ class FileCore(Storage):
 
     def _link_marker(self, q: _Q, enc: str, directory: str, name: str) -> None:
         """Give a job its ready/delayed name: another link to its record's segment."""
+        if directory == q.ready:
+            q.lane_filled(name)
         try:
             os.link(os.path.join(q.jobs, enc), os.path.join(directory, name))
         except FileExistsError:
@@ -463,6 +497,7 @@ class FileCore(Storage):
         # between leaves queued records without a marker, which start-up repair restores.
         self._commit(q, items, None)
         for name, mk in moves:
+            q.lane_filled(mk)
             os.rename(os.path.join(q.delayed, name), os.path.join(q.ready, mk))
         if nxt >= 0:
             q.set_counters(nxt, front)

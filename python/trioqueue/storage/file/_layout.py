@@ -32,14 +32,28 @@ from .._fsutil import (
 
 log = logging.getLogger("trioqueue.storage.file")
 
+from .._base import CANCELLED as _CANCELLED
+from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
+from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
+
+_TERMINAL = (_COMPLETED, _FAILED, _CANCELLED)  # records the cache does not keep
+
+
+def _rec_bytes(r: Rec) -> int:
+    return 256 + len(r.envelope) + len(r.result or b"") + len(r.error or b"") + len(r.progress or b"")
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 _SEQ_START = 1 << 62
 _COUNTERS = struct.Struct("<QQ")
+_HEAD = struct.Struct("<QQQ")  # the lock file: the two counters, then the generation
+_GEN = struct.Struct("<Q")
+_RECS_MAX = 32768  # records in a queue's record cache
+_RECS_BYTES = 16 << 20  # ... and their payload bytes
+_LANE_RECHECK = 0.05  # seconds a lane known to be empty is not listed again (see _Q)
 _EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
 _EVENT_PAYLOAD_MAX = 64 << 10  # results/errors larger than this are not copied into events
 _CLEAN_INTERVAL = 1.0
@@ -205,6 +219,14 @@ class _Q:
         "trio_locks",
         "schedules",
         "paused",
+        "tmp",
+        "owner",
+        "gen",
+        "bumped",
+        "ctr",
+        "recs",
+        "recs_bytes",
+        "lane_empty",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -221,7 +243,9 @@ class _Q:
         self.events = os.path.join(path, "events")
         self.schedules = os.path.join(path, "schedules")
         self.paused = os.path.join(path, "paused")
+        self.tmp = os.path.join(path, "tmp")  # temp names (segments being written, re-points)
         for d in (
+            self.tmp,
             self.jobs,
             self.ready,
             self.proc,
@@ -263,6 +287,83 @@ class _Q:
         self.events_written = 0
         self.watches: dict[tuple[object, str], Watch] = {}
         self.trio_locks: dict[object, trio.Lock] = {}
+        # The locked section's state (see begin()): the thread holding the lock, the
+        # generation seen at its start, whether this section bumped it, the counters.
+        self.owner = 0
+        self.gen = -1
+        self.bumped = False
+        self.ctr: tuple[int, int] | None = None
+        # The record cache: encoded id -> (record, segment inode, size, mtime_ns) of the
+        # records this process wrote itself (not terminal ones), valid while the
+        # generation is the one seen after this process's last write and jobs/<id> still
+        # names that very file (see FileCore._read).
+        self.recs: dict[str, tuple[Rec, int, int, int]] = {}
+        self.recs_bytes = 0
+        # Lanes a claim found empty: lane -> time listed. Forgotten when another process
+        # bumps the generation (every enqueue, release, promotion... commits records
+        # first), when this process adds a marker to the lane, and after _LANE_RECHECK
+        # (a writer of the older code, which bumps no generation, is seen that late).
+        self.lane_empty: dict[int, float] = {}
+
+    # -- the locked section (call with the lock held) -----------------------------------
+
+    def begin(self) -> None:
+        """Start of a locked section: one read of the lock file (counters + generation).
+        A generation other than the one this process left means another process changed
+        records (or ready markers) since: the record cache and lane knowledge go."""
+        data = os.pread(self.lock_fd, _HEAD.size, 0)
+        self.ctr = _COUNTERS.unpack_from(data) if len(data) >= _COUNTERS.size else (_SEQ_START, _SEQ_START - 1)
+        gen = _GEN.unpack_from(data, 16)[0] if len(data) >= _HEAD.size else 0
+        if gen != self.gen:
+            self.forget()
+            self.gen = gen
+        self.bumped = False
+        self.owner = threading.get_ident()
+
+    def end(self) -> None:
+        self.owner = 0
+        self.ctr = None
+
+    def bump(self) -> None:
+        """Before this section's first change of a record or a ready marker: the
+        generation goes up (written before the change, so a crash after it costs only a
+        spurious invalidation), and other processes drop their caches at their next
+        section."""
+        if self.bumped or self.owner != threading.get_ident():
+            return
+        self.gen += 1
+        nxt, front = self.counters()
+        os.pwrite(self.lock_fd, _HEAD.pack(nxt, front, self.gen), 0)
+        self.bumped = True
+
+    def forget(self) -> None:
+        self.recs.clear()
+        self.recs_bytes = 0
+        self.lane_empty.clear()
+
+    def remember(self, enc: str, r: Rec, ino: int, size: int, mtime_ns: int) -> None:
+        """Cache a copy of a record this process just wrote (segment ``ino``...)."""
+        old = self.recs.pop(enc, None)
+        if old is not None:
+            self.recs_bytes -= _rec_bytes(old[0])
+        if r.kind in _TERMINAL:
+            return
+        n = _rec_bytes(r)
+        while self.recs and (len(self.recs) >= _RECS_MAX or self.recs_bytes + n > _RECS_BYTES):
+            k = next(iter(self.recs))
+            self.recs_bytes -= _rec_bytes(self.recs.pop(k)[0])
+        self.recs[enc] = (r.copy(), ino, size, mtime_ns)
+        self.recs_bytes += n
+
+    def drop(self, enc: str) -> None:
+        old = self.recs.pop(enc, None)
+        if old is not None:
+            self.recs_bytes -= _rec_bytes(old[0])
+
+    def lane_filled(self, mk: str) -> None:
+        """This process adds the ready marker ``mk``: its lane is not empty any more."""
+        if self.lane_empty:
+            self.lane_empty.pop(int(mk[1]) if mk[:1] == "p" and mk[2:3] == "/" else DEFAULT_PRIORITY, None)
 
     def trio_lock(self) -> trio.Lock:
         """This Trio run's lock for the queue: tasks of one run take turns without spinning."""
@@ -298,6 +399,8 @@ class _Q:
     # -- counters (call with the lock held) ---------------------------------------------
 
     def counters(self) -> tuple[int, int]:
+        if self.ctr is not None and self.owner == threading.get_ident():
+            return self.ctr  # read by begin(): nobody else changes them while we hold the lock
         data = os.pread(self.lock_fd, _COUNTERS.size, 0)
         if len(data) < _COUNTERS.size:
             return _SEQ_START, _SEQ_START - 1
@@ -305,6 +408,8 @@ class _Q:
 
     def set_counters(self, nxt: int, front: int) -> None:
         os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
+        if self.owner == threading.get_ident():
+            self.ctr = (nxt, front)
 
     def proc_dir(self, enc_worker: str) -> str:
         d = os.path.join(self.proc, enc_worker)

@@ -10,6 +10,8 @@ import time
 import trio
 
 from ..._serde import encode_error
+from .._base import CANCELLED as _CANCELLED
+from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
 from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
@@ -66,6 +68,7 @@ class Reaper(FileCore):
                 requeue: list[tuple[str, str]] = []  # (proc entry, new ready name)
                 drop: list[str] = []
                 dead: list[str] = []
+                stale: list[str] = []  # proc entries of settled jobs: dropped after the events
                 for enc_w in os.listdir(q.proc):
                     pdir = os.path.join(q.proc, enc_w)
                     alive_until = _mtime(os.path.join(q.workers, enc_w)) or 0.0
@@ -84,9 +87,15 @@ class Reaper(FileCore):
                                 os.path.join(q.ready, r.mk)
                             ):
                                 # Claim interrupted before the record was updated: undo it.
+                                q.bump()
+                                q.lane_filled(r.mk)
                                 os.rename(marker, os.path.join(q.ready, r.mk))
                             else:
-                                _unlink(marker)
+                                if r is not None:
+                                    if worker_id is None:
+                                        worker_id = self._worker_dec(q, enc_w) or enc_w
+                                    self._reannounce(r, worker_id, events)
+                                stale.append(marker)
                             continue
                         lease = r.lease if r.lease is not None else _mtime(marker)
                         if lease is None:
@@ -132,8 +141,13 @@ class Reaper(FileCore):
                 if self._commit(q, items, fds):
                     dirs.add(q.expiry_fd)
                 for marker, mk in requeue:
+                    q.lane_filled(mk)
                     os.rename(marker, os.path.join(q.ready, mk))
-                for marker in drop:
+                # The events before the proc entries of ended jobs go: a crash between
+                # leaves the entries, and the next pass announces them again.
+                self._publish(q, events)
+                events = []
+                for marker in drop + stale:
                     _unlink(marker)
                 for enc_w in dead:
                     try:
@@ -162,6 +176,25 @@ class Reaper(FileCore):
                 self._publish(q, events)
         await self._finish(fds, dirs, bool(items))
         return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    @staticmethod
+    def _reannounce(r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
+        """The event of a settled job whose proc entry is still there: the settling
+        process died between re-pointing its record and writing its events (they come
+        before the entries go), or just after writing them (then it is announced twice:
+        events are at-least-once; a waiter takes the first)."""
+        if r.claim is None:
+            return  # never claimed in this incarnation: no settlement to announce
+        if r.kind == _COMPLETED:
+            events.append(StorageEvent("completed", r.id, worker_id, result=r.result, token=r.token))
+        elif r.kind == _FAILED:
+            events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
+        elif r.kind == _CANCELLED:
+            events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
+        elif r.kind == _FAILING:
+            events.append(StorageEvent("failing", r.id, worker_id, error=r.error, token=r.token))
+        elif r.kind == _DELAYED:
+            events.append(StorageEvent("rate_limited", r.id, worker_id, token=r.token))
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -193,7 +226,8 @@ class Reaper(FileCore):
         crash between the record write and the marker creation left missing, and
         quarantine unreadable records."""
         with self._locked(q):
-            for d in (q.path, q.jobs, *q.lanes, q.delayed, q.names):
+            q.bump()  # markers may be relinked: other processes re-list the lanes
+            for d in (q.path, q.tmp, q.jobs, *q.lanes, q.delayed, q.names):
                 clean_tmp(d)
             for d in os.listdir(q.proc):
                 clean_tmp(os.path.join(q.proc, d))
