@@ -141,6 +141,18 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
                 Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60, token=claims[1].token),
             ],
         )
+    elif scenario == "settle-after-events":
+        # Records re-pointed and the events written, the proc/ entries not yet unlinked.
+        await st.heartbeat(queue, "wc", 0.2, [], 0.2)
+        claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
+        orig_publish = FileStorage._publish
+
+        def publish(*a, **k):  # type: ignore[no-untyped-def]
+            orig_publish(*a, **k)
+            _die()
+
+        FileStorage._publish = publish  # type: ignore[method-assign]
+        await st.settle(queue, "wc", [Settlement(SettleKind.COMPLETE, c.id, b"42", ttl=60, token=c.token) for c in claims])
     raise SystemExit(f"scenario {scenario} did not crash")
 
 
