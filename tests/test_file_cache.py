@@ -85,19 +85,26 @@ async def test_temp_names_live_in_tmp_and_dead_ones_are_removed_at_start(tmp_pat
         await st.enqueue("q", [job("a"), job("b")])
         claims = await st.dequeue("q", "w", 1, 0, 30)
         await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, claims[0].id, b"", ttl=60, token=claims[0].token)])
-        written: list[str] = []
-        orig = os.link
+        await st.enqueue("q", [job("c"), job("d")])
+        names: list[str] = []
+        orig_link, orig_rename = os.link, os.rename
 
         def link(src, dst, *a, **k):  # type: ignore[no-untyped-def]
-            written.append(os.fspath(dst))
-            return orig(src, dst, *a, **k)
+            names.extend((os.fspath(src), os.fspath(dst)))
+            return orig_link(src, dst, *a, **k)
 
-        os.link = link  # type: ignore[assignment]
+        def rename(src, dst, *a, **k):  # type: ignore[no-untyped-def]
+            names.extend((os.fspath(src), os.fspath(dst)))
+            return orig_rename(src, dst, *a, **k)
+
+        os.link, os.rename = link, rename  # type: ignore[assignment]
         try:
-            claims = await st.dequeue("q", "w", 1, 0, 30)
+            claims = await st.dequeue("q", "w", 3, 0, 30)  # three re-points of one segment
         finally:
-            os.link = orig  # type: ignore[assignment]
-        assert [os.path.basename(os.path.dirname(p)) for p in written] == ["tmp"]  # the re-point's temp name
+            os.link, os.rename = orig_link, orig_rename  # type: ignore[assignment]
+        assert len(claims) == 3
+        temps = {os.path.basename(os.path.dirname(p)) for p in names if os.path.basename(p).startswith(".tmp-")}
+        assert temps == {"tmp"}
     (qdir / "tmp" / ".tmp-999999999-0-0").write_bytes(b"half")  # a dead process's
     (qdir / "jobs" / ".tmp-999999999-0-1").write_bytes(b"half")  # ... of the older layout
     async with FileStorage(d):

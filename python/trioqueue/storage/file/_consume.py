@@ -197,12 +197,15 @@ class Consumer(FileCore):
                     enc = encode_name(s.id)
                     marker = os.path.join(pdir, enc)
                     r = self._read(q, enc) if enc not in items else None
+                    # A record this process wrote (a cache hit) as processing under this
+                    # claim implies the proc entry: it was renamed in before the record
+                    # was written, and whatever removes it re-points the record first.
                     held = (
                         r is not None
                         and r.kind == _PROCESSING
                         and r.worker == worker_id
                         and r.claim == s.token
-                        and os.path.exists(marker)
+                        and (q.hit or os.path.exists(marker))
                     )
                     if r is None or not held:
                         if r is not None and r.claim == s.token and r.kind != _PROCESSING:

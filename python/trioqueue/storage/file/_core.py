@@ -253,6 +253,7 @@ class FileCore(Storage):
         segment it was written to (same inode, size and mtime: a writer of the older
         code, which bumps no generation, re-points ``jobs/<id>`` to a new segment, which
         existed before the old one could be freed, so it has another inode)."""
+        q.hit = False
         if q.owner == threading.get_ident():
             hit = q.recs.get(enc_id)
             if hit is not None:
@@ -262,6 +263,7 @@ class FileCore(Storage):
                     q.drop(enc_id)
                     return None
                 if st.st_ino == hit[1] and st.st_size == hit[2] and st.st_mtime_ns == hit[3]:
+                    q.hit = True
                     return hit[0].copy()
                 q.drop(enc_id)
         path = os.path.join(q.jobs, enc_id)
@@ -287,7 +289,8 @@ class FileCore(Storage):
         written under a temp name in ``tmp/``; (2) if a record
         has an expiry, ``expiry/<min ms>-s<segment id>`` is linked to it; (3) each
         ``jobs/<id>`` is linked (new ids) or atomically re-pointed (link to a temp name +
-        rename over); (4) the temp name is unlinked. A crash before (3) leaves only a temp
+        rename over), the last one by renaming the temp name itself over it; (4) on an
+        error, the temp name is unlinked. A crash before (3) leaves only a temp
         file (removed at start) and perhaps an expiry entry whose records nobody points to
         (dropped by the cleaner); during (3) each job has either its old or its new record.
         With ``fds`` (and fsync on) the descriptor is handed to the caller's group commit,
@@ -302,7 +305,15 @@ class FileCore(Storage):
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
                 os.link(tmp, os.path.join(q.expiry, _seq_name(ms, "s" + seg.uid.hex())))
+            st = os.fstat(fd) if q.owner == threading.get_ident() else None
+            last = next(reversed(items))
             for enc in items:
+                if enc == last:
+                    # The last one takes the temp name itself: one rename (atomic over
+                    # the old entry) instead of link + rename + unlink.
+                    os.rename(tmp, os.path.join(q.jobs, enc))
+                    tmp = ""
+                    break
                 if new is not None and enc in new:
                     try:
                         os.link(tmp, os.path.join(q.jobs, enc))
@@ -310,13 +321,13 @@ class FileCore(Storage):
                     except FileExistsError:
                         pass
                 replace_link(tmp, q.jobs, enc, q.tmp)
-            if q.owner == threading.get_ident():
-                st = os.fstat(fd)
+            if st is not None:
                 for enc, r in items.items():
                     q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
             keep = fds is not None and self._fsync
         finally:
-            _unlink(tmp)
+            if tmp:
+                _unlink(tmp)
             if keep:
                 assert fds is not None
                 fds.append(fd)
@@ -517,11 +528,11 @@ class FileCore(Storage):
     def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
         enc = encode_name(job_id)
-        if not os.path.exists(os.path.join(pdir, enc)):
-            return None
         r = self._read(q, enc)
         if r is None or r.kind != _PROCESSING or r.worker != worker_id or r.claim != token:
             return None
+        if not q.hit and not os.path.exists(os.path.join(pdir, enc)):
+            return None  # (a hit: this process claimed it, and nobody re-pointed it since)
         return enc, r
 
     def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:

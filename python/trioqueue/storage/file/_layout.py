@@ -227,6 +227,7 @@ class _Q:
         "recs",
         "recs_bytes",
         "lane_empty",
+        "hit",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -304,6 +305,7 @@ class _Q:
         # first), when this process adds a marker to the lane, and after _LANE_RECHECK
         # (a writer of the older code, which bumps no generation, is seen that late).
         self.lane_empty: dict[int, float] = {}
+        self.hit = False  # the last FileCore._read came from the record cache
 
     # -- the locked section (call with the lock held) -----------------------------------
 
