@@ -246,3 +246,25 @@ async def test_a_blocked_claim_sees_a_marker_of_a_writer_without_generation(
             no_generation(monkeypatch)
             await b.enqueue("q", [job("hi")._replace(priority=1)])
         assert got == ["hi"]
+
+
+def test_rec_copy_copies_every_field() -> None:
+    from trioqueue.storage._fsutil import Rec
+
+    r = Rec("a", "processing", 1, 2, 3, 4.0, 5, b"env", "mk", "w", 6.0, b"res", b"err", 7.0)
+    r.token, r.claim, r.claims, r.started, r.progress, r.cancel_requested, r.priority = "t", "t.1", 1, True, b"p", True, 2
+    c = r.copy()
+    assert c is not r and all(getattr(c, n) == getattr(r, n) for n in Rec.__slots__)
+    c.attempts = 9
+    assert r.attempts == 2
+
+
+def test_a_bump_outside_a_section_still_moves_the_generation(tmp_path: Path) -> None:
+    q = _Q("q", str(tmp_path / "q"))
+    try:
+        q.bump()
+        q.bump()
+        data = (tmp_path / "q" / "lock").read_bytes()
+        assert struct.unpack("<QQQ", data) == (_SEQ_START, _SEQ_START - 1, 2)
+    finally:
+        q.close()

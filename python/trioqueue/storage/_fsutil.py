@@ -134,14 +134,22 @@ class Rec:
 
     def copy(self) -> Rec:
         """A shallow copy (the bytes fields are immutable): what a cache hands out, so
-        that no caller ever mutates a cached record."""
+        that no caller ever mutates a cached record. (Replaced below by a function with
+        one assignment per field: a getattr/setattr loop costs three times as much.)"""
         c = Rec.__new__(Rec)
-        for name in _REC_SLOTS:
+        for name in Rec.__slots__:
             setattr(c, name, getattr(self, name))
         return c
 
 
-_REC_SLOTS = Rec.__slots__
+def _make_copy() -> object:
+    body = "\n".join(f"    c.{n} = self.{n}" for n in Rec.__slots__)
+    ns: dict[str, object] = {"Rec": Rec}
+    exec(f"def copy(self):\n    c = Rec.__new__(Rec)\n{body}\n    return c\n", ns)  # noqa: S102 - fixed source
+    return ns["copy"]
+
+
+Rec.copy = _make_copy()  # type: ignore[method-assign]
 
 
 def _extras(r: Rec) -> dict[str, object]:

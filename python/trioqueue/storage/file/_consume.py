@@ -379,11 +379,11 @@ class Consumer(FileCore):
                         r.attempts += 1
                         items[enc] = r
                     out.append(True)
-                self._commit(q, items, fds)
+                expiring = self._commit(q, items, fds)
                 self._publish(q, events)  # before the proc entries go (see settle)
                 for enc in gone:
                     _unlink(os.path.join(pdir, enc))
-        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, bool(items))
+        await self._finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
         return out
 
     async def heartbeat(

@@ -331,7 +331,16 @@ class _Q:
         generation goes up (written before the change, so a crash after it costs only a
         spurious invalidation), and other processes drop their caches at their next
         section."""
-        if self.bumped or self.owner != threading.get_ident():
+        if self.owner != threading.get_ident():
+            # Not in a section of this thread (a caller holding the lock some other way):
+            # bump the file only; this process's own caches go at its next section too.
+            data = os.pread(self.lock_fd, _HEAD.size, 0)
+            if len(data) < _COUNTERS.size:
+                data = _COUNTERS.pack(_SEQ_START, _SEQ_START - 1)
+            gen = _GEN.unpack_from(data, 16)[0] + 1 if len(data) >= _HEAD.size else 1
+            os.pwrite(self.lock_fd, data[: _COUNTERS.size] + _GEN.pack(gen), 0)
+            return
+        if self.bumped:
             return
         self.gen += 1
         nxt, front = self.counters()
