@@ -268,3 +268,49 @@ def test_a_bump_outside_a_section_still_moves_the_generation(tmp_path: Path) -> 
         assert struct.unpack("<QQQ", data) == (_SEQ_START, _SEQ_START - 1, 2)
     finally:
         q.close()
+
+
+async def test_delayed_known_empty_is_not_listed_but_a_retry_is_promoted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "d"
+    async with FileStorage(d) as a, FileStorage(d) as b:
+        await a.enqueue("q", [job("x"), job("y")])
+        q = a._q("q")
+        listed: list[str] = []
+        orig = os.listdir
+
+        def listdir(path=None):  # type: ignore[no-untyped-def]
+            if path == q.delayed:
+                listed.append(path)
+            return orig(path)
+
+        monkeypatch.setattr(os, "listdir", listdir)
+        (x,) = await a.dequeue("q", "w", 1, 0, 30)
+        assert len(listed) == 1
+        (y,) = await a.dequeue("q", "w", 1, 0, 30)
+        assert len(listed) == 1  # known empty
+        # A retry this process writes, due at once, is promoted by the next claim.
+        await a.settle("q", "w", [Settlement(SettleKind.RETRY, "x", b"e", delay=0.0, token=x.token)])
+        assert [c.id for c in await a.dequeue("q", "w", 1, 0, 30)] == ["x"]
+        assert await a.dequeue("q", "w", 1, 0, 30) == []
+        # ... and one another instance writes (the generation).
+        await b.settle("q", "w", [Settlement(SettleKind.RETRY, "y", b"e", delay=0.0, token=y.token)])
+        assert [c.id for c in await a.dequeue("q", "w", 1, 0, 30)] == ["y"]
+
+
+async def test_two_writers_follow_each_others_log_rotations(tmp_path: Path) -> None:
+    """Each writer notices a rotation made by the other (the log's inode it remembers
+    differs from the path's) before it appends: no event goes to a file readers left."""
+    a = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
+    b = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
+    reader = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
+    async with a, b, reader, reader.subscribe("q") as events:
+        for i in range(200):
+            await (a if i % 3 else b).enqueue("q", [job(f"e{i:03}")])
+        seen: list[tuple[str, str]] = []
+        with trio.fail_after(30):
+            while ("enqueued", "e199") not in seen:
+                seen += [(e.kind, e.job_id) for e in await events.receive()]
+    assert [j for k, j in seen if k == "enqueued"] == [f"e{i:03}" for i in range(200)]
+    assert ("resync", "") not in seen

@@ -42,6 +42,8 @@ from .._fsutil import (
 )
 from ._layout import (
     _CLEAN_INTERVAL,
+    _DELAYED_LANE,
+    _LANE_RECHECK,
     _EVENTS_MAX,
     _Q,
     _EnqState,
@@ -339,6 +341,8 @@ class FileCore(Storage):
         """Give a job its ready/delayed name: another link to its record's segment."""
         if directory == q.ready:
             q.lane_filled(name)
+        elif directory == q.delayed:
+            q.lane_empty.pop(_DELAYED_LANE, None)
         try:
             os.link(os.path.join(q.jobs, enc), os.path.join(directory, name))
         except FileExistsError:
@@ -380,9 +384,10 @@ class FileCore(Storage):
             st = os.stat(q.events)
         except FileNotFoundError:
             st = None
-        if st is None or st.st_ino != os.fstat(q.events_fd).st_ino:
+        if st is None or st.st_ino != q.events_ino:
             os.close(q.events_fd)
             q.events_fd = os.open(q.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            q.events_ino = os.fstat(q.events_fd).st_ino
 
     def _worker_enc(self, q: _Q, worker_id: str) -> str:
         enc = encode_name(worker_id)
@@ -473,8 +478,14 @@ class FileCore(Storage):
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> float:
         """Move due retries and delayed jobs to the ready list (lock held). Returns the
         next due time."""
+        # Known empty like a lane (see _claim_locked): delayed/ is listed only after the
+        # generation moved, this process linked a marker into it, or _LANE_RECHECK.
+        empty = q.lane_empty.get(_DELAYED_LANE)
+        if empty is not None and 0 <= now - empty < _LANE_RECHECK:
+            return math.inf
         names = os.listdir(q.delayed)
         if not names:
+            q.lane_empty[_DELAYED_LANE] = now
             return math.inf
         names.sort()
         now_ms = int(now * 1000)

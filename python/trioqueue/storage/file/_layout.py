@@ -54,6 +54,7 @@ _GEN = struct.Struct("<Q")
 _RECS_MAX = 32768  # records in a queue's record cache
 _RECS_BYTES = 16 << 20  # ... and their payload bytes
 _LANE_RECHECK = 0.05  # seconds a lane known to be empty is not listed again (see _Q)
+_DELAYED_LANE = -1  # delayed/'s key in _Q.lane_empty
 _EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
 _EVENT_PAYLOAD_MAX = 64 << 10  # results/errors larger than this are not copied into events
 _CLEAN_INTERVAL = 1.0
@@ -228,6 +229,7 @@ class _Q:
         "recs_bytes",
         "lane_empty",
         "hit",
+        "events_ino",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -260,6 +262,7 @@ class _Q:
             os.makedirs(d, exist_ok=True)
         self.lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.events_fd = os.open(self.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.events_ino = os.fstat(self.events_fd).st_ino  # to notice a rotation by another process
         self.jobs_fd = os.open(self.jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # The ready list's lanes by priority (0 first): ``ready/`` for the default, else
@@ -300,7 +303,7 @@ class _Q:
         # names that very file (see FileCore._read).
         self.recs: dict[str, tuple[Rec, int, int, int]] = {}
         self.recs_bytes = 0
-        # Lanes a claim found empty: lane -> time listed. Forgotten when another process
+        # Lanes a claim found empty (and delayed/, as _DELAYED_LANE): lane -> time listed. Forgotten when another process
         # bumps the generation (every enqueue, release, promotion... commits records
         # first), when this process adds a marker to the lane, and after _LANE_RECHECK
         # (a writer of the older code, which bumps no generation, is seen that late).
