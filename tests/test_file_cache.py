@@ -314,3 +314,28 @@ async def test_two_writers_follow_each_others_log_rotations(tmp_path: Path) -> N
                 seen += [(e.kind, e.job_id) for e in await events.receive()]
     assert [j for k, j in seen if k == "enqueued"] == [f"e{i:03}" for i in range(200)]
     assert ("resync", "") not in seen
+
+
+async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acknowledged = on disk: the group commit fsyncs jobs/ and every directory that got
+    a marker (the job's lane, delayed/), and no other."""
+    import time
+
+    from trioqueue.storage import _fsutil
+
+    flushed: list[set[str]] = []
+    orig = _fsutil._Batch.flush
+
+    def flush(self: _fsutil._Batch, syncfs_fd: int) -> None:
+        flushed.append({os.path.relpath(os.readlink(f"/proc/self/fd/{d}"), qdir) for d in self.dirs})
+        orig(self, syncfs_fd)
+
+    monkeypatch.setattr(_fsutil._Batch, "flush", flush)
+    qdir = str(tmp_path / "d" / "q" / encode_name("q"))
+    async with FileStorage(tmp_path / "d") as st:
+        await st.enqueue("q", [job("a")])
+        await st.enqueue("q", [job("b")._replace(priority=2)])
+        await st.enqueue("q", [job("c")._replace(run_at=time.time() + 60), job("d")._replace(priority=0)])
+    assert flushed == [{"jobs", "ready"}, {"jobs", "ready/p2"}, {"jobs", "delayed", "ready/p0", "ready"}]

@@ -121,8 +121,12 @@ class Producer(FileCore):
                         r.out = outcomes[pos : pos + len(r.jobs)]
                         pos += len(r.jobs)
                     if any_new:
-                        lanes = {q.lane_fds[j.priority] for j in flat}
-                        await self._durable(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, *lanes})
+                        # The directories that got names: jobs/, the lanes used, and
+                        # delayed/ only if a job may have gone there.
+                        dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in flat)}
+                        if any(j.run_at is not None for j in flat):
+                            dirs.add(q.delayed_fd)
+                        await self._durable(fds, dirs)
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
                     for r in group:
                         r.error = exc
