@@ -339,3 +339,21 @@ async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(
         await st.enqueue("q", [job("b")._replace(priority=2)])
         await st.enqueue("q", [job("c")._replace(run_at=time.time() + 60), job("d")._replace(priority=0)])
     assert flushed == [{"jobs", "ready"}, {"jobs", "ready/p2"}, {"jobs", "delayed", "ready/p0", "ready"}]
+
+
+async def test_a_subscriber_of_some_kinds_skips_the_others_but_not_a_torn_line(tmp_path: Path) -> None:
+    """Lines of unwanted kinds are skipped unparsed; a line a crash tore (its end merged
+    with the next event) still reaches the subscriber as a ``resync``."""
+    from trioqueue.storage import StorageEvent
+
+    async with FileStorage(tmp_path / "d") as st, st.subscribe("q", kinds={"completed"}) as events:
+        q = st._q("q")
+        st._publish(q, [StorageEvent("enqueued", "a"), StorageEvent("completed", "a", result=b"1")])
+        assert [(e.kind, e.job_id) for e in await events.receive()] == [("completed", "a")]
+        os.write(q.events_fd, b'{"k":"enqueued","j":"b')  # a writer killed mid-line
+        st._publish(q, [StorageEvent("completed", "b", result=b"2"), StorageEvent("completed", "c")])
+        seen: list[tuple[str, str]] = []
+        with trio.fail_after(5):
+            while ("completed", "c") not in seen:
+                seen += [(e.kind, e.job_id) for e in await events.receive()]
+        assert seen == [("resync", ""), ("completed", "c")]
