@@ -357,3 +357,17 @@ async def test_a_subscriber_of_some_kinds_skips_the_others_but_not_a_torn_line(t
             while ("completed", "c") not in seen:
                 seen += [(e.kind, e.job_id) for e in await events.receive()]
         assert seen == [("resync", ""), ("completed", "c")]
+
+
+async def test_reaper_killed_before_the_failed_event_the_next_pass_announces_it(tmp_path: Path) -> None:
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("s1", max_attempts=1)])
+    crash("reap-after-records", d)
+    async with FileStorage(d) as st, st.subscribe("q") as events:
+        assert (await st.get_job("q", "s1")).state.startswith("failed:")
+        assert await st.held_jobs("q", "wc") == ["s1"]
+        await st.recover_stalled("q")
+        seen = await events_until(events, lambda s: any(k[:2] == ("failed", "s1") for k in s))
+        assert b"StalledJobError" in next(k[2] for k in seen if k[:2] == ("failed", "s1"))
+        assert await st.held_jobs("q", "wc") == []

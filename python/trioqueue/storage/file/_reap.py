@@ -179,12 +179,11 @@ class Reaper(FileCore):
 
     @staticmethod
     def _reannounce(r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
-        """The event of a settled job whose proc entry is still there: the settling
-        process died between re-pointing its record and writing its events (they come
-        before the entries go), or just after writing them (then it is announced twice:
-        events are at-least-once; a waiter takes the first)."""
-        if r.claim is None:
-            return  # never claimed in this incarnation: no settlement to announce
+        """The event of an ended job whose proc entry is still there: the settling process
+        (or a reaper failing a stalled job) died between re-pointing its record and
+        writing its events (they come before the entries go), or just after writing them
+        (then it is announced twice: events are at-least-once; a waiter takes the first).
+        A queued record is not announced (a claim or release interrupted: see above)."""
         if r.kind == _COMPLETED:
             events.append(StorageEvent("completed", r.id, worker_id, result=r.result, token=r.token))
         elif r.kind == _FAILED:
