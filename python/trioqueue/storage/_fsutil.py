@@ -429,10 +429,10 @@ def replace_link(src: str, directory: str, name: str, tmpdir: str | None = None)
     """Atomically make ``directory/name`` another name of ``src`` (link to a temp name in
     ``tmpdir``, default ``directory``, on the same file system; then rename over the old
     entry). A small ``tmpdir`` is cheaper to add a name to than a big ``directory``."""
-    tmp = os.path.join(directory if tmpdir is None else tmpdir, tmp_name())
+    tmp = (directory if tmpdir is None else tmpdir) + "/" + tmp_name()
     os.link(src, tmp)
     try:
-        os.rename(tmp, os.path.join(directory, name))
+        os.rename(tmp, directory + "/" + name)
     except BaseException:
         try:
             os.unlink(tmp)

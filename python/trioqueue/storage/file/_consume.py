@@ -105,9 +105,9 @@ class Consumer(FileCore):
             if parsed is None:
                 continue
             enc = parsed[1]
-            target = os.path.join(pdir, enc)
+            target = pdir + "/" + enc
             try:
-                os.rename(os.path.join(directory, name), target)
+                os.rename(directory + "/" + name, target)
             except FileNotFoundError:
                 continue  # claimed by someone else, or cancelled
             r = self._read(q, enc)
@@ -192,10 +192,10 @@ class Consumer(FileCore):
             with _close_on_error(fds):
                 now = time.time()
                 now_ms = int(now * 1000)
-                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                pdir = q.proc + "/" + self._worker_enc(q, worker_id)
                 for s in settlements:
                     enc = encode_name(s.id)
-                    marker = os.path.join(pdir, enc)
+                    marker = pdir + "/" + enc
                     r = self._read(q, enc) if enc not in items else None
                     # A record this process wrote (a cache hit) as processing under this
                     # claim implies the proc entry: it was renamed in before the record
@@ -260,7 +260,7 @@ class Consumer(FileCore):
                 # (see Reaper.recover_stalled): a waiter never misses its job's end.
                 self._publish(q, events)
                 for enc in items:
-                    _unlink(os.path.join(pdir, enc))
+                    _unlink(pdir + "/" + enc)
                 if hold:
                     hold_claims(q, hold)
                 if items:

@@ -268,7 +268,7 @@ class FileCore(Storage):
                     q.hit = True
                     return hit[0].copy()
                 q.drop(enc_id)
-        path = os.path.join(q.jobs, enc_id)
+        path = q.jobs + "/" + enc_id
         try:
             return read_rec(path, enc_id)
         except CorruptRecord as exc:
@@ -313,12 +313,12 @@ class FileCore(Storage):
                 if enc == last:
                     # The last one takes the temp name itself: one rename (atomic over
                     # the old entry) instead of link + rename + unlink.
-                    os.rename(tmp, os.path.join(q.jobs, enc))
+                    os.rename(tmp, q.jobs + "/" + enc)
                     tmp = ""
                     break
                 if new is not None and enc in new:
                     try:
-                        os.link(tmp, os.path.join(q.jobs, enc))
+                        os.link(tmp, q.jobs + "/" + enc)
                         continue
                     except FileExistsError:
                         pass
@@ -344,7 +344,7 @@ class FileCore(Storage):
         elif directory == q.delayed:
             q.lane_empty.pop(_DELAYED_LANE, None)
         try:
-            os.link(os.path.join(q.jobs, enc), os.path.join(directory, name))
+            os.link(q.jobs + "/" + enc, directory + "/" + name)
         except FileExistsError:
             pass
 
@@ -542,7 +542,7 @@ class FileCore(Storage):
         r = self._read(q, enc)
         if r is None or r.kind != _PROCESSING or r.worker != worker_id or r.claim != token:
             return None
-        if not q.hit and not os.path.exists(os.path.join(pdir, enc)):
+        if not q.hit and not os.path.exists(pdir + "/" + enc):
             return None  # (a hit: this process claimed it, and nobody re-pointed it since)
         return enc, r
 
