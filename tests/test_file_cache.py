@@ -371,3 +371,49 @@ async def test_reaper_killed_before_the_failed_event_the_next_pass_announces_it(
         seen = await events_until(events, lambda s: any(k[:2] == ("failed", "s1") for k in s))
         assert b"StalledJobError" in next(k[2] for k in seen if k[:2] == ("failed", "s1"))
         assert await st.held_jobs("q", "wc") == []
+
+
+async def test_enqueue_of_ids_another_instance_has_is_deduplicated_without_a_look_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New ids are linked without reading jobs/<id> first; an id that exists after all
+    (written by another instance: not in this one's cache) is found at link time and
+    answered as before: duplicate, completed (with its result), or a new incarnation of
+    a cancelled one; every place of it in the call says so."""
+    from trioqueue import EnqueueStatus
+    from trioqueue.storage.file import _core
+
+    d = tmp_path / "d"
+    async with FileStorage(d) as a, FileStorage(d) as b:
+        await b.enqueue("q", [job("dup"), job("done"), job("gone")])
+        (c,) = await b.dequeue("q", "w", 1, 0, 30)
+        assert c.id == "dup"
+        (c2,) = await b.dequeue("q", "w", 1, 0, 30)
+        await b.settle("q", "w", [Settlement(SettleKind.COMPLETE, "done", b"42", ttl=60, token=c2.token)])
+        assert (await b.cancel("q", "gone")).value == "cancelled"
+        reads: list[str] = []
+        orig = _core.read_rec
+
+        def read_rec(path, enc):  # type: ignore[no-untyped-def]
+            reads.append(enc)
+            return orig(path, enc)
+
+        monkeypatch.setattr(_core, "read_rec", read_rec)
+        out = await a.enqueue(
+            "q", [job("new1"), job("dup"), job("done"), job("gone")._replace(token="t2"), job("dup"), job("new1")]
+        )
+        assert [o.status for o in out] == [
+            EnqueueStatus.QUEUED,
+            EnqueueStatus.DUPLICATE,
+            EnqueueStatus.COMPLETED,
+            EnqueueStatus.QUEUED,
+            EnqueueStatus.DUPLICATE,
+            EnqueueStatus.DUPLICATE,
+        ]
+        assert out[1].state.startswith("processing:") and out[4].state == out[1].state
+        assert out[2].result == b"42" and out[5].state.startswith("queued:")
+        assert encode_name("new1") not in reads  # linked without a look
+        assert sorted(a._q("q").recs) == sorted(encode_name(i) for i in ("new1", "gone"))
+        claims = await a.dequeue("q", "w2", 10, 0, 30)
+        assert [(c.id, c.attempts) for c in claims] == [("new1", 1), ("gone", 1)]
+        assert (await a.get_job("q", "dup")).state.startswith("processing:")

@@ -149,7 +149,7 @@ def _make_copy() -> object:
     return ns["copy"]
 
 
-Rec.copy = _make_copy()  # type: ignore[method-assign]
+Rec.copy = _make_copy()  # type: ignore[method-assign,assignment]
 
 
 def _extras(r: Rec) -> dict[str, object]:

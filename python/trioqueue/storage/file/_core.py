@@ -9,7 +9,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -283,7 +283,14 @@ class FileCore(Storage):
             return None
         return r
 
-    def _commit(self, q: _Q, items: dict[str, Rec], fds: list[int] | None, new: set[str] | None = None) -> bool:
+    def _commit(
+        self,
+        q: _Q,
+        items: dict[str, Rec],
+        fds: list[int] | None,
+        new: set[str] | None = None,
+        exists: Callable[[str], bool] | None = None,
+    ) -> bool:
         """Write ``items`` (encoded id -> record) as one segment and make each
         ``jobs/<id>`` a link to it (lock held). Returns whether an expiry entry was made.
 
@@ -296,7 +303,9 @@ class FileCore(Storage):
         file (removed at start) and perhaps an expiry entry whose records nobody points to
         (dropped by the cleaner); during (3) each job has either its old or its new record.
         With ``fds`` (and fsync on) the descriptor is handed to the caller's group commit,
-        else closed."""
+        else closed. A ``new`` id whose ``jobs/<id>`` exists is re-pointed if
+        ``exists(id)`` says so (or there is no ``exists``), else left as it is (and its
+        record is not cached): the caller's duplicate."""
         if not items:
             return False
         q.bump()
@@ -308,7 +317,10 @@ class FileCore(Storage):
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
                 os.link(tmp, os.path.join(q.expiry, _seq_name(ms, "s" + seg.uid.hex())))
             st = os.fstat(fd) if q.owner == threading.get_ident() else None
-            last = next(reversed(items))
+            last: str | None = next(reversed(items))
+            if new is not None and last in new:
+                last = None  # a rename would not notice an existing name
+            kept: set[str] = set()
             for enc in items:
                 if enc == last:
                     # The last one takes the temp name itself: one rename (atomic over
@@ -321,11 +333,14 @@ class FileCore(Storage):
                         os.link(tmp, q.jobs + "/" + enc)
                         continue
                     except FileExistsError:
-                        pass
+                        if exists is not None and not exists(enc):
+                            kept.add(enc)
+                            continue
                 replace_link(tmp, q.jobs, enc, q.tmp)
             if st is not None:
                 for enc, r in items.items():
-                    q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
+                    if enc not in kept:
+                        q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
             keep = fds is not None and self._fsync
         finally:
             if tmp:
@@ -576,23 +591,3 @@ class FileCore(Storage):
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-
-    @contextmanager
-    def _locks_locked(self) -> Iterator[None]:
-        if self._locks_fd < 0:
-            raise RuntimeError("FileStorage is not open")
-        fcntl.flock(self._locks_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._locks_fd, fcntl.LOCK_UN)
-
-    def _lock_holder(self, path: str) -> tuple[str, float] | None:
-        try:
-            with open(path, "rb") as f:
-                d = json.loads(f.read())
-            return str(d["owner"]), float(d["exp"])
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError):
-            return None  # damaged: treat as free

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import trio
 
@@ -291,3 +294,23 @@ class Reaper(FileCore):
                 log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
             if self._fsync:
                 sync_now(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd})
+
+    @contextmanager
+    def _locks_locked(self) -> Iterator[None]:
+        if self._locks_fd < 0:
+            raise RuntimeError("FileStorage is not open")
+        fcntl.flock(self._locks_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._locks_fd, fcntl.LOCK_UN)
+
+    def _lock_holder(self, path: str) -> tuple[str, float] | None:
+        try:
+            with open(path, "rb") as f:
+                d = json.loads(f.read())
+            return str(d["owner"]), float(d["exp"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError):
+            return None  # damaged: treat as free
