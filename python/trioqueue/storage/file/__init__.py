@@ -43,7 +43,9 @@ its last link goes: no garbage collection.
 (``jobs/.tmp-*`` in the older layout), removed at start when their process is dead):
 
 - enqueue: segment (temp name) -> ``jobs/<id>`` links -> ``ready/`` links -> temp name
-  unlinked -> counters. Then the group commit fdatasyncs the segment and fsyncs
+  unlinked -> counters. An id this process has no record of is linked without reading
+  ``jobs/<id>`` first: if the link finds one, it is read then (a duplicate, or replaced
+  if cancelled or expired), and its record in the segment stays unlinked. Then the group commit fdatasyncs the segment and fsyncs
   ``jobs/`` and ``ready/`` before the call returns (acknowledged = on disk). Crash before
   a ``jobs/`` link: the job does not exist (it was not acknowledged). After it but before
   its ``ready/`` link: start-up repair re-links the marker under its original name.
