@@ -59,6 +59,9 @@ from ._layout import (
 
 __all__ = ["FileCore"]
 
+# json.dumps with separators builds an encoder per call: one, built once (same output).
+_event_json = json.JSONEncoder(separators=(",", ":")).encode
+
 
 class FileCore(Storage):
     """See :class:`~trioqueue.storage.FileStorage`."""
@@ -383,7 +386,7 @@ class FileCore(Storage):
         if not events:
             return
         self._reopen_events_if_rotated(q)
-        data = "".join(json.dumps(_event_line(ev), separators=(",", ":")) + "\n" for ev in events).encode()
+        data = "".join(_event_json(_event_line(ev)) + "\n" for ev in events).encode()
         os.write(q.events_fd, data)
         q.events_written += len(data)
         if q.events_written > min(1 << 20, self._events_max // 4):
