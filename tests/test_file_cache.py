@@ -417,3 +417,32 @@ async def test_enqueue_of_ids_another_instance_has_is_deduplicated_without_a_loo
         claims = await a.dequeue("q", "w2", 10, 0, 30)
         assert [(c.id, c.attempts) for c in claims] == [("new1", 1), ("gone", 1)]
         assert (await a.get_job("q", "dup")).state.startswith("processing:")
+
+
+async def test_sections_wake_event_subscribers_only_through_the_event_log(tmp_path: Path) -> None:
+    """Subscribers watch the queue directory for IN_MODIFY: the counters and generation
+    are written through a mapping (no inotify event), so claims and settlements, which
+    bump the generation, wake them only when they append events."""
+    from trioqueue.storage._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Inotify
+
+    async with FileStorage(tmp_path / "d") as st:
+        await st.enqueue("q", [job("a"), job("b")])
+        q = st._q("q")
+        ino = Inotify()
+        try:
+            ino.add(q.path, IN_MODIFY | IN_CREATE | IN_MOVED_TO)
+            claims = await st.dequeue("q", "w", 2, 0, 30)
+            await st.heartbeat("q", "w", 30, [(c.id, c.token) for c in claims], 30)
+            await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"", ttl=60, token=c.token) for c in claims])
+            await st.enqueue("q", [job("c")])
+            data = ino.drain()
+        finally:
+            ino.close()
+        names = set()
+        pos = 0
+        while pos < len(data):
+            _wd, _mask, _cookie, n = struct.unpack_from("iIII", data, pos)
+            names.add(data[pos + 16 : pos + 16 + n].rstrip(b"\0").decode())
+            pos += 16 + n
+        assert names == {"events"}
+        assert struct.unpack("<QQ", (Path(q.path) / "lock").read_bytes()[:16])[0] == _SEQ_START + 3

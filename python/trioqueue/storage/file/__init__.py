@@ -73,9 +73,12 @@ its last link goes: no garbage collection.
 
 **Caches** (per process, per queue; all validated under the lock). Every locked section
 that changes records or ready markers first bumps the *generation*, a counter in the
-``lock`` file after the two sequence counters; each section starts with one read of the
+``lock`` file after the two sequence counters; each section starts by reading the
 counters and the generation, and a generation other than the one this process left means
-another process wrote: the caches below are dropped.
+another process wrote: the caches below are dropped. This process maps those 24 bytes
+(``mmap``): no system call, and no inotify ``IN_MODIFY`` waking the event subscribers
+(who watch the queue directory) at every claim; the older code's ``pread``/``pwrite`` of
+the counters see the same page cache.
 
 - The record cache holds copies of the (non-terminal) records this process wrote itself,
   at most 32768 records / 16 MiB. A hit is used only if ``jobs/<id>`` still names the

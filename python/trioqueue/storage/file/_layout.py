@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -230,6 +231,7 @@ class _Q:
         "lane_empty",
         "hit",
         "events_ino",
+        "head",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -309,21 +311,40 @@ class _Q:
         # (a writer of the older code, which bumps no generation, is seen that late).
         self.lane_empty: dict[int, float] = {}
         self.hit = False  # the last FileCore._read came from the record cache
+        # The lock file's counters and generation, mapped (at the first section): read
+        # and written without a system call, and without the inotify IN_MODIFY a write
+        # would send to everyone watching the queue directory for events (mmap writes
+        # send none). The older code's pread/pwrite of the counters see the same pages.
+        self.head: mmap.mmap | None = None
 
     # -- the locked section (call with the lock held) -----------------------------------
 
     def begin(self) -> None:
-        """Start of a locked section: one read of the lock file (counters + generation).
-        A generation other than the one this process left means another process changed
-        records (or ready markers) since: the record cache and lane knowledge go."""
-        data = os.pread(self.lock_fd, _HEAD.size, 0)
-        self.ctr = _COUNTERS.unpack_from(data) if len(data) >= _COUNTERS.size else (_SEQ_START, _SEQ_START - 1)
-        gen = _GEN.unpack_from(data, 16)[0] if len(data) >= _HEAD.size else 0
+        """Start of a locked section: the counters and the generation read (from the
+        mapped lock file). A generation other than the one this process left means
+        another process changed records (or ready markers) since: the record cache and
+        lane knowledge go."""
+        head = self.head
+        if head is None:
+            head = self._map_head()
+        nxt, front, gen = _HEAD.unpack_from(head, 0)
+        self.ctr = (nxt, front)
         if gen != self.gen:
             self.forget()
             self.gen = gen
         self.bumped = False
         self.owner = threading.get_ident()
+
+    def _map_head(self) -> mmap.mmap:
+        """Map the lock file's first 24 bytes (lock held): a shorter file (new, or of
+        the older code) first gets its counters (the defaults if absent) and generation 0
+        written, so the map never reaches past its end."""
+        data = os.pread(self.lock_fd, _HEAD.size, 0)
+        if len(data) < _HEAD.size:
+            nxt, front = _COUNTERS.unpack_from(data) if len(data) >= _COUNTERS.size else (_SEQ_START, _SEQ_START - 1)
+            os.pwrite(self.lock_fd, _HEAD.pack(nxt, front, 0), 0)
+        self.head = mmap.mmap(self.lock_fd, _HEAD.size)
+        return self.head
 
     def end(self) -> None:
         self.owner = 0
@@ -346,8 +367,8 @@ class _Q:
         if self.bumped:
             return
         self.gen += 1
-        nxt, front = self.counters()
-        os.pwrite(self.lock_fd, _HEAD.pack(nxt, front, self.gen), 0)
+        assert self.head is not None  # mapped by begin()
+        _GEN.pack_into(self.head, 16, self.gen)
         self.bumped = True
 
     def forget(self) -> None:
@@ -403,6 +424,9 @@ class _Q:
         for w in self.watches.values():
             w.close()
         self.watches.clear()
+        if self.head is not None:
+            self.head.close()
+            self.head = None
         lanes = [fd for fd in self.lane_fds if fd != self.ready_fd]
         for fd in (self.lock_fd, self.events_fd, self.jobs_fd, self.ready_fd, self.delayed_fd, self.expiry_fd, *lanes):
             try:
@@ -421,9 +445,11 @@ class _Q:
         return _COUNTERS.unpack(data)
 
     def set_counters(self, nxt: int, front: int) -> None:
-        os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
-        if self.owner == threading.get_ident():
+        if self.owner == threading.get_ident() and self.head is not None:
+            _COUNTERS.pack_into(self.head, 0, nxt, front)
             self.ctr = (nxt, front)
+        else:
+            os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
 
     def proc_dir(self, enc_worker: str) -> str:
         d = os.path.join(self.proc, enc_worker)
