@@ -108,8 +108,8 @@ class Events(FileCore):
                                     batch.append(ev)
                         if len(data) == 1 << 20:
                             continue
-                    size = os.fstat(fd).st_size
-                    if size < offset:  # truncated under us
+                    fst = os.fstat(fd)
+                    if fst.st_size < offset:  # truncated under us
                         batch.append(StorageEvent("resync", ""))
                         offset = 0
                         buf = b""
@@ -118,7 +118,7 @@ class Events(FileCore):
                         st = os.stat(q.events)
                     except FileNotFoundError:
                         break
-                    if st.st_ino != os.fstat(fd).st_ino:
+                    if st.st_ino != fst.st_ino:
                         # Rotated. Finish the old file first: it may have grown since the
                         # last read (before the rotation we just saw).
                         while data := os.pread(fd, 1 << 20, offset):
