@@ -141,6 +141,34 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
                 Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60, token=claims[1].token),
             ],
         )
+    elif scenario == "settle-after-events":
+        # Records re-pointed and the events written, the proc/ entries not yet unlinked.
+        await st.heartbeat(queue, "wc", 0.2, [], 0.2)
+        claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
+        orig_publish = FileStorage._publish
+
+        def publish(*a, **k):  # type: ignore[no-untyped-def]
+            orig_publish(*a, **k)
+            _die()
+
+        FileStorage._publish = publish  # type: ignore[method-assign]
+        await st.settle(queue, "wc", [Settlement(SettleKind.COMPLETE, c.id, b"42", ttl=60, token=c.token) for c in claims])
+    elif scenario == "reap-after-records":
+        # A stalled job out of attempts: its record re-pointed as failed by the reaper,
+        # the events not written, the proc/ entry not dropped.
+        await st.heartbeat(queue, "wc", 0.05, [], 0.05)
+        claims = await st.dequeue(queue, "wc", 10, 0, 0.05)
+        assert [c.id for c in claims] == ["s1"], claims
+        while (await st.workers(queue)).get("wc"):
+            await trio.sleep(0.02)  # the lease and the heartbeat expire (what is simulated)
+        orig_commit = FileStorage._commit
+
+        def commit(*a, **k):  # type: ignore[no-untyped-def]
+            orig_commit(*a, **k)
+            _die()
+
+        FileStorage._commit = commit  # type: ignore[method-assign]
+        await st.recover_stalled(queue)
     raise SystemExit(f"scenario {scenario} did not crash")
 
 

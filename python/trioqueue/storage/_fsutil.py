@@ -1,11 +1,10 @@
 """Low-level helpers of :class:`~trioqueue.storage.file.FileStorage`: name encoding, the
-job record format, inotify through ``ctypes`` and the group-commit ``fsync`` batcher."""
+job record format, segments, temp files and the group-commit ``fsync`` batcher (inotify is
+in ``_inotify``, re-exported here)."""
 
 from __future__ import annotations
 
 import base64
-import ctypes
-import ctypes.util
 import errno
 import hashlib
 import json
@@ -132,6 +131,25 @@ class Rec:
         self.progress: bytes | None = None
         self.cancel_requested = False
         self.priority = DEFAULT_PRIORITY  # the job's lane of the ready list
+
+    def copy(self) -> Rec:
+        """A shallow copy (the bytes fields are immutable): what a cache hands out, so
+        that no caller ever mutates a cached record. (Replaced below by a function with
+        one assignment per field: a getattr/setattr loop costs three times as much.)"""
+        c = Rec.__new__(Rec)
+        for name in Rec.__slots__:
+            setattr(c, name, getattr(self, name))
+        return c
+
+
+def _make_copy() -> object:
+    body = "\n".join(f"    c.{n} = self.{n}" for n in Rec.__slots__)
+    ns: dict[str, object] = {"Rec": Rec}
+    exec(f"def copy(self):\n    c = Rec.__new__(Rec)\n{body}\n    return c\n", ns)  # noqa: S102 - fixed source
+    return ns["copy"]
+
+
+Rec.copy = _make_copy()  # type: ignore[method-assign,assignment]
 
 
 def _extras(r: Rec) -> dict[str, object]:
@@ -392,9 +410,9 @@ def _discard(fd: int, tmp: str) -> None:
 
 
 def write_segment(directory: str, items: list[tuple[str, Rec]]) -> tuple[str, int, Segment]:
-    """Write a new segment under a temp name in ``directory``; returns (temp path, open
-    descriptor, segment). The caller links its names, unlinks the temp name, and fsyncs /
-    closes the descriptor."""
+    """Write a new segment under a temp name in ``directory`` (FileStorage: the queue's
+    small ``tmp/``); returns (temp path, open descriptor, segment). The caller links its
+    names, unlinks the temp name, and fsyncs / closes the descriptor."""
     seg = pack_segment(items)
     tmp = os.path.join(directory, tmp_name())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -407,13 +425,14 @@ def write_segment(directory: str, items: list[tuple[str, Rec]]) -> tuple[str, in
     return tmp, fd, seg
 
 
-def replace_link(src: str, directory: str, name: str) -> None:
-    """Atomically make ``directory/name`` another name of ``src`` (link to a temp name,
-    then rename over the old entry)."""
-    tmp = os.path.join(directory, tmp_name())
+def replace_link(src: str, directory: str, name: str, tmpdir: str | None = None) -> None:
+    """Atomically make ``directory/name`` another name of ``src`` (link to a temp name in
+    ``tmpdir``, default ``directory``, on the same file system; then rename over the old
+    entry). A small ``tmpdir`` is cheaper to add a name to than a big ``directory``."""
+    tmp = (directory if tmpdir is None else tmpdir) + "/" + tmp_name()
     os.link(src, tmp)
     try:
-        os.rename(tmp, os.path.join(directory, name))
+        os.rename(tmp, directory + "/" + name)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -426,12 +445,22 @@ def replace_link(src: str, directory: str, name: str) -> None:
 
 _tmp_counter = iter(range(1 << 62))
 _tmp_lock = threading.Lock()
+_pid = os.getpid()  # os.getpid() is a system call each time: cached, refreshed after fork
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def tmp_name() -> str:
     with _tmp_lock:
         n = next(_tmp_counter)
-    return f".tmp-{os.getpid()}-{threading.get_ident() & 0xFFFF:x}-{n}"
+    return f".tmp-{_pid}-{threading.get_ident() & 0xFFFF:x}-{n}"
 
 
 def write_atomic(directory: str, name: str, data: bytes, keep_fd: bool) -> int | None:
@@ -487,73 +516,19 @@ def clean_tmp(directory: str) -> int:
     return removed
 
 
-# -- inotify ----------------------------------------------------------------------------
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.inotify_init1.argtypes = [ctypes.c_int]
-_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-_HAS_SYNCFS = hasattr(_libc, "syncfs")
-
-IN_MODIFY = 0x00000002
-IN_ATTRIB = 0x00000004
-IN_CLOSE_WRITE = 0x00000008
-IN_MOVED_FROM = 0x00000040
-IN_MOVED_TO = 0x00000080
-IN_CREATE = 0x00000100
-IN_DELETE = 0x00000200
-IN_DELETE_SELF = 0x00000400
-IN_MOVE_SELF = 0x00000800
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
-
-
-class Inotify:
-    """A non-blocking inotify descriptor, waited on with ``trio.lowlevel.wait_readable``."""
-
-    def __init__(self) -> None:
-        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
-        if fd < 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"inotify_init1: {os.strerror(e)}")
-        self.fd = fd
-
-    def add(self, path: str, mask: int) -> None:
-        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), mask)
-        if wd < 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"inotify_add_watch({path}): {os.strerror(e)}")
-
-    def drain(self) -> bytes:
-        chunks = []
-        while True:
-            try:
-                b = os.read(self.fd, 65536)
-            except BlockingIOError:
-                break
-            if not b:
-                break
-            chunks.append(b)
-        return b"".join(chunks)
-
-    async def wait(self, timeout: float) -> bool:
-        """Wait until a change is reported (True) or ``timeout`` passes (False)."""
-        if timeout <= 0:
-            await trio.lowlevel.checkpoint()
-            return bool(self.drain())
-        with trio.move_on_after(timeout):
-            await trio.lowlevel.wait_readable(self.fd)
-            self.drain()
-            return True
-        return False
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            try:
-                trio.lowlevel.notify_closing(fd)
-            except Exception:
-                pass
-            os.close(fd)
+from ._inotify import (  # noqa: E402 - re-exported: FileStorage imports them from here
+    IN_ATTRIB,
+    IN_CLOSE_WRITE,
+    IN_CREATE,
+    IN_DELETE,
+    IN_DELETE_SELF,
+    IN_MODIFY,
+    IN_MOVE_SELF,
+    IN_MOVED_FROM,
+    IN_MOVED_TO,
+    Inotify,
+    Watch,
+)
 
 
 # -- group commit -----------------------------------------------------------------------
@@ -646,51 +621,3 @@ __all__ += [
     "tmp_name",
     "write_segment",
 ]
-
-
-class Watch:
-    """A shared inotify watch of some directories, for any number of tasks of one Trio run.
-
-    One waiting task at a time reads the descriptor (``wait_readable`` admits one) and bumps
-    ``gen``; the others park on an event. A waiter passes the ``gen`` it saw *before*
-    checking the files, so a change between its check and its wait is never missed.
-    (Creating and closing an inotify instance per wait costs ~1 ms in ``close``: hence one
-    long-lived watch per queue.)
-    """
-
-    def __init__(self, paths: list[str], mask: int) -> None:
-        self.ino = Inotify()
-        try:
-            for p in paths:
-                self.ino.add(p, mask)
-        except BaseException:
-            self.ino.close()
-            raise
-        self.gen = 0
-        self._reading = False
-        self._event = trio.Event()
-
-    async def wait(self, since: int, timeout: float) -> None:
-        deadline = trio.current_time() + timeout
-        while self.gen == since:
-            left = deadline - trio.current_time()
-            if left <= 0:
-                await trio.lowlevel.checkpoint()
-                return
-            if not self._reading:
-                self._reading = True
-                try:
-                    with trio.move_on_after(left):
-                        await trio.lowlevel.wait_readable(self.ino.fd)
-                        self.ino.drain()
-                        self.gen += 1
-                finally:
-                    self._reading = False
-                    ev, self._event = self._event, trio.Event()
-                    ev.set()
-            else:
-                with trio.move_on_after(left):
-                    await self._event.wait()
-
-    def close(self) -> None:
-        self.ino.close()

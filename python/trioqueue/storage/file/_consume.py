@@ -30,6 +30,7 @@ from .._fsutil import (
 from ._core import FileCore
 from ._flow import claim_allowance, count_claims, hold_claims, slot_freed
 from ._layout import (
+    _LANE_RECHECK,
     _Q,
     _close_on_error,
     _is_lane_dir,
@@ -73,14 +74,18 @@ class Consumer(FileCore):
         # Lane by lane (priority 0 first). Each lane's sorted listing is cached: later
         # markers of a lane always sort after it (releases, which go before, reset the
         # caches through the front counter), so a listing serves many claims. A lane
-        # with nothing cached is listed again (an empty directory costs microseconds).
+        # with nothing cached is listed again, unless it was found empty since the
+        # generation last changed (any process's enqueue, release, promotion... bumps it
+        # before adding a marker; this process's own markers forget it directly), and
+        # less than _LANE_RECHECK ago (writers of the older code bump no generation).
         lane = 0
         listed = False
         items: dict[str, Rec] = {}
+        empty = q.lane_empty
         while len(claims) < max_jobs and lane < len(q.lanes):
             cache = q.cache[lane]
             if not cache:
-                if listed:
+                if listed or (lane in empty and 0 <= now - empty[lane] < _LANE_RECHECK):
                     lane += 1
                     listed = False
                     continue
@@ -88,7 +93,11 @@ class Consumer(FileCore):
                 names = os.listdir(q.lanes[lane])
                 if lane == DEFAULT_PRIORITY:
                     names = [n for n in names if not _is_lane_dir(n)]
-                cache.extend(sorted(names))
+                if names:
+                    empty.pop(lane, None)
+                    cache.extend(sorted(names))
+                else:
+                    empty[lane] = now
                 continue
             name = cache.popleft()
             directory = q.lanes[lane]
@@ -96,9 +105,9 @@ class Consumer(FileCore):
             if parsed is None:
                 continue
             enc = parsed[1]
-            target = os.path.join(pdir, enc)
+            target = pdir + "/" + enc
             try:
-                os.rename(os.path.join(directory, name), target)
+                os.rename(directory + "/" + name, target)
             except FileNotFoundError:
                 continue  # claimed by someone else, or cancelled
             r = self._read(q, enc)
@@ -159,6 +168,8 @@ class Consumer(FileCore):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return []
             await watch.wait(gen, min(left, self._rescan, max(next_due - time.time(), 0.0) + 0.001))
+            if watch.gen != gen:
+                q.lane_empty.clear()  # a marker appeared (inotify sees every writer's)
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         """One segment for the whole call. Order: segment -> expiry entry -> ``jobs/<id>``
@@ -181,17 +192,20 @@ class Consumer(FileCore):
             with _close_on_error(fds):
                 now = time.time()
                 now_ms = int(now * 1000)
-                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                pdir = q.proc + "/" + self._worker_enc(q, worker_id)
                 for s in settlements:
                     enc = encode_name(s.id)
-                    marker = os.path.join(pdir, enc)
+                    marker = pdir + "/" + enc
                     r = self._read(q, enc) if enc not in items else None
+                    # A record this process wrote (a cache hit) as processing under this
+                    # claim implies the proc entry: it was renamed in before the record
+                    # was written, and whatever removes it re-points the record first.
                     held = (
                         r is not None
                         and r.kind == _PROCESSING
                         and r.worker == worker_id
                         and r.claim == s.token
-                        and os.path.exists(marker)
+                        and (q.hit or os.path.exists(marker))
                     )
                     if r is None or not held:
                         if r is not None and r.claim == s.token and r.kind != _PROCESSING:
@@ -241,13 +255,16 @@ class Consumer(FileCore):
                     self._link_marker(q, enc, q.delayed, mk)
                 if retries:
                     dirs.add(q.delayed_fd)
+                # The events before the proc entries go: a crash between the re-points and
+                # the events leaves the entries, and the reaper announces the settlement
+                # (see Reaper.recover_stalled): a waiter never misses its job's end.
+                self._publish(q, events)
                 for enc in items:
-                    _unlink(os.path.join(pdir, enc))
+                    _unlink(pdir + "/" + enc)
                 if hold:
                     hold_claims(q, hold)
                 if items:
                     slot_freed(q)
-                self._publish(q, events)
         await self._finish(fds, dirs, bool(items))
         return out
 
@@ -300,6 +317,7 @@ class Consumer(FileCore):
                 _unlink(os.path.join(pdir, enc))
             for enc, marker, r in todo:
                 assert r.mk is not None
+                q.lane_filled(r.mk)
                 os.rename(marker, os.path.join(q.ready, r.mk))
                 events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
                 n += 1
@@ -361,11 +379,11 @@ class Consumer(FileCore):
                         r.attempts += 1
                         items[enc] = r
                     out.append(True)
-                self._commit(q, items, fds)
+                expiring = self._commit(q, items, fds)
+                self._publish(q, events)  # before the proc entries go (see settle)
                 for enc in gone:
                     _unlink(os.path.join(pdir, enc))
-                self._publish(q, events)
-        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, bool(items))
+        await self._finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
         return out
 
     async def heartbeat(

@@ -9,7 +9,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -42,6 +42,8 @@ from .._fsutil import (
 )
 from ._layout import (
     _CLEAN_INTERVAL,
+    _DELAYED_LANE,
+    _LANE_RECHECK,
     _EVENTS_MAX,
     _Q,
     _EnqState,
@@ -56,6 +58,9 @@ from ._layout import (
 )
 
 __all__ = ["FileCore"]
+
+# json.dumps with separators builds an encoder per call: one, built once (same output).
+_event_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class FileCore(Storage):
@@ -174,9 +179,14 @@ class FileCore(Storage):
         """The queue's lock, blocking: for worker threads only (start-up repair)."""
         with q.tlock:
             fcntl.flock(q.lock_fd, fcntl.LOCK_EX)
+            outer = q.owner  # re-entered by this thread (an RLock): the section goes on
             try:
+                if not outer:
+                    q.begin()
                 yield
             finally:
+                if not outer:
+                    q.end()
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
 
     @asynccontextmanager
@@ -198,8 +208,10 @@ class FileCore(Storage):
                 await trio.sleep(delay)
                 delay = min(delay * 2, 0.01)
             try:
+                q.begin()
                 yield
             finally:
+                q.end()
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
                 q.tlock.release()
 
@@ -237,8 +249,29 @@ class FileCore(Storage):
         await syncer.sync(fds, dirs)
 
     def _read(self, q: _Q, enc_id: str) -> Rec | None:
-        """The record, or None if absent. Corrupt records are quarantined (and None)."""
-        path = os.path.join(q.jobs, enc_id)
+        """The record, or None if absent. Corrupt records are quarantined (and None).
+
+        In a locked section, a record this process wrote itself comes from the record
+        cache, as a copy (callers mutate what they get): the cache was emptied at the
+        section's start if any other process of this code changed records since (the
+        generation), and the entry is used only while ``jobs/<id>`` still names the
+        segment it was written to (same inode, size and mtime: a writer of the older
+        code, which bumps no generation, re-points ``jobs/<id>`` to a new segment, which
+        existed before the old one could be freed, so it has another inode)."""
+        q.hit = False
+        if q.owner == threading.get_ident():
+            hit = q.recs.get(enc_id)
+            if hit is not None:
+                try:
+                    st = os.stat(enc_id, dir_fd=q.jobs_fd)
+                except FileNotFoundError:
+                    q.drop(enc_id)
+                    return None
+                if st.st_ino == hit[1] and st.st_size == hit[2] and st.st_mtime_ns == hit[3]:
+                    q.hit = True
+                    return hit[0].copy()
+                q.drop(enc_id)
+        path = q.jobs + "/" + enc_id
         try:
             return read_rec(path, enc_id)
         except CorruptRecord as exc:
@@ -253,38 +286,68 @@ class FileCore(Storage):
             return None
         return r
 
-    def _commit(self, q: _Q, items: dict[str, Rec], fds: list[int] | None, new: set[str] | None = None) -> bool:
+    def _commit(
+        self,
+        q: _Q,
+        items: dict[str, Rec],
+        fds: list[int] | None,
+        new: set[str] | None = None,
+        exists: Callable[[str], bool] | None = None,
+    ) -> bool:
         """Write ``items`` (encoded id -> record) as one segment and make each
         ``jobs/<id>`` a link to it (lock held). Returns whether an expiry entry was made.
 
-        Order: (1) the segment is written under a temp name in ``jobs/``; (2) if a record
+        Order: (0) the generation is bumped (see :meth:`_Q.bump`); (1) the segment is
+        written under a temp name in ``tmp/``; (2) if a record
         has an expiry, ``expiry/<min ms>-s<segment id>`` is linked to it; (3) each
         ``jobs/<id>`` is linked (new ids) or atomically re-pointed (link to a temp name +
-        rename over); (4) the temp name is unlinked. A crash before (3) leaves only a temp
+        rename over), the last one by renaming the temp name itself over it; (4) on an
+        error, the temp name is unlinked. A crash before (3) leaves only a temp
         file (removed at start) and perhaps an expiry entry whose records nobody points to
         (dropped by the cleaner); during (3) each job has either its old or its new record.
         With ``fds`` (and fsync on) the descriptor is handed to the caller's group commit,
-        else closed."""
+        else closed. A ``new`` id whose ``jobs/<id>`` exists is re-pointed if
+        ``exists(id)`` says so (or there is no ``exists``), else left as it is (and its
+        record is not cached): the caller's duplicate."""
         if not items:
             return False
-        tmp, fd, seg = write_segment(q.jobs, list(items.items()))
+        q.bump()
+        tmp, fd, seg = write_segment(q.tmp, list(items.items()))
         keep = False
         try:
             exps = [r.exp for r in items.values() if r.exp is not None]
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
                 os.link(tmp, os.path.join(q.expiry, _seq_name(ms, "s" + seg.uid.hex())))
+            st = os.fstat(fd) if q.owner == threading.get_ident() else None
+            last: str | None = next(reversed(items))
+            if new is not None and last in new:
+                last = None  # a rename would not notice an existing name
+            kept: set[str] = set()
             for enc in items:
+                if enc == last:
+                    # The last one takes the temp name itself: one rename (atomic over
+                    # the old entry) instead of link + rename + unlink.
+                    os.rename(tmp, q.jobs + "/" + enc)
+                    tmp = ""
+                    break
                 if new is not None and enc in new:
                     try:
-                        os.link(tmp, os.path.join(q.jobs, enc))
+                        os.link(tmp, q.jobs + "/" + enc)
                         continue
                     except FileExistsError:
-                        pass
-                replace_link(tmp, q.jobs, enc)
+                        if exists is not None and not exists(enc):
+                            kept.add(enc)
+                            continue
+                replace_link(tmp, q.jobs, enc, q.tmp)
+            if st is not None:
+                for enc, r in items.items():
+                    if enc not in kept:
+                        q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
             keep = fds is not None and self._fsync
         finally:
-            _unlink(tmp)
+            if tmp:
+                _unlink(tmp)
             if keep:
                 assert fds is not None
                 fds.append(fd)
@@ -294,8 +357,12 @@ class FileCore(Storage):
 
     def _link_marker(self, q: _Q, enc: str, directory: str, name: str) -> None:
         """Give a job its ready/delayed name: another link to its record's segment."""
+        if directory == q.ready:
+            q.lane_filled(name)
+        elif directory == q.delayed:
+            q.lane_empty.pop(_DELAYED_LANE, None)
         try:
-            os.link(os.path.join(q.jobs, enc), os.path.join(directory, name))
+            os.link(q.jobs + "/" + enc, directory + "/" + name)
         except FileExistsError:
             pass
 
@@ -319,7 +386,7 @@ class FileCore(Storage):
         if not events:
             return
         self._reopen_events_if_rotated(q)
-        data = "".join(json.dumps(_event_line(ev), separators=(",", ":")) + "\n" for ev in events).encode()
+        data = "".join(_event_json(_event_line(ev)) + "\n" for ev in events).encode()
         os.write(q.events_fd, data)
         q.events_written += len(data)
         if q.events_written > min(1 << 20, self._events_max // 4):
@@ -335,9 +402,10 @@ class FileCore(Storage):
             st = os.stat(q.events)
         except FileNotFoundError:
             st = None
-        if st is None or st.st_ino != os.fstat(q.events_fd).st_ino:
+        if st is None or st.st_ino != q.events_ino:
             os.close(q.events_fd)
             q.events_fd = os.open(q.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            q.events_ino = os.fstat(q.events_fd).st_ino
 
     def _worker_enc(self, q: _Q, worker_id: str) -> str:
         enc = encode_name(worker_id)
@@ -428,8 +496,14 @@ class FileCore(Storage):
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> float:
         """Move due retries and delayed jobs to the ready list (lock held). Returns the
         next due time."""
+        # Known empty like a lane (see _claim_locked): delayed/ is listed only after the
+        # generation moved, this process linked a marker into it, or _LANE_RECHECK.
+        empty = q.lane_empty.get(_DELAYED_LANE)
+        if empty is not None and 0 <= now - empty < _LANE_RECHECK:
+            return math.inf
         names = os.listdir(q.delayed)
         if not names:
+            q.lane_empty[_DELAYED_LANE] = now
             return math.inf
         names.sort()
         now_ms = int(now * 1000)
@@ -463,6 +537,7 @@ class FileCore(Storage):
         # between leaves queued records without a marker, which start-up repair restores.
         self._commit(q, items, None)
         for name, mk in moves:
+            q.lane_filled(mk)
             os.rename(os.path.join(q.delayed, name), os.path.join(q.ready, mk))
         if nxt >= 0:
             q.set_counters(nxt, front)
@@ -482,11 +557,11 @@ class FileCore(Storage):
     def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
         enc = encode_name(job_id)
-        if not os.path.exists(os.path.join(pdir, enc)):
-            return None
         r = self._read(q, enc)
         if r is None or r.kind != _PROCESSING or r.worker != worker_id or r.claim != token:
             return None
+        if not q.hit and not os.path.exists(pdir + "/" + enc):
+            return None  # (a hit: this process claimed it, and nobody re-pointed it since)
         return enc, r
 
     def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:
@@ -519,23 +594,3 @@ class FileCore(Storage):
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-
-    @contextmanager
-    def _locks_locked(self) -> Iterator[None]:
-        if self._locks_fd < 0:
-            raise RuntimeError("FileStorage is not open")
-        fcntl.flock(self._locks_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._locks_fd, fcntl.LOCK_UN)
-
-    def _lock_holder(self, path: str) -> tuple[str, float] | None:
-        try:
-            with open(path, "rb") as f:
-                d = json.loads(f.read())
-            return str(d["owner"]), float(d["exp"])
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError):
-            return None  # damaged: treat as free

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -32,14 +33,29 @@ from .._fsutil import (
 
 log = logging.getLogger("trioqueue.storage.file")
 
+from .._base import CANCELLED as _CANCELLED
+from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
+from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
+
+_TERMINAL = (_COMPLETED, _FAILED, _CANCELLED)  # records the cache does not keep
+
+
+def _rec_bytes(r: Rec) -> int:
+    return 256 + len(r.envelope) + len(r.result or b"") + len(r.error or b"") + len(r.progress or b"")
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 _SEQ_START = 1 << 62
 _COUNTERS = struct.Struct("<QQ")
+_HEAD = struct.Struct("<QQQ")  # the lock file: the two counters, then the generation
+_GEN = struct.Struct("<Q")
+_RECS_MAX = 32768  # records in a queue's record cache
+_RECS_BYTES = 16 << 20  # ... and their payload bytes
+_LANE_RECHECK = 0.05  # seconds a lane known to be empty is not listed again (see _Q)
+_DELAYED_LANE = -1  # delayed/'s key in _Q.lane_empty
 _EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
 _EVENT_PAYLOAD_MAX = 64 << 10  # results/errors larger than this are not copied into events
 _CLEAN_INTERVAL = 1.0
@@ -205,6 +221,17 @@ class _Q:
         "trio_locks",
         "schedules",
         "paused",
+        "tmp",
+        "owner",
+        "gen",
+        "bumped",
+        "ctr",
+        "recs",
+        "recs_bytes",
+        "lane_empty",
+        "hit",
+        "events_ino",
+        "head",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -221,7 +248,9 @@ class _Q:
         self.events = os.path.join(path, "events")
         self.schedules = os.path.join(path, "schedules")
         self.paused = os.path.join(path, "paused")
+        self.tmp = os.path.join(path, "tmp")  # temp names (segments being written, re-points)
         for d in (
+            self.tmp,
             self.jobs,
             self.ready,
             self.proc,
@@ -235,6 +264,7 @@ class _Q:
             os.makedirs(d, exist_ok=True)
         self.lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.events_fd = os.open(self.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.events_ino = os.fstat(self.events_fd).st_ino  # to notice a rotation by another process
         self.jobs_fd = os.open(self.jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.ready_fd = os.open(self.ready, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # The ready list's lanes by priority (0 first): ``ready/`` for the default, else
@@ -263,6 +293,112 @@ class _Q:
         self.events_written = 0
         self.watches: dict[tuple[object, str], Watch] = {}
         self.trio_locks: dict[object, trio.Lock] = {}
+        # The locked section's state (see begin()): the thread holding the lock, the
+        # generation seen at its start, whether this section bumped it, the counters.
+        self.owner = 0
+        self.gen = -1
+        self.bumped = False
+        self.ctr: tuple[int, int] | None = None
+        # The record cache: encoded id -> (record, segment inode, size, mtime_ns) of the
+        # records this process wrote itself (not terminal ones), valid while the
+        # generation is the one seen after this process's last write and jobs/<id> still
+        # names that very file (see FileCore._read).
+        self.recs: dict[str, tuple[Rec, int, int, int]] = {}
+        self.recs_bytes = 0
+        # Lanes a claim found empty (and delayed/, as _DELAYED_LANE): lane -> time listed. Forgotten when another process
+        # bumps the generation (every enqueue, release, promotion... commits records
+        # first), when this process adds a marker to the lane, and after _LANE_RECHECK
+        # (a writer of the older code, which bumps no generation, is seen that late).
+        self.lane_empty: dict[int, float] = {}
+        self.hit = False  # the last FileCore._read came from the record cache
+        # The lock file's counters and generation, mapped (at the first section): read
+        # and written without a system call, and without the inotify IN_MODIFY a write
+        # would send to everyone watching the queue directory for events (mmap writes
+        # send none). The older code's pread/pwrite of the counters see the same pages.
+        self.head: mmap.mmap | None = None
+
+    # -- the locked section (call with the lock held) -----------------------------------
+
+    def begin(self) -> None:
+        """Start of a locked section: the counters and the generation read (from the
+        mapped lock file). A generation other than the one this process left means
+        another process changed records (or ready markers) since: the record cache and
+        lane knowledge go."""
+        head = self.head
+        if head is None:
+            head = self._map_head()
+        nxt, front, gen = _HEAD.unpack_from(head, 0)
+        self.ctr = (nxt, front)
+        if gen != self.gen:
+            self.forget()
+            self.gen = gen
+        self.bumped = False
+        self.owner = threading.get_ident()
+
+    def _map_head(self) -> mmap.mmap:
+        """Map the lock file's first 24 bytes (lock held): a shorter file (new, or of
+        the older code) first gets its counters (the defaults if absent) and generation 0
+        written, so the map never reaches past its end."""
+        data = os.pread(self.lock_fd, _HEAD.size, 0)
+        if len(data) < _HEAD.size:
+            nxt, front = _COUNTERS.unpack_from(data) if len(data) >= _COUNTERS.size else (_SEQ_START, _SEQ_START - 1)
+            os.pwrite(self.lock_fd, _HEAD.pack(nxt, front, 0), 0)
+        self.head = mmap.mmap(self.lock_fd, _HEAD.size)
+        return self.head
+
+    def end(self) -> None:
+        self.owner = 0
+        self.ctr = None
+
+    def bump(self) -> None:
+        """Before this section's first change of a record or a ready marker: the
+        generation goes up (written before the change, so a crash after it costs only a
+        spurious invalidation), and other processes drop their caches at their next
+        section."""
+        if self.owner != threading.get_ident():
+            # Not in a section of this thread (a caller holding the lock some other way):
+            # bump the file only; this process's own caches go at its next section too.
+            data = os.pread(self.lock_fd, _HEAD.size, 0)
+            if len(data) < _COUNTERS.size:
+                data = _COUNTERS.pack(_SEQ_START, _SEQ_START - 1)
+            gen = _GEN.unpack_from(data, 16)[0] + 1 if len(data) >= _HEAD.size else 1
+            os.pwrite(self.lock_fd, data[: _COUNTERS.size] + _GEN.pack(gen), 0)
+            return
+        if self.bumped:
+            return
+        self.gen += 1
+        assert self.head is not None  # mapped by begin()
+        _GEN.pack_into(self.head, 16, self.gen)
+        self.bumped = True
+
+    def forget(self) -> None:
+        self.recs.clear()
+        self.recs_bytes = 0
+        self.lane_empty.clear()
+
+    def remember(self, enc: str, r: Rec, ino: int, size: int, mtime_ns: int) -> None:
+        """Cache a copy of a record this process just wrote (segment ``ino``...)."""
+        old = self.recs.pop(enc, None)
+        if old is not None:
+            self.recs_bytes -= _rec_bytes(old[0])
+        if r.kind in _TERMINAL:
+            return
+        n = _rec_bytes(r)
+        while self.recs and (len(self.recs) >= _RECS_MAX or self.recs_bytes + n > _RECS_BYTES):
+            k = next(iter(self.recs))
+            self.recs_bytes -= _rec_bytes(self.recs.pop(k)[0])
+        self.recs[enc] = (r.copy(), ino, size, mtime_ns)
+        self.recs_bytes += n
+
+    def drop(self, enc: str) -> None:
+        old = self.recs.pop(enc, None)
+        if old is not None:
+            self.recs_bytes -= _rec_bytes(old[0])
+
+    def lane_filled(self, mk: str) -> None:
+        """This process adds the ready marker ``mk``: its lane is not empty any more."""
+        if self.lane_empty:
+            self.lane_empty.pop(int(mk[1]) if mk[:1] == "p" and mk[2:3] == "/" else DEFAULT_PRIORITY, None)
 
     def trio_lock(self) -> trio.Lock:
         """This Trio run's lock for the queue: tasks of one run take turns without spinning."""
@@ -288,6 +424,9 @@ class _Q:
         for w in self.watches.values():
             w.close()
         self.watches.clear()
+        if self.head is not None:
+            self.head.close()
+            self.head = None
         lanes = [fd for fd in self.lane_fds if fd != self.ready_fd]
         for fd in (self.lock_fd, self.events_fd, self.jobs_fd, self.ready_fd, self.delayed_fd, self.expiry_fd, *lanes):
             try:
@@ -298,13 +437,19 @@ class _Q:
     # -- counters (call with the lock held) ---------------------------------------------
 
     def counters(self) -> tuple[int, int]:
+        if self.ctr is not None and self.owner == threading.get_ident():
+            return self.ctr  # read by begin(): nobody else changes them while we hold the lock
         data = os.pread(self.lock_fd, _COUNTERS.size, 0)
         if len(data) < _COUNTERS.size:
             return _SEQ_START, _SEQ_START - 1
         return _COUNTERS.unpack(data)
 
     def set_counters(self, nxt: int, front: int) -> None:
-        os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
+        if self.owner == threading.get_ident() and self.head is not None:
+            _COUNTERS.pack_into(self.head, 0, nxt, front)
+            self.ctr = (nxt, front)
+        else:
+            os.pwrite(self.lock_fd, _COUNTERS.pack(nxt, front), 0)
 
     def proc_dir(self, enc_worker: str) -> str:
         d = os.path.join(self.proc, enc_worker)

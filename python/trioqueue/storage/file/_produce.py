@@ -47,6 +47,13 @@ from ._layout import (
 __all__ = ["Producer"]
 
 
+def _outcome(r: Rec) -> EnqueueOutcome:
+    """The outcome of enqueueing an id that has the record ``r``."""
+    if r.kind == _COMPLETED and r.result is not None:
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result, r.token)
+    return EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token)
+
+
 class Producer(FileCore):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
@@ -121,8 +128,12 @@ class Producer(FileCore):
                         r.out = outcomes[pos : pos + len(r.jobs)]
                         pos += len(r.jobs)
                     if any_new:
-                        lanes = {q.lane_fds[j.priority] for j in flat}
-                        await self._durable(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, *lanes})
+                        # The directories that got names: jobs/, the lanes used, and
+                        # delayed/ only if a job may have gone there.
+                        dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in flat)}
+                        if any(j.run_at is not None for j in flat):
+                            dirs.add(q.delayed_fd)
+                        await self._durable(fds, dirs)
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
                     for r in group:
                         r.error = exc
@@ -142,22 +153,40 @@ class Producer(FileCore):
         temp name unlinked; the group commit then fdatasyncs the segment and fsyncs
         ``jobs/`` and ``ready/`` before any caller returns. A crash after a ``jobs/`` link
         but before its ``ready/`` link leaves a queued record without a marker: start-up
-        repair links a new marker (the job was not acknowledged, but it is not lost)."""
+        repair links a new marker (the job was not acknowledged, but it is not lost). The
+        segment may hold records of ids that turned out to exist (duplicates): nothing
+        links them."""
         now = time.time()
         now_ms = int(now * 1000)
         outcomes: list[EnqueueOutcome] = []
-        events: list[StorageEvent] = []
+        events: dict[str, StorageEvent] = {}
         fds: list[int] = []
         seen: dict[str, Rec] = {}
         items: dict[str, Rec] = {}
+        # An id this process has no record of is presumed new: its jobs/<id> is linked
+        # without a look first (the link fails if it exists: then it is read, and is a
+        # duplicate unless cancelled or expired). Saves a failed open per new job.
+        places: dict[str, list[int]] = {}  # presumed-new id -> its places in outcomes
+        found: dict[str, Rec] = {}  # presumed-new ids that existed after all
+
+        def exists(enc: str) -> bool:
+            """``jobs/<enc>`` exists: True to replace it (a new incarnation)."""
+            r0 = self._load(q, enc, now)
+            if r0 is None or r0.kind == _CANCELLED:
+                return True
+            found[enc] = r0
+            return False
+
         with _close_on_error(fds):
             nxt, front = q.counters()
             start = nxt
             for job in jobs:
                 enc = encode_name(job.id)
                 r = seen.get(enc)
-                if r is None:
-                    r = self._load(q, enc, now)
+                if r is None and enc in q.recs:
+                    r = self._load(q, enc, now)  # known here (a cache hit): no guess
+                elif r is None:
+                    places[enc] = []
                 if r is None or r.kind == _CANCELLED:  # unknown, or a new incarnation
                     if job.run_at is not None and job.run_at > now:
                         kind, mk = _DELAYED, _seq_name(int(job.run_at * 1000), enc)
@@ -170,19 +199,23 @@ class Producer(FileCore):
                     items[enc] = r
                     seen[enc] = r
                     outcomes.append(_QUEUED_OUTCOME)
-                    events.append(StorageEvent("enqueued", job.id, token=job.token))
-                elif r.kind == _COMPLETED and r.result is not None:
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result, r.token))
+                    events[enc] = StorageEvent("enqueued", job.id, token=job.token)
                 else:
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token))
+                    outcomes.append(_outcome(r))
+                if enc in places:
+                    places[enc].append(len(outcomes) - 1)
             if items:
-                self._commit(q, items, fds, new=set(items))
+                self._commit(q, items, fds, new=set(items), exists=exists)
+                for enc, r0 in found.items():  # duplicates after all: every place says so
+                    del items[enc], events[enc]
+                    for i in places.get(enc, ()):
+                        outcomes[i] = _outcome(r0)
                 for enc, r in items.items():
                     assert r.mk is not None
                     self._link_marker(q, enc, q.ready if r.kind == _QUEUED else q.delayed, r.mk)
             if nxt != start:
                 q.set_counters(nxt, front)
-            self._publish(q, events)
+            self._publish(q, list(events.values()))
             self._maybe_clean(q, now)
         return outcomes, fds, bool(items)
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import trio
 
 from ..._serde import encode_error
+from .._base import CANCELLED as _CANCELLED
+from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
 from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
@@ -66,6 +71,7 @@ class Reaper(FileCore):
                 requeue: list[tuple[str, str]] = []  # (proc entry, new ready name)
                 drop: list[str] = []
                 dead: list[str] = []
+                stale: list[str] = []  # proc entries of settled jobs: dropped after the events
                 for enc_w in os.listdir(q.proc):
                     pdir = os.path.join(q.proc, enc_w)
                     alive_until = _mtime(os.path.join(q.workers, enc_w)) or 0.0
@@ -84,9 +90,15 @@ class Reaper(FileCore):
                                 os.path.join(q.ready, r.mk)
                             ):
                                 # Claim interrupted before the record was updated: undo it.
+                                q.bump()
+                                q.lane_filled(r.mk)
                                 os.rename(marker, os.path.join(q.ready, r.mk))
                             else:
-                                _unlink(marker)
+                                if r is not None:
+                                    if worker_id is None:
+                                        worker_id = self._worker_dec(q, enc_w) or enc_w
+                                    self._reannounce(r, worker_id, events)
+                                stale.append(marker)
                             continue
                         lease = r.lease if r.lease is not None else _mtime(marker)
                         if lease is None:
@@ -132,8 +144,13 @@ class Reaper(FileCore):
                 if self._commit(q, items, fds):
                     dirs.add(q.expiry_fd)
                 for marker, mk in requeue:
+                    q.lane_filled(mk)
                     os.rename(marker, os.path.join(q.ready, mk))
-                for marker in drop:
+                # The events before the proc entries of ended jobs go: a crash between
+                # leaves the entries, and the next pass announces them again.
+                self._publish(q, events)
+                events = []
+                for marker in drop + stale:
                     _unlink(marker)
                 for enc_w in dead:
                     try:
@@ -162,6 +179,24 @@ class Reaper(FileCore):
                 self._publish(q, events)
         await self._finish(fds, dirs, bool(items))
         return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    @staticmethod
+    def _reannounce(r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
+        """The event of an ended job whose proc entry is still there: the settling process
+        (or a reaper failing a stalled job) died between re-pointing its record and
+        writing its events (they come before the entries go), or just after writing them
+        (then it is announced twice: events are at-least-once; a waiter takes the first).
+        A queued record is not announced (a claim or release interrupted: see above)."""
+        if r.kind == _COMPLETED:
+            events.append(StorageEvent("completed", r.id, worker_id, result=r.result, token=r.token))
+        elif r.kind == _FAILED:
+            events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
+        elif r.kind == _CANCELLED:
+            events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
+        elif r.kind == _FAILING:
+            events.append(StorageEvent("failing", r.id, worker_id, error=r.error, token=r.token))
+        elif r.kind == _DELAYED:
+            events.append(StorageEvent("rate_limited", r.id, worker_id, token=r.token))
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -193,7 +228,8 @@ class Reaper(FileCore):
         crash between the record write and the marker creation left missing, and
         quarantine unreadable records."""
         with self._locked(q):
-            for d in (q.path, q.jobs, *q.lanes, q.delayed, q.names):
+            q.bump()  # markers may be relinked: other processes re-list the lanes
+            for d in (q.path, q.tmp, q.jobs, *q.lanes, q.delayed, q.names):
                 clean_tmp(d)
             for d in os.listdir(q.proc):
                 clean_tmp(os.path.join(q.proc, d))
@@ -258,3 +294,23 @@ class Reaper(FileCore):
                 log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
             if self._fsync:
                 sync_now(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd})
+
+    @contextmanager
+    def _locks_locked(self) -> Iterator[None]:
+        if self._locks_fd < 0:
+            raise RuntimeError("FileStorage is not open")
+        fcntl.flock(self._locks_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._locks_fd, fcntl.LOCK_UN)
+
+    def _lock_holder(self, path: str) -> tuple[str, float] | None:
+        try:
+            with open(path, "rb") as f:
+                d = json.loads(f.read())
+            return str(d["owner"]), float(d["exp"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError):
+            return None  # damaged: treat as free
