@@ -2,10 +2,12 @@
 run by the working tree and by a git revision (``--base``), interleaved round by round on
 the same storage, so that a change is measured as a ratio on this noisy machine.
 
-The base revision is checked out into a temporary git worktree and runs with the working
-tree's Rust extension (the comparison is of the Python and Lua code; say so if the Rust
-core differs between the two). Redis: one server for the whole run, flushed before each
-run; file: a new directory per run; memory: in process.
+The base revision's ``python/`` is exported (``git archive``) into a temporary directory
+and runs with the working tree's Rust extension (the comparison is of the Python and Lua
+code; say so if the Rust core differs between the two). Each run is a fresh process.
+Redis: one server for the whole run, flushed before each run; file: a fresh directory per
+run, under the system's temporary directory (check that it is not a tmpfs); memory: in
+process. The report gives every round's ratio and the medians.
 
     python benches/bench_ab.py --base HEAD~3 --storage redis --workloads A-seq,A-100,C-50
                                [--jobs 10000] [--rounds 3] [--name redis-enqueue]
@@ -17,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,16 +43,15 @@ CORE = "_core.abi3.so"
 
 @contextlib.contextmanager
 def _checkout(rev: str) -> Iterator[Path]:
-    """``rev`` in a temporary worktree, with the working tree's Rust extension."""
-    tmp = Path(tempfile.mkdtemp(prefix="trioqueue-ab-"))
-    tree = tmp / "tree"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), rev], check=True)
-    try:
+    """``python/`` of ``rev`` exported (``git archive``: no worktree is registered) into a
+    temporary directory, with the working tree's Rust extension."""
+    with tempfile.TemporaryDirectory(prefix="trioqueue-ab-") as tmp:
+        tree = Path(tmp)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "python"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         shutil.copy2(ROOT / "python" / "trioqueue" / CORE, tree / "python" / "trioqueue" / CORE)
         yield tree
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _bench(tree: Path, url: str, args: argparse.Namespace, out: Path) -> dict:
@@ -60,6 +64,15 @@ def _bench(tree: Path, url: str, args: argparse.Namespace, out: Path) -> dict:
 
 def _ratio_key(m: dict[str, float]) -> str:
     return "p50_ms" if "p50_ms" in m else "rate"
+
+
+def _figures(doc: dict) -> dict[str, dict[str, float]]:
+    """One run's figures by workload (``_medians`` of one document)."""
+    return _medians([doc])
+
+
+def _fig(m: dict[str, float], key: str) -> str:
+    return f"{m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms" if key == "p50_ms" else f"{m['rate']:,.0f}/s"
 
 
 def main() -> None:
@@ -80,8 +93,7 @@ def main() -> None:
                            capture_output=True, text=True).stdout.strip()
     docs: dict[str, list[dict]] = {"base": [], "new": []}
     with contextlib.ExitStack() as stack:
-        base = stack.enter_context(_checkout(args.base))
-        trees = {"base": base, "new": ROOT}
+        trees = {"base": stack.enter_context(_checkout(args.base)), "new": ROOT}
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         server = None
         if args.storage == "redis":
@@ -104,22 +116,27 @@ def main() -> None:
         f"# trioqueue {head_sha}{' + changes' if dirty else ''} against {base_sha} ({args.base}), {args.storage}",
         "",
         f"{time.strftime('%Y-%m-%d')}, `python benches/bench_ab.py --base {args.base} --storage {args.storage} "
-        f"--workloads {args.workloads} --jobs {args.jobs} --rounds {args.rounds}`: medians of {args.rounds} "
+        f"--workloads {args.workloads} --jobs {args.jobs} --rounds {args.rounds}` on {platform.system()} "
+        f"{platform.release()}, {os.cpu_count()} CPUs, Python {platform.python_version()}: {args.rounds} "
         "interleaved rounds (the order alternates each round), worker concurrency "
         f"{args.concurrency}, 52-byte JSON payload, noop handler, both sides on the working tree's Rust "
-        "extension. Ratio = new / base (for latency, lower is better).",
+        "extension. Ratio = new / base (for C-1, the p50 latency: lower is better); the median ratio is "
+        "the median of the rounds' ratios, the median figures are each side's.",
         "",
-        "| workload | base | new | new / base |",
-        "|---|---:|---:|---:|",
+        "| workload | round | base | new | new / base |",
+        "|---|---:|---:|---:|---:|",
     ]
     for w in med["new"]:
-        b, n = med["base"].get(w), med["new"][w]
-        if not b:
+        if w not in med["base"]:
             continue
-        key = _ratio_key(n)
-        fig = (lambda m: f"{m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms") if key == "p50_ms" else (
-            lambda m: f"{m['rate']:,.0f}/s")
-        lines.append(f"| {w} | {fig(b)} | {fig(n)} | {n[key] / b[key]:.2f}× |")
+        key = _ratio_key(med["new"][w])
+        ratios = []
+        for r, (b, n) in enumerate(zip(docs["base"], docs["new"]), start=1):
+            fb, fn = _figures(b)[w], _figures(n)[w]
+            ratios.append(fn[key] / fb[key])
+            lines.append(f"| {w} | {r} | {_fig(fb, key)} | {_fig(fn, key)} | {ratios[-1]:.2f}× |")
+        lines.append(f"| **{w}** | **median** | **{_fig(med['base'][w], key)}** | **{_fig(med['new'][w], key)}** "
+                     f"| **{statistics.median(ratios):.2f}×** |")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"ab-{args.name or args.storage}.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
