@@ -1,6 +1,6 @@
 """Low-level helpers of :class:`~trioqueue.storage.file.FileStorage`: name encoding, the
 job record format, segments, temp files and the group-commit ``fsync`` batcher (inotify is
-in ``_inotify``, re-exported here)."""
+in ``_inotify``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import trio
 from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
-    "Inotify",
     "Rec",
     "Syncer",
     "CorruptRecord",
@@ -516,19 +515,6 @@ def clean_tmp(directory: str) -> int:
     return removed
 
 
-from ._inotify import (  # noqa: E402 - re-exported: FileStorage imports them from here
-    IN_ATTRIB,
-    IN_CLOSE_WRITE,
-    IN_CREATE,
-    IN_DELETE,
-    IN_DELETE_SELF,
-    IN_MODIFY,
-    IN_MOVE_SELF,
-    IN_MOVED_FROM,
-    IN_MOVED_TO,
-    Inotify,
-    Watch,
-)
 
 
 # -- group commit -----------------------------------------------------------------------

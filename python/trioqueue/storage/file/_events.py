@@ -14,9 +14,7 @@ from .._base import (
     select_events,
     wanted_kinds,
 )
-from .._fsutil import (
-    Watch,
-)
+from .._inotify import Watch
 from ._core import FileCore
 from ._layout import (
     _Q,

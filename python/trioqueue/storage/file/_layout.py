@@ -23,13 +23,8 @@ from .._base import (
     NewJob,
     StorageEvent,
 )
-from .._fsutil import (
-    IN_CREATE,
-    IN_MODIFY,
-    IN_MOVED_TO,
-    Rec,
-    Watch,
-)
+from .._fsutil import Rec
+from .._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
 
 log = logging.getLogger("trioqueue.storage.file")
 
