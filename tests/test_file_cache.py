@@ -323,16 +323,16 @@ async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(
     a marker (the job's lane, delayed/), and no other."""
     import time
 
-    from trioqueue.storage import _fsutil
+    from trioqueue.storage import _groupcommit
 
     flushed: list[set[str]] = []
-    orig = _fsutil._Batch.flush
+    orig = _groupcommit._Batch.flush
 
-    def flush(self: _fsutil._Batch, syncfs_fd: int) -> None:
+    def flush(self: _groupcommit._Batch, syncfs_fd: int) -> None:
         flushed.append({os.path.relpath(os.readlink(f"/proc/self/fd/{d}"), qdir) for d in self.dirs})
         orig(self, syncfs_fd)
 
-    monkeypatch.setattr(_fsutil._Batch, "flush", flush)
+    monkeypatch.setattr(_groupcommit._Batch, "flush", flush)
     qdir = str(tmp_path / "d" / "q" / encode_name("q"))
     async with FileStorage(tmp_path / "d") as st:
         await st.enqueue("q", [job("a")])

@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from trioqueue.storage import _fsutil
-from trioqueue.storage._fsutil import Syncer
+from trioqueue.storage import _groupcommit
+from trioqueue.storage._groupcommit import Syncer
 
 
 async def test_ctrl_c_during_a_group_fsync_stays_a_keyboard_interrupt(tmp_path: Path, monkeypatch) -> None:
@@ -21,14 +21,14 @@ async def test_ctrl_c_during_a_group_fsync_stays_a_keyboard_interrupt(tmp_path: 
     gate = threading.Event()
     calls = []
 
-    def flush(self: _fsutil._Batch, syncfs_fd: int) -> None:
+    def flush(self: _groupcommit._Batch, syncfs_fd: int) -> None:
         calls.append(1)
         if len(calls) == 1:
             gate.wait(10)  # the first group's flush runs while the second group gathers
         else:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(_fsutil._Batch, "flush", flush)
+    monkeypatch.setattr(_groupcommit._Batch, "flush", flush)
     syncer = Syncer(-1)
     outcomes: list[BaseException | None] = []
 
@@ -52,10 +52,10 @@ async def test_ctrl_c_during_a_group_fsync_stays_a_keyboard_interrupt(tmp_path: 
 
 
 async def test_a_failed_fsync_is_an_oserror_for_every_caller_of_the_group(tmp_path: Path, monkeypatch) -> None:
-    def failing_flush(self: _fsutil._Batch, syncfs_fd: int) -> None:
+    def failing_flush(self: _groupcommit._Batch, syncfs_fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(_fsutil._Batch, "flush", failing_flush)
+    monkeypatch.setattr(_groupcommit._Batch, "flush", failing_flush)
     syncer = Syncer(-1)
     errors: list[BaseException] = []
 

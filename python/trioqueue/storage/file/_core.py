@@ -29,17 +29,16 @@ from .._fsutil import (
     CorruptRecord,
     Rec,
     Segment,
-    Syncer,
     clean_tmp,
     decode_name,
     encode_name,
     load_fd,
     read_rec,
     replace_link,
-    sync_now,
     write_atomic,
     write_segment,
 )
+from .._groupcommit import Syncer, sync_now
 from ._layout import (
     _CLEAN_INTERVAL,
     _DELAYED_LANE,

@@ -27,9 +27,9 @@ from .._fsutil import (
     Rec,
     clean_tmp,
     encode_name,
-    sync_now,
     write_atomic,
 )
+from .._groupcommit import sync_now
 from ._core import FileCore
 from ._flow import slot_freed
 from ._layout import (
