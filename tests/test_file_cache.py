@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from test_file_storage import all_files, crash, job
+from test_file_storage import all_files, crash, events_until, job
 from trioqueue.storage import FileStorage, Settlement, SettleKind
 from trioqueue.storage._fsutil import encode_name
 from trioqueue.storage.file import _layout
@@ -29,14 +29,6 @@ def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- events of settlements a crash interrupted ---------------------------------------------
-
-
-async def events_until(events, pred) -> list[tuple[str, str, bytes | None]]:  # type: ignore[no-untyped-def]
-    seen: list[tuple[str, str, bytes | None]] = []
-    with trio.fail_after(5):
-        while not pred(seen):
-            seen += [(e.kind, e.job_id, e.result or e.error) for e in await events.receive()]
-    return seen
 
 
 async def test_settler_killed_before_its_events_the_reaper_announces_them(tmp_path: Path) -> None:
@@ -308,12 +300,9 @@ async def test_two_writers_follow_each_others_log_rotations(tmp_path: Path) -> N
     async with a, b, reader, reader.subscribe("q") as events:
         for i in range(200):
             await (a if i % 3 else b).enqueue("q", [job(f"e{i:03}")])
-        seen: list[tuple[str, str]] = []
-        with trio.fail_after(30):
-            while ("enqueued", "e199") not in seen:
-                seen += [(e.kind, e.job_id) for e in await events.receive()]
-    assert [j for k, j in seen if k == "enqueued"] == [f"e{i:03}" for i in range(200)]
-    assert ("resync", "") not in seen
+        seen = await events_until(events, lambda s: ("enqueued", "e199", None) in s)
+    assert [j for k, j, _ in seen if k == "enqueued"] == [f"e{i:03}" for i in range(200)]
+    assert ("resync", "", None) not in seen
 
 
 async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,18 @@ from trioqueue.storage._fsutil import encode_name, read_rec
 HELPER = str(Path(__file__).parent / "helpers" / "fs_proc.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
 
+
+
+async def events_until(
+    events: trio.abc.ReceiveChannel[list[StorageEvent]], pred: Callable[[list[tuple[str, str, bytes | None]]], bool]
+) -> list[tuple[str, str, bytes | None]]:
+    """(kind, job id, result or error) of the events a subscription delivers, until
+    ``pred`` holds for them (bounded)."""
+    seen: list[tuple[str, str, bytes | None]] = []
+    with trio.fail_after(30):
+        while not pred(seen):
+            seen += [(e.kind, e.job_id, e.result or e.error) for e in await events.receive()]
+    return seen
 
 def job(job_id: str, max_attempts: int = 3) -> NewJob:
     env = encode_envelope(job_id, b"{}", int(time.time() * 1000), 0, max_attempts, 60_000)
@@ -363,12 +376,9 @@ async def test_subscribers_miss_no_event_across_rotations(tmp_path: Path) -> Non
         for i in range(300):
             await writer.enqueue("q", [job(f"e{i:03}")])
         assert await writer.cancel("q", "e299") is CancelStatus.CANCELLED
-        seen: list[tuple[str, str]] = []
-        with trio.fail_after(30):
-            while ("cancelled", "e299") not in seen:
-                seen += [(e.kind, e.job_id) for e in await events.receive()]
-    assert [j for k, j in seen if k == "enqueued"] == [f"e{i:03}" for i in range(300)]
-    assert ("resync", "") not in seen
+        seen = await events_until(events, lambda s: ("cancelled", "e299", None) in s)
+    assert [j for k, j, _ in seen if k == "enqueued"] == [f"e{i:03}" for i in range(300)]
+    assert ("resync", "", None) not in seen
 
 
 async def test_a_reader_left_behind_by_a_whole_log_file_gets_a_resync(tmp_path: Path) -> None:
