@@ -173,7 +173,11 @@ end
 -- w: id, state, id, state...
 local function setsts(w)
   local z = {}
-  for i = 1, #w, 2 do z[#z + 1] = sidx(w[i + 1]); z[#z + 1] = w[i] end
+  local last, score = nil, nil  -- a batch's jobs mostly share one state string
+  for i = 1, #w, 2 do
+    if w[i + 1] ~= last then last = w[i + 1]; score = sidx(last) end
+    z[#z + 1] = score; z[#z + 1] = w[i]
+  end
   for i = 1, #w, 1000 do
     redis.call('HSET', JOBS, unpack(w, i, math.min(i + 999, #w)))
     redis.call('ZADD', STATES, unpack(z, i, math.min(i + 999, #z)))
