@@ -115,3 +115,33 @@ async def test_ctrl_c_stops_the_demo_with_exit_130_and_no_traceback(tmp_path: Pa
     assert code == 130, text
     assert "Traceback" not in text
     assert text.strip().splitlines()[-1] == "trioqueue: interrupted (jobs not finished went back to their queue)"
+
+
+def test_ctrl_c_cancels_the_command_instead_of_raising_inside_it() -> None:
+    """An early Ctrl-C of the demo ended in a TrioInternalError about one run in thirty:
+    Trio raised KeyboardInterrupt wherever the code was, cutting an exit in half. Now the
+    command is cancelled (its cleanup runs as for any cancellation, a lock held across a
+    checkpoint is released by its owner) and KeyboardInterrupt comes after, from outside."""
+    from trioqueue._cli import _until_interrupted
+
+    seen: list[str] = []
+    lock = trio.Lock()
+
+    async def command(args: object) -> int:
+        try:
+            async with lock:
+                signal.raise_signal(signal.SIGINT)
+                while True:
+                    try:
+                        await trio.sleep(0)
+                    except KeyboardInterrupt:  # pragma: no cover - the old way
+                        seen.append("KeyboardInterrupt inside")
+                        raise
+        except trio.Cancelled:
+            seen.append("cancelled")
+            raise
+
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(_until_interrupted, command, None)
+    assert seen == ["cancelled"]
+    assert not lock.locked()
