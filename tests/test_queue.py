@@ -545,6 +545,60 @@ async def test_claims_started_ahead_by_the_pace_are_refunded_at_stop(
             assert status.state is JobState.QUEUED and status.attempts == 0, jid
 
 
+async def test_claims_landing_after_a_graceful_stop_go_back_at_once() -> None:
+    """A claim in flight when ``stop()`` came landed in the buffer after stop had given
+    the buffer back: its jobs stayed held (neither run nor returned) until the last
+    running handler finished, however long that took."""
+    from trioqueue.storage import MemoryStorage
+
+    class HeldClaims(MemoryStorage):
+        """MemoryStorage whose armed claim, once it took its jobs, waits for ``land``
+        before returning (uncancellable, as a claim whose request was sent)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.armed = False
+            self.in_flight, self.land = trio.Event(), trio.Event()
+
+        async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+            claims = await super().dequeue(*args, **kwargs)
+            if self.armed and claims:
+                self.in_flight.set()
+                with trio.CancelScope(shield=True):
+                    await self.land.wait()
+            return claims
+
+    storage = HeldClaims()
+    gate_started, release = trio.Event(), trio.Event()
+
+    async def handler(job: Job[Any]) -> str:
+        if job.id == "gate":
+            gate_started.set()
+            await release.wait()
+        return job.id
+
+    late = {f"late{i}" for i in range(5)}
+    async with storage, Queue(storage, name="q") as producer:
+        consumer = Queue(storage, name="q", handler=handler, concurrency=1, prefetch=10, **FAST)
+        await producer.enqueue("gate", 0)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                await gate_started.wait()
+                storage.armed = True
+                await producer.enqueue_many([(j, 0) for j in sorted(late)])
+                await storage.in_flight.wait()  # the late jobs are claimed, the reply not in
+                consumer.stop()
+                await trio.testing.wait_all_tasks_blocked()  # the stop has done what it does at once
+                storage.land.set()
+                while set(await storage.held_jobs("q", consumer.worker_id)) != {"gate"}:
+                    await trio.sleep(0.005)  # (no event says when they went back: poll, bounded)
+                release.set()
+        for jid in sorted(late):
+            status = await producer.get_status(jid)
+            assert status is not None and status.state is JobState.QUEUED and status.attempts == 0, (jid, status)
+
+
 def never_finishing() -> tuple[Any, trio.Event]:
     """A handler that signals its start and then runs until cancelled."""
     started = trio.Event()

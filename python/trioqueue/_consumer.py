@@ -141,17 +141,23 @@ class Consumer:
         self.draining = True
         self.fetch_scope.cancel()
         if self.buffer:
-            ids = [c.id for c in self.buffer]
+            claims = list(self.buffer)
             self.buffer.clear()
-            with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
-                try:
-                    # none of these ran: a claim started at claim time gets its attempt back
-                    self.held -= await self.storage.release(self.q.name, self.q.worker_id, ids, refund=True)
-                except Exception as exc:
-                    self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
+            self.held -= await self._give_back(claims)
         self.work.unpark_all()
         self.settle_wakeup.unpark_all()
         await self.done.wait()
+
+    async def _give_back(self, claims: list[Claim]) -> int:
+        """Release claims that never reached a handler (a claim started at claim time
+        gets its attempt back; shielded, bounded); returns how many went back. Those that
+        did not stay held: the final reconcile (run's cleanup) finds them."""
+        with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
+            try:
+                return await self.storage.release(self.q.name, self.q.worker_id, [c.id for c in claims], refund=True)
+            except Exception as exc:
+                self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
+        return 0
 
     def request_cancel(self, job_id: str) -> None:
         """``cancel()`` reached a job this worker holds: cancel its handler if it runs, or
@@ -224,7 +230,12 @@ class Consumer:
                     backoff = min(backoff * 2, RETRY_BACKOFF[1])
                     continue
                 backoff = RETRY_BACKOFF[0]
-                if claims:
+                if claims and self.draining:
+                    # claimed by a call in flight when stop() came (it gave the buffer
+                    # back already): none of these will run, so they go back now, not
+                    # when the last running handler finishes
+                    self.held += len(claims) - await self._give_back(claims)
+                elif claims:
                     self.held += len(claims)
                     self.buffer.extend(claims)
                     self._wake_worker()
