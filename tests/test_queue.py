@@ -496,6 +496,20 @@ async def test_graceful_stop_finishes_running_and_returns_prefetched(storage: St
         assert consumer.worker_id not in await storage.workers(queue_name)
 
 
+def gated() -> tuple[Any, trio.Event, trio.Event]:
+    """A handler that returns each job's id at once, but for job ``gate``: that one
+    signals its start, then waits for ``release``."""
+    gate_started, release = trio.Event(), trio.Event()
+
+    async def handler(job: Job[Any]) -> str:
+        if job.id == "gate":
+            gate_started.set()
+            await release.wait()
+        return job.id
+
+    return handler, gate_started, release
+
+
 @pytest.mark.parametrize("stop", ["graceful", "forced"])
 async def test_claims_started_ahead_by_the_pace_are_refunded_at_stop(
     storage: Storage, queue_name: str, monkeypatch: pytest.MonkeyPatch, stop: str
@@ -507,13 +521,7 @@ async def test_claims_started_ahead_by_the_pace_are_refunded_at_stop(
 
     monkeypatch.setattr(trioqueue._consumer, "PACE_WINDOW", 0.0)  # a pace after the first settlement
     monkeypatch.setattr(trioqueue._consumer, "PACE_HORIZON", 3600.0)  # every claim is "about to begin"
-    gate_started, release = trio.Event(), trio.Event()
-
-    async def handler(job: Job[Any]) -> str:
-        if job.id == "gate":
-            gate_started.set()
-            await release.wait()
-        return job.id
+    handler, gate_started, release = gated()
 
     async with Queue(storage, name=queue_name) as producer:
         await producer.enqueue_many([(f"fast{i}", i) for i in range(200)])
@@ -569,13 +577,7 @@ async def test_claims_landing_after_a_graceful_stop_go_back_at_once() -> None:
             return claims
 
     storage = HeldClaims()
-    gate_started, release = trio.Event(), trio.Event()
-
-    async def handler(job: Job[Any]) -> str:
-        if job.id == "gate":
-            gate_started.set()
-            await release.wait()
-        return job.id
+    handler, gate_started, release = gated()
 
     late = {f"late{i}" for i in range(5)}
     async with storage, Queue(storage, name="q") as producer:
