@@ -399,7 +399,7 @@ class RedisStorage(RedisAdmin, Storage):
             args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start, limits)
             try:
                 moved, reply = await self._adapter.blocking_move_then(
-                    src, dst, block, self._scripts["claim"], self._keys(queue, dst, *self._flow_keys(queue)), args
+                    src, dst, block, self._scripts["claim"], self._script_keys("claim", queue, worker_id), args
                 )
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
