@@ -35,7 +35,7 @@ class FakeServer:
             self.inflight -= 1
         for slot in batch:
             slot.result = [EnqueueOutcome(EnqueueStatus.DUPLICATE, "queued:" + job.id) for job in slot.jobs]
-            slot.event.set()
+            slot.wake()
 
 
 def _job(job_id: str) -> NewJob:

@@ -78,6 +78,31 @@ def test_json_serde_decodes_exactly_as_json_loads(text: str) -> None:
     assert _outcome(JsonSerde().loads, data) == _outcome(json.loads, data)
 
 
+@given(st.one_of(json_values, st.tuples(json_values, json_values), st.integers(min_value=2**64)))
+def test_json_serde_encodes_exactly_as_the_compact_json_encoder(value: object) -> None:
+    """dumps() keeps one C encoder instead of setting it up per call: the same bytes as
+    the ``JSONEncoder`` it stands for."""
+    expected = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(value)
+    assert JsonSerde().dumps(value) == expected.encode()
+
+
+def test_json_serde_encodes_again_after_a_failure_midway() -> None:
+    """A failure inside a container leaves the containers being encoded marked in the
+    kept encoder; encoding them again (the payload fixed) must work, not be "circular"."""
+    serde = JsonSerde()
+    payload = {"items": [1, {2}]}
+    with pytest.raises(TypeError):
+        serde.dumps(payload)
+    payload["items"][1] = 2  # type: ignore[index]
+    assert serde.dumps(payload) == b'{"items":[1,2]}'
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular"):
+        serde.dumps(loop)
+    loop.clear()
+    assert serde.dumps(loop) == b"[]"
+
+
 def test_json_serde_rejects_what_json_cannot_hold() -> None:
     with pytest.raises(ValueError):
         JsonSerde().dumps(math.nan)

@@ -600,3 +600,17 @@ def test_the_scripts_publish_exactly_the_notice_kinds_on_the_notices_channel() -
     table = re.search(r"local NOTICE = \{(.*?)\}", _lua.source("settle"), re.DOTALL)
     assert table is not None
     assert set(re.findall(r"(\w+) = true", table.group(1))) == NOTICE_KINDS
+
+
+async def test_a_running_queue_runs_the_lean_clients_watchdog_until_it_stops(st: RedisStorage) -> None:
+    """The request timeout of the lean client's calls is enforced by its watchdog while
+    a Queue runs (then its calls need no cancel scope), and by each call without one."""
+    from trioqueue import Queue
+
+    watch = st._adapter._fast._watch  # type: ignore[union-attr]
+    assert watch.active == 0
+    async with Queue(st, name="wd") as q1, Queue(st, name="wd2"):
+        assert watch.active == 2
+        await q1.enqueue("a", 1)
+    assert watch.active == 0
+    assert (await st.enqueue("wd", [_job("b")]))[0].status == "queued"  # scoped calls still work

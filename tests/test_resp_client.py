@@ -8,6 +8,7 @@ import random
 
 import pytest
 import trio
+import trio.testing
 
 from redis_server import raw_command
 from trioqueue import _core
@@ -116,6 +117,50 @@ async def test_a_call_past_its_timeout_breaks_only_its_connection(redis_url: str
             await trio.sleep(0.01)
     assert await client.execute(_echo("other")) == b"other"
     await conn.aclose()
+    await client.aclose()
+
+
+async def test_with_the_watchdog_running_a_call_past_its_timeout_still_breaks_the_connection(redis_url: str) -> None:
+    """While the watchdog runs, calls wait for replies without a cancel scope of their
+    own: the watchdog must still end a call that outlives its timeout."""
+    client = RespClient(parse_url(redis_url, request_timeout=0.3))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.watchdog)
+        await trio.testing.wait_all_tasks_blocked()
+        assert await client.execute(_echo("first")) == b"first"
+        started = trio.current_time()
+        with trio.fail_after(5), pytest.raises(ConnectionLost, match="no reply within 0.3 s"):
+            await client.execute(_core.encode_command(("BLPOP", "tq-test-never", "10")))
+        assert 0.3 <= trio.current_time() - started < 0.3 + 3 * 0.03 + 0.5  # timeout, two ticks, slack
+        assert await client.execute(_echo("next")) == b"next"  # on a new connection
+        nursery.cancel_scope.cancel()
+    assert client._watch.active == 0
+    await client.aclose()
+
+
+@pytest.mark.parametrize("watched", [False, True])
+async def test_a_cancelled_shielded_call_returns_the_reply_that_came_in_time(redis_url: str, watched: bool) -> None:
+    """``shield``: a mutation cancelled after it was sent still returns its reply when
+    it comes within the bound (the cancellation lands at the next checkpoint); past the
+    bound the cancellation is raised, and the late reply is dropped in step."""
+    client = RespClient(parse_url(redis_url))
+    slow = _core.encode_command(("BLPOP", "tq-test-shield", "0.3"))  # a nil reply after 0.3 s
+    async with trio.open_nursery() as nursery:
+        if watched:
+            nursery.start_soon(client.watchdog)
+            await trio.testing.wait_all_tasks_blocked()
+        assert await client.execute(_echo("warm")) == b"warm"
+        got: list[object] = ["unset"]
+        with trio.move_on_after(0.05) as scope:
+            got[0] = await client.execute(slow, shield=2.0)
+            await trio.lowlevel.checkpoint()  # where the cancellation lands
+        assert scope.cancelled_caught and got == [None]
+        with trio.move_on_after(0.05) as scope:
+            await client.execute(slow, shield=0.1)
+        assert scope.cancelled_caught
+        with trio.fail_after(5):
+            assert await client.execute(_echo("in step")) == b"in step"
+        nursery.cancel_scope.cancel()
     await client.aclose()
 
 

@@ -293,6 +293,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         await self.storage.open()
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.storage.watchdog)
                 await nursery.start(self._events.run)
                 await nursery.start(self._listener.run)
                 consumer = None

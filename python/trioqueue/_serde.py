@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from ._models import JobError
@@ -19,13 +20,42 @@ class Serde(Protocol):
     def loads(self, data: bytes, /) -> Any: ...
 
 
+def _compact_encoder() -> Callable[[Any], str]:
+    """``JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode``.
+    That method sets up the C encoder again on every call (about half its cost for a
+    small payload); this one keeps it, and makes it again only after a failure (which
+    can leave entries in its table of the containers being encoded)."""
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    plain = encoder.encode
+    if make is None:  # no C accelerator (another Python)
+        return plain
+
+    def fresh() -> Any:
+        return make({}, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+    c_encode = fresh()
+
+    def encode(value: Any) -> str:
+        nonlocal c_encode
+        if isinstance(value, str):
+            return plain(value)
+        try:
+            return "".join(c_encode(value, 0))
+        except BaseException:
+            c_encode = fresh()
+            raise
+
+    return encode
+
+
 class JsonSerde:
     """Compact UTF-8 JSON (the default). Tuples come back as lists, as with ``json``."""
 
     __slots__ = ("_encoder", "_decoder", "_scan")
 
     def __init__(self) -> None:
-        self._encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+        self._encoder = _compact_encoder()
         decoder = json.JSONDecoder()
         self._decoder = decoder.decode
         self._scan = decoder.scan_once  # type: ignore[attr-defined]  # its own scanner (C)

@@ -45,7 +45,9 @@ STORAGE_METHODS: tuple[str, ...] = tuple(
     sorted(
         name
         for name, fn in vars(Storage).items()
-        if not name.startswith("_") and inspect.iscoroutinefunction(fn) and name not in ("open", "aclose")
+        if not name.startswith("_")
+        and inspect.iscoroutinefunction(fn)
+        and name not in ("open", "aclose", "watchdog")  # lifecycle, not calls
     )
 )
 
@@ -130,6 +132,9 @@ class _FaultyBase(Storage):
 
     async def _disconnect(self) -> None:
         await self.inner.aclose()
+
+    async def watchdog(self) -> None:
+        await self.inner.watchdog()
 
     def _draw(self, method: str, faults: Iterable[tuple[Fault, float]]) -> Fault | None:
         for fault, p in faults:

@@ -433,42 +433,49 @@ fn bad_arg(obj: &Bound<'_, PyAny>) -> PyErr {
 }
 
 /// Appends one argument (`bytes`, `str` or `int`) as a RESP bulk string.
-fn push_arg(obj: &Bound<'_, PyAny>, args: &mut Vec<Vec<u8>>) -> PyResult<()> {
+/// Appends one command argument (bytes, str or int) to `body` as a RESP bulk string.
+fn push_arg(obj: &Bound<'_, PyAny>, body: &mut Vec<u8>) -> PyResult<()> {
     if let Ok(b) = obj.cast::<PyBytes>() {
-        args.push(b.as_bytes().to_vec());
+        resp::push_bulk(b.as_bytes(), body);
     } else if let Ok(s) = obj.cast::<PyString>() {
-        args.push(s.to_str()?.as_bytes().to_vec());
+        resp::push_bulk(s.to_str()?.as_bytes(), body);
     } else if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-        args.push(obj.extract::<i64>()?.to_string().into_bytes());
+        resp::push_bulk(obj.extract::<i64>()?.to_string().as_bytes(), body);
     } else {
         return Err(bad_arg(obj));
     }
     Ok(())
 }
 
-fn push_args(seq: &Bound<'_, PyAny>, args: &mut Vec<Vec<u8>>) -> PyResult<()> {
-    if seq.is_instance_of::<PyBytes>() || seq.is_instance_of::<PyString>() {
-        return Err(PyTypeError::new_err(
-            "expected a sequence of Redis command arguments, got a single bytes/str",
-        ));
-    }
-    for_each_item(seq, |obj| push_arg(&obj, args))
-}
-
 /// The RESP encoding of one command: every argument of every sequence given, in order.
+/// The arguments are written straight into one buffer (no copy of each first).
 #[pyfunction]
 #[pyo3(signature = (*parts))]
 fn encode_command<'py>(
     py: Python<'py>,
     parts: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let mut args: Vec<Vec<u8>> = Vec::with_capacity(8);
+    let mut body: Vec<u8> = Vec::with_capacity(512);
+    let mut count = 0usize;
     for part in parts.iter() {
-        push_args(&part, &mut args)?;
+        if part.is_instance_of::<PyBytes>() || part.is_instance_of::<PyString>() {
+            return Err(PyTypeError::new_err(
+                "expected a sequence of Redis command arguments, got a single bytes/str",
+            ));
+        }
+        for_each_item(&part, |obj| {
+            count += 1;
+            push_arg(&obj, &mut body)
+        })?;
     }
-    let mut out = Vec::with_capacity(16 + args.iter().map(|a| a.len() + 16).sum::<usize>());
-    resp::encode_command(&args, &mut out);
-    Ok(PyBytes::new(py, &out))
+    let mut head: Vec<u8> = Vec::with_capacity(24);
+    resp::push_array_header(count, &mut head);
+    PyBytes::new_with(py, head.len() + body.len(), |buf| {
+        let (h, b) = buf.split_at_mut(head.len());
+        h.copy_from_slice(&head);
+        b.copy_from_slice(&body);
+        Ok(())
+    })
 }
 
 fn reply_to_py<'py>(py: Python<'py>, value: resp::Value) -> PyResult<Bound<'py, PyAny>> {

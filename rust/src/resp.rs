@@ -44,18 +44,28 @@ impl std::error::Error for RespError {}
 
 /// Appends the RESP encoding of one command (an array of bulk strings) to `out`.
 pub fn encode_command<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
+    push_array_header(args.len(), out);
+    for arg in args {
+        push_bulk(arg.as_ref(), out);
+    }
+}
+
+/// Appends the header of an array of `len` items (`*<len>\r\n`) to `out`.
+pub fn push_array_header(len: usize, out: &mut Vec<u8>) {
     let mut itoa = itoa_buf();
     out.push(b'*');
-    out.extend_from_slice(fmt_usize(&mut itoa, args.len()));
+    out.extend_from_slice(fmt_usize(&mut itoa, len));
     out.extend_from_slice(b"\r\n");
-    for arg in args {
-        let arg = arg.as_ref();
-        out.push(b'$');
-        out.extend_from_slice(fmt_usize(&mut itoa, arg.len()));
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
+}
+
+/// Appends one bulk string (`$<len>\r\n<arg>\r\n`) to `out`.
+pub fn push_bulk(arg: &[u8], out: &mut Vec<u8>) {
+    let mut itoa = itoa_buf();
+    out.push(b'$');
+    out.extend_from_slice(fmt_usize(&mut itoa, arg.len()));
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn itoa_buf() -> [u8; 20] {

@@ -42,224 +42,63 @@ from __future__ import annotations
 import abc
 from collections.abc import Collection, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import NamedTuple
-from enum import StrEnum
 from typing import Self
 
 import trio
 
-from .._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
+from .._models import CancelStatus, UpdateTTLStatus
+from ._records import (  # re-exported: the interface's records
+    CANCELLED,
+    COMPLETED,
+    Claim,
+    ClaimLimits,
+    DELAYED,
+    EnqueueOutcome,
+    FAILED,
+    FAILING,
+    JobRecord,
+    NOTICE_KINDS,
+    NewJob,
+    PROCESSING,
+    QUEUED,
+    STATE_KINDS,
+    SettleKind,
+    Settlement,
+    StorageEvent,
+    TERMINAL_KINDS,
+    check_active_kind,
+    check_state_kind,
+    select_events,
+    ttl_update_status,
+    wanted_kinds,
+)
 
 __all__ = [
-    "NOTICE_KINDS",
+    "CANCELLED",
+    "COMPLETED",
     "Claim",
     "ClaimLimits",
+    "DELAYED",
     "EnqueueOutcome",
+    "FAILED",
+    "FAILING",
     "JobRecord",
+    "NOTICE_KINDS",
     "NewJob",
-    "Settlement",
+    "PROCESSING",
+    "QUEUED",
+    "STATE_KINDS",
     "SettleKind",
+    "Settlement",
     "Storage",
     "StorageEvent",
+    "TERMINAL_KINDS",
+    "check_active_kind",
+    "check_state_kind",
+    "select_events",
+    "ttl_update_status",
+    "wanted_kinds",
 ]
-
-
-# The kinds of state strings (``parse_state``), shared by the backends.
-QUEUED = "queued"
-PROCESSING = "processing"
-FAILING = "failing"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-DELAYED = "delayed"
-
-# Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
-STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED)
-TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
-
-# The event kinds someone *acts on*, routed on their own (Redis: a second pub/sub channel):
-# a job's terminal outcome (what ``enqueue_and_wait`` waits for: ``removed`` ends a job
-# too), a cancel request (for the worker holding the job), a fenced settlement and a
-# storage ``error``. A subscription asking for some of these only
-# (``subscribe(queue, kinds=NOTICE_KINDS)``) gets none of the per-job traffic
-# (``enqueued``, ``progress``, ``requeued``...).
-NOTICE_KINDS = frozenset({COMPLETED, FAILED, CANCELLED, "removed", "cancel_requested", "fenced", "error"})
-
-
-def wanted_kinds(kinds: Collection[str] | None) -> frozenset[str] | None:
-    """``kinds`` of :meth:`Storage.subscribe` as a frozenset (``None``: every kind)."""
-    return None if kinds is None else frozenset(kinds)
-
-
-def select_events(events: list[StorageEvent], kinds: frozenset[str] | None) -> list[StorageEvent]:
-    """The events of ``events`` a subscription for ``kinds`` receives: those of its kinds
-    and every ``resync`` (all of them when ``kinds`` is ``None``), in order."""
-    if kinds is None:
-        return events
-    return [ev for ev in events if ev.kind in kinds or ev.kind == "resync"]
-
-
-def check_active_kind(state: str) -> None:
-    """``ValueError`` unless ``state`` is a non-terminal state kind."""
-    if state not in STATE_KINDS or state in TERMINAL_KINDS:
-        active = ", ".join(k for k in STATE_KINDS if k not in TERMINAL_KINDS)
-        raise ValueError(f"expected a non-terminal state ({active}), got {state!r}")
-
-
-def check_state_kind(state: str, *, terminal: bool = False) -> None:
-    """``ValueError`` unless ``state`` is a state kind (a terminal one with ``terminal``)."""
-    allowed = TERMINAL_KINDS if terminal else STATE_KINDS
-    if state not in allowed:
-        raise ValueError(f"unknown state {state!r}: expected one of {', '.join(allowed)}")
-
-
-class NewJob(NamedTuple):
-    """A job to enqueue: its id, encoded envelope, and the registry fields a backend keeps.
-    ``token`` names this incarnation of the id (unique; made by the producer); ``run_at``
-    (seconds since the epoch) delays the job until then (``None`` or past: ready now).
-    ``priority`` (0..9, lower first) picks the job's lane of the ready list; the job keeps
-    it for life (retries, releases, recoveries and promotions return it to that lane)."""
-
-    id: str
-    envelope: bytes
-    max_attempts: int
-    result_ttl: float  # seconds the result/error (and the dedup entry) is kept once terminal
-    token: str = ""
-    run_at: float | None = None
-    priority: int = DEFAULT_PRIORITY
-
-
-class EnqueueOutcome(NamedTuple):
-    """What an enqueue-if-absent did for one job.
-
-    ``status`` is ``queued``, ``duplicate`` (``state`` is the existing state string) or
-    ``completed`` (``result`` holds the cached serialized result); for the last two,
-    ``token`` is the existing incarnation's token.
-    """
-
-    status: EnqueueStatus
-    state: str | None = None
-    result: bytes | None = None
-    token: str | None = None
-
-
-class Claim(NamedTuple):
-    """A job moved into a worker's processing list.
-
-    ``token`` is the claim token (opaque, unique per claim) that fences every later call
-    about this claim. ``started`` says whether the attempt was counted at claim time; a
-    *reserved* claim (``started`` false: prefetched) is counted by :meth:`Storage.start`
-    just before its handler runs. ``attempts`` is the attempt's number (1-based) either way.
-    """
-
-    id: str
-    envelope: bytes
-    attempts: int
-    token: str = ""
-    started: bool = True
-
-
-class SettleKind(StrEnum):
-    COMPLETE = "complete"  # store result, state completed, notify
-    FAIL = "fail"  # store error, state failed, notify
-    RETRY = "retry"  # state failing, back to the ready list after ``delay``
-    CANCEL = "cancel"  # the handler was cancelled on request: state cancelled, notify
-    # the handler raised RateLimited: back as ``delayed`` for ``delay`` without counting
-    # the attempt, and claims of the whole queue pause for ``delay`` (publishes
-    # ``rate_limited``)
-    RATE_LIMITED = "rate_limited"
-
-
-class ClaimLimits(NamedTuple):
-    """Queue-wide flow control applied by :meth:`Storage.dequeue` (the caller passes its
-    queue's settings on every call; the state they govern lives in the storage, so the
-    limits hold across every worker process):
-
-    - ``rate``: at most ``rate`` jobs claimed per sliding window of ``per`` seconds
-      (0: no limit). A token is taken when a job is *claimed*, started or reserved, so
-      prefetching can never exceed the rate (a Queue with a rate limit does not prefetch:
-      its claims start at once, so claims, attempts and handler starts coincide).
-    - ``concurrency``: at most that many jobs of the queue claimed (processing) at once
-      (0: no limit). A claim holds its slot until it is settled, released, or recovered
-      by the reaper (a dead worker's slots come back with its jobs).
-
-    A claim refused by either waits (up to its timeout) until the next token is due or a
-    slot is freed, never spinning. The ``RateLimited`` hold (:attr:`SettleKind.RATE_LIMITED`)
-    applies to every claim, with or without limits.
-    """
-
-    rate: int = 0
-    per: float = 1.0
-    concurrency: int = 0
-
-
-class Settlement(NamedTuple):
-    """The end of one attempt, acknowledged by the worker that holds the job.
-
-    ``data`` is the serialized result (COMPLETE) or error (FAIL, RETRY); ``ttl`` is the
-    result/error TTL in seconds (COMPLETE, FAIL) and ``delay`` the retry delay (RETRY).
-    ``token`` is the claim token of the attempt (:attr:`Claim.token`).
-    """
-
-    kind: SettleKind
-    id: str
-    data: bytes
-    ttl: float = 0.0
-    delay: float = 0.0
-    token: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """A registry entry as stored: ``state`` is the raw state string."""
-
-    id: str
-    state: str
-    created_at_ms: int
-    attempts: int
-    max_attempts: int
-    result: bytes | None = None
-    error: bytes | None = None
-    token: str | None = None  # the incarnation token
-    progress: bytes | None = None  # the last progress reported by the handler (serialized)
-    priority: int = DEFAULT_PRIORITY
-
-
-class StorageEvent(NamedTuple):
-    """One transition, as published on a queue's event stream.
-
-    ``kind`` is one of ``enqueued``, ``completed``, ``failed``, ``failing``, ``requeued``,
-    ``cancelled``, ``stalled``, ``removed`` (:meth:`Storage.remove_job`), ``fenced`` (a settlement refused because the worker no
-    longer owned the job) or ``resync`` (the stream may have lost events: subscribers must
-    re-check what they wait for; ``job_id`` is empty). ``result``/``error`` may carry the
-    serialized result or error of ``completed``/``failed`` so that a waiter need not read
-    it back; when they are ``None`` the waiter reads the registry. A ``progress`` event
-    carries the serialized progress value in ``result``. ``token`` is the
-    incarnation token of the job the event is about (job events carry it).
-    """
-
-    kind: str
-    job_id: str
-    worker_id: str | None = None
-    result: bytes | None = None
-    error: bytes | None = None
-    token: str | None = None
-
-
-def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | None) -> UpdateTTLStatus | None:
-    """The refusal :meth:`Storage.update_result_ttl` returns for a job in state ``kind``
-    (``None``: unknown id), or ``None`` when the TTL may be updated."""
-    if kind is None:
-        return UpdateTTLStatus.NOT_FOUND
-    if kind == "cancelled":
-        return None
-    if kind not in ("completed", "failed"):
-        return UpdateTTLStatus.NOT_TERMINAL
-    if (result if kind == "completed" else error) is None:
-        return UpdateTTLStatus.MISSING_PAYLOAD
-    return None
-
 
 class Storage(abc.ABC):
     """Abstract storage backend. See the module docstring for the data model.
@@ -296,6 +135,13 @@ class Storage(abc.ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    async def watchdog(self) -> None:  # noqa: B027 - optional hook
+        """Backend hook: timers the backend's calls rely on, run by every running
+        :class:`~trioqueue.Queue` in its nursery for as long as it runs (cancelled at its
+        stop). RedisStorage enforces its request timeout here, so that a call on the lean
+        client waits for its reply without a cancel scope of its own (calls made with no
+        watchdog running bound their waits themselves). Default: returns at once."""
 
     async def _connect(self) -> None:  # noqa: B027 - optional hook
         """Backend hook: acquire connections/files. Default: nothing."""

@@ -26,22 +26,27 @@ PIPELINE = 2  # batches of one queue in flight at once
 
 class Slot:
     """One ``enqueue`` call: its jobs, and their outcomes (or error) once its batch is
-    answered; ``event`` is set then (or when the call is handed the carrier's place:
-    ``baton``)."""
+    answered; :meth:`wake` sets ``event`` then (or when the call is handed the carrier's
+    place: ``baton``). Only a call that waits for a carrier has an ``event``: a carrier
+    learns its outcome by returning from the flush."""
 
     __slots__ = ("jobs", "event", "result", "error", "baton")
 
     def __init__(self, jobs: Sequence[NewJob]) -> None:
         self.jobs = jobs
-        self.event = trio.Event()
+        self.event: trio.Event | None = None
         self.result: list[EnqueueOutcome] | None = None
         self.error: BaseException | None = None
         self.baton = False
 
+    def wake(self) -> None:
+        if self.event is not None:
+            self.event.set()
+
 
 class Coalescer:
     """The enqueue calls of one queue. ``flush(batch)`` sends a batch and fills in every
-    slot's ``result`` or ``error`` and sets its ``event``; it must not raise but for
+    slot's ``result`` or ``error`` and wakes it (:meth:`Slot.wake`); it must not raise but for
     cancellation (after doing the same)."""
 
     __slots__ = ("_flush", "pending", "inflight", "flying", "last")
@@ -57,9 +62,10 @@ class Coalescer:
         """Enqueue ``jobs`` with whatever other calls are ready to go with them."""
         slot = Slot(jobs)
         if self.inflight >= PIPELINE:
+            slot.event = event = trio.Event()
             self.pending.append(slot)
             try:
-                await slot.event.wait()
+                await event.wait()
             except BaseException:
                 if slot in self.pending:
                     self.pending.remove(slot)
@@ -109,7 +115,7 @@ class Coalescer:
         if self.pending:
             nxt = self.pending.pop(0)
             nxt.baton = True
-            nxt.event.set()
+            nxt.wake()
         else:
             self.inflight -= 1
 

@@ -106,6 +106,7 @@ def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParam
 
 
 _PING = _core.encode_command(("PING",))
+_UNSENT = object()  # _retry_loop: no attempt made yet
 
 
 class _Backoff:
@@ -289,33 +290,71 @@ class GlideAdapter:
                 self._client = new
                 await _close_quietly(old)
 
-    async def script(self, script: Any, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> Any:
-        """EVALSHA (the script is loaded again on NOSCRIPT), retried on connection faults."""
+    async def script(
+        self, script: Any, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
+    ) -> Any:
+        """EVALSHA (the script is loaded again on NOSCRIPT), retried on connection faults.
+        ``shield`` (seconds): a mutation whose reply matters; once sent it is carried
+        through a cancellation for up to that long (and returns its reply; the
+        cancellation comes at the caller's next checkpoint)."""
         if self._fast is not None:
             sha = script.get_hash()
-            return await self._retry_fast(_core.encode_command(("EVALSHA", sha, len(keys)), keys, args), sha)
-        return await self._retry(lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
+            data = _core.encode_command(("EVALSHA", sha, len(keys)), keys, args)
+            return await self._retry_fast(data, sha, shield)
+        if shield is None:
+            return await self._retry(lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
+            return await self._retry(lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
+        await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
+        raise StorageError(f"Redis did not complete a call within {shield:g} s")
+
+    async def watchdog(self) -> None:
+        """The lean client's :meth:`RespClient.watchdog` (returns at once without one)."""
+        if self._fast is not None:
+            await self._fast.watchdog()
 
     async def command(self, args: Sequence[str | bytes]) -> Any:
         if self._fast is not None:
             return await self._retry_fast(_core.encode_command(args))
         return await self._retry(lambda: self._client.custom_command(list(args)))
 
-    async def _retry_fast(self, data: bytes, sha: str | None = None) -> Any:
+    async def _retry_fast(self, data: bytes, sha: str | None = None, shield: float | None = None) -> Any:
         """One command on the lean client, retried like :meth:`_retry`: on a lost
-        connection and on the server's transient errors (``LOADING``...)."""
+        connection and on the server's transient errors (``LOADING``...). ``shield``
+        (seconds): a mutation, carried through a cancellation that comes after it was
+        sent, for up to that long (see ``RespConnection.call``); retries after a fault
+        run shielded, within the same bound, as the first attempt's wait was."""
         assert self._fast is not None
-        backoff = _Backoff(self.retry_timeout)
+        if shield is None:
+            return await self._retry_loop(data, sha, _UNSENT)
+        try:
+            first: Any = await self._fast.execute(data, shield=shield)
+        except ConnectionLost as exc:
+            first = exc
+        if not isinstance(first, (ReplyError, ConnectionLost)):
+            return first
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
+            return await self._retry_loop(data, sha, first)
+        await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
+        raise StorageError(f"Redis did not complete a call within {shield:g} s")
+
+    async def _retry_loop(self, data: bytes, sha: str | None, outcome: Any) -> Any:
+        """The retries of :meth:`_retry_fast`; ``outcome``: the first attempt's reply or
+        fault, or ``_UNSENT``."""
+        assert self._fast is not None
+        backoff: _Backoff | None = None  # made at the first fault: most calls have none
         while True:
-            err: BaseException
-            try:
-                reply = await self._fast.execute(data)
-            except ConnectionLost as exc:
-                err = exc
-            else:
-                if not isinstance(reply, ReplyError):
-                    return reply
-                text = str(reply)
+            if outcome is _UNSENT:
+                try:
+                    outcome = await self._fast.execute(data)
+                except ConnectionLost as exc:
+                    outcome = exc
+            if not isinstance(outcome, (ReplyError, ConnectionLost)):
+                return outcome
+            err: BaseException = outcome
+            outcome = _UNSENT
+            if isinstance(err, ReplyError):
+                text = str(err)
                 if sha is not None and text.startswith("NOSCRIPT"):
                     loaded = await self._fast.execute(_core.encode_command(("SCRIPT", "LOAD", _SOURCES[sha])))
                     if isinstance(loaded, ReplyError):
@@ -323,8 +362,9 @@ class GlideAdapter:
                     continue
                 if not any(t in text for t in _RETRYABLE_TEXT):
                     raise StorageError(f"Redis error: {text}")
-                err = reply
             self._on_fault()
+            if backoff is None:
+                backoff = _Backoff(self.retry_timeout)
             await backoff.wait(err)
 
     # -- blocking move ---------------------------------------------------------------

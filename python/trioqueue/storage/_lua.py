@@ -91,7 +91,82 @@ def _read(name: str) -> str:
 
 @cache
 def source(name: str) -> str:
-    """The full text of script ``name``, its ``--@include`` lines replaced by the fragments."""
+    """The text of script ``name``: its ``--@include`` lines replaced by the fragments,
+    and of a fragment made only of top-level ``local`` definitions (the prelude, say), only
+    the definitions the script uses, directly or through other definitions."""
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no Redis script named {name!r}")
-    return _INCLUDE.sub(lambda m: _read(m.group(1)), _read(name))
+    parts: list[str | list[_Definition]] = []
+    pos, text = 0, _read(name)
+    for m in _INCLUDE.finditer(text):
+        parts.append(text[pos : m.start()])
+        fragment = _read(m.group(1))
+        parts.append(_definitions(fragment) or fragment)
+        pos = m.end()
+    parts.append(text[pos:])
+    # The names the script's own code (and the fragments spliced in as code) mentions,
+    # then, to a fixed point, those of the definitions that provide them. Over-counting
+    # (a name in a comment or a string) only keeps a definition that could have gone.
+    wanted = _words("".join(p for p in parts if isinstance(p, str)))
+    defs = [d for p in parts if isinstance(p, list) for d in p]
+    kept: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for i, d in enumerate(defs):
+            if i not in kept and d.names & wanted:
+                kept.add(i)
+                wanted |= d.uses
+                grew = True
+    out: list[str] = []
+    for p in parts:
+        if isinstance(p, str):
+            out.append(p)
+        else:
+            out.extend(d.text for d in p if defs.index(d) in kept)
+    return "".join(out)
+
+
+# Running a script runs its whole text first: every ``local function`` of the prelude
+# makes a closure on every call (~60k instructions for all of them, as much as the rest
+# of an EVALSHA's overhead), so a script carries only the definitions it uses.
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_COMMENT_LINE = re.compile(r"^\s*--.*$", re.MULTILINE)
+_TOP = re.compile(r"^local (?:function (\w+)|([\w, ]+?)\s*(?:=|$))")
+
+
+class _Definition:
+    __slots__ = ("names", "text", "uses")
+
+    def __init__(self, names: set[str], text: str) -> None:
+        self.names = names
+        self.text = text
+        self.uses = _words(text) - names
+
+
+def _words(code: str) -> set[str]:
+    """The names ``code`` mentions outside its whole-line comments."""
+    return set(_WORD.findall(_COMMENT_LINE.sub("", code)))
+
+
+def _definitions(fragment: str) -> list[_Definition] | None:
+    """``fragment`` as its top-level definitions, each with the lines up to the next one;
+    None if it holds anything else at the top level (code that runs where it is spliced)."""
+    defs: list[_Definition] = []
+    above: list[str] = []  # blank and comment lines: they belong to the next definition
+    for line in fragment.splitlines(keepends=True):
+        m = _TOP.match(line)
+        if m:
+            names = {m.group(1)} if m.group(1) else {n.strip() for n in m.group(2).split(",")}
+            defs.append(_Definition(names, "".join(above) + line))
+            above = []
+        elif not line.strip() or line.startswith("--"):
+            above.append(line)
+        elif defs and (line[0] == " " or line.startswith(("end", "}"))):
+            d = defs[-1]  # the rest of a definition
+            d.text += "".join(above) + line
+            d.uses = _words(d.text) - d.names
+            above = []
+        else:
+            return None
+    return defs

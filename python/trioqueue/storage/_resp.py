@@ -8,15 +8,21 @@ this client on a standalone server (plain or TLS); blocking claims, pub/sub and 
 stay on GLIDE.
 
 The protocol (RESP2) is parsed and encoded by the Rust core (``_core.RespReader``,
-``_core.encode_command``); this module is the I/O around it. No task runs in the
-background: the caller whose reply is due reads the socket (leader/follower), parses
-whatever arrived and hands every other caller its reply.
+``_core.encode_command``); this module is the I/O around it. The caller whose reply is
+due reads the socket (leader/follower), parses whatever arrived and hands every other
+caller its reply.
+
+Timeouts: while a :meth:`RespClient.watchdog` runs (a running Queue keeps one in its
+nursery), it ends a call unanswered past its timeout by breaking the connection, and
+calls wait with no cancel scope of their own (a Trio cancel scope costs about as much as
+the rest of a call's Python); without one, each call bounds its wait with a scope.
 
 Cancellation: a cancelled call's reply is still read and dropped when it arrives, so the
 connection never falls out of step; a write is never cut in the middle (shielded, bounded
-by the request timeout: a write that cannot finish breaks the connection). A broken
-connection fails every call waiting on it with :class:`ConnectionLost`; the next call
-opens a new one.
+by the request timeout: a write that cannot finish breaks the connection). A call made
+with ``shield`` (a mutation) goes on waiting for its reply when cancelled, within that
+bound. A broken connection fails every call waiting on it with :class:`ConnectionLost`;
+the next call opens a new one.
 """
 
 from __future__ import annotations
@@ -44,12 +50,23 @@ class ConnectionLost(Exception):
 
 
 class _Call:
-    __slots__ = ("done", "event", "value")
+    __slots__ = ("done", "event", "value", "timeout", "age")
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float | None) -> None:
         self.done = False
         self.value: Any = None
         self.event: trio.Event | None = None
+        self.timeout = timeout  # set if the client's watchdog enforces it (no cancel scope)
+        self.age = 0.0  # the watchdog's ticks since it first saw the call (seconds)
+
+
+class _Watch:
+    """How many watchdogs (:meth:`RespClient.watchdog`) run for a client's connection."""
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = 0
 
 
 _RECV_SIZE = 256 * 1024
@@ -60,8 +77,11 @@ class RespConnection:
     """One open connection. :meth:`call` sends pre-encoded commands and returns their
     replies; calls from any number of tasks are pipelined."""
 
-    def __init__(self, stream: trio.abc.Stream, timeout: float, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, timeout: float, sock: socket.socket | None = None, watch: _Watch | None = None
+    ) -> None:
         self._stream = stream
+        self._watch = watch
         # The plain TCP socket under ``stream``. A call made when the connection is quiet
         # (nothing in flight, and the last read brought a single reply: one caller at a
         # time, the latency case) sends and receives on it directly, which saves the
@@ -70,6 +90,7 @@ class RespConnection:
         # of the tasks that run meanwhile share one write.
         self._sock = sock
         self._last_read = 0  # replies the last read brought
+        self._sent_now = False  # _send_now wrote and nobody has read since
         self._timeout = timeout
         self._reader = _core.RespReader()
         self._pending: deque[_Call] = deque()
@@ -78,15 +99,24 @@ class RespConnection:
         self._reading = False
         self.broken: BaseException | None = None
 
-    async def call(self, data: bytes, count: int = 1, timeout: float | None = None) -> Any:
+    async def call(self, data: bytes, count: int = 1, timeout: float | None = None, *, shield: float | None = None) -> Any:
         """Send ``data`` (``count`` encoded commands) and return the reply (a list of
         ``count`` replies if ``count > 1``). Error replies are returned, not raised.
         ``timeout`` (default: the connection's) bounds the wait for the last reply; when
-        it passes, the connection is broken and :class:`ConnectionLost` raised."""
+        it passes, the connection is broken and :class:`ConnectionLost` raised.
+        ``shield`` (seconds): a call whose reply matters (a mutation) and that is
+        cancelled while waiting goes on waiting for its reply, up to that long, and
+        returns it (the cancellation is then delivered at the caller's next checkpoint),
+        or raises the cancellation when the reply does not come in time."""
         timeout = self._timeout if timeout is None else timeout
         if self.broken is not None:
             raise ConnectionLost(str(self.broken))
-        calls = [_Call() for _ in range(count)]
+        # With a watchdog running for this connection (a plain TCP one), the watchdog
+        # enforces the timeout: the wait needs no cancel scope of its own (a scope costs
+        # ~50k instructions, a fifth of a call's CPU).
+        watch = self._watch
+        watched = watch is not None and watch.active > 0 and timeout >= self._timeout and self._sock is not None
+        calls = [_Call(timeout if watched else None) for _ in range(count)]
         self._pending.extend(calls)
         self._wbuf += data
         if not self._writing:
@@ -96,33 +126,65 @@ class RespConnection:
                 await self._flush()
         last = calls[-1]
         try:
-            # No scope of our own when an enclosing one ends first anyway (a shielded
-            # mutation's bounded wait): a cancel scope costs ~6 us, a tenth of a call.
-            deadline = trio.current_time() + timeout
-            with _NO_SCOPE if trio.current_effective_deadline() <= deadline else trio.CancelScope(deadline=deadline):
-                while not last.done:
-                    if not self._reading:
-                        self._reading = True
-                        try:
-                            await self._read_until(last)
-                        finally:
-                            self._reading = False
-                            self._hand_over_reading()
-                    else:
-                        last.event = trio.Event()
-                        await last.event.wait()
-        finally:
+            if watched:
+                await self._wait(last)
+            else:
+                # No scope of our own when an enclosing one ends first anyway.
+                deadline = trio.current_time() + timeout
+                with _NO_SCOPE if trio.current_effective_deadline() <= deadline else trio.CancelScope(deadline=deadline):
+                    await self._wait(last)
+        except trio.Cancelled:
+            if shield is None:
+                self._abandon(last)
+                raise
+            # The reply matters: wait for it after all (shielded only now that a
+            # cancellation came: a scope on every call would cost what the wait does).
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
+                await self._wait(last)
             if not last.done:
-                # cancelled (or timed out) while waiting: never picked to read again; if
-                # the reading turn was just handed to us, pass it on
-                last.event = None
-                if not self._reading:
-                    self._hand_over_reading()
+                self._abandon(last)
+                raise
         if not last.done:
+            self._abandon(last)
             self._break(ConnectionLost(f"no reply within {timeout:g} s"))
         if isinstance(last.value, ConnectionLost):
             raise last.value
         return last.value if count == 1 else [c.value for c in calls]
+
+    async def _wait(self, last: _Call) -> None:
+        """Until ``last`` is answered: read the socket, or wait for the reader to."""
+        while not last.done:
+            if not self._reading:
+                self._reading = True
+                try:
+                    await self._read_until(last)
+                finally:
+                    self._reading = False
+                    self._hand_over_reading()
+            else:
+                last.event = trio.Event()
+                await last.event.wait()
+
+    def _abandon(self, last: _Call) -> None:
+        """The caller of ``last`` stops waiting (cancelled or timed out): it is never
+        picked to read again, and if the reading turn was just handed to it, it passes
+        the turn on. Its reply is still read and dropped when it comes."""
+        last.event = None
+        if not self._reading:
+            self._hand_over_reading()
+
+    def age_calls(self, tick: float) -> None:
+        """One tick of the watchdog: a watched call unanswered for longer than its
+        timeout (at least the timeout, at most two ticks more) breaks the connection,
+        which fails every call waiting on it with :class:`ConnectionLost`."""
+        for c in self._pending:
+            if c.timeout is not None:
+                c.age += tick
+                if c.age >= c.timeout + tick:
+                    self._break(ConnectionLost(f"no reply within {c.timeout:g} s"))
+                    if self._sock is not None:
+                        trio.lowlevel.notify_closing(self._sock)  # wakes the reader
+                    return
 
     def _send_now(self) -> None:
         """Write the buffer straight on the socket; what the kernel did not take is left
@@ -136,6 +198,7 @@ class RespConnection:
             self._break(ConnectionLost(f"connection lost: {exc}"))
             return
         del self._wbuf[:sent]
+        self._sent_now = True
 
     async def _flush(self) -> None:
         self._writing = True
@@ -196,6 +259,12 @@ class RespConnection:
         is a schedule point)."""
         assert self._sock is not None
         waited = False
+        if self._sent_now:
+            # we have just sent: the reply cannot be there yet, so wait before looking
+            # (a recv now would only fail with EAGAIN: a syscall and an exception)
+            self._sent_now = False
+            await trio.lowlevel.wait_readable(self._sock)
+            waited = True
         while True:
             try:
                 data = self._sock.recv(_RECV_SIZE)
@@ -281,12 +350,40 @@ class RespClient:
         self._lock = trio.Lock()
         self._closed = False
         self._ssl: ssl.SSLContext | None = None
+        self._watch = _Watch()
 
-    async def execute(self, data: bytes, count: int = 1) -> Any:
+    async def execute(self, data: bytes, count: int = 1, *, shield: float | None = None) -> Any:
+        """``RespConnection.call`` on the client's connection, opened first if there is
+        none or it broke (shielded, bounded by ``shield``, when that is given)."""
         conn = self._conn
         if conn is None or conn.broken is not None:
-            conn = await self._reconnect(conn)
-        return await conn.call(data, count)
+            if shield is None:
+                conn = await self._reconnect(conn)
+            else:
+                fresh: RespConnection | None = None
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
+                    fresh = await self._reconnect(conn)
+                if fresh is None:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    raise ConnectionLost(f"could not reconnect within {shield:g} s")
+                conn = fresh
+        return await conn.call(data, count, shield=shield)
+
+    async def watchdog(self) -> None:
+        """Enforce the request timeout of the calls on the client's connection while
+        this runs (it never returns; cancel it). Meanwhile a call waits for its reply with
+        no cancel scope of its own; without a watchdog each call bounds its wait itself.
+        A timed-out call is noticed within a tenth of the timeout, ticking at that rate."""
+        tick = self.params.request_timeout / 10
+        self._watch.active += 1
+        try:
+            while True:
+                await trio.sleep(tick)
+                conn = self._conn
+                if conn is not None:
+                    conn.age_calls(tick)
+        finally:
+            self._watch.active -= 1
 
     async def open_connection(self) -> RespConnection:
         """A new connection of its own (for a blocking command: close it to make the
@@ -331,7 +428,7 @@ class RespClient:
                     await stream.do_handshake()
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
             raise ConnectionLost(f"could not connect to {p.display()}: {exc!r}") from exc
-        conn = RespConnection(stream, p.request_timeout, sock)
+        conn = RespConnection(stream, p.request_timeout, sock, self._watch)
         hello: list[list[Any]] = []
         if p.password is not None:
             hello.append(["AUTH", p.username, p.password] if p.username else ["AUTH", p.password])

@@ -44,6 +44,7 @@ from ._base import NOTICE_KINDS, select_events, wanted_kinds
 from ._coalesce import Coalescer, Slot
 from ._glide import ConnParams, GlideAdapter, make_script, parse_url
 from ._redis_admin import RedisAdmin
+from ._redis_control import RedisControl
 
 __all__ = ["RedisStorage"]
 
@@ -92,7 +93,7 @@ class _Sub:
             pass
 
 
-class RedisStorage(RedisAdmin, Storage):
+class RedisStorage(RedisControl, RedisAdmin, Storage):
     """Storage on Redis >= 7 or Valkey (standalone or cluster), via valkey-glide.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -199,13 +200,17 @@ class RedisStorage(RedisAdmin, Storage):
         return await self._adapter.script(self._scripts[name], self._script_keys(name, queue, worker), args)
 
     async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
-        # A mutation whose reply matters (claims, acks): once sent, wait for its reply,
-        # but never longer than _SHIELD_LIMIT, so that cancellation is honoured within
-        # that bound even while the server is away (the Queue retries or reconciles).
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + _SHIELD_LIMIT):
-            return await self._run(name, queue, args, worker)
-        await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
-        raise StorageError(f"Redis did not complete {name!r} within {_SHIELD_LIMIT:g} s")
+        # A mutation whose reply matters (claims, acks): once sent, wait for its reply
+        # even if cancelled, but never longer than _SHIELD_LIMIT, so that cancellation is
+        # honoured within that bound even while the server is away (the Queue retries or
+        # reconciles).
+        return await self._adapter.script(
+            self._scripts[name], self._script_keys(name, queue, worker), args, shield=_SHIELD_LIMIT
+        )
+
+    async def watchdog(self) -> None:
+        """The request timeouts of the lean client's calls (see :meth:`Storage.watchdog`)."""
+        await self._adapter.watchdog()
 
     def _call_token(self) -> str:
         self._call_seq += 1
@@ -253,19 +258,19 @@ class RedisStorage(RedisAdmin, Storage):
             # that their jobs' fate is unknown, as with any interrupted write.
             for slot in batch:
                 slot.error = StorageError("enqueue interrupted: the server did not answer in time")
-                slot.event.set()
+                slot.wake()
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter
             for slot in batch:
                 slot.error = exc
-                slot.event.set()
+                slot.wake()
             return
         i = 0
         for slot in batch:
             n = len(slot.jobs)
             slot.result = outcomes[i : i + n]
             i += n
-            slot.event.set()
+            slot.wake()
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -468,47 +473,6 @@ class RedisStorage(RedisAdmin, Storage):
         for job_id, token in claims:
             args += [job_id, token]
         return [_text(x) for x in await self._run("heartbeat", queue, args)]
-
-    async def unregister_worker(self, queue: str, worker_id: str) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        await self._run("unregister", queue, [worker_id], worker_id)
-
-    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        flat = await self._run("workers", queue, ["1" if include_expired else "0"])
-        return {_text(flat[i]): float(flat[i + 1]) / 1000 for i in range(0, len(flat), 2)}
-
-    # -- progress, pause, schedules ----------------------------------------------------
-
-    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("progress", queue, [worker_id, job_id, token, progress]))
-
-    async def set_paused(self, queue: str, paused: bool) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("pause", queue, ["1" if paused else "0"]))
-
-    async def is_paused(self, queue: str) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._adapter.command(["EXISTS", self._base(queue) + ":paused"]))
-
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        await self._run("schedule_put", queue, [name, spec])
-
-    async def remove_schedule(self, queue: str, name: str) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("schedule_remove", queue, [name]))
-
-    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        specs, ticks = await self._run("schedule_get", queue, [])
-        last = {_text(ticks[i]): float(ticks[i + 1]) for i in range(0, len(ticks), 2)}
-        return {_text(specs[i]): (specs[i + 1], last.get(_text(specs[i]))) for i in range(0, len(specs), 2)}
-
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("schedule_advance", queue, [name, repr(float(tick))]))
 
     # -- reaper ------------------------------------------------------------------------
 

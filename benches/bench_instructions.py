@@ -1,0 +1,195 @@
+"""Instructions per awaited one-job enqueue on Redis, counted by callgrind (valgrind):
+figures that do not move with the load of this shared machine, for the two halves of
+the round trip A-seq makes 10,000 times.
+
+- client: one ``await queue.enqueue(...)`` of a running Queue on RedisStorage (trioqueue's
+  Python, Trio, the Rust core; user space only: the kernel's share of send/recv is not
+  counted), the difference between a run of ``--calls`` enqueues and a run of none;
+- server: one call of the ``enqueue`` script (EVALSHA with the queue's KEYS) inside a
+  redis-server run under callgrind, counted between ``callgrind_control -z`` and ``-d``
+  after a warm-up that makes the queue's hashes real hash tables; beside it the same
+  EVALSHA of a script that only returns (what any script call costs the server).
+
+The working tree is measured against ``--base`` (a git revision, exported as in
+``bench_ab.py``, with the working tree's Rust extension: the comparison is of the
+Python and Lua code).
+
+    python benches/bench_instructions.py [--base HEAD] [--calls 1000]
+
+writes ``benches/results/instructions.md``. Needs valgrind; takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(ROOT / "tests"))
+
+from bench_ab import _checkout  # noqa: E402
+from redis_server import RedisServer, redis_server_binary, valkey_server_binary  # noqa: E402
+
+_CLIENT = """
+import os, sys, trio
+sys.path.insert(0, sys.argv[1])
+from trioqueue import Queue
+from trioqueue.storage import RedisStorage
+
+async def main(url, calls):
+    payload = {"data": "x" * 30, "n": 1}
+    async with RedisStorage(url) as st, Queue(st, name="instr") as q:
+        for i in range(50 + calls):
+            await q.enqueue(f"{os.getpid()}-{i}", payload)
+
+trio.run(main, sys.argv[2], int(sys.argv[3]))
+"""
+
+
+def _totals(path: str) -> int:
+    text = Path(path).read_text()
+    m = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"no instruction total in {path}")
+    return int(m.group(1))
+
+
+def client_instructions(tree: Path, url: str, calls: int, tmp: str) -> float:
+    """Client instructions per awaited enqueue (a run of ``calls`` less a run of none)."""
+    counts = []
+    for n in (0, calls):
+        out = os.path.join(tmp, f"client.{n}")
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+                        "-c", _CLIENT, str(tree / "python"), url, str(n)],
+                       check=True, capture_output=True, timeout=1800)
+        counts.append(_totals(out))
+    return (counts[1] - counts[0]) / calls
+
+
+class _GrindServer(RedisServer):
+    """A redis-server under callgrind (about 50 times slower)."""
+
+    def __init__(self, binary: str, out: str) -> None:
+        super().__init__(binary)
+        self.out = out
+
+    def args(self) -> list[str]:
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out}", *super().args()]
+
+
+def _encode(*args: str | bytes) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else a.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
+
+
+def _call(sock: socket.socket, data: bytes) -> bytes:
+    sock.sendall(data)
+    reply = sock.recv(1 << 20)
+    if reply.startswith(b"-"):
+        raise RuntimeError(f"server error: {reply[:200]!r}")
+    return reply
+
+
+def server_instructions(binary: str, source: str, keys: list[str], calls: int, tmp: str) -> float:
+    """Server instructions per call of ``source`` with one new job's arguments."""
+    out = os.path.join(tmp, "server.out")
+    for f in glob.glob(out + "*"):
+        os.remove(f)
+    server = _GrindServer(binary, out)
+    server.start(timeout=180)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sha = _call(sock, _encode("SCRIPT", "LOAD", source)).split(b"\r\n")[1].decode()
+            envelope = b"x" * 120
+
+            def run(tag: str, n: int) -> None:
+                for i in range(n):
+                    _call(sock, _encode("EVALSHA", sha, str(len(keys)), *keys, "call1", f"{tag}{i}", envelope,
+                                        "3:86400000", f"tok{tag}{i}", ""))
+
+            run("warm", 700)  # past the listpack sizes: the hashes and zsets are real ones
+            subprocess.run(["callgrind_control", "-z", str(server.proc.pid)], check=True, capture_output=True)  # type: ignore[union-attr]
+            run("m", calls)
+            subprocess.run(["callgrind_control", "-d", str(server.proc.pid)], check=True, capture_output=True)  # type: ignore[union-attr]
+            _call(sock, _encode("FLUSHALL"))
+    finally:
+        server.close()
+    dumps = sorted(p for p in glob.glob(out + ".*") if not p.endswith(".out"))
+    if not dumps:
+        raise RuntimeError("callgrind wrote no dump")
+    return _totals(dumps[0]) / calls
+
+
+def _tree_script(tree: Path, name: str) -> tuple[str, list[str]]:
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage import _lua; "
+            "print(json.dumps([_lua.source(sys.argv[2]), _lua.queue_keys('{tq:instr}')]))")
+    import json
+
+    out = subprocess.run([sys.executable, "-c", code, str(tree / "python"), name], check=True,
+                         capture_output=True, text=True).stdout
+    source, keys = json.loads(out)
+    return source, keys
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="HEAD", help="git revision to compare with (default: HEAD)")
+    parser.add_argument("--calls", type=int, default=1000)
+    args = parser.parse_args()
+    binary = redis_server_binary() or valkey_server_binary()
+    if binary is None:
+        sys.exit("no redis-server / valkey-server found")
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]
+    rows: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="trioqueue-instr-") as tmp, RedisServer(binary) as plain:
+        plain.start()
+        with _checkout(args.base) as base:
+            for label, tree in (("base", base), ("tree", ROOT)):
+                source, keys = _tree_script(tree, "enqueue")
+                rows[label] = {
+                    "client": client_instructions(tree, plain.url, args.calls, tmp),
+                    "server": server_instructions(binary, source, keys, args.calls, tmp),
+                    "noop": server_instructions(binary, "return {{'q'}}", keys, args.calls, tmp),
+                }
+                print(label, {k: round(v) for k, v in rows[label].items()}, file=sys.stderr)
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], capture_output=True,
+                         text=True).stdout.strip()
+    b, t = rows["base"], rows["tree"]
+    lines = [
+        "# Instructions per awaited one-job enqueue (Redis)",
+        "",
+        f"{time.strftime('%Y-%m-%d')}, `python benches/bench_instructions.py --base {args.base}` ({rev}), "
+        f"{args.calls} calls, callgrind (valgrind), redis-server v={version}, Python {platform.python_version()}. "
+        "Instruction counts do not depend on the machine's load, so one run is enough; the client "
+        "column counts user space only (the kernel's send and receive are not in it).",
+        "",
+        f"| part | base ({rev}) | working tree | ratio |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, title in (("client", "client: one awaited `Queue.enqueue`"),
+                       ("server", "server: one `enqueue` script call"),
+                       ("noop", "server: an EVALSHA that only returns (same KEYS)")):
+        lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
+    total_b, total_t = b["client"] + b["server"], t["client"] + t["server"]
+    lines.append(f"| **client + server** | **{total_b:,.0f}** | **{total_t:,.0f}** | **{total_t / total_b:.2f}×** |")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "instructions.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
