@@ -554,9 +554,31 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
             if cmd in keyless and cmd != "PUBLISH":
                 continue
             assert first.strip() in declared, (name, cmd, first)
-    prelude = _lua.source("claim")
+    prelude = _lua._read("_prelude")
     for i, suffix in enumerate(_lua.QUEUE_KEY_NAMES, start=1):
         assert f"KEYS[{i}]" in prelude, suffix
+
+
+def test_each_script_carries_the_prelude_definitions_it_uses_and_no_others() -> None:
+    """A script call runs the script's whole text, so every ``local function`` of the
+    prelude would make a closure on every call: a script carries only the definitions it
+    uses. None it uses may be missing (a Lua name not defined is a nil global)."""
+    import re
+
+    from trioqueue.storage import _lua
+
+    prelude = _lua._definitions(_lua._read("_prelude"))
+    assert prelude is not None and len(prelude) > 30
+    words = re.compile(r"[A-Za-z_]\w*")
+    for name in _lua.SCRIPT_NAMES:
+        code = _lua.source(name)
+        used = set(words.findall(re.sub(r"(?m)^\s*--.*$", "", code)))
+        for d in prelude:
+            kept = d.text in code
+            assert kept == bool(d.names & used), (name, sorted(d.names), kept)
+    assert "local function sweep(" in _lua.source("enqueue")
+    assert "local function sweep(" not in _lua.source("get_envelope")
+    assert _lua.source("lock_acquire") == _lua._read("lock_acquire")  # no include: as written
 
 
 async def _numsub(st: RedisStorage, queue: str) -> dict[str, int]:

@@ -133,6 +133,10 @@ async def test_with_the_watchdog_running_a_call_past_its_timeout_still_breaks_th
             await client.execute(_core.encode_command(("BLPOP", "tq-test-never", "10")))
         assert 0.3 <= trio.current_time() - started < 0.3 + 3 * 0.03 + 0.5  # timeout, two ticks, slack
         assert await client.execute(_echo("next")) == b"next"  # on a new connection
+        dedicated = await client.open_connection()  # as for blocking claims: watched too
+        with trio.fail_after(5), pytest.raises(ConnectionLost, match="no reply within 0.3 s"):
+            await dedicated.call(_core.encode_command(("BLPOP", "tq-test-never", "10")))
+        await dedicated.aclose()
         nursery.cancel_scope.cancel()
     assert client._watch.active == 0
     await client.aclose()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -351,6 +352,7 @@ class RespClient:
         self._closed = False
         self._ssl: ssl.SSLContext | None = None
         self._watch = _Watch()
+        self._conns: weakref.WeakSet[RespConnection] = weakref.WeakSet()  # every one opened (watchdog)
 
     async def execute(self, data: bytes, count: int = 1, *, shield: float | None = None) -> Any:
         """``RespConnection.call`` on the client's connection, opened first if there is
@@ -379,9 +381,9 @@ class RespClient:
         try:
             while True:
                 await trio.sleep(tick)
-                conn = self._conn
-                if conn is not None:
-                    conn.age_calls(tick)
+                for conn in list(self._conns):  # the shared one and the dedicated ones
+                    if conn.broken is None:
+                        conn.age_calls(tick)
         finally:
             self._watch.active -= 1
 
@@ -429,6 +431,7 @@ class RespClient:
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
             raise ConnectionLost(f"could not connect to {p.display()}: {exc!r}") from exc
         conn = RespConnection(stream, p.request_timeout, sock, self._watch)
+        self._conns.add(conn)
         hello: list[list[Any]] = []
         if p.password is not None:
             hello.append(["AUTH", p.username, p.password] if p.username else ["AUTH", p.password])
