@@ -173,7 +173,7 @@ def main() -> None:
         "# Instructions per awaited one-job enqueue (Redis)",
         "",
         f"{time.strftime('%Y-%m-%d')}, `python benches/bench_instructions.py --base {args.base}` ({rev}), "
-        f"{args.calls} calls, callgrind (valgrind), redis-server v={version}, Python {platform.python_version()}. "
+        f"{args.calls} calls, callgrind (valgrind), redis-server {version}, Python {platform.python_version()}. "
         "Instruction counts do not depend on the machine's load, so one run is enough; the client "
         "column counts user space only (the kernel's send and receive are not in it).",
         "",
