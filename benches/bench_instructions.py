@@ -5,6 +5,8 @@ the round trip A-seq makes 10,000 times.
 - client: one ``await queue.enqueue(...)`` of a running Queue on RedisStorage (trioqueue's
   Python, Trio, the Rust core; user space only: the kernel's share of send/recv is not
   counted), the difference between a run of ``--calls`` enqueues and a run of none;
+- C-1's client side: one ``await queue.enqueue_and_wait(...)`` answered by a noop handler
+  of the same Queue (the enqueue, the worker's blocking claim, settle and the notice);
 - server: one call of the ``enqueue`` script (EVALSHA with the queue's KEYS) inside a
   redis-server run under callgrind, counted between ``callgrind_control -z`` and ``-d``
   after a warm-up that makes the queue's hashes real hash tables; beside it the same
@@ -57,6 +59,25 @@ trio.run(main, sys.argv[2], int(sys.argv[3]))
 """
 
 
+_CLIENT_C1 = """
+import os, sys, trio
+sys.path.insert(0, sys.argv[1])
+from trioqueue import Job, Queue
+from trioqueue.storage import RedisStorage
+
+async def noop(job: Job) -> None:
+    return None
+
+async def main(url, calls):
+    payload = {"data": "x" * 30, "n": 1}
+    async with RedisStorage(url) as st, Queue(st, name=f"instr-c1-{os.getpid()}", handler=noop) as q:
+        for i in range(20 + calls):
+            await q.enqueue_and_wait(f"{os.getpid()}-{i}", payload, timeout=60)
+
+trio.run(main, sys.argv[2], int(sys.argv[3]))
+"""
+
+
 def _totals(path: str) -> int:
     text = Path(path).read_text()
     m = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
@@ -65,13 +86,14 @@ def _totals(path: str) -> int:
     return int(m.group(1))
 
 
-def client_instructions(tree: Path, url: str, calls: int, tmp: str) -> float:
-    """Client instructions per awaited enqueue (a run of ``calls`` less a run of none)."""
+def client_instructions(tree: Path, url: str, calls: int, tmp: str, driver: str = _CLIENT) -> float:
+    """Client instructions per awaited call of ``driver`` (a run of ``calls`` less a run
+    of none)."""
     counts = []
     for n in (0, calls):
         out = os.path.join(tmp, f"client.{n}")
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-                        "-c", _CLIENT, str(tree / "python"), url, str(n)],
+                        "-c", driver, str(tree / "python"), url, str(n)],
                        check=True, capture_output=True, timeout=1800)
         counts.append(_totals(out))
     return (counts[1] - counts[0]) / calls
@@ -156,12 +178,12 @@ def main() -> None:
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="trioqueue-instr-") as tmp, RedisServer(binary) as plain:
-        plain.start()
         with _checkout(args.base) as base:
             for label, tree in (("base", base), ("tree", ROOT)):
                 source, keys = _tree_script(tree, "enqueue")
                 rows[label] = {
                     "client": client_instructions(tree, plain.url, args.calls, tmp),
+                    "c1": client_instructions(tree, plain.url, max(args.calls // 4, 50), tmp, _CLIENT_C1),
                     "server": server_instructions(binary, source, keys, args.calls, tmp),
                     "noop": server_instructions(binary, "return {{'q'}}", keys, args.calls, tmp),
                 }
@@ -186,6 +208,8 @@ def main() -> None:
         lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
     total_b, total_t = b["client"] + b["server"], t["client"] + t["server"]
     lines.append(f"| **client + server** | **{total_b:,.0f}** | **{total_t:,.0f}** | **{total_t / total_b:.2f}×** |")
+    lines.append(f"| C-1: one `enqueue_and_wait`, producer and worker in one process (client side) "
+                 f"| {b['c1']:,.0f} | {t['c1']:,.0f} | {t['c1'] / b['c1']:.2f}× |")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "instructions.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -100,8 +100,8 @@ def source(name: str) -> str:
     pos, text = 0, _read(name)
     for m in _INCLUDE.finditer(text):
         parts.append(text[pos : m.start()])
-        fragment = _read(m.group(1))
-        parts.append(_definitions(fragment) or fragment)
+        fragment = _fragment(m.group(1))
+        parts.append(fragment if isinstance(fragment, str) else list(fragment))
         pos = m.end()
     parts.append(text[pos:])
     # The names the script's own code (and the fragments spliced in as code) mentions,
@@ -147,6 +147,14 @@ class _Definition:
 def _words(code: str) -> set[str]:
     """The names ``code`` mentions outside its whole-line comments."""
     return set(_WORD.findall(_COMMENT_LINE.sub("", code)))
+
+
+@cache
+def _fragment(name: str) -> str | tuple[_Definition, ...]:
+    """Fragment ``name`` as its definitions, or as text if it is code (read once)."""
+    text = _read(name)
+    defs = _definitions(text)
+    return text if defs is None else tuple(defs)
 
 
 def _definitions(fragment: str) -> list[_Definition] | None:

@@ -121,19 +121,19 @@ class RespConnection:
         self._pending.extend(calls)
         self._wbuf += data
         if not self._writing:
-            if self._sock is not None and len(self._pending) == count and self._last_read <= 1:
+            if self._sock is not None and len(self._pending) == count and self._last_read <= count:
                 self._send_now()
             else:
                 await self._flush()
         last = calls[-1]
         try:
             if watched:
-                await self._wait(last)
+                await self._wait(last, count)
             else:
                 # No scope of our own when an enclosing one ends first anyway.
                 deadline = trio.current_time() + timeout
                 with _NO_SCOPE if trio.current_effective_deadline() <= deadline else trio.CancelScope(deadline=deadline):
-                    await self._wait(last)
+                    await self._wait(last, count)
         except trio.Cancelled:
             if shield is None:
                 self._abandon(last)
@@ -141,7 +141,7 @@ class RespConnection:
             # The reply matters: wait for it after all (shielded only now that a
             # cancellation came: a scope on every call would cost what the wait does).
             with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
-                await self._wait(last)
+                await self._wait(last, count)
             if not last.done:
                 self._abandon(last)
                 raise
@@ -152,13 +152,14 @@ class RespConnection:
             raise last.value
         return last.value if count == 1 else [c.value for c in calls]
 
-    async def _wait(self, last: _Call) -> None:
-        """Until ``last`` is answered: read the socket, or wait for the reader to."""
+    async def _wait(self, last: _Call, count: int) -> None:
+        """Until ``last`` (the last of ``count`` calls sent together) is answered: read the
+        socket, or wait for the reader to."""
         while not last.done:
             if not self._reading:
                 self._reading = True
                 try:
-                    await self._read_until(last)
+                    await self._read_until(last, count)
                 finally:
                     self._reading = False
                     self._hand_over_reading()
@@ -220,14 +221,14 @@ class RespConnection:
         finally:
             self._writing = False
 
-    async def _read_until(self, call: _Call) -> None:
+    async def _read_until(self, call: _Call, count: int = 1) -> None:
         while not call.done:
             try:
                 if self._wbuf and not self._writing:
                     await self._flush()  # what _send_now left
                 data: bytes | bytearray
-                if self._sock is not None and len(self._pending) == 1:
-                    data = await self._recv_now()
+                if self._sock is not None and len(self._pending) <= count:
+                    data = await self._recv_now()  # only our calls are pending
                 else:
                     data = await self._stream.receive_some(_RECV_SIZE)
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -312,7 +313,7 @@ class RespConnection:
         if self.broken is not None:
             raise ConnectionLost(str(self.broken))
         try:
-            data = await self._stream.receive_some(_RECV_SIZE)
+            data = await (self._recv_now() if self._sock is not None else self._stream.receive_some(_RECV_SIZE))
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._break(ConnectionLost(f"connection lost: {exc}"))
             raise ConnectionLost(str(self.broken)) from exc
