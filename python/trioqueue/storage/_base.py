@@ -47,58 +47,11 @@ from typing import Self
 import trio
 
 from .._models import CancelStatus, UpdateTTLStatus
-from ._records import (  # re-exported: the interface's records
-    CANCELLED,
-    COMPLETED,
-    Claim,
-    ClaimLimits,
-    DELAYED,
-    EnqueueOutcome,
-    FAILED,
-    FAILING,
-    JobRecord,
-    NOTICE_KINDS,
-    NewJob,
-    PROCESSING,
-    QUEUED,
-    STATE_KINDS,
-    SettleKind,
-    Settlement,
-    StorageEvent,
-    TERMINAL_KINDS,
-    check_active_kind,
-    check_state_kind,
-    select_events,
-    ttl_update_status,
-    wanted_kinds,
-)
+from ._records import *  # noqa: F403 - the interface's records, re-exported
+from ._records import __all__ as _records
 
-__all__ = [
-    "CANCELLED",
-    "COMPLETED",
-    "Claim",
-    "ClaimLimits",
-    "DELAYED",
-    "EnqueueOutcome",
-    "FAILED",
-    "FAILING",
-    "JobRecord",
-    "NOTICE_KINDS",
-    "NewJob",
-    "PROCESSING",
-    "QUEUED",
-    "STATE_KINDS",
-    "SettleKind",
-    "Settlement",
-    "Storage",
-    "StorageEvent",
-    "TERMINAL_KINDS",
-    "check_active_kind",
-    "check_state_kind",
-    "select_events",
-    "ttl_update_status",
-    "wanted_kinds",
-]
+__all__ = ["Storage", *_records]
+
 
 class Storage(abc.ABC):
     """Abstract storage backend. See the module docstring for the data model.

@@ -376,7 +376,7 @@ class RespClient:
         """Enforce the request timeout of the calls on the client's connection while
         this runs (it never returns; cancel it). Meanwhile a call waits for its reply with
         no cancel scope of its own; without a watchdog each call bounds its wait itself.
-        A timed-out call is noticed within a tenth of the timeout, ticking at that rate."""
+        It ticks ten times per timeout: a call is ended at most two ticks past its timeout."""
         tick = self.params.request_timeout / 10
         self._watch.active += 1
         try:
