@@ -196,8 +196,9 @@ def main() -> None:
         "",
         f"{time.strftime('%Y-%m-%d')}, `python benches/bench_instructions.py --base {args.base}` ({rev}), "
         f"{args.calls} calls, callgrind (valgrind), redis-server {version}, Python {platform.python_version()}. "
-        "Instruction counts do not depend on the machine's load, so one run is enough; the client "
-        "column counts user space only (the kernel's send and receive are not in it).",
+        "Instruction counts do not depend on the machine's load (they vary by about 2 % from run to "
+        "run: hash seeds, whether a reply is already there when looked for); the client columns "
+        "count user space only (the kernel's send and receive are not in them).",
         "",
         f"| part | base ({rev}) | working tree | ratio |",
         "|---|---:|---:|---:|",
