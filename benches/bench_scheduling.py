@@ -160,13 +160,43 @@ def _depth_rows(depth: dict[int, dict[str, float]]) -> list[str]:
     ]
 
 
+def _plot_depth(path: Path, series: dict[str, dict[int, dict[str, float]]]) -> None:
+    """Claim cost against queue depth, as ratios to each storage's smallest depth: the
+    single-job claim's latency (left) and 100-job claims' throughput (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, depth in series.items():
+        if not depth:
+            continue
+        xs = sorted(depth)
+        base = depth[xs[0]]
+        left.plot(xs, [depth[x]["latency_s"] / base["latency_s"] for x in xs], marker="o", label=name)
+        right.plot(xs, [depth[x]["claims_per_s"] / base["claims_per_s"] for x in xs], marker="o", label=name)
+    for ax, title in ((left, "single-job claim latency (vs smallest depth)"),
+                      (right, "100-job claims, jobs/s (vs smallest depth)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("queued jobs")
+        ax.set_title(title, fontsize=10)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_ylim(0, 2)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--depths", default="1000,100000,1000000")
     ap.add_argument("--out", default=str(HERE / "results" / "scheduling.md"))
     ap.add_argument("--default-priority-only", action="store_true", help="(b) with every job at priority 5")
-    ap.add_argument("--file-depths", default="1000,100000", help="(c) FileStorage depths ('' to skip)")
+    ap.add_argument("--file-depths", default="1000,100000,1000000", help="(c) FileStorage depths ('' to skip)")
     args = ap.parse_args()
     global MIXED
     MIXED = not args.default_priority_only
@@ -229,6 +259,23 @@ def main() -> None:
             "directory's per-priority order into the worker's directory under the queue lock.",
             "",
         ]
+    plot = Path(args.out).with_name("scheduling-depth.png")
+    _plot_depth(plot, {"Redis (Valkey)": depth, "FileStorage": file_depth})
+    lines += [
+        "## Claim cost against depth",
+        "",
+        f"![claims at depth]({plot.name})",
+        "",
+        "What limits the curves: on Redis, the server's CPU, whose per-claim work is the same",
+        "at any depth (list pops, field reads) but whose hash and zset lookups miss the CPU",
+        "caches more often in million-entry structures. On FileStorage, the claiming",
+        "process: a claim reads each claimed job's record, which comes from the process's",
+        "record cache (copies of up to 32,768 records it wrote) at small depths and from",
+        "its segment file (open, read, close) beyond that, about halving 100-job claims;",
+        "the renames and ext4's hashed directory lookups stay cheap at any size, and each",
+        "lane's sorted listing is read once and serves many claims.",
+        "",
+    ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
