@@ -273,7 +273,9 @@ def main() -> None:
         "record cache (copies of up to 32,768 records it wrote) at small depths and from",
         "its segment file (open, read, close) beyond that, about halving 100-job claims;",
         "the renames and ext4's hashed directory lookups stay cheap at any size, and each",
-        "lane's sorted listing is read once and serves many claims.",
+        "lane's sorted listing is read once and serves many claims. (Here one process",
+        "enqueues and claims; a worker whose producers are other processes reads every",
+        "record from its segment at any depth: its claims cost what the deep ones do here.)",
         "",
     ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
