@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import platform
 import re
@@ -159,8 +160,6 @@ def server_instructions(binary: str, source: str, keys: list[str], calls: int, t
 def _tree_script(tree: Path, name: str) -> tuple[str, list[str]]:
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage import _lua; "
             "print(json.dumps([_lua.source(sys.argv[2]), _lua.queue_keys('{tq:instr}')]))")
-    import json
-
     out = subprocess.run([sys.executable, "-c", code, str(tree / "python"), name], check=True,
                          capture_output=True, text=True).stdout
     source, keys = json.loads(out)

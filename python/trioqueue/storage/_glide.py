@@ -19,6 +19,7 @@ What it encodes (see /work/shared/notes/redis-clients-under-trio.md for the meas
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -107,6 +108,16 @@ def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParam
 
 _PING = _core.encode_command(("PING",))
 _UNSENT = object()  # _retry_loop: no attempt made yet
+
+
+async def _shielded(limit: float, call: Callable[[], Awaitable[Any]]) -> Any:
+    """``await call()`` shielded from cancellation for up to ``limit`` seconds (a mutation
+    whose reply matters); past that, the caller's cancellation is raised if there is one,
+    else :class:`StorageError`."""
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + limit):
+        return await call()
+    await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
+    raise StorageError(f"Redis did not complete a call within {limit:g} s")
 
 
 class _Backoff:
@@ -301,12 +312,8 @@ class GlideAdapter:
             sha = script.get_hash()
             data = _core.encode_command(("EVALSHA", sha, len(keys)), keys, args)
             return await self._retry_fast(data, sha, shield)
-        if shield is None:
-            return await self._retry(lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
-            return await self._retry(lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
-        await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
-        raise StorageError(f"Redis did not complete a call within {shield:g} s")
+        call = functools.partial(self._retry, lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
+        return await (call() if shield is None else _shielded(shield, call))
 
     async def watchdog(self) -> None:
         """The lean client's :meth:`RespClient.watchdog` (returns at once without one)."""
@@ -333,10 +340,7 @@ class GlideAdapter:
             first = exc
         if not isinstance(first, (ReplyError, ConnectionLost)):
             return first
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + shield):
-            return await self._retry_loop(data, sha, first)
-        await trio.lowlevel.checkpoint_if_cancelled()  # the caller was cancelled: honour it now
-        raise StorageError(f"Redis did not complete a call within {shield:g} s")
+        return await _shielded(shield, functools.partial(self._retry_loop, data, sha, first))
 
     async def _retry_loop(self, data: bytes, sha: str | None, outcome: Any) -> Any:
         """The retries of :meth:`_retry_fast`; ``outcome``: the first attempt's reply or

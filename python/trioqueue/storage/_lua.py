@@ -108,23 +108,17 @@ def source(name: str) -> str:
     # then, to a fixed point, those of the definitions that provide them. Over-counting
     # (a name in a comment or a string) only keeps a definition that could have gone.
     wanted = _words("".join(p for p in parts if isinstance(p, str)))
-    defs = [d for p in parts if isinstance(p, list) for d in p]
-    kept: set[int] = set()
+    left = [d for p in parts if isinstance(p, list) for d in p]
+    kept: set[_Definition] = set()
     grew = True
     while grew:
         grew = False
-        for i, d in enumerate(defs):
-            if i not in kept and d.names & wanted:
-                kept.add(i)
+        for d in left:
+            if d not in kept and d.names & wanted:
+                kept.add(d)
                 wanted |= d.uses
                 grew = True
-    out: list[str] = []
-    for p in parts:
-        if isinstance(p, str):
-            out.append(p)
-        else:
-            out.extend(d.text for d in p if defs.index(d) in kept)
-    return "".join(out)
+    return "".join(p if isinstance(p, str) else "".join(d.text for d in p if d in kept) for p in parts)
 
 
 # Running a script runs its whole text first: every ``local function`` of the prelude
