@@ -540,7 +540,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
     from trioqueue.storage import _lua
 
     declared = {
-        "JOBS", "META", "ENV", "RESULTS", "ERRORS", "PROGRESS", "Q", "D", "L", "SWEEP_AT", "WK", "PROCS",
+        "JOBS", "META", "ENV", "LISTENING", "ERRORS", "PROGRESS", "Q", "D", "L", "SWEEP_AT", "WK", "PROCS",
         "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "P", "KEYS[1]", "KEYS[30]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
         "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q
@@ -636,3 +636,64 @@ async def test_a_running_queue_runs_the_lean_clients_watchdog_until_it_stops(st:
         await q1.enqueue("a", 1)
     assert watch.active == 0
     assert (await st.enqueue("wd", [_job("b")]))[0].status == "queued"  # scoped calls still work
+
+
+async def _publishes(st: RedisStorage) -> int:
+    """PUBLISH calls the server has run (scripts' included), from INFO commandstats."""
+    info = await st._adapter.command(["INFO", "commandstats"])
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("cmdstat_publish:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+async def test_events_are_published_only_while_someone_listens_to_every_event(st: RedisStorage) -> None:
+    """Nobody listening to a queue's events channel: its scripts neither build nor publish
+    the events (a pure producer's enqueue publishes nothing); a subscriber to every event
+    keeps the channel's listening key alive and gets each event; notices still go out."""
+    from trioqueue.storage._base import NOTICE_KINDS
+
+    key = st._base("lq") + ":listening"
+    before = await _publishes(st)
+    await st.enqueue("lq", [_job(f"a{i}") for i in range(5)])
+    async with st.subscribe("lq", kinds=NOTICE_KINDS) as notices:
+        assert await st._adapter.command(["EXISTS", key]) == 0  # a notices reader does not listen there
+        await st.enqueue("lq", [_job("a5")])
+        assert await _publishes(st) == before
+        claim = (await st.dequeue("lq", "w1", max_jobs=1, timeout=0, lease=30.0))[0]
+        await st.settle("lq", "w1", [_done(claim, b"r")])
+        with trio.fail_after(10):
+            assert [e.kind for e in await notices.receive()] == ["completed"]
+    assert await _publishes(st) == before + 1  # the notice alone
+
+    async with st.subscribe("lq") as rx:
+        assert await st._adapter.command(["EXISTS", key]) == 1
+        await st.enqueue("lq", [_job("b0"), _job("b1")])
+        got: list[str] = []
+        with trio.fail_after(10):
+            while len(got) < 2:
+                got += [e.job_id for e in await rx.receive() if e.kind == "enqueued"]
+        assert got == ["b0", "b1"]
+    await st._adapter.command(["DEL", key])  # as when its TTL ran out after the last one left
+    before = await _publishes(st)
+    await st.enqueue("lq", [_job("c0")])
+    assert await _publishes(st) == before
+
+
+async def test_an_events_subscriber_resyncs_when_the_listening_key_was_gone(redis_url: str) -> None:
+    """While the listening key is missing (expired after a stall, evicted, flushed) the
+    scripts publish nothing on the events channel: the subscriber's watch puts it back at
+    its next tick and tells the reader to resync, the cue that events may have been lost."""
+    async with RedisStorage(redis_url, prefix=_prefix(), watch_interval=0.05) as st:
+        key = st._base("gq") + ":listening"
+        async with st.subscribe("gq") as rx:
+            await st._adapter.command(["DEL", key])
+            await st.enqueue("gq", [_job("lost")])  # published to nobody
+            with trio.fail_after(10):
+                assert [e.kind for e in await rx.receive()] == ["resync"]
+            assert await st._adapter.command(["EXISTS", key]) == 1
+            await st.enqueue("gq", [_job("seen")])
+            with trio.fail_after(10):
+                batch = await rx.receive()
+            assert [(e.kind, e.job_id) for e in batch] == [("enqueued", "seen")]

@@ -26,7 +26,7 @@ QUEUE_KEY_NAMES = (
     "jobs",  # hash id -> state string (the registry); a terminal job's: its whole record
     "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...) of an active job
     "env",  # hash id -> envelope (until completed; a failed/cancelled job's until forgotten: retry)
-    "results",  # unused (results live in the completed jobs' records); kept: KEYS positions
+    "listening",  # string with a TTL, present while a subscriber listens to ``events``
     "errors",  # hash id -> serialized error (failing/failed, until expiry)
     "progress",  # hash id -> last reported progress
     "queue",  # list: the ready list of entries <entry token>:<id>

@@ -50,6 +50,9 @@ __all__ = ["RedisStorage"]
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
+# How long an events subscriber's listening key outlives its last refresh (seconds; at
+# least 20 watch ticks): the scripts skip the events channel once it is gone.
+_LISTEN_TTL = 10.0
 _KIND_CODE = {
     SettleKind.COMPLETE: "c",
     SettleKind.FAIL: "f",
@@ -530,12 +533,16 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
                     return
             sub.deliver(events)
 
+        # The scripts publish on the events channel only while its listening key lives.
+        listening = None if notices_only else self._base(queue) + ":listening"
         client = await self._adapter.subscriber(channel, on_message)
         self._subs.add(sub)
         try:
+            if listening is not None:
+                await self._listen(listening)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._adapter.serve, client)
-                nursery.start_soon(self._watch, client, channel, sub)
+                nursery.start_soon(self._watch, client, channel, sub, listening)
                 try:
                     yield receive
                 finally:
@@ -546,9 +553,17 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
             receive.close()
             await self._adapter.close_client(client)
 
-    async def _watch(self, client: Any, channel: str, sub: _Sub) -> None:
+    async def _listen(self, key: str) -> bool:
+        """Set (or refresh) a listening key; whether it was there already."""
+        ttl = max(_LISTEN_TTL, 20 * self._watch_interval)
+        return await self._adapter.command(["SET", key, "1", "PX", str(_ms(ttl)), "GET"]) is not None
+
+    async def _watch(self, client: Any, channel: str, sub: _Sub, listening: str | None) -> None:
         """Emit ``resync`` once the subscriber connection is back after a reconnect (its
-        server-side id changed) or after any fault seen by this storage's commands."""
+        server-side id changed), after any fault seen by this storage's commands, or when
+        the channel's ``listening`` key (refreshed here every tick) had gone: the scripts
+        published nothing on the channel while it was missing (expired after a stall,
+        evicted, flushed)."""
         conn_id = await self._adapter.connection_id(client)
         while True:
             await trio.sleep(self._watch_interval)
@@ -556,7 +571,16 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
             if now_id is None:
                 sub.fault = True
                 continue
-            if now_id != conn_id or sub.fault:
+            gap = False
+            if listening is not None:
+                try:
+                    gap = not await self._listen(listening)
+                except Exception:  # noqa: BLE001 - a fault: resync once it is back
+                    sub.fault = True
+                    continue
+            if gap and not sub.fault and now_id == conn_id:
+                sub.deliver([_RESYNC])
+            elif now_id != conn_id or sub.fault:
                 try:
                     await self._adapter.wait_subscribed(client, channel)
                 except Exception:  # noqa: BLE001 - not yet: try again next tick

@@ -1,6 +1,6 @@
 -- Shared by every queue script (spliced in at load time by _lua.py).
 -- Every key a script touches is declared in KEYS (one hash tag: one cluster slot):
-local JOBS, META, ENV, RESULTS, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local JOBS, META, ENV, LISTENING, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local Q, D, L, SWEEP_AT, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local SEQ, PAUSED, CTL, SCHED, SCHED_LAST, EVENTS = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
 local STATES = KEYS[19]
@@ -42,6 +42,12 @@ local NOTICE = {
   completed = true, failed = true, cancelled = true, removed = true, cancel_requested = true, fenced = true, error = true,
 }
 local NV = {}
+-- Events are built and published on EVENTS only while someone listens there: every
+-- subscriber to all events keeps LISTENING alive (RedisStorage.subscribe sets it with a
+-- TTL and refreshes it, and tells its reader to resync if it ever found it gone). The
+-- notice kinds always go to NOTICES. Looked up once a call, at the first event.
+local LISTEN = nil
+local EVN = 0  -- events this call emitted, published or not
 local function ns(s)
   if s == nil or s == false then return '-' end
   return #s .. ':' .. s
@@ -52,9 +58,13 @@ local function small(s)
 end
 -- an event: kind, job id, worker, result, error, incarnation token
 local function ev(kind, id, worker, result, err, token)
+  EVN = EVN + 1
+  if LISTEN == nil then LISTEN = redis.call('EXISTS', LISTENING) == 1 end
+  local notice = NOTICE[kind]
+  if not (LISTEN or notice) then return end
   local e = ns(kind) .. ns(id) .. ns(worker) .. ns(result) .. ns(err) .. ns(token)
-  EV[#EV + 1] = e
-  if NOTICE[kind] then NV[#NV + 1] = e end
+  if LISTEN then EV[#EV + 1] = e end
+  if notice then NV[#NV + 1] = e end
 end
 local function flush()
   if WAKE > 0 and redis.call('LLEN', Q) == 0 then

@@ -60,6 +60,6 @@ for i = #back, 1, -1 do
   redis.call('LPUSH', LANE, back[i][1])
   pushed_to(back[i][2])
 end
-if #back > 0 or #EV > 0 then slot_freed() end
+if #back > 0 or EVN > 0 then slot_freed() end
 flush()
 return #back
