@@ -159,7 +159,8 @@ def server_instructions(binary: str, source: str, keys: list[str], calls: int, t
 
 def _tree_script(tree: Path, name: str) -> tuple[str, list[str]]:
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage import _lua; "
-            "print(json.dumps([_lua.source(sys.argv[2]), _lua.queue_keys('{tq:instr}')]))")
+            "keys = getattr(_lua, 'keys_of', lambda n, b: _lua.queue_keys(b)); "
+            "print(json.dumps([_lua.source(sys.argv[2]), keys(sys.argv[2], '{tq:instr}')]))")
     out = subprocess.run([sys.executable, "-c", code, str(tree / "python"), name], check=True,
                          capture_output=True, text=True).stdout
     source, keys = json.loads(out)

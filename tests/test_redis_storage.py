@@ -541,7 +541,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
 
     declared = {
         "JOBS", "META", "ENV", "LISTENING", "ERRORS", "PROGRESS", "Q", "D", "L", "SWEEP_AT", "WK", "PROCS",
-        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "P", "KEYS[1]", "KEYS[30]",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "P", "KEYS[1]", "KEYS[QK + 1]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
         "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q
         "unpack(LANES",  # EXISTS over all of them, or a range of them
@@ -559,6 +559,35 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
         assert f"KEYS[{i}]" in prelude, suffix
 
 
+def test_each_queue_script_is_sent_the_keys_it_names_and_no_others() -> None:
+    """A script's KEYS are renumbered to the keys it uses (each costs the server about
+    1,100 instructions a call): every key name it binds must still point at the same
+    queue key, and it must be sent exactly the keys it binds, in that order."""
+    import re
+
+    from trioqueue.storage import _lua
+
+    layout = {name: int(n) for name, n in re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", _lua._read("_prelude"), re.M)}
+    lanes = [int(n) for n in re.findall(r"KEYS\[(\d+)\]", re.search(r"local LANES = \{(.*)\}", _lua._read("_prelude")).group(1))]
+    assert len(layout) + len(lanes) == len(_lua.QUEUE_KEY_NAMES)
+    for name in _lua.SCRIPT_NAMES:
+        code, sent = _lua.source(name), _lua.script_keys(name)
+        if "--@include _prelude" not in _lua._read(name):
+            assert sent == () and code == _lua._read(name)
+            continue
+        bound = {var: int(n) for var, n in re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", code, re.M)}
+        for var, k in bound.items():  # the same queue key as in the full layout
+            assert sent[k - 1] == layout[var] - 1, (name, var)
+        words = set(re.findall(r"\w+", re.sub(r"--.*", "", code.replace("".join(f"local {v} = KEYS[{k}]\n" for v, k in bound.items()), ""))))
+        expected = {layout[v] - 1 for v in layout if v in words}
+        if "LANES" in words:
+            expected |= {n - 1 for n in lanes}
+        assert set(sent) == expected, name
+        refs = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", code)}
+        assert refs == set(range(1, len(sent) + 1)), name
+        assert ("QK" in words) == (f"local QK = {len(sent)}\n" in code), name
+
+
 def test_each_script_carries_the_prelude_definitions_it_uses_and_no_others() -> None:
     """A script call runs the script's whole text, so every ``local function`` of the
     prelude would make a closure on every call: a script carries only the definitions it
@@ -570,11 +599,12 @@ def test_each_script_carries_the_prelude_definitions_it_uses_and_no_others() -> 
     prelude = _lua._definitions(_lua._read("_prelude"))
     assert prelude is not None and len(prelude) > 30
     words = re.compile(r"[A-Za-z_]\w*")
+    keys = re.compile(r"KEYS\[\d+\]")  # renumbered per script (see the test above)
     for name in _lua.SCRIPT_NAMES:
-        code = _lua.source(name)
+        code = keys.sub("KEYS[]", _lua.source(name))
         used = set(words.findall(re.sub(r"(?m)^\s*--.*$", "", code)))
         for d in prelude:
-            kept = d.text in code
+            kept = keys.sub("KEYS[]", d.text) in code
             assert kept == bool(d.names & used), (name, sorted(d.names), kept)
     assert "local function sweep(" in _lua.source("enqueue")
     assert "local function sweep(" not in _lua.source("get_envelope")

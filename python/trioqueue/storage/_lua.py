@@ -6,7 +6,8 @@ A line ``--@include <name>`` splices in the shared fragment ``redis_scripts/<nam
 ``_flow_claim``/``_flow_free``: flow control, whose keys come last in KEYS).
 Every key a script touches is declared in ``KEYS`` (Redis Cluster and ACL key patterns
 depend on it), all under the queue's hash tag ``{prefix:queue}``, in the order of
-:func:`queue_keys`; a script that touches a worker's processing list gets it after them.
+:func:`queue_keys`, but each script is sent only those it uses (:func:`script_keys`); a
+script that touches a worker's processing list gets it after them.
 Per-job data lives in fields of per-queue hashes, so no key is ever derived from data at
 run time. Scripts are loaded once per process (EVALSHA; reloaded on NOSCRIPT).
 """
@@ -17,11 +18,11 @@ import re
 from functools import cache
 from importlib import resources
 
-__all__ = ["QUEUE_KEY_NAMES", "SCRIPT_NAMES", "SMALL", "queue_keys", "source"]
+__all__ = ["QUEUE_KEY_NAMES", "SCRIPT_NAMES", "SMALL", "keys_of", "queue_keys", "script_keys", "source"]
 
 SMALL = 65536  # results/errors up to this size ride along in events
 
-# KEYS[1..29] of every queue script, as suffixes of ``{prefix:queue}``.
+# The queue keys (KEYS[1..29] of the full layout), as suffixes of ``{prefix:queue}``.
 QUEUE_KEY_NAMES = (
     "jobs",  # hash id -> state string (the registry); a terminal job's: its whole record
     "meta",  # hash id -> JSON metadata (attempts, tokens, worker, ...) of an active job
@@ -81,7 +82,7 @@ _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 
 def queue_keys(base: str) -> list[str]:
-    """KEYS[1..29] of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
+    """All the queue keys of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
     return [f"{base}:{name}" for name in QUEUE_KEY_NAMES]
 
 
@@ -89,11 +90,49 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("redis_scripts", f"{name}.lua").read_text(encoding="utf-8")
 
 
-@cache
 def source(name: str) -> str:
     """The text of script ``name``: its ``--@include`` lines replaced by the fragments,
     and of a fragment made only of top-level ``local`` definitions (the prelude, say), only
-    the definitions the script uses, directly or through other definitions."""
+    the definitions the script uses, directly or through other definitions. A queue script
+    (one that includes the prelude) is numbered for the KEYS of :func:`script_keys`."""
+    return _layout(name)[0]
+
+
+def script_keys(name: str) -> tuple[int, ...]:
+    """The positions in :data:`QUEUE_KEY_NAMES` of the queue keys script ``name`` is sent,
+    in KEYS order (a worker's processing lists and the flow keys follow them); ``()`` for
+    a script that is not a queue script (the locks')."""
+    return _layout(name)[1]
+
+
+def keys_of(name: str, base: str) -> list[str]:
+    """The queue keys script ``name`` is sent, for the queue whose keys start with
+    ``base`` (``{prefix:queue}``)."""
+    return [f"{base}:{QUEUE_KEY_NAMES[i]}" for i in script_keys(name)]
+
+
+_KEY_REF = re.compile(r"KEYS\[(\d+)\]")
+_TRAILING_COMMENT = re.compile(r"--.*$", re.MULTILINE)
+
+
+@cache
+def _layout(name: str) -> tuple[str, tuple[int, ...]]:
+    """A script sent all 29 queue keys pays about 1,100 server instructions per key and
+    call: a queue script gets only those its spliced text names (outside comments), its
+    ``KEYS[n]`` renumbered in that order, and ``QK`` (the count) defined first."""
+    text = _splice(name)
+    if "--@include _prelude" not in _read(name):
+        return text, ()
+    code = _TRAILING_COMMENT.sub("", text)
+    used = sorted({int(n) for n in _KEY_REF.findall(code) if 1 <= int(n) <= len(QUEUE_KEY_NAMES)})
+    at = {n: i for i, n in enumerate(used, start=1)}
+    text = _KEY_REF.sub(lambda m: f"KEYS[{at.get(int(m.group(1)), m.group(1))}]", text)
+    if "QK" in _words(text):
+        text = f"local QK = {len(used)}\n" + text
+    return text, tuple(n - 1 for n in used)
+
+
+def _splice(name: str) -> str:
     if name not in SCRIPT_NAMES:
         raise KeyError(f"no Redis script named {name!r}")
     parts: list[str | list[_Definition]] = []

@@ -63,7 +63,7 @@ _KIND_CODE = {
 _FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 _MAX_JOBS_PER_CALL = 2000
-_KEY_CACHE_SIZE = 4096  # (queue, worker) KEYS lists kept; cleared when full
+_KEY_CACHE_SIZE = 4096  # (script, queue, worker) KEYS lists kept; cleared when full
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
 
@@ -146,7 +146,7 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
         self._call_seq = 0
         self._call_prefix = base64.urlsafe_b64encode(os.urandom(6)).decode()  # 8 chars: kept in records
         self._named: set[str] = set()  # queues added to the set of names (queue_names)
-        self._key_cache: dict[tuple[str, str | None, bool], list[str]] = {}
+        self._key_cache: dict[tuple[str, str, str | None], list[str]] = {}
 
     def __repr__(self) -> str:
         p = self._params
@@ -157,9 +157,10 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
     def _base(self, queue: str) -> str:
         return "{" + self.prefix + ":" + queue + "}"
 
-    def _keys(self, queue: str, *extra: str) -> list[str]:
-        """KEYS of a queue script: the queue's keys, then ``extra`` (processing lists)."""
-        return [*_lua.queue_keys(self._base(queue)), *extra]
+    def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
+        """KEYS of queue script ``name``: the queue keys it uses, then ``extra``
+        (processing lists, flow keys)."""
+        return [*_lua.keys_of(name, self._base(queue)), *extra]
 
     def _flow_keys(self, queue: str) -> list[str]:
         """The last KEYS of the scripts that apply or free flow control (claim, settle,
@@ -185,14 +186,13 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
             await self._adapter.close()
 
     def _script_keys(self, name: str, queue: str, worker: str | None) -> list[str]:
-        """KEYS of script ``name`` (built once per queue, worker and kind of script: the
-        29 names cost more to format than the rest of a call's arguments)."""
-        flow = name in _FLOW_SCRIPTS
-        cache_key = (queue, worker, flow)
+        """KEYS of script ``name`` (built once per script, queue and worker: the names
+        cost more to format than the rest of a call's arguments)."""
+        cache_key = (name, queue, worker)
         keys = self._key_cache.get(cache_key)
         if keys is None:
-            keys = self._keys(queue) if worker is None else self._keys(queue, self._plist(queue, worker))
-            if flow:
+            keys = self._keys(name, queue) if worker is None else self._keys(name, queue, self._plist(queue, worker))
+            if name in _FLOW_SCRIPTS:
                 keys += self._flow_keys(queue)
             if len(self._key_cache) >= _KEY_CACHE_SIZE:
                 self._key_cache.clear()
@@ -486,7 +486,7 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
         procs = await self._adapter.command(["SMEMBERS", base + ":procs"])
         dead = await self._adapter.command(["ZRANGEBYSCORE", base + ":workers", "-inf", f"{time.time() * 1000:.0f}"])
         workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
-        keys = self._keys(queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
+        keys = self._keys("recover", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
         rec, nd = await self._adapter.script(self._scripts["recover"], keys, workers)
         # Forget expired terminal jobs, a bounded slice per call, until none is due.
         while int(await self._run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:

@@ -1,8 +1,27 @@
 -- Shared by every queue script (spliced in at load time by _lua.py).
--- Every key a script touches is declared in KEYS (one hash tag: one cluster slot):
-local JOBS, META, ENV, LISTENING, ERRORS, PROGRESS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local Q, D, L, SWEEP_AT, WK, PROCS = KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local SEQ, PAUSED, CTL, SCHED, SCHED_LAST, EVENTS = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18]
+-- Every key a script touches is declared in KEYS (one hash tag: one cluster slot). The
+-- numbers below are positions in the full layout (_lua.QUEUE_KEY_NAMES); a script is sent
+-- only the keys it uses, and _lua.source renumbers its KEYS[n] to match (an EVALSHA costs
+-- the server about 1,100 instructions per key). QK: how many queue keys the script gets
+-- (its processing lists and flow keys come after them).
+local JOBS = KEYS[1]
+local META = KEYS[2]
+local ENV = KEYS[3]
+local LISTENING = KEYS[4]
+local ERRORS = KEYS[5]
+local PROGRESS = KEYS[6]
+local Q = KEYS[7]
+local D = KEYS[8]
+local L = KEYS[9]
+local SWEEP_AT = KEYS[10]
+local WK = KEYS[11]
+local PROCS = KEYS[12]
+local SEQ = KEYS[13]
+local PAUSED = KEYS[14]
+local CTL = KEYS[15]
+local SCHED = KEYS[16]
+local SCHED_LAST = KEYS[17]
+local EVENTS = KEYS[18]
 local STATES = KEYS[19]
 -- KEYS[29]: the notices channel, a second pub/sub channel carrying only the events a
 -- waiter or a job's holder acts on (NOTICE below); EVENTS carries every event.

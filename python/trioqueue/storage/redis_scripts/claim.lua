@@ -1,4 +1,4 @@
--- KEYS[30]: the worker's processing list; the last two KEYS: the rate log and the flow hash.
+-- KEYS[QK + 1]: the worker's processing list; the last two KEYS: the rate log and the flow hash.
 -- ARGV: worker, max_jobs, lease_ms, moved entry ('' if none, '*': the list's last entry,
 -- the script being pipelined behind the blocking move), reconcile ('1': also claim
 -- entries of the worker's list that a blocking move put there but no claim followed),
@@ -10,7 +10,7 @@
 -- refused by flow control}.
 --@include _prelude
 --@include _promote
-local P = KEYS[30]
+local P = KEYS[QK + 1]
 local W, MX, LEASE, MOVED, RECONCILE, START = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
 local now = now_ms()
 redis.call('SADD', PROCS, W)

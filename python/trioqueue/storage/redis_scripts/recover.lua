@@ -1,4 +1,4 @@
--- KEYS[30..]: the processing lists of the workers named in ARGV (the members of PROCS
+-- KEYS[QK + 1..]: the processing lists of the workers named in ARGV (the members of PROCS
 -- and WK the caller read just before); the last KEY: the flow hash. Recovers expired leases and the jobs of dead
 -- workers, promotes due jobs, removes dead workers that hold nothing.
 -- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false}.
@@ -9,7 +9,7 @@
 local now = now_ms()
 local rec = {}
 local lists = {}
-for i = 1, #ARGV do lists[ARGV[i]] = KEYS[29 + i] end
+for i = 1, #ARGV do lists[ARGV[i]] = KEYS[QK + i] end
 promote(now)
 local function recover(id, m, W)
   redis.call('ZREM', L, id)

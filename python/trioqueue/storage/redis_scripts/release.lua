@@ -1,4 +1,4 @@
--- KEYS[30]: the worker's processing list; the last KEY: the flow hash. ARGV: worker,
+-- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash. ARGV: worker,
 -- refund ('1': none of these claims ran, a started claim's attempt is taken back), ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (without refund
 -- a started claim's attempt stays counted; a job with a cancel request ends cancelled
@@ -7,7 +7,7 @@
 --@include _prelude
 --@include _cancel
 --@include _flow_free
-local P = KEYS[30]
+local P = KEYS[QK + 1]
 local W, REFUND = ARGV[1], ARGV[2] == '1'
 local now = now_ms()
 local byid = {}

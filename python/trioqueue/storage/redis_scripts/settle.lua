@@ -1,4 +1,4 @@
--- KEYS[30]: the worker's processing list; the last KEY: the flow hash.
+-- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash.
 -- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l>:<ttl_ms>:<delay_ms>', claim
 -- token) per settlement. Returns a list of 1 (settled, or already settled by this claim)
 -- / 0 (fenced: the claim is not the job's current one in this worker's list).
@@ -7,7 +7,7 @@
 --@include _prelude
 --@include _cancel
 --@include _flow_free
-local P = KEYS[30]
+local P = KEYS[QK + 1]
 local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
 local out = {}

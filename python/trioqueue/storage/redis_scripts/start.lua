@@ -1,8 +1,8 @@
--- KEYS[30]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
+-- KEYS[QK + 1]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
 -- Counts the attempts of reserved claims about to run. Returns 1/0 per pair.
 --@include _prelude
 --@include _cancel
-local P = KEYS[30]
+local P = KEYS[QK + 1]
 local W = ARGV[1]
 local now = now_ms()
 local out = {}

@@ -1,6 +1,6 @@
--- KEYS[30]: the worker's processing list. ARGV: worker
+-- KEYS[QK + 1]: the worker's processing list. ARGV: worker
 --@include _prelude
 local W = ARGV[1]
 redis.call('ZREM', WK, W)
-if redis.call('LLEN', KEYS[30]) == 0 then redis.call('SREM', PROCS, W) end
+if redis.call('LLEN', KEYS[QK + 1]) == 0 then redis.call('SREM', PROCS, W) end
 return 1
