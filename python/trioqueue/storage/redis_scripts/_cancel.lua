@@ -3,5 +3,5 @@ local function cancel_claimed(id, m, now, W)
   m.s = 0
   m.x = 0
   ev('cancelled', id, W, nil, nil, m.i)
-  terminal(id, m, now, m.t or 0, 'cancelled:' .. now, '')
+  terminal(id, m, now, m.t or 0, 'cancelled:' .. istr(now), '')
 end

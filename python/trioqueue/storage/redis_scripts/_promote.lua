@@ -1,6 +1,6 @@
 -- Due retries (failing) and delayed jobs go to the ready list.
 local function promote(now)
-  local ids = redis.call('ZRANGEBYSCORE', D, '-inf', now, 'LIMIT', 0, 1000)
+  local ids = redis.call('ZRANGEBYSCORE', D, '-inf', istr(now), 'LIMIT', '0', '1000')
   for _, id in ipairs(ids) do
     redis.call('ZREM', D, id)
     local st = redis.call('HGET', JOBS, id)
@@ -9,9 +9,9 @@ local function promote(now)
       local tok = redis.call('INCR', SEQ)
       m.k = tok
       setm(id, m)
-      setst(id, 'queued:' .. now)
+      setst(id, 'queued:' .. istr(now))
       local LANE = lane_of(m)
-      redis.call('RPUSH', LANE, tok .. ':' .. id)
+      redis.call('RPUSH', LANE, istr(tok) .. ':' .. id)
       pushed_to(m)
       ev(starts(st, 'failing:') and 'requeued' or 'promoted', id, nil, nil, nil, m.i)
     end

@@ -37,7 +37,7 @@ local function try(entry)
   if paused or #out >= MX then return 'back' end
   if yield then return 'front' end
   m.n = (m.n or 0) + 1
-  m.l = m.i .. '.' .. m.n
+  m.l = m.i .. '.' .. istr(m.n)
   m.w = W
   local started = #out < START
   if started then
@@ -47,8 +47,8 @@ local function try(entry)
     m.s = 0
   end
   setm(id, m)
-  setst(id, 'processing:' .. now .. ':' .. W)
-  redis.call('ZADD', L, now + LEASE, id)
+  setst(id, 'processing:' .. istr(now) .. ':' .. W)
+  redis.call('ZADD', L, istr(now + LEASE), id)
   out[#out + 1] = {id, redis.call('HGET', ENV, id), started and m.a or m.a + 1, m.l, started and 1 or 0}
   return 'claim'
 end
@@ -90,7 +90,8 @@ yield = false
 -- common case: every redis.call costs ~1.5 us of script time).
 local claimed = {}
 local w_meta, w_jobs, w_leases, c_ids, c_meta = {}, {}, {}, {}, {}
-local processing = 'processing:' .. now .. ':' .. W
+local lease_at = istr(now + LEASE)
+local processing = 'processing:' .. istr(now) .. ':' .. W
 local QLANE = DEFAULT_PRIORITY + 1
 local lane = 1
 while #out + #c_ids < MX and not paused and lane <= #LANES do
@@ -118,7 +119,7 @@ while #out + #c_ids < MX and not paused and lane <= #LANES do
         if tostring(m.k) == toks[k] then
           claimed[id] = true
           m.n = (m.n or 0) + 1
-          m.l = m.i .. '.' .. m.n
+          m.l = m.i .. '.' .. istr(m.n)
           m.w = W
           if #out + #c_ids < START then
             m.a = m.a + 1
@@ -130,7 +131,7 @@ while #out + #c_ids < MX and not paused and lane <= #LANES do
           w_meta[#w_meta + 1] = cjson.encode(m)
           w_jobs[#w_jobs + 1] = id
           w_jobs[#w_jobs + 1] = processing
-          w_leases[#w_leases + 1] = now + LEASE
+          w_leases[#w_leases + 1] = lease_at
           w_leases[#w_leases + 1] = id
           c_ids[#c_ids + 1] = id
           c_meta[#c_meta + 1] = m

@@ -4,6 +4,6 @@
 sweep(now_ms(), 1000)
 local out = {}
 for k = 0, 6 do
-  out[k + 1] = redis.call('ZCOUNT', STATES, string.format('%.0f', k * K44), string.format('%.0f', k * K44 + K44 - 1))
+  out[k + 1] = redis.call('ZCOUNT', STATES, istr(k * K44), istr(k * K44 + K44 - 1))
 end
 return out

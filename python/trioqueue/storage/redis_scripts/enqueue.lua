@@ -5,6 +5,7 @@
 -- redis.call per job and hash would cost more than the work itself.
 --@include _prelude
 local now = now_ms()
+local nows = istr(now)
 sweep(now, 100)
 local call = ARGV[1]
 local n = (#ARGV - 1) / 5
@@ -32,6 +33,7 @@ for j = 1, n do
   elseif not st or starts(st, 'cancelled:') then
     if st then purge(id) end  -- what the cancelled incarnation left
     tok = tok + 1
+    local tokstr = istr(tok)
     local mx, ttl = split(ARGV[i + 2])
     local ttl2, prio = split(ttl)
     if prio then ttl = ttl2 end
@@ -40,20 +42,20 @@ for j = 1, n do
     w_env[#w_env + 1] = id
     w_env[#w_env + 1] = ARGV[i + 1]
     w_meta[#w_meta + 1] = id
-    w_meta[#w_meta + 1] = '{"a":0,"m":' .. mx .. ',"t":' .. ttl .. ',"k":' .. tok .. ',"c":' .. now ..
+    w_meta[#w_meta + 1] = '{"a":0,"m":' .. mx .. ',"t":' .. ttl .. ',"k":' .. tokstr .. ',"c":' .. nows ..
       ',"q":' .. call_json .. ',"i":' .. cjson.encode(ARGV[i + 3]) .. ',"n":0,"s":0,"x":0' ..
       (prio ~= DEFAULT_PRIORITY and (',"p":' .. prio .. '}') or '}')
     if run_at and run_at > now then
-      st = 'delayed:' .. now .. ':' .. run_at
-      redis.call('ZADD', D, run_at, id)
+      st = 'delayed:' .. nows .. ':' .. istr(run_at)
+      redis.call('ZADD', D, istr(run_at), id)
       delayed = true
     else
-      st = 'queued:' .. now
+      st = 'queued:' .. nows
       if prio == DEFAULT_PRIORITY then
-        fresh[#fresh + 1] = tok .. ':' .. id
+        fresh[#fresh + 1] = tokstr .. ':' .. id
       else
         if not lanes[prio] then lanes[prio] = {} end
-        table.insert(lanes[prio], tok .. ':' .. id)
+        table.insert(lanes[prio], tokstr .. ':' .. id)
         WAKE = WAKE + 1
       end
     end

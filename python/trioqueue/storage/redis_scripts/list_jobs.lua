@@ -14,12 +14,12 @@ local limit = tonumber(ARGV[2])
 local lo = k * K44
 local start
 if ARGV[3] == '' then
-  start = redis.call('ZCOUNT', STATES, '(' .. fmt(lo + K44 - 1), '+inf')
+  start = redis.call('ZCOUNT', STATES, '(' .. istr(lo + K44 - 1), '+inf')
 else
   local sc = lo + tonumber(ARGV[3])
   local cid = ARGV[4]
   local old = redis.call('ZSCORE', STATES, cid)
-  redis.call('ZADD', STATES, fmt(sc), cid)
+  redis.call('ZADD', STATES, istr(sc), cid)
   start = redis.call('ZREVRANK', STATES, cid)
   if old then
     redis.call('ZADD', STATES, old, cid)
@@ -40,7 +40,7 @@ for i = 1, #got, 2 do
     break
   end
   local r = report(id) or {'', '0', '0', '0', false, false, false, false, DEFAULT_PRIORITY}
-  recs[#recs + 1] = {id, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tostring(r[9]), fmt(score - lo)}
+  recs[#recs + 1] = {id, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tostring(r[9]), istr(score - lo)}
 end
 for _, r in ipairs(recs) do r[11] = nil end
 return {recs, nxt_ms, nxt_id}

@@ -7,7 +7,7 @@
 local lo = KIND[ARGV[1]] * K44
 local cutoff = ARGV[2] ~= '' and tonumber(ARGV[2]) or nil
 local slice, offset = tonumber(ARGV[3]), tonumber(ARGV[4])
-local ids = redis.call('ZRANGEBYSCORE', STATES, fmt(lo), fmt(lo + K44 - 1), 'LIMIT', offset, slice)
+local ids = redis.call('ZRANGEBYSCORE', STATES, istr(lo), istr(lo + K44 - 1), 'LIMIT', offset, slice)
 local n = 0
 for _, id in ipairs(ids) do
   local _, ms = split(stpart(redis.call('HGET', JOBS, id)) or '')

@@ -42,7 +42,7 @@ for i = 3, #ARGV do
             m.w = nil
             m.l = nil
             setm(id, m)
-            setst(id, 'queued:' .. now)
+            setst(id, 'queued:' .. istr(now))
             back[#back + 1] = {e, m}
             ev('requeued', id, W, nil, nil, m.i)
           end

@@ -10,6 +10,7 @@
 local P = KEYS[QK + 1]
 local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
+local nows = istr(now)
 local out = {}
 local wake = false
 local hold = 0  -- RateLimited: no claim before this (ms)
@@ -57,17 +58,17 @@ for j, id in ipairs(ids) do
       redis.call('ZREM', L, id)
       if kind == 'c' then
         ev('completed', id, W, small(data), nil, m.i)
-        terminal(id, m, now, ttl, 'completed:' .. now, data)
+        terminal(id, m, now, ttl, 'completed:' .. nows, data)
         redis.call('HDEL', ENV, id)
       elseif kind == 'f' then
         ev('failed', id, W, nil, small(data), m.i)
-        terminal(id, m, now, ttl, 'failed:' .. now, '')
+        terminal(id, m, now, ttl, 'failed:' .. nows, '')
       elseif kind == 'l' and m.x ~= 1 then
         -- RateLimited: back as delayed, and the whole queue holds off as long
         m.w = nil
         setm(id, m)
-        setst(id, 'delayed:' .. now .. ':' .. (now + delay))
-        redis.call('ZADD', D, now + delay, id)
+        setst(id, 'delayed:' .. nows .. ':' .. istr(now + delay))
+        redis.call('ZADD', D, istr(now + delay), id)
         ev('rate_limited', id, W, nil, nil, m.i)
         if now + delay > hold then hold = now + delay end
         if delay <= 0 then wake = true end
@@ -77,7 +78,7 @@ for j, id in ipairs(ids) do
       cur_st[id] = stpart(redis.call('HGET', JOBS, id)) or 'gone:0'
       cur_m[id] = m  -- written (or purged) by terminal() already
     elseif kind == 'c' or kind == 'f' then
-      st = (kind == 'c' and 'completed:' or 'failed:') .. now
+      st = (kind == 'c' and 'completed:' or 'failed:') .. nows
       m.w = nil
       if kind == 'c' then
         put(w_rec, id, record(st, m, data))
@@ -96,11 +97,11 @@ for j, id in ipairs(ids) do
       cur_st[id] = st
     else
       m.w = nil
-      st = 'failing:' .. now .. ':' .. m.a
+      st = 'failing:' .. nows .. ':' .. istr(m.a)
       put(w_jobs, id, st)
       put(w_err, id, data)
       l_rem[#l_rem + 1] = id
-      redis.call('ZADD', D, now + delay, id)
+      redis.call('ZADD', D, istr(now + delay), id)
       ev('failing', id, W, nil, small(data), m.i)
       if delay <= 0 then wake = true end
       cur_st[id] = st
