@@ -86,6 +86,16 @@ def test_json_serde_encodes_exactly_as_the_compact_json_encoder(value: object) -
     assert JsonSerde().dumps(value) == expected.encode()
 
 
+@given(st.one_of(json_values, st.floats(), st.lists(st.one_of(st.floats(), st.text()))))
+def test_the_ascii_encoder_of_file_records_encodes_exactly_as_json(value: object) -> None:
+    """FileStorage's record headers and segment indexes use the kept C encoder with
+    ``ensure_ascii`` and NaN allowed: the same text as the ``JSONEncoder`` it stands for."""
+    from trioqueue._serde import compact_json_encoder
+
+    expected = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode(value)
+    assert compact_json_encoder(ensure_ascii=True, allow_nan=True)(value) == expected
+
+
 def test_json_serde_encodes_again_after_a_failure_midway() -> None:
     """A failure inside a container leaves the containers being encoded marked in the
     kept encoder; encoding them again (the payload fixed) must work, not be "circular"."""

@@ -20,19 +20,20 @@ class Serde(Protocol):
     def loads(self, data: bytes, /) -> Any: ...
 
 
-def _compact_encoder() -> Callable[[Any], str]:
-    """``JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode``.
+def compact_json_encoder(*, ensure_ascii: bool = False, allow_nan: bool = False) -> Callable[[Any], str]:
+    """``JSONEncoder(separators=(",", ":"), ensure_ascii=..., allow_nan=...).encode``.
     That method sets up the C encoder again on every call (about half its cost for a
     small payload); this one keeps it, and makes it again only after a failure (which
     can leave entries in its table of the containers being encoded)."""
-    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
     make = getattr(json.encoder, "c_make_encoder", None)
     plain = encoder.encode
     if make is None:  # no C accelerator (another Python)
         return plain
+    strings = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
 
     def fresh() -> Any:
-        return make({}, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+        return make({}, encoder.default, strings, None, ":", ",", False, False, allow_nan)
 
     c_encode = fresh()
 
@@ -55,7 +56,7 @@ class JsonSerde:
     __slots__ = ("_encoder", "_decoder", "_scan")
 
     def __init__(self) -> None:
-        self._encoder = _compact_encoder()
+        self._encoder = compact_json_encoder()
         decoder = json.JSONDecoder()
         self._decoder = decoder.decode
         self._scan = decoder.scan_once  # type: ignore[attr-defined]  # its own scanner (C)

@@ -18,6 +18,7 @@ from collections import OrderedDict
 import trio
 
 from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from .._serde import compact_json_encoder
 
 __all__ = [
     "Rec",
@@ -186,7 +187,7 @@ def _set_extras(r: Rec, x: object) -> None:
         raise CorruptRecord(f"bad priority {r.priority!r}")
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode
+_dumps = compact_json_encoder(ensure_ascii=True, allow_nan=True)  # record headers, segment indexes
 
 
 def pack_record(r: Rec) -> bytes:
