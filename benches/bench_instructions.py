@@ -7,6 +7,8 @@ the round trip A-seq makes 10,000 times.
   counted), the difference between a run of ``--calls`` enqueues and a run of none;
 - C-1's client side: one ``await queue.enqueue_and_wait(...)`` answered by a noop handler
   of the same Queue (the enqueue, the worker's blocking claim, settle and the notice);
+- server, B: claiming and completing 2,000 jobs in batches of 100 (``dequeue``,
+  ``settle``), per job, in a redis-server under callgrind;
 - server: one call of the ``enqueue`` script (EVALSHA with the queue's KEYS) inside a
   redis-server run under callgrind, counted between ``callgrind_control -z`` and ``-d``
   after a warm-up that makes the queue's hashes real hash tables; beside it the same
@@ -24,6 +26,7 @@ writes ``benches/results/instructions.md``. Needs valgrind; takes a few minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -128,14 +132,29 @@ def _call(sock: socket.socket, data: bytes) -> bytes:
     return reply
 
 
-def server_instructions(binary: str, source: str, keys: list[str], calls: int, tmp: str) -> float:
-    """Server instructions per call of ``source`` with one new job's arguments."""
+@contextlib.contextmanager
+def _grinding(binary: str, tmp: str, wanted: int) -> Iterator[tuple[_GrindServer, list[int]]]:
+    """A redis-server under callgrind; once it is closed, the list holds the instruction
+    totals of its first ``wanted`` dumps (``callgrind_control -d``), in order."""
     out = os.path.join(tmp, "server.out")
     for f in glob.glob(out + "*"):
         os.remove(f)
     server = _GrindServer(binary, out)
     server.start(timeout=180)
+    totals: list[int] = []
     try:
+        yield server, totals
+    finally:
+        server.close()
+    dumps = sorted((p for p in glob.glob(out + ".*") if not p.endswith(".out")), key=lambda p: int(p.rsplit(".", 1)[1]))
+    if len(dumps) < wanted:
+        raise RuntimeError(f"callgrind wrote {len(dumps)} dumps, not {wanted}")
+    totals.extend(_totals(d) for d in dumps[:wanted])
+
+
+def server_instructions(binary: str, source: str, keys: list[str], calls: int, tmp: str) -> float:
+    """Server instructions per call of ``source`` with one new job's arguments."""
+    with _grinding(binary, tmp, 1) as (server, totals):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sha = _call(sock, _encode("SCRIPT", "LOAD", source)).split(b"\r\n")[1].decode()
             envelope = b"x" * 120
@@ -150,12 +169,48 @@ def server_instructions(binary: str, source: str, keys: list[str], calls: int, t
             run("m", calls)
             subprocess.run(["callgrind_control", "-d", str(server.proc.pid)], check=True, capture_output=True)  # type: ignore[union-attr]
             _call(sock, _encode("FLUSHALL"))
-    finally:
-        server.close()
-    dumps = sorted(p for p in glob.glob(out + ".*") if not p.endswith(".out"))
-    if not dumps:
-        raise RuntimeError("callgrind wrote no dump")
-    return _totals(dumps[0]) / calls
+    return totals[0] / calls
+
+
+_BATCHES = """
+import subprocess, sys, trio
+sys.path.insert(0, sys.argv[1])
+from trioqueue.storage import NewJob, RedisStorage, Settlement, SettleKind
+
+URL, PID, N, B = sys.argv[2], sys.argv[3], int(sys.argv[4]), 100
+payload = b'{"data":"' + b"x" * 30 + b'","n":1}'
+
+def control(flag):
+    subprocess.run(["callgrind_control", flag, PID], check=True, capture_output=True)
+
+async def main():
+    async with RedisStorage(URL, request_timeout=120) as st:
+        for i in range(0, N, 500):
+            await st.enqueue("b", [NewJob(f"j{i + k}", payload, 3, 86400.0, f"t{i + k}") for k in range(500)])
+        control("-z")
+        claims = []
+        for _ in range(N // B):
+            claims += await st.dequeue("b", "w1", B, 0, 60.0)
+        control("-d")
+        control("-z")
+        for i in range(0, len(claims), B):
+            await st.settle("b", "w1", [Settlement(SettleKind.COMPLETE, c.id, b"null", ttl=3600.0, token=c.token)
+                                        for c in claims[i:i + B]])
+        control("-d")
+        assert len(claims) == N
+
+trio.run(main)
+"""
+
+
+def server_batch_instructions(binary: str, tree: Path, jobs: int, tmp: str) -> tuple[float, float]:
+    """Server instructions per job of B's two script calls, in batches of 100: claiming
+    (``dequeue``) and completing (``settle``) ``jobs`` queued jobs."""
+    with _grinding(binary, tmp, 2) as (server, totals):
+        subprocess.run([sys.executable, "-c", _BATCHES, str(tree / "python"), server.url,
+                        str(server.proc.pid), str(jobs)],  # type: ignore[union-attr]
+                       check=True, capture_output=True, timeout=1800)
+    return totals[0] / jobs, totals[1] / jobs
 
 
 def _tree_script(tree: Path, name: str) -> tuple[str, list[str]]:
@@ -192,6 +247,7 @@ def main() -> None:
                     "server": server_instructions(binary, source, keys, args.calls, tmp),
                     "noop": server_instructions(binary, "return {{'q'}}", keys, args.calls, tmp),
                 }
+                rows[label]["claim"], rows[label]["settle"] = server_batch_instructions(binary, tree, 2000, tmp)
                 print(label, {k: round(v) for k, v in rows[label].items()}, file=sys.stderr)
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], capture_output=True,
                          text=True).stdout.strip()
@@ -216,6 +272,11 @@ def main() -> None:
     lines.append(f"| **client + server** | **{total_b:,.0f}** | **{total_t:,.0f}** | **{total_t / total_b:.2f}×** |")
     lines.append(f"| C-1: one `enqueue_and_wait`, producer and worker in one process (client side) "
                  f"| {b['c1']:,.0f} | {t['c1']:,.0f} | {t['c1'] / b['c1']:.2f}× |")
+    for key, title in (("claim", "server, per job: `dequeue` (claim script) in batches of 100"),
+                       ("settle", "server, per job: `settle` (completions) in batches of 100")):
+        lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
+    lines.append(f"| **server per job of B (claim + settle)** | **{b['claim'] + b['settle']:,.0f}** | "
+                 f"**{t['claim'] + t['settle']:,.0f}** | **{(t['claim'] + t['settle']) / (b['claim'] + b['settle']):.2f}×** |")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "instructions.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
