@@ -727,3 +727,19 @@ async def test_an_events_subscriber_resyncs_when_the_listening_key_was_gone(redi
             with trio.fail_after(10):
                 batch = await rx.receive()
             assert [(e.kind, e.job_id) for e in batch] == [("enqueued", "seen")]
+
+
+async def test_an_events_subscriber_keeps_the_listening_key_alive_past_its_ttl(redis_url: str) -> None:
+    """The key's TTL is 20 watch ticks (1 s here): the watch refreshes it, so a subscriber
+    that lives longer still gets its events, with no resync."""
+    async with RedisStorage(redis_url, prefix=_prefix(), watch_interval=0.05) as st:
+        key = st._base("kq") + ":listening"
+        async with st.subscribe("kq") as rx:
+            first = await st._adapter.command(["PTTL", key])
+            assert 0 < first <= 1000
+            await trio.sleep(1.5)  # wall time past the TTL: the watch must have refreshed it
+            assert 0 < await st._adapter.command(["PTTL", key]) <= 1000
+            await st.enqueue("kq", [_job("late")])
+            with trio.fail_after(10):
+                batch = await rx.receive()
+            assert [(e.kind, e.job_id) for e in batch] == [("enqueued", "late")]

@@ -50,9 +50,9 @@ __all__ = ["RedisStorage"]
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
-# How long an events subscriber's listening key outlives its last refresh (seconds; at
-# least 20 watch ticks): the scripts skip the events channel once it is gone.
-_LISTEN_TTL = 10.0
+# How long an events subscriber's listening key outlives its last refresh, in watch ticks
+# (10 s at the default 0.5 s tick): the scripts skip the events channel once it is gone.
+_LISTEN_TICKS = 20
 _KIND_CODE = {
     SettleKind.COMPLETE: "c",
     SettleKind.FAIL: "f",
@@ -555,7 +555,7 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
 
     async def _listen(self, key: str) -> bool:
         """Set (or refresh) a listening key; whether it was there already."""
-        ttl = max(_LISTEN_TTL, 20 * self._watch_interval)
+        ttl = _LISTEN_TICKS * self._watch_interval
         return await self._adapter.command(["SET", key, "1", "PX", str(_ms(ttl)), "GET"]) is not None
 
     async def _watch(self, client: Any, channel: str, sub: _Sub, listening: str | None) -> None:
