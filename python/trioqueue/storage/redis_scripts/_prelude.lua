@@ -116,7 +116,10 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- a job's metadata: a attempts, m max_attempts, t result TTL (ms), k ready-list entry
 -- token, c created (ms), w worker holding it, q enqueue-call token, i incarnation token,
 -- l claim token (i .. '.' .. n, or absent), n claims, s started (1: attempt counted),
--- x cancel requested (1), p priority (absent: the default)
+-- x cancel requested (1), p priority (absent: the default). k and c are kept as JSON
+-- strings of digits (older entries: numbers; both read the same through tostring and
+-- arithmetic): cjson writes a number with '%.14g' and reads it with strtod, and the
+-- token is also concatenated into list entries, on every claim and settle (see istr).
 --
 -- A terminal job (completed, failed, cancelled) has no META entry: its registry field is
 -- one record, '<C|F|X><ms>a,m,t,created-before-state,n,p,q,<#i>:<i><payload>' (C

@@ -7,7 +7,7 @@ local function promote(now)
     if starts(st, 'failing:') or starts(st, 'delayed:') then
       local m = getm(id)
       local tok = redis.call('INCR', SEQ)
-      m.k = tok
+      m.k = istr(tok)
       setm(id, m)
       setst(id, 'queued:' .. istr(now))
       local LANE = lane_of(m)
