@@ -214,9 +214,13 @@ def server_batch_instructions(binary: str, tree: Path, jobs: int, tmp: str) -> t
 
 
 def _tree_script(tree: Path, name: str) -> tuple[str, list[str]]:
+    """Script ``name`` of ``tree`` and its KEYS; the first of ``name``'s ``|``-separated
+    alternatives that the tree has (``enqueue_plain`` is what a default-priority enqueue
+    runs where it exists)."""
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage import _lua; "
             "keys = getattr(_lua, 'keys_of', lambda n, b: _lua.queue_keys(b)); "
-            "print(json.dumps([_lua.source(sys.argv[2]), keys(sys.argv[2], '{tq:instr}')]))")
+            "name = next(n for n in sys.argv[2].split('|') if n in _lua.SCRIPT_NAMES); "
+            "print(json.dumps([_lua.source(name), keys(name, '{tq:instr}')]))")
     out = subprocess.run([sys.executable, "-c", code, str(tree / "python"), name], check=True,
                          capture_output=True, text=True).stdout
     source, keys = json.loads(out)
@@ -236,7 +240,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trioqueue-instr-") as tmp, RedisServer(binary) as plain:
         with _checkout(args.base) as base:
             for label, tree in (("base", base), ("tree", ROOT)):
-                source, keys = _tree_script(tree, "enqueue")
+                source, keys = _tree_script(tree, "enqueue_plain|enqueue")
                 rows[label] = {
                     "client": client_instructions(tree, plain.url, args.calls, tmp),
                     # bimodal (about 0.92M or 1.16M on one machine: whether replies are

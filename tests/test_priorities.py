@@ -43,6 +43,20 @@ async def test_strict_priority_order_fifo_within_a_priority(storage: Storage, qu
     assert rec is not None and rec.priority == DEFAULT_PRIORITY
 
 
+async def test_concurrent_enqueues_of_mixed_priorities_keep_each_jobs_lane(storage: Storage, queue_name: str) -> None:
+    """Calls made at once may share one storage call (Redis coalesces them, and sends a
+    batch of default-priority jobs only to a script without the other lanes): a batch
+    that mixes priorities must still put every job in its own lane."""
+    async with trio.open_nursery() as nursery:
+        for i in range(6):
+            nursery.start_soon(storage.enqueue, queue_name, [pjob(f"p{i}", DEFAULT_PRIORITY)])
+        nursery.start_soon(storage.enqueue, queue_name, [pjob("urgent", 0)])
+        nursery.start_soon(storage.enqueue, queue_name, [pjob("late", 9)])
+    got = await ids(storage, queue_name)
+    assert got[0] == "urgent" and got[-1] == "late"
+    assert sorted(got[1:-1]) == [f"p{i}" for i in range(6)]
+
+
 async def test_retry_returns_a_job_to_its_priority(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [pjob("r2", 2)])
     await claim(storage, queue_name)

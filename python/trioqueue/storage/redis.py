@@ -239,13 +239,15 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
             for start in range(0, len(all_jobs), _MAX_JOBS_PER_CALL):
                 chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
                 args: list[Any] = [self._call_token()]
+                script = "enqueue_plain"  # unless a job has another priority (its lane's key)
                 for job in chunk:
                     run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
                     limits = f"{job.max_attempts}:{_ms(job.result_ttl)}"
                     if job.priority != DEFAULT_PRIORITY:
                         limits += f":{job.priority}"
+                        script = "enqueue"
                     args += [job.id, job.envelope, limits, job.token, run_at]
-                reply = await self._run_shielded("enqueue", queue, args)
+                reply = await self._run_shielded(script, queue, args)
                 for item in reply:
                     code = item[0]
                     if code == b"q":
