@@ -52,13 +52,18 @@ async def _wait_until(pred, timeout: float = 10.0, step: float = 0.005) -> None:
             await trio.sleep(step)
 
 
-async def _blocked_clients(st: RedisStorage) -> int:
-    info = await st._adapter.command(["INFO", "clients"])
+async def _info(st: RedisStorage, section: str, field: str) -> str | None:
+    """The value of ``field`` in the server's ``INFO section`` (None if absent)."""
+    info = await st._adapter.command(["INFO", section])
     text = info.decode() if isinstance(info, bytes) else str(info)
     for line in text.splitlines():
-        if line.startswith("blocked_clients:"):
-            return int(line.split(":")[1])
-    return 0
+        if line.startswith(field + ":"):
+            return line.split(":", 1)[1]
+    return None
+
+
+async def _blocked_clients(st: RedisStorage) -> int:
+    return int(await _info(st, "clients", "blocked_clients") or 0)
 
 
 def test_event_codec_roundtrip_binary() -> None:
@@ -672,12 +677,8 @@ async def test_a_running_queue_runs_the_lean_clients_watchdog_until_it_stops(st:
 
 async def _publishes(st: RedisStorage) -> int:
     """PUBLISH calls the server has run (scripts' included), from INFO commandstats."""
-    info = await st._adapter.command(["INFO", "commandstats"])
-    text = info.decode() if isinstance(info, bytes) else str(info)
-    for line in text.splitlines():
-        if line.startswith("cmdstat_publish:"):
-            return int(line.split("calls=")[1].split(",")[0])
-    return 0
+    stats = await _info(st, "commandstats", "cmdstat_publish")
+    return int(stats.split("calls=")[1].split(",")[0]) if stats else 0
 
 
 async def test_events_are_published_only_while_someone_listens_to_every_event(st: RedisStorage) -> None:

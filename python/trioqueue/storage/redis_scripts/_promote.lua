@@ -11,7 +11,7 @@ local function promote(now)
       setm(id, m)
       setst(id, 'queued:' .. istr(now))
       local LANE = lane_of(m)
-      redis.call('RPUSH', LANE, istr(tok) .. ':' .. id)
+      redis.call('RPUSH', LANE, m.k .. ':' .. id)
       pushed_to(m)
       ev(starts(st, 'failing:') and 'requeued' or 'promoted', id, nil, nil, nil, m.i)
     end
