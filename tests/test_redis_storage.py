@@ -748,9 +748,10 @@ async def test_an_events_subscriber_keeps_the_listening_key_alive_past_its_ttl(r
             assert [(e.kind, e.job_id) for e in batch] == [("enqueued", "late")]
 
 
-async def test_metadata_written_with_numeric_tokens_is_still_claimed_and_settled(st: RedisStorage) -> None:
-    """A job's entry token and creation time are kept as JSON strings of digits; entries
-    written before (numbers) must still be claimed, recovered and settled alike."""
+async def test_metadata_written_by_earlier_versions_is_still_claimed_and_settled(st: RedisStorage) -> None:
+    """A job's entry token and creation time are kept as JSON strings of digits, and its
+    claim count and flags (n, s, x) are left out while 0; entries written before (numbers,
+    zeros written out) must still be claimed, recovered and settled alike."""
     import json
 
     await st.enqueue("nq", [_job("old"), _job("new")])
@@ -758,14 +759,19 @@ async def test_metadata_written_with_numeric_tokens_is_still_claimed_and_settled
     raw = await st._adapter.command(["HGET", meta_key, "old"])
     m = json.loads(raw)
     assert isinstance(m["k"], str) and isinstance(m["c"], str)  # as written now
+    assert not {"n", "s", "x"} & set(m)
     m["k"], m["c"] = int(m["k"]), int(m["c"])  # as written by earlier versions
+    m["n"], m["s"], m["x"] = 0, 0, 0
     await st._adapter.command(["HSET", meta_key, "old", json.dumps(m)])
     before = await st.get_job("nq", "old")
     assert before is not None and before.created_at_ms == m["c"]
     claims = await st.dequeue("nq", "w1", max_jobs=2, timeout=0, lease=30.0)
     assert sorted(c.id for c in claims) == ["new", "old"]
     old = next(c for c in claims if c.id == "old")
+    assert old.attempts == 1 and old.started
     assert await st.release("nq", "w1", ["old"]) == 1  # back to the ready list by its token
+    released = json.loads(await st._adapter.command(["HGET", meta_key, "old"]))
+    assert "s" not in released and released["x"] == 0 and released["n"] == 1
     again = await st.dequeue("nq", "w1", max_jobs=1, timeout=0, lease=30.0)
     assert [c.id for c in again] == ["old"] and again[0].token != old.token
     assert await st.settle("nq", "w1", [_done(again[0], b"r"), _done(next(c for c in claims if c.id == "new"))]) == [True, True]

@@ -334,7 +334,11 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
         key = (queue, worker_id)
         if args[4] == b"1":
             self._unclaimed_moves.discard(key)
-        claims = [Claim(_text(i), env, int(a), _text(tok), bool(int(started))) for i, env, a, tok, started in reply[0]]
+        flat = reply[0]  # five entries a claim: id, envelope, attempts, claim token, started
+        claims = [
+            Claim(_text(flat[k]), flat[k + 1], int(flat[k + 2]), _text(flat[k + 3]), bool(int(flat[k + 4])))
+            for k in range(0, len(flat), 5)
+        ]
         next_due = float(reply[1]) / 1000 if reply[1] is not None else None
         paused = reply[3] if len(reply) > 3 and reply[3] is not None else None
         if next_due is None and not reply[2] and paused is None:

@@ -18,7 +18,7 @@ if not paused and F_RATE > 0 then
   local free = F_RATE - redis.call('ZCARD', RATE_LOG)
   if free <= 0 then
     paused = true
-    local first = redis.call('ZRANGE', RATE_LOG, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', RATE_LOG, '0', '0', 'WITHSCORES')
     flow_wake = tonumber(first[2]) + F_PER
   elseif free < MX then
     MX = free
@@ -34,12 +34,13 @@ if not paused and F_CONC > 0 then
   end
 end
 -- count the claims made (each under its claim token, unique) against the rate
-local function flow_claimed(claims)
-  if F_RATE > 0 and #claims > 0 then
+local function flow_claimed(claims, n)  -- claims: flat, five entries a claim (claim.lua)
+  if F_RATE > 0 and n > 0 then
     local adds = {}
-    for _, c in ipairs(claims) do
-      adds[#adds + 1] = now
-      adds[#adds + 1] = c[4]
+    local nows = istr(now)
+    for k = 0, n - 1 do
+      adds[#adds + 1] = nows
+      adds[#adds + 1] = claims[k * 5 + 4]
     end
     for i = 1, #adds, 1000 do redis.call('ZADD', RATE_LOG, unpack(adds, i, math.min(i + 999, #adds))) end
     redis.call('PEXPIRE', RATE_LOG, F_PER + 1000)

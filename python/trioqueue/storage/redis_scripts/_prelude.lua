@@ -116,7 +116,9 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- a job's metadata: a attempts, m max_attempts, t result TTL (ms), k ready-list entry
 -- token, c created (ms), w worker holding it, q enqueue-call token, i incarnation token,
 -- l claim token (i .. '.' .. n, or absent), n claims, s started (1: attempt counted),
--- x cancel requested (1), p priority (absent: the default). k and c are kept as JSON
+-- x cancel requested (1), p priority (absent: the default). n, s and x are left out
+-- while 0 (older versions wrote them: both read the same): every number costs cjson a
+-- '%.14g' printf to write and a strtod to read. k and c are kept as JSON
 -- strings of digits (older entries: numbers; both read the same through tostring and
 -- arithmetic): cjson writes a number with '%.14g' and reads it with strtod, and the
 -- token is also concatenated into list entries, on every claim and settle (see istr).
@@ -162,16 +164,24 @@ local function stpart(v)
   if isrec(v) then return UNCODE[string.sub(v, 1, 1)] .. istr(rec_ms(v)) end
   return v
 end
+-- per call: a batch's records share their state string and so their time
+local RECMS = {}
 local function record(st, m, payload)
-  local c = string.find(st, ':', 1, true)
-  local kind = string.sub(st, 1, c - 1)
-  local ms = tonumber(string.sub(st, c + 1))
+  local head = RECMS[st]
+  if not head then
+    local c = string.find(st, ':', 1, true)
+    local kind = string.sub(st, 1, c - 1)
+    local ms = tonumber(string.sub(st, c + 1))
+    head = {CODE[kind] .. string.format('%011x', ms), ms, kind == 'completed'}
+    RECMS[st] = head
+  end
+  local ms = head[2]
   local i = m.i or ''
   local n = m.n or 0
-  -- (the token and the payload are concatenated: '%s' would cut a short one at a NUL byte)
-  return string.format('%s%011x%d,%d,%s,%d,%d,%s,%s,%d:', CODE[kind], ms, m.a or 0, m.m or 1,
-    kind == 'completed' and '' or istr(m.t or 0), ms - (m.c or ms), (m.l and n > 0) and n or -n,
-    m.p and istr(m.p) or '', m.q or '', #i) .. i .. (payload or '')
+  -- concatenated, not string.format: its '%d' and '%s' each cost a sprintf call
+  return head[1] .. istr(m.a or 0) .. ',' .. istr(m.m or 1) .. ',' .. (head[3] and '' or istr(m.t or 0)) .. ',' ..
+    istr(ms - (m.c or ms)) .. ',' .. istr((m.l and n > 0) and n or -n) .. ',' .. (m.p and istr(m.p) or '') .. ',' ..
+    (m.q or '') .. ',' .. istr(#i) .. ':' .. i .. (payload or '')
 end
 -- metadata from a META value or, failing that, from a terminal record
 local function meta_of(raw, v)

@@ -18,6 +18,6 @@ local function promote(now)
   end
 end
 local function next_due()
-  local nd = redis.call('ZRANGE', D, 0, 0, 'WITHSCORES')
+  local nd = redis.call('ZRANGE', D, '0', '0', 'WITHSCORES')
   return nd[2] or false
 end

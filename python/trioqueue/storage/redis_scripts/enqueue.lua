@@ -43,8 +43,8 @@ for j = 1, n do
     w_env[#w_env + 1] = ARGV[i + 1]
     w_meta[#w_meta + 1] = id
     w_meta[#w_meta + 1] = '{"a":0,"m":' .. mx .. ',"t":' .. ttl .. ',"k":"' .. tokstr .. '","c":"' .. nows .. '"' ..
-      ',"q":' .. call_json .. ',"i":' .. cjson.encode(ARGV[i + 3]) .. ',"n":0,"s":0,"x":0' ..
-      (prio ~= DEFAULT_PRIORITY and (',"p":' .. prio .. '}') or '}')
+      ',"q":' .. call_json .. ',"i":' .. cjson.encode(ARGV[i + 3]) ..
+      (prio ~= DEFAULT_PRIORITY and (',"p":' .. istr(prio) .. '}') or '}')
     if run_at and run_at > now then
       st = 'delayed:' .. nows .. ':' .. istr(run_at)
       redis.call('ZADD', D, istr(run_at), id)

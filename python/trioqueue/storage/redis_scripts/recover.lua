@@ -21,7 +21,7 @@ local function recover(id, m, W)
     rec[#rec + 1] = {id, 'cancelled'}
   elseif m.s ~= 1 or m.a < (m.m or 1) then
     -- a reserved claim never ran: it goes back at no cost
-    m.s = 0
+    m.s = nil
     setm(id, m)
     setst(id, 'queued:' .. now)
     local LANE = lane_of(m)
@@ -41,13 +41,13 @@ local function recover(id, m, W)
   end
 end
 -- 1. expired leases (of workers whose list the caller declared)
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', L, '-inf', now, 'LIMIT', 0, 1000)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', L, '-inf', now, 'LIMIT', '0', '1000')) do
   local st = redis.call('HGET', JOBS, id)
   local m = st and getm(id) or nil
   if m and starts(st, 'processing:') and m.w then
     local P = lists[m.w]
     if P then
-      redis.call('LREM', P, 1, m.k .. ':' .. id)
+      redis.call('LREM', P, '1', m.k .. ':' .. id)
       recover(id, m, m.w)
     end
   else
@@ -59,7 +59,7 @@ local nd = nil
 for W, P in pairs(lists) do
   local alive = redis.call('ZSCORE', WK, W)
   if not alive or tonumber(alive) <= now then
-    local entries = redis.call('LRANGE', P, 0, -1)
+    local entries = redis.call('LRANGE', P, '0', '-1')
     redis.call('DEL', P)
     redis.call('SREM', PROCS, W)
     local back = {}
@@ -86,7 +86,7 @@ for W, P in pairs(lists) do
     if not nd or t < nd then nd = t end
   end
 end
-local first = redis.call('ZRANGE', L, 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGE', L, '0', '0', 'WITHSCORES')
 if first[2] then
   local t = tonumber(first[2])
   if not nd or t < nd then nd = t end

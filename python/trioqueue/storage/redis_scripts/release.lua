@@ -11,13 +11,13 @@ local P = KEYS[QK + 1]
 local W, REFUND = ARGV[1], ARGV[2] == '1'
 local now = now_ms()
 local byid = {}
-for _, e in ipairs(redis.call('LRANGE', P, 0, -1)) do
+for _, e in ipairs(redis.call('LRANGE', P, '0', '-1')) do
   local tok, id = split(e)
   if id then
     if not byid[id] then byid[id] = {} end
     table.insert(byid[id], e)
   else
-    redis.call('LREM', P, 0, e)
+    redis.call('LREM', P, '0', e)
   end
 end
 local back = {}
@@ -29,7 +29,7 @@ for i = 3, #ARGV do
     local st = redis.call('HGET', JOBS, id)
     local m = st and getm(id) or nil
     for _, e in ipairs(list) do
-      redis.call('LREM', P, 1, e)
+      redis.call('LREM', P, '1', e)
       local tok = split(e)
       if m and tok == tostring(m.k) then
         if starts(st, 'processing:') and m.w == W then
@@ -38,7 +38,7 @@ for i = 3, #ARGV do
             cancel_claimed(id, m, now, W)
           else
             if REFUND and m.s == 1 then m.a = m.a - 1 end
-            m.s = 0
+            m.s = nil
             m.w = nil
             m.l = nil
             setm(id, m)

@@ -27,17 +27,23 @@ local cur_st, cur_m = {}, {}  -- what this batch changed (an id twice in one bat
 local w_meta, w_jobs, w_err, l_rem, env_del = {}, {}, {}, {}, {}
 local w_rec, z_rec, m_del = {}, {}, {}  -- terminal records, their STATES scores, META fields gone
 local first_due = nil  -- the earliest due time among z_rec (SWEEP_AT)
+local specs = {}
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
   local data, meta, claim = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local kind, rest = split(meta)
-  local ttl_s, delay_s = split(rest)
-  local ttl, delay = tonumber(ttl_s), tonumber(delay_s)
+  local spec = specs[meta]
+  if not spec then
+    local kind_s, rest = split(meta)
+    local ttl_s, delay_s = split(rest)
+    spec = {kind_s, tonumber(ttl_s), tonumber(delay_s)}
+    specs[meta] = spec  -- a batch's settlements mostly share one
+  end
+  local kind, ttl, delay = spec[1], spec[2], spec[3]
   local st = cur_st[id] or sts[j]
   local m = cur_m[id] or meta_of(metas[j], sts[j])
   local held = m and starts(st, 'processing:') and m.w == W and m.l == claim
-  if held and redis.call('LREM', P, 1, m.k .. ':' .. id) == 0 then held = false end
+  if held and redis.call('LREM', P, '1', m.k .. ':' .. id) == 0 then held = false end
   if not held then
     if m and m.l == claim and not starts(st, 'processing:') then
       out[#out + 1] = 1  -- settled by this very claim already: a retried call

@@ -13,7 +13,7 @@ for i = 2, #ARGV, 2 do
   if not (m and starts(st, 'processing:') and m.w == W and m.l == claim) then
     out[#out + 1] = 0
   elseif m.x == 1 and m.s ~= 1 then
-    redis.call('LREM', P, 1, m.k .. ':' .. id)
+    redis.call('LREM', P, '1', m.k .. ':' .. id)
     redis.call('ZREM', L, id)
     cancel_claimed(id, m, now, W)
     out[#out + 1] = 0
