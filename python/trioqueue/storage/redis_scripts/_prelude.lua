@@ -90,12 +90,20 @@ local function small(s)
   return nil
 end
 -- an event: kind, job id, worker, result, error, incarnation token
+local NSK = {}
 local function ev(kind, id, worker, result, err, token)
   EVN = EVN + 1
   if LISTEN == nil then LISTEN = redis.call('EXISTS', LISTENING) == 1 end
   local notice = NOTICE[kind]
   if not (LISTEN or notice) then return end
-  local e = ns(kind) .. ns(id) .. ns(worker) .. ns(result) .. ns(err) .. ns(token)
+  -- one concatenation, no intermediate strings; a call's kinds and worker repeat (NSK)
+  local k = NSK[kind]
+  if not k then k = ns(kind); NSK[kind] = k end
+  local w = worker and NSK[worker]
+  if worker and not w then w = ns(worker); NSK[worker] = w end
+  local e = k .. (id and istr(#id) or '-') .. (id and ':' or '') .. (id or '') .. (w or '-') .. (result and istr(#result) or '-') .. (result and ':' or '') ..
+    (result or '') .. (err and istr(#err) or '-') .. (err and ':' or '') .. (err or '') ..
+    (token and istr(#token) or '-') .. (token and ':' or '') .. (token or '')
   if LISTEN then EV[#EV + 1] = e end
   if notice then NV[#NV + 1] = e end
 end
