@@ -101,8 +101,11 @@ local function ev(kind, id, worker, result, err, token)
   if not k then k = ns(kind); NSK[kind] = k end
   local w = worker and NSK[worker]
   if worker and not w then w = ns(worker); NSK[worker] = w end
-  local e = k .. (id and istr(#id) or '-') .. (id and ':' or '') .. (id or '') .. (w or '-') .. (result and istr(#result) or '-') .. (result and ':' or '') ..
-    (result or '') .. (err and istr(#err) or '-') .. (err and ':' or '') .. (err or '') ..
+  local e = k ..
+    (id and istr(#id) or '-') .. (id and ':' or '') .. (id or '') ..
+    (w or '-') ..
+    (result and istr(#result) or '-') .. (result and ':' or '') .. (result or '') ..
+    (err and istr(#err) or '-') .. (err and ':' or '') .. (err or '') ..
     (token and istr(#token) or '-') .. (token and ':' or '') .. (token or '')
   if LISTEN then EV[#EV + 1] = e end
   if notice then NV[#NV + 1] = e end
