@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from redis_server import RedisServer, free_port, redis_server_binary
+from redis_server import RedisServer, free_port, raw_command, redis_server_binary
 from trioqueue import Job, Queue, StorageError, ValidationError
 from trioqueue.storage import NewJob
 from trioqueue.storage.redis import RedisStorage
@@ -47,6 +47,23 @@ async def test_acl_user_in_url(tmp_path: Path) -> None:
     server = RedisServer(extra=acl, directory=str(tmp_path)).start()
     try:
         await _round_trip(f"redis://worker:pa55@127.0.0.1:{server.port}/0")
+    finally:
+        server.close()
+
+
+async def test_a_user_without_functions_gets_the_scripts_as_evalsha(tmp_path: Path) -> None:
+    """An ACL user who may not run FUNCTION: the lean client falls back to EVALSHA for
+    good (and still reloads a flushed script on NOSCRIPT); no library is left behind."""
+    acl = ["--user", "worker", "on", ">pa55", "~*", "&*", "+@all", "-function"]
+    server = RedisServer(extra=acl, directory=str(tmp_path)).start()
+    try:
+        await _round_trip(f"redis://worker:pa55@127.0.0.1:{server.port}/0")
+        async with RedisStorage(f"redis://worker:pa55@127.0.0.1:{server.port}/0", prefix="acl") as st:
+            await st.enqueue("q", [NewJob("a", b"1", 1, 60.0)])
+            await st._adapter.command(["SCRIPT", "FLUSH"])
+            await st.enqueue("q", [NewJob("b", b"1", 1, 60.0)])
+            assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
+        assert raw_command(server.port, "FUNCTION", "LIST") == b"*0\r\n"
     finally:
         server.close()
 

@@ -142,17 +142,47 @@ async def test_result_ttls_are_per_job(st: RedisStorage) -> None:
     assert (await st.enqueue("q", [_job("short")]))[0].status == "queued"
 
 
-async def test_noscript_reload_after_script_flush(st: RedisStorage) -> None:
+_FLUSHES = pytest.mark.parametrize("flush", [["SCRIPT", "FLUSH"], ["FUNCTION", "FLUSH"]], ids=["script", "function"])
+
+
+async def _calls(st: RedisStorage, command: str) -> int:
+    """How many times the server has run ``command``, from INFO commandstats."""
+    stats = await _info(st, "commandstats", f"cmdstat_{command}")
+    return int(stats.split("calls=")[1].split(",")[0]) if stats else 0
+
+
+async def test_scripts_run_as_redis_functions_loaded_on_first_use(st: RedisStorage) -> None:
+    """On the lean client a script goes as FCALL of its library form (its helpers made once,
+    at load, not on every call): the first call finds no function and loads it."""
+    from trioqueue.storage import _lua
+
+    evalsha = await _calls(st, "evalsha")
     await st.enqueue("q", [_job("a")])
-    await st._adapter.command(["SCRIPT", "FLUSH"])
+    await st.enqueue("q", [_job("b")])
+    claim = (await st.dequeue("q", "w", 1, 0, 30))[0]
+    await st.settle("q", "w", [_done(claim, b"r")])
+    assert await _calls(st, "evalsha") == evalsha
+    assert await _calls(st, "fcall") >= 4
+    loaded = {lib[1] for lib in await st._adapter.command(["FUNCTION", "LIST"])}
+    for name in ("enqueue_plain", "claim", "settle"):
+        assert _lua.library(name)[0].encode() in loaded, name
+    assert (await st.get_job("q", "a")).result == b"r"
+
+
+@_FLUSHES
+async def test_scripts_load_again_after_a_flush(st: RedisStorage, flush: list[str]) -> None:
+    await st.enqueue("q", [_job("a")])
+    await st._adapter.command(flush)
     assert (await st.enqueue("q", [_job("b")]))[0].status == "queued"
-    await st._adapter.command(["SCRIPT", "FLUSH"])
+    await st._adapter.command(flush)
     assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
 
 
-async def test_blocking_claim_after_script_flush(st: RedisStorage) -> None:
-    """The claim script rides behind BLMOVE as a raw EVALSHA; after a SCRIPT FLUSH it
-    fails with NOSCRIPT and the job moved by the BLMOVE is claimed the ordinary way."""
+@_FLUSHES
+async def test_blocking_claim_after_a_flush(st: RedisStorage, flush: list[str]) -> None:
+    """The claim script rides behind BLMOVE (FCALL, or EVALSHA); after a flush it fails
+    (Function not found, NOSCRIPT) and the job moved by the BLMOVE is claimed the
+    ordinary way."""
     claimed: list[str] = []
     assert await st.dequeue("q", "w", 10, 0.05, 30) == []  # drained: the next call blocks at once
 
@@ -164,7 +194,7 @@ async def test_blocking_claim_after_script_flush(st: RedisStorage) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(consumer)
             await trio.testing.wait_all_tasks_blocked()
-            await st._adapter.command(["SCRIPT", "FLUSH"])
+            await st._adapter.command(flush)
             await st.enqueue("q", [_job("after-flush")])
     assert claimed == ["after-flush"]
     rec = await st.get_job("q", "after-flush")
@@ -677,8 +707,7 @@ async def test_a_running_queue_runs_the_lean_clients_watchdog_until_it_stops(st:
 
 async def _publishes(st: RedisStorage) -> int:
     """PUBLISH calls the server has run (scripts' included), from INFO commandstats."""
-    stats = await _info(st, "commandstats", "cmdstat_publish")
-    return int(stats.split("calls=")[1].split(",")[0]) if stats else 0
+    return await _calls(st, "publish")
 
 
 async def test_events_are_published_only_while_someone_listens_to_every_event(st: RedisStorage) -> None:

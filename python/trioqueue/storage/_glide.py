@@ -20,6 +20,7 @@ What it encodes (see /work/shared/notes/redis-clients-under-trio.md for the meas
 from __future__ import annotations
 
 import functools
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -46,15 +47,32 @@ __all__ = ["ConnParams", "GlideAdapter", "Script", "make_script", "parse_url"]
 # unless the application configured GLIDE's logger first (init() never overrides that).
 _g.Logger.init(_g.LogLevel.OFF)
 
+log = logging.getLogger("trioqueue.storage.redis")
+
 Script = _g.Script
 _SOURCES: dict[str, str] = {}  # script hash -> source, for the lean client's NOSCRIPT reload
+# script hash -> (function name, library code): the lean client's FCALL form of a script
+_FUNCTIONS: dict[str, tuple[str, str]] = {}
 
 
-def make_script(code: str) -> Script:
-    """A GLIDE script object (EVALSHA, reloaded on NOSCRIPT)."""
+def make_script(code: str, library: tuple[str, str] | None = None) -> Script:
+    """A GLIDE script object (EVALSHA, reloaded on NOSCRIPT). ``library``: the script as a
+    Redis Function (``(function name, library code)``, see ``_lua.library``), which the
+    lean client calls instead (FCALL, loaded on first use) where the server allows it."""
     script = _g.Script(code)  # type: ignore[no-untyped-call]
-    _SOURCES[script.get_hash()] = code
+    sha = script.get_hash()
+    _SOURCES[sha] = code
+    if library is not None:
+        _FUNCTIONS[sha] = library
     return script
+
+
+def _as_evalsha(data: bytes, sha: str) -> bytes:
+    """An encoded ``FCALL <function> ...`` of script ``sha`` as the same ``EVALSHA``: the two
+    commands differ only in their first two elements."""
+    name = _FUNCTIONS[sha][0].encode()
+    head = b"$5\r\nFCALL\r\n$%d\r\n%s\r\n" % (len(name), name)
+    return data.replace(head, b"$7\r\nEVALSHA\r\n$40\r\n" + sha.encode() + b"\r\n", 1)
 
 _RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "connection", "Connection",
                    "Broken pipe", "reset by peer", "disconnected", "Disconnected")
@@ -168,6 +186,10 @@ class GlideAdapter:
         self._fast = RespClient(params) if lean and client is None and not params.cluster else None
         self._closed = False
         self._reconnect_lock: trio.Lock | None = None
+        # Scripts go as FCALL of their library form until the server refuses Functions (an
+        # older server, an ACL without FUNCTION): then EVALSHA, as they all did before.
+        self._functions = True
+        self._eval_only: set[str] = set()  # scripts whose library would not load
 
     # -- configuration -------------------------------------------------------------
 
@@ -310,10 +332,34 @@ class GlideAdapter:
         cancellation comes at the caller's next checkpoint)."""
         if self._fast is not None:
             sha = script.get_hash()
-            data = _core.encode_command(("EVALSHA", sha, len(keys)), keys, args)
-            return await self._retry_fast(data, sha, shield)
+            return await self._retry_fast(self._invocation(sha, keys, args), sha, shield)
         call = functools.partial(self._retry, lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
         return await (call() if shield is None else _shielded(shield, call))
+
+    def _invocation(self, sha: str, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> bytes:
+        """A script's call on the lean client: FCALL of its function where it has one and
+        the server takes Functions, else EVALSHA."""
+        fn = _FUNCTIONS.get(sha) if self._functions else None
+        if fn is None or sha in self._eval_only:
+            return _core.encode_command(("EVALSHA", sha, len(keys)), keys, args)
+        return _core.encode_command(("FCALL", fn[0], len(keys)), keys, args)
+
+    async def _load_function(self, sha: str) -> None:
+        """``FUNCTION LOAD`` of script ``sha``'s library (after ``Function not found``: first
+        use, a restart, ``FUNCTION FLUSH``). A library loaded meanwhile by another client
+        is as good; a server that refuses Functions (no such command, no permission) gets
+        EVALSHA from now on, and a library that fails to load only its own script."""
+        assert self._fast is not None
+        loaded = await self._fast.execute(_core.encode_command(("FUNCTION", "LOAD", _FUNCTIONS[sha][1])))
+        if not isinstance(loaded, ReplyError) or "already exists" in str(loaded):
+            return
+        text = str(loaded)
+        if text.startswith(("NOPERM", "ERR unknown command")) or "unknown subcommand" in text:
+            self._functions = False
+            log.info("Redis refused FUNCTION LOAD (%s): scripts go as EVALSHA", text)
+        else:
+            self._eval_only.add(sha)
+            log.warning("Redis Function %s did not load (%s): its script goes as EVALSHA", _FUNCTIONS[sha][0], text)
 
     async def watchdog(self) -> None:
         """The lean client's :meth:`RespClient.watchdog` (returns at once without one)."""
@@ -364,6 +410,11 @@ class GlideAdapter:
                     if isinstance(loaded, ReplyError):
                         raise StorageError(f"Redis error: {loaded}")
                     continue
+                if sha in _FUNCTIONS and text.startswith("ERR Function not found") and data.find(b"FCALL", 0, 32) >= 0:
+                    await self._load_function(sha)
+                    if not self._functions or sha in self._eval_only:
+                        data = _as_evalsha(data, sha)
+                    continue
                 if not any(t in text for t in _RETRYABLE_TEXT):
                     raise StorageError(f"Redis error: {text}")
             self._on_fault()
@@ -388,7 +439,7 @@ class GlideAdapter:
         client was discarded (the caller retries)."""
         if self._fast is not None:
             data = _core.encode_command(("BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"))
-            data += _core.encode_command(("EVALSHA", script.get_hash(), len(keys)), keys, args)
+            data += self._invocation(script.get_hash(), keys, args)
             async with self._blocker(timeout, "blocking claim failed") as conn:
                 moved, reply = await conn.call(data, 2, timeout=timeout + 5.0)
             if isinstance(moved, ReplyError):

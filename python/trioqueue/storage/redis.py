@@ -178,7 +178,7 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
 
     async def _connect(self) -> None:
         if not self._scripts:
-            self._scripts = {name: make_script(_lua.source(name)) for name in _lua.SCRIPT_NAMES}
+            self._scripts = {name: make_script(_lua.source(name), _lua.library(name)) for name in _lua.SCRIPT_NAMES}
         await self._adapter.connect()
 
     async def _disconnect(self) -> None:
@@ -425,7 +425,7 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
                 self._unclaimed_moves.add(key)
                 raise
             else:
-                if isinstance(reply, Exception):  # e.g. NOSCRIPT: claim the ordinary way
+                if isinstance(reply, Exception):  # e.g. NOSCRIPT, Function not found: claim the ordinary way
                     claims, next_due, paused = await self._claim(
                         queue, worker_id, max_jobs, lease, moved or b"", start, limits
                     )
