@@ -169,6 +169,38 @@ async def test_scripts_run_as_redis_functions_loaded_on_first_use(st: RedisStora
     assert (await st.get_job("q", "a")).result == b"r"
 
 
+_PER_CALL = """local A = KEYS[1]
+local N = 5
+local M = 6
+local T = {x = 1, y = 'a'}
+local U = {x = 1}
+local W = {}
+local S = {}
+local function add(x) S[#S + 1] = x return #S end
+M = M + 1
+U.x = U.x + 1
+table.insert(W, 1)
+return {add(A) + N + T.x, M, U.x, #W, T.y}
+"""
+
+
+async def test_a_library_makes_helpers_and_constants_once_and_values_each_call(st: RedisStorage) -> None:
+    """The library form of a script: functions, literals never assigned and literal tables
+    only read are made at load; everything else (KEYS, a literal assigned later, a table
+    written or passed on) is assigned again at each call, so no call sees another's."""
+    from trioqueue.storage import _lua
+
+    fname, lib = _lua._as_library("t", _PER_CALL)
+    once = lib.split("redis.register_function")[0]
+    assert [line.split()[1] for line in once.splitlines() if line.startswith("local ") and "=" in line] == [
+        "N", "T", "function"
+    ]
+    assert "local A, M, U, W, S\n" in once
+    await st._adapter.command(["FUNCTION", "LOAD", "REPLACE", lib])
+    for _ in range(3):
+        assert await st._adapter.command(["FCALL", fname, "1", "k"]) == [7, 7, 2, 1, b"a"]
+
+
 @_FLUSHES
 async def test_scripts_load_again_after_a_flush(st: RedisStorage, flush: list[str]) -> None:
     await st.enqueue("q", [_job("a")])

@@ -254,6 +254,28 @@ def _definitions(fragment: str) -> list[_Definition] | None:
 
 _LITERAL = re.compile(r"^local \w+ = (?:-?\d+|'[^'\\]*')\s*(?:--.*)?$")  # a number or a plain string
 _FUNCTION = re.compile(r"^local function \w+", re.MULTILINE)
+_STRING = re.compile(r"'[^'\\\n]*'")
+
+
+def _literal_table(definition: str) -> bool:
+    """Whether ``local NAME = {...}`` builds a table of literals only: keys are names,
+    values numbers, plain strings, ``true`` or ``false``."""
+    m = re.match(r"local \w+ = (\{.*\})\s*$", _STRING.sub("''", _TRAILING_COMMENT.sub("", definition)).strip(), re.DOTALL)
+    if not m or re.search(r"[\[\](){}]", m.group(1)[1:-1]):
+        return False
+    return all(w in ("true", "false") or re.match(r"\s*=[^=]", m.group(1)[e:]) is not None
+               for w, e in ((x.group(), x.end()) for x in re.finditer(r"[A-Za-z_]\w*", m.group(1))))
+
+
+def _read_only(name: str, code: str) -> bool:
+    """Whether every use of ``name`` in ``code`` (its definition taken out) reads a field
+    (``NAME[k]``, ``NAME.k``) and none assigns one, nor passes the table on."""
+    for m in re.finditer(rf"(?<![\w.]){name}\b", code):
+        rest = code[m.end() :]
+        index = re.match(r"\[[^\[\]]*\]|\.\w+", rest)
+        if index is None or re.match(r"\s*=(?!=)", rest[index.end() :]):
+            return False
+    return True
 
 
 @cache
@@ -261,15 +283,20 @@ def library(name: str) -> tuple[str, str]:
     """``(function name, library code)``: script ``name`` as a Redis Function.
 
     The script's leading top-level definitions (up to its first other statement) are
-    split three ways: ``local function`` definitions and ``local`` number/string
-    literals never assigned again are made once, at load; every other value (keys,
+    split three ways: ``local function`` definitions, ``local`` number/string literals
+    never assigned again and tables of literals only ever read are made once, at load;
+    every other value (keys,
     ARGV-derived values, the per-call state tables) is declared at the library's top
     and assigned at each call's start, in the script's order, before its body runs.
     Redis runs one script at a time, so a call sees exactly the values it would have
     had as a fresh EVALSHA; the helpers keep referring to the same names. The names are
     the script's and a hash of the code, so two versions of trioqueue load side by side.
     """
-    text = source(name)
+    return _as_library(name, source(name))
+
+
+def _as_library(name: str, text: str) -> tuple[str, str]:
+    """:func:`library` of a script whose spliced ``text`` is given."""
     lines = text.splitlines(keepends=True)
     head: list[_Definition] = []
     body_at = 0
@@ -294,9 +321,13 @@ def library(name: str) -> tuple[str, str]:
             once.append(d.text)
             continue
         (n,) = d.names if len(d.names) == 1 else (None,)
-        if n is not None and len(lines_of) == first + 1 and _LITERAL.match(lines_of[first].rstrip("\n")):
-            assigned = re.search(rf"(?<![\w.]){n}\s*(?:\[[^\]]*\])?\s*=(?!=)", code.replace(lines_of[first], "", 1))
-            if not assigned:
+        if n is not None:
+            rest = code.replace(_TRAILING_COMMENT.sub("", "".join(lines_of[first:])), "", 1)
+            if len(lines_of) == first + 1 and _LITERAL.match(lines_of[first].rstrip("\n")):
+                constant = re.search(rf"(?<![\w.]){n}\s*=(?!=)", rest) is None
+            else:
+                constant = _literal_table("".join(lines_of[first:])) and _read_only(n, rest)
+            if constant:
                 once.append(d.text)
                 continue
         values.extend(sorted(d.names))
