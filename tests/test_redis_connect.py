@@ -51,19 +51,33 @@ async def test_acl_user_in_url(tmp_path: Path) -> None:
         server.close()
 
 
-async def test_a_user_without_functions_gets_the_scripts_as_evalsha(tmp_path: Path) -> None:
-    """An ACL user who may not run FUNCTION: the lean client falls back to EVALSHA for
-    good (and still reloads a flushed script on NOSCRIPT); no library is left behind."""
-    acl = ["--user", "worker", "on", ">pa55", "~*", "&*", "+@all", "-function"]
+@pytest.mark.parametrize(
+    ("rules", "options"),
+    [
+        (["-function"], []),  # may not load a library
+        (["-fcall"], []),  # may not call one
+        ([], ["--rename-command", "FCALL", "", "--rename-command", "FUNCTION", ""]),  # answers as Redis 6 does
+    ],
+    ids=["acl-no-function", "acl-no-fcall", "no-functions-server"],
+)
+async def test_a_server_or_user_without_functions_gets_the_scripts_as_evalsha(
+    tmp_path: Path, rules: list[str], options: list[str]
+) -> None:
+    """A server without Redis Functions, or an ACL user who may not load or call them: the
+    lean client falls back to EVALSHA for good (and still reloads a flushed script on
+    NOSCRIPT); no library is left behind."""
+    acl = ["--user", "worker", "on", ">pa55", "~*", "&*", "+@all", *rules, *options]
     server = RedisServer(extra=acl, directory=str(tmp_path)).start()
     try:
-        await _round_trip(f"redis://worker:pa55@127.0.0.1:{server.port}/0")
-        async with RedisStorage(f"redis://worker:pa55@127.0.0.1:{server.port}/0", prefix="acl") as st:
-            await st.enqueue("q", [NewJob("a", b"1", 1, 60.0)])
-            await st._adapter.command(["SCRIPT", "FLUSH"])
-            await st.enqueue("q", [NewJob("b", b"1", 1, 60.0)])
-            assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
-        assert raw_command(server.port, "FUNCTION", "LIST") == b"*0\r\n"
+        with trio.fail_after(60):  # a refused FCALL retried forever would hang the claims
+            await _round_trip(f"redis://worker:pa55@127.0.0.1:{server.port}/0")
+            async with RedisStorage(f"redis://worker:pa55@127.0.0.1:{server.port}/0", prefix="acl") as st:
+                await st.enqueue("q", [NewJob("a", b"1", 1, 60.0)])
+                await st._adapter.command(["SCRIPT", "FLUSH"])
+                await st.enqueue("q", [NewJob("b", b"1", 1, 60.0)])
+                assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
+        if not options:
+            assert raw_command(server.port, "FUNCTION", "LIST") == b"*0\r\n"
     finally:
         server.close()
 

@@ -74,6 +74,14 @@ def _as_evalsha(data: bytes, sha: str) -> bytes:
     head = b"$5\r\nFCALL\r\n$%d\r\n%s\r\n" % (len(name), name)
     return data.replace(head, b"$7\r\nEVALSHA\r\n$40\r\n" + sha.encode() + b"\r\n", 1)
 
+def _refuses_functions(text: str) -> bool:
+    """Whether an error to FCALL or FUNCTION LOAD says this server or user has no Functions:
+    an older server (unknown command) or an ACL without them (NOPERM)."""
+    if text.startswith("NOPERM"):  # not one about keys or channels
+        return "'fcall" in text.lower() or "'function" in text.lower()
+    return text.startswith("ERR unknown command") or "unknown subcommand" in text
+
+
 _RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "connection", "Connection",
                    "Broken pipe", "reset by peer", "disconnected", "Disconnected")
 
@@ -354,12 +362,16 @@ class GlideAdapter:
         if not isinstance(loaded, ReplyError) or "already exists" in str(loaded):
             return
         text = str(loaded)
-        if text.startswith(("NOPERM", "ERR unknown command")) or "unknown subcommand" in text:
-            self._functions = False
-            log.info("Redis refused FUNCTION LOAD (%s): scripts go as EVALSHA", text)
+        if _refuses_functions(text):
+            self._no_functions(text)
         else:
             self._eval_only.add(sha)
             log.warning("Redis Function %s did not load (%s): its script goes as EVALSHA", _FUNCTIONS[sha][0], text)
+
+    def _no_functions(self, why: str) -> None:
+        if self._functions:
+            self._functions = False
+            log.info("Redis refused Functions (%s): scripts go as EVALSHA", why)
 
     async def watchdog(self) -> None:
         """The lean client's :meth:`RespClient.watchdog` (returns at once without one)."""
@@ -410,11 +422,16 @@ class GlideAdapter:
                     if isinstance(loaded, ReplyError):
                         raise StorageError(f"Redis error: {loaded}")
                     continue
-                if sha in _FUNCTIONS and text.startswith("ERR Function not found") and data.find(b"FCALL", 0, 32) >= 0:
-                    await self._load_function(sha)
+                if sha in _FUNCTIONS and data.find(b"FCALL", 0, 32) >= 0:
+                    if text.startswith("ERR Function not found"):
+                        await self._load_function(sha)
+                    elif _refuses_functions(text):
+                        self._no_functions(text)
                     if not self._functions or sha in self._eval_only:
                         data = _as_evalsha(data, sha)
-                    continue
+                        continue
+                    if text.startswith("ERR Function not found"):
+                        continue
                 if not any(t in text for t in _RETRYABLE_TEXT):
                     raise StorageError(f"Redis error: {text}")
             self._on_fault()

@@ -13,7 +13,7 @@ run time. Scripts are loaded once per process (EVALSHA; reloaded on NOSCRIPT).
 
 :func:`library` gives each script a second form, a Redis Function library (Redis 7+,
 Valkey): a script's text runs whole on every EVALSHA, so its leading ``local``
-definitions (the prelude's helpers: ~31,000 of an ``enqueue`` call's ~205,000 server
+definitions (the prelude's helpers: ~33,000 of an ``enqueue`` call's ~205,000 server
 instructions) are made anew each call; in a library its functions and constant
 literals are made once, at ``FUNCTION LOAD``, and the callback only assigns the
 per-call values (keys, state tables) before running the script's body.
@@ -230,9 +230,18 @@ def _fragment(name: str) -> str | tuple[_Definition, ...]:
 def _definitions(fragment: str) -> list[_Definition] | None:
     """``fragment`` as its top-level definitions, each with the lines up to the next one;
     None if it holds anything else at the top level (code that runs where it is spliced)."""
+    lines = fragment.splitlines(keepends=True)
+    defs, used = _leading_definitions(lines)
+    return defs if used == len(lines) else None
+
+
+def _leading_definitions(lines: list[str]) -> tuple[list[_Definition], int]:
+    """The top-level definitions ``lines`` start with, and how many lines they take (the
+    blank and comment lines before the first other statement go with it, not them)."""
     defs: list[_Definition] = []
     above: list[str] = []  # blank and comment lines: they belong to the next definition
-    for line in fragment.splitlines(keepends=True):
+    used = 0
+    for i, line in enumerate(lines):
         m = _TOP.match(line)
         if m:
             names = {m.group(1)} if m.group(1) else {n.strip() for n in m.group(2).split(",")}
@@ -240,14 +249,18 @@ def _definitions(fragment: str) -> list[_Definition] | None:
             above = []
         elif not line.strip() or line.startswith("--"):
             above.append(line)
+            continue
         elif defs and (line[0] == " " or line.startswith(("end", "}"))):
             d = defs[-1]  # the rest of a definition
             d.text += "".join(above) + line
-            d.uses = _words(d.text) - d.names
             above = []
         else:
-            return None
-    return defs
+            break
+        used = i + 1
+    for d in defs:
+        d.uses = _words(d.text) - d.names
+    complete = used == len(lines) - len(above)  # only comments after the last definition
+    return defs, len(lines) if complete else used
 
 
 # -- the Redis Function form -----------------------------------------------------------
@@ -290,7 +303,8 @@ def library(name: str) -> tuple[str, str]:
     and assigned at each call's start, in the script's order, before its body runs.
     Redis runs one script at a time, so a call sees exactly the values it would have
     had as a fresh EVALSHA; the helpers keep referring to the same names. The names are
-    the script's and a hash of the code, so two versions of trioqueue load side by side.
+    the script's and a hash of the library's code, so two versions of trioqueue load
+    side by side.
     """
     return _as_library(name, source(name))
 
@@ -298,13 +312,7 @@ def library(name: str) -> tuple[str, str]:
 def _as_library(name: str, text: str) -> tuple[str, str]:
     """:func:`library` of a script whose spliced ``text`` is given."""
     lines = text.splitlines(keepends=True)
-    head: list[_Definition] = []
-    body_at = 0
-    for k in range(len(lines), 0, -1):  # the longest leading run of definitions
-        defs = _definitions("".join(lines[:k]))
-        if defs is not None:
-            head, body_at = defs, k
-            break
+    head, body_at = _leading_definitions(lines)
     names: list[str] = []
     for d in head:
         names.extend(sorted(d.names))
@@ -336,16 +344,7 @@ def _as_library(name: str, text: str) -> tuple[str, str]:
             statement = ", ".join(sorted(d.names)) + " = nil\n"
         per_call.append("".join(lines_of[:first]) + statement + "".join(lines_of[first + 1 :]))
     body = "".join(lines[body_at:])
-    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
-    fname = f"trioqueue_{name}_{digest}"
-    lib = (
-        f"#!lua name={fname}\n"
-        + (f"local {', '.join(values)}\n" if values else "")
-        + "".join(once)
-        + f"redis.register_function('{fname}', function(KEYS, ARGV)\n"
-        + "".join(per_call)
-        + body
-        + ("" if body.endswith("\n") else "\n")
-        + "end)\n"
-    )
-    return fname, lib
+    top = (f"local {', '.join(values)}\n" if values else "") + "".join(once)
+    call = "".join(per_call) + body + ("" if body.endswith("\n") else "\n") + "end)\n"
+    fname = f"trioqueue_{name}_{hashlib.sha1((top + call).encode()).hexdigest()[:16]}"
+    return fname, f"#!lua name={fname}\n{top}redis.register_function('{fname}', function(KEYS, ARGV)\n{call}"
