@@ -9,10 +9,12 @@ the round trip A-seq makes 10,000 times.
   of the same Queue (the enqueue, the worker's blocking claim, settle and the notice);
 - server, B: claiming and completing 2,000 jobs in batches of 100 (``dequeue``,
   ``settle``), per job, in a redis-server under callgrind;
-- server: one call of the ``enqueue`` script (EVALSHA with the queue's KEYS) inside a
+- server: one call of the ``enqueue`` script with the queue's KEYS, as the lean client
+  sends it (FCALL of its Redis Function where the tree has one, else EVALSHA), inside a
   redis-server run under callgrind, counted between ``callgrind_control -z`` and ``-d``
   after a warm-up that makes the queue's hashes real hash tables; beside it the same
-  EVALSHA of a script that only returns (what any script call costs the server).
+  script as EVALSHA, and a call of the same form that only returns (what any script
+  call costs the server).
 
 The working tree is measured against ``--base`` (a git revision, exported as in
 ``bench_ab.py``, with the working tree's Rust extension: the comparison is of the
@@ -152,16 +154,24 @@ def _grinding(binary: str, tmp: str, wanted: int) -> Iterator[tuple[_GrindServer
     totals.extend(_totals(d) for d in dumps[:wanted])
 
 
-def server_instructions(binary: str, source: str, keys: list[str], calls: int, tmp: str) -> float:
-    """Server instructions per call of ``source`` with one new job's arguments."""
+def server_instructions(
+    binary: str, source: str, keys: list[str], calls: int, tmp: str, library: tuple[str, str] | None = None
+) -> float:
+    """Server instructions per call of ``source`` (EVALSHA), or of its Redis Function
+    ``library`` (``(function name, code)``: FCALL), with one new job's arguments."""
     with _grinding(binary, tmp, 1) as (server, totals):
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
-            sha = _call(sock, _encode("SCRIPT", "LOAD", source)).split(b"\r\n")[1].decode()
+            if library is None:
+                sha = _call(sock, _encode("SCRIPT", "LOAD", source)).split(b"\r\n")[1].decode()
+                head = ("EVALSHA", sha)
+            else:
+                _call(sock, _encode("FUNCTION", "LOAD", "REPLACE", library[1]))
+                head = ("FCALL", library[0])
             envelope = b"x" * 120
 
             def run(tag: str, n: int) -> None:
                 for i in range(n):
-                    _call(sock, _encode("EVALSHA", sha, str(len(keys)), *keys, "call1", f"{tag}{i}", envelope,
+                    _call(sock, _encode(*head, str(len(keys)), *keys, "call1", f"{tag}{i}", envelope,
                                         "3:86400000", f"tok{tag}{i}", ""))
 
             run("warm", 700)  # past the listpack sizes: the hashes and zsets are real ones
@@ -213,18 +223,24 @@ def server_batch_instructions(binary: str, tree: Path, jobs: int, tmp: str) -> t
     return totals[0] / jobs, totals[1] / jobs
 
 
-def _tree_script(tree: Path, name: str) -> tuple[str, list[str]]:
-    """Script ``name`` of ``tree`` and its KEYS; the first of ``name``'s ``|``-separated
-    alternatives that the tree has (``enqueue_plain`` is what a default-priority enqueue
-    runs where it exists)."""
+def _tree_script(tree: Path, name: str) -> tuple[str, list[str], tuple[str, str] | None]:
+    """Script ``name`` of ``tree``, its KEYS and its Redis Function form (None where the
+    tree has none); the first of ``name``'s ``|``-separated alternatives that the tree
+    has (``enqueue_plain`` is what a default-priority enqueue runs where it exists)."""
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage import _lua; "
             "keys = getattr(_lua, 'keys_of', lambda n, b: _lua.queue_keys(b)); "
             "name = next(n for n in sys.argv[2].split('|') if n in _lua.SCRIPT_NAMES); "
-            "print(json.dumps([_lua.source(name), keys(name, '{tq:instr}')]))")
+            "lib = getattr(_lua, 'library', lambda n: None)(name); "
+            "print(json.dumps([_lua.source(name), keys(name, '{tq:instr}'), lib]))")
     out = subprocess.run([sys.executable, "-c", code, str(tree / "python"), name], check=True,
                          capture_output=True, text=True).stdout
-    source, keys = json.loads(out)
-    return source, keys
+    source, keys, library = json.loads(out)
+    return source, keys, (tuple(library) if library else None)
+
+
+_NOOP = "return {'q'}"
+_NOOP_LIBRARY = ("trioqueue_instr_noop", "#!lua name=trioqueue_instr_noop\n"
+                 "redis.register_function('trioqueue_instr_noop', function(KEYS, ARGV) return {'q'} end)\n")
 
 
 def main() -> None:
@@ -240,7 +256,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trioqueue-instr-") as tmp, RedisServer(binary) as plain:
         with _checkout(args.base) as base:
             for label, tree in (("base", base), ("tree", ROOT)):
-                source, keys = _tree_script(tree, "enqueue_plain|enqueue")
+                source, keys, library = _tree_script(tree, "enqueue_plain|enqueue")
                 rows[label] = {
                     "client": client_instructions(tree, plain.url, args.calls, tmp),
                     # bimodal (about 0.92M or 1.16M on one machine: whether replies are
@@ -248,8 +264,9 @@ def main() -> None:
                     "c1": statistics.median(
                         client_instructions(tree, plain.url, max(args.calls // 4, 50), tmp, _CLIENT_C1) for _ in range(3)
                     ),
-                    "server": server_instructions(binary, source, keys, args.calls, tmp),
-                    "noop": server_instructions(binary, "return {{'q'}}", keys, args.calls, tmp),
+                    "server": server_instructions(binary, source, keys, args.calls, tmp, library),
+                    "eval": server_instructions(binary, source, keys, args.calls, tmp),
+                    "noop": server_instructions(binary, _NOOP, keys, args.calls, tmp, library and _NOOP_LIBRARY),
                 }
                 rows[label]["claim"], rows[label]["settle"] = server_batch_instructions(binary, tree, 2000, tmp)
                 print(label, {k: round(v) for k, v in rows[label].items()}, file=sys.stderr)
@@ -269,8 +286,9 @@ def main() -> None:
         "|---|---:|---:|---:|",
     ]
     for key, title in (("client", "client: one awaited `Queue.enqueue`"),
-                       ("server", "server: one `enqueue` script call"),
-                       ("noop", "server: an EVALSHA that only returns (same KEYS)")):
+                       ("server", "server: one `enqueue` script call, as the lean client sends it (FCALL where the tree has Functions)"),
+                       ("eval", "server: the same call as EVALSHA"),
+                       ("noop", "server: a call of the same form that only returns (same KEYS)")):
         lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
     total_b, total_t = b["client"] + b["server"], t["client"] + t["server"]
     lines.append(f"| **client + server** | **{total_b:,.0f}** | **{total_t:,.0f}** | **{total_t / total_b:.2f}×** |")
