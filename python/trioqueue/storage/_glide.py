@@ -423,14 +423,15 @@ class GlideAdapter:
                         raise StorageError(f"Redis error: {loaded}")
                     continue
                 if sha in _FUNCTIONS and data.find(b"FCALL", 0, 32) >= 0:
-                    if text.startswith("ERR Function not found"):
+                    missing = text.startswith("ERR Function not found")
+                    if missing:
                         await self._load_function(sha)
                     elif _refuses_functions(text):
                         self._no_functions(text)
                     if not self._functions or sha in self._eval_only:
                         data = _as_evalsha(data, sha)
                         continue
-                    if text.startswith("ERR Function not found"):
+                    if missing:
                         continue
                 if not any(t in text for t in _RETRYABLE_TEXT):
                     raise StorageError(f"Redis error: {text}")

@@ -296,11 +296,11 @@ def library(name: str) -> tuple[str, str]:
     """``(function name, library code)``: script ``name`` as a Redis Function.
 
     The script's leading top-level definitions (up to its first other statement) are
-    split three ways: ``local function`` definitions, ``local`` number/string literals
-    never assigned again and tables of literals only ever read are made once, at load;
-    every other value (keys,
-    ARGV-derived values, the per-call state tables) is declared at the library's top
-    and assigned at each call's start, in the script's order, before its body runs.
+    split: ``local function`` definitions, ``local`` number/string literals never
+    assigned again and tables of literals only ever read are made once, at load; every
+    other value (keys, ARGV-derived values, the per-call state tables) is declared at the
+    library's top and assigned at each call's start, in the script's order, before its
+    body runs.
     Redis runs one script at a time, so a call sees exactly the values it would have
     had as a fresh EVALSHA; the helpers keep referring to the same names. The names are
     the script's and a hash of the library's code, so two versions of trioqueue load
