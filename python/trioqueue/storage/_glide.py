@@ -51,14 +51,14 @@ log = logging.getLogger("trioqueue.storage.redis")
 
 Script = _g.Script
 _SOURCES: dict[str, str] = {}  # script hash -> source, for the lean client's NOSCRIPT reload
-# script hash -> (function name, library code): the lean client's FCALL form of a script
+# script hash -> (function name, library code): the FCALL form of a script
 _FUNCTIONS: dict[str, tuple[str, str]] = {}
 
 
 def make_script(code: str, library: tuple[str, str] | None = None) -> Script:
     """A GLIDE script object (EVALSHA, reloaded on NOSCRIPT). ``library``: the script as a
-    Redis Function (``(function name, library code)``, see ``_lua.library``), which the
-    lean client calls instead (FCALL, loaded on first use) where the server allows it."""
+    Redis Function (``(function name, library code)``, see ``_lua.library``), called
+    instead (FCALL, loaded on first use) where the server allows it."""
     script = _g.Script(code)  # type: ignore[no-untyped-call]
     sha = script.get_hash()
     _SOURCES[sha] = code
@@ -77,9 +77,9 @@ def _as_evalsha(data: bytes, sha: str) -> bytes:
 def _refuses_functions(text: str) -> bool:
     """Whether an error to FCALL or FUNCTION LOAD says this server or user has no Functions:
     an older server (unknown command) or an ACL without them (NOPERM)."""
-    if text.startswith("NOPERM"):  # not one about keys or channels
+    if "NOPERM" in text:  # not one about keys or channels
         return "'fcall" in text.lower() or "'function" in text.lower()
-    return text.startswith("ERR unknown command") or "unknown subcommand" in text
+    return "unknown command" in text or "unknown subcommand" in text
 
 
 _RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "connection", "Connection",
@@ -334,15 +334,45 @@ class GlideAdapter:
     async def script(
         self, script: Any, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
     ) -> Any:
-        """EVALSHA (the script is loaded again on NOSCRIPT), retried on connection faults.
+        """FCALL of the script's Redis Function (loaded on first use), or EVALSHA where the
+        server refuses Functions (loaded again on NOSCRIPT), retried on connection faults.
         ``shield`` (seconds): a mutation whose reply matters; once sent it is carried
         through a cancellation for up to that long (and returns its reply; the
         cancellation comes at the caller's next checkpoint)."""
         if self._fast is not None:
             sha = script.get_hash()
             return await self._retry_fast(self._invocation(sha, keys, args), sha, shield)
-        call = functools.partial(self._retry, lambda: self._client.invoke_script(script, keys=list(keys), args=list(args)))
+        sha = script.get_hash()
+        fn = _FUNCTIONS.get(sha) if self._functions else None
+        if fn is None or sha in self._eval_only:
+            op: Callable[[], Awaitable[Any]] = lambda: self._client.invoke_script(script, keys=list(keys), args=list(args))
+        else:
+            op = functools.partial(self._glide_fcall, script, fn, list(keys), list(args))
+        call = functools.partial(self._retry, op)
         return await (call() if shield is None else _shielded(shield, call))
+
+    async def _glide_fcall(self, script: Any, fn: tuple[str, str], keys: list[Any], args: list[Any]) -> Any:
+        """FCALL through GLIDE (Cluster, ``lean=False``, a client passed in). A server
+        without the function gets the library (``FUNCTION LOAD REPLACE``: on every primary
+        of a cluster, a new one included) and the call again; where Functions are
+        refused, the script goes as EVALSHA from then on."""
+        sha = script.get_hash()
+        try:
+            return await self._client.fcall(fn[0], keys=keys, arguments=args)
+        except _g.RequestError as exc:
+            text = str(exc)
+            if "Function not found" in text:
+                try:
+                    await self._client.function_load(fn[1], replace=True)
+                except _g.RequestError as refused:
+                    self._refused(sha, str(refused))
+                else:
+                    return await self._client.fcall(fn[0], keys=keys, arguments=args)
+            elif _refuses_functions(text):
+                self._no_functions(text)
+            else:
+                raise
+        return await self._client.invoke_script(script, keys=keys, args=args)
 
     def _invocation(self, sha: str, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> bytes:
         """A script's call on the lean client: FCALL of its function where it has one and
@@ -359,14 +389,16 @@ class GlideAdapter:
         EVALSHA from now on, and a library that fails to load only its own script."""
         assert self._fast is not None
         loaded = await self._fast.execute(_core.encode_command(("FUNCTION", "LOAD", _FUNCTIONS[sha][1])))
-        if not isinstance(loaded, ReplyError) or "already exists" in str(loaded):
-            return
-        text = str(loaded)
-        if _refuses_functions(text):
-            self._no_functions(text)
+        if isinstance(loaded, ReplyError) and "already exists" not in str(loaded):
+            self._refused(sha, str(loaded))
+
+    def _refused(self, sha: str, why: str) -> None:
+        """A library did not load: no Functions here at all, or not this one."""
+        if _refuses_functions(why):
+            self._no_functions(why)
         else:
             self._eval_only.add(sha)
-            log.warning("Redis Function %s did not load (%s): its script goes as EVALSHA", _FUNCTIONS[sha][0], text)
+            log.warning("Redis Function %s did not load (%s): its script goes as EVALSHA", _FUNCTIONS[sha][0], why)
 
     def _no_functions(self, why: str) -> None:
         if self._functions:
@@ -445,9 +477,10 @@ class GlideAdapter:
     async def blocking_move_then(
         self, src: str, dst: str, timeout: float, script: Any, keys: Sequence[str], args: Sequence[str | bytes]
     ) -> tuple[bytes | None, Any]:
-        """``BLMOVE src dst LEFT RIGHT timeout`` on a dedicated client with ``EVALSHA`` of
-        ``script`` pipelined behind it on the same connection: the server runs the script as
-        soon as the move returns (or times out), without a client round trip in between.
+        """``BLMOVE src dst LEFT RIGHT timeout`` on a dedicated client with ``script``
+        (FCALL or EVALSHA) pipelined behind it on the same connection: the server runs the
+        script as soon as the move returns (or times out), without a client round trip in
+        between.
 
         Returns ``(moved entry or None, the script's reply)``; the reply is the exception
         the script raised instead (e.g. NOSCRIPT after a ``SCRIPT FLUSH``), for the caller
@@ -470,7 +503,9 @@ class GlideAdapter:
             batch = _g.Batch(is_atomic=False)
             options = _g.BatchOptions(timeout=int((timeout + 5.0) * 1000))
         batch.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
-        batch.custom_command(["EVALSHA", script.get_hash(), str(len(keys)), *keys, *args])
+        sha = script.get_hash()
+        fn = _FUNCTIONS.get(sha) if self._functions and sha not in self._eval_only else None
+        batch.custom_command([*(["FCALL", fn[0]] if fn else ["EVALSHA", sha]), str(len(keys)), *keys, *args])
         async with self._blocker(timeout, "blocking claim failed") as client:
             replies = await client.exec(batch, raise_on_error=False, options=options)
         if not replies or len(replies) != 2 or isinstance(replies[0], Exception):
