@@ -342,9 +342,8 @@ class GlideAdapter:
         if self._fast is not None:
             sha = script.get_hash()
             return await self._retry_fast(self._invocation(sha, keys, args), sha, shield)
-        sha = script.get_hash()
-        fn = _FUNCTIONS.get(sha) if self._functions else None
-        if fn is None or sha in self._eval_only:
+        fn = self._function_of(script.get_hash())
+        if fn is None:
             op: Callable[[], Awaitable[Any]] = lambda: self._client.invoke_script(script, keys=list(keys), args=list(args))
         else:
             op = functools.partial(self._glide_fcall, script, fn, list(keys), list(args))
@@ -374,11 +373,16 @@ class GlideAdapter:
                 raise
         return await self._client.invoke_script(script, keys=keys, args=args)
 
-    def _invocation(self, sha: str, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> bytes:
-        """A script's call on the lean client: FCALL of its function where it has one and
-        the server takes Functions, else EVALSHA."""
+    def _function_of(self, sha: str) -> tuple[str, str] | None:
+        """Script ``sha``'s Redis Function (name, library code), or None where it goes as
+        EVALSHA (none made for it, Functions refused here, its library would not load)."""
         fn = _FUNCTIONS.get(sha) if self._functions else None
-        if fn is None or sha in self._eval_only:
+        return None if fn is None or sha in self._eval_only else fn
+
+    def _invocation(self, sha: str, keys: Sequence[str | bytes], args: Sequence[str | bytes]) -> bytes:
+        """A script's call on the lean client: FCALL of its function, else EVALSHA."""
+        fn = self._function_of(sha)
+        if fn is None:
             return _core.encode_command(("EVALSHA", sha, len(keys)), keys, args)
         return _core.encode_command(("FCALL", fn[0], len(keys)), keys, args)
 
@@ -460,7 +464,7 @@ class GlideAdapter:
                         await self._load_function(sha)
                     elif _refuses_functions(text):
                         self._no_functions(text)
-                    if not self._functions or sha in self._eval_only:
+                    if self._function_of(sha) is None:
                         data = _as_evalsha(data, sha)
                         continue
                     if missing:
@@ -504,7 +508,7 @@ class GlideAdapter:
             options = _g.BatchOptions(timeout=int((timeout + 5.0) * 1000))
         batch.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
         sha = script.get_hash()
-        fn = _FUNCTIONS.get(sha) if self._functions and sha not in self._eval_only else None
+        fn = self._function_of(sha)
         batch.custom_command([*(["FCALL", fn[0]] if fn else ["EVALSHA", sha]), str(len(keys)), *keys, *args])
         async with self._blocker(timeout, "blocking claim failed") as client:
             replies = await client.exec(batch, raise_on_error=False, options=options)
