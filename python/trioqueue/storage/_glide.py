@@ -387,13 +387,15 @@ class GlideAdapter:
         return _core.encode_command(("FCALL", fn[0], len(keys)), keys, args)
 
     async def _load_function(self, sha: str) -> None:
-        """``FUNCTION LOAD`` of script ``sha``'s library (after ``Function not found``: first
-        use, a restart, ``FUNCTION FLUSH``). A library loaded meanwhile by another client
-        is as good; a server that refuses Functions (no such command, no permission) gets
-        EVALSHA from now on, and a library that fails to load only its own script."""
+        """``FUNCTION LOAD REPLACE`` of script ``sha``'s library (after ``Function not
+        found``: first use, a restart, ``FUNCTION FLUSH``), as :meth:`_glide_fcall` loads
+        it: a library's name is the hash of its code, so replacing one that another client
+        loaded meanwhile changes nothing. A server that refuses Functions (no such command,
+        no permission) gets EVALSHA from now on, and a library that fails to load only
+        its own script."""
         assert self._fast is not None
-        loaded = await self._fast.execute(_core.encode_command(("FUNCTION", "LOAD", _FUNCTIONS[sha][1])))
-        if isinstance(loaded, ReplyError) and "already exists" not in str(loaded):
+        loaded = await self._fast.execute(_core.encode_command(("FUNCTION", "LOAD", "REPLACE", _FUNCTIONS[sha][1])))
+        if isinstance(loaded, ReplyError):
             self._refused(sha, str(loaded))
 
     def _refused(self, sha: str, why: str) -> None:
