@@ -323,14 +323,15 @@ MIXED_EVENTS = [
     ("enqueued", "c"),
     ("completed", "a"),
     ("failing", "b"),
+    ("due", ""),  # b's retry is the first job of the delayed set
     ("cancelled", "c"),
     ("fenced", "zz"),
 ]
 
 
 async def mixed_lifecycle(storage: Storage, q: str) -> None:
-    """Enqueue a, b and c; complete a, retry b, cancel c; settle zz, which W1 never held
-    (fenced): the events of :data:`MIXED_EVENTS`."""
+    """Enqueue a, b and c; complete a, retry b (in 60 s: a ``due`` notice), cancel c;
+    settle zz, which W1 never held (fenced): the events of :data:`MIXED_EVENTS`."""
     await storage.enqueue(q, [job("a"), job("b"), job("c")])
     await claim(storage, q, n=2)
     await storage.settle(

@@ -18,6 +18,7 @@ from ._listen import level_for
 from ._streams import EventStream, watch
 
 if TYPE_CHECKING:
+    from ._consumer import Consumer
     from ._events import Emitter
     from ._listen import Listener
     from .storage._base import JobRecord, Storage
@@ -58,6 +59,7 @@ class QueueAdmin(Generic[P]):
     result_ttl: float
     _events: Emitter
     _listener: Listener
+    _consumer: Consumer | None
 
     def _check_running(self) -> None:
         raise NotImplementedError
@@ -158,11 +160,17 @@ class QueueAdmin(Generic[P]):
         return watch(self, check.job_id(job_id))
 
     async def pause(self) -> bool:
-        """Stop every worker of this queue (in every process) from claiming jobs; running
-        jobs finish. Stored in the storage; returns False if it was already paused."""
+        """Stop every worker of this queue (in every process) from claiming and starting
+        jobs; running jobs finish. Jobs that workers had prefetched go back to the queue:
+        none starts once this returns (a job whose attempt was counted before, at its
+        claim, is running). Stored in the storage; returns False if it was already
+        paused."""
         self._check_running()
         await self._listener.caught_up()
-        return await self.storage.set_paused(self.name, True)
+        changed = await self.storage.set_paused(self.name, True)
+        if self._consumer is not None:
+            await self._consumer.pause()  # ours now; other workers hear the notice
+        return changed
 
     async def resume(self) -> bool:
         """Let workers claim again (waiting ones wake at once); False if it was not paused."""

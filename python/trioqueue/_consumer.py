@@ -91,6 +91,8 @@ class Consumer:
         self.pace_count = 0  # settled in the current window
         self.pace_since = self.pace_at = perf_counter()  # the current window's start, the last settlement
         self.draining = False
+        self.pauses = 0  # pause notices so far: a claim call that spans one gives its claims back
+        self.nursery: trio.Nursery | None = None
         self.workers_left = queue.concurrency
         self.settled_all = trio.Event()
         self.done = trio.Event()
@@ -109,6 +111,7 @@ class Consumer:
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, RETRY_BACKOFF[1])
             async with trio.open_nursery() as nursery:
+                self.nursery = nursery
                 nursery.start_soon(self._heartbeat_loop)
                 nursery.start_soon(self._settle_loop)
                 nursery.start_soon(self._start_loop)
@@ -147,6 +150,35 @@ class Consumer:
         self.work.unpark_all()
         self.settle_wakeup.unpark_all()
         await self.done.wait()
+
+    def paused(self) -> None:
+        """The queue was paused (a ``paused`` notice, from any process): the claims that
+        have not reached a handler go back to the queue, as at a graceful stop, and so do
+        those of a claim call in flight. (A reserved claim would be refused anyway: a
+        storage never starts one while paused.)"""
+        claims = self._take_prefetched()
+        if claims and self.nursery is not None:
+            self.nursery.start_soon(self._hand_back, claims)
+
+    async def pause(self) -> None:
+        """:meth:`paused`, for a pause made by this queue: returns once they are back."""
+        claims = self._take_prefetched()
+        if claims:
+            await self._hand_back(claims)
+
+    def _take_prefetched(self) -> list[Claim]:
+        self.pauses += 1
+        claims = list(self.buffer)
+        self.buffer.clear()  # in place: the workers hold a reference
+        return claims
+
+    async def _hand_back(self, claims: list[Claim]) -> None:
+        # Not ours any more either way: what release could not take back stays in our
+        # processing list, unrenewed, for the reaper (or the final reconcile).
+        try:
+            await self._give_back(claims)
+        finally:
+            self._unhold(len(claims))
 
     async def _give_back(self, claims: list[Claim]) -> int:
         """Release claims that never reached a handler (a claim started at claim time
@@ -220,6 +252,7 @@ class Consumer:
                 limits = q._claim_limits
                 if limits is not None:
                     start = want  # no prefetch: every claim has a worker
+                pauses = self.pauses
                 try:
                     claims = await self.storage.dequeue(
                         q.name, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
@@ -235,6 +268,10 @@ class Consumer:
                     # back already): none of these will run, so they go back now, not
                     # when the last running handler finishes
                     self.held += len(claims) - await self._give_back(claims)
+                elif claims and self.pauses != pauses:
+                    # claimed before a pause that came while the call was in flight
+                    self.held += len(claims)
+                    await self._hand_back(claims)
                 elif claims:
                     self.held += len(claims)
                     self.buffer.extend(claims)

@@ -22,7 +22,7 @@ Each subscriber still sees its events in publication order.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -67,6 +67,9 @@ class Listener:
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()
         self.pending = NONE  # a level want() asked for
+        # The queue's reaper, told of each ``due`` notice (epoch seconds; 0.0 after a
+        # resync: look now), so that it promotes delayed jobs on time.
+        self.on_due: Callable[[float], None] | None = None
 
     def needed(self) -> int:
         """The level the queue's consumer, callbacks and streams need now."""
@@ -157,6 +160,8 @@ class Listener:
 
     def _resync(self) -> None:
         self.q._wake_waiters()
+        if self.on_due is not None:
+            self.on_due(0.0)
         self.q._events.emit("resync")
 
     def _dispatch(self, batch: list[StorageEvent]) -> None:
@@ -172,8 +177,16 @@ class Listener:
                 elif kind == "resync":
                     q._wake_waiters()
             if kind == "resync":
+                if self.on_due is not None:
+                    self.on_due(0.0)
                 events.emit("resync")
                 continue
+            if kind == "due":
+                if self.on_due is not None and ev.result:
+                    self.on_due(int(ev.result) / 1000)
+                continue
+            if kind == "paused" and q._consumer is not None:
+                q._consumer.paused()
             if kind == "cancel_requested":
                 if ev.worker_id == q.worker_id and q._consumer is not None:
                     q._consumer.request_cancel(ev.job_id)

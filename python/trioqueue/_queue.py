@@ -312,7 +312,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
                             ),
                             _emitter=self._events,
                             _observers=self._observers,
+                            _fed=True,
                         )
+                        self._listener.on_due = reaper.notice_due  # the queue's notices feed it
                         nursery.start_soon(reaper.run)
                 self._events.emit("started", worker_id=self.worker_id)
                 task_status.started()

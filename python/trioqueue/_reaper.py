@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -15,9 +16,12 @@ from ._errors import ValidationError
 from ._events import Emitter, EventCallback
 from ._observe import QueueObserver, notify
 from ._scheduler import Scheduler
-from .storage._base import Storage
+from .storage._base import Storage, StorageEvent
 
 __all__ = ["LeaderElection", "Reaper"]
+
+_DUE_KINDS = frozenset({"due"})
+_DUE_SLACK = 0.005  # seconds: a scan for a due time comes this much after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +53,11 @@ class Reaper:
     below ``max_attempts`` the job is queued again, otherwise it fails with a
     ``StalledJobError``.
 
-    It sleeps until the earliest pending lease deadline (a timer per processing job, kept by
-    the storage) and rescans at least every ``scan_interval`` seconds (default
-    ``visibility_timeout / 10``), so a missed event never strands a job. A
+    It sleeps until the earliest pending lease deadline or due time (kept by the storage),
+    wakes sooner when a ``due`` notice says a job became due earlier (a delayed enqueue, a
+    retry), so that delayed jobs turn ``queued`` on time with no consumer running, and
+    rescans at least every ``scan_interval`` seconds (default ``visibility_timeout / 10``),
+    so a missed event never strands a job. A
     :class:`~trioqueue.Queue` with a handler runs one itself; run your own for producers-only
     deployments or for a dedicated reaper process: ``async with Reaper(storage):`` or
     ``await nursery.start(reaper.run)``. The active reaper also enqueues the ticks of the
@@ -71,6 +77,7 @@ class Reaper:
         scheduler: bool = True,
         _emitter: Emitter | None = None,
         _observers: Sequence[QueueObserver] = (),
+        _fed: bool = False,
     ) -> None:
         self.storage = storage
         self.name = check.job_id(name, "name") if name is not None else "default"
@@ -87,6 +94,11 @@ class Reaper:
         self._observers = _observers
         self._scheduler = Scheduler(storage, self.name, self._events) if scheduler else None
         self._is_leader = False
+        # ``due`` notices: from its own subscription, or (``_fed``) from its Queue's,
+        # which calls :meth:`notice_due`
+        self._fed = _fed
+        self._wake_at = math.inf  # when the leader's next scan is due (epoch seconds)
+        self._sooner = trio.Event()  # set when a notice brings it forward
         self._cm: Any = None
         self._nursery: trio.Nursery | None = None
 
@@ -200,17 +212,52 @@ class Reaper:
         if self._observers:
             notify(self._observers, "job_reaped", self.name, job_id, outcome)
 
+    def notice_due(self, at: float) -> None:
+        """A job is due at ``at`` (seconds since the epoch; ``0.0``: events may have been
+        lost, look now): the leader scans then if that is sooner than it planned."""
+        at += _DUE_SLACK
+        if at < self._wake_at:
+            self._wake_at = at
+            self._sooner.set()
+
     async def _reap_forever(self) -> None:
+        if self._fed:
+            await self._reap_loop()
+            return
         while True:
+            try:
+                async with self.storage.subscribe(self.name, _DUE_KINDS) as notices, trio.open_nursery() as nursery:
+                    nursery.start_soon(self._follow, notices)
+                    self.notice_due(0.0)  # notices may have come before the subscription
+                    await self._reap_loop()
+            except Exception as exc:  # the subscription failed: scan on the timer meanwhile
+                self._events.emit("error", error=exc, where="subscribing to due notices")
+                with trio.move_on_after(self.scan_interval):
+                    await self._reap_loop()
+
+    async def _follow(self, notices: trio.abc.ReceiveChannel[list[StorageEvent]]) -> None:
+        async for batch in notices:
+            for ev in batch:
+                if ev.kind == "due" and ev.result:
+                    self.notice_due(int(ev.result) / 1000)
+                elif ev.kind == "resync":
+                    self.notice_due(0.0)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            self._wake_at = math.inf  # notices that come during the scan bring it forward
             try:
                 recovered, next_deadline = await self.storage.recover_stalled(self.name)
             except Exception as exc:
                 self._events.emit("error", error=exc, where="recovering stalled jobs")
-                await trio.sleep(self.scan_interval)
-                continue
+                recovered, next_deadline = [], None
             for job_id, outcome in recovered:
                 self._emit_recovery(job_id, outcome)
-            pause = self.scan_interval
+            wake = time.time() + self.scan_interval
             if next_deadline is not None:
-                pause = min(pause, max(0.0, next_deadline - time.time()) + 0.005)
-            await trio.sleep(pause)
+                wake = min(wake, next_deadline + _DUE_SLACK)
+            self._wake_at = min(self._wake_at, wake)
+            while (left := self._wake_at - time.time()) > 0:
+                self._sooner = trio.Event()
+                with trio.move_on_after(left):
+                    await self._sooner.wait()

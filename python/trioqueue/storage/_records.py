@@ -53,11 +53,16 @@ TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 
 # The event kinds someone *acts on*, routed on their own (Redis: a second pub/sub channel):
 # a job's terminal outcome (what ``enqueue_and_wait`` waits for: ``removed`` ends a job
-# too), a cancel request (for the worker holding the job), a fenced settlement and a
-# storage ``error``. A subscription asking for some of these only
-# (``subscribe(queue, kinds=NOTICE_KINDS)``) gets none of the per-job traffic
-# (``enqueued``, ``progress``, ``requeued``...).
-NOTICE_KINDS = frozenset({COMPLETED, FAILED, CANCELLED, "removed", "cancel_requested", "fenced", "error"})
+# too), a cancel request (for the worker holding the job), a fenced settlement, a
+# storage ``error``, ``paused``/``resumed`` (workers hand back the jobs they prefetched)
+# and ``due``: a job entered the delayed set (a delayed enqueue, a retry, a rate-limited
+# put-back) due before anything else pending there (``result``: its due time, epoch ms as
+# text), so the reaper, which promotes due jobs, wakes in time. A subscription asking
+# for some of these only (``subscribe(queue, kinds=NOTICE_KINDS)``) gets none of the
+# per-job traffic (``enqueued``, ``progress``, ``requeued``...).
+NOTICE_KINDS = frozenset(
+    {COMPLETED, FAILED, CANCELLED, "removed", "cancel_requested", "fenced", "error", "paused", "resumed", "due"}
+)
 
 
 def wanted_kinds(kinds: Collection[str] | None) -> frozenset[str] | None:

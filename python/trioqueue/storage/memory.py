@@ -96,6 +96,33 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
         events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
 
+    def _requeue_front(
+        self, q: _Q, recs: list[_Rec], worker_id: str, now: float, events: list[StorageEvent], refund: bool = False
+    ) -> None:
+        """Put claimed jobs (already out of their processing list) back before everything
+        else of their lanes, in order, state ``queued``; ``refund``: a started claim's
+        attempt is taken back (its handler never ran)."""
+        now_ms = int(now * 1000)
+        for rec in recs:
+            rec.kind = _QUEUED
+            rec.ts_ms = now_ms
+            rec.worker = None
+            if refund:
+                rec.attempts -= rec.started
+            rec.started = False
+            rec.claim = None
+            rec.lease_deadline = math.inf
+            events.append(StorageEvent("requeued", rec.id, worker_id, token=rec.token))
+        q.ready.push_front(recs)
+
+    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
+        """Put ``rec`` in the delayed set, due at ``run_at``; publish ``due`` (see
+        :data:`~trioqueue.storage.NOTICE_KINDS`) when nothing pending was due earlier."""
+        if not q.delayed or run_at < q.delayed[0][0]:
+            events.append(StorageEvent("due", "", result=_due_ms(run_at)))
+        rec.run_at = run_at
+        heapq.heappush(q.delayed, (run_at, next(self._seq), rec))
+
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
         heap = q.delayed
         due: list[_Rec] = []
@@ -139,15 +166,14 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     if rec is not None:
                         q.index.drop(rec)
                     rec = table[job.id] = _Rec(job, now_ms, q.index)
+                    events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
                     if job.run_at is not None and job.run_at > now:
                         rec.kind = _DELAYED
-                        rec.run_at = job.run_at
-                        heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
+                        self._delay(q, rec, job.run_at, events)
                         delayed = True
                     else:
                         envelopes.append(rec)
                     outcomes.append(_QUEUED_OUTCOME)
-                    events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
                 elif rec.kind == _COMPLETED and rec.result is not None:
                     outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
                 else:
@@ -371,10 +397,9 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     else:
                         rec.error = s.data
                     rec.lease_deadline = math.inf
-                    rec.run_at = now + s.delay
-                    heapq.heappush(q.delayed, (rec.run_at, next(self._seq), rec))
                     kind = "rate_limited" if limited else "failing"
                     events.append(StorageEvent(kind, s.id, worker_id, error=None if limited else s.data, token=rec.token))
+                    self._delay(q, rec, now + s.delay, events)
                     retried = True
             q.index.move(completed, _PROCESSING, _COMPLETED)
             self._publish(q, events)
@@ -385,7 +410,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now_ms = int(time.time() * 1000)
         events: list[StorageEvent] = []
         with self._lock:
             q = self._q(queue)
@@ -399,17 +423,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 if rec.cancel_requested:
                     self._cancel_claimed(q, rec, now, worker_id, events)
                     continue
-                rec.kind = _QUEUED
-                rec.ts_ms = now_ms
-                rec.worker = None
-                if refund:
-                    rec.attempts -= rec.started  # never ran: the attempt did not happen
-                rec.started = False
-                rec.claim = None
-                rec.lease_deadline = math.inf
                 released.append(rec)
-                events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
-            q.ready.push_front(released)
+            self._requeue_front(q, released, worker_id, now, events, refund)
             self._publish(q, events)
             if released or (events and q.flow.freed()):
                 self._wake(q)
@@ -438,7 +453,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             q = self._queues.get(queue) or self._q(queue)
             proc = q.processing.get(worker_id)
             rec = None if proc is None else proc.get(job_id)
-            if rec is not None and rec.claim == token and not rec.cancel_requested:
+            if rec is not None and rec.claim == token and not rec.cancel_requested and (rec.started or not q.paused):
                 if not rec.started:  # the common case, inline
                     rec.started = True
                     rec.attempts += 1
@@ -456,6 +471,10 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         if rec.cancel_requested and not rec.started:
             del proc[job_id]
             self._cancel_claimed(q, rec, time.time(), worker_id, events)
+            return False
+        if q.paused and not rec.started:
+            del proc[job_id]  # paused: a prefetched job goes back, its attempt never counted
+            self._requeue_front(q, [rec], worker_id, time.time(), events)
             return False
         if not rec.started:
             rec.started = True
@@ -587,6 +606,11 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     def __repr__(self) -> str:
         return f"MemoryStorage(queues={sorted(self._queues)!r})"
+
+
+def _due_ms(at: float) -> bytes:
+    """A ``due`` event's time (its ``result``): milliseconds since the epoch, as text."""
+    return b"%d" % math.ceil(at * 1000)
 
 
 def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:

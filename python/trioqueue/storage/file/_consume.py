@@ -31,6 +31,7 @@ from ._core import FileCore
 from ._flow import claim_allowance, count_claims, hold_claims, slot_freed
 from ._layout import (
     _LANE_RECHECK,
+    due_event,
     _Q,
     _close_on_error,
     _is_lane_dir,
@@ -255,6 +256,7 @@ class Consumer(FileCore):
                     self._link_marker(q, enc, q.delayed, mk)
                 if retries:
                     dirs.add(q.delayed_fd)
+                    events.append(due_event(retries))
                 # The events before the proc entries go: a crash between the re-points and
                 # the events leaves the entries, and the reaper announces the settlement
                 # (see Reaper.recover_stalled): a waiter never misses its job's end.
@@ -297,30 +299,14 @@ class Consumer(FileCore):
                     cancelled[enc] = r
                     continue
                 todo.append((enc, marker, r))
-            front -= len(todo)
             items: dict[str, Rec] = dict(cancelled)
-            for i, (enc, marker, r) in enumerate(todo):
-                r.kind = _QUEUED
-                r.ts = now_ms
-                r.worker = None
-                r.lease = None
-                if refund:
-                    r.attempts -= r.started  # never ran: the attempt did not happen
-                r.started = False
-                r.claim = None
-                r.mk = _ready_name(front + 1 + i, enc, r.priority)
-                items[enc] = r
+            front = self._requeue_records(todo, items, refund, now_ms, front)
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).
             self._commit(q, items, None)
             for enc in cancelled:
                 _unlink(os.path.join(pdir, enc))
-            for enc, marker, r in todo:
-                assert r.mk is not None
-                q.lane_filled(r.mk)
-                os.rename(marker, os.path.join(q.ready, r.mk))
-                events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
-                n += 1
+            n = self._requeue_markers(q, todo, worker_id, events)
             if todo:
                 q.set_counters(nxt, front)
             if items:
@@ -328,6 +314,39 @@ class Consumer(FileCore):
             self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return n
+
+    @staticmethod
+    def _requeue_records(
+        todo: list[tuple[str, str, Rec]], items: dict[str, Rec], refund: bool, now_ms: int, front: int
+    ) -> int:
+        """Make the claimed jobs ``(enc, proc entry, record)`` queued again, each with a
+        ready marker before everything else of its lane, in order (into ``items``, to be
+        committed; then :meth:`_requeue_markers`). ``refund``: a started claim's attempt is
+        taken back (its handler never ran). Returns the new front counter."""
+        front -= len(todo)
+        for i, (enc, _, r) in enumerate(todo):
+            r.kind = _QUEUED
+            r.ts = now_ms
+            r.worker = None
+            r.lease = None
+            if refund:
+                r.attempts -= r.started  # never ran: the attempt did not happen
+            r.started = False
+            r.claim = None
+            r.mk = _ready_name(front + 1 + i, enc, r.priority)
+            items[enc] = r
+        return front
+
+    @staticmethod
+    def _requeue_markers(q: _Q, todo: list[tuple[str, str, Rec]], worker_id: str, events: list[StorageEvent]) -> int:
+        """Move the proc entries of jobs :meth:`_requeue_records` made queued (their records
+        committed) to their ready markers; how many."""
+        for _, marker, r in todo:
+            assert r.mk is not None
+            q.lane_filled(r.mk)
+            os.rename(marker, os.path.join(q.ready, r.mk))
+            events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
+        return len(todo)
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         await trio.lowlevel.checkpoint()
@@ -361,7 +380,9 @@ class Consumer(FileCore):
             with _close_on_error(fds):
                 now = time.time()
                 pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                paused = os.path.exists(q.paused)
                 gone: list[str] = []
+                back: list[tuple[str, str, Rec]] = []  # paused: prefetched jobs go back
                 for job_id, token in claims:
                     found = self._held(q, pdir, worker_id, job_id, token)
                     if found is None:
@@ -374,12 +395,22 @@ class Consumer(FileCore):
                         gone.append(enc)
                         out.append(False)
                         continue
+                    if paused and not r.started:
+                        back.append((enc, pdir + "/" + enc, r))
+                        out.append(False)
+                        continue
                     if not r.started:
                         r.started = True
                         r.attempts += 1
                         items[enc] = r
                     out.append(True)
+                if back:
+                    nxt, front = q.counters()
+                    front = self._requeue_records(back, items, False, int(now * 1000), front)
                 expiring = self._commit(q, items, fds)
+                if back:
+                    self._requeue_markers(q, back, worker_id, events)
+                    q.set_counters(nxt, front)
                 self._publish(q, events)  # before the proc entries go (see settle)
                 for enc in gone:
                     _unlink(os.path.join(pdir, enc))

@@ -60,6 +60,12 @@ def _seq_name(seq: int, enc_id: str) -> str:
     return f"{seq:016x}-{enc_id}"
 
 
+def due_event(delayed: list[tuple[str, str]]) -> StorageEvent:
+    """The ``due`` event of jobs that entered ``delayed/`` (``(enc, marker name)`` pairs):
+    the earliest due time of them (a marker's name starts with it)."""
+    return StorageEvent("due", "", result=b"%d" % int(min(mk for _, mk in delayed)[:16], 16))
+
+
 def _ready_name(seq: int, enc_id: str, priority: int) -> str:
     """A ready marker's name, relative to ``ready/``: the default priority's lane is
     ``ready/`` itself (the layout before priorities), the others ``ready/p<n>/``."""

@@ -35,6 +35,7 @@ from ._layout import (
     _Q,
     _QUEUED_OUTCOME,
     _close_on_error,
+    due_event,
     _EnqReq,
     _EnqState,
     _job_record,
@@ -210,9 +211,14 @@ class Producer(FileCore):
                     del items[enc], events[enc]
                     for i in places.get(enc, ()):
                         outcomes[i] = _outcome(r0)
+                delayed = []
                 for enc, r in items.items():
                     assert r.mk is not None
                     self._link_marker(q, enc, q.ready if r.kind == _QUEUED else q.delayed, r.mk)
+                    if r.kind != _QUEUED:
+                        delayed.append((enc, r.mk))
+                if delayed:
+                    events["\0due"] = due_event(delayed)  # (a key no encoded id has)
             if nxt != start:
                 q.set_counters(nxt, front)
             self._publish(q, list(events.values()))

@@ -69,10 +69,12 @@ local function istr(x)
   return s
 end
 local EV = {}
--- The kinds also published on NOTICES (``NOTICE_KINDS`` in storage/_base.py): terminal
--- outcomes for waiters, cancel requests and fenced settlements for the holder.
+-- The kinds also published on NOTICES (``NOTICE_KINDS`` in storage/_records.py): terminal
+-- outcomes for waiters, cancel requests and fenced settlements for the holder, pause and
+-- resume for every worker, 'due' for the reaper.
 local NOTICE = {
   completed = true, failed = true, cancelled = true, removed = true, cancel_requested = true, fenced = true, error = true,
+  paused = true, resumed = true, due = true,
 }
 local NV = {}
 -- Events are built and published on EVENTS only while someone listens there: every

@@ -4,6 +4,7 @@
 -- Reads the registry in one HMGET and writes each hash in one HSET per 500 jobs: a
 -- redis.call per job and hash would cost more than the work itself.
 --@include _prelude
+--@include _delay
 local now = now_ms()
 local nows = istr(now)
 sweep(now, 100)
@@ -17,7 +18,6 @@ local seen = {}
 local fresh = {}  -- entries for Q (the default priority)
 local lanes = {}  -- priority -> entries for the other lanes
 local w_env, w_meta, w_jobs = {}, {}, {}
-local delayed = false
 local call_json = cjson.encode(call)
 -- One INCRBY reserves an entry token per job of the batch (unused ones are skipped).
 local tok = redis.call('INCRBY', SEQ, n) - n
@@ -47,8 +47,7 @@ for j = 1, n do
       (prio ~= DEFAULT_PRIORITY and (',"p":' .. istr(prio) .. '}') or '}')
     if run_at and run_at > now then
       st = 'delayed:' .. nows .. ':' .. istr(run_at)
-      redis.call('ZADD', D, istr(run_at), id)
-      delayed = true
+      to_delayed(id, run_at)
     else
       st = 'queued:' .. nows
       if prio == DEFAULT_PRIORITY then
@@ -96,7 +95,6 @@ for p, entries in pairs(lanes) do
     redis.call('RPUSH', LANE, unpack(entries, i, math.min(i + 999, #entries)))
   end
 end
--- a delayed job: wake a blocked claimer so that it recomputes when to wake up
-if delayed and #fresh == 0 and WAKE == 0 then redis.call('RPUSH', Q, '~') end
+due_flush()
 flush()
 return out

@@ -5,6 +5,7 @@
 -- Reads the registry in one HMGET per hash and writes each hash once for the whole
 -- batch; only the processing-list removal is per job.
 --@include _prelude
+--@include _delay
 --@include _cancel
 --@include _flow_free
 local P = KEYS[QK + 1]
@@ -74,7 +75,7 @@ for j, id in ipairs(ids) do
         m.w = nil
         setm(id, m)
         setst(id, 'delayed:' .. nows .. ':' .. istr(now + delay))
-        redis.call('ZADD', D, istr(now + delay), id)
+        to_delayed(id, now + delay)
         ev('rate_limited', id, W, nil, nil, m.i)
         if now + delay > hold then hold = now + delay end
         if delay <= 0 then wake = true end
@@ -107,7 +108,7 @@ for j, id in ipairs(ids) do
       put(w_jobs, id, st)
       put(w_err, id, data)
       l_rem[#l_rem + 1] = id
-      redis.call('ZADD', D, istr(now + delay), id)
+      to_delayed(id, now + delay)
       ev('failing', id, W, nil, small(data), m.i)
       if delay <= 0 then wake = true end
       cur_st[id] = st
@@ -135,5 +136,6 @@ if hold > 0 and hold > tonumber(redis.call('HGET', FLOW, 'h') or '0') then
   redis.call('HSET', FLOW, 'h', hold)
 end
 if freed then slot_freed() end
+due_flush()
 flush()
 return out
