@@ -1,9 +1,11 @@
-"""Connection options of RedisStorage against real servers: passwords, ACL users, TLS."""
+"""Connection options of RedisStorage against real servers: passwords, ACL users, TLS; and a
+server that cannot be reached."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -115,18 +117,57 @@ def test_bad_url_is_a_validation_error() -> None:
         RedisStorage("http://127.0.0.1:1/0")
 
 
-async def test_refused_connection_says_so() -> None:
-    """It used to say "timed out" for a port nobody listens on."""
+@pytest.mark.parametrize("options", [{}, {"lean": False}, {"cluster": True}], ids=["lean", "glide", "cluster"])
+async def test_a_refused_server_is_reported_at_once(options: dict[str, Any]) -> None:
+    """Opening a storage on a port nobody listens on fails at once, saying why. It used to
+    say "timed out"; then it said why only after the retries meant for a server that goes
+    away while running (retry_timeout, 30 s; GLIDE alone waits out its 5 s connect timeout,
+    hence a bound below that)."""
     port = free_port()
-    with pytest.raises(StorageError, match=rf"could not connect to redis://127\.0\.0\.1:{port}: connection refused"):
-        async with RedisStorage(f"redis://127.0.0.1:{port}", prefix="x"):
+    refused = rf"^could not connect to redis://127\.0\.0\.1:{port}: connection refused$"
+    with trio.fail_after(3), pytest.raises(StorageError, match=refused):
+        async with RedisStorage(f"redis://127.0.0.1:{port}", prefix="x", **options):
             pass
+
+
+APP = """
+from trioqueue import MemoryStorage, Queue
+
+async def handle(job):
+    return None
+
+queue = Queue(MemoryStorage(), name="jobs", handler=handle)
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["worker", "app:queue", "--storage", "{url}"],
+        ["demo", "--storage", "redis", "--location", "{url}", "--no-progress"],
+        ["bench", "--storage", "{url}", "--no-progress"],
+        ["stats", "--storage", "{url}"],
+        ["enqueue", "a", "--payload", "1", "--storage", "{url}"],
+        ["dashboard", "--storage", "{url}", "--port", "0"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_every_command_reports_a_refused_server_at_once(tmp_path: Path, command: list[str]) -> None:
+    """One line, exit code 1, in seconds (it took 30: the retries). One command for each
+    way the CLI opens a storage: a worker's Queue, demo's, bench's, stats' bare storage, the
+    other admin commands' Queue (enqueue stands for them), the dashboard's hub."""
+    url = f"redis://127.0.0.1:{free_port()}"
+    (tmp_path / "app.py").write_text(APP)
+    args = [arg.format(url=url) for arg in command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trioqueue", *args], cwd=tmp_path, capture_output=True, text=True, timeout=20
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"trioqueue: error: could not connect to {url}: connection refused"]
 
 
 def test_glide_logs_stay_off_the_programs_stdout() -> None:
     """valkey-glide's core logged connection failures to stdout, in colour."""
-    import subprocess
-    import sys
     import textwrap
 
     port = free_port()

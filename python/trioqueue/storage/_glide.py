@@ -254,25 +254,30 @@ class GlideAdapter:
     # -- lifecycle -------------------------------------------------------------------
 
     async def connect(self) -> None:
+        """Open the storage's clients. A server that refuses, is unknown or unreachable, or
+        does not answer (within the connect and request timeouts) is reported at once: the
+        retries (``retry_timeout``) are for one that goes away while running."""
         self._closed = False
         self._reconnect_lock = trio.Lock()
-        if self._fast is not None:
-            self._fast = RespClient(self.params)
-            try:
-                await self._retry_fast(_PING)
-            except StorageError as exc:
-                why = await self._diagnose() or str(exc)
-                raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
-        elif self._client is None:
-            try:
-                self._client = await self._create_retrying(self._config(request_timeout=self.params.request_timeout))
-            except StorageError as exc:
-                why = await self._diagnose() or str(exc)
-                raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
+        why: str | None = None
+        try:
+            if self._fast is not None:
+                self._fast = RespClient(self.params)
+                if isinstance(await self._fast.execute(_PING), ReplyError):
+                    await self._retry_fast(_PING)  # LOADING...: the server is there, wait for it
+            elif self._client is None:
+                why = await self._diagnose()  # GLIDE takes its whole connect timeout to see a refusal
+                if why is None:
+                    self._client = await self._create_retrying(self._config(request_timeout=self.params.request_timeout))
+        except (ConnectionLost, StorageError) as exc:
+            why = await self._diagnose() or str(exc)
+            raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
+        if why is not None:
+            raise StorageError(f"could not connect to {self.params.display()}: {why}")
 
     async def _diagnose(self) -> str | None:
-        """Why the server cannot be reached, in words (GLIDE says "timed out" for all);
-        ``None`` when it can (the client failed for another reason: TLS, password...)."""
+        """Why the server cannot be reached, in words (GLIDE says "timed out" for all), from
+        a TCP connection opened and closed; ``None`` when it can be."""
         p = self.params
         timeout = max(p.connect_timeout, 0.5)
 

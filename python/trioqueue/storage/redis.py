@@ -104,7 +104,8 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
     each queue's keys share the hash tag ``{prefix:queue}``. ``client``: an existing GLIDE
     client to use for ordinary commands (blocking and pub/sub clients are still created
     from ``url``). ``retry_timeout``: how long an operation keeps retrying while the server
-    is unreachable before raising :class:`~trioqueue.StorageError`. ``lean``: on a
+    is unreachable before raising :class:`~trioqueue.StorageError` (a server that cannot be
+    reached when the storage opens is reported at once). ``lean``: on a
     standalone server, send ordinary commands, scripts and blocking claims through the
     built-in lean client (a Trio socket, RESP parsed in Rust; ~2.5x cheaper per call than
     GLIDE under Trio), subscriptions included; ``False`` sends everything through GLIDE.
