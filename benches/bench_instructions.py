@@ -227,7 +227,7 @@ def _tree_script(tree: Path, name: str) -> tuple[str, list[str], tuple[str, str]
     """Script ``name`` of ``tree``, its KEYS and its Redis Function form (None where the
     tree has none); the first of ``name``'s ``|``-separated alternatives that the tree
     has (``enqueue_plain`` is what a default-priority enqueue runs where it exists)."""
-    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage import _lua; "
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from trioqueue.storage.redis import _lua; "
             "keys = getattr(_lua, 'keys_of', lambda n, b: _lua.queue_keys(b)); "
             "name = next(n for n in sys.argv[2].split('|') if n in _lua.SCRIPT_NAMES); "
             "lib = getattr(_lua, 'library', lambda n: None)(name); "

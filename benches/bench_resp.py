@@ -30,8 +30,8 @@ import glide  # noqa: E402
 
 from trioqueue import _core  # noqa: E402
 from trioqueue.storage import NewJob  # noqa: E402
-from trioqueue.storage._glide import make_script, parse_url  # noqa: E402
-from trioqueue.storage._resp import RespClient  # noqa: E402
+from trioqueue.storage.redis._transport import parse_url  # noqa: E402
+from trioqueue.storage.redis._resp import RespClient  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
 
 RESULTS = HERE / "results" / "resp.md"
@@ -66,7 +66,7 @@ async def run(url: str, ops: int, rounds: int) -> list[tuple[str, float, float]]
         glide.GlideClientConfiguration([glide.NodeAddress("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0]))])
     )
     lean = RespClient(parse_url(url))
-    script = make_script(SCRIPT)
+    script = glide.Script(SCRIPT)
     sha = script.get_hash()
     await lean.execute(_core.encode_command(("SCRIPT", "LOAD", SCRIPT)))
     lpush = _core.encode_command(("LPUSH", "{bench:q}:l", PAYLOAD))

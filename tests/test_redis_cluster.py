@@ -49,15 +49,15 @@ async def test_cluster_queues_live_in_different_slots(redis_cluster_url: str) ->
 async def test_cluster_scripts_run_as_functions_and_load_again_after_a_flush(redis_cluster_url: str) -> None:
     """Through GLIDE on a cluster too, a script goes as FCALL of its library, loaded on
     every primary on first use and again after ``FUNCTION FLUSH``."""
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
 
     st = RedisStorage(redis_cluster_url, prefix=f"c-{uuid.uuid4().hex[:12]}", cluster=True)
     async with st:
         await st.enqueue("fq", [NewJob("a", b"e", 3, 60.0)])
-        listed = await st._adapter.command(["FUNCTION", "LIST", "LIBRARYNAME", "trioqueue_enqueue_plain_*"])
+        listed = await st._transport.command(["FUNCTION", "LIST", "LIBRARYNAME", "trioqueue_enqueue_plain_*"])
         assert _lua.library("enqueue_plain")[0] in repr(listed)
-        await st._adapter.command(["FUNCTION", "FLUSH"])
+        await st._transport.command(["FUNCTION", "FLUSH"])
         await st.enqueue("fq", [NewJob("b", b"e", 3, 60.0)])
         assert [c.id for c in await st.dequeue("fq", "w", 10, 0, 30)] == ["a", "b"]
-        listed = await st._adapter.command(["FUNCTION", "LIST", "LIBRARYNAME", "trioqueue_claim_*"])
+        listed = await st._transport.command(["FUNCTION", "LIST", "LIBRARYNAME", "trioqueue_claim_*"])
         assert _lua.library("claim")[0] in repr(listed)

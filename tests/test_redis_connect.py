@@ -75,7 +75,7 @@ async def test_a_server_or_user_without_functions_gets_the_scripts_as_evalsha(
             await _round_trip(f"redis://worker:pa55@127.0.0.1:{server.port}/0")
             async with RedisStorage(f"redis://worker:pa55@127.0.0.1:{server.port}/0", prefix="acl") as st:
                 await st.enqueue("q", [NewJob("a", b"1", 1, 60.0)])
-                await st._adapter.command(["SCRIPT", "FLUSH"])
+                await st._transport.command(["SCRIPT", "FLUSH"])
                 await st.enqueue("q", [NewJob("b", b"1", 1, 60.0)])
                 assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
         if not options:
@@ -189,3 +189,44 @@ def test_glide_logs_stay_off_the_programs_stdout() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "program output: StorageError\n"
+
+
+NO_GLIDE = """
+import sys
+sys.modules["glide"] = None  # as if valkey-glide were not installed: importing it fails
+import trio
+from trioqueue import Queue
+from trioqueue.storage import from_url
+
+async def double(job):
+    return job.payload * 2
+
+async def main(url):
+    async with Queue(from_url(url), name="no-glide", handler=double, block_timeout=0.5) as q:
+        with trio.fail_after(20):
+            assert await q.enqueue_and_wait("x", 21) == 42
+            async with q.events("completed") as stream:  # a subscription of all events too
+                await q.enqueue("y", 1)
+                async for event in stream:
+                    if event.job_id == "y":
+                        break
+    for url2, options in ((url.replace("redis://", "redis+cluster://"), {}), (url, {"lean": False})):
+        try:
+            from trioqueue.storage.redis import RedisStorage
+            RedisStorage(url2.replace("redis+cluster://", "redis://"), cluster="cluster" in url2, **options)
+        except ImportError as exc:
+            assert "trioqueue[redis]" in str(exc), exc
+        else:
+            raise AssertionError("the GLIDE transport without valkey-glide")
+    print("ok")
+
+trio.run(main, sys.argv[1])
+"""
+
+
+def test_a_standalone_server_needs_no_valkey_glide(redis_url: str) -> None:
+    """The lean transport serves a standalone server with valkey-glide not importable
+    (the ``redis`` extra is for Cluster and ``lean=False`` only, which then say so)."""
+    proc = subprocess.run([sys.executable, "-c", NO_GLIDE, redis_url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

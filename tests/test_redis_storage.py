@@ -16,7 +16,8 @@ import trio.testing
 from redis_server import RedisServer, raw_command  # noqa: E402
 
 from trioqueue.storage import NewJob, Settlement, SettleKind, StorageEvent  # noqa: E402
-from trioqueue.storage.redis import RedisStorage, decode_events  # noqa: E402
+from trioqueue.storage.redis import RedisStorage  # noqa: E402
+from trioqueue.storage.redis._storage import decode_events  # noqa: E402
 
 
 def _prefix() -> str:
@@ -54,7 +55,7 @@ async def _wait_until(pred, timeout: float = 10.0, step: float = 0.005) -> None:
 
 async def _info(st: RedisStorage, section: str, field: str) -> str | None:
     """The value of ``field`` in the server's ``INFO section`` (None if absent)."""
-    info = await st._adapter.command(["INFO", section])
+    info = await st._transport.command(["INFO", section])
     text = info.decode() if isinstance(info, bytes) else str(info)
     for line in text.splitlines():
         if line.startswith(field + ":"):
@@ -101,7 +102,7 @@ async def test_key_isolation_prefixes_and_queue_names(redis_url: str) -> None:
             await trio.sleep(0.05)
             assert _drain(a_q) == [] and _drain(b_q) == [] and _drain(a_other) == []
         # every key of a queue carries its hash tag
-        keys = await a._adapter.command(["KEYS", "*" + a.prefix + "*"])
+        keys = await a._transport.command(["KEYS", "*" + a.prefix + "*"])
         assert keys and all(k.decode().startswith("{" + a.prefix + ":") for k in keys)
 
 
@@ -129,7 +130,7 @@ async def test_result_ttls_are_per_job(st: RedisStorage) -> None:
 
     async def left_ms(job_id: str) -> float:
         # a terminal job's STATES score: its kind * 2**44 + when it is forgotten
-        expiry = float(await st._adapter.command(["ZSCORE", base + ":states", job_id])) % 2**44
+        expiry = float(await st._transport.command(["ZSCORE", base + ":states", job_id])) % 2**44
         return expiry - time.time() * 1000
 
     assert 0 < await left_ms("short") <= 300 and 59_000 < await left_ms("long") <= 60_000
@@ -154,7 +155,7 @@ async def _calls(st: RedisStorage, command: str) -> int:
 async def test_scripts_run_as_redis_functions_loaded_on_first_use(st: RedisStorage) -> None:
     """On the lean client a script goes as FCALL of its library form (its helpers made once,
     at load, not on every call): the first call finds no function and loads it."""
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
 
     evalsha = await _calls(st, "evalsha")
     await st.enqueue("q", [_job("a")])
@@ -163,7 +164,7 @@ async def test_scripts_run_as_redis_functions_loaded_on_first_use(st: RedisStora
     await st.settle("q", "w", [_done(claim, b"r")])
     assert await _calls(st, "evalsha") == evalsha
     assert await _calls(st, "fcall") >= 4
-    loaded = {lib[1] for lib in await st._adapter.command(["FUNCTION", "LIST"])}
+    loaded = {lib[1] for lib in await st._transport.command(["FUNCTION", "LIST"])}
     for name in ("enqueue_plain", "claim", "settle"):
         assert _lua.library(name)[0].encode() in loaded, name
     assert (await st.get_job("q", "a")).result == b"r"
@@ -188,7 +189,7 @@ async def test_a_library_makes_helpers_and_constants_once_and_values_each_call(s
     """The library form of a script: functions, literals never assigned and literal tables
     only read are made at load; everything else (KEYS, a literal assigned later, a table
     written or passed on) is assigned again at each call, so no call sees another's."""
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
 
     fname, lib = _lua._as_library("t", _PER_CALL)
     once = lib.split("redis.register_function")[0]
@@ -196,17 +197,17 @@ async def test_a_library_makes_helpers_and_constants_once_and_values_each_call(s
         "N", "T", "function"
     ]
     assert "local A, M, U, W, S\n" in once
-    await st._adapter.command(["FUNCTION", "LOAD", "REPLACE", lib])
+    await st._transport.command(["FUNCTION", "LOAD", "REPLACE", lib])
     for _ in range(3):
-        assert await st._adapter.command(["FCALL", fname, "1", "k"]) == [7, 7, 2, 1, b"a"]
+        assert await st._transport.command(["FCALL", fname, "1", "k"]) == [7, 7, 2, 1, b"a"]
 
 
 @_FLUSHES
 async def test_scripts_load_again_after_a_flush(st: RedisStorage, flush: list[str]) -> None:
     await st.enqueue("q", [_job("a")])
-    await st._adapter.command(flush)
+    await st._transport.command(flush)
     assert (await st.enqueue("q", [_job("b")]))[0].status == "queued"
-    await st._adapter.command(flush)
+    await st._transport.command(flush)
     assert [c.id for c in await st.dequeue("q", "w", 10, 0, 30)] == ["a", "b"]
 
 
@@ -226,7 +227,7 @@ async def test_blocking_claim_after_a_flush(st: RedisStorage, flush: list[str]) 
         async with trio.open_nursery() as nursery:
             await nursery.start(consumer)
             await trio.testing.wait_all_tasks_blocked()
-            await st._adapter.command(flush)
+            await st._transport.command(flush)
             await st.enqueue("q", [_job("after-flush")])
     assert claimed == ["after-flush"]
     rec = await st.get_job("q", "after-flush")
@@ -235,14 +236,14 @@ async def test_blocking_claim_after_a_flush(st: RedisStorage, flush: list[str]) 
 
 async def test_concurrent_enqueues_share_round_trips(st: RedisStorage) -> None:
     calls = 0
-    real = st._adapter.script
+    real = st._transport.script
 
     async def counting(*args, **kw):
         nonlocal calls
         calls += 1
         return await real(*args, **kw)
 
-    st._adapter.script = counting  # type: ignore[method-assign]
+    st._transport.script = counting  # type: ignore[method-assign]
     results: dict[int, str] = {}
 
     async def one(i: int) -> None:
@@ -322,7 +323,7 @@ async def test_reaper_recovers_jobs_moved_but_never_claimed(st: RedisStorage) ->
     base = st._base("q")
     await st.dequeue("q", "dead", 1, 0, 30, 0)  # registers the worker's list; reserves 'm'
     await st.release("q", "dead", ["m"])
-    await st._adapter.command(["LMOVE", base + ":queue", base + ":processing:dead", "LEFT", "RIGHT"])
+    await st._transport.command(["LMOVE", base + ":queue", base + ":processing:dead", "LEFT", "RIGHT"])
     assert await st.held_jobs("q", "dead") == ["m"]
     recovered, _ = await st.recover_stalled("q")
     assert recovered == []  # it was never claimed: silently back to the ready list
@@ -506,7 +507,7 @@ async def test_cancellation_is_honoured_while_the_server_is_down(tmp_path) -> No
     """Mutations are shielded so that their replies are not lost, but only within a bound:
     with the server gone, a cancelled enqueue or settle returns well before the 30 s
     retry budget runs out."""
-    from trioqueue.storage import redis as redis_module
+    from trioqueue.storage.redis import _storage as redis_module
 
     server = RedisServer(directory=str(tmp_path)).start()
     try:
@@ -534,13 +535,13 @@ async def test_expiry_sweep_forgets_every_expired_job_in_bounded_slices(st: Redi
     assert len(claims) == n
     assert all(await st.settle("q", "w", [_done(c, b"r", ttl=0.05) for c in claims]))
     base = st._base("q")
-    assert await st._adapter.command(["ZCARD", base + ":states"]) == n  # also the expiry index
+    assert await st._transport.command(["ZCARD", base + ":states"]) == n  # also the expiry index
     await trio.sleep(0.1)  # the results' TTL runs out: no event announces it
     await st.recover_stalled("q")  # one reaper pass
     for key in ("jobs", "meta", "results", "env", "states"):
-        assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
+        assert await st._transport.command(["EXISTS", f"{base}:{key}"]) == 0, key
     # what is left is the queue's one "next due" time: nothing is due any more
-    assert int(await st._adapter.command(["GET", f"{base}:sweep_at"])) == 2**44 - 1
+    assert int(await st._transport.command(["GET", f"{base}:sweep_at"])) == 2**44 - 1
 
 
 async def test_enqueue_forgets_expired_jobs_whatever_order_their_ttls_were_set_in(st: RedisStorage) -> None:
@@ -550,7 +551,7 @@ async def test_enqueue_forgets_expired_jobs_whatever_order_their_ttls_were_set_i
     base = st._base("q")
 
     async def kept(job_id: str) -> bool:
-        return bool(await st._adapter.command(["HEXISTS", base + ":jobs", job_id]))
+        return bool(await st._transport.command(["HEXISTS", base + ":jobs", job_id]))
 
     await st.enqueue("q", [_job("long"), _job("short")])
     long, short = await st.dequeue("q", "w", 2, 0, 30)
@@ -568,7 +569,7 @@ async def test_enqueue_forgets_expired_jobs_whatever_order_their_ttls_were_set_i
     # data written before the next due time was kept (no sweep_at key): the sweep looks
     [c] = await st.dequeue("q", "w", 1, 0, 30)
     assert await st.settle("q", "w", [_done(c, ttl=0.05)]) == [True]
-    await st._adapter.command(["DEL", base + ":sweep_at"])
+    await st._transport.command(["DEL", base + ":sweep_at"])
     await trio.sleep(0.1)
     await st.enqueue("q", [_job("x3")])
     assert not await kept(c.id)
@@ -584,9 +585,9 @@ async def test_a_finished_job_is_one_record_and_one_index_member(st: RedisStorag
     assert await st.settle("q", "w", [_done(c, b"r-\x00|," + c.id.encode()) for c in claims]) == [True, True]
     base = st._base("q")
     for key in ("meta", "env", "results", "errors"):
-        assert await st._adapter.command(["EXISTS", f"{base}:{key}"]) == 0, key
-    assert await st._adapter.command(["HLEN", f"{base}:jobs"]) == 2
-    assert await st._adapter.command(["ZCARD", f"{base}:states"]) == 2
+        assert await st._transport.command(["EXISTS", f"{base}:{key}"]) == 0, key
+    assert await st._transport.command(["HLEN", f"{base}:jobs"]) == 2
+    assert await st._transport.command(["ZCARD", f"{base}:states"]) == 2
     a, b = await st.get_job("q", "a"), await st.get_job("q", "b")
     assert a is not None and b is not None
     assert (a.state.split(":")[0], a.attempts, a.max_attempts, a.result, a.token, a.priority) == (
@@ -604,7 +605,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
     Cluster routing and ACL key patterns)."""
     import re
 
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
 
     declared = {
         "JOBS", "META", "ENV", "LISTENING", "ERRORS", "PROGRESS", "Q", "D", "L", "SWEEP_AT", "WK", "PROCS",
@@ -621,7 +622,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
             if cmd in keyless and cmd != "PUBLISH":
                 continue
             assert first.strip() in declared, (name, cmd, first)
-    prelude = _lua._read("_prelude")
+    prelude = _lua._read_fragment("prelude")
     for i, suffix in enumerate(_lua.QUEUE_KEY_NAMES, start=1):
         assert f"KEYS[{i}]" in prelude, suffix
 
@@ -632,14 +633,14 @@ def test_each_queue_script_is_sent_the_keys_it_names_and_no_others() -> None:
     queue key, and it must be sent exactly the keys it binds, in that order."""
     import re
 
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
 
-    layout = {name: int(n) for name, n in re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", _lua._read("_prelude"), re.M)}
-    lanes = [int(n) for n in re.findall(r"KEYS\[(\d+)\]", re.search(r"local LANES = \{(.*)\}", _lua._read("_prelude")).group(1))]
+    layout = {name: int(n) for name, n in re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", _lua._read_fragment("prelude"), re.M)}
+    lanes = [int(n) for n in re.findall(r"KEYS\[(\d+)\]", re.search(r"local LANES = \{(.*)\}", _lua._read_fragment("prelude")).group(1))]
     assert len(layout) + len(lanes) == len(_lua.QUEUE_KEY_NAMES)
     for name in _lua.SCRIPT_NAMES:
         code, sent = _lua.source(name), _lua.script_keys(name)
-        if "--@include _prelude" not in _lua._read(name):
+        if "--@include prelude" not in _lua._read(name):
             assert sent == () and code == _lua._read(name)
             continue
         bound = {var: int(n) for var, n in re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", code, re.M)}
@@ -661,9 +662,9 @@ def test_each_script_carries_the_prelude_definitions_it_uses_and_no_others() -> 
     uses. None it uses may be missing (a Lua name not defined is a nil global)."""
     import re
 
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
 
-    prelude = _lua._definitions(_lua._read("_prelude"))
+    prelude = _lua._definitions(_lua._read_fragment("prelude"))
     assert prelude is not None and len(prelude) > 30
     words = re.compile(r"[A-Za-z_]\w*")
     keys = re.compile(r"KEYS\[\d+\]")  # renumbered per script (see the test above)
@@ -683,7 +684,7 @@ def test_each_script_carries_the_prelude_definitions_it_uses_and_no_others() -> 
 async def _numsub(st: RedisStorage, queue: str) -> dict[str, int]:
     """Subscribers on the server of the queue's two channels (events, notices)."""
     base = st._base(queue)
-    reply = await st._adapter.command(["PUBSUB", "NUMSUB", base + ":events", base + ":notices"])
+    reply = await st._transport.command(["PUBSUB", "NUMSUB", base + ":events", base + ":notices"])
     if not isinstance(reply, dict):  # a flat list (RESP2)
         reply = dict(zip(reply[::2], reply[1::2]))
     counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in reply.items()}
@@ -715,7 +716,7 @@ def test_the_scripts_publish_exactly_the_notice_kinds_on_the_notices_channel() -
     notices channel) must name the same kinds, or a waiter would miss an outcome."""
     import re
 
-    from trioqueue.storage import _lua
+    from trioqueue.storage.redis import _lua
     from trioqueue.storage._base import NOTICE_KINDS
 
     table = re.search(r"local NOTICE = \{(.*?)\}", _lua.source("settle"), re.DOTALL)
@@ -723,12 +724,39 @@ def test_the_scripts_publish_exactly_the_notice_kinds_on_the_notices_channel() -
     assert set(re.findall(r"(\w+) = true", table.group(1))) == NOTICE_KINDS
 
 
+def test_the_lua_key_layout_and_notice_kinds_come_from_the_python_declarations() -> None:
+    """One source of truth: the prelude as written names no key position and no notice
+    kind; both are generated from ``_lua.QUEUE_KEYS`` and ``NOTICE_KINDS``, so a key
+    added or moved there (or a notice kind) is what every script sees."""
+    import re
+
+    from trioqueue.storage.redis import _lua
+    from trioqueue.storage._base import NOTICE_KINDS
+
+    written = (_lua.resources.files(_lua.__package__) / "scripts" / "include" / "prelude.lua").read_text()
+    assert not re.search(r"^[^-\n]*KEYS\[\d", written, re.M), "a key position written by hand in the prelude"
+    assert "local NOTICE =" not in written and "local SMALL =" not in written
+    generated = _lua._read_fragment("prelude")
+    variables = dict(re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", generated, re.M))
+    for i, (var, suffix) in enumerate(_lua.QUEUE_KEYS, start=1):
+        if var is not None:
+            assert variables[var] == str(i), (var, suffix)
+    lanes = re.search(r"^local LANES = \{(.*)\}$", generated, re.M)
+    assert lanes is not None
+    lane_positions = [str(i) for i, (var, _) in enumerate(_lua.QUEUE_KEYS, start=1) if var is None]
+    assert re.findall(r"KEYS\[(\d+)\]", lanes.group(1)) == lane_positions
+    assert "Q" in lanes.group(1).split(", ")
+    kinds = re.search(r"^local NOTICE = \{(.*)\}$", generated, re.M)
+    assert kinds is not None and set(re.findall(r"(\w+) = true", kinds.group(1))) == NOTICE_KINDS
+    assert f"local SMALL = {_lua.SMALL}\n" in generated
+
+
 async def test_a_running_queue_runs_the_lean_clients_watchdog_until_it_stops(st: RedisStorage) -> None:
     """The request timeout of the lean client's calls is enforced by its watchdog while
     a Queue runs (then its calls need no cancel scope), and by each call without one."""
     from trioqueue import Queue
 
-    watch = st._adapter._fast._watch  # type: ignore[union-attr]
+    watch = st._transport._client._watch  # type: ignore[union-attr]
     assert watch.active == 0
     async with Queue(st, name="wd") as q1, Queue(st, name="wd2"):
         assert watch.active == 2
@@ -752,7 +780,7 @@ async def test_events_are_published_only_while_someone_listens_to_every_event(st
     before = await _publishes(st)
     await st.enqueue("lq", [_job(f"a{i}") for i in range(5)])
     async with st.subscribe("lq", kinds=NOTICE_KINDS) as notices:
-        assert await st._adapter.command(["EXISTS", key]) == 0  # a notices reader does not listen there
+        assert await st._transport.command(["EXISTS", key]) == 0  # a notices reader does not listen there
         await st.enqueue("lq", [_job("a5")])
         assert await _publishes(st) == before
         claim = (await st.dequeue("lq", "w1", max_jobs=1, timeout=0, lease=30.0))[0]
@@ -762,14 +790,14 @@ async def test_events_are_published_only_while_someone_listens_to_every_event(st
     assert await _publishes(st) == before + 1  # the notice alone
 
     async with st.subscribe("lq") as rx:
-        assert await st._adapter.command(["EXISTS", key]) == 1
+        assert await st._transport.command(["EXISTS", key]) == 1
         await st.enqueue("lq", [_job("b0"), _job("b1")])
         got: list[str] = []
         with trio.fail_after(10):
             while len(got) < 2:
                 got += [e.job_id for e in await rx.receive() if e.kind == "enqueued"]
         assert got == ["b0", "b1"]
-    await st._adapter.command(["DEL", key])  # as when its TTL ran out after the last one left
+    await st._transport.command(["DEL", key])  # as when its TTL ran out after the last one left
     before = await _publishes(st)
     await st.enqueue("lq", [_job("c0")])
     assert await _publishes(st) == before
@@ -782,11 +810,11 @@ async def test_an_events_subscriber_resyncs_when_the_listening_key_was_gone(redi
     async with RedisStorage(redis_url, prefix=_prefix(), watch_interval=0.05) as st:
         key = st._base("gq") + ":listening"
         async with st.subscribe("gq") as rx:
-            await st._adapter.command(["DEL", key])
+            await st._transport.command(["DEL", key])
             await st.enqueue("gq", [_job("lost")])  # published to nobody
             with trio.fail_after(10):
                 assert [e.kind for e in await rx.receive()] == ["resync"]
-            assert await st._adapter.command(["EXISTS", key]) == 1
+            assert await st._transport.command(["EXISTS", key]) == 1
             await st.enqueue("gq", [_job("seen")])
             with trio.fail_after(10):
                 batch = await rx.receive()
@@ -799,10 +827,10 @@ async def test_an_events_subscriber_keeps_the_listening_key_alive_past_its_ttl(r
     async with RedisStorage(redis_url, prefix=_prefix(), watch_interval=0.05) as st:
         key = st._base("kq") + ":listening"
         async with st.subscribe("kq") as rx:
-            first = await st._adapter.command(["PTTL", key])
+            first = await st._transport.command(["PTTL", key])
             assert 0 < first <= 1000
             await trio.sleep(1.5)  # wall time past the TTL: the watch must have refreshed it
-            assert 0 < await st._adapter.command(["PTTL", key]) <= 1000
+            assert 0 < await st._transport.command(["PTTL", key]) <= 1000
             await st.enqueue("kq", [_job("late")])
             with trio.fail_after(10):
                 batch = await rx.receive()
@@ -817,13 +845,13 @@ async def test_metadata_written_by_earlier_versions_is_still_claimed_and_settled
 
     await st.enqueue("nq", [_job("old"), _job("new")])
     meta_key = st._base("nq") + ":meta"
-    raw = await st._adapter.command(["HGET", meta_key, "old"])
+    raw = await st._transport.command(["HGET", meta_key, "old"])
     m = json.loads(raw)
     assert isinstance(m["k"], str) and isinstance(m["c"], str)  # as written now
     assert not {"n", "s", "x"} & set(m)
     m["k"], m["c"] = int(m["k"]), int(m["c"])  # as written by earlier versions
     m["n"], m["s"], m["x"] = 0, 0, 0
-    await st._adapter.command(["HSET", meta_key, "old", json.dumps(m)])
+    await st._transport.command(["HSET", meta_key, "old", json.dumps(m)])
     before = await st.get_job("nq", "old")
     assert before is not None and before.created_at_ms == m["c"]
     claims = await st.dequeue("nq", "w1", max_jobs=2, timeout=0, lease=30.0)
@@ -831,11 +859,11 @@ async def test_metadata_written_by_earlier_versions_is_still_claimed_and_settled
     old = next(c for c in claims if c.id == "old")
     assert old.attempts == 1 and old.started
     assert await st.release("nq", "w1", ["old"]) == 1  # back to the ready list by its token
-    released = json.loads(await st._adapter.command(["HGET", meta_key, "old"]))
+    released = json.loads(await st._transport.command(["HGET", meta_key, "old"]))
     assert "s" not in released and released["x"] == 0 and released["n"] == 1
     again = await st.dequeue("nq", "w1", max_jobs=1, timeout=0, lease=30.0)
     assert [c.id for c in again] == ["old"] and again[0].token != old.token
     assert await st.settle("nq", "w1", [_done(again[0], b"r"), _done(next(c for c in claims if c.id == "new"))]) == [True, True]
     done = await st.get_job("nq", "old")
     assert done is not None and done.state.startswith("completed:") and done.created_at_ms == m["c"]
-    assert await st._adapter.command(["LLEN", st._plist("nq", "w1")]) == 0
+    assert await st._transport.command(["LLEN", st._plist("nq", "w1")]) == 0

@@ -13,8 +13,8 @@ import trio.testing
 from redis_server import raw_command
 from trioqueue import _core
 from trioqueue._errors import StorageError
-from trioqueue.storage._glide import parse_url
-from trioqueue.storage._resp import ConnectionLost, ReplyError, RespClient, Subscriber
+from trioqueue.storage.redis._transport import parse_url
+from trioqueue.storage.redis._resp import ConnectionLost, ReplyError, RespClient, Subscriber
 
 pytestmark = pytest.mark.trio
 

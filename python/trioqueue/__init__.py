@@ -104,7 +104,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Optional backends are imported on first use (RedisStorage needs valkey-glide).
+    # Backends other than memory are imported on first use.
     if name == "FileStorage":
         from .storage.file import FileStorage
 

@@ -35,7 +35,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # RedisStorage needs valkey-glide, an optional extra: import it only when asked for.
+    # RedisStorage is imported on first use (its Cluster transport needs valkey-glide, an extra).
     if name == "RedisStorage":
         from .redis import RedisStorage
 

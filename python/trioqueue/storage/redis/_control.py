@@ -1,0 +1,68 @@
+"""RedisStorage's worker registry, progress, pause and schedules (a mixin kept apart from
+``redis.py``): each one script call (``workers.lua``, ``progress.lua``, ``pause.lua``,
+``schedule_*.lua``), or one plain command for a read of one key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from ._admin import _text
+
+__all__ = ["RedisControl"]
+
+
+class RedisControl:
+    """The worker registry, progress, pause and schedules of
+    :class:`~trioqueue.storage.RedisStorage`."""
+
+    _transport: Any
+
+    async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
+        raise NotImplementedError
+
+    def _base(self, queue: str) -> str:
+        raise NotImplementedError
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._run("unregister", queue, [worker_id], worker_id)
+
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        flat = await self._run("workers", queue, ["1" if include_expired else "0"])
+        return {_text(flat[i]): float(flat[i + 1]) / 1000 for i in range(0, len(flat), 2)}
+
+    # -- progress, pause, schedules ----------------------------------------------------
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("progress", queue, [worker_id, job_id, token, progress]))
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("pause", queue, ["1" if paused else "0"]))
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._transport.command(["EXISTS", self._base(queue) + ":paused"]))
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._run("schedule_put", queue, [name, spec])
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("schedule_remove", queue, [name]))
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        specs, ticks = await self._run("schedule_get", queue, [])
+        last = {_text(ticks[i]): float(ticks[i + 1]) for i in range(0, len(ticks), 2)}
+        return {_text(specs[i]): (specs[i + 1], last.get(_text(specs[i]))) for i in range(0, len(specs), 2)}
+
+    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("schedule_advance", queue, [name, repr(float(tick))]))

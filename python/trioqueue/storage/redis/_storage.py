@@ -1,0 +1,599 @@
+"""RedisStorage: the reliable queue on Redis >= 7 / Valkey.
+
+Every mutating operation is one Lua script (see :mod:`._lua` for the key layout); how
+they reach the server (the lean client on a standalone server, valkey-glide on Cluster),
+retries and cancellation remedies live behind one :class:`~._transport.Transport`. An
+awaited round trip costs far more under Trio than on the wire, so:
+
+- concurrent :meth:`enqueue` calls on one queue share round trips (calls that arrive while
+  one script call is in flight go together in the next one);
+- :meth:`settle` acknowledges a whole batch in one script call, and a claim moves up to
+  ``max_jobs`` jobs per call;
+- a blocking :meth:`dequeue` waits with ``BLMOVE`` (≤ 1 s chunks) on a dedicated client
+  that is closed if the wait is cancelled; the claim script is pipelined behind the
+  ``BLMOVE`` on that connection, so the server validates and claims the moved job (with
+  more, up to ``max_jobs``) as soon as it arrives, with no extra round trip.
+
+Events are published by the scripts on ``{prefix:queue}:events``, and the notice kinds
+(``NOTICE_KINDS``: terminal outcomes, cancel requests, fenced settlements) also on
+``{prefix:queue}:notices``, where a subscriber asking for notice kinds only listens (so
+a waiter or a worker never decodes ``enqueued`` events); each :meth:`subscribe`
+context has one subscriber connection whose messages a callback on the Trio thread
+forwards into a memory channel; a watchdog emits ``resync`` after a reconnect.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ..._core import decode_events as _decode_events
+from ..._errors import StorageError
+from ..._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
+from . import _lua
+from .._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from .._base import NOTICE_KINDS, select_events, wanted_kinds
+from ._coalesce import Coalescer, Slot
+from ._transport import ConnParams, Script, Subscription, parse_url, open_transport
+from ._admin import RedisAdmin
+from ._control import RedisControl
+
+__all__ = ["RedisStorage"]
+
+_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+_RESYNC = StorageEvent("resync", "")
+# How long an events subscriber's listening key outlives its last refresh, in watch ticks
+# (10 s at the default 0.5 s tick): the scripts skip the events channel once it is gone.
+_LISTEN_TICKS = 20
+_KIND_CODE = {
+    SettleKind.COMPLETE: "c",
+    SettleKind.FAIL: "f",
+    SettleKind.RETRY: "r",
+    SettleKind.CANCEL: "x",
+    SettleKind.RATE_LIMITED: "l",
+}
+_FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
+_SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
+_MAX_JOBS_PER_CALL = 2000
+_KEY_CACHE_SIZE = 4096  # (script, queue, worker) KEYS lists kept; cleared when full
+_SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
+
+
+def _ms(seconds: float) -> int:
+    return max(0, int(math.ceil(seconds * 1000)))
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def decode_events(payload: bytes) -> list[StorageEvent]:
+    """Inverse of the scripts' event encoding (six ``<len>:<bytes>`` or ``-`` fields each);
+    the parsing is the Rust core's (``benches/bench_core.py`` measures it against Python).
+    Raises ``ValueError`` on a malformed message."""
+    return [StorageEvent(*fields) for fields in _decode_events(payload)]
+
+
+class _Sub:
+    __slots__ = ("send", "fault")
+
+    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]]) -> None:
+        self.send = send
+        self.fault = False
+
+    def deliver(self, events: list[StorageEvent]) -> None:
+        try:
+            self.send.send_nowait(events)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+
+class RedisStorage(RedisControl, RedisAdmin, Storage):
+    """Storage on Redis >= 7 or Valkey (standalone or cluster), via valkey-glide.
+
+    ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
+    ``?ssl_cert_reqs=none`` to skip certificate checks). ``prefix`` namespaces every key;
+    each queue's keys share the hash tag ``{prefix:queue}``. ``client``: an existing GLIDE
+    client to use for ordinary commands (blocking and pub/sub clients are still created
+    from ``url``). ``retry_timeout``: how long an operation keeps retrying while the server
+    is unreachable before raising :class:`~trioqueue.StorageError` (a server that cannot be
+    reached when the storage opens is reported at once). ``lean``: on a
+    standalone server, send ordinary commands, scripts and blocking claims through the
+    built-in lean client (a Trio socket, RESP parsed in Rust; ~2.5x cheaper per call than
+    GLIDE under Trio), subscriptions included; ``False`` sends everything through GLIDE.
+    Cluster always uses GLIDE.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "trioqueue",
+        client: Any = None,
+        cluster: bool = False,
+        request_timeout: float = 5.0,
+        retry_timeout: float = 30.0,
+        block_chunk: float = 1.0,
+        watch_interval: float = 0.5,
+        client_name: str | None = None,
+        lean: bool = True,
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self.prefix = prefix
+        self._params: ConnParams = parse_url(
+            url, cluster=cluster, request_timeout=request_timeout, client_name=client_name
+        )
+        self._transport = open_transport(
+            self._params, client=client, lean=lean, retry_timeout=retry_timeout, on_fault=self._fault
+        )
+        self._block_chunk = block_chunk
+        self._watch_interval = watch_interval
+        self._scripts: dict[str, Script] = {}
+        self._coalescers: dict[str, Coalescer] = {}
+        self._subs: set[_Sub] = set()
+        # (queue, worker) whose blocking move failed or was cancelled: the server may have
+        # moved a job into the worker's list anyway; its next claim adopts such entries.
+        self._drained: set[tuple[str, str]] = set()
+        self._unclaimed_moves: set[tuple[str, str]] = set()
+        self._call_seq = 0
+        self._call_prefix = base64.urlsafe_b64encode(os.urandom(6)).decode()  # 8 chars: kept in records
+        self._named: set[str] = set()  # queues added to the set of names (queue_names)
+        self._key_cache: dict[tuple[str, str, str | None], list[str]] = {}
+
+    def __repr__(self) -> str:
+        p = self._params
+        return f"RedisStorage({p.host}:{p.port}/{p.db}, prefix={self.prefix!r}, cluster={p.cluster})"
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _base(self, queue: str) -> str:
+        return "{" + self.prefix + ":" + queue + "}"
+
+    def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
+        """KEYS of queue script ``name``: the queue keys it uses, then ``extra``
+        (processing lists, flow keys)."""
+        return [*_lua.keys_of(name, self._base(queue)), *extra]
+
+    def _flow_keys(self, queue: str) -> list[str]:
+        """The last KEYS of the scripts that apply or free flow control (claim, settle,
+        release, recover): the rate limit's log, then the flow hash (the RateLimited hold
+        ``h``; ``w`` while a claimer waits for a concurrency slot)."""
+        base = self._base(queue)
+        return [base + ":rate", base + ":flow"]
+
+    def _plist(self, queue: str, worker_id: str) -> str:
+        return self._base(queue) + ":processing:" + worker_id
+
+    def _fault(self) -> None:
+        for sub in self._subs:
+            sub.fault = True
+
+    async def _connect(self) -> None:
+        if not self._scripts:
+            self._scripts = {name: Script(name, _lua.source(name), _lua.library(name)) for name in _lua.SCRIPT_NAMES}
+        await self._transport.connect()
+
+    async def _disconnect(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._transport.close()
+
+    def _script_keys(self, name: str, queue: str, worker: str | None) -> list[str]:
+        """KEYS of script ``name`` (built once per script, queue and worker: the names
+        cost more to format than the rest of a call's arguments)."""
+        cache_key = (name, queue, worker)
+        keys = self._key_cache.get(cache_key)
+        if keys is None:
+            keys = self._keys(name, queue) if worker is None else self._keys(name, queue, self._plist(queue, worker))
+            if name in _FLOW_SCRIPTS:
+                keys += self._flow_keys(queue)
+            if len(self._key_cache) >= _KEY_CACHE_SIZE:
+                self._key_cache.clear()
+            self._key_cache[cache_key] = keys
+        return keys
+
+    async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
+        return await self._transport.script(self._scripts[name], self._script_keys(name, queue, worker), args)
+
+    async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
+        # A mutation whose reply matters (claims, acks): once sent, wait for its reply
+        # even if cancelled, but never longer than _SHIELD_LIMIT, so that cancellation is
+        # honoured within that bound even while the server is away (the Queue retries or
+        # reconciles).
+        return await self._transport.script(
+            self._scripts[name], self._script_keys(name, queue, worker), args, shield=_SHIELD_LIMIT
+        )
+
+    async def watchdog(self) -> None:
+        """The request timeouts of the lean client's calls (see :meth:`Storage.watchdog`)."""
+        await self._transport.watchdog()
+
+    def _call_token(self) -> str:
+        self._call_seq += 1
+        return f"{self._call_prefix}{self._call_seq:x}"
+
+    # -- producers ---------------------------------------------------------------------
+
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not jobs:
+            return []
+        if queue not in self._named:
+            await self._register_name(queue)
+        co = self._coalescers.get(queue)
+        if co is None:
+            co = self._coalescers[queue] = Coalescer(functools.partial(self._flush, queue))
+        return await co.submit(jobs)
+
+    async def _flush(self, queue: str, batch: list[Slot]) -> None:
+        all_jobs = [job for slot in batch for job in slot.jobs]
+        outcomes: list[EnqueueOutcome] = []
+        try:
+            for start in range(0, len(all_jobs), _MAX_JOBS_PER_CALL):
+                chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
+                args: list[Any] = [self._call_token()]
+                script = "enqueue_plain"  # unless a job has another priority (its lane's key)
+                for job in chunk:
+                    run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
+                    limits = f"{job.max_attempts}:{_ms(job.result_ttl)}"
+                    if job.priority != DEFAULT_PRIORITY:
+                        limits += f":{job.priority}"
+                        script = "enqueue"
+                    args += [job.id, job.envelope, limits, job.token, run_at]
+                reply = await self._run_shielded(script, queue, args)
+                for item in reply:
+                    code = item[0]
+                    if code == b"q":
+                        outcomes.append(_QUEUED_OUTCOME)
+                    elif code == b"c":
+                        token = _text(item[3]) if len(item) > 3 and item[3] is not None else None
+                        outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2], token))
+                    else:
+                        token = _text(item[2]) if len(item) > 2 and item[2] is not None else None
+                        outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _text(item[1]), token=token))
+        except trio.Cancelled:
+            # The carrying call was cancelled (after the shield limit): the others learn
+            # that their jobs' fate is unknown, as with any interrupted write.
+            for slot in batch:
+                slot.error = StorageError("enqueue interrupted: the server did not answer in time")
+                slot.wake()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            for slot in batch:
+                slot.error = exc
+                slot.wake()
+            return
+        i = 0
+        for slot in batch:
+            n = len(slot.jobs)
+            slot.result = outcomes[i : i + n]
+            i += n
+            slot.wake()
+
+    async def cancel(self, queue: str, job_id: str) -> CancelStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return CancelStatus(_text(await self._run("cancel", queue, [job_id])))
+
+    async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        r = await self._run("get_job", queue, [job_id])
+        if r is None:
+            return None
+        state, created, attempts, max_attempts, result, error, token, progress, priority = r
+        return JobRecord(
+            job_id,
+            _text(state),
+            int(float(created)),
+            int(float(attempts)),
+            int(float(max_attempts)),
+            result,
+            error,
+            None if token is None else _text(token),
+            progress,
+            int(priority),
+        )
+
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        r = await self._run("get_envelope", queue, [job_id])
+        return None if r is None else bytes(r)
+
+    async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return UpdateTTLStatus(_text(await self._run("update_ttl", queue, [job_id, str(_ms(ttl))])))
+
+    # -- consumers ---------------------------------------------------------------------
+
+    def _claim_args(
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        lease: float,
+        moved: bytes,
+        start: int,
+        limits: ClaimLimits | None = None,
+    ) -> list[Any]:
+        reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
+        args = [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
+        if limits is not None:
+            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency)]
+        return args
+
+    def _claimed(
+        self, queue: str, worker_id: str, args: list[Any], reply: Any
+    ) -> tuple[list[Claim], float | None, bytes | None]:
+        """``(claims, next due time, control-stream id when paused)`` from a claim reply."""
+        key = (queue, worker_id)
+        if args[4] == b"1":
+            self._unclaimed_moves.discard(key)
+        flat = reply[0]  # five entries a claim: id, envelope, attempts, claim token, started
+        claims = [
+            Claim(_text(flat[k]), flat[k + 1], int(flat[k + 2]), _text(flat[k + 3]), bool(int(flat[k + 4])))
+            for k in range(0, len(flat), 5)
+        ]
+        next_due = float(reply[1]) / 1000 if reply[1] is not None else None
+        paused = reply[3] if len(reply) > 3 and reply[3] is not None else None
+        if next_due is None and not reply[2] and paused is None:
+            self._drained.add(key)  # nothing left or pending: the next dequeue blocks at once
+        else:
+            self._drained.discard(key)
+        return claims, next_due, paused
+
+    async def _claim(
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        lease: float,
+        moved: bytes,
+        start: int,
+        limits: ClaimLimits | None = None,
+    ) -> tuple[list[Claim], float | None, bytes | None]:
+        args = self._claim_args(queue, worker_id, max_jobs, lease, moved, start, limits)
+        reply = await self._run_shielded("claim", queue, args, worker_id)
+        return self._claimed(queue, worker_id, args, reply)
+
+    async def dequeue(
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
+    ) -> list[Claim]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        start = max_jobs if start is None else start
+        give_up = trio.current_time() + timeout
+        key = (queue, worker_id)
+        next_due: float | None = None
+        paused: bytes | None = None
+        # When the last claim drained the list and no retry was pending, go straight to the
+        # blocking move (it returns at once if a job arrived meanwhile): that saves a round
+        # trip on the idle path, which is the latency path.
+        if key not in self._drained or timeout <= 0:
+            claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
+            if claims or timeout <= 0:
+                return claims  # no cancellable checkpoint: claims are never dropped after the fact
+        base = self._base(queue)
+        src, dst = base + ":queue", self._plist(queue, worker_id)
+        backoff = 0.05
+        while True:
+            remaining = give_up - trio.current_time()
+            if remaining <= 0:
+                return []
+            block = min(self._block_chunk, remaining)
+            if next_due is not None:
+                block = min(block, max(next_due - time.time(), 0.0) + 0.002)
+            if paused is not None:
+                # Paused: wait for a resume notice on the control stream (no blocking move,
+                # which would only take jobs to put them back), then claim again.
+                try:
+                    await self._transport.blocking_call(
+                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", base + ":ctl", _text(paused)], block
+                    )
+                except Exception:  # StorageError: the server is away; retry within the timeout
+                    await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
+                    backoff = min(backoff * 2, 1.0)
+                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
+                if claims:
+                    return claims
+                continue
+            # The claim script rides behind the blocking move on the same connection, so
+            # the server claims the moved job (and more) with no extra round trip.
+            args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start, limits)
+            try:
+                moved, reply = await self._transport.blocking_move_then(
+                    src, dst, block, self._scripts["claim"], self._script_keys("claim", queue, worker_id), args
+                )
+                backoff = 0.05
+            except Exception:  # StorageError: the server is away; retry within the timeout
+                self._unclaimed_moves.add(key)
+                await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
+                backoff = min(backoff * 2, 1.0)
+                claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
+            except BaseException:  # cancelled: the move (and the claim) may still have happened
+                self._unclaimed_moves.add(key)
+                raise
+            else:
+                if isinstance(reply, Exception):  # e.g. NOSCRIPT, Function not found: claim the ordinary way
+                    claims, next_due, paused = await self._claim(
+                        queue, worker_id, max_jobs, lease, moved or b"", start, limits
+                    )
+                else:
+                    claims, next_due, paused = self._claimed(queue, worker_id, args, reply)
+            if claims:
+                return claims
+
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not settlements:
+            return []
+        args: list[Any] = [worker_id, self._call_token()]
+        metas: dict[tuple[SettleKind, float, float], str] = {}  # a batch shares a few TTLs
+        for s in settlements:
+            meta = metas.get((s.kind, s.ttl, s.delay))
+            if meta is None:
+                meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
+            args += [s.id, s.data, meta, s.token]
+        reply = await self._run_shielded("settle", queue, args, worker_id)
+        return [bool(x) for x in reply]
+
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not job_ids:
+            return 0
+        args = [worker_id, b"1" if refund else b"0", *job_ids]
+        return int(await self._run_shielded("release", queue, args, worker_id))
+
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not claims:
+            return []
+        args: list[Any] = [worker_id]
+        for job_id, token in claims:
+            args += [job_id, token]
+        return [bool(x) for x in await self._run_shielded("start", queue, args, worker_id)]
+
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        entries = await self._transport.command(["LRANGE", self._plist(queue, worker_id), "0", "-1"])
+        seen: dict[str, None] = {}
+        for e in entries or ():
+            _, sep, job_id = e.partition(b":")
+            if sep:
+                seen.setdefault(job_id.decode(), None)
+        return list(seen)
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        args: list[Any] = [worker_id, str(_ms(ttl)), str(_ms(lease))]
+        for job_id, token in claims:
+            args += [job_id, token]
+        return [_text(x) for x in await self._run("heartbeat", queue, args)]
+
+    # -- reaper ------------------------------------------------------------------------
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        base = self._base(queue)
+        # The workers whose processing lists the script may touch: declared in KEYS.
+        procs, dead = await self._transport.commands(
+            [["SMEMBERS", base + ":procs"], ["ZRANGEBYSCORE", base + ":workers", "-inf", f"{time.time() * 1000:.0f}"]]
+        )
+        workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
+        keys = self._keys("recover", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
+        rec, nd = await self._transport.script(self._scripts["recover"], keys, workers)
+        # Forget expired terminal jobs, a bounded slice per call, until none is due.
+        while int(await self._run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:
+            pass
+        return [(_text(i), _text(s)) for i, s in rec], (float(nd) / 1000 if nd is not None else None)
+
+    def _lock_key(self, name: str) -> str:
+        return "{" + self.prefix + ":lock:" + name + "}"
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        r = await self._transport.script(self._scripts["lock_acquire"], [self._lock_key(name)], [owner, str(max(1, _ms(ttl)))])
+        return bool(r)
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        r = await self._transport.script(self._scripts["lock_release"], [self._lock_key(name)], [owner])
+        return bool(r)
+
+    # -- events ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
+        sub = _Sub(send)
+        wanted = wanted_kinds(kinds)
+        # Route by need: the notice kinds have a channel of their own (the scripts publish
+        # them on both), so a subscriber wanting only those never receives the rest.
+        notices_only = wanted is not None and wanted <= NOTICE_KINDS
+        channel = self._base(queue) + (":notices" if notices_only else ":events")
+        if wanted is not None and wanted == NOTICE_KINDS:
+            wanted = None  # the channel carries exactly those: nothing to filter
+
+        def on_message(payload: bytes) -> None:
+            try:
+                events = decode_events(payload)
+            except (ValueError, UnicodeDecodeError):
+                events = [_RESYNC]
+            if wanted is not None:
+                events = select_events(events, wanted)
+                if not events:
+                    return
+            sub.deliver(events)
+
+        # The scripts publish on the events channel only while its listening key lives.
+        listening = None if notices_only else self._base(queue) + ":listening"
+        subscription = await self._transport.subscribe(channel, on_message)
+        self._subs.add(sub)
+        try:
+            if listening is not None:
+                await self._listen(listening)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(subscription.run)
+                nursery.start_soon(self._watch, subscription, sub, listening)
+                try:
+                    yield receive
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._subs.discard(sub)
+            send.close()
+            receive.close()
+            await subscription.aclose()
+
+    async def _listen(self, key: str) -> bool:
+        """Set (or refresh) a listening key; whether it was there already."""
+        ttl = _LISTEN_TICKS * self._watch_interval
+        return await self._transport.command(["SET", key, "1", "PX", str(_ms(ttl)), "GET"]) is not None
+
+    async def _watch(self, subscription: Subscription, sub: _Sub, listening: str | None) -> None:
+        """Emit ``resync`` once the subscriber connection is back after a reconnect (its
+        server-side id changed), after any fault seen by this storage's commands, or when
+        the channel's ``listening`` key (refreshed here every tick) had gone: the scripts
+        published nothing on the channel while it was missing (expired after a stall,
+        evicted, flushed)."""
+        conn_id = await subscription.connection_id()
+        while True:
+            await trio.sleep(self._watch_interval)
+            now_id = await subscription.connection_id()
+            if now_id is None:
+                sub.fault = True
+                continue
+            gap = False
+            if listening is not None:
+                try:
+                    gap = not await self._listen(listening)
+                except Exception:  # noqa: BLE001 - a fault: resync once it is back
+                    sub.fault = True
+                    continue
+            if gap and not sub.fault and now_id == conn_id:
+                sub.deliver([_RESYNC])
+            elif now_id != conn_id or sub.fault:
+                try:
+                    await subscription.wait_subscribed()
+                except Exception:  # noqa: BLE001 - not yet: try again next tick
+                    sub.fault = True
+                    continue
+                conn_id = now_id
+                sub.fault = False
+                sub.deliver([_RESYNC])

@@ -1,0 +1,177 @@
+-- KEYS[QK + 1]: the worker's processing list; the last two KEYS: the rate log and the flow hash.
+-- ARGV: worker, max_jobs, lease_ms, moved entry ('' if none, '*': the list's last entry,
+-- the script being pipelined behind the blocking move), reconcile ('1': also claim
+-- entries of the worker's list that a blocking move put there but no claim followed),
+-- start (the first `start` claims count their attempt; the rest are reserved),
+-- rate, per_ms, concurrency (flow limits, 0: none; see ClaimLimits).
+-- Returns {{id, envelope, attempts, claim token, started, id, ...} (five entries a claim),
+-- next due ms or false
+-- (with flow control: or the next token / end of the hold), 1 if a ready list still holds
+-- entries (else 0), false or the control stream's last id when claiming is paused or
+-- refused by flow control}.
+--@include prelude
+--@include promote
+local P = KEYS[QK + 1]
+local W, MX, LEASE, MOVED, RECONCILE, START = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+local now = now_ms()
+redis.call('SADD', PROCS, W)
+promote(now)
+local paused = redis.call('EXISTS', PAUSED) == 1
+--@include flow_claim
+local out = {}  -- flat: a reply of nested tables costs the server ~4,000 instructions a claim
+local nout = 0  -- claims in out
+local function push(id, env, a, tok, started)
+  out[nout * 5 + 1] = id; out[nout * 5 + 2] = env; out[nout * 5 + 3] = a; out[nout * 5 + 4] = tok; out[nout * 5 + 5] = started
+  nout = nout + 1
+end
+local took = {}  -- entries claimed from the ready list, appended to P in one RPUSH
+local back = {}  -- entries a blocking move took while claiming is paused: they go back
+-- A job the blocking move took from Q (the default priority's lane) yields to queued
+-- jobs of the lanes before Q: it goes back to the head of Q, and the lanes are scanned.
+local function urgent() return lanes_hold(1, DEFAULT_PRIORITY) end
+local yield = false
+-- 'claim' | 'held' (already claimed by W: leave it) | 'stale' | 'back' | 'front'
+local function try(entry)
+  local tok, id = split(entry)
+  if not id then return 'stale' end
+  local st = redis.call('HGET', JOBS, id)
+  if not st then return 'stale' end
+  local m = getm(id)
+  if not m or tostring(m.k) ~= tok then return 'stale' end
+  if starts(st, 'processing:') and m.w == W then return 'held' end
+  if not starts(st, 'queued:') then return 'stale' end
+  if paused or nout >= MX then return 'back' end
+  if yield then return 'front' end
+  m.n = (m.n or 0) + 1
+  m.l = m.i .. '.' .. istr(m.n)
+  m.w = W
+  local started = nout < START
+  if started then
+    m.a = m.a + 1
+    m.s = 1
+  else
+    m.s = nil  -- absent: 0 (an older version wrote 0)
+  end
+  setm(id, m)
+  setst(id, 'processing:' .. istr(now) .. ':' .. W)
+  redis.call('ZADD', L, istr(now + LEASE), id)
+  push(id, redis.call('HGET', ENV, id), started and m.a or m.a + 1, m.l, started and 1 or 0)
+  return 'claim'
+end
+yield = (RECONCILE == '1' or MOVED ~= '') and urgent()
+local fronts = {}  -- moved entries yielding to urgent lanes, in the order they left Q
+if RECONCILE == '1' then
+  for _, e in ipairs(redis.call('LRANGE', P, '0', '-1')) do
+    if nout >= MX then break end
+    local r = try(e)
+    if r == 'stale' or r == 'back' or r == 'front' then redis.call('LREM', P, '1', e) end
+    if r == 'back' then back[#back + 1] = e end
+    if r == 'front' then fronts[#fronts + 1] = e end
+  end
+end
+if MOVED == '*' then
+  -- pipelined behind a blocking move: what it moved, if anything, is P's last entry
+  local last = redis.call('LINDEX', P, '-1')
+  if last then
+    local r = try(last)
+    if r == 'stale' or r == 'back' or r == 'front' then redis.call('LREM', P, '-1', last) end
+    if r == 'back' then back[#back + 1] = last end
+    if r == 'front' then fronts[#fronts + 1] = last end
+  end
+elseif MOVED ~= '' then
+  -- moved into P by the blocking client; claim it only if it is still there
+  if redis.call('LPOS', P, MOVED, 'RANK', '-1') then
+    local r = try(MOVED)
+    if r == 'stale' or r == 'back' or r == 'front' then redis.call('LREM', P, '-1', MOVED) end
+    if r == 'back' then back[#back + 1] = MOVED end
+    if r == 'front' then fronts[#fronts + 1] = MOVED end
+  end
+end
+for i = #fronts, 1, -1 do redis.call('LPUSH', Q, fronts[i]) end
+yield = false
+-- The ready list, lane by lane (priority 0 first), in batches: one HMGET per hash for the
+-- popped entries and one write per hash for the claims (a redis.call per job and hash
+-- would cost more than the work). Ten lanes: O(1) in the number of queued jobs. One
+-- EXISTS skips the lanes before Q, and one the lanes after it, when they are empty (the
+-- common case: every redis.call costs ~1.5 us of script time).
+local claimed = {}
+local w_meta, w_jobs, w_leases, c_ids, c_meta = {}, {}, {}, {}, {}
+local lease_at = istr(now + LEASE)
+local processing = 'processing:' .. istr(now) .. ':' .. W
+local QLANE = DEFAULT_PRIORITY + 1
+local lane = 1
+while nout + #c_ids < MX and not paused and lane <= #LANES do
+  if (lane == 1 and not lanes_hold(1, QLANE - 1)) or (lane == QLANE + 1 and not lanes_hold(lane, #LANES)) then
+    lane = lane == 1 and QLANE or #LANES + 1
+  end
+  if lane > #LANES then break end
+  local LANE = LANES[lane]
+  local want = MX - nout - #c_ids
+  local entries = redis.call('LPOP', LANE, want)
+  if not entries or #entries < want then lane = lane + 1 end  -- the lane is empty now
+  if entries then
+    local ids, toks = {}, {}
+    for k, e in ipairs(entries) do
+      local tok, id = split(e)
+      toks[k] = tok
+      ids[k] = id or ''
+    end
+    local sts = redis.call('HMGET', JOBS, unpack(ids))
+    local metas = redis.call('HMGET', META, unpack(ids))
+    for k, entry in ipairs(entries) do
+      local id = ids[k]
+      if id ~= '' and not claimed[id] and metas[k] and starts(sts[k], 'queued:') then
+        local m = cjson.decode(metas[k])
+        if tostring(m.k) == toks[k] then
+          claimed[id] = true
+          m.n = (m.n or 0) + 1
+          m.l = m.i .. '.' .. istr(m.n)
+          m.w = W
+          if nout + #c_ids < START then
+            m.a = m.a + 1
+            m.s = 1
+          else
+            m.s = nil
+          end
+          w_meta[#w_meta + 1] = id
+          w_meta[#w_meta + 1] = cjson.encode(m)
+          w_jobs[#w_jobs + 1] = id
+          w_jobs[#w_jobs + 1] = processing
+          w_leases[#w_leases + 1] = lease_at
+          w_leases[#w_leases + 1] = id
+          c_ids[#c_ids + 1] = id
+          c_meta[#c_meta + 1] = m
+          took[#took + 1] = entry
+        end
+      end
+    end
+  end
+end
+if #c_ids > 0 then
+  for i = 1, #w_meta, 1000 do
+    redis.call('HSET', META, unpack(w_meta, i, math.min(i + 999, #w_meta)))
+    redis.call('ZADD', L, unpack(w_leases, i, math.min(i + 999, #w_leases)))
+  end
+  setsts(w_jobs)
+  local envs = {}
+  for i = 1, #c_ids, 1000 do
+    local part = redis.call('HMGET', ENV, unpack(c_ids, i, math.min(i + 999, #c_ids)))
+    for _, e in ipairs(part) do envs[#envs + 1] = e end
+  end
+  for k, id in ipairs(c_ids) do
+    local m = c_meta[k]
+    push(id, envs[k], m.s == 1 and m.a or m.a + 1, m.l, m.s == 1 and 1 or 0)
+  end
+end
+for i = 1, #took, 1000 do  -- in chunks: Lua's unpack has a stack limit
+  redis.call('RPUSH', P, unpack(took, i, math.min(i + 999, #took)))
+end
+for i = #back, 1, -1 do redis.call('LPUSH', Q, back[i]) end
+flush()
+flow_claimed(out, nout)
+local ctl = false
+if paused then
+  local last = redis.call('XREVRANGE', CTL, '+', '-', 'COUNT', '1')
+  ctl = last[1] and last[1][1] or '0-0'
+end
+return {out, flow_due(next_due()), ready_any(), ctl}

@@ -1,0 +1,65 @@
+-- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash. ARGV: worker,
+-- refund ('1': none of these claims ran, a started claim's attempt is taken back), ids...
+-- Gives claimed-but-unfinished jobs back to the front of the ready list (without refund
+-- a started claim's attempt stays counted; a job with a cancel request ends cancelled
+-- instead).
+-- Returns how many went back.
+--@include prelude
+--@include cancel
+--@include flow_free
+local P = KEYS[QK + 1]
+local W, REFUND = ARGV[1], ARGV[2] == '1'
+local now = now_ms()
+local byid = {}
+for _, e in ipairs(redis.call('LRANGE', P, '0', '-1')) do
+  local tok, id = split(e)
+  if id then
+    if not byid[id] then byid[id] = {} end
+    table.insert(byid[id], e)
+  else
+    redis.call('LREM', P, '0', e)
+  end
+end
+local back = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local list = byid[id]
+  byid[id] = nil
+  if list then
+    local st = redis.call('HGET', JOBS, id)
+    local m = st and getm(id) or nil
+    for _, e in ipairs(list) do
+      redis.call('LREM', P, '1', e)
+      local tok = split(e)
+      if m and tok == tostring(m.k) then
+        if starts(st, 'processing:') and m.w == W then
+          redis.call('ZREM', L, id)
+          if m.x == 1 then
+            cancel_claimed(id, m, now, W)
+          else
+            if REFUND and m.s == 1 then m.a = m.a - 1 end
+            m.s = nil
+            m.w = nil
+            m.l = nil
+            setm(id, m)
+            setst(id, 'queued:' .. istr(now))
+            back[#back + 1] = {e, m}
+            ev('requeued', id, W, nil, nil, m.i)
+          end
+        elseif starts(st, 'queued:') then
+          back[#back + 1] = {e, m}  -- moved by a blocking claim, never claimed
+        end
+        st = nil
+      end
+    end
+  end
+end
+-- to the front of each job's own lane, in the order given
+for i = #back, 1, -1 do
+  local LANE = lane_of(back[i][2])
+  redis.call('LPUSH', LANE, back[i][1])
+  pushed_to(back[i][2])
+end
+if #back > 0 or EVN > 0 then slot_freed() end
+flush()
+return #back

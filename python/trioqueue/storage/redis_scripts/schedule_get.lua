@@ -1,3 +1,0 @@
--- Returns {name, spec, ...} and {name, last tick ms, ...}.
---@include _prelude
-return {redis.call('HGETALL', SCHED), redis.call('HGETALL', SCHED_LAST)}

@@ -1,4 +1,0 @@
--- ARGV: name, spec. Creates or replaces a schedule (its last tick is kept).
---@include _prelude
-redis.call('HSET', SCHED, ARGV[1], ARGV[2])
-return 1

@@ -1,4 +1,0 @@
--- ARGV: name. Returns 1 if it existed.
---@include _prelude
-redis.call('HDEL', SCHED_LAST, ARGV[1])
-return redis.call('HDEL', SCHED, ARGV[1])
