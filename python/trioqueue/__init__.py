@@ -19,15 +19,14 @@ from typing import TYPE_CHECKING, Any
 from ._errors import (
     JobCancelledError,
     JobFailedError,
+    JobNotFinishedError,
     JobTimeoutError,
     QueueStoppedError,
-    Retry,
     StorageError,
     TrioQueueError,
-    UnrecoverableError,
     ValidationError,
 )
-from ._flow import RateLimit, RateLimited
+from ._flow import RateLimit
 from ._models import (
     DEFAULT_PRIORITY,
     EVENT_NAMES,
@@ -47,7 +46,8 @@ from ._models import (
     UpdateTTLStatus,
 )
 from ._producers import AsyncioProducer, SyncProducer
-from ._queue import JobNotFinishedError, Queue
+from ._outcomes import RateLimited, Retry, UnrecoverableError
+from ._queue import Queue
 from ._reaper import LeaderElection, Reaper
 from ._retry import ExponentialBackoff
 from ._serde import JsonSerde, Serde

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _validate as check
 from ._core import parse_state
-from ._errors import JobCancelledError, JobFailedError, TrioQueueError, ValidationError
+from ._errors import JobCancelledError, JobFailedError, JobNotFinishedError, TrioQueueError, ValidationError
 from ._execution import encode_value
 from ._models import CancelResult, JobError, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ._scheduler import Missed, Schedule, Scheduler
@@ -33,19 +33,9 @@ def _state_name(state: Any, allowed: list[str]) -> str:
         raise ValidationError(f"unknown state {state!r}: expected one of {', '.join(allowed)}")
     return str(value)
 
-__all__ = ["JobNotFinishedError", "QueueAdmin"]
+__all__ = ["QueueAdmin"]
 
 P = TypeVar("P")
-
-
-class JobNotFinishedError(TrioQueueError, LookupError):
-    """``get_result`` on a job that is unknown or has no result yet."""
-
-    def __init__(self, job_id: str, state: str | None) -> None:
-        what = "is unknown (never enqueued, cancelled, or its result expired)" if state is None else f"is {state}"
-        super().__init__(f"job {job_id!r} {what}: no result to return")
-        self.job_id = job_id
-        self.state = state
 
 
 class QueueAdmin(Generic[P]):

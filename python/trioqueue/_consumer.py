@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from collections import deque
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
 from ._errors import StorageError
-from ._execution import Attempt, Escalation, enter_worker
-from .storage._base import Claim, Settlement, SettleKind
+from ._execution import Attempt, Escalation, Executor, enter_worker
+from .storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
 
 if TYPE_CHECKING:
-    from ._queue import Queue
+    from ._events import Emitter
 
 # Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
 CLEANUP_TIMEOUT = 10.0
@@ -31,6 +32,19 @@ CANCEL_CHECK = 0.00005
 PACE_HORIZON = 0.02
 PACE_WINDOW = 0.1
 PACE_STALE = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """What a :class:`Consumer` needs of its queue's settings."""
+
+    queue: str
+    worker_id: str
+    concurrency: int
+    prefetch: int
+    block_timeout: float
+    visibility_timeout: float
+    claim_limits: ClaimLimits | None = None
 
 
 class _StartBatch:
@@ -67,17 +81,24 @@ class Consumer:
     in the buffer; handlers that block spread over the workers as before.
     """
 
-    def __init__(self, queue: Queue[Any, Any]) -> None:
-        self.q = queue
-        self.storage = queue.storage
+    def __init__(
+        self, settings: ConsumerSettings, storage: Storage, executor: Executor, events: Emitter, *, observed: bool = False
+    ) -> None:
+        self.q = settings
+        self.storage = storage
+        self.executor = executor
+        self.events = events
+        self.observed = observed  # observers want each attempt's duration
         self.buffer: deque[Claim] = deque()
         self.running: dict[str, str] = {}  # job id -> claim token
-        self.scopes: dict[str, trio.CancelScope] = {}  # job id -> its handler's scope
+        # cancel() requests (the executor honours them): the handlers' scopes by job id,
+        # and the jobs not to run
+        self.scopes = executor.cancellations.scopes
+        self.cancel_requests = executor.cancellations.requested
         self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel()
-        self.cancel_requests: set[str] = set()  # cancel() reached these jobs: do not run them
         self.pending: list[Settlement] = []
         self.held = 0
-        self.limit = queue.concurrency + queue.prefetch
+        self.limit = settings.concurrency + settings.prefetch
         self.work = trio.lowlevel.ParkingLot()  # idle workers
         self.waking = 0  # workers woken for claims that have not run yet (0 or 1)
         # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
@@ -93,7 +114,7 @@ class Consumer:
         self.draining = False
         self.pauses = 0  # pause notices so far: a claim call that spans one gives its claims back
         self.nursery: trio.Nursery | None = None
-        self.workers_left = queue.concurrency
+        self.workers_left = settings.concurrency
         self.settled_all = trio.Event()
         self.done = trio.Event()
 
@@ -103,11 +124,11 @@ class Consumer:
             backoff = RETRY_BACKOFF[0]
             while True:  # a storage that is briefly away at start-up is waited for
                 try:
-                    await self.storage.heartbeat(q.name, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
+                    await self.storage.heartbeat(q.queue, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
                     await self._reconcile()  # jobs a previous run of this worker id left behind
                     break
                 except StorageError as exc:
-                    q._events.emit("error", error=exc, where="starting the consumer")
+                    self.events.emit("error", error=exc, where="starting the consumer")
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, RETRY_BACKOFF[1])
             async with trio.open_nursery() as nursery:
@@ -130,13 +151,13 @@ class Consumer:
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
                 try:
                     if self.pending:
-                        await self.storage.settle(q.name, q.worker_id, self.pending)
+                        await self.storage.settle(q.queue, q.worker_id, self.pending)
                         self.pending = []
                     await self._reconcile()
                     if self.settled_all.is_set():
-                        await self.storage.unregister_worker(q.name, q.worker_id)
+                        await self.storage.unregister_worker(q.queue, q.worker_id)
                 except Exception as exc:
-                    q._events.emit("error", error=exc, where="consumer cleanup")
+                    self.events.emit("error", error=exc, where="consumer cleanup")
             self.done.set()
 
     async def stop(self) -> None:
@@ -186,9 +207,9 @@ class Consumer:
         did not stay held: the final reconcile (run's cleanup) finds them."""
         with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
             try:
-                return await self.storage.release(self.q.name, self.q.worker_id, [c.id for c in claims], refund=True)
+                return await self.storage.release(self.q.queue, self.q.worker_id, [c.id for c in claims], refund=True)
             except Exception as exc:
-                self.q._events.emit("error", error=exc, where="releasing prefetched jobs")
+                self.events.emit("error", error=exc, where="releasing prefetched jobs")
         return 0
 
     def request_cancel(self, job_id: str) -> None:
@@ -207,7 +228,7 @@ class Consumer:
             if claim.id == job_id:
                 self.buffer.remove(claim)
                 self.cancel_requests.discard(job_id)
-                self.pending.append(self.q._executor._finished(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token)))
+                self.pending.append(self.executor.finished(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token)))
                 self.settle_wakeup.unpark()
                 return
 
@@ -215,7 +236,7 @@ class Consumer:
         """Release jobs in our processing list that we are not running (left by a
         cancelled claim, or by an earlier run of this worker id)."""
         q = self.q
-        held = await self.storage.held_jobs(q.name, q.worker_id)
+        held = await self.storage.held_jobs(q.queue, q.worker_id)
         busy = self.running.keys() | {s.id for s in self.pending}
         orphans = [j for j in held if j not in busy]
         if orphans:
@@ -225,9 +246,9 @@ class Consumer:
             buffered = {c.id for c in self.buffer}
             unrun = [j for j in orphans if j in buffered]
             if unrun:
-                await self.storage.release(q.name, q.worker_id, unrun, refund=True)
+                await self.storage.release(q.queue, q.worker_id, unrun, refund=True)
             if len(unrun) < len(orphans):
-                await self.storage.release(q.name, q.worker_id, [j for j in orphans if j not in buffered])
+                await self.storage.release(q.queue, q.worker_id, [j for j in orphans if j not in buffered])
             gone = set(orphans)
             before = len(self.buffer)
             kept = [c for c in self.buffer if c.id not in gone]
@@ -249,16 +270,16 @@ class Consumer:
                 ahead = self._pace_ahead()
                 if ahead > start:
                     start = min(want, ahead)
-                limits = q._claim_limits
+                limits = q.claim_limits
                 if limits is not None:
                     start = want  # no prefetch: every claim has a worker
                 pauses = self.pauses
                 try:
                     claims = await self.storage.dequeue(
-                        q.name, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
+                        q.queue, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
                     )
                 except Exception as exc:
-                    q._events.emit("error", error=exc, where="claiming jobs")
+                    self.events.emit("error", error=exc, where="claiming jobs")
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, RETRY_BACKOFF[1])
                     continue
@@ -301,10 +322,10 @@ class Consumer:
             self.start_batch = _StartBatch()
             while True:
                 try:
-                    batch.ok = await self.storage.start(q.name, q.worker_id, [(c.id, c.token) for c in batch.claims])
+                    batch.ok = await self.storage.start(q.queue, q.worker_id, [(c.id, c.token) for c in batch.claims])
                     break
                 except Exception as exc:
-                    q._events.emit("error", error=exc, where="starting jobs")
+                    self.events.emit("error", error=exc, where="starting jobs")
                     await trio.sleep(backoff)
                     backoff = min(backoff * 2, RETRY_BACKOFF[1])
             backoff = RETRY_BACKOFF[0]
@@ -318,7 +339,7 @@ class Consumer:
             self.waking += 1
 
     async def _worker(self) -> None:
-        attempt = enter_worker(self.q._executor)
+        attempt = enter_worker(self.executor)
         try:
             while await self._work(attempt):
                 pass  # a cancel() used the scope: the next jobs run under a new one
@@ -336,7 +357,7 @@ class Consumer:
         worker is done (draining)."""
         q = self.q
         buffer = self.buffer
-        executor = q._executor
+        executor = self.executor
         start_nowait = self.start_nowait
         spent = self.spent_scopes
         claim: Claim | None = None
@@ -361,14 +382,14 @@ class Consumer:
                 try:
                     if not started:
                         if start_nowait is not None:
-                            ok = start_nowait(q.name, q.worker_id, job_id, token)
+                            ok = start_nowait(q.queue, q.worker_id, job_id, token)
                         else:
                             ok = await self._begin(claim)
                         if not ok:
                             self._unhold(1)  # the reaper took it back: not ours to run
                             claim = None
                             continue
-                    began = perf_counter() if q._observers else 0.0  # for an attempt cancel() ends
+                    began = perf_counter() if self.observed else 0.0  # for an attempt cancel() ends
                     settlement = await executor.execute(claim, scope, attempt)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
@@ -435,14 +456,14 @@ class Consumer:
             try:
                 with trio.CancelScope(shield=self.draining):
                     # refusals (fenced) come back as events on the stream, reported there
-                    await self.storage.settle(q.name, q.worker_id, batch)
+                    await self.storage.settle(q.queue, q.worker_id, batch)
             except BaseException as exc:
                 # Not stored, or not known to be: keep them, for the next try or for the
                 # cleanup's shielded flush. Acknowledged work is never dropped.
                 self.pending[:0] = batch
                 if not isinstance(exc, Exception):
                     raise
-                q._events.emit("error", error=exc, where="storing results")
+                self.events.emit("error", error=exc, where="storing results")
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_BACKOFF[1])
                 continue
@@ -462,10 +483,10 @@ class Consumer:
             ]
             try:
                 requested = await self.storage.heartbeat(
-                    q.name, q.worker_id, q.visibility_timeout, held, q.visibility_timeout
+                    q.queue, q.worker_id, q.visibility_timeout, held, q.visibility_timeout
                 )
             except Exception as exc:
-                q._events.emit("error", error=exc, where="heartbeat")
+                self.events.emit("error", error=exc, where="heartbeat")
                 continue
             for job_id in requested or ():
                 self.request_cancel(job_id)

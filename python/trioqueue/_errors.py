@@ -1,5 +1,5 @@
-"""The exceptions trioqueue raises (all derive from :class:`TrioQueueError`), and the two a
-handler raises to steer its job's retries (:class:`UnrecoverableError`, :class:`Retry`)."""
+"""The exceptions trioqueue raises (all derive from :class:`TrioQueueError`). What a handler
+raises to steer its job is in :mod:`._outcomes`."""
 
 from __future__ import annotations
 
@@ -59,18 +59,11 @@ class QueueStoppedError(TrioQueueError):
         self.job_id = job_id
 
 
-class UnrecoverableError(Exception):
-    """Raise it (or a subclass) from a handler to fail the job for good at once: no retry,
-    whatever attempts are left. The error is stored like any other."""
+class JobNotFinishedError(TrioQueueError, LookupError):
+    """``get_result`` on a job that is unknown or has no result yet."""
 
-
-class Retry(Exception):
-    """Raise it from a handler to retry the job after ``delay`` seconds (the job's or the
-    queue's ``retry_delay`` when ``None``). The attempt counts: once ``max_attempts`` is
-    reached the job fails with this error."""
-
-    def __init__(self, message: str = "", *, delay: float | None = None) -> None:
-        from ._validate import non_negative_seconds
-
-        super().__init__(message or "retry requested by the handler")
-        self.delay = None if delay is None else non_negative_seconds("Retry.delay", delay)
+    def __init__(self, job_id: str, state: str | None) -> None:
+        what = "is unknown (never enqueued, cancelled, or its result expired)" if state is None else f"is {state}"
+        super().__init__(f"job {job_id!r} {what}: no result to return")
+        self.job_id = job_id
+        self.state = state

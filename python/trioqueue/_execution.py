@@ -13,9 +13,8 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Callable
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -23,20 +22,24 @@ import trio
 from . import _tracing
 from . import _validate as check
 from ._core import CodecError, decode_envelope
-from ._flow import RateLimited
-from ._errors import JobTimeoutError, Retry, TrioQueueError, UnrecoverableError, ValidationError
-from ._models import ExecutionContext, Job, JobError
-from ._observe import notify
+from ._errors import JobTimeoutError, TrioQueueError, ValidationError
+from ._outcomes import RateLimited, Retry, UnrecoverableError
+from ._models import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
+from ._observe import QueueObserver, notify
 from ._serde import Serde, encode_error
-from .storage._base import Claim, Settlement, SettleKind
+from .storage._base import Claim, Settlement, SettleKind, Storage
 
 if TYPE_CHECKING:
-    from ._queue import Queue
+    from ._events import Emitter
 
 __all__ = [
+    "AfterExecution",
     "Attempt",
+    "Cancellations",
     "Escalation",
+    "ExecutionSettings",
     "Executor",
+    "Handler",
     "JobOptions",
     "RetryIf",
     "check_retry_if",
@@ -45,17 +48,16 @@ __all__ = [
     "enter_worker",
     "job_error",
     "only_cancelled",
-    "report_progress",
 ]
 
 
 class Attempt:
     """The attempt a worker task is running an async handler for, as
-    :func:`report_progress` finds it: one per worker task, put in the task's context once
-    (:func:`enter_worker`) and filled in for each job while its handler runs (a context
-    variable set and reset per job costs more than a noop handler). Tasks the handler
-    starts inherit it; ``job`` is ``None`` between handlers, so a task that outlives its
-    handler cannot report for the next job."""
+    :meth:`Job.report_progress` finds it (``CURRENT_ATTEMPT``): one per worker task, put
+    in the task's context once (:func:`enter_worker`) and filled in for each job while its
+    handler runs (a context variable set and reset per job costs more than a noop
+    handler). Tasks the handler starts inherit it; ``job`` is ``None`` between handlers,
+    so a task that outlives its handler cannot report for the next job."""
 
     __slots__ = ("executor", "job", "token")
 
@@ -64,21 +66,55 @@ class Attempt:
         self.job: Job[Any] | None = None
         self.token = ""  # the claim token of ``job``'s attempt
 
-
-_ATTEMPT: ContextVar[Attempt | None] = ContextVar("trioqueue_attempt", default=None)
+    async def report_progress(self, job: Job[Any], value: Any) -> None:
+        """:meth:`Job.report_progress`: store and announce the progress of the running
+        attempt, if ``job`` is the one this task runs."""
+        current = self.job
+        if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
+            raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
+        await self.executor.report_progress(current.id, self.token, value)
 
 
 def enter_worker(executor: Executor) -> Attempt:
     """Called by each worker task, once: its :class:`Attempt`, made current in its context."""
     attempt = Attempt(executor)
-    _ATTEMPT.set(attempt)
+    CURRENT_ATTEMPT.set(attempt)
     return attempt
 
 logger = logging.getLogger("trioqueue.jobs")
 
+Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
+AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 RetryIf = Callable[[BaseException], bool]
 """Decides, for an exception a handler raised (a :class:`JobTimeoutError` for a handler
 that exceeded its ``job_timeout``), whether the job may be retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionSettings:
+    """What an :class:`Executor` needs of its queue's settings."""
+
+    queue: str
+    worker_id: str
+    handler: Handler
+    handler_is_async: bool
+    payload_serde: Serde
+    result_serde: Serde
+    result_ttl: float
+    job_timeout: float | None
+    retry_delay: Callable[[int], float]  # the queue's policy: seconds before the retry after attempt n
+    retry_if: RetryIf | None = None
+    after_execution: AfterExecution | None = None
+
+
+@dataclass(slots=True)
+class Cancellations:
+    """The ``cancel()`` requests a worker received for jobs it holds, shared by its
+    consumer (which receives them) and its executor (which honours them): ``requested``
+    ids (not to run; settled as cancelled), and the cancel scope of each running handler."""
+
+    requested: set[str] = field(default_factory=set)
+    scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
 
 
 class Escalation(BaseException):
@@ -193,17 +229,28 @@ _new = tuple.__new__  # a Job or Settlement per attempt, built as the tuple it i
 
 
 class Executor:
-    """Runs attempts for a :class:`~trioqueue.Queue` (its handler, serdes and policies)."""
+    """Runs attempts of a queue's jobs (its handler, serdes and policies: ``settings``),
+    reporting to its ``events`` and ``observers``; ``cancellations`` are its consumer's;
+    ``storage`` stores a running attempt's progress."""
 
-    def __init__(self, queue: Queue[Any, Any], retry_if: RetryIf | None) -> None:
-        self.q = queue
-        self.retry_if = retry_if
+    def __init__(
+        self,
+        settings: ExecutionSettings,
+        storage: Storage,
+        events: Emitter,
+        observers: Sequence[QueueObserver],
+        cancellations: Cancellations,
+    ) -> None:
+        self.settings = settings
+        self.storage = storage
+        self.events = events
+        self.observers = observers
+        self.cancellations = cancellations
 
     async def call_handler(self, job: Job[Any], token: str, attempt: Attempt) -> Any:
-        q = self.q
-        handler = q._handler
-        assert handler is not None
-        if q._handler_is_async:
+        q = self.settings
+        handler = q.handler
+        if q.handler_is_async:
             attempt.job, attempt.token = job, token
             try:
                 return await handler(job)
@@ -228,14 +275,15 @@ class Executor:
         worker settles the job with :meth:`cancelled` (a cancelled scope is never reused).
         ``attempt`` is the worker's (:func:`enter_worker`).
         """
-        q = self.q
+        q = self.settings
+        observers = self.observers
         claim_id, envelope, attempts, token, _ = claim
         try:
             jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
             options = JobOptions.decode(opts) if opts else _NO_OPTIONS
         except CodecError as exc:
             bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
-            return self._finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
+            return self.finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
         ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
         try:
             payload = q.payload_serde.loads(raw)
@@ -244,30 +292,29 @@ class Executor:
             bad = JobError(
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
             )
-            return self._finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
+            return self.finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
         job: Job[Any] = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
         result: Any = None
         escalate: BaseException | None = None
-        consumer = q._consumer
-        requests = consumer.cancel_requests if consumer is not None else set()
+        requests = self.cancellations.requested
         if jid in requests:  # cancel() came before the handler started
             requests.discard(jid)
-            return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
-        scopes = consumer.scopes if consumer is not None else {}
+            return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
+        scopes = self.cancellations.scopes
         scopes[jid] = scope  # cancelled by a cancel() of this running job
-        if q._observers:
+        if observers:
             wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if attempts == 1 else None
-            notify(q._observers, "job_started", q.name, jid, attempts, wait)
-        span = _tracing.start_job_span(q.name, job, options.trace) if _tracing.ENABLED else None
+            notify(observers, "job_started", q.queue, jid, attempts, wait)
+        span = _tracing.start_job_span(q.queue, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()
         try:
             if timeout is None:
-                if q._handler_is_async:  # call_handler's, inline: the common case, per job
+                if q.handler_is_async:  # call_handler's, inline: the common case, per job
                     attempt.job, attempt.token = job, token
                     try:
-                        result = await q._handler(job)  # type: ignore[misc]
+                        result = await q.handler(job)
                     finally:
                         attempt.job = None
                 else:
@@ -290,12 +337,12 @@ class Executor:
             if span is not None:
                 _tracing.end_job_span(span, raised)
         # (only observers and the failure log use the duration)
-        duration = time.perf_counter() - began if q._observers or raised is not None else 0.0
+        duration = time.perf_counter() - began if observers or raised is not None else 0.0
         if jid in requests:
             requests.discard(jid)
-            return self._finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
+            return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
         settlement = None
-        if raised is None and q._after_execution is None:  # settlement()'s common case, inline
+        if raised is None and q.after_execution is None:  # settlement()'s common case, inline
             serde = q.result_serde
             try:
                 data = serde.dumps(result)
@@ -308,8 +355,8 @@ class Executor:
                     raised = encode_failure(serde, "result of job", TrioQueueError, jid, data)
         if settlement is None:
             settlement = await self.settlement(job, token, result, raised, ttl, options)
-        if q._observers:
-            self._finished(settlement, duration)
+        if observers:
+            self.finished(settlement, duration)
         if raised is not None and settlement.kind in (SettleKind.RETRY, SettleKind.FAIL):
             retry = settlement.kind is SettleKind.RETRY
             logger.info(
@@ -322,7 +369,7 @@ class Executor:
                 type(raised).__qualname__,
                 raised,
                 extra={
-                    "queue": q.name,
+                    "queue": q.queue,
                     "job_id": jid,
                     "attempt": job.attempts,
                     "max_attempts": job.max_attempts,
@@ -337,20 +384,18 @@ class Executor:
     def cancelled(self, claim: Claim, duration: float | None) -> Settlement:
         """The settlement of an attempt whose handler a ``cancel()`` interrupted (the
         ``Cancelled`` escaped :meth:`execute` and the worker's scope caught it)."""
-        q = self.q
-        if q._consumer is not None:
-            q._consumer.cancel_requests.discard(claim.id)
+        self.cancellations.requested.discard(claim.id)
         try:
             ttl_ms = decode_envelope(claim.envelope)[5]
         except CodecError:
             ttl_ms = 0
-        ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
-        return self._finished(Settlement(SettleKind.CANCEL, claim.id, b"", ttl=ttl, token=claim.token), duration)
+        ttl = ttl_ms / 1000 if ttl_ms else self.settings.result_ttl
+        return self.finished(Settlement(SettleKind.CANCEL, claim.id, b"", ttl=ttl, token=claim.token), duration)
 
-    def _finished(self, settlement: Settlement, duration: float | None = None) -> Settlement:
+    def finished(self, settlement: Settlement, duration: float | None = None) -> Settlement:
         """Tell the queue's observers how an attempt ended; returns ``settlement``."""
-        if self.q._observers:
-            notify(self.q._observers, "job_finished", self.q.name, settlement.id, settlement.kind, duration)
+        if self.observers:
+            notify(self.observers, "job_finished", self.settings.queue, settlement.id, settlement.kind, duration)
         return settlement
 
     def _retry_delay(self, job: Job[Any], raised: BaseException, options: JobOptions) -> float | None:
@@ -360,13 +405,13 @@ class Executor:
         if isinstance(raised, Retry):
             if raised.delay is not None:
                 return raised.delay
-        elif self.retry_if is not None:
+        elif self.settings.retry_if is not None:
             try:
-                if not self.retry_if(raised):
+                if not self.settings.retry_if(raised):
                     return None
             except Exception as exc:
-                self.q._events.emit("error", job.id, error=exc, where="retry_if (the job is retried)")
-        delay = options.retry_delay if options.retry_delay is not None else self.q._retry_delay(job.attempts)
+                self.events.emit("error", job.id, error=exc, where="retry_if (the job is retried)")
+        delay = options.retry_delay if options.retry_delay is not None else self.settings.retry_delay(job.attempts)
         return max(0.0, float(delay))
 
     async def settlement(
@@ -378,7 +423,7 @@ class Executor:
         ttl: float,
         options: JobOptions = _NO_OPTIONS,
     ) -> Settlement:
-        q = self.q
+        after = self.settings.after_execution
         jid = job.id
         data = b""
         if raised is None:
@@ -395,23 +440,30 @@ class Executor:
             delay = self._retry_delay(job, raised, options)
             if delay is not None:
                 return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=delay, token=token)
-        if q._after_execution is not None:
+        if after is not None:
             ctx = ExecutionContext(job, result if error is None else None, error, ttl)
             try:
-                ret = q._after_execution(ctx)
+                ret = after(ctx)
                 if inspect.isawaitable(ret):
                     await ret
                 error, ttl = ctx.error, check.seconds("context.ttl", ctx.ttl, job=jid)
                 if error is None:
                     data = self.dump_result(jid, ctx.result)
             except Exception as exc:
-                q._events.emit("error", jid, error=exc, where="after_execution")
+                self.events.emit("error", jid, error=exc, where="after_execution")
         if error is None:
             return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
         return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
 
     def dump_result(self, job_id: str, result: Any) -> bytes:
-        return encode_value(self.q.result_serde, result, "result of job", TrioQueueError, job_id)
+        return encode_value(self.settings.result_serde, result, "result of job", TrioQueueError, job_id)
+
+    async def report_progress(self, job_id: str, token: str, value: Any) -> None:
+        """Store and announce ``value`` as the progress of the attempt of claim ``token``."""
+        q = self.settings
+        data = encode_value(q.result_serde, value, "progress of job", ValidationError, job_id)
+        if not await self.storage.set_progress(q.queue, q.worker_id, job_id, token, data):
+            raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")
 
 
 def check_retry_if(value: Any) -> RetryIf | None:
@@ -419,17 +471,3 @@ def check_retry_if(value: Any) -> RetryIf | None:
     if value is not None and not callable(value):
         raise ValidationError(f"retry_if must be a callable (exception -> bool), got {value!r}")
     return value  # type: ignore[no-any-return]
-
-
-async def report_progress(job: Job[Any], value: Any) -> None:
-    """:meth:`Job.report_progress`: store and announce the progress of the running attempt."""
-    attempt = _ATTEMPT.get()
-    current = None if attempt is None else attempt.job
-    if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
-        raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
-    assert attempt is not None
-    job_id, token = current.id, attempt.token
-    q = attempt.executor.q
-    data = encode_value(q.result_serde, value, "progress of job", ValidationError, job_id)
-    if not await q.storage.set_progress(q.name, q.worker_id, job_id, token, data):
-        raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")

@@ -1,6 +1,6 @@
-"""Queue-wide flow control: a global rate limit (:class:`RateLimit`), the exception a
-handler raises when an upstream says "slow down" (:class:`RateLimited`), and the
-translation of a Queue's settings into the storage's :class:`ClaimLimits`."""
+"""Queue-wide flow control: a global rate limit (:class:`RateLimit`), and the translation
+of a Queue's settings into the storage's :class:`ClaimLimits`. (What a handler raises
+when an upstream says "slow down" is :class:`~trioqueue.RateLimited`, in ``_outcomes``.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from . import _validate as check
 from ._errors import ValidationError
 from .storage._base import ClaimLimits
 
-__all__ = ["RateLimit", "RateLimited", "claim_limits"]
+__all__ = ["RateLimit", "claim_limits"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,16 +27,6 @@ class RateLimit:
     def __post_init__(self) -> None:
         check.positive_int("RateLimit.limit", self.limit)
         check.seconds("RateLimit.per", self.per)
-
-
-class RateLimited(Exception):
-    """Raise it from a handler when an upstream refused for now (an HTTP 429): the job goes
-    back, due in ``retry_after`` seconds, *without* consuming an attempt, and every worker
-    of the queue stops claiming for that long (stored in the storage)."""
-
-    def __init__(self, message: str = "", *, retry_after: float = 1.0) -> None:
-        super().__init__(message or f"rate limited: retry after {retry_after!r} s")
-        self.retry_after = check.non_negative_seconds("RateLimited.retry_after", retry_after)
 
 
 def claim_limits(rate_limit: Any, global_concurrency: Any) -> ClaimLimits | None:

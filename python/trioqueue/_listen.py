@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._models import STORAGE_EVENT_NAMES
-from ._serde import decode_error
-from .storage._base import NOTICE_KINDS, StorageEvent
+from ._serde import Serde, decode_error
+from ._waiters import Waiters
+from .storage._base import NOTICE_KINDS, Storage, StorageEvent
 
 if TYPE_CHECKING:
-    from ._queue import Queue
+    from ._consumer import Consumer
+    from ._events import Emitter
 
 __all__ = ["ALL", "NONE", "NOTICES", "Listener", "level_for"]
 
@@ -57,10 +59,26 @@ def level_for(kinds: Collection[str] | None) -> int:
 
 class Listener:
     """Holds the queue's one live subscription (see the module docstring) and dispatches
-    its events to waiters, the consumer, callbacks and streams."""
+    its events to waiters, the consumer, callbacks and streams.
 
-    def __init__(self, queue: Queue[Any, Any]) -> None:
-        self.q = queue
+    ``storage`` and ``queue`` say where to subscribe; ``worker_id`` is the queue's (cancel
+    requests for it go to its ``consumer``); ``events`` holds the callbacks and streams
+    and emits to them; ``waiters`` are the queue's ``enqueue_and_wait`` callers;
+    ``result_serde`` decodes progress values. While the queue runs, its owner sets
+    ``consumer`` (a worker: cancel requests and pauses go to it) and ``on_due`` (its
+    reaper, told of each ``due`` notice)."""
+
+    def __init__(
+        self, storage: Storage, queue: str, worker_id: str, events: Emitter, waiters: Waiters, result_serde: Serde
+    ) -> None:
+        self.storage = storage
+        self.queue = queue
+        self.worker_id = worker_id
+        self.events = events
+        self.waiters = waiters
+        self.result_serde = result_serde
+        self.consumer: Consumer | None = None
+        self.consumes = False  # the queue has a handler: its worker needs the notices
         self.level = NONE  # of the live subscription
         self._scope: trio.CancelScope | None = None  # the live subscription's follower
         self._closed: trio.Event | None = None  # set once it has unsubscribed
@@ -73,11 +91,10 @@ class Listener:
 
     def needed(self) -> int:
         """The level the queue's consumer, callbacks and streams need now."""
-        q = self.q
-        level = NOTICES if q._handler is not None or q._waiters else NONE
-        for name in q._events.callbacks():
+        level = NOTICES if self.consumes or self.waiters else NONE
+        for name in self.events.callbacks():
             level = max(level, level_for((name,)))
-        for stream in q._events.streams:
+        for stream in self.events.streams:
             level = max(level, level_for(stream.kinds))
         return level
 
@@ -120,7 +137,7 @@ class Listener:
             try:
                 await self.ensure(level)
             except Exception as exc:  # noqa: BLE001 - reported, the queue keeps running
-                self.q._events.emit("error", error=exc, where="subscribing to events")
+                self.events.emit("error", error=exc, where="subscribing to events")
 
         self._nursery.start_soon(raise_level)
 
@@ -142,7 +159,7 @@ class Listener:
         self, level: int, kinds: frozenset[str] | None, closed: trio.Event, task_status: trio.TaskStatus[None]
     ) -> None:
         with trio.CancelScope() as scope:
-            async with self.q.storage.subscribe(self.q.name, kinds) as receive:
+            async with self.storage.subscribe(self.queue, kinds) as receive:
                 # Live: from now on every event reaches this subscription. Take over from
                 # the narrower one; what it still had in flight is dropped (a resync).
                 old, self._scope, self._closed = self._scope, scope, closed
@@ -159,23 +176,22 @@ class Listener:
                     self._dispatch(batch)
 
     def _resync(self) -> None:
-        self.q._wake_waiters()
+        self.waiters.wake_all()
         if self.on_due is not None:
             self.on_due(0.0)
-        self.q._events.emit("resync")
+        self.events.emit("resync")
 
     def _dispatch(self, batch: list[StorageEvent]) -> None:
-        q = self.q
-        events = q._events
-        waiters = q._waiters
+        events = self.events
+        waiters = self.waiters
+        consumer = self.consumer
         for ev in batch:
             kind = ev.kind
             if waiters:
                 if kind in _TERMINAL_EVENTS:
-                    for w in waiters.get(ev.job_id, ()):
-                        w.offer(ev)
+                    waiters.offer(ev)
                 elif kind == "resync":
-                    q._wake_waiters()
+                    waiters.wake_all()
             if kind == "resync":
                 if self.on_due is not None:
                     self.on_due(0.0)
@@ -185,17 +201,17 @@ class Listener:
                 if self.on_due is not None and ev.result:
                     self.on_due(int(ev.result) / 1000)
                 continue
-            if kind == "paused" and q._consumer is not None:
-                q._consumer.paused()
+            if kind == "paused" and consumer is not None:
+                consumer.paused()
             if kind == "cancel_requested":
-                if ev.worker_id == q.worker_id and q._consumer is not None:
-                    q._consumer.request_cancel(ev.job_id)
+                if ev.worker_id == self.worker_id and consumer is not None:
+                    consumer.request_cancel(ev.job_id)
                 events.emit(kind, ev.job_id, worker_id=ev.worker_id)
                 continue
             if kind == "progress":
                 if events.wants(kind) and ev.result is not None:
                     try:
-                        value = q.result_serde.loads(ev.result)
+                        value = self.result_serde.loads(ev.result)
                     except Exception as exc:
                         events.emit("error", ev.job_id, error=exc, where="decoding a progress event")
                     else:

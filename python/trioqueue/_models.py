@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+from ._errors import TrioQueueError
 
 T = TypeVar("T")
+
+
+class _ProgressReporter(Protocol):
+    async def report_progress(self, job: Job[Any], value: Any) -> None: ...
+
+
+# The attempt the current task runs a handler for, as the worker running it sets it (see
+# ``_execution.Attempt``): what :meth:`Job.report_progress` reports to. ``None`` outside.
+CURRENT_ATTEMPT: ContextVar[_ProgressReporter | None] = ContextVar("trioqueue_attempt", default=None)
 
 
 class JobState(StrEnum):
@@ -123,9 +135,10 @@ class Job(NamedTuple, Generic[T]):
         as this job's progress, visible in ``get_status`` and sent as a ``progress`` event.
         Call it from the handler's task (or its children). Raises ``TrioQueueError`` if
         the worker no longer holds the job (its lease was lost)."""
-        from ._execution import report_progress
-
-        await report_progress(self, value)
+        attempt = CURRENT_ATTEMPT.get()
+        if attempt is None:
+            raise TrioQueueError(f"report_progress for job {self.id!r} called outside that job's (async) handler")
+        await attempt.report_progress(self, value)
 
 
 @dataclass(slots=True)

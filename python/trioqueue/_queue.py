@@ -10,7 +10,7 @@ import time
 import uuid
 from datetime import datetime
 from itertools import count
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, overload
 
@@ -18,7 +18,7 @@ import trio
 
 from . import _tracing
 from . import _validate as check
-from ._consumer import Consumer
+from ._consumer import Consumer, ConsumerSettings
 from ._core import encode_envelope, parse_state
 from ._errors import (
     JobCancelledError,
@@ -30,9 +30,20 @@ from ._errors import (
 from ._events import Emitter, EventCallback
 from ._listen import NOTICES, Listener, level_for
 from ._flow import RateLimit, claim_limits
-from ._admin import JobNotFinishedError, QueueAdmin
-from ._waiters import Waiter, terminal_from_record
-from ._execution import Executor, JobOptions, RetryIf, check_retry_if, encode_value, only_cancelled
+from ._admin import QueueAdmin
+from ._waiters import Waiters, terminal_from_record
+from ._execution import (
+    AfterExecution,
+    Cancellations,
+    ExecutionSettings,
+    Executor,
+    Handler,
+    JobOptions,
+    RetryIf,
+    check_retry_if,
+    encode_value,
+    only_cancelled,
+)
 from ._models import (
     DEFAULT_PRIORITY,
     EnqueueResult,
@@ -47,15 +58,13 @@ from ._retry import ExponentialBackoff, RetryDelay, retry_policy
 from ._serde import JsonSerde, Serde
 from .storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
 
-__all__ = ["Handler", "JobNotFinishedError", "Queue"]
+__all__ = ["Queue"]
 
 logger = logging.getLogger("trioqueue")
 
 P = TypeVar("P")
 R = TypeVar("R")
 
-Handler = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
-AfterExecution = Callable[[ExecutionContext], Awaitable[None] | None]
 
 _new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
 
@@ -148,8 +157,8 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
                 raise ValidationError(f"{what} must have dumps(value) -> bytes and loads(bytes) methods")
         self._after_execution = after_execution
+        self._retry_if = check_retry_if(retry_if)
         self._observers: list[QueueObserver] = []  # instruments (trioqueue.metrics)
-        self._executor = Executor(self, check_retry_if(retry_if))
         self._running = False
         self._handler: Handler | None = None
         self._handler_is_async = True
@@ -157,8 +166,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             self.execute(handler)
         self._use_reaper = reaper
         self._events = Emitter(self.name)
-        self._waiters: dict[str, list[Waiter]] = {}
-        self._listener = Listener(self)  # the storage subscription, opened by need
+        self._waiters = Waiters()
+        # the storage subscription, opened by need
+        self._listener = Listener(storage, self.name, self.worker_id, self._events, self._waiters, self.result_serde)
         # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
         self._token_prefix = uuid.uuid4().hex[:12] + "-"
         self._token_seq = count(1)
@@ -180,10 +190,20 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         for name, callbacks in self._events.callbacks().items():
             for callback in callbacks:
                 new.on(name, callback)
-        new._observers = list(self._observers)
-        for observer in new._observers:
+        for observer in self._observers:
+            new.add_observer(observer)
             observer.copied(new)
         return new
+
+    def add_observer(self, observer: QueueObserver) -> None:
+        """Tell ``observer`` (an instrument, such as :class:`trioqueue.metrics.QueueMetrics`)
+        what this queue does from now on: the jobs it enqueues, the attempts its worker
+        starts and settles, the stalled jobs its reaper recovers (see
+        :class:`~trioqueue._observe.QueueObserver`). Added before the queue starts; once."""
+        if self._running:
+            raise TrioQueueError("add observers before the queue starts")
+        if observer not in self._observers:
+            self._observers.append(observer)
 
     @overload
     def execute(self, fn: None = None) -> Callable[[Handler], Handler]: ...
@@ -286,7 +306,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             raise bare from None
         finally:
             self._running = False
-            self._consumer = None
+            self._consumer = self._listener.consumer = self._listener.on_due = None
             self._wake_waiters(stopped=True)
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
@@ -295,10 +315,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.storage.watchdog)
                 await nursery.start(self._events.run)
+                self._listener.consumes = self._handler is not None
                 await nursery.start(self._listener.run)
                 consumer = None
                 if self._handler is not None:
-                    consumer = self._consumer = Consumer(self)
+                    consumer = self._consumer = self._listener.consumer = self._new_consumer(self._handler)
                     await nursery.start(consumer.run)
                     if self._use_reaper:
                         reaper = Reaper(
@@ -329,10 +350,35 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             with trio.CancelScope(shield=True):
                 await self.storage.aclose()
 
+    def _new_consumer(self, handler: Handler) -> Consumer:
+        """The worker of a queue with a handler, with its executor."""
+        execution = ExecutionSettings(
+            self.name,
+            self.worker_id,
+            handler,
+            self._handler_is_async,
+            self.payload_serde,
+            self.result_serde,
+            self.result_ttl,
+            self.job_timeout,
+            self._retry_delay,
+            self._retry_if,
+            self._after_execution,
+        )
+        executor = Executor(execution, self.storage, self._events, self._observers, Cancellations())
+        settings = ConsumerSettings(
+            self.name,
+            self.worker_id,
+            self.concurrency,
+            self.prefetch,
+            self.block_timeout,
+            self.visibility_timeout,
+            self._claim_limits,
+        )
+        return Consumer(settings, self.storage, executor, self._events, observed=bool(self._observers))
+
     def _wake_waiters(self, *, stopped: bool = False) -> None:
-        for waiters in self._waiters.values():
-            for w in waiters:
-                w.wake(stopped=stopped)
+        self._waiters.wake_all(stopped=stopped)
         if stopped:
             for stream in self._events.streams:
                 stream.close()  # readers of queue.events() end with the queue
@@ -480,8 +526,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         )
         self._check_running()
         jid = new.id
-        waiter = Waiter()
-        self._waiters.setdefault(jid, []).append(waiter)
+        waiter = self._waiters.add(jid)
         try:
             with trio.move_on_after(timeout):
                 # The terminal notices are live before we enqueue (the first waiter of a
@@ -509,11 +554,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
                     await waiter.event.wait()
             raise JobTimeoutError(jid, timeout)
         finally:
-            waiters = self._waiters.get(jid)
-            if waiters is not None:
-                waiters.remove(waiter)
-                if not waiters:
-                    del self._waiters[jid]
+            self._waiters.remove(jid, waiter)
 
     async def _waiter_outcome(self, job_id: str, outcome: StorageEvent) -> Any:
         if outcome.kind == "completed":

@@ -7,7 +7,7 @@ import trio
 
 from .storage._base import JobRecord, StorageEvent
 
-__all__ = ["Waiter", "terminal_from_record"]
+__all__ = ["Waiter", "Waiters", "terminal_from_record"]
 
 
 class Waiter:
@@ -46,6 +46,44 @@ class Waiter:
         else:
             self.resync = True
         self.event.set()
+
+
+class Waiters:
+    """A queue's parked ``enqueue_and_wait`` callers, by job id: the queue adds and
+    removes them, its event listener offers them the terminal events and wakes them all
+    when events may have been lost (or the queue stops)."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, list[Waiter]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def add(self, job_id: str) -> Waiter:
+        waiter = Waiter()
+        self._by_id.setdefault(job_id, []).append(waiter)
+        return waiter
+
+    def remove(self, job_id: str, waiter: Waiter) -> None:
+        waiters = self._by_id.get(job_id)
+        if waiters is not None:
+            waiters.remove(waiter)
+            if not waiters:
+                del self._by_id[job_id]
+
+    def offer(self, ev: StorageEvent) -> None:
+        """A terminal event: to the waiters of its job."""
+        for waiter in self._by_id.get(ev.job_id, ()):
+            waiter.offer(ev)
+
+    def wake_all(self, *, stopped: bool = False) -> None:
+        """Every waiter re-reads the registry (events may have been lost), or, with
+        ``stopped``, learns that the queue stopped."""
+        for waiters in self._by_id.values():
+            for waiter in waiters:
+                waiter.wake(stopped=stopped)
 
 
 def terminal_from_record(job_id: str, record: JobRecord | None, token: str | None) -> StorageEvent | None:

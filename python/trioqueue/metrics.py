@@ -171,8 +171,7 @@ class QueueMetrics(QueueObserver):
     def instrument(self, queue: Queue[Any, Any]) -> Queue[Any, Any]:
         """Measure ``queue`` (and the copies :meth:`Queue.copy` makes of it from now on,
         as the worker CLI does); returns it."""
-        if self not in queue._observers:
-            queue._observers.append(self)
+        queue.add_observer(self)
         if queue not in self.queues:
             self.queues.append(queue)
         self._of(queue.name)  # its counters are exported (at 0) from the start

@@ -120,10 +120,6 @@ class GlideTransport(Transport):
         cls = _g.GlideClusterClient if self.params.cluster else _g.GlideClient
         return await cls.create(config)
 
-    async def _create(self, config: Any) -> Any:
-        cls = _g.GlideClusterClient if self.params.cluster else _g.GlideClient
-        return await cls.create(config)
-
     # -- lifecycle -------------------------------------------------------------------
 
     async def connect(self) -> None:
@@ -195,7 +191,8 @@ class GlideTransport(Transport):
                 b.custom_command(list(args))
             return list(await self._client.exec(b, raise_on_error=True) or ())
 
-        return await self._retry(run)
+        replies: list[Any] = await self._retry(run)
+        return replies
 
     async def script(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
