@@ -1,5 +1,7 @@
 """Storage backends and the interface they implement."""
 
+from typing import TYPE_CHECKING
+
 from ._base import (
     NOTICE_KINDS,
     Claim,
@@ -15,6 +17,9 @@ from ._base import (
 from ._url import from_url
 from .file import FileStorage
 from .memory import MemoryStorage
+
+if TYPE_CHECKING:  # imported on first use below; seen by type checkers and the docs
+    from .redis import RedisStorage
 
 __all__ = [
     "NOTICE_KINDS",
