@@ -124,7 +124,7 @@ QUEUE_WORKLOADS = ("A-seq", "A-100", "B", "C-1", "C-50")
 async def run_queue(url: str, jobs: int, rounds: int) -> list[tuple[str, str, float, float]]:
     """Workloads of ``trioqueue bench`` on RedisStorage(lean=False) and (lean=True),
     interleaved; the best round of each (lowest p50 for C-1)."""
-    from trioqueue._bench import run_bench
+    from trioqueue.cli._bench import run_bench
 
     best: dict[tuple[str, bool], Any] = {}
     for _ in range(rounds):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trioqueue._bench import WORKLOADS, payload_of_size
+from trioqueue.cli._bench import WORKLOADS, payload_of_size
 from trioqueue._errors import ValidationError
 from trioqueue._serde import JsonSerde
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from trioqueue import MemoryStorage, ValidationError
-from trioqueue._demo import run_demo
+from trioqueue.cli._demo import run_demo
 from trioqueue.storage.file import FileStorage
 
 
@@ -122,7 +122,7 @@ def test_ctrl_c_cancels_the_command_instead_of_raising_inside_it() -> None:
     Trio raised KeyboardInterrupt wherever the code was, cutting an exit in half. Now the
     command is cancelled (its cleanup runs as for any cancellation, a lock held across a
     checkpoint is released by its owner) and KeyboardInterrupt comes after, from outside."""
-    from trioqueue._cli import _until_interrupted
+    from trioqueue.cli._run import until_interrupted as _until_interrupted
 
     seen: list[str] = []
     lock = trio.Lock()

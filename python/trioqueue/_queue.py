@@ -48,8 +48,6 @@ from ._models import (
     DEFAULT_PRIORITY,
     EnqueueResult,
     EnqueueStatus,
-    ExecutionContext,
-    Job,
     JobState,
 )
 from ._observe import QueueObserver, notify

@@ -15,7 +15,6 @@ import threading
 import zlib
 from collections import OrderedDict
 
-import trio
 
 from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from .._serde import compact_json_encoder

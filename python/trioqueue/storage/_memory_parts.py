@@ -10,7 +10,7 @@ from collections import deque
 import trio
 
 from .._core import ObjectQueue, format_state
-from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
+from .._models import MAX_PRIORITY, EnqueueStatus
 from ._base import EnqueueOutcome, NewJob, StorageEvent, select_events
 from ._memory_index import StateIndex
 from ._flow import FlowState

@@ -31,11 +31,11 @@ from typing import Any
 
 import trio
 
-from ._errors import ValidationError
-from ._models import Job
+from .._errors import ValidationError
+from .._models import Job
 from ._progress import Progress, percentile
-from ._queue import Queue
-from .storage import Storage, from_url
+from .._queue import Queue
+from ..storage import Storage, from_url
 
 __all__ = ["WORKLOADS", "BenchResult", "run_bench", "bench_command", "payload_of_size"]
 

@@ -1,43 +1,18 @@
-"""The ``trioqueue`` command line: argument parsing, exit codes and error reporting.
-
-Exit codes: 0 success, 1 a runtime error (one line on stderr), 2 a usage error (one line on
-stderr), 130 interrupted by Ctrl-C (SIGINT). ``--debug`` prints the traceback as well.
-"""
+"""The ``trioqueue`` command line: its parser and the dispatch to each command (exit codes
+and error reporting: :mod:`._run`)."""
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import traceback
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from typing import Any
 
 import trio
 
-from ._errors import TrioQueueError
+from ._run import EXIT_USAGE, Parser, positive_int, run_command, until_interrupted
 
-__all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_INTERRUPTED"]
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line: ``prog: error: message``."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
+__all__ = ["main"]
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -48,15 +23,15 @@ def _version() -> str:
         return "unknown"
 
 
-def _parser() -> _Parser:
-    parser = _Parser(
+def _parser() -> Parser:
+    parser = Parser(
         prog="trioqueue",
         description="trioqueue command line",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"trioqueue {_version()}")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     worker = sub.add_parser(
         "worker",
         help="run the Queues of an application until SIGINT/SIGTERM",
@@ -67,7 +42,7 @@ def _parser() -> _Parser:
     )
     worker.add_argument("queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue")
     worker.add_argument("--storage", default=None, help="storage URL replacing the Queues' own")
-    worker.add_argument("--concurrency", type=_positive_int, default=None, help="handlers at once, per queue")
+    worker.add_argument("--concurrency", type=positive_int, default=None, help="handlers at once, per queue")
     worker.add_argument("--name", default=None, help="queue name replacing the Queue's own (one QUEUE only)")
     worker.add_argument(
         "--log-level",
@@ -91,8 +66,8 @@ def _parser() -> _Parser:
     demo = sub.add_parser(
         "demo", help="run a realistic workload and print a summary", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    demo.add_argument("--jobs", type=_positive_int, default=5000, help="number of jobs")
-    demo.add_argument("--concurrency", type=_positive_int, default=50, help="handlers at once")
+    demo.add_argument("--jobs", type=positive_int, default=5000, help="number of jobs")
+    demo.add_argument("--concurrency", type=positive_int, default=50, help="handlers at once")
     demo.add_argument("--storage", choices=["memory", "file", "redis"], default="file", help="the backend")
     demo.add_argument(
         "--location",
@@ -103,52 +78,13 @@ def _parser() -> _Parser:
     demo.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
     from ._bench import add_parser as add_bench
 
-    add_bench(sub, _positive_int)
-    from ._admin_cli import add_admin_commands
-    from ._dashboard_cli import add_dashboard_command
+    add_bench(sub, positive_int)
+    from ._admin import add_admin_commands
+    from ._dashboard import add_dashboard_command
 
-    add_admin_commands(sub, _Parser)
-    add_dashboard_command(sub, _Parser)
+    add_admin_commands(sub, Parser)
+    add_dashboard_command(sub, Parser)
     return parser
-
-
-def _interrupted(exc: BaseException) -> bool:
-    """A KeyboardInterrupt, or a group holding nothing else."""
-    if isinstance(exc, KeyboardInterrupt):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return all(_interrupted(e) for e in exc.exceptions)
-    return False
-
-
-def _describe(exc: BaseException) -> str:
-    """One line for an error: the innermost single cause of a group, its type when the
-    message alone would be unclear."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, TrioQueueError) and message:
-        return message
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def run_command(body: Callable[[], int], *, debug: bool, stderr: Any = None) -> int:
-    """Run a command's body, turning errors and Ctrl-C into one line and an exit code."""
-    stderr = stderr or sys.stderr
-    try:
-        return body()
-    except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
-        if debug:
-            traceback.print_exception(exc, file=stderr)
-        if _interrupted(exc):
-            print("\ntrioqueue: interrupted (jobs not finished went back to their queue)", file=stderr)
-            return EXIT_INTERRUPTED
-        if not isinstance(exc, Exception) and not isinstance(exc, BaseExceptionGroup):
-            raise
-        print(f"trioqueue: error: {_describe(exc)}", file=stderr)
-        return EXIT_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,11 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from ._demo import demo_command
 
-        return run_command(lambda: trio.run(_until_interrupted, demo_command, args), debug=args.debug)
+        return run_command(lambda: trio.run(until_interrupted, demo_command, args), debug=args.debug)
     if args.command == "bench":
         from ._bench import bench_command
 
-        return run_command(lambda: trio.run(_until_interrupted, bench_command, args), debug=args.debug)
+        return run_command(lambda: trio.run(until_interrupted, bench_command, args), debug=args.debug)
     if args.command == "worker":
         if args.name is not None and len(args.queues) > 1:
             parser.exit(EXIT_USAGE, "trioqueue worker: error: --name applies to one QUEUE, got several (see --help)\n")
@@ -171,46 +107,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(args.log_level, args.log_format)
         return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
     if args.command == "dashboard":
-        from ._dashboard_cli import dashboard_command
+        from ._dashboard import dashboard_command
 
         return dashboard_command(args, parser)
-    from ._admin_cli import ADMIN_COMMANDS, admin_command
+    from ._admin import ADMIN_COMMANDS, admin_command
 
     if args.command in ADMIN_COMMANDS:
         return run_command(lambda: trio.run(admin_command, args), debug=args.debug)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects unknown ones
 
 
-async def _until_interrupted(command: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
-    """Run ``command(args)`` until it returns or a SIGINT comes. A SIGINT cancels it (a
-    forced stop: what had not finished goes back to its queue), then is raised as
-    :class:`KeyboardInterrupt` once every task has exited. Trio's own delivery raises
-    KeyboardInterrupt wherever the code happens to be, which can cut a nursery's or a
-    lock's exit in half (an early Ctrl-C of the demo ended in a TrioInternalError about
-    one run in thirty)."""
-    interrupted = False
-    result = 0
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                nonlocal interrupted
-                async for _ in signals:
-                    interrupted = True
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            result = await command(args)
-            nursery.cancel_scope.cancel()
-    if interrupted:
-        raise KeyboardInterrupt
-    return result
-
-
 async def _worker_command(args: argparse.Namespace) -> int:
     from ._worker import load_queue, serve
-    from .storage import from_url
+    from ..storage import from_url
 
     sys.path.insert(0, "")  # import the application from the working directory, as python -m does
     queues = []

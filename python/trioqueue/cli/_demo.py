@@ -18,11 +18,11 @@ from typing import Any
 
 import trio
 
-from ._errors import JobFailedError, ValidationError
-from ._models import Job, QueueEvent
+from .._errors import JobFailedError, ValidationError
+from .._models import Job, QueueEvent
 from ._progress import Progress, percentile
-from ._queue import Queue
-from .storage import MemoryStorage, Storage
+from .._queue import Queue
+from ..storage import MemoryStorage, Storage
 
 
 async def run_demo(
@@ -184,7 +184,7 @@ def _make_storage(kind: str, location: str | None) -> tuple[Storage, tempfile.Te
     if kind == "memory":
         return MemoryStorage(), None
     if kind == "file":
-        from .storage.file import FileStorage
+        from ..storage.file import FileStorage
 
         tmp = None
         if location is None:
@@ -192,7 +192,7 @@ def _make_storage(kind: str, location: str | None) -> tuple[Storage, tempfile.Te
             location = tmp.name
         return FileStorage(location), tmp
     if kind == "redis":
-        from .storage.redis import RedisStorage
+        from ..storage.redis import RedisStorage
 
         return RedisStorage(location or "redis://127.0.0.1:6379/0", prefix="trioqueue-demo"), None
     raise ValidationError(f"unknown storage {kind!r}")

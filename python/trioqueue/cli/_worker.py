@@ -18,8 +18,8 @@ from typing import Any
 
 import trio
 
-from ._errors import TrioQueueError, ValidationError
-from ._queue import Queue
+from .._errors import TrioQueueError, ValidationError
+from .._queue import Queue
 
 __all__ = ["JsonFormatter", "MetricsServer", "configure_logging", "load_queue", "serve"]
 
@@ -60,7 +60,7 @@ class MetricsServer:
     def __init__(self, queues: Sequence[Queue[Any, Any]], host: str, port: int, *, refresh_interval: float = 5.0) -> None:
         from prometheus_client import CollectorRegistry
 
-        from .metrics import QueueMetrics
+        from ..metrics import QueueMetrics
 
         if not 0 <= port <= 65535:
             raise ValidationError(f"metrics port must be in 0..65535, got {port}")
