@@ -2,7 +2,8 @@
 atomic command in ``redis_scripts/`` (shipped as package data), BullMQ-style.
 
 A line ``--@include <name>`` splices in the shared fragment ``redis_scripts/<name>.lua``
-(``_prelude``: the key layout, event encoding and helpers; ``_promote``, ``_cancel``,
+(``_prelude``: the key layout, event encoding and helpers; ``_enqueue``: the body of
+``enqueue``, which ``schedule_tick`` runs too; ``_promote``, ``_cancel``,
 ``_flow_claim``/``_flow_free``: flow control, whose keys come last in KEYS).
 Every key a script touches is declared in ``KEYS`` (Redis Cluster and ACL key patterns
 depend on it), all under the queue's hash tag ``{prefix:queue}``, in the order of
@@ -87,7 +88,7 @@ SCRIPT_NAMES = (
     "schedule_put",
     "schedule_remove",
     "schedule_get",
-    "schedule_advance",
+    "schedule_tick",
     "lock_acquire",
     "lock_release",
     "counts",
