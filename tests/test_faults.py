@@ -15,7 +15,7 @@ from test_storage import job
 
 
 def test_every_storage_method_is_wrapped() -> None:
-    assert {"enqueue", "dequeue", "settle", "start", "heartbeat", "set_progress", "advance_schedule"} <= set(
+    assert {"enqueue", "dequeue", "settle", "start", "heartbeat", "set_progress", "tick_schedule"} <= set(
         STORAGE_METHODS
     )
     for name in STORAGE_METHODS:

@@ -693,19 +693,24 @@ async def test_a_cancel_requested_job_ends_cancelled_unless_it_finished_first(
 # -- schedules -----------------------------------------------------------------------------
 
 
-async def test_schedules_are_stored_replaced_advanced_and_removed(storage: Storage, queue_name: str) -> None:
+async def test_schedules_are_stored_replaced_ticked_and_removed(storage: Storage, queue_name: str) -> None:
     assert await storage.get_schedules(queue_name) == {}
-    await storage.put_schedule(queue_name, "nightly", b"spec-1")
-    await storage.put_schedule(queue_name + "-other", "nightly", b"other")
+    assert await storage.put_schedule(queue_name, "nightly", b"spec-1", None)
+    assert not await storage.put_schedule(queue_name, "nightly", b"spec-x", None)  # exists: not written
+    assert await storage.put_schedule(queue_name + "-other", "nightly", b"other", None)
     assert await storage.get_schedules(queue_name) == {"nightly": (b"spec-1", None)}
-    assert await storage.advance_schedule(queue_name, "nightly", 1000.5)
-    assert not await storage.advance_schedule(queue_name, "nightly", 1000.5)  # not later
-    assert not await storage.advance_schedule(queue_name, "nightly", 999.0)
-    assert not await storage.advance_schedule(queue_name, "nope", 5.0)  # no such schedule
-    await storage.put_schedule(queue_name, "nightly", b"spec-2")  # replacing keeps the last tick
+    assert await storage.tick_schedule(queue_name, "nightly", 1000.0, job("nightly@1000"))
+    assert await storage.tick_schedule(queue_name, "nightly", 1000.5, None)  # a skipped tick
+    assert not await storage.tick_schedule(queue_name, "nightly", 1000.5, job("late"))  # not later
+    assert not await storage.tick_schedule(queue_name, "nightly", 999.0, job("late"))
+    assert not await storage.tick_schedule(queue_name, "nope", 5.0, job("late"))  # no such schedule
+    assert [c.id for c in await claim(storage, queue_name)] == ["nightly@1000"]  # and no "late"
+    assert not await storage.put_schedule(queue_name, "nightly", b"spec-2", b"spec-0")  # not what is stored
+    assert await storage.put_schedule(queue_name, "nightly", b"spec-2", b"spec-1")  # replacing keeps the last tick
     assert await storage.get_schedules(queue_name) == {"nightly": (b"spec-2", 1000.5)}
     assert await storage.remove_schedule(queue_name, "nightly")
     assert not await storage.remove_schedule(queue_name, "nightly")
+    assert not await storage.put_schedule(queue_name, "nightly", b"spec-3", b"spec-2")  # gone
     assert await storage.get_schedules(queue_name) == {}
     assert await storage.get_schedules(queue_name + "-other") == {"nightly": (b"other", None)}
 

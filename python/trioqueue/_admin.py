@@ -94,13 +94,21 @@ class QueueAdmin(Generic[P]):
         max_attempts: int | None = None,
         result_ttl: float | None = None,
     ) -> Schedule:
-        """Create or replace the schedule ``name``: a job with ``payload`` is enqueued on
+        """Create or update the schedule ``name``: a job with ``payload`` is enqueued on
         every tick of ``cron`` (evaluated in the IANA timezone ``tz``) or every ``every``
-        seconds (the first tick now), with the id ``<name>@<tick in UTC>``
+        seconds (the first tick at its first registration), with the id ``<name>@<tick in UTC>``
         (``nightly@2026-11-23T03:00:00Z``), so a tick never runs twice. Schedules live in
         the storage; the queue's active reaper (one per queue) enqueues the ticks.
-        ``missed``: ticks that passed while no reaper ran are run once (``run_once``, the
-        latest of them) or skipped (``skip``)."""
+        ``missed``: ticks that passed while no reaper ran (found more than 60 s late) are
+        run once (``run_once``, the latest of them) or skipped (``skip``); later ones
+        found within 60 s each run.
+
+        Registering is idempotent, so a worker may declare its schedules at every
+        start-up: an unchanged schedule is not written at all, and a changed one keeps its
+        tick grid (the first registration's time, :attr:`Schedule.created_at`) and its
+        last tick (no tick runs twice, and none that was due is dropped, because of an
+        edit). Concurrent registrations agree on one grid (a compare-and-set). Returns the
+        schedule as stored."""
         name = check.job_id(name, "schedule name")
         self._check_running()
         data = encode_value(self.payload_serde, payload, "payload of schedule", ValidationError, name)
@@ -108,11 +116,22 @@ class QueueAdmin(Generic[P]):
             self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=name)
         )
         ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=name)
-        schedule = Schedule.build(
+        built = Schedule.build(
             name, data, cron=cron, every=every, tz=tz, missed=missed, max_attempts=attempts, result_ttl=ttl
         )
-        await self.storage.put_schedule(self.name, name, schedule.encode())
-        return schedule
+        while True:  # read, merge, compare-and-set: a lost race reads the winner's
+            entry = (await self.storage.get_schedules(self.name)).get(name)
+            stored = None
+            if entry is not None:
+                try:
+                    stored = Schedule.decode(name, *entry)
+                except (ValueError, KeyError, TypeError):
+                    stored = None  # unreadable: replaced, as if new
+            schedule = built.registered_over(stored)
+            if schedule == stored:
+                return schedule  # unchanged: nothing to write
+            if await self.storage.put_schedule(self.name, name, schedule.encode(), None if entry is None else entry[0]):
+                return schedule
 
     async def schedules(self) -> list[Schedule]:
         """The queue's schedules, by name."""

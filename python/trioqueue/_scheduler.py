@@ -3,11 +3,24 @@
 A :class:`Schedule` is stored by name in the queue's storage (so every process sees the
 same set, and they survive restarts). The active reaper of the queue (one per queue, by
 leader election) also runs the scheduler loop: it sleeps until the next tick of any
-schedule (or at most :data:`REFRESH` seconds, to pick up changes made elsewhere), enqueues
-each due tick as a job with the deterministic id ``<name>@<tick in UTC, ISO 8601>``, then
-records the tick in the storage. Two schedulers at once, or a failover between enqueue and
-record, produce the same id again, which the job registry deduplicates: a tick never runs
-twice.
+schedule (or at most :data:`REFRESH` seconds, to pick up changes made elsewhere), then
+runs each due tick with :meth:`~trioqueue.storage.Storage.tick_schedule`: in one atomic
+step, a tick later than the schedule's recorded last tick enqueues its job, with the
+deterministic id ``<name>@<tick in UTC, ISO 8601>``, and becomes the last tick; a tick
+not later changes nothing. Two schedulers at once, or a failover at any moment, cannot
+run a tick twice, however short its job's result TTL.
+
+Late and missed ticks: a tick found within :data:`MISFIRE_GRACE` seconds of its time (a
+leader change, a busy loop) is late, not missed: each such tick runs, once, in order. A
+tick found more than the grace late was missed (no scheduler ran): with
+``missed="run_once"`` the latest missed tick runs once (before the on-time ones), with
+``missed="skip"`` none does; the last tick then moves past them. One pass catches up at
+most :data:`MAX_CATCH_UP` on-time ticks per schedule (older ones count as missed), so a
+tiny ``every`` cannot stall the scheduler.
+
+Registering a schedule again (:meth:`~trioqueue.Queue.schedule`, say at every start-up)
+keeps its tick grid (``created_at``) and its last tick, and writes nothing when it is
+unchanged; the write is a compare-and-set, so concurrent registrations agree on one grid.
 
 Cron expressions are evaluated by `cronsim <https://pypi.org/project/cronsim/>`_ (chosen
 over croniter: no dependencies, maintained, DST handled tick by tick in the schedule's
@@ -21,7 +34,8 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -35,11 +49,12 @@ from ._errors import ValidationError
 from ._events import Emitter
 from .storage._base import NewJob, Storage
 
-__all__ = ["MISFIRE_GRACE", "REFRESH", "Missed", "Schedule", "Scheduler"]
+__all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "REFRESH", "Missed", "Schedule", "Scheduler"]
 
 Missed = Literal["run_once", "skip"]
 REFRESH = 1.0  # seconds: the longest the scheduler sleeps before re-reading the schedules
-MISFIRE_GRACE = 60.0  # seconds: a tick found later than this after its time was missed
+MISFIRE_GRACE = 60.0  # seconds: a tick found more than this after its time was missed
+MAX_CATCH_UP = 1000  # on-time ticks of one schedule run by one pass (older ones: missed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +62,12 @@ class Schedule:
     """A stored schedule. ``payload`` is serialized (by the queue's payload serde).
 
     Ticks: a ``cron`` expression evaluated in ``tz``, or every ``every`` seconds from
-    ``created_at`` (the first tick at ``created_at``). ``missed`` is the policy for ticks
-    that passed while no scheduler ran (found more than :data:`MISFIRE_GRACE` seconds
-    late): ``run_once`` enqueues the latest of them once, ``skip`` drops them. ``last_tick``
-    is the latest tick already enqueued (seconds since the epoch), kept by the storage.
+    ``created_at`` (the first tick at ``created_at``; no tick is before it). ``missed`` is
+    the policy for ticks that passed while no scheduler ran (found more than
+    :data:`MISFIRE_GRACE` seconds late): ``run_once`` enqueues the latest of them once,
+    ``skip`` drops them; ticks found later than their time but within the grace each run.
+    ``last_tick`` is the latest tick already run or skipped (seconds since the epoch),
+    kept by the storage.
     """
 
     name: str
@@ -112,15 +129,32 @@ class Schedule:
 
     def latest_tick(self, at: float) -> float | None:
         """The last tick at or before ``at`` (and not before ``created_at``), if any."""
+        return next(self.ticks_back(at), None)
+
+    def ticks_back(self, at: float) -> Iterator[float]:
+        """The ticks at or before ``at``, latest first, down to the first (``created_at``
+        or the first cron tick after it)."""
         if at < self.created_at:
-            return None
+            return
         if self.every is not None:
-            return self.created_at + math.floor((at - self.created_at) / self.every) * self.every
+            for k in range(math.floor((at - self.created_at) / self.every), -1, -1):
+                yield self.created_at + k * self.every
+            return
         assert self.cron is not None
         # reverse iteration yields ticks strictly before its start: start just after ``at``
         start = datetime.fromtimestamp(at, ZoneInfo(self.tz)) + timedelta(milliseconds=1)
-        tick = next(iter(CronSim(self.cron, start, reverse=True))).timestamp()
-        return tick if tick >= self.created_at else None
+        for when in CronSim(self.cron, start, reverse=True):
+            tick = when.timestamp()
+            if tick < self.created_at:
+                return
+            yield tick
+
+    def registered_over(self, stored: Schedule | None) -> Schedule:
+        """This schedule as it replaces ``stored`` (the same name's, or ``None``): it keeps
+        the stored ``created_at`` (its tick grid) and ``last_tick`` (its tick history)."""
+        if stored is None:
+            return self
+        return replace(self, created_at=stored.created_at, last_tick=stored.last_tick)
 
     def job_id(self, tick: float) -> str:
         """The deterministic id of the job for ``tick``: ``<name>@2026-11-23T03:00:00Z``."""
@@ -180,36 +214,43 @@ class Scheduler:
                 self._events.emit("error", error=f"schedule {name!r} is unreadable: {exc}", where="scheduler")
         return out
 
-    def due_tick(self, schedule: Schedule, now: float) -> float | None:
-        """The tick to enqueue now for ``schedule``, if any (see :class:`Schedule`)."""
-        latest = schedule.latest_tick(now)
-        if latest is None or (schedule.last_tick is not None and latest <= schedule.last_tick):
-            return None
-        return latest
+    def due_ticks(self, schedule: Schedule, now: float) -> list[tuple[float, bool]]:
+        """The ticks of ``schedule`` to run now, in order, each with whether its job is
+        enqueued (``False``: a missed tick skipped): the latest missed tick (found more
+        than :data:`MISFIRE_GRACE` late, or older than the latest :data:`MAX_CATCH_UP`
+        on-time ticks) if any, then every on-time tick later than the last tick."""
+        last = schedule.last_tick
+        on_time: list[float] = []
+        missed: float | None = None
+        for tick in schedule.ticks_back(now):
+            if last is not None and tick <= last:
+                break
+            if now - tick > MISFIRE_GRACE or len(on_time) == MAX_CATCH_UP:
+                missed = tick
+                break
+            on_time.append(tick)
+        due = [] if missed is None else [(missed, schedule.missed == "run_once")]
+        return due + [(tick, True) for tick in reversed(on_time)]
 
     async def tick_once(self, now: float | None = None) -> float:
-        """Enqueue every due tick; return when the next one is due (epoch seconds)."""
+        """Run every due tick (see :meth:`due_ticks`); return when the next one is due
+        (epoch seconds)."""
         now = time.time() if now is None else now
         wake = now + REFRESH
         for schedule in await self.load():
-            tick = self.due_tick(schedule, now)
-            if tick is not None:
-                late = now - tick > MISFIRE_GRACE
-                if not (late and schedule.missed == "skip"):
-                    await self._enqueue(schedule, tick)
-                await self.storage.advance_schedule(self.queue, schedule.name, tick)
+            for tick, run in self.due_ticks(schedule, now):
+                job = self._job(schedule, tick) if run else None
+                await self.storage.tick_schedule(self.queue, schedule.name, tick, job)
             wake = min(wake, schedule.next_tick(now))
         return wake
 
-    async def _enqueue(self, schedule: Schedule, tick: float) -> None:
+    def _job(self, schedule: Schedule, tick: float) -> NewJob:
         job_id = schedule.job_id(tick)
         envelope = encode_envelope(
             job_id, schedule.payload, int(time.time() * 1000), 0, schedule.max_attempts, int(schedule.result_ttl * 1000)
         )
         token = f"{uuid.uuid4().hex[:12]}-s"
-        await self.storage.enqueue(
-            self.queue, [NewJob(job_id, envelope, schedule.max_attempts, schedule.result_ttl, token)]
-        )
+        return NewJob(job_id, envelope, schedule.max_attempts, schedule.result_ttl, token)
 
     async def run(self) -> None:
         """Enqueue ticks until cancelled; a storage error is reported and retried."""

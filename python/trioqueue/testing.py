@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from ._errors import StorageError, ValidationError
-from .storage._base import Storage, StorageEvent
+from .storage._base import NewJob, Storage, StorageEvent
 
 __all__ = ["Fault", "FaultPlan", "FaultyStorage", "InjectedFault", "STORAGE_METHODS"]
 
@@ -96,7 +96,9 @@ def _job_ids(method: str, args: tuple[Any, ...]) -> tuple[str, ...]:
         if isinstance(a, str) and method in ("cancel", "get_job", "update_result_ttl"):
             ids.append(a)
             break
-        if isinstance(a, list | tuple):
+        if isinstance(a, NewJob):  # tick_schedule's job
+            ids.append(a.id)
+        elif isinstance(a, list | tuple):
             for item in a:
                 job_id = getattr(item, "id", None)
                 if isinstance(job_id, str):

@@ -283,9 +283,12 @@ class Storage(abc.ABC):
 
     # -- schedules (cron and periodic jobs) ----------------------------------------------
 
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
         """Create or replace the schedule ``name`` of ``queue`` (``spec`` is opaque bytes
-        made by the scheduler). Replacing keeps its last tick."""
+        made by the scheduler), atomically and only if its stored spec is still
+        ``expected`` (``None``: only if there is no such schedule): a compare-and-set, so
+        that concurrent registrations never overwrite each other unseen. True if written;
+        False (nothing changed) otherwise. Replacing keeps its last tick."""
         raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
 
     async def remove_schedule(self, queue: str, name: str) -> bool:
@@ -297,9 +300,13 @@ class Storage(abc.ABC):
         seconds since the epoch (``None`` before the first)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
 
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
-        """Atomically set the schedule's last tick to ``tick`` if that moves it forward
-        (True); False (nothing changed) if it is not later, or the schedule is gone."""
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
+        """Run one tick of a schedule, in ONE atomic step: if the schedule exists and
+        ``tick`` is later than its last tick, enqueue ``job`` exactly as :meth:`enqueue`
+        does (dedup by id, ``enqueued`` event, wake-ups; ``None``: a skipped tick, nothing
+        enqueued) and set the last tick to ``tick``: True. Otherwise (``tick`` not later,
+        or the schedule is gone) change nothing: False. A tick thus runs at most once,
+        whatever its job's result TTL and whoever else ticks the schedule."""
         raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
 
     # -- flow control ------------------------------------------------------------------

@@ -1,15 +1,16 @@
-"""MemoryStorage's queue controls kept apart from its job paths: stored schedules,
-pause/resume and the reapers' leader locks (each one step under the storage's lock, like
-everything else)."""
+"""MemoryStorage's queue controls kept apart from its job paths: the worker registry,
+progress, stored schedules, pause/resume and the reapers' leader locks (each one step under
+the storage's lock, like everything else)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import trio
 
-from ._base import Storage, StorageEvent
+from ._base import EnqueueOutcome, NewJob, Storage, StorageEvent
 from ._memory_parts import _Q
 
 __all__ = ["MemoryControl"]
@@ -30,12 +31,46 @@ class MemoryControl(Storage):
     def _wake(self, q: _Q) -> None:
         raise NotImplementedError
 
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
+        raise NotImplementedError
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            q.workers.pop(worker_id, None)
+            if not q.processing.get(worker_id, True):
+                del q.processing[worker_id]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        await trio.lowlevel.checkpoint()
+        now = time.time()
+        with self._lock:
+            return {w: t for w, t in self._q(queue).workers.items() if include_expired or t > now}
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            rec = q.processing.get(worker_id, {}).get(job_id)
+            ok = rec is not None and rec.claim == token
+            if rec is not None and ok:
+                rec.progress = progress
+                self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
             schedules = self._q(queue).schedules
-            schedules[name] = (spec, schedules.get(name, (b"", None))[1])
+            entry = schedules.get(name)
+            ok = (None if entry is None else entry[0]) == expected
+            if ok:
+                schedules[name] = (spec, None if entry is None else entry[1])
         await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
 
     async def remove_schedule(self, queue: str, name: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -49,14 +84,16 @@ class MemoryControl(Storage):
         with self._lock:
             return dict(self._q(queue).schedules)
 
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
-            schedules = self._q(queue).schedules
-            entry = schedules.get(name)
+            q = self._q(queue)
+            entry = q.schedules.get(name)
             ok = entry is not None and (entry[1] is None or tick > entry[1])
             if entry is not None and ok:
-                schedules[name] = (entry[0], tick)
+                if job is not None:
+                    self._enqueue_locked(q, [job], time.time())
+                q.schedules[name] = (entry[0], tick)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 

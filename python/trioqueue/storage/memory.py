@@ -150,39 +150,42 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
 
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        with self._lock:
+            outcomes = self._enqueue_locked(self._q(queue), jobs, time.time())
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return outcomes
+
+    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
+        """The step of :meth:`enqueue` (lock held); :meth:`tick_schedule` runs it too."""
         now_ms = int(now * 1000)
         outcomes: list[EnqueueOutcome] = []
         events: list[StorageEvent] = []
         envelopes: list[_Rec] = []
         delayed = False
-        with self._lock:
-            q = self._q(queue)
-            self._expire(q, now)
-            table = q.jobs
-            for job in jobs:
-                rec = table.get(job.id)
-                if rec is None or rec._kind == _CANCELLED:
-                    if rec is not None:
-                        q.index.drop(rec)
-                    rec = table[job.id] = _Rec(job, now_ms, q.index)
-                    events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
-                    if job.run_at is not None and job.run_at > now:
-                        rec.kind = _DELAYED
-                        self._delay(q, rec, job.run_at, events)
-                        delayed = True
-                    else:
-                        envelopes.append(rec)
-                    outcomes.append(_QUEUED_OUTCOME)
-                elif rec.kind == _COMPLETED and rec.result is not None:
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
+        self._expire(q, now)
+        table = q.jobs
+        for job in jobs:
+            rec = table.get(job.id)
+            if rec is None or rec._kind == _CANCELLED:
+                if rec is not None:
+                    q.index.drop(rec)
+                rec = table[job.id] = _Rec(job, now_ms, q.index)
+                events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
+                if job.run_at is not None and job.run_at > now:
+                    rec.kind = _DELAYED
+                    self._delay(q, rec, job.run_at, events)
+                    delayed = True
                 else:
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
-            q.ready.push(envelopes)
-            if envelopes or delayed:
-                self._publish(q, events)
-                self._wake(q)  # claimers take the new jobs, or recompute their wake-up
-        await trio.lowlevel.cancel_shielded_checkpoint()
+                    envelopes.append(rec)
+                outcomes.append(_QUEUED_OUTCOME)
+            elif rec.kind == _COMPLETED and rec.result is not None:
+                outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
+            else:
+                outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
+        q.ready.push(envelopes)
+        if envelopes or delayed:
+            self._publish(q, events)
+            self._wake(q)  # claimers take the new jobs, or recompute their wake-up
         return outcomes
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
@@ -500,21 +503,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return requested
 
-    async def unregister_worker(self, queue: str, worker_id: str) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            q = self._q(queue)
-            q.workers.pop(worker_id, None)
-            if not q.processing.get(worker_id, True):
-                del q.processing[worker_id]
-        await trio.lowlevel.cancel_shielded_checkpoint()
-
-    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
-        await trio.lowlevel.checkpoint()
-        now = time.time()
-        with self._lock:
-            return {w: t for w, t in self._q(queue).workers.items() if include_expired or t > now}
-
     # -- reaper ------------------------------------------------------------------------
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
@@ -571,18 +559,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 self._wake(q)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return recovered, (None if next_deadline == math.inf else next_deadline)
-
-    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        with self._lock:
-            q = self._q(queue)
-            rec = q.processing.get(worker_id, {}).get(job_id)
-            ok = rec is not None and rec.claim == token
-            if rec is not None and ok:
-                rec.progress = progress
-                self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return ok
 
     # -- events ------------------------------------------------------------------------
 

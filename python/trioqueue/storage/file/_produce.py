@@ -30,6 +30,7 @@ from .._fsutil import (
     tmp_name,
     write_atomic,
 )
+from .._groupcommit import sync_now
 from ._core import FileCore
 from ._layout import (
     _Q,
@@ -46,6 +47,15 @@ from ._layout import (
 )
 
 __all__ = ["Producer"]
+
+
+def _named_dirs(q: _Q, jobs: Sequence[NewJob]) -> set[int]:
+    """The directories an enqueue of ``jobs`` may have given names: ``jobs/``, the lanes
+    used, and ``delayed/`` only if a job may have gone there."""
+    dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in jobs)}
+    if any(j.run_at is not None for j in jobs):
+        dirs.add(q.delayed_fd)
+    return dirs
 
 
 def _outcome(r: Rec) -> EnqueueOutcome:
@@ -129,12 +139,7 @@ class Producer(FileCore):
                         r.out = outcomes[pos : pos + len(r.jobs)]
                         pos += len(r.jobs)
                     if any_new:
-                        # The directories that got names: jobs/, the lanes used, and
-                        # delayed/ only if a job may have gone there.
-                        dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in flat)}
-                        if any(j.run_at is not None for j in flat):
-                            dirs.add(q.delayed_fd)
-                        await self._durable(fds, dirs)
+                        await self._durable(fds, _named_dirs(q, flat))
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
                     for r in group:
                         r.error = exc
@@ -321,13 +326,16 @@ class Producer(FileCore):
         await trio.lowlevel.checkpoint()
         return os.path.exists(self._q(queue).paused)
 
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         async with self._alock(q):
-            _, last = self._schedule(q, name) or (b"", None)
-            self._write_schedule(q, name, spec, last)
+            entry = self._schedule(q, name)
+            ok = (None if entry is None else entry[0]) == expected
+            if ok:
+                self._write_schedule(q, name, spec, None if entry is None else entry[1])
         await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
 
     async def remove_schedule(self, queue: str, name: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -349,13 +357,23 @@ class Producer(FileCore):
                 out[entry[0]] = (entry[1], entry[2])
         return out
 
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
+        """The tick's job is enqueued by the step :meth:`enqueue` runs under the queue's
+        lock, and made durable (still under it) before the last tick is written: a crash
+        never leaves a tick recorded whose job was lost."""
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         async with self._alock(q):
             entry = self._schedule(q, name)
             ok = entry is not None and (entry[1] is None or tick > entry[1])
             if entry is not None and ok:
+                if job is not None:
+                    _, fds, new = self._enqueue_locked(q, [job])
+                    if new and self._fsync:
+                        sync_now(fds, _named_dirs(q, [job]))  # (closes them)
+                    else:
+                        for fd in fds:
+                            os.close(fd)
                 self._write_schedule(q, name, entry[0], tick)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok

@@ -4,14 +4,30 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..._models import DEFAULT_PRIORITY
+from .._base import NewJob
 from ._admin import _text
 
-__all__ = ["RedisControl"]
+__all__ = ["RedisControl", "enqueue_args"]
+
+
+def _ms(seconds: float) -> int:
+    return max(0, int(math.ceil(seconds * 1000)))
+
+
+def enqueue_args(job: NewJob) -> list[Any]:
+    """The five ARGV fields of ``job`` in ``enqueue.lua`` (and ``schedule_tick.lua``)."""
+    run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
+    limits = f"{job.max_attempts}:{_ms(job.result_ttl)}"
+    if job.priority != DEFAULT_PRIORITY:
+        limits += f":{job.priority}"
+    return [job.id, job.envelope, limits, job.token, run_at]
 
 
 class RedisControl:
@@ -19,6 +35,12 @@ class RedisControl:
     :class:`~trioqueue.storage.RedisStorage`."""
 
     _transport: Any
+
+    if TYPE_CHECKING:  # provided by RedisAdmin and RedisStorage
+
+        async def _register_name(self, queue: str) -> None: ...
+
+        def _call_token(self) -> str: ...
 
     async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
         raise NotImplementedError
@@ -49,9 +71,10 @@ class RedisControl:
         await trio.lowlevel.checkpoint_if_cancelled()
         return bool(await self._transport.command(["EXISTS", self._base(queue) + ":paused"]))
 
-    async def put_schedule(self, queue: str, name: str, spec: bytes) -> None:
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        await self._run("schedule_put", queue, [name, spec])
+        check = ["0"] if expected is None else ["1", expected]
+        return bool(await self._run("schedule_put", queue, [name, spec, *check]))
 
     async def remove_schedule(self, queue: str, name: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -63,6 +86,10 @@ class RedisControl:
         last = {_text(ticks[i]): float(ticks[i + 1]) for i in range(0, len(ticks), 2)}
         return {_text(specs[i]): (specs[i + 1], last.get(_text(specs[i]))) for i in range(0, len(specs), 2)}
 
-    async def advance_schedule(self, queue: str, name: str, tick: float) -> bool:
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("schedule_advance", queue, [name, repr(float(tick))]))
+        args: list[Any] = [name, repr(float(tick))]
+        if job is not None:
+            await self._register_name(queue)  # as an enqueue does
+            args += [self._call_token(), *enqueue_args(job)]
+        return bool(await self._run("schedule_tick", queue, args))

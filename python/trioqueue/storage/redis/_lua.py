@@ -1,9 +1,12 @@
 """The Lua scripts of :class:`~trioqueue.storage.redis.RedisStorage`, one ``.lua`` file per
-atomic command in ``redis_scripts/`` (shipped as package data), BullMQ-style.
+atomic command in ``scripts/`` (shipped as package data), BullMQ-style, and the one
+declaration of the queue's key layout (:data:`QUEUE_KEYS`).
 
-A line ``--@include <name>`` splices in the shared fragment ``redis_scripts/<name>.lua``
-(``_prelude``: the key layout, event encoding and helpers; ``_promote``, ``_cancel``,
-``_flow_claim``/``_flow_free``: flow control, whose keys come last in KEYS).
+A line ``--@include <name>`` splices in the shared fragment ``scripts/include/<name>.lua``
+(``prelude``: the key variables, event encoding and helpers; ``enqueue``: the body of
+``enqueue``, which ``schedule_tick`` runs too; ``delay``: jobs entering the delayed set;
+``promote``, ``cancel``, ``flow_claim``/``flow_free``: flow control, whose keys come last
+in KEYS).
 Every key a script touches is declared in ``KEYS`` (Redis Cluster and ACL key patterns
 depend on it), all under the queue's hash tag ``{prefix:queue}``, in the order of
 :func:`queue_keys`, but each script is sent only those it uses (:func:`script_keys`); a
@@ -93,7 +96,7 @@ SCRIPT_NAMES = (
     "schedule_put",
     "schedule_remove",
     "schedule_get",
-    "schedule_advance",
+    "schedule_tick",
     "lock_acquire",
     "lock_release",
     "counts",

@@ -44,7 +44,7 @@ from .._base import NOTICE_KINDS, select_events, wanted_kinds
 from ._coalesce import Coalescer, Slot
 from ._transport import ConnParams, Script, Subscription, parse_url, open_transport
 from ._admin import RedisAdmin
-from ._control import RedisControl
+from ._control import RedisControl, _ms, enqueue_args
 
 __all__ = ["RedisStorage"]
 
@@ -65,10 +65,6 @@ _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while wor
 _MAX_JOBS_PER_CALL = 2000
 _KEY_CACHE_SIZE = 4096  # (script, queue, worker) KEYS lists kept; cleared when full
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
-
-
-def _ms(seconds: float) -> int:
-    return max(0, int(math.ceil(seconds * 1000)))
 
 
 def _text(v: Any) -> str:
@@ -242,12 +238,9 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
                 args: list[Any] = [self._call_token()]
                 script = "enqueue_plain"  # unless a job has another priority (its lane's key)
                 for job in chunk:
-                    run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
-                    limits = f"{job.max_attempts}:{_ms(job.result_ttl)}"
+                    args += enqueue_args(job)
                     if job.priority != DEFAULT_PRIORITY:
-                        limits += f":{job.priority}"
                         script = "enqueue"
-                    args += [job.id, job.envelope, limits, job.token, run_at]
                 reply = await self._run_shielded(script, queue, args)
                 for item in reply:
                     code = item[0]
