@@ -317,7 +317,7 @@ async def test_bad_state_or_cursor_is_refused(storage: Storage, queue_name: str)
 async def test_memory_state_index_stays_proportional_to_live_jobs() -> None:
     """MemoryStorage's per-state logs drop their stale entries (no growth with churn)."""
     from trioqueue import MemoryStorage
-    from trioqueue.storage._memory_index import _SLACK
+    from trioqueue.storage.memory._index import _SLACK
 
     storage = MemoryStorage()
     async with storage:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from trioqueue.cli._bench import WORKLOADS, payload_of_size
-from trioqueue._errors import ValidationError
-from trioqueue._serde import JsonSerde
+from trioqueue._model._errors import ValidationError
+from trioqueue._model._serde import JsonSerde
 
 TRIOQUEUE = str(Path(sys.executable).with_name("trioqueue"))
 

@@ -1,11 +1,11 @@
-"""The event dispatcher (``trioqueue._events.Emitter``): order, bursts, cancellation."""
+"""The event dispatcher (``trioqueue._supervision._emitter.Emitter``): order, bursts, cancellation."""
 
 from __future__ import annotations
 
 import trio
 
-from trioqueue._events import Emitter
-from trioqueue._models import QueueEvent
+from trioqueue._supervision._emitter import Emitter
+from trioqueue._model._types import QueueEvent
 
 
 async def test_a_burst_of_events_is_delivered_in_order_and_drained_after_close() -> None:

@@ -16,7 +16,7 @@ import trio.testing
 
 from test_file_storage import all_files, crash, events_until, job
 from trioqueue.storage import FileStorage, Settlement, SettleKind
-from trioqueue.storage._fsutil import encode_name
+from trioqueue.storage.file._fsutil import encode_name
 from trioqueue.storage.file import _layout
 from trioqueue.storage.file._layout import _SEQ_START, _Q
 
@@ -241,7 +241,7 @@ async def test_a_blocked_claim_sees_a_marker_of_a_writer_without_generation(
 
 
 def test_rec_copy_copies_every_field() -> None:
-    from trioqueue.storage._fsutil import Rec
+    from trioqueue.storage.file._fsutil import Rec
 
     r = Rec("a", "processing", 1, 2, 3, 4.0, 5, b"env", "mk", "w", 6.0, b"res", b"err", 7.0)
     r.token, r.claim, r.claims, r.started, r.progress, r.cancel_requested, r.priority = "t", "t.1", 1, True, b"p", True, 2
@@ -312,7 +312,7 @@ async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(
     a marker (the job's lane, delayed/), and no other."""
     import time
 
-    from trioqueue.storage import _groupcommit
+    from trioqueue.storage.file import _groupcommit
 
     flushed: list[set[str]] = []
     orig = _groupcommit._Batch.flush
@@ -370,7 +370,7 @@ async def test_enqueue_of_ids_another_instance_has_is_deduplicated_without_a_loo
     answered as before: duplicate, completed (with its result), or a new incarnation of
     a cancelled one; every place of it in the call says so."""
     from trioqueue import EnqueueStatus
-    from trioqueue.storage.file import _core
+    from trioqueue.storage.file import _base as _core
 
     d = tmp_path / "d"
     async with FileStorage(d) as a, FileStorage(d) as b:
@@ -412,7 +412,7 @@ async def test_sections_wake_event_subscribers_only_through_the_event_log(tmp_pa
     """Subscribers watch the queue directory for IN_MODIFY: the counters and generation
     are written through a mapping (no inotify event), so claims and settlements, which
     bump the generation, wake them only when they append events."""
-    from trioqueue.storage._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Inotify
+    from trioqueue.storage.file._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Inotify
 
     async with FileStorage(tmp_path / "d") as st:
         await st.enqueue("q", [job("a"), job("b")])

@@ -20,7 +20,7 @@ import trio
 from trioqueue._core import encode_envelope
 from trioqueue import CancelStatus
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind, StorageEvent
-from trioqueue.storage._fsutil import encode_name, read_rec
+from trioqueue.storage.file._fsutil import encode_name, read_rec
 
 HELPER = str(Path(__file__).parent / "helpers" / "fs_proc.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
@@ -405,7 +405,7 @@ async def test_a_reader_left_behind_by_a_whole_log_file_gets_a_resync(tmp_path: 
 
 def _hold_queue_lock(directory: Path, queue: str) -> int:
     """Take the queue's flock through a descriptor of our own, as another process would."""
-    from trioqueue.storage._fsutil import encode_name
+    from trioqueue.storage.file._fsutil import encode_name
 
     fd = os.open(directory / "q" / encode_name(queue) / "lock", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)

@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from trioqueue.storage import _groupcommit
-from trioqueue.storage._groupcommit import Syncer
+from trioqueue.storage.file import _groupcommit
+from trioqueue.storage.file._groupcommit import Syncer
 
 
 async def test_ctrl_c_during_a_group_fsync_stays_a_keyboard_interrupt(tmp_path: Path, monkeypatch) -> None:

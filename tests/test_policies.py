@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trioqueue import ExponentialBackoff, JobError, JsonSerde, ValidationError
-from trioqueue._retry import retry_policy
-from trioqueue._serde import decode_error, encode_error
+from trioqueue._model._retry import retry_policy
+from trioqueue._model._serde import decode_error, encode_error
 
 
 def test_exponential_backoff_grows_and_caps() -> None:
@@ -90,7 +90,7 @@ def test_json_serde_encodes_exactly_as_the_compact_json_encoder(value: object) -
 def test_the_ascii_encoder_of_file_records_encodes_exactly_as_json(value: object) -> None:
     """FileStorage's record headers and segment indexes use the kept C encoder with
     ``ensure_ascii`` and NaN allowed: the same text as the ``JSONEncoder`` it stands for."""
-    from trioqueue._serde import compact_json_encoder
+    from trioqueue._model._serde import compact_json_encoder
 
     expected = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True).encode(value)
     assert compact_json_encoder(ensure_ascii=True, allow_nan=True)(value) == expected

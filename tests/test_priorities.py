@@ -237,7 +237,7 @@ async def test_file_storage_keeps_priorities_across_a_reopen_and_a_repair(tmp_pa
     import os
 
     from trioqueue.storage import FileStorage
-    from trioqueue.storage._fsutil import encode_name
+    from trioqueue.storage.file._fsutil import encode_name
 
     async with FileStorage(tmp_path / "s") as st:
         await st.enqueue("q", [pjob("a5", 5), pjob("b9", 9), pjob("c0", 0), pjob("d0", 0), pjob("e9", 9)])

@@ -517,10 +517,10 @@ async def test_claims_started_ahead_by_the_pace_are_refunded_at_stop(
     """Once workers settle jobs fast, the consumer starts new claims at claim time (their
     handlers then never wait for a start round trip); a stop, graceful or forced, hands
     back the ones that never ran with their attempts taken back."""
-    import trioqueue._consumer
+    import trioqueue._supervision._consumer as consumer_module
 
-    monkeypatch.setattr(trioqueue._consumer, "PACE_WINDOW", 0.0)  # a pace after the first settlement
-    monkeypatch.setattr(trioqueue._consumer, "PACE_HORIZON", 3600.0)  # every claim is "about to begin"
+    monkeypatch.setattr(consumer_module, "PACE_WINDOW", 0.0)  # a pace after the first settlement
+    monkeypatch.setattr(consumer_module, "PACE_HORIZON", 3600.0)  # every claim is "about to begin"
     handler, gate_started, release = gated()
 
     async with Queue(storage, name=queue_name) as producer:

@@ -12,7 +12,7 @@ import trio.testing
 
 from redis_server import raw_command
 from trioqueue import _core
-from trioqueue._errors import StorageError
+from trioqueue._model._errors import StorageError
 from trioqueue.storage.redis._transport import parse_url
 from trioqueue.storage.redis._resp import ConnectionLost, ReplyError, RespClient, Subscriber
 

@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from trioqueue import Job, Queue, Reaper, Storage, ValidationError
-from trioqueue._scheduler import MAX_CATCH_UP, MISFIRE_GRACE, Schedule, Scheduler
-from trioqueue._events import Emitter
+from trioqueue._supervision._scheduler import MAX_CATCH_UP, MISFIRE_GRACE, Schedule, Scheduler
+from trioqueue._supervision._emitter import Emitter
 from trioqueue.storage import StorageEvent
 
 from test_storage import job
@@ -150,7 +150,7 @@ async def test_a_due_tick_survives_a_re_registration(
     registered again (edited, here) still runs."""
     from types import SimpleNamespace
 
-    from trioqueue import _scheduler as scheduler_module
+    from trioqueue._supervision import _scheduler as scheduler_module
 
     now = time.time()
     async with Queue(storage, name=queue_name, reaper=False) as q:
@@ -173,7 +173,7 @@ async def test_two_registrations_at_once_agree_on_one_anchor(
     from itertools import count
     from types import SimpleNamespace
 
-    from trioqueue import _scheduler as scheduler_module
+    from trioqueue._supervision import _scheduler as scheduler_module
 
     clock = count(1000)  # each registration is built at another moment
     monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(time=lambda: float(next(clock))))

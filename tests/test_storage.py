@@ -16,7 +16,7 @@ import trio.testing
 
 from trioqueue import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from trioqueue._core import encode_envelope, parse_state
-from trioqueue._serde import decode_error
+from trioqueue._model._serde import decode_error
 from trioqueue.storage import Claim, NewJob, Settlement, SettleKind, Storage, StorageEvent
 
 W1 = "worker:one"  # worker ids may contain ':'

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from trioqueue import Job, JobState, Queue, QueueEvent, Storage, ValidationError
-from trioqueue._streams import EventStream
+from trioqueue._supervision._streams import EventStream
 
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 

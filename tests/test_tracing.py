@@ -115,7 +115,8 @@ def test_without_opentelemetry_nothing_is_stored_or_called() -> None:
         import sys
         sys.modules["opentelemetry"] = None  # as if the package were not installed
         import trio
-        from trioqueue import MemoryStorage, Queue, _tracing
+        from trioqueue import MemoryStorage, Queue
+        from trioqueue._model import _tracing
         from trioqueue._core import decode_envelope
 
         async def main():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import (
+from ._model._errors import (
     JobCancelledError,
     JobFailedError,
     JobNotFinishedError,
@@ -26,8 +26,8 @@ from ._errors import (
     TrioQueueError,
     ValidationError,
 )
-from ._flow import RateLimit
-from ._models import (
+from ._model._limits import RateLimit
+from ._model._types import (
     DEFAULT_PRIORITY,
     EVENT_NAMES,
     MAX_PRIORITY,
@@ -46,11 +46,11 @@ from ._models import (
     UpdateTTLStatus,
 )
 from ._producers import AsyncioProducer, SyncProducer
-from ._outcomes import RateLimited, Retry, UnrecoverableError
-from ._queue import Queue
-from ._reaper import LeaderElection, Reaper
-from ._retry import ExponentialBackoff
-from ._serde import JsonSerde, Serde
+from ._model._outcomes import RateLimited, Retry, UnrecoverableError
+from ._supervision._queue import Queue
+from ._supervision._reaper import LeaderElection, Reaper
+from ._model._retry import ExponentialBackoff
+from ._model._serde import JsonSerde, Serde
 from .storage import MemoryStorage, Storage
 
 if TYPE_CHECKING:

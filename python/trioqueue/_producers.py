@@ -21,10 +21,10 @@ from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
 
 import trio
 
-from ._errors import QueueStoppedError, TrioQueueError
-from ._execution import only_cancelled
-from ._models import CancelResult, EnqueueResult, JobStatus
-from ._queue import Queue
+from ._model._errors import QueueStoppedError, TrioQueueError
+from ._supervision._execution import only_cancelled
+from ._model._types import CancelResult, EnqueueResult, JobStatus
+from ._supervision._queue import Queue
 from .storage._base import Storage
 
 __all__ = ["AsyncioProducer", "EnqueueOptions", "SyncProducer"]

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import _validate as check
-from ._observe import QueueObserver
+from ._model import _validate as check
+from ._supervision._observers import QueueObserver
 from .storage._base import SettleKind
 
 try:
@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("trioqueue.metrics needs prometheus-client: pip install 'trioqueue[metrics]'") from exc
 
 if TYPE_CHECKING:
-    from ._queue import Queue
+    from ._supervision._queue import Queue
 
 __all__ = ["DURATION_BUCKETS", "QueueMetrics", "WAIT_BUCKETS"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from ._errors import StorageError, ValidationError
+from ._model._errors import StorageError, ValidationError
 from .storage._base import NewJob, Storage, StorageEvent
 
 __all__ = ["Fault", "FaultPlan", "FaultyStorage", "InjectedFault", "STORAGE_METHODS"]

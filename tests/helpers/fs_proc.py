@@ -84,7 +84,7 @@ def _die() -> None:
 
 async def crash(scenario: str, directory: str, queue: str) -> None:
     """Die inside a write. The parent prepared the queue (see test_file_storage.py)."""
-    import trioqueue.storage.file._core as fmod  # where segments are written and linked
+    import trioqueue.storage.file._base as fmod  # where segments are written and linked
 
     st = FileStorage(directory)
     await st.open()

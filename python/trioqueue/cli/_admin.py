@@ -15,8 +15,8 @@ import sys
 import time
 from typing import Any
 
-from .._errors import JobFailedError, TrioQueueError, ValidationError
-from .._models import CancelStatus, JobState, JobStatus
+from .._model._errors import JobFailedError, TrioQueueError, ValidationError
+from .._model._types import CancelStatus, JobState, JobStatus
 
 __all__ = ["ADMIN_COMMANDS", "add_admin_commands", "admin_command"]
 
@@ -145,8 +145,8 @@ def _emit(args: argparse.Namespace, data: Any, human: str) -> None:
 
 
 async def admin_command(args: argparse.Namespace) -> int:
-    from .. import _validate as check
-    from .._queue import Queue
+    from .._model import _validate as check
+    from .._supervision._queue import Queue
     from ..storage import from_url
 
     storage = from_url(args.storage)

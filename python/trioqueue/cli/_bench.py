@@ -31,10 +31,10 @@ from typing import Any
 
 import trio
 
-from .._errors import ValidationError
-from .._models import Job
+from .._model._errors import ValidationError
+from .._model._types import Job
 from ._progress import Progress, percentile
-from .._queue import Queue
+from .._supervision._queue import Queue
 from ..storage import Storage, from_url
 
 __all__ = ["WORKLOADS", "BenchResult", "run_bench", "bench_command", "payload_of_size"]

@@ -51,7 +51,7 @@ def add_dashboard_command(sub: Any, parser_class: type[argparse.ArgumentParser])
 def dashboard_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trioqueue dashboard`` until SIGINT/SIGTERM; the exit code."""
     from ._run import EXIT_ERROR, EXIT_USAGE, run_command
-    from .._errors import ValidationError
+    from .._model._errors import ValidationError
     from ._worker import configure_logging
     from ..storage import from_url
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import trio
 
-from .._errors import JobFailedError, ValidationError
-from .._models import Job, QueueEvent
+from .._model._errors import JobFailedError, ValidationError
+from .._model._types import Job, QueueEvent
 from ._progress import Progress, percentile
-from .._queue import Queue
+from .._supervision._queue import Queue
 from ..storage import MemoryStorage, Storage
 
 

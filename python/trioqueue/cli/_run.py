@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from .._errors import TrioQueueError
+from .._model._errors import TrioQueueError
 
 __all__ = [
     "EXIT_ERROR",

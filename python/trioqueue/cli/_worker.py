@@ -18,8 +18,8 @@ from typing import Any
 
 import trio
 
-from .._errors import TrioQueueError, ValidationError
-from .._queue import Queue
+from .._model._errors import TrioQueueError, ValidationError
+from .._supervision._queue import Queue
 
 __all__ = ["JsonFormatter", "MetricsServer", "configure_logging", "load_queue", "serve"]
 

@@ -14,8 +14,8 @@ import jinja2
 import trio
 
 from .._core import decode_envelope
-from .._errors import TrioQueueError, ValidationError
-from .._models import JobState
+from .._model._errors import TrioQueueError, ValidationError
+from .._model._types import JobState
 from ._http import HTTPError, Receive, Request, Response, Scope, Send, local_path, redirect
 from ._hub import Hub
 from ._security import AUTH_COOKIE, SESSION_COOKIE, Security

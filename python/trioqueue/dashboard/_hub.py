@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from .._queue import Queue
+from .._supervision._queue import Queue
 from ..storage._base import Storage
 
 __all__ = ["Hub", "Subscriber"]

@@ -21,7 +21,7 @@ import ipaddress
 import secrets
 from urllib.parse import urlsplit
 
-from .._errors import ValidationError
+from .._model._errors import ValidationError
 from ._http import HTTPError, Request
 
 __all__ = ["Security", "check_bind", "is_loopback"]

@@ -10,8 +10,8 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from .. import _validate as check
-from .._errors import ValidationError
+from .._model import _validate as check
+from .._model._errors import ValidationError
 from ..storage._base import Storage
 from ._app import DashboardApp
 from ._hub import Hub

@@ -16,7 +16,7 @@ from ._base import (
 )
 from ._url import from_url
 from .file import FileStorage
-from .memory import MemoryStorage
+from .memory._storage import MemoryStorage
 
 if TYPE_CHECKING:  # imported on first use below; seen by type checkers and the docs
     from .redis import RedisStorage

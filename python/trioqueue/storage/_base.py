@@ -46,7 +46,7 @@ from typing import Self
 
 import trio
 
-from .._models import CancelStatus, UpdateTTLStatus
+from .._model._types import CancelStatus, UpdateTTLStatus
 from ._records import *  # noqa: F403 - the interface's records, re-exported
 from ._records import __all__ as _records
 

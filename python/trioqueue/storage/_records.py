@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from .._models import DEFAULT_PRIORITY, EnqueueStatus, UpdateTTLStatus
+from .._model._types import DEFAULT_PRIORITY, EnqueueStatus, UpdateTTLStatus
 
 __all__ = [
     "CANCELLED",

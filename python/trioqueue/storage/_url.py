@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .._errors import ValidationError
+from .._model._errors import ValidationError
 from ._base import Storage
 
 __all__ = ["from_url"]
@@ -33,7 +33,7 @@ def from_url(url: str, **options: Any) -> Storage:
         return FileStorage(url, **options)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
-        from .memory import MemoryStorage
+        from .memory._storage import MemoryStorage
 
         if urlsplit(url).netloc or urlsplit(url).path.strip("/"):
             raise ValidationError(f"memory:// takes no location, got {url!r}")

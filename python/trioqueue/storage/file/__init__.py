@@ -1,7 +1,7 @@
 """FileStorage: a persistent, single-node backend on a plain directory, without a server.
 
 Layout (every queue name, job id and worker id is encoded with
-:func:`~trioqueue.storage._fsutil.encode_name`: never a raw file name)::
+:func:`~trioqueue.storage.file._fsutil.encode_name`: never a raw file name)::
 
     <directory>/
       locks/                  leader locks: one JSON file per lock name, ``.flock`` guards them

@@ -23,16 +23,16 @@ from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, check_state_kind
 from .._cursor import decode_cursor, encode_cursor
-from .._fsutil import CorruptRecord, Rec, encode_name, read_rec
-from ._core import FileCore
+from ._fsutil import CorruptRecord, Rec, encode_name, read_rec
+from ._base import FileBase
 from ._layout import _Q, _close_on_error, _job_record, _ready_name, _unlink
 
-__all__ = ["Admin"]
+__all__ = ["AdminOps"]
 
 _SLICE = 1000  # ids a purge checks and unlinks per lock hold
 
 
-class Admin(FileCore):
+class AdminOps(FileBase):
     """The admin part of :class:`~trioqueue.storage.FileStorage`."""
 
     def _records(self, q: _Q, now: float) -> Iterator[tuple[str, Rec]]:

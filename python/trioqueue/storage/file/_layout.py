@@ -16,15 +16,15 @@ from contextlib import contextmanager
 import trio
 
 from ..._core import format_state
-from ..._models import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus, JobError
+from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus, JobError
 from .._base import (
     JobRecord,
     EnqueueOutcome,
     NewJob,
     StorageEvent,
 )
-from .._fsutil import Rec
-from .._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
+from ._fsutil import Rec
+from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
 
 log = logging.getLogger("trioqueue.storage.file")
 
@@ -303,7 +303,7 @@ class _Q:
         # The record cache: encoded id -> (record, segment inode, size, mtime_ns) of the
         # records this process wrote itself (not terminal ones), valid while the
         # generation is the one seen after this process's last write and jobs/<id> still
-        # names that very file (see FileCore._read).
+        # names that very file (see FileBase._read).
         self.recs: dict[str, tuple[Rec, int, int, int]] = {}
         self.recs_bytes = 0
         # Lanes a claim found empty (and delayed/, as _DELAYED_LANE): lane -> time listed. Forgotten when another process
@@ -311,7 +311,7 @@ class _Q:
         # first), when this process adds a marker to the lane, and after _LANE_RECHECK
         # (a writer of the older code, which bumps no generation, is seen that late).
         self.lane_empty: dict[int, float] = {}
-        self.hit = False  # the last FileCore._read came from the record cache
+        self.hit = False  # the last FileBase._read came from the record cache
         # The lock file's counters and generation, mapped (at the first section): read
         # and written without a system call, and without the inotify IN_MODIFY a write
         # would send to everyone watching the queue directory for events (mmap writes

@@ -1,5 +1,5 @@
 """RedisStorage's registry queries and administration (a mixin kept apart from
-``redis.py``): counts, listing, retry, purge, remove and the queue names.
+``_storage.py``): counts, listing, retry, purge, remove and the queue names.
 
 The per-state index is the zset ``{prefix:queue}:states`` (id -> kind * 2**44 + the ms
 the job entered its state; for a terminal job, the ms it is forgotten: the same member is

@@ -1,5 +1,5 @@
 """RedisStorage's worker registry, progress, pause and schedules (a mixin kept apart from
-``redis.py``): each one script call (``workers.lua``, ``progress.lua``, ``pause.lua``,
+``_storage.py``): each one script call (``workers.lua``, ``progress.lua``, ``pause.lua``,
 ``schedule_*.lua``), or one plain command for a read of one key."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..._models import DEFAULT_PRIORITY
+from ..._model._types import DEFAULT_PRIORITY
 from .._base import NewJob
 from ._admin import _text
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from ..._errors import StorageError
+from ..._model._errors import StorageError
 from ._transport import (
     Backoff,
     ConnParams,

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from ... import _core
-from ..._errors import StorageError
+from ..._model._errors import StorageError
 from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection, Subscriber
 from ._transport import (
     Backoff,

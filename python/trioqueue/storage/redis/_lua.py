@@ -29,7 +29,7 @@ import re
 from functools import cache
 from importlib import resources
 
-from ..._models import DEFAULT_PRIORITY, MAX_PRIORITY
+from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY
 from .._records import NOTICE_KINDS
 
 __all__ = [

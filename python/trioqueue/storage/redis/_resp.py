@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from ... import _core
-from ..._errors import StorageError
+from ..._model._errors import StorageError
 
 __all__ = ["ConnectionLost", "ReplyError", "RespClient", "RespConnection", "Subscriber"]
 

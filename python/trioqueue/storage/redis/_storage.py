@@ -36,8 +36,8 @@ from typing import Any
 import trio
 
 from ..._core import decode_events as _decode_events
-from ..._errors import StorageError
-from ..._models import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
+from ..._model._errors import StorageError
+from ..._model._types import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from .._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from .._base import NOTICE_KINDS, select_events, wanted_kinds

@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
-from ..._errors import StorageError, ValidationError
+from ..._model._errors import StorageError, ValidationError
 
 __all__ = [
     "Backoff",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import trio
 
-from ..._models import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from .._base import CANCELLED as _CANCELLED
 from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
@@ -22,7 +22,7 @@ from .._base import (
     StorageEvent,
     ttl_update_status,
 )
-from .._fsutil import (
+from ._fsutil import (
     CorruptRecord,
     Rec,
     encode_name,
@@ -30,8 +30,8 @@ from .._fsutil import (
     tmp_name,
     write_atomic,
 )
-from .._groupcommit import sync_now
-from ._core import FileCore
+from ._groupcommit import sync_now
+from ._base import FileBase
 from ._layout import (
     _Q,
     _QUEUED_OUTCOME,
@@ -46,7 +46,7 @@ from ._layout import (
     _unlink,
 )
 
-__all__ = ["Producer"]
+__all__ = ["EnqueueOps"]
 
 
 def _named_dirs(q: _Q, jobs: Sequence[NewJob]) -> set[int]:
@@ -65,7 +65,7 @@ def _outcome(r: Rec) -> EnqueueOutcome:
     return EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token)
 
 
-class Producer(FileCore):
+class EnqueueOps(FileBase):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:

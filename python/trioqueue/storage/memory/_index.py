@@ -18,7 +18,7 @@ from collections.abc import Callable
 from itertools import compress
 from typing import Any, Protocol
 
-from ._base import STATE_KINDS
+from .._base import STATE_KINDS
 
 __all__ = ["StateIndex"]
 

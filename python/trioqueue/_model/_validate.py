@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from ._errors import ValidationError
-from ._models import MAX_PRIORITY, MIN_PRIORITY
+from ._types import MAX_PRIORITY, MIN_PRIORITY
 
 MAX_ID_BYTES = 1024
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import trio
 
-from ._base import EnqueueOutcome, NewJob, Storage, StorageEvent
-from ._memory_parts import _Q
+from .._base import EnqueueOutcome, NewJob, Storage, StorageEvent
+from ._parts import _Q
 
 __all__ = ["MemoryControl"]
 

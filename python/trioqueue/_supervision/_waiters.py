@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from .storage._base import JobRecord, StorageEvent
+from ..storage._base import JobRecord, StorageEvent
 
 __all__ = ["Waiter", "Waiters", "terminal_from_record"]
 

@@ -1,5 +1,5 @@
 """MemoryStorage's registry queries and administration (counts, listing, retry, purge,
-remove), a mixin kept apart from ``memory.py``; every step runs under the storage's lock."""
+remove), a mixin kept apart from ``_storage.py``; every step runs under the storage's lock."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import trio
 
-from ._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
-from ._memory_parts import _Q, _Rec
+from .._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
+from ._parts import _Q, _Rec
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
 

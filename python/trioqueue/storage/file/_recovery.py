@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import trio
 
-from ..._serde import encode_error
+from ..._model._serde import encode_error
 from .._base import CANCELLED as _CANCELLED
 from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
@@ -23,15 +23,15 @@ from .._base import QUEUED as _QUEUED
 from .._base import (
     StorageEvent,
 )
-from .._fsutil import (
+from ._fsutil import (
     Rec,
     clean_tmp,
     encode_name,
     write_atomic,
 )
-from .._groupcommit import sync_now
-from ._core import FileCore
-from ._flow import slot_freed
+from ._groupcommit import sync_now
+from ._base import FileBase
+from ._limits import slot_freed
 from ._layout import (
     _Q,
     _close_on_error,
@@ -44,10 +44,10 @@ from ._layout import (
     log,
 )
 
-__all__ = ["Reaper"]
+__all__ = ["RecoveryOps"]
 
 
-class Reaper(FileCore):
+class RecoveryOps(FileBase):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:

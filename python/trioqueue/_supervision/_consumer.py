@@ -3,19 +3,22 @@ tasks, and settles in batches, with no Trio task, lock or round trip per job."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from time import perf_counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import StorageError
+from .._model import _validate as check
+from .._model._errors import StorageError, ValidationError
+from .._model._limits import RateLimit
 from ._execution import Attempt, Escalation, Executor, enter_worker
-from .storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
+from ..storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
 
 if TYPE_CHECKING:
-    from ._events import Emitter
+    from ._emitter import Emitter
 
 # Cleanup that must run even when the owner is cancelled is shielded, but bounded by this.
 CLEANUP_TIMEOUT = 10.0
@@ -45,6 +48,21 @@ class ConsumerSettings:
     block_timeout: float
     visibility_timeout: float
     claim_limits: ClaimLimits | None = None
+
+
+def claim_limits(rate_limit: Any, global_concurrency: Any) -> ClaimLimits | None:
+    """The storage's :class:`ClaimLimits` for a Queue's ``rate_limit`` and
+    ``global_concurrency`` (``None``: neither is set). Raises :class:`ValidationError`."""
+    if rate_limit is None and global_concurrency is None:
+        return None
+    if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+        raise ValidationError(f"rate_limit must be a trioqueue.RateLimit, got {type(rate_limit).__name__}")
+    concurrency = 0 if global_concurrency is None else check.positive_int("global_concurrency", global_concurrency)
+    if rate_limit is None:
+        return ClaimLimits(concurrency=concurrency)
+    if not math.isfinite(rate_limit.per):  # pragma: no cover - validated by RateLimit
+        raise ValidationError("RateLimit.per must be finite")
+    return ClaimLimits(rate_limit.limit, rate_limit.per, concurrency)
 
 
 class _StartBatch:

@@ -11,8 +11,8 @@ from typing import Any
 
 import trio
 
-from ._errors import ValidationError
-from ._models import EVENT_NAMES, QueueEvent
+from .._model._errors import ValidationError
+from .._model._types import EVENT_NAMES, QueueEvent
 
 __all__ = ["EventCallback", "Emitter"]
 

@@ -21,9 +21,9 @@ from itertools import count
 
 import trio
 
-from .._models import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
-from .._serde import encode_error
-from ._base import (
+from ..._model._types import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
+from ..._model._serde import encode_error
+from .._base import (
     Claim,
     ClaimLimits,
     EnqueueOutcome,
@@ -36,16 +36,16 @@ from ._base import (
     wanted_kinds,
 )
 
-from ._base import CANCELLED as _CANCELLED
-from ._base import COMPLETED as _COMPLETED
-from ._base import DELAYED as _DELAYED
-from ._base import FAILED as _FAILED
-from ._base import FAILING as _FAILING
-from ._base import PROCESSING as _PROCESSING
-from ._base import QUEUED as _QUEUED
-from ._memory_admin import MemoryAdmin, _record
-from ._memory_control import MemoryControl
-from ._memory_parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
+from .._base import CANCELLED as _CANCELLED
+from .._base import COMPLETED as _COMPLETED
+from .._base import DELAYED as _DELAYED
+from .._base import FAILED as _FAILED
+from .._base import FAILING as _FAILING
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
+from ._admin import MemoryAdmin, _record
+from ._control import MemoryControl
+from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
 
 __all__ = ["MemoryStorage"]
 

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._models import STORAGE_EVENT_NAMES
-from ._serde import Serde, decode_error
+from .._model._types import STORAGE_EVENT_NAMES
+from .._model._serde import Serde, decode_error
 from ._waiters import Waiters
-from .storage._base import NOTICE_KINDS, Storage, StorageEvent
+from ..storage._base import NOTICE_KINDS, Storage, StorageEvent
 
 if TYPE_CHECKING:
     from ._consumer import Consumer
-    from ._events import Emitter
+    from ._emitter import Emitter
 
 __all__ = ["ALL", "NONE", "NOTICES", "Listener", "level_for"]
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .storage._base import SettleKind
+from ..storage._base import SettleKind
 
 if TYPE_CHECKING:
     from ._queue import Queue

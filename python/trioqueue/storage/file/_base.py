@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from ..._errors import ValidationError
+from ..._model._errors import ValidationError
 from .._base import CANCELLED as _CANCELLED
 from .._base import DELAYED as _DELAYED
 from .._base import FAILING as _FAILING
@@ -25,7 +25,7 @@ from .._base import (
     Storage,
     StorageEvent,
 )
-from .._fsutil import (
+from ._fsutil import (
     CorruptRecord,
     Rec,
     Segment,
@@ -38,7 +38,7 @@ from .._fsutil import (
     write_atomic,
     write_segment,
 )
-from .._groupcommit import Syncer, sync_now
+from ._groupcommit import Syncer, sync_now
 from ._layout import (
     _CLEAN_INTERVAL,
     _DELAYED_LANE,
@@ -56,13 +56,13 @@ from ._layout import (
     log,
 )
 
-__all__ = ["FileCore"]
+__all__ = ["FileBase"]
 
 # json.dumps with separators builds an encoder per call: one, built once (same output).
 _event_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-class FileCore(Storage):
+class FileBase(Storage):
     """See :class:`~trioqueue.storage.FileStorage`."""
 
     def __init__(
@@ -90,7 +90,7 @@ class FileCore(Storage):
         self._locks_fd = -1
 
     def _repair(self, q: _Q) -> None:
-        """Start-up repair of one queue (see :class:`~._reap.Reaper`)."""
+        """Start-up repair of one queue (see :class:`~._recovery.RecoveryOps`)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

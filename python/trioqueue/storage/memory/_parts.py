@@ -9,16 +9,16 @@ from collections import deque
 
 import trio
 
-from .._core import ObjectQueue, format_state
-from .._models import MAX_PRIORITY, EnqueueStatus
-from ._base import EnqueueOutcome, NewJob, StorageEvent, select_events
-from ._memory_index import StateIndex
-from ._flow import FlowState
+from ..._core import ObjectQueue, format_state
+from ..._model._types import MAX_PRIORITY, EnqueueStatus
+from .._base import EnqueueOutcome, NewJob, StorageEvent, select_events
+from ._index import StateIndex
+from .._flowstate import FlowState
 
-from ._base import DELAYED as _DELAYED
-from ._base import FAILING as _FAILING
-from ._base import PROCESSING as _PROCESSING
-from ._base import QUEUED as _QUEUED
+from .._base import DELAYED as _DELAYED
+from .._base import FAILING as _FAILING
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 

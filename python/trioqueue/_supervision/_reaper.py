@@ -11,12 +11,12 @@ from typing import Any, Self
 
 import trio
 
-from . import _validate as check
-from ._errors import ValidationError
-from ._events import Emitter, EventCallback
-from ._observe import QueueObserver, notify
+from .._model import _validate as check
+from .._model._errors import ValidationError
+from ._emitter import Emitter, EventCallback
+from ._observers import QueueObserver, notify
 from ._scheduler import Scheduler
-from .storage._base import Storage, StorageEvent
+from ..storage._base import Storage, StorageEvent
 
 __all__ = ["LeaderElection", "Reaper"]
 

@@ -16,8 +16,8 @@ import zlib
 from collections import OrderedDict
 
 
-from .._models import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
-from .._serde import compact_json_encoder
+from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from ..._model._serde import compact_json_encoder
 
 __all__ = [
     "Rec",

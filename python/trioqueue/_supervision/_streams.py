@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._errors import ValidationError
-from ._models import EVENT_NAMES, QueueEvent
+from .._model._errors import ValidationError
+from .._model._types import EVENT_NAMES, QueueEvent
 
 if TYPE_CHECKING:
-    from ._models import JobStatus
+    from .._model._types import JobStatus
 
 __all__ = ["EventStream", "watch"]
 

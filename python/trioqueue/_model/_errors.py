@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._models import JobError
+    from ._types import JobError
 
 
 class TrioQueueError(Exception):

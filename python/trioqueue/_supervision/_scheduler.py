@@ -43,11 +43,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import trio
 from cronsim import CronSim, CronSimError
 
-from . import _validate as check
-from ._core import encode_envelope
-from ._errors import ValidationError
-from ._events import Emitter
-from .storage._base import NewJob, Storage
+from .._model import _validate as check
+from .._core import encode_envelope
+from .._model._errors import ValidationError
+from ._emitter import Emitter
+from ..storage._base import NewJob, Storage
 
 __all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "REFRESH", "Missed", "Schedule", "Scheduler"]
 

@@ -7,21 +7,21 @@ from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from . import _validate as check
-from ._core import parse_state
-from ._errors import JobCancelledError, JobFailedError, JobNotFinishedError, TrioQueueError, ValidationError
+from .._model import _validate as check
+from .._core import parse_state
+from .._model._errors import JobCancelledError, JobFailedError, JobNotFinishedError, TrioQueueError, ValidationError
 from ._execution import encode_value
-from ._models import CancelResult, JobError, JobPage, JobState, JobStatus, UpdateTTLStatus
+from .._model._types import CancelResult, JobError, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ._scheduler import Missed, Schedule, Scheduler
-from ._serde import Serde, decode_error
-from ._listen import level_for
+from .._model._serde import Serde, decode_error
+from ._listener import level_for
 from ._streams import EventStream, watch
 
 if TYPE_CHECKING:
     from ._consumer import Consumer
-    from ._events import Emitter
-    from ._listen import Listener
-    from .storage._base import JobRecord, Storage
+    from ._emitter import Emitter
+    from ._listener import Listener
+    from ..storage._base import JobRecord, Storage
 
 _STATES = [s.value for s in JobState]
 _TERMINAL = [s.value for s in JobState if s.terminal]

@@ -16,21 +16,21 @@ from typing import Any, Generic, Self, TypeVar, overload
 
 import trio
 
-from . import _tracing
-from . import _validate as check
-from ._consumer import Consumer, ConsumerSettings
-from ._core import encode_envelope, parse_state
-from ._errors import (
+from .._model import _tracing
+from .._model import _validate as check
+from ._consumer import Consumer, ConsumerSettings, claim_limits
+from .._core import encode_envelope, parse_state
+from .._model._errors import (
     JobCancelledError,
     JobTimeoutError,
     QueueStoppedError,
     TrioQueueError,
     ValidationError,
 )
-from ._events import Emitter, EventCallback
-from ._listen import NOTICES, Listener, level_for
-from ._flow import RateLimit, claim_limits
-from ._admin import QueueAdmin
+from ._emitter import Emitter, EventCallback
+from ._listener import NOTICES, Listener, level_for
+from .._model._limits import RateLimit
+from ._registry import QueueAdmin
 from ._waiters import Waiters, terminal_from_record
 from ._execution import (
     AfterExecution,
@@ -44,17 +44,17 @@ from ._execution import (
     encode_value,
     only_cancelled,
 )
-from ._models import (
+from .._model._types import (
     DEFAULT_PRIORITY,
     EnqueueResult,
     EnqueueStatus,
     JobState,
 )
-from ._observe import QueueObserver, notify
+from ._observers import QueueObserver, notify
 from ._reaper import LeaderElection, Reaper
-from ._retry import ExponentialBackoff, RetryDelay, retry_policy
-from ._serde import JsonSerde, Serde
-from .storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
+from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
+from .._model._serde import JsonSerde, Serde
+from ..storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
 
 __all__ = ["Queue"]
 

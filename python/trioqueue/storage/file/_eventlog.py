@@ -14,15 +14,15 @@ from .._base import (
     select_events,
     wanted_kinds,
 )
-from .._inotify import Watch
-from ._core import FileCore
+from ._inotify import Watch
+from ._base import FileBase
 from ._layout import (
     _Q,
     _log_generation,
     _parse_event,
 )
 
-__all__ = ["Events"]
+__all__ = ["EventLog"]
 
 
 _LINE_HEAD = b'{"k":"'
@@ -42,7 +42,7 @@ def _unwanted(line: bytes, kinds: frozenset[str]) -> bool:
     return kind not in kinds and kind != "_log"
 
 
-class Events(FileCore):
+class EventLog(FileBase):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
     @asynccontextmanager

@@ -24,7 +24,7 @@ else:
     ENABLED = True
 
 if TYPE_CHECKING:
-    from ._models import Job
+    from ._types import Job
 
 __all__ = ["ENABLED", "JobSpan", "current_context", "end_job_span", "start_job_span"]
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from ._models import JobError
+from ._types import JobError
 
 __all__ = ["JsonSerde", "Serde", "decode_error", "encode_error"]
 

@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from . import _tracing
-from . import _validate as check
-from ._core import CodecError, decode_envelope
-from ._errors import JobTimeoutError, TrioQueueError, ValidationError
-from ._outcomes import RateLimited, Retry, UnrecoverableError
-from ._models import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
-from ._observe import QueueObserver, notify
-from ._serde import Serde, encode_error
-from .storage._base import Claim, Settlement, SettleKind, Storage
+from .._model import _tracing
+from .._model import _validate as check
+from .._core import CodecError, decode_envelope
+from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
+from .._model._outcomes import RateLimited, Retry, UnrecoverableError
+from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
+from ._observers import QueueObserver, notify
+from .._model._serde import Serde, encode_error
+from ..storage._base import Claim, Settlement, SettleKind, Storage
 
 if TYPE_CHECKING:
-    from ._events import Emitter
+    from ._emitter import Emitter
 
 __all__ = [
     "AfterExecution",

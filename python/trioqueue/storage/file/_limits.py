@@ -2,7 +2,7 @@
 queue's ``flow/`` directory and only touched with the queue lock held:
 
 - ``flow/state``: the rate limit's log of claim times and the ``RateLimited`` hold
-  (:class:`~.._flow.FlowState` as JSON, replaced atomically; not fsynced: it is a limiter,
+  (:class:`~.._flowstate.FlowState` as JSON, replaced atomically; not fsynced: it is a limiter,
   and a killed process leaves it in the page cache);
 - ``flow/slotwait``: present while a claimer waits for a concurrency slot; whoever frees a
   slot removes it and wakes the claimers (a file created in ``ready/``, which they watch).
@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 from .._base import ClaimLimits
-from .._flow import FlowState
-from .._fsutil import tmp_name, write_atomic
+from .._flowstate import FlowState
+from ._fsutil import tmp_name, write_atomic
 from ._layout import _Q, _unlink
 
 __all__ = ["claim_allowance", "count_claims", "hold_claims", "slot_freed"]

@@ -14,7 +14,7 @@ from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
-from ..._models import DEFAULT_PRIORITY
+from ..._model._types import DEFAULT_PRIORITY
 from .._base import (
     Claim,
     ClaimLimits,
@@ -22,13 +22,13 @@ from .._base import (
     Settlement,
     StorageEvent,
 )
-from .._fsutil import (
+from ._fsutil import (
     Rec,
     decode_name,
     encode_name,
 )
-from ._core import FileCore
-from ._flow import claim_allowance, count_claims, hold_claims, slot_freed
+from ._base import FileBase
+from ._limits import claim_allowance, count_claims, hold_claims, slot_freed
 from ._layout import (
     _LANE_RECHECK,
     due_event,
@@ -41,12 +41,12 @@ from ._layout import (
     _unlink,
 )
 
-__all__ = ["Consumer"]
+__all__ = ["ClaimOps"]
 
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
 
 
-class Consumer(FileCore):
+class ClaimOps(FileBase):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
 
     def _claim_locked(
