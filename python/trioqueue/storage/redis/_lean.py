@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from ... import _core
+from ..._core import encode_command
 from ..._model._errors import StorageError
 from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection, Subscriber
 from ._transport import (
@@ -30,7 +30,7 @@ from ._transport import (
 
 __all__ = ["LeanTransport"]
 
-_PING = _core.encode_command(("PING",))
+_PING = encode_command(("PING",))
 _UNSENT = object()  # _retry_loop: no attempt made yet
 
 
@@ -70,10 +70,10 @@ class LeanTransport(Transport):
     # -- commands ----------------------------------------------------------------------
 
     async def command(self, args: Sequence[str | bytes]) -> Any:
-        return await self._retry(_core.encode_command(args))
+        return await self._retry(encode_command(args))
 
     async def commands(self, batch: Sequence[Sequence[str | bytes]]) -> list[Any]:
-        data = b"".join(_core.encode_command(args) for args in batch)
+        data = b"".join(encode_command(args) for args in batch)
         replies = await self._retry(data, count=len(batch))
         return list(replies) if len(batch) > 1 else [replies]
 
@@ -132,7 +132,7 @@ class LeanTransport(Transport):
         """After a script's error reply: whether it was about the script itself (not
         loaded, or Functions refused), now dealt with, so the call is to be sent again."""
         if text.startswith("NOSCRIPT"):
-            loaded = await self._client.execute(_core.encode_command(("SCRIPT", "LOAD", script.code)))
+            loaded = await self._client.execute(encode_command(("SCRIPT", "LOAD", script.code)))
             if isinstance(loaded, ReplyError):
                 raise StorageError(f"Redis error: {loaded}")
             return True
@@ -142,7 +142,7 @@ class LeanTransport(Transport):
         if text.startswith("ERR Function not found"):
             # first use, a restart, FUNCTION FLUSH: load it (REPLACE: a library's name is
             # the hash of its code, so replacing one another client loaded changes nothing)
-            loaded = await self._client.execute(_core.encode_command(("FUNCTION", "LOAD", "REPLACE", fn[1])))
+            loaded = await self._client.execute(encode_command(("FUNCTION", "LOAD", "REPLACE", fn[1])))
             if isinstance(loaded, ReplyError):
                 self.scripts.refused(script, str(loaded))
             return True
@@ -156,7 +156,7 @@ class LeanTransport(Transport):
     async def blocking_move_then(
         self, src: str, dst: str, timeout: float, script: Script, keys: Sequence[str], args: Sequence[str | bytes]
     ) -> tuple[bytes | None, Any]:
-        data = _core.encode_command(("BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"))
+        data = encode_command(("BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"))
         data += _ScriptCall(self.scripts, script, keys, args).data()
         async with self._blocker("blocking claim failed") as conn:
             moved, reply = await conn.call(data, 2, timeout=timeout + 5.0)
@@ -166,7 +166,7 @@ class LeanTransport(Transport):
 
     async def blocking_call(self, args: Sequence[str], timeout: float) -> Any:
         async with self._blocker("blocking wait failed") as conn:
-            reply = await conn.call(_core.encode_command(args), timeout=timeout + 5.0)
+            reply = await conn.call(encode_command(args), timeout=timeout + 5.0)
         if isinstance(reply, ReplyError):
             raise StorageError(f"blocking wait failed: {reply}")
         return reply
@@ -246,4 +246,4 @@ class _ScriptCall:
 
     def data(self) -> bytes:
         """``FCALL`` (or ``EVALSHA``) of the script, as the policy says now."""
-        return _core.encode_command(self.policy.command(self.script, self.keys), self.keys, self.args)
+        return encode_command(self.policy.command(self.script, self.keys), self.keys, self.args)

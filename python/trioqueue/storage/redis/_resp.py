@@ -7,8 +7,8 @@ own machinery; a round trip on a plain Trio socket costs ~70 µs (measured in
 this client on a standalone server (plain or TLS); blocking claims, pub/sub and Cluster
 stay on GLIDE.
 
-The protocol (RESP2) is parsed and encoded by the Rust core (``_core.RespReader``,
-``_core.encode_command``); this module is the I/O around it. The caller whose reply is
+The protocol (RESP2) is parsed and encoded by the Rust core (``RespReader``,
+``encode_command``); this module is the I/O around it. The caller whose reply is
 due reads the socket (leader/follower), parses whatever arrived and hands every other
 caller its reply.
 
@@ -37,12 +37,13 @@ from typing import Any
 
 import trio
 
-from ... import _core
+from ..._core import ReplyError as _ReplyError
+from ..._core import RespProtocolError, RespReader, encode_command
 from ..._model._errors import StorageError
 
 __all__ = ["ConnectionLost", "ReplyError", "RespClient", "RespConnection", "Subscriber"]
 
-ReplyError = _core.ReplyError
+ReplyError = _ReplyError
 
 
 class ConnectionLost(Exception):
@@ -93,7 +94,7 @@ class RespConnection:
         self._last_read = 0  # replies the last read brought
         self._sent_now = False  # _send_now wrote and nobody has read since
         self._timeout = timeout
-        self._reader = _core.RespReader()
+        self._reader = RespReader()
         self._pending: deque[_Call] = deque()
         self._wbuf = bytearray()
         self._writing = False
@@ -240,7 +241,7 @@ class RespConnection:
             self._reader.feed(data)
             try:
                 replies = self._reader.pop_all()
-            except _core.RespProtocolError as exc:
+            except RespProtocolError as exc:
                 self._break(ConnectionLost(str(exc)))
                 return
             self._last_read = len(replies)
@@ -323,7 +324,7 @@ class RespConnection:
         self._reader.feed(data)
         try:
             return self._reader.pop_all()
-        except _core.RespProtocolError as exc:
+        except RespProtocolError as exc:
             self._break(ConnectionLost(str(exc)))
             raise ConnectionLost(str(exc)) from exc
 
@@ -441,7 +442,7 @@ class RespClient:
         if p.client_name:
             hello.append(["CLIENT", "SETNAME", p.client_name])
         if hello:
-            data = b"".join(_core.encode_command(c) for c in hello)
+            data = b"".join(encode_command(c) for c in hello)
             replies = await conn.call(data, len(hello))
             for cmd, r in zip(hello, replies if len(hello) > 1 else [replies]):
                 if isinstance(r, ReplyError):
@@ -478,7 +479,7 @@ class Subscriber:
         """Open a connection and subscribe (returns once the server confirmed)."""
         conn = await self._client.open_connection()
         try:
-            await conn.send(_core.encode_command(("SUBSCRIBE", self._channel)))
+            await conn.send(encode_command(("SUBSCRIBE", self._channel)))
             early: list[Any] = []
             with trio.move_on_after(self._client.params.request_timeout):
                 while not early:

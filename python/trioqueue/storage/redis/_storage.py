@@ -29,7 +29,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -42,7 +42,7 @@ from . import _lua
 from .._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
 from .._base import NOTICE_KINDS, select_events, wanted_kinds
 from ._coalesce import Coalescer, Slot
-from ._transport import ConnParams, Script, Subscription, parse_url, open_transport
+from ._transport import ConnParams, Script, Subscription, Transport, parse_url
 from ._admin import RedisAdmin
 from ._control import RedisControl, _ms, enqueue_args
 
@@ -76,6 +76,27 @@ def decode_events(payload: bytes) -> list[StorageEvent]:
     the parsing is the Rust core's (``benches/bench_core.py`` measures it against Python).
     Raises ``ValueError`` on a malformed message."""
     return [StorageEvent(*fields) for fields in _decode_events(payload)]
+
+
+def open_transport(
+    params: ConnParams,
+    *,
+    client: Any = None,
+    lean: bool = True,
+    retry_timeout: float = 30.0,
+    on_fault: Callable[[], None] | None = None,
+) -> Transport:
+    """The transport for these settings, chosen once: the lean client on a standalone
+    server unless told otherwise (``lean=False``) or given a client of the application's
+    own (``client=``, a valkey-glide client); valkey-glide on Cluster."""
+    fault = on_fault or (lambda: None)
+    if lean and client is None and not params.cluster:
+        from ._lean import LeanTransport
+
+        return LeanTransport(params, retry_timeout=retry_timeout, on_fault=fault)
+    from ._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
+
+    return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
 
 
 class _Sub:
@@ -128,7 +149,7 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
         self._params: ConnParams = parse_url(
             url, cluster=cluster, request_timeout=request_timeout, client_name=client_name
         )
-        self._transport = open_transport(
+        self._transport: Transport = open_transport(
             self._params, client=client, lean=lean, retry_timeout=retry_timeout, on_fault=self._fault
         )
         self._block_chunk = block_chunk

@@ -3,7 +3,7 @@ what its two implementations share.
 
 :class:`Transport` is what the storage talks to: a command, several commands in one round
 trip, a script call, a blocking call (with a script pipelined behind a blocking move), a
-subscription. Two implementations, chosen once at construction (:func:`open_transport`):
+subscription. Two implementations, chosen once when the storage is made (``_storage``):
 
 - ``lean`` (:mod:`._lean`, the default on a standalone server): the lean client of
   :mod:`._resp`, a Trio socket with RESP parsed in Rust, about 2.5x cheaper per awaited
@@ -46,7 +46,6 @@ __all__ = [
     "Subscription",
     "Transport",
     "diagnose",
-    "open_transport",
     "parse_url",
     "retryable",
     "shielded",
@@ -313,24 +312,3 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> Subscription:
         """A subscription to ``channel``, subscribed when this returns."""
-
-
-def open_transport(
-    params: ConnParams,
-    *,
-    client: Any = None,
-    lean: bool = True,
-    retry_timeout: float = 30.0,
-    on_fault: Callable[[], None] | None = None,
-) -> Transport:
-    """The transport for these settings, chosen once: the lean client on a standalone
-    server unless told otherwise (``lean=False``) or given a client of the application's
-    own (``client=``, a valkey-glide client); valkey-glide on Cluster."""
-    fault = on_fault or (lambda: None)
-    if lean and client is None and not params.cluster:
-        from ._lean import LeanTransport
-
-        return LeanTransport(params, retry_timeout=retry_timeout, on_fault=fault)
-    from ._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
-
-    return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
