@@ -17,7 +17,7 @@ from redis_server import RedisServer, raw_command  # noqa: E402
 
 from trioqueue.storage import NewJob, Settlement, SettleKind, StorageEvent  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
-from trioqueue.storage.redis._storage import decode_events  # noqa: E402
+from trioqueue.storage.redis._events import decode_events  # noqa: E402
 
 
 def _prefix() -> str:

@@ -14,45 +14,34 @@ awaited round trip costs far more under Trio than on the wire, so:
   ``BLMOVE`` on that connection, so the server validates and claims the moved job (with
   more, up to ``max_jobs``) as soon as it arrives, with no extra round trip.
 
-Events are published by the scripts on ``{prefix:queue}:events``, and the notice kinds
-(``NOTICE_KINDS``: terminal outcomes, cancel requests, fenced settlements) also on
-``{prefix:queue}:notices``, where a subscriber asking for notice kinds only listens (so
-a waiter or a worker never decodes ``enqueued`` events); each :meth:`subscribe`
-context has one subscriber connection whose messages a callback on the Trio thread
-forwards into a memory channel; a watchdog emits ``resync`` after a reconnect.
+Events are published by the scripts; subscriptions are the :mod:`._events` mixin's.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
-import math
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
 
-from ..._core import decode_events as _decode_events
 from ..._model._errors import StorageError
 from ..._model._types import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from .._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
-from .._base import NOTICE_KINDS, select_events, wanted_kinds
 from ._coalesce import Coalescer, Slot
-from ._transport import ConnParams, Script, Subscription, Transport, parse_url
+from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
 from ._control import RedisControl, _ms, enqueue_args
+from ._events import RedisEvents, _Sub
 
 __all__ = ["RedisStorage"]
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
-# How long an events subscriber's listening key outlives its last refresh, in watch ticks
-# (10 s at the default 0.5 s tick): the scripts skip the events channel once it is gone.
-_LISTEN_TICKS = 20
 _KIND_CODE = {
     SettleKind.COMPLETE: "c",
     SettleKind.FAIL: "f",
@@ -69,13 +58,6 @@ _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def decode_events(payload: bytes) -> list[StorageEvent]:
-    """Inverse of the scripts' event encoding (six ``<len>:<bytes>`` or ``-`` fields each);
-    the parsing is the Rust core's (``benches/bench_core.py`` measures it against Python).
-    Raises ``ValueError`` on a malformed message."""
-    return [StorageEvent(*fields) for fields in _decode_events(payload)]
 
 
 def open_transport(
@@ -99,21 +81,7 @@ def open_transport(
     return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
 
 
-class _Sub:
-    __slots__ = ("send", "fault")
-
-    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]]) -> None:
-        self.send = send
-        self.fault = False
-
-    def deliver(self, events: list[StorageEvent]) -> None:
-        try:
-            self.send.send_nowait(events)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
-
-
-class RedisStorage(RedisControl, RedisAdmin, Storage):
+class RedisStorage(RedisEvents, RedisControl, RedisAdmin, Storage):
     """Storage on Redis >= 7 or Valkey (standalone or cluster), via valkey-glide.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -189,10 +157,6 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
 
     def _plist(self, queue: str, worker_id: str) -> str:
         return self._base(queue) + ":processing:" + worker_id
-
-    def _fault(self) -> None:
-        for sub in self._subs:
-            sub.fault = True
 
     async def _connect(self) -> None:
         if not self._scripts:
@@ -527,87 +491,3 @@ class RedisStorage(RedisControl, RedisAdmin, Storage):
         await trio.lowlevel.checkpoint_if_cancelled()
         r = await self._transport.script(self._scripts["lock_release"], [self._lock_key(name)], [owner])
         return bool(r)
-
-    # -- events ------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def subscribe(
-        self, queue: str, kinds: Collection[str] | None = None
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
-        send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
-        sub = _Sub(send)
-        wanted = wanted_kinds(kinds)
-        # Route by need: the notice kinds have a channel of their own (the scripts publish
-        # them on both), so a subscriber wanting only those never receives the rest.
-        notices_only = wanted is not None and wanted <= NOTICE_KINDS
-        channel = self._base(queue) + (":notices" if notices_only else ":events")
-        if wanted is not None and wanted == NOTICE_KINDS:
-            wanted = None  # the channel carries exactly those: nothing to filter
-
-        def on_message(payload: bytes) -> None:
-            try:
-                events = decode_events(payload)
-            except (ValueError, UnicodeDecodeError):
-                events = [_RESYNC]
-            if wanted is not None:
-                events = select_events(events, wanted)
-                if not events:
-                    return
-            sub.deliver(events)
-
-        # The scripts publish on the events channel only while its listening key lives.
-        listening = None if notices_only else self._base(queue) + ":listening"
-        subscription = await self._transport.subscribe(channel, on_message)
-        self._subs.add(sub)
-        try:
-            if listening is not None:
-                await self._listen(listening)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(subscription.run)
-                nursery.start_soon(self._watch, subscription, sub, listening)
-                try:
-                    yield receive
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:
-            self._subs.discard(sub)
-            send.close()
-            receive.close()
-            await subscription.aclose()
-
-    async def _listen(self, key: str) -> bool:
-        """Set (or refresh) a listening key; whether it was there already."""
-        ttl = _LISTEN_TICKS * self._watch_interval
-        return await self._transport.command(["SET", key, "1", "PX", str(_ms(ttl)), "GET"]) is not None
-
-    async def _watch(self, subscription: Subscription, sub: _Sub, listening: str | None) -> None:
-        """Emit ``resync`` once the subscriber connection is back after a reconnect (its
-        server-side id changed), after any fault seen by this storage's commands, or when
-        the channel's ``listening`` key (refreshed here every tick) had gone: the scripts
-        published nothing on the channel while it was missing (expired after a stall,
-        evicted, flushed)."""
-        conn_id = await subscription.connection_id()
-        while True:
-            await trio.sleep(self._watch_interval)
-            now_id = await subscription.connection_id()
-            if now_id is None:
-                sub.fault = True
-                continue
-            gap = False
-            if listening is not None:
-                try:
-                    gap = not await self._listen(listening)
-                except Exception:  # noqa: BLE001 - a fault: resync once it is back
-                    sub.fault = True
-                    continue
-            if gap and not sub.fault and now_id == conn_id:
-                sub.deliver([_RESYNC])
-            elif now_id != conn_id or sub.fault:
-                try:
-                    await subscription.wait_subscribed()
-                except Exception:  # noqa: BLE001 - not yet: try again next tick
-                    sub.fault = True
-                    continue
-                conn_id = now_id
-                sub.fault = False
-                sub.deliver([_RESYNC])
