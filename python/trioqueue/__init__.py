@@ -27,6 +27,7 @@ from ._model._errors import (
     ValidationError,
 )
 from ._model._limits import RateLimit
+from ._model._options import EnqueueOptions
 from ._model._types import (
     DEFAULT_PRIORITY,
     EVENT_NAMES,
@@ -67,6 +68,7 @@ __all__ = [
     "MIN_PRIORITY",
     "CancelResult",
     "CancelStatus",
+    "EnqueueOptions",
     "EnqueueResult",
     "EnqueueStatus",
     "ExecutionContext",

@@ -15,19 +15,19 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, InvalidStateError
-from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Generic, Self, TypeVar, Unpack
 
 import trio
 
 from ._model._errors import QueueStoppedError, TrioQueueError
 from ._supervision._execution import only_cancelled
+from ._model._options import EnqueueOptions
 from ._model._types import CancelResult, EnqueueResult, JobStatus
 from ._supervision._queue import Queue
 from .storage._base import Storage
 
-__all__ = ["AsyncioProducer", "EnqueueOptions", "SyncProducer"]
+__all__ = ["AsyncioProducer", "SyncProducer"]
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -35,17 +35,6 @@ R = TypeVar("R")
 StorageSpec = Storage | str | os.PathLike[str]
 """A :class:`~trioqueue.Storage`, a storage URL (:func:`~trioqueue.storage.from_url`) or a
 directory path (a FileStorage)."""
-
-
-class EnqueueOptions(TypedDict, total=False):
-    """The per-job options of :meth:`Queue.enqueue`."""
-
-    max_attempts: int | None
-    result_ttl: float | None
-    retry_delay: float | None
-    job_timeout: float | None
-    delay: float | None
-    at: datetime | float | None
 
 
 def _resolve(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:

@@ -8,9 +8,7 @@ handler's outcome, the job's own options and the queue's retry policy.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import math
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,6 +22,7 @@ from .._model import _validate as check
 from .._core import CodecError, decode_envelope
 from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
 from .._model._outcomes import RateLimited, Retry, UnrecoverableError
+from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
 from ._observers import QueueObserver, notify
 from .._model._serde import Serde, encode_error
@@ -40,7 +39,6 @@ __all__ = [
     "ExecutionSettings",
     "Executor",
     "Handler",
-    "JobOptions",
     "RetryIf",
     "check_retry_if",
     "encode_failure",
@@ -170,60 +168,6 @@ def only_cancelled(exc: BaseException) -> bool:
     return isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None
 
 
-@dataclass(frozen=True, slots=True)
-class JobOptions:
-    """Per-job settings given to ``enqueue`` that override the queue's; stored in the
-    job's envelope (``None``: the queue's setting). ``run_at`` (a delayed job's due time,
-    for the queue-wait metric) and ``trace`` (the producer's trace context, see
-    ``_tracing``) ride along."""
-
-    retry_delay: float | None = None
-    job_timeout: float | None = None
-    run_at: float | None = None
-    trace: dict[str, str] | None = None
-
-    @classmethod
-    def build(
-        cls,
-        job_id: str,
-        retry_delay: float | None,
-        job_timeout: float | None,
-        *,
-        run_at: float | None = None,
-        trace: dict[str, str] | None = None,
-    ) -> JobOptions | None:
-        """Validated options, or ``None`` when there is nothing to store."""
-        if retry_delay is None and job_timeout is None and run_at is None and not trace:
-            return None
-        return cls(
-            None if retry_delay is None else check.non_negative_seconds("retry_delay", retry_delay, job=job_id),
-            None if job_timeout is None else check.seconds("job_timeout", job_timeout, job=job_id),
-            run_at,
-            trace or None,
-        )
-
-    def encode(self) -> bytes:
-        fields = {"rd": self.retry_delay, "jt": self.job_timeout, "ra": self.run_at, "tc": self.trace}
-        return json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, data: bytes | None) -> JobOptions:
-        if not data:
-            return _NO_OPTIONS
-        try:
-            fields = json.loads(data)
-            rd, jt, ra = fields.get("rd"), fields.get("jt"), fields.get("ra")
-            if any(v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v >= 0) for v in (rd, jt, ra)):
-                raise ValueError(f"bad values {fields!r}")
-        except (ValueError, AttributeError) as exc:
-            raise CodecError(f"unreadable job options: {exc}") from exc
-        tc = fields.get("tc")
-        if not (isinstance(tc, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tc.items())):
-            tc = None  # a damaged trace context is dropped, never a reason to fail the job
-        return cls(rd, jt, ra, tc)
-
-
-_NO_OPTIONS = JobOptions()
 _COMPLETE = SettleKind.COMPLETE
 _new = tuple.__new__  # a Job or Settlement per attempt, built as the tuple it is
 
@@ -280,7 +224,7 @@ class Executor:
         claim_id, envelope, attempts, token, _ = claim
         try:
             jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
-            options = JobOptions.decode(opts) if opts else _NO_OPTIONS
+            options = JobOptions.decode(opts) if opts else NO_JOB_OPTIONS
         except CodecError as exc:
             bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
             return self.finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
@@ -421,7 +365,7 @@ class Executor:
         result: Any,
         raised: BaseException | None,
         ttl: float,
-        options: JobOptions = _NO_OPTIONS,
+        options: JobOptions = NO_JOB_OPTIONS,
     ) -> Settlement:
         after = self.settings.after_execution
         jid = job.id

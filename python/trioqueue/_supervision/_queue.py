@@ -8,11 +8,10 @@ import os
 import socket
 import time
 import uuid
-from datetime import datetime
 from itertools import count
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, overload
+from typing import Any, Generic, Self, TypeVar, Unpack, overload
 
 import trio
 
@@ -30,6 +29,7 @@ from .._model._errors import (
 from ._emitter import Emitter, EventCallback
 from ._listener import NOTICES, Listener, level_for
 from .._model._limits import RateLimit
+from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
 from ._registry import QueueAdmin
 from ._waiters import Waiters, terminal_from_record
 from ._execution import (
@@ -38,7 +38,6 @@ from ._execution import (
     ExecutionSettings,
     Executor,
     Handler,
-    JobOptions,
     RetryIf,
     check_retry_if,
     encode_value,
@@ -391,28 +390,24 @@ class Queue(QueueAdmin[P], Generic[P, R]):
 
     # -- producer API ------------------------------------------------------------------
 
-    def _new_job(
-        self,
-        job_id: Any,
-        payload: Any,
-        max_attempts: int | None,
-        result_ttl: float | None,
-        retry_delay: float | None = None,
-        job_timeout: float | None = None,
-        delay: float | None = None,
-        at: datetime | float | None = None,
-        trace: dict[str, str] | None = None,
-        priority: int = DEFAULT_PRIORITY,
-    ) -> NewJob:
+    def _new_job(self, job_id: Any, payload: Any, options: EnqueueOptions, trace: dict[str, str] | None) -> NewJob:
+        """A validated job to enqueue (``ValidationError`` naming the problem and the job)."""
         jid = check.job_id(job_id)
-        run_at = check.run_at(delay, at, job=jid)
-        prio = check.priority(priority, job=jid)
-        attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
-        ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
-        options = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
+        if not options:  # the common case: the queue's settings
+            run_at, prio, attempts, ttl = None, DEFAULT_PRIORITY, self.max_attempts, self.result_ttl
+            stored = JobOptions.build(jid, None, None, trace=trace) if trace else None
+        else:
+            check_enqueue_options(dict(options), jid)
+            run_at = check.run_at(options.get("delay"), options.get("at"), job=jid)
+            prio = check.priority(options.get("priority", DEFAULT_PRIORITY), job=jid)
+            max_attempts, result_ttl = options.get("max_attempts"), options.get("result_ttl")
+            attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
+            ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
+            retry_delay, job_timeout = options.get("retry_delay"), options.get("job_timeout")
+            stored = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
         data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
-            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if options is None else options.encode()
+            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
         )
         return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio))  # (all fields)
 
@@ -437,28 +432,21 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self,
         job_id: str,
         payload: P,
-        *,
-        max_attempts: int | None = None,
-        result_ttl: float | None = None,
-        retry_delay: float | None = None,
-        job_timeout: float | None = None,
-        delay: float | None = None,
-        at: datetime | float | None = None,
-        priority: int = DEFAULT_PRIORITY,
+        **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
         queued/processing/failing/delayed, or failed and still cached) or ``completed``
-        with the cached result. The first accepted enqueue fixes the job's
-        ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay) and
-        ``job_timeout``, each overriding the queue's. ``delay`` (seconds from now) or ``at``
-        (a timezone-aware ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until
-        then. ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first,
-        FIFO within a priority; the job keeps it through retries and recoveries. Raises
-        :class:`ValidationError` (writing nothing) on bad input."""
+        with the cached result. ``options`` (:class:`~trioqueue.EnqueueOptions`), each
+        overriding the queue's setting, fixed by the first accepted enqueue:
+        ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay),
+        ``job_timeout``; ``delay`` (seconds from now) or ``at`` (a timezone-aware
+        ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until then;
+        ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first, FIFO
+        within a priority; the job keeps it through retries and recoveries. Raises
+        :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for an
+        unknown option."""
         trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self._new_job(
-            job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority
-        )
+        new = self._new_job(job_id, payload, options, trace)
         self._check_running()
         await self._listener.caught_up()
         [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
@@ -467,22 +455,14 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     async def enqueue_many(
         self,
         jobs: Iterable[tuple[str, P]],
-        *,
-        max_attempts: int | None = None,
-        result_ttl: float | None = None,
-        retry_delay: float | None = None,
-        job_timeout: float | None = None,
-        delay: float | None = None,
-        at: datetime | float | None = None,
-        priority: int = DEFAULT_PRIORITY,
+        **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
         order), with the options of :meth:`enqueue` for all of them. Everything is
         validated first: one bad job means nothing is written."""
         trace = _tracing.current_context() if _tracing.ENABLED else None
         new = [
-            self._new_job(jid, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority)
-            for jid, payload in jobs
+            self._new_job(jid, payload, options, trace) for jid, payload in jobs
         ]
         self._check_running()
         if not new:
@@ -498,13 +478,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         payload: P,
         *,
         timeout: float = 30.0,
-        max_attempts: int | None = None,
-        result_ttl: float | None = None,
-        retry_delay: float | None = None,
-        job_timeout: float | None = None,
-        delay: float | None = None,
-        at: datetime | float | None = None,
-        priority: int = DEFAULT_PRIORITY,
+        **options: Unpack[EnqueueOptions],
     ) -> R:
         """Enqueue (or join an in-flight job with the same id) and return its result.
 
@@ -519,9 +493,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         """
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
         trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self._new_job(
-            job_id, payload, max_attempts, result_ttl, retry_delay, job_timeout, delay, at, trace, priority
-        )
+        new = self._new_job(job_id, payload, options, trace)
         self._check_running()
         jid = new.id
         waiter = self._waiters.add(jid)

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from .._model._errors import JobFailedError, TrioQueueError, ValidationError
+from .._model._options import ENQUEUE_OPTIONS
 from .._model._types import CancelStatus, JobState, JobStatus
 
 __all__ = ["ADMIN_COMMANDS", "add_admin_commands", "admin_command"]
@@ -81,7 +82,9 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
     p = command("enqueue", "enqueue a job (its payload is JSON)")
     p.add_argument("job_id", metavar="ID", help="job id")
     p.add_argument("--payload", required=True, metavar="JSON", help="the job's payload, as JSON")
-    p.add_argument("--delay", type=_seconds, default=None, metavar="S", help="run it S seconds from now")
+    for option, about in ENQUEUE_OPTIONS.items():  # one flag per enqueue option
+        flag = f"--{option.replace('_', '-')}"
+        p.add_argument(flag, type=about.number, default=None, metavar=about.metavar, help=about.text)
     p.add_argument("--wait", action="store_true", help="wait for the job's result and print it")
     p.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="how long --wait waits")
 
@@ -272,16 +275,17 @@ async def _enqueue(args: argparse.Namespace, queue: Any) -> int:
         payload = json.loads(args.payload)
     except ValueError as exc:
         raise ValidationError(f"--payload is not valid JSON: {exc}") from None
+    options = {o: getattr(args, o) for o in ENQUEUE_OPTIONS if getattr(args, o) is not None}
     if args.wait:
         try:
-            result = await queue.enqueue_and_wait(args.job_id, payload, timeout=args.timeout, delay=args.delay)
+            result = await queue.enqueue_and_wait(args.job_id, payload, timeout=args.timeout, **options)
         except JobFailedError as exc:
             if args.debug and exc.error.traceback:
                 print(exc.error.traceback.rstrip(), file=sys.stderr)
             raise
         _emit(args, {"id": args.job_id, "result": result}, json.dumps(result, default=repr, ensure_ascii=False))
         return 0
-    out = await queue.enqueue(args.job_id, payload, delay=args.delay)
+    out = await queue.enqueue(args.job_id, payload, **options)
     data: dict[str, Any] = {"id": out.id, "status": out.status.value}
     human = f"job {out.id!r} {out.status.value}"
     if out.existing_state is not None:
