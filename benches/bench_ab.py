@@ -55,8 +55,10 @@ def _checkout(rev: str) -> Iterator[Path]:
 
 
 def _bench(tree: Path, url: str, args: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(tree / 'python')!r}); "
-           "from trioqueue._cli import main; sys.exit(main(sys.argv[1:]))",
+    # ``python -m trioqueue`` (its entry point wherever a revision keeps it), the tree's
+    # ``python/`` first on the path
+    cmd = [sys.executable, "-c", f"import sys, runpy; sys.path.insert(0, {str(tree / 'python')!r}); "
+           "sys.argv[0] = 'trioqueue'; runpy.run_module('trioqueue', run_name='__main__', alter_sys=True)",
            "bench", "--storage", url, "--no-progress", "--jobs", str(args.jobs),
            "--concurrency", str(args.concurrency), "--workloads", args.workloads, "--json", str(out)]
     return _run(cmd, out)

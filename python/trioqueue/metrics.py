@@ -60,7 +60,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 if TYPE_CHECKING:
     from ._supervision._queue import Queue
 
-__all__ = ["DURATION_BUCKETS", "QueueMetrics", "WAIT_BUCKETS"]
+__all__ = ["DURATION_BUCKETS", "QueueMetrics", "QueueObserver", "WAIT_BUCKETS"]
 
 logger = logging.getLogger("trioqueue.metrics")
 
