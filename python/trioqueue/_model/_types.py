@@ -17,7 +17,7 @@ class _ProgressReporter(Protocol):
 
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
-# ``_execution.Attempt``): what :meth:`Job.report_progress` reports to. ``None`` outside.
+# ``_supervision._execution.Attempt``): what :meth:`Job.report_progress` reports to. ``None`` outside.
 CURRENT_ATTEMPT: ContextVar[_ProgressReporter | None] = ContextVar("trioqueue_attempt", default=None)
 
 

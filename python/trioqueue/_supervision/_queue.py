@@ -86,7 +86,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
-    (as far as needed: not at all for a pure producer, see :mod:`trioqueue._listen`)
+    (as far as needed: not at all for a pure producer, see :mod:`trioqueue._supervision._listener`)
     and, if a handler is set, starts ``concurrency`` consumers, their heartbeat, and a
     :class:`~trioqueue.Reaper` (leader-elected, so one per queue is active). On exit it
     stops gracefully: no new jobs are claimed, prefetched jobs go back to the queue, running
@@ -196,7 +196,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         """Tell ``observer`` (an instrument, such as :class:`trioqueue.metrics.QueueMetrics`)
         what this queue does from now on: the jobs it enqueues, the attempts its worker
         starts and settles, the stalled jobs its reaper recovers (see
-        :class:`~trioqueue._observe.QueueObserver`). Added before the queue starts; once."""
+        :class:`~trioqueue.metrics.QueueObserver`). Added before the queue starts; once."""
         if self._running:
             raise TrioQueueError("add observers before the queue starts")
         if observer not in self._observers:

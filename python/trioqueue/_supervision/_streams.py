@@ -1,6 +1,6 @@
 """Events as async iterators: ``Queue.events()`` and ``Queue.watch()``.
 
-A stream is fed by the queue's :class:`~trioqueue._events.Emitter` (every event a callback
+A stream is fed by the queue's :class:`~trioqueue._supervision._emitter.Emitter` (every event a callback
 could get) without ever blocking it: each stream has a bounded buffer, and when a slow
 reader lets it fill up, further events are dropped and counted (:attr:`EventStream.dropped`);
 the reader then gets one ``resync`` event, in order, before the events that came after
