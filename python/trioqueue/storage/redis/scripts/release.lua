@@ -6,6 +6,7 @@
 -- Returns how many went back.
 --@include prelude
 --@include cancel
+--@include front
 --@include flow_free
 local P = KEYS[QK + 1]
 local W, REFUND = ARGV[1], ARGV[2] == '1'
@@ -20,7 +21,6 @@ for _, e in ipairs(redis.call('LRANGE', P, '0', '-1')) do
     redis.call('LREM', P, '0', e)
   end
 end
-local back = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
   local list = byid[id]
@@ -38,28 +38,17 @@ for i = 3, #ARGV do
             cancel_claimed(id, m, now, W)
           else
             if REFUND and m.s == 1 then m.a = m.a - 1 end
-            m.s = nil
-            m.w = nil
-            m.l = nil
-            setm(id, m)
-            setst(id, 'queued:' .. istr(now))
-            back[#back + 1] = {e, m}
-            ev('requeued', id, W, nil, nil, m.i)
+            requeue_front(id, m, e, now, W)
           end
         elseif starts(st, 'queued:') then
-          back[#back + 1] = {e, m}  -- moved by a blocking claim, never claimed
+          FRONT[#FRONT + 1] = {e, m}  -- moved by a blocking claim, never claimed
         end
         st = nil
       end
     end
   end
 end
--- to the front of each job's own lane, in the order given
-for i = #back, 1, -1 do
-  local LANE = lane_of(back[i][2])
-  redis.call('LPUSH', LANE, back[i][1])
-  pushed_to(back[i][2])
-end
-if #back > 0 or EVN > 0 then slot_freed() end
+push_front()
+if #FRONT > 0 or EVN > 0 then slot_freed() end
 flush()
-return #back
+return #FRONT

@@ -4,12 +4,12 @@
 -- (its attempt never counted).
 --@include prelude
 --@include cancel
+--@include front
 local P = KEYS[QK + 1]
 local W = ARGV[1]
 local now = now_ms()
 local out = {}
 local paused = nil  -- looked up at the first reserved claim
-local back = {}
 for i = 2, #ARGV, 2 do
   local id, claim = ARGV[i], ARGV[i + 1]
   local st = redis.call('HGET', JOBS, id)
@@ -27,13 +27,7 @@ for i = 2, #ARGV, 2 do
       local e = m.k .. ':' .. id
       redis.call('LREM', P, '1', e)
       redis.call('ZREM', L, id)
-      m.w = nil
-      m.l = nil
-      m.s = nil
-      setm(id, m)
-      setst(id, 'queued:' .. istr(now))
-      back[#back + 1] = {e, m}
-      ev('requeued', id, W, nil, nil, m.i)
+      requeue_front(id, m, e, now, W)
       out[#out + 1] = 0
     else
       if m.s ~= 1 then
@@ -45,10 +39,6 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
-for i = #back, 1, -1 do  -- to the front of each job's own lane, in the order given
-  local LANE = lane_of(back[i][2])
-  redis.call('LPUSH', LANE, back[i][1])
-  pushed_to(back[i][2])
-end
+push_front()
 flush()
 return out
