@@ -15,7 +15,7 @@ from trioqueue._core import parse_state
 from trioqueue.storage import NewJob, SettleKind, StorageEvent
 
 from support import Recorder
-from test_storage import W1, claim, job, kind, settlement
+from storage_helpers import W1, claim, job, kind, settlement
 
 ERR = b'{"type":"ValueError","message":"bad","traceback":""}'
 ALL_STATES = {"queued", "delayed", "processing", "failing", "completed", "failed", "cancelled"}

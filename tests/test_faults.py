@@ -11,7 +11,7 @@ import trio
 from trioqueue import Job, MemoryStorage, Queue, Storage, StorageError, ValidationError
 from trioqueue.testing import STORAGE_METHODS, Fault, FaultPlan, FaultyStorage
 
-from test_storage import job
+from storage_helpers import job
 
 
 def test_every_storage_method_is_wrapped() -> None:

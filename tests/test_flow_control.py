@@ -18,7 +18,7 @@ from trioqueue._core import parse_state
 from trioqueue.storage import ClaimLimits, SettleKind, Settlement
 
 from support import Recorder
-from test_storage import LEASE, W1, W2, job
+from storage_helpers import LEASE, W1, W2, job
 
 # Slack for the gap between a claim (the storage's clock) and the moment a handler
 # records its start: a window shorter than ``per`` by this much holds at most N starts.

@@ -70,7 +70,7 @@ def test_two_trio_runs_in_two_threads_share_one_storage() -> None:
 
 def test_concurrent_claims_from_many_threads_never_duplicate() -> None:
     storage = MemoryStorage()
-    from test_storage import job
+    from storage_helpers import job
 
     trio.run(storage.enqueue, "q", [job(f"j{i}") for i in range(5000)])
     claimed: list[list[str]] = [[] for _ in range(4)]
@@ -95,7 +95,7 @@ async def test_start_nowait_counts_a_reserved_claim_like_start() -> None:
     """The consumer's plain-call start (no batch, no checkpoint) fences like start():
     counted once, refused for a forged or stale token, and a job whose cancel() came
     while it was reserved is cancelled instead of run."""
-    from test_storage import W1, job
+    from storage_helpers import W1, job
 
     storage = MemoryStorage()
     assert storage.supports_start_nowait
@@ -123,7 +123,7 @@ async def test_start_nowait_counts_a_reserved_claim_like_start() -> None:
 async def test_results_of_one_settle_call_expire_by_their_own_ttl() -> None:
     """Jobs settled together share expiry entries by TTL; each still expires on its own
     terms (a TTL updated later keeps its job)."""
-    from test_storage import W1, job
+    from storage_helpers import W1, job
 
     storage = MemoryStorage()
     await storage.enqueue("q", [job(f"j{i}") for i in range(4)])

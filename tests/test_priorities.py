@@ -17,7 +17,7 @@ from trioqueue import DEFAULT_PRIORITY, MemoryStorage, Queue, ValidationError
 from trioqueue._core import encode_envelope
 from trioqueue.storage import Claim, NewJob, SettleKind, Storage
 
-from test_storage import LEASE, W1, W2, claim, settlement
+from storage_helpers import LEASE, W1, W2, claim, settlement
 
 
 def pjob(job_id: str, priority: int, *, run_at: float | None = None, max_attempts: int = 3) -> NewJob:

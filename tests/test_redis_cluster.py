@@ -1,6 +1,6 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
-The tests are the ones of tests/test_storage.py and tests/test_priorities.py, imported here; this module's ``storage``
+The tests are the ones of tests/test_storage*.py and tests/test_priorities.py, imported here; this module's ``storage``
 fixture overrides the parametrised one so they run once, on the cluster.
 """
 
@@ -13,6 +13,9 @@ import pytest
 
 
 from test_storage import *  # noqa: E402,F403 - the conformance tests themselves
+from test_storage_leases import *  # noqa: E402,F403 - (workers, leases, attempts)
+from test_storage_events import *  # noqa: E402,F403 - (the event stream)
+from test_storage_features import *  # noqa: E402,F403 - (delayed jobs, pause, progress, schedules)
 from test_admin import *  # noqa: E402,F403 - and those of job listing and administration
 from test_flow_control import *  # noqa: E402,F403 - flow control (rate limit, concurrency)
 from test_metrics import test_storage_oldest_per_non_terminal_state  # noqa: E402,F401 - Storage.oldest

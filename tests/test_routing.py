@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from support import Recorder
-from test_storage import MIXED_EVENTS, job, mixed_lifecycle
+from storage_helpers import MIXED_EVENTS, job, mixed_lifecycle
 from trioqueue import Job, Queue
 from trioqueue.storage import Storage, StorageEvent
 from trioqueue.storage._base import NOTICE_KINDS

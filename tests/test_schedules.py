@@ -14,7 +14,7 @@ from trioqueue._supervision._scheduler import MAX_CATCH_UP, MISFIRE_GRACE, Sched
 from trioqueue._supervision._emitter import Emitter
 from trioqueue.storage import StorageEvent
 
-from test_storage import job
+from storage_helpers import job
 
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 

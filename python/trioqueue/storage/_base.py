@@ -33,7 +33,7 @@ happens entirely or not at all (a Lua script on Redis, a lock-protected step in 
 a rename on disk). Times are seconds (float); state strings carry wall-clock milliseconds.
 
 To write a backend, subclass :class:`Storage`, implement the abstract methods, and add a
-fixture for it to ``tests/conftest.py``: the conformance suite in ``tests/test_storage.py``
+fixture for it to ``tests/conftest.py``: the conformance suite in ``tests/test_storage*.py``
 then runs against it.
 """
 
