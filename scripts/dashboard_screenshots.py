@@ -10,6 +10,7 @@ main pages. Needs /usr/bin/chromium and /usr/bin/chromedriver and the test extra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import tempfile
@@ -21,8 +22,17 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from trioqueue import FileStorage, Job, Queue
+from trioqueue import ExecutionContext, FileStorage, Job, Queue
 from trioqueue.dashboard import Dashboard
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def relative_paths(ctx: ExecutionContext) -> None:
+    """Tracebacks name files relative to the repository: the pictures show no machine's
+    directories."""
+    if ctx.error is not None:
+        ctx.error = dataclasses.replace(ctx.error, traceback=ctx.error.traceback.replace(f'"{ROOT}/', '"'))
 
 
 class InvoiceError(Exception):
@@ -82,9 +92,11 @@ async def main(seconds: float, out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
         queues = [
-            Queue(FileStorage(store), name="emails", handler=send_email, concurrency=8, max_attempts=2, retry_delay=0.5),
-            Queue(FileStorage(store), name="reports", handler=render_report, concurrency=3, max_attempts=1),
-            Queue(FileStorage(store), name="thumbnails", handler=thumbnail, concurrency=4),
+            Queue(FileStorage(store), name="emails", handler=send_email, concurrency=8, max_attempts=2, retry_delay=0.5,
+                  after_execution=relative_paths),
+            Queue(FileStorage(store), name="reports", handler=render_report, concurrency=3, max_attempts=1,
+                  after_execution=relative_paths),
+            Queue(FileStorage(store), name="thumbnails", handler=thumbnail, concurrency=4, after_execution=relative_paths),
         ]
         async with trio.open_nursery() as nursery:
             for q in queues:

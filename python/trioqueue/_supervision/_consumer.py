@@ -108,9 +108,11 @@ class Consumer:
         self.events = events
         self.observed = observed  # observers want each attempt's duration
         self.buffer: deque[Claim] = deque()
-        self.running: dict[str, str] = {}  # job id -> claim token
-        # cancel() requests (the executor honours them): the handlers' scopes by job id,
-        # and the jobs not to run
+        # claim token -> job id: by claim, for the same worker may hold two claims of one
+        # job (its lease ran out while the handler ran, and the job came back to it)
+        self.running: dict[str, str] = {}
+        # cancel() requests (the executor honours them): the handlers' scopes by claim
+        # token, and the jobs not to run
         self.scopes = executor.cancellations.scopes
         self.cancel_requests = executor.cancellations.requested
         self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel()
@@ -234,13 +236,15 @@ class Consumer:
         """``cancel()`` reached a job this worker holds: cancel its handler if it runs, or
         settle it as cancelled if it waits in the buffer; a job about to start checks
         ``cancel_requests``. A job already finished settles as it finished."""
-        if job_id not in self.running and not any(c.id == job_id for c in self.buffer):
+        running = [token for token, jid in self.running.items() if jid == job_id]
+        if not running and not any(c.id == job_id for c in self.buffer):
             return
         self.cancel_requests.add(job_id)
-        scope = self.scopes.get(job_id)
-        if scope is not None:
+        scopes = [scope for token in running if (scope := self.scopes.get(token)) is not None]
+        for scope in scopes:
             scope.cancel()
             self.spent_scopes.add(scope)
+        if scopes:
             return
         for claim in self.buffer:
             if claim.id == job_id:
@@ -255,7 +259,7 @@ class Consumer:
         cancelled claim, or by an earlier run of this worker id)."""
         q = self.q
         held = await self.storage.held_jobs(q.queue, q.worker_id)
-        busy = self.running.keys() | {s.id for s in self.pending}
+        busy = {*self.running.values(), *(s.id for s in self.pending)}
         orphans = [j for j in held if j not in busy]
         if orphans:
             # a buffered claim never reached a handler: one started at claim time gets its
@@ -396,7 +400,7 @@ class Consumer:
                 if buffer and not self.waking and self.work:
                     self._wake_worker()
                 job_id, _, _, token, started = claim
-                self.running[job_id] = token
+                self.running[token] = job_id
                 try:
                     if not started:
                         if start_nowait is not None:
@@ -414,7 +418,7 @@ class Consumer:
                     self.settle_wakeup.unpark()
                     raise esc.exc from None
                 finally:
-                    del self.running[job_id]
+                    del self.running[token]
                 claim = None
                 pending = self.pending
                 pending.append(settlement)
@@ -495,7 +499,7 @@ class Consumer:
         while True:
             await trio.sleep(interval)
             held = [
-                *self.running.items(),
+                *((job_id, token) for token, job_id in self.running.items()),
                 *((c.id, c.token) for c in self.buffer),
                 *((s.id, s.token) for s in self.pending),
             ]

@@ -109,7 +109,8 @@ class ExecutionSettings:
 class Cancellations:
     """The ``cancel()`` requests a worker received for jobs it holds, shared by its
     consumer (which receives them) and its executor (which honours them): ``requested``
-    ids (not to run; settled as cancelled), and the cancel scope of each running handler."""
+    ids (not to run; settled as cancelled), and the cancel scope of each running handler,
+    by its claim token."""
 
     requested: set[str] = field(default_factory=set)
     scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
@@ -247,7 +248,7 @@ class Executor:
             requests.discard(jid)
             return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
         scopes = self.cancellations.scopes
-        scopes[jid] = scope  # cancelled by a cancel() of this running job
+        scopes[token] = scope  # cancelled by a cancel() of this running job
         if observers:
             wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if attempts == 1 else None
             notify(observers, "job_started", q.queue, jid, attempts, wait)
@@ -277,7 +278,7 @@ class Executor:
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 escalate = exc
         finally:
-            scopes.pop(jid, None)
+            scopes.pop(token, None)
             if span is not None:
                 _tracing.end_job_span(span, raised)
         # (only observers and the failure log use the duration)
