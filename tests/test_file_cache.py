@@ -154,7 +154,7 @@ async def test_the_record_cache_sees_another_writers_change(
             if not generation:
                 no_generation(m)
             assert (await b.cancel("q", "x")).value == "cancelled"
-        assert await a.heartbeat("q", "wa", 30, [("x", c.token)], 30) == ["x"]
+        assert (await a.heartbeat("q", "wa", 30, [("x", c.token)], 30)).cancel_requested == ["x"]
         # And a settlement B made of A's claim is seen too: A's own settle is fenced.
         with monkeypatch.context() as m:
             if not generation:

@@ -152,7 +152,7 @@ async def test_cancel_request_on_a_running_job(storage: Storage, queue_name: str
         assert await storage.cancel(queue_name, "run") is CancelStatus.CANCELLED  # no second request
         rec = await storage.get_job(queue_name, "run")
         assert rec is not None and kind(rec.state) == "processing"  # until the holder settles
-        assert await storage.heartbeat(queue_name, W1, 30.0, [("run", c.token)], LEASE) == ["run"]
+        assert (await storage.heartbeat(queue_name, W1, 30.0, [("run", c.token)], LEASE)).cancel_requested == ["run"]
         cancel = Settlement(SettleKind.CANCEL, "run", b"", token=c.token)
         assert await storage.settle(queue_name, W1, [cancel]) == [True]
         assert await storage.settle(queue_name, W1, [cancel]) == [True]  # a retried call: no-op

@@ -12,13 +12,16 @@ from ._errors import TrioQueueError
 T = TypeVar("T")
 
 
-class _ProgressReporter(Protocol):
+class _RunningAttempt(Protocol):
     async def report_progress(self, job: Job[Any], value: Any) -> None: ...
+
+    def lease_deadline(self, job: Job[Any]) -> float | None: ...
 
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
-# ``_supervision._execution.Attempt``): what :meth:`Job.report_progress` reports to. ``None`` outside.
-CURRENT_ATTEMPT: ContextVar[_ProgressReporter | None] = ContextVar("trioqueue_attempt", default=None)
+# ``_supervision._execution.Attempt``): what :meth:`Job.report_progress` reports to and
+# :attr:`Job.lease_deadline` reads. ``None`` outside.
+CURRENT_ATTEMPT: ContextVar[_RunningAttempt | None] = ContextVar("trioqueue_attempt", default=None)
 
 
 class JobState(StrEnum):
@@ -140,6 +143,20 @@ class Job(NamedTuple, Generic[T]):
             raise TrioQueueError(f"report_progress for job {self.id!r} called outside that job's (async) handler")
         await attempt.report_progress(self, value)
 
+    @property
+    def lease_deadline(self) -> float | None:
+        """When this attempt's lease runs out unless its worker renews it, in seconds since
+        the epoch: the worker's own estimate, not a time read from the storage. The worker
+        measures it on its monotonic clock, from the start of the claim (or of the last
+        heartbeat call that renewed the lease) plus ``visibility_timeout``, and gives it
+        on this machine's wall clock, so the deadline the storage keeps is the same or
+        later (barring clock skew between this machine and a storage server). It moves
+        forward with each renewal; the worker cancels the handler itself once it is
+        within the queue's ``lease_margin`` and the lease was not renewed. ``None`` outside
+        this attempt's handler (and for a Job made by hand)."""
+        attempt = CURRENT_ATTEMPT.get()
+        return None if attempt is None else attempt.lease_deadline(self)
+
 
 @dataclass(slots=True)
 class ExecutionContext:
@@ -195,4 +212,5 @@ EVENT_NAMES = STORAGE_EVENT_NAMES | {
     "resync",
     "progress",
     "cancel_requested",
+    "lease_lost",
 }

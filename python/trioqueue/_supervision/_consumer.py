@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from time import perf_counter
+from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -15,6 +15,7 @@ from .._model import _validate as check
 from .._model._errors import StorageError, ValidationError
 from .._model._limits import RateLimit
 from ._execution import Attempt, Escalation, Executor, enter_worker
+from ._leases import LeaseKeeper
 from ..storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class ConsumerSettings:
     block_timeout: float
     visibility_timeout: float
     claim_limits: ClaimLimits | None = None
+    lease_margin: float | None = None  # seconds (see _leases.lease_margin); None: the default
 
 
 def claim_limits(rate_limit: Any, global_concurrency: Any) -> ClaimLimits | None:
@@ -76,7 +78,7 @@ class _StartBatch:
         self.ok: list[bool] = []
 
 
-class Consumer:
+class Consumer(LeaseKeeper):
     """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
     them in batches.
 
@@ -97,6 +99,9 @@ class Consumer:
     A worker whose handlers do not block runs job after job without a schedule point
     (see :meth:`_work`), and wakes at most one idle worker at a time for the claims left
     in the buffer; handlers that block spread over the workers as before.
+
+    Its heartbeat, the self-fencing of claims it could not renew and what a lost lease
+    does: :class:`~trioqueue._supervision._leases.LeaseKeeper`.
     """
 
     def __init__(
@@ -115,7 +120,8 @@ class Consumer:
         # token, and the jobs not to run
         self.scopes = executor.cancellations.scopes
         self.cancel_requests = executor.cancellations.requested
-        self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel()
+        self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel() or _lose()
+        self.init_leases(settings)
         self.pending: list[Settlement] = []
         self.held = 0
         self.limit = settings.concurrency + settings.prefetch
@@ -154,6 +160,7 @@ class Consumer:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self._heartbeat_loop)
+                nursery.start_soon(self._lease_watch)
                 nursery.start_soon(self._settle_loop)
                 nursery.start_soon(self._start_loop)
                 for _ in range(q.concurrency):
@@ -161,7 +168,7 @@ class Consumer:
                 nursery.start_soon(self._fetch_loop)
                 task_status.started()
                 await self.settled_all.wait()
-                nursery.cancel_scope.cancel()  # the heartbeat and the starter
+                nursery.cancel_scope.cancel()  # the heartbeat, the lease watch and the starter
         finally:
             # One cleanup for every way out. Graceful: everything is settled; give back
             # what a cancelled claim may have moved, then unregister. Forced (or a crash):
@@ -296,6 +303,7 @@ class Consumer:
                 if limits is not None:
                     start = want  # no prefetch: every claim has a worker
                 pauses = self.pauses
+                called = monotonic()
                 try:
                     claims = await self.storage.dequeue(
                         q.queue, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
@@ -318,6 +326,7 @@ class Consumer:
                 elif claims:
                     self.held += len(claims)
                     self.buffer.extend(claims)
+                    self._claimed(claims, called)
                     self._wake_worker()
         # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
         # gives such jobs back with its final reconcile, once the running ones are settled.
@@ -361,7 +370,7 @@ class Consumer:
             self.waking += 1
 
     async def _worker(self) -> None:
-        attempt = enter_worker(self.executor)
+        attempt = enter_worker(self.executor, self.leases)
         try:
             while await self._work(attempt):
                 pass  # a cancel() used the scope: the next jobs run under a new one
@@ -375,13 +384,14 @@ class Consumer:
         runs (see :meth:`Executor.execute`). Jobs whose handlers do not block run back to
         back for up to :data:`WORKER_SLICE` seconds between schedule points, checking for
         cancellation at least every :data:`CANCEL_CHECK` seconds. Returns ``True`` when a
-        ``cancel()`` used the scope (the caller starts a new one), ``False`` when the
-        worker is done (draining)."""
+        ``cancel()`` or a lost lease used the scope (the caller starts a new one),
+        ``False`` when the worker is done (draining)."""
         q = self.q
         buffer = self.buffer
         executor = self.executor
         start_nowait = self.start_nowait
         spent = self.spent_scopes
+        lost = self.lost
         claim: Claim | None = None
         began = 0.0
         with trio.CancelScope() as scope:
@@ -406,9 +416,12 @@ class Consumer:
                         if start_nowait is not None:
                             ok = start_nowait(q.queue, q.worker_id, job_id, token)
                         else:
-                            ok = await self._begin(claim)
+                            ok = await self._begin(claim) and not (lost and token in lost)
                         if not ok:
-                            self._unhold(1)  # the reaper took it back: not ours to run
+                            if lost and token in lost:
+                                self._drop_lost(job_id, token)
+                            else:
+                                self._unhold(1)  # the reaper took it back: not ours to run
                             claim = None
                             continue
                     began = perf_counter() if self.observed else 0.0  # for an attempt cancel() ends
@@ -420,10 +433,13 @@ class Consumer:
                 finally:
                     del self.running[token]
                 claim = None
-                pending = self.pending
-                pending.append(settlement)
-                if len(pending) == 1:  # else the settler was woken already (or runs)
-                    self.settle_wakeup.unpark()
+                if lost and token in lost:
+                    self._drop_lost(job_id, token)  # its lease is gone: nothing is stored
+                else:
+                    pending = self.pending
+                    pending.append(settlement)
+                    if len(pending) == 1:  # else the settler was woken already (or runs)
+                        self.settle_wakeup.unpark()
                 if spent and scope in spent:
                     spent.discard(scope)
                     return True  # a cancel() of the job that just ended: never reuse the scope
@@ -435,12 +451,15 @@ class Consumer:
                 elif now >= check_at:
                     await trio.lowlevel.checkpoint_if_cancelled()
                     check_at = now + CANCEL_CHECK
-        # Only a cancel() of the running job cancels the scope: it caught that job's
-        # Cancelled (a forced stop's goes through).
+        # Only a cancel() of the running job, or the loss of its lease, cancels the scope:
+        # it caught that job's Cancelled (a forced stop's goes through).
         spent.discard(scope)
         if claim is not None:
-            self.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
-            self.settle_wakeup.unpark()
+            if claim.token in lost:
+                self._drop_lost(claim.id, claim.token)
+            else:
+                self.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
+                self.settle_wakeup.unpark()
         return True
 
     def _pace_ahead(self) -> int:
@@ -492,23 +511,3 @@ class Consumer:
             backoff = RETRY_BACKOFF[0]
             self._paced(len(batch))
             self._unhold(len(batch))
-
-    async def _heartbeat_loop(self) -> None:
-        q = self.q
-        interval = q.visibility_timeout / 3
-        while True:
-            await trio.sleep(interval)
-            held = [
-                *((job_id, token) for token, job_id in self.running.items()),
-                *((c.id, c.token) for c in self.buffer),
-                *((s.id, s.token) for s in self.pending),
-            ]
-            try:
-                requested = await self.storage.heartbeat(
-                    q.queue, q.worker_id, q.visibility_timeout, held, q.visibility_timeout
-                )
-            except Exception as exc:
-                self.events.emit("error", error=exc, where="heartbeat")
-                continue
-            for job_id in requested or ():
-                self.request_cancel(job_id)

@@ -24,6 +24,7 @@ from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
 from .._model._outcomes import RateLimited, Retry, UnrecoverableError
 from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
+from ._leases import Leases
 from ._observers import QueueObserver, notify
 from .._model._serde import Serde, encode_error
 from ..storage._base import Claim, Settlement, SettleKind, Storage
@@ -50,19 +51,31 @@ __all__ = [
 
 
 class Attempt:
-    """The attempt a worker task is running an async handler for, as
-    :meth:`Job.report_progress` finds it (``CURRENT_ATTEMPT``): one per worker task, put
+    """The attempt a worker task is running a handler for, as :meth:`Job.report_progress`
+    and :attr:`Job.lease_deadline` find it (``CURRENT_ATTEMPT``): one per worker task, put
     in the task's context once (:func:`enter_worker`) and filled in for each job while its
     handler runs (a context variable set and reset per job costs more than a noop
-    handler). Tasks the handler starts inherit it; ``job`` is ``None`` between handlers,
-    so a task that outlives its handler cannot report for the next job."""
+    handler). Tasks the handler starts inherit it; ``job`` (an async handler's) and
+    ``thread_job`` (a sync handler's, which may read its lease but not report progress)
+    are ``None`` between handlers, so a task that outlives its handler cannot report for
+    the next job. ``leases`` are the worker's lease estimates (``None``: not tracked)."""
 
-    __slots__ = ("executor", "job", "token")
+    __slots__ = ("executor", "job", "leases", "thread_job", "token")
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, leases: Leases | None = None) -> None:
         self.executor = executor
+        self.leases = leases
         self.job: Job[Any] | None = None
-        self.token = ""  # the claim token of ``job``'s attempt
+        self.thread_job: Job[Any] | None = None
+        self.token = ""  # the claim token of ``job``'s (or ``thread_job``'s) attempt
+
+    def lease_deadline(self, job: Job[Any]) -> float | None:
+        """:attr:`Job.lease_deadline`: the worker's estimate of the lease deadline of
+        ``job``'s attempt (seconds since the epoch), if it is the one this task runs."""
+        current = self.job if self.job is not None else self.thread_job
+        if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
+            return None
+        return None if self.leases is None else self.leases.epoch(self.token)
 
     async def report_progress(self, job: Job[Any], value: Any) -> None:
         """:meth:`Job.report_progress`: store and announce the progress of the running
@@ -73,9 +86,9 @@ class Attempt:
         await self.executor.report_progress(current.id, self.token, value)
 
 
-def enter_worker(executor: Executor) -> Attempt:
+def enter_worker(executor: Executor, leases: Leases | None = None) -> Attempt:
     """Called by each worker task, once: its :class:`Attempt`, made current in its context."""
-    attempt = Attempt(executor)
+    attempt = Attempt(executor, leases)
     CURRENT_ATTEMPT.set(attempt)
     return attempt
 
@@ -201,7 +214,11 @@ class Executor:
                 return await handler(job)
             finally:
                 attempt.job = None
-        result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
+        attempt.thread_job, attempt.token = job, token
+        try:
+            result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
+        finally:
+            attempt.thread_job = None
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -215,9 +232,10 @@ class Executor:
 
         ``scope`` is the calling worker's cancel scope (entered by the worker, lived across
         many jobs: a scope per job costs more than a noop handler). It is registered as
-        this job's while its handler runs, so a ``cancel()`` of the running job cancels it;
-        the ``Cancelled`` then escapes from here, the worker's scope catches it and the
-        worker settles the job with :meth:`cancelled` (a cancelled scope is never reused).
+        this job's while its handler runs, so a ``cancel()`` of the running job (or the
+        loss of its lease) cancels it; the ``Cancelled`` then escapes from here, the
+        worker's scope catches it and the worker settles the job with :meth:`cancelled`
+        (for a lost lease it stores nothing); a cancelled scope is never reused.
         ``attempt`` is the worker's (:func:`enter_worker`).
         """
         q = self.settings

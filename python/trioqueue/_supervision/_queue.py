@@ -32,6 +32,7 @@ from .._model._limits import RateLimit
 from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
 from ._registry import QueueAdmin
 from ._waiters import Waiters, terminal_from_record
+from ._leases import lease_margin as resolve_lease_margin
 from ._execution import (
     AfterExecution,
     Cancellations,
@@ -96,6 +97,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     nursery for a forced stop or call :meth:`stop` for a graceful one.
 
     All durations are seconds. ``name`` isolates this queue's jobs within the storage.
+    A worker renews the leases of its claims (``visibility_timeout``) with a heartbeat
+    every fifth of it; a claim it could not renew is given up (its handler cancelled, a
+    ``lease_lost`` event emitted) ``lease_margin`` seconds before its lease runs out
+    (``None``: two heartbeat intervals, ``2 * visibility_timeout / 5``; it must be less
+    than ``visibility_timeout`` minus one interval), and so is one the storage took away.
     A failed attempt is retried after ``retry_delay`` while attempts remain, unless the
     handler raised :class:`UnrecoverableError` or ``retry_if(exc)`` returned false (fail
     now); :class:`Retry` asks for a retry after its own delay.
@@ -123,6 +129,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         retry_if: RetryIf | None = None,
         rate_limit: RateLimit | None = None,
         global_concurrency: int | None = None,
+        lease_margin: float | None = None,
     ) -> None:
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
@@ -135,6 +142,8 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self.job_timeout = None if job_timeout is None else check.seconds("job_timeout", job_timeout)
         self.block_timeout = check.seconds("block_timeout", block_timeout)
         self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
+        # A claim this worker could not renew is given up this long before its lease runs out.
+        self.lease_margin = resolve_lease_margin(lease_margin, self.visibility_timeout)
         self.result_ttl = check.seconds("result_ttl", result_ttl)
         self.prefetch = self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
         # Queue-wide flow control, enforced by the storage at claim time (see ClaimLimits);
@@ -227,7 +236,9 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         """Call ``callback(event)`` (sync or async) for each event ``name``; usable as a
         decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``,
         ``failed``, ``failing``, ``requeued``, ``cancelled``, ``stalled``,
-        ``leadership_acquired``, ``leadership_lost``, ``resync``. Job events come from the
+        ``leadership_acquired``, ``leadership_lost``, ``resync``, ``lease_lost`` (this
+        worker gave up a claim: ``data`` has ``worker_id`` and ``why``, one of
+        ``recovered``, ``cancelled``, ``fenced`` or ``expired``; see :data:`EVENT_NAMES`). Job events come from the
         storage's event stream, so a producer also sees completions done by other workers.
         ``resync`` (no job id) says the stream may have lost events (a reconnect, a log
         rotation): a subscriber tracking jobs re-reads their status (``get_status``);
@@ -371,6 +382,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             self.block_timeout,
             self.visibility_timeout,
             self._claim_limits,
+            self.lease_margin,
         )
         return Consumer(settings, self.storage, executor, self._events, observed=bool(self._observers))
 

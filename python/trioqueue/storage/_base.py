@@ -240,11 +240,22 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
-    ) -> list[str]:
+    ) -> HeartbeatReply:
         """Register/refresh a live worker for ``ttl`` seconds and extend to ``now + lease``
         the leases of its claims ``(job_id, claim_token)`` that it still holds under that
-        claim (others are left alone). Returns the ids among them that have a cancel
-        request (see :meth:`cancel`), so a worker that missed the event still learns it."""
+        claim (others are left alone), in one atomic step. Returns a
+        :class:`HeartbeatReply`:
+
+        - ``cancel_requested``: the ids among the held claims whose job has a cancel
+          request (see :meth:`cancel`), so a worker that missed the event still learns it;
+        - ``lost``: a :class:`LostClaim` ``(job_id, claim_token, why)`` for each claim
+          passed that the worker no longer holds: ``fenced``, the job is processing
+          under another claim (of any worker, this one included); ``cancelled``, the job
+          ended cancelled (a cancel request ended the claim); ``recovered``, anything
+          else: the reaper put it back or failed it, it was released, or it is
+          forgotten. A claim that itself settled the job (its settlement landed first)
+          is not lost and not listed. The worker cancels the handlers of lost claims:
+          their outcome would be fenced."""
 
     @abc.abstractmethod
     async def unregister_worker(self, queue: str, worker_id: str) -> None:

@@ -20,11 +20,15 @@ __all__ = [
     "EnqueueOutcome",
     "FAILED",
     "FAILING",
+    "FENCED",
+    "HeartbeatReply",
     "JobRecord",
+    "LostClaim",
     "NOTICE_KINDS",
     "NewJob",
     "PROCESSING",
     "QUEUED",
+    "RECOVERED",
     "STATE_KINDS",
     "SettleKind",
     "Settlement",
@@ -32,6 +36,7 @@ __all__ = [
     "TERMINAL_KINDS",
     "check_active_kind",
     "check_state_kind",
+    "lost_why",
     "select_events",
     "ttl_update_status",
     "wanted_kinds",
@@ -136,6 +141,46 @@ class Claim(NamedTuple):
     attempts: int
     token: str = ""
     started: bool = True
+
+
+# Why a worker no longer holds a claim (:attr:`LostClaim.why`; see :meth:`Storage.heartbeat`):
+# the reaper took the job back (queued again, or failed for good) or it was released: the
+# claim is gone; the job ended ``cancelled`` (CANCELLED, the state kind); another claim holds
+# the job now. (A worker adds ``expired`` of its own: it could not renew the lease in time.)
+RECOVERED = "recovered"
+FENCED = "fenced"
+
+
+def lost_why(kind: str | None, claim: str | None, token: str) -> str | None:
+    """Why claim ``token`` is no longer held, for a backend's :meth:`Storage.heartbeat`,
+    given the job's state kind (``None``: unknown id) and its current (or last settled)
+    claim token ``claim``; ``None`` when that very claim settled the job (a settlement
+    that landed while the heartbeat was under way: not a loss)."""
+    if kind == PROCESSING:
+        return FENCED
+    if claim == token:
+        return None
+    return CANCELLED if kind == CANCELLED else RECOVERED
+
+
+class LostClaim(NamedTuple):
+    """A claim ``(id, token)`` passed to :meth:`Storage.heartbeat` that its worker no longer
+    holds, and ``why``: ``recovered`` (the reaper put the job back or failed it, it was
+    released, or it is forgotten), ``cancelled`` (the job ended cancelled) or ``fenced``
+    (another claim holds the job)."""
+
+    id: str
+    token: str
+    why: str
+
+
+class HeartbeatReply(NamedTuple):
+    """What :meth:`Storage.heartbeat` tells the worker of the claims it passed:
+    ``cancel_requested``, the ids of held claims whose job has a cancel request; ``lost``,
+    the claims it no longer holds (their leases were not renewed)."""
+
+    cancel_requested: list[str]
+    lost: list[LostClaim]
 
 
 class SettleKind(StrEnum):

@@ -18,9 +18,12 @@ from ..._model._types import DEFAULT_PRIORITY
 from .._base import (
     Claim,
     ClaimLimits,
+    HeartbeatReply,
+    LostClaim,
     SettleKind,
     Settlement,
     StorageEvent,
+    lost_why,
 )
 from ._fsutil import (
     Rec,
@@ -419,7 +422,7 @@ class ClaimOps(FileBase):
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
-    ) -> list[str]:
+    ) -> HeartbeatReply:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         now = time.time()
@@ -431,7 +434,7 @@ class ClaimOps(FileBase):
         except FileNotFoundError:
             os.close(os.open(wpath, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
             os.utime(wpath, (exp, exp))
-        requested: list[str] = []
+        reply = HeartbeatReply([], [])
         if claims:
             # The lease lives in the processing record: one new segment for all of them.
             pdir = os.path.join(q.proc, enc_w)
@@ -440,16 +443,22 @@ class ClaimOps(FileBase):
             async with self._alock(q):
                 for job_id, token in claims:
                     found = self._held(q, pdir, worker_id, job_id, token)
-                    if found is None or found[0] in items:
+                    if found is None:
+                        known = self._read(q, encode_name(job_id))  # (None: forgotten)
+                        kind, claim = (None, None) if known is None else (known.kind, known.claim)
+                        if (why := lost_why(kind, claim, token)) is not None:
+                            reply.lost.append(LostClaim(job_id, token, why))
+                        continue
+                    if found[0] in items:
                         continue
                     enc, r = found
                     r.lease = deadline
                     items[enc] = r
                     if r.cancel_requested:
-                        requested.append(job_id)
+                        reply.cancel_requested.append(job_id)
                 self._commit(q, items, None)
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return requested
+        return reply
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -1,5 +1,5 @@
-"""MemoryStorage's queue controls kept apart from its job paths: the worker registry,
-progress, stored schedules, pause/resume and the reapers' leader locks (each one step under
+"""MemoryStorage's queue controls kept apart from its job paths: the worker registry and
+its heartbeats, progress, stored schedules, pause/resume and the reapers' leader locks (each one step under
 the storage's lock, like everything else)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import trio
 
-from .._base import EnqueueOutcome, NewJob, Storage, StorageEvent
+from .._base import EnqueueOutcome, HeartbeatReply, LostClaim, NewJob, Storage, StorageEvent, lost_why
 from ._parts import _Q
 
 __all__ = ["MemoryControl"]
@@ -33,6 +33,30 @@ class MemoryControl(Storage):
 
     def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
         raise NotImplementedError
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> HeartbeatReply:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        reply = HeartbeatReply([], [])
+        with self._lock:
+            q = self._q(queue)
+            q.workers[worker_id] = now + ttl
+            proc = q.processing.get(worker_id, {})
+            for job_id, token in claims:
+                rec = proc.get(job_id)
+                if rec is not None and rec.claim == token:
+                    rec.lease_deadline = now + lease
+                    if rec.cancel_requested:
+                        reply.cancel_requested.append(job_id)
+                    continue
+                known = q.jobs.get(job_id)  # (None: forgotten)
+                kind, claim = (None, None) if known is None else (known.kind, known.claim)
+                if (why := lost_why(kind, claim, token)) is not None:
+                    reply.lost.append(LostClaim(job_id, token, why))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return reply
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -484,25 +484,6 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             rec.attempts += 1
         return True
 
-    async def heartbeat(
-        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
-    ) -> list[str]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
-        requested: list[str] = []
-        with self._lock:
-            q = self._q(queue)
-            q.workers[worker_id] = now + ttl
-            proc = q.processing.get(worker_id, {})
-            for job_id, token in claims:
-                rec = proc.get(job_id)
-                if rec is not None and rec.claim == token:
-                    rec.lease_deadline = now + lease
-                    if rec.cancel_requested:
-                        requested.append(job_id)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return requested
-
     # -- reaper ------------------------------------------------------------------------
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:

@@ -31,7 +31,19 @@ import trio
 from ..._model._errors import StorageError
 from ..._model._types import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
-from .._base import Claim, ClaimLimits, EnqueueOutcome, JobRecord, NewJob, Settlement, SettleKind, Storage, StorageEvent
+from .._base import (
+    Claim,
+    ClaimLimits,
+    EnqueueOutcome,
+    HeartbeatReply,
+    JobRecord,
+    LostClaim,
+    NewJob,
+    Settlement,
+    SettleKind,
+    Storage,
+    StorageEvent,
+)
 from ._coalesce import Coalescer, Slot
 from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
@@ -455,12 +467,16 @@ class RedisStorage(RedisEvents, RedisControl, RedisAdmin, Storage):
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
-    ) -> list[str]:
+    ) -> HeartbeatReply:
         await trio.lowlevel.checkpoint_if_cancelled()
         args: list[Any] = [worker_id, str(_ms(ttl)), str(_ms(lease))]
         for job_id, token in claims:
             args += [job_id, token]
-        return [_text(x) for x in await self._run("heartbeat", queue, args)]
+        requested, lost = await self._run("heartbeat", queue, args)
+        return HeartbeatReply(
+            [_text(x) for x in requested or ()],
+            [LostClaim(_text(lost[i]), _text(lost[i + 1]), _text(lost[i + 2])) for i in range(0, len(lost or ()), 3)],
+        )
 
     # -- reaper ------------------------------------------------------------------------
 
