@@ -61,6 +61,9 @@ class JsonSerde:
         self._decoder = decoder.decode
         self._scan = decoder.scan_once  # type: ignore[attr-defined]  # its own scanner (C)
 
+    def __reduce__(self) -> tuple[type[JsonSerde], tuple[()]]:
+        return (JsonSerde, ())  # pickled as a fresh one (a process pool's handlers get it)
+
     def dumps(self, value: Any, /) -> bytes:
         if value is None:
             return b"null"  # the common result of a handler: skip the encoder

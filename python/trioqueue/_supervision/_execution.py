@@ -26,6 +26,7 @@ from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
 from ._leases import Leases
 from ._observers import QueueObserver, notify
+from ._pool import Encoded, HandlerProcessError, ProcessPool
 from .._model._serde import Serde, encode_error
 from ..storage._base import Claim, Settlement, SettleKind, Storage
 
@@ -116,6 +117,7 @@ class ExecutionSettings:
     retry_delay: Callable[[int], float]  # the queue's policy: seconds before the retry after attempt n
     retry_if: RetryIf | None = None
     after_execution: AfterExecution | None = None
+    pool: ProcessPool | None = None  # executor="process": the sync handler runs there
 
 
 @dataclass(slots=True)
@@ -142,6 +144,8 @@ class Escalation(BaseException):
 
 def job_error(exc: BaseException) -> JobError:
     """The storable form of an exception: type, message, formatted traceback."""
+    if isinstance(exc, HandlerProcessError):
+        return exc.error  # raised in a pool process, and not picklable: its text crossed
     return JobError(
         type(exc).__qualname__,
         str(exc),
@@ -205,7 +209,9 @@ class Executor:
         self.observers = observers
         self.cancellations = cancellations
 
-    async def call_handler(self, job: Job[Any], token: str, attempt: Attempt) -> Any:
+    async def call_handler(self, job: Job[Any], token: str, attempt: Attempt, payload: bytes = b"") -> Any:
+        """The handler's result for ``job`` (``payload``: its encoded payload, which
+        crosses to a process pool's handler; its result comes back :class:`Encoded`)."""
         q = self.settings
         handler = q.handler
         if q.handler_is_async:
@@ -214,6 +220,8 @@ class Executor:
                 return await handler(job)
             finally:
                 attempt.job = None
+        if q.pool is not None:
+            return await q.pool.run(job, payload)
         attempt.thread_job, attempt.token = job, token
         try:
             result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)
@@ -281,10 +289,10 @@ class Executor:
                     finally:
                         attempt.job = None
                 else:
-                    result = await self.call_handler(job, token, attempt)
+                    result = await self.call_handler(job, token, attempt, raw)
             else:
                 with trio.move_on_after(timeout) as timer:
-                    result = await self.call_handler(job, token, attempt)
+                    result = await self.call_handler(job, token, attempt, raw)
                 if timer.cancelled_caught:
                     raised = JobTimeoutError(jid, timeout)
         except Exception as exc:
@@ -305,7 +313,9 @@ class Executor:
             requests.discard(jid)
             return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
         settlement = None
-        if raised is None and q.after_execution is None:  # settlement()'s common case, inline
+        if raised is None and q.after_execution is None and q.pool is not None:
+            settlement = _new(Settlement, (_COMPLETE, jid, result.data, ttl, 0.0, token))  # encoded by the pool
+        elif raised is None and q.after_execution is None:  # settlement()'s common case, inline
             serde = q.result_serde
             try:
                 data = serde.dumps(result)
@@ -404,6 +414,12 @@ class Executor:
             if delay is not None:
                 return Settlement(SettleKind.RETRY, jid, encode_error(error), delay=delay, token=token)
         if after is not None:
+            if error is None and isinstance(result, Encoded):  # the hook sees the value
+                try:
+                    result = self.settings.result_serde.loads(result.data)
+                except Exception as exc:
+                    self.events.emit("error", jid, error=exc, where="after_execution (decoding the result)")
+                    return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
             ctx = ExecutionContext(job, result if error is None else None, error, ttl)
             try:
                 ret = after(ctx)
@@ -419,6 +435,8 @@ class Executor:
         return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
 
     def dump_result(self, job_id: str, result: Any) -> bytes:
+        if isinstance(result, Encoded):
+            return result.data
         return encode_value(self.settings.result_serde, result, "result of job", TrioQueueError, job_id)
 
     async def report_progress(self, job_id: str, token: str, value: Any) -> None:

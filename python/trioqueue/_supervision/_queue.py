@@ -10,8 +10,9 @@ import time
 import uuid
 from itertools import count
 from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
 import trio
 
@@ -51,6 +52,7 @@ from .._model._types import (
     JobState,
 )
 from ._observers import QueueObserver, notify
+from ._pool import ProcessPool, check_executor, check_process_handler
 from ._reaper import LeaderElection, Reaper
 from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
 from .._model._serde import JsonSerde, Serde
@@ -105,6 +107,14 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     A failed attempt is retried after ``retry_delay`` while attempts remain, unless the
     handler raised :class:`UnrecoverableError` or ``retry_if(exc)`` returned false (fail
     now); :class:`Retry` asks for a retry after its own delay.
+
+    ``executor``: where a sync handler runs, ``"thread"`` (a worker thread) or
+    ``"process"``: a pool of ``processes`` processes of its own (default: ``concurrency``),
+    for CPU-bound handlers. A process handler needs ``trioqueue[process]`` (trio-parallel),
+    must be a module-level function (it crosses by reference), with picklable serdes; the
+    payload crosses as its stored bytes and the result as the bytes of the result serde;
+    ``job_timeout``, ``cancel()``, a lost lease and a forced stop kill its process; it
+    cannot report progress (:meth:`Job.report_progress` raises).
     """
 
     def __init__(
@@ -130,6 +140,8 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         rate_limit: RateLimit | None = None,
         global_concurrency: int | None = None,
         lease_margin: float | None = None,
+        executor: Literal["thread", "process"] = "thread",
+        processes: int | None = None,
     ) -> None:
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
@@ -137,6 +149,10 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         self.storage = storage
         self.name = check.job_id(name, "name") if name is not None else "default"
         self.concurrency = check.positive_int("concurrency", concurrency)
+        processes = check_executor(executor, processes)
+        self.executor = executor
+        # the size of the process pool (executor="process"), else None
+        self.processes = None if executor == "thread" else processes or self.concurrency
         self.worker_id = check.job_id(worker_id, "worker_id") if worker_id is not None else default_worker_id()
         self.max_attempts = check.positive_int("max_attempts", max_attempts)
         self.job_timeout = None if job_timeout is None else check.seconds("job_timeout", job_timeout)
@@ -219,17 +235,20 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     def execute(self, fn: Handler | None = None) -> Handler | Callable[[Handler], Handler]:
         """Register the job handler; usable as ``@queue.execute``. An ``async def`` handler
         runs in the queue's nursery; a plain function runs in a worker thread (it cannot be
-        interrupted, so a ``job_timeout`` only abandons it)."""
+        interrupted, so a ``job_timeout`` only abandons it), or with ``executor="process"``
+        in a pool process (a picklable module-level function; a ``job_timeout`` kills it)."""
         if fn is None:
             return self.execute
         if not callable(fn):
             raise ValidationError(f"handler must be callable, got {fn!r}")
         if self._running:
             raise TrioQueueError("set the handler before the queue starts")
-        self._handler = fn
-        self._handler_is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
         )
+        if self.executor == "process":
+            check_process_handler(fn, is_async, self.payload_serde, self.result_serde)
+        self._handler, self._handler_is_async = fn, is_async
         return fn
 
     def on(self, name: str, callback: EventCallback | None = None) -> Any:
@@ -320,14 +339,14 @@ class Queue(QueueAdmin[P], Generic[P, R]):
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         await self.storage.open()
         try:
-            async with trio.open_nursery() as nursery:
+            async with self._open_pool() as pool, trio.open_nursery() as nursery:
                 nursery.start_soon(self.storage.watchdog)
                 await nursery.start(self._events.run)
                 self._listener.consumes = self._handler is not None
                 await nursery.start(self._listener.run)
                 consumer = None
                 if self._handler is not None:
-                    consumer = self._consumer = self._listener.consumer = self._new_consumer(self._handler)
+                    consumer = self._consumer = self._listener.consumer = self._new_consumer(self._handler, pool)
                     await nursery.start(consumer.run)
                     if self._use_reaper:
                         reaper = Reaper(
@@ -358,7 +377,14 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             with trio.CancelScope(shield=True):
                 await self.storage.aclose()
 
-    def _new_consumer(self, handler: Handler) -> Consumer:
+    def _open_pool(self) -> AbstractAsyncContextManager[ProcessPool | None]:
+        """The process pool of a running consumer with ``executor="process"`` (closed
+        after its handlers end), else nothing."""
+        if self.processes is None or self._handler is None:
+            return nullcontext(None)
+        return ProcessPool(self.processes, self._handler, self.payload_serde, self.result_serde).open()
+
+    def _new_consumer(self, handler: Handler, pool: ProcessPool | None) -> Consumer:
         """The worker of a queue with a handler, with its executor."""
         execution = ExecutionSettings(
             self.name,
@@ -372,6 +398,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             self._retry_delay,
             self._retry_if,
             self._after_execution,
+            pool,
         )
         executor = Executor(execution, self.storage, self._events, self._observers, Cancellations())
         settings = ConsumerSettings(

@@ -37,13 +37,21 @@ def _parser() -> Parser:
         help="run the Queues of an application until SIGINT/SIGTERM",
         description="Import each QUEUE (module:attribute: a Queue, or a factory returning one) and "
         "run it. The first SIGINT/SIGTERM stops gracefully (running jobs finish; exit 0), a second "
-        "forces the stop (running jobs go back to their queue; exit 130).",
+        "forces the stop (running jobs go back to their queue; exit 130). With --processes N, a "
+        "supervisor runs N worker processes, restarts one that dies and forwards the signals.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     worker.add_argument("queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue")
     worker.add_argument("--storage", default=None, help="storage URL replacing the Queues' own")
     worker.add_argument("--concurrency", type=positive_int, default=None, help="handlers at once, per queue")
     worker.add_argument("--name", default=None, help="queue name replacing the Queue's own (one QUEUE only)")
+    worker.add_argument(
+        "--processes",
+        type=positive_int,
+        default=1,
+        help="worker processes, run by a supervisor that restarts one that dies (1: this process serves)",
+    )
+    worker.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)  # a worker of --processes
     worker.add_argument(
         "--log-level",
         default="INFO",
@@ -56,7 +64,8 @@ def _parser() -> Parser:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics on this port (0: any free port, logged); needs trioqueue[metrics]",
+        help="serve Prometheus metrics on this port (0: any free port, logged; with --processes N, worker i "
+        "serves on this port + i); needs trioqueue[metrics]",
     )
     worker.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics server binds")
     worker.add_argument(
@@ -102,9 +111,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "worker":
         if args.name is not None and len(args.queues) > 1:
             parser.exit(EXIT_USAGE, "trioqueue worker: error: --name applies to one QUEUE, got several (see --help)\n")
+        if args.processes > 1 and sys.platform == "win32":
+            parser.exit(EXIT_USAGE, "trioqueue worker: error: --processes needs a POSIX system (see --help)\n")
+        if args.processes > 1 and args.metrics_port and args.metrics_port + args.processes - 1 > 65535:
+            parser.exit(
+                EXIT_USAGE, "trioqueue worker: error: --metrics-port + --processes goes past port 65535 (see --help)\n"
+            )
         from ._worker import configure_logging
 
         configure_logging(args.log_level, args.log_format)
+        if args.processes > 1 and not args.supervised:
+            from ._supervisor import supervise, worker_commands
+
+            return run_command(lambda: trio.run(supervise, worker_commands(args)), debug=args.debug)
         return run_command(lambda: trio.run(_worker_command, args), debug=args.debug)
     if args.command == "dashboard":
         from ._dashboard import dashboard_command
@@ -133,9 +152,14 @@ async def _worker_command(args: argparse.Namespace) -> int:
         if args.name is not None:
             changes["name"] = args.name
         queues.append(queue.copy(**changes) if changes else queue)
+    link = None
+    if args.supervised:
+        from ._supervisor import ParentLink
+
+        link = ParentLink()
     if args.metrics_port is None:
-        return await serve(queues)
+        return await serve(queues, link=link)
     from ._worker import MetricsServer
 
     metrics = MetricsServer(queues, args.metrics_host, args.metrics_port, refresh_interval=args.metrics_refresh)
-    return await serve(queues, metrics=metrics)
+    return await serve(queues, metrics=metrics, link=link)

@@ -14,14 +14,14 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from .._model._errors import TrioQueueError, ValidationError
 from .._supervision._queue import Queue
 
-__all__ = ["JsonFormatter", "MetricsServer", "configure_logging", "load_queue", "serve"]
+__all__ = ["JsonFormatter", "MetricsServer", "SupervisorLink", "configure_logging", "load_queue", "serve"]
 
 logger = logging.getLogger("trioqueue.worker")
 
@@ -88,32 +88,56 @@ class MetricsServer:
                 await trio.to_thread.run_sync(thread.join)
 
 
-async def serve(queues: Sequence[Queue[Any, Any]], *, metrics: MetricsServer | None = None) -> int:
+class SupervisorLink(Protocol):
+    """What a worker started by ``trioqueue worker --processes N`` tells its supervisor
+    and hears from it (:class:`trioqueue.cli._supervisor.ParentLink`)."""
+
+    async def ready(self) -> None:
+        """Tell the supervisor the worker serves its queues."""
+
+    async def receive(self) -> tuple[str, str] | None:
+        """The supervisor's next request, ``("stop" | "force", signal name)`` (a signal it
+        forwards), or ``None`` once it is gone (it never leaves its workers running)."""
+
+
+async def serve(
+    queues: Sequence[Queue[Any, Any]], *, metrics: MetricsServer | None = None, link: SupervisorLink | None = None
+) -> int:
     """Run ``queues`` until a signal stops them; the exit code (0 graceful, 130 forced).
-    ``metrics``: serve their metrics while they run."""
+    ``metrics``: serve their metrics while they run. ``link``: the worker's supervisor,
+    told when the queues serve, whose requests count as signals; if it goes away, the
+    worker forces its stop."""
     forced = False
+    stopping = False
     with trio.open_signal_receiver(*_SIGNALS) as signals:
         async with trio.open_nursery() as outer:
 
+            def stop(why: str, force: bool, running: trio.Nursery) -> None:
+                """A stop request (``why``: what came); the first is graceful unless ``force``."""
+                nonlocal forced, stopping
+                if not force and not stopping:
+                    logger.info(
+                        "%s: stopping gracefully (running jobs finish, prefetched ones go back); send it again to force",
+                        why,
+                    )
+                    for q in queues:
+                        q.stop()
+                elif not forced:
+                    logger.warning("%s: forcing the stop (running jobs go back to the queue)", why)
+                    forced = True
+                    running.cancel_scope.cancel()
+                stopping = True
+
             async def watch(running: trio.Nursery) -> None:
-                nonlocal forced
-                seen = 0
                 async for signum in signals:
-                    seen += 1
                     name = signal.Signals(signum).name
-                    if seen == 1:
-                        logger.info(
-                            "received %s: stopping gracefully (running jobs finish, prefetched ones go back); "
-                            "send it again to force",
-                            name,
-                        )
-                        for q in queues:
-                            q.stop()
-                    else:
-                        logger.warning("received %s again: forcing the stop (running jobs go back to the queue)", name)
-                        forced = True
-                        running.cancel_scope.cancel()
-                        return
+                    stop(f"received {name} again" if stopping else f"received {name}", stopping, running)
+
+            async def follow(link: SupervisorLink, running: trio.Nursery) -> None:
+                while (request := await link.receive()) is not None:
+                    what, name = request
+                    stop(f"received {name} from the supervisor", what == "force" or stopping, running)
+                stop("the supervisor is gone", True, running)
 
             async with trio.open_nursery() as running:
                 for q in queues:
@@ -124,6 +148,9 @@ async def serve(queues: Sequence[Queue[Any, Any]], *, metrics: MetricsServer | N
                 if metrics is not None:
                     await outer.start(metrics.run)  # ends with the queues (outer is cancelled)
                 outer.start_soon(watch, running)
+                if link is not None:
+                    outer.start_soon(follow, link, running)
+                    await link.ready()
             outer.cancel_scope.cancel()
     logger.info("worker stopped%s", " (forced)" if forced else "")
     return 130 if forced else 0
