@@ -1,7 +1,8 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
-The tests are the ones of tests/test_storage*.py and tests/test_priorities.py, imported here; this module's ``storage``
-fixture overrides the parametrised one so they run once, on the cluster.
+The tests are the ones of tests/test_storage*.py, test_priorities.py, test_lease_loss.py,
+test_pause.py and more, imported here; this module's ``storage`` fixture overrides the
+parametrised one so they run once, on the cluster.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from test_admin import *  # noqa: E402,F403 - and those of job listing and admin
 from test_flow_control import *  # noqa: E402,F403 - flow control (rate limit, concurrency)
 from test_metrics import test_storage_oldest_per_non_terminal_state  # noqa: E402,F401 - Storage.oldest
 from test_priorities import *  # noqa: E402,F403 - and those of job priorities
+from test_lease_loss import *  # noqa: E402,F403 - lost leases cancel their handlers (issue 24)
+from test_pause import *  # noqa: E402,F403 - a pause that pauses
+from test_wakeups import test_the_reaper_promotes_a_delayed_job_on_time_with_no_consumer  # noqa: E402,F401
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
