@@ -14,45 +14,78 @@ import trio
 import trio.testing
 
 from trioqueue import Job, JobState, Queue, Storage, ValidationError
-from trioqueue.storage import LostClaim, Settlement, SettleKind
+from trioqueue.storage import Claim, LostClaim, Settlement, SettleKind
 from trioqueue.testing import FaultPlan, FaultyStorage
 
 from storage_helpers import LEASE, W1, W2, job
 from support import Recorder
 
 
-async def test_one_worker_holding_two_claims_of_one_job_survives_both_ending(storage: Storage, queue_name: str) -> None:
-    """Heartbeats fail while the first attempt runs: its lease runs out, the reaper puts
-    the job back and the same worker (concurrency 2) claims it again. The second attempt
-    completes, then the first ends (it shields itself from the worker giving its claim
-    up); the worker used to crash there (KeyError: running handlers were keyed by job id,
-    not by claim)."""
-    faulty = FaultyStorage(storage, FaultPlan(fail_before=1.0, methods=frozenset({"heartbeat"})))
+async def test_one_worker_holding_two_claims_of_one_job_runs_them_one_after_the_other(
+    storage: Storage, queue_name: str
+) -> None:
+    """Heartbeats fail while the first attempt runs: the worker gives its claim up, the
+    reaper puts the job back and the same worker (concurrency 2) claims it again, while
+    the first handler has not ended yet (it shields itself from the cancellation). The
+    worker holds two claims of one job id at once: it used to crash when they ended
+    (KeyError: running handlers were keyed by job id, not by claim), and it could run
+    both handlers at once. The second claim waits for the first handler to end; then it
+    runs, and completes the job."""
+    reclaimed = trio.Event()
+
+    class Watched(FaultyStorage):
+        claims_of_j = 0
+
+        async def dequeue(self, *args: Any, **kwargs: Any) -> list[Claim]:
+            claims: list[Claim] = await super().dequeue(*args, **kwargs)
+            self.claims_of_j += sum(c.id == "j" for c in claims)
+            if self.claims_of_j == 2:
+                reclaimed.set()
+            return claims
+
+    faulty = Watched(storage, FaultPlan(fail_before=1.0, methods=frozenset({"heartbeat"})))
     faulty.enabled = False  # healthy until the first attempt runs
     release_first = trio.Event()
     attempts: list[tuple[str, int]] = []
+    first_ended = 0.0
+    second_began = 0.0
 
     async def handler(job: Job[Any]) -> str:
+        nonlocal first_ended, second_began
         attempts.append((job.id, job.attempts))
         if job.id == "j" and len(attempts) == 1:
             faulty.enabled = True  # heartbeats fail from now on: the lease runs out
             with trio.CancelScope(shield=True):  # deaf to the worker giving the claim up
                 await release_first.wait()
+            first_ended = time.monotonic()
             return "first"
+        if job.id == "j":
+            second_began = time.monotonic()
         return f"done {job.id}"
 
-    completed = Recorder()
+    events = Recorder()
     queue = Queue(
         faulty, name=queue_name, handler=handler, concurrency=2, visibility_timeout=0.5, block_timeout=0.2, retry_delay=0
     )
-    queue.on("completed", completed)
+    queue.on("lease_lost", events)
+    queue.on("requeued", events)
+    queue.on("completed", events)
     async with queue:
         await queue.enqueue("j", None)
+        try:
+            with trio.fail_after(20):
+                await events.wait_for("lease_lost", "j")
+                await events.wait_for("requeued", "j")  # the reaper put it back
+                await reclaimed.wait()  # and the worker claimed it again
+            await trio.testing.wait_all_tasks_blocked()  # the worker takes the claim in hand
+            assert "j" in await storage.held_jobs(queue_name, queue.worker_id)
+            assert attempts == [("j", 1)]  # the second claim waits for the first handler
+        finally:
+            faulty.enabled = False
+            release_first.set()  # the first attempt ends: its lease is lost, nothing is stored
         with trio.fail_after(20):
-            await completed.wait_for("completed", "j")  # the second claim's attempt
-        assert [a for a in attempts if a[0] == "j"] == [("j", 1), ("j", 2)]
-        faulty.enabled = False
-        release_first.set()  # the first attempt ends: its lease is lost, nothing is stored
+            await events.wait_for("completed", "j")
+        assert attempts == [("j", 1), ("j", 2)] and second_began >= first_ended
         with trio.fail_after(20):
             assert await queue.enqueue_and_wait("k", None) == "done k"  # the worker still runs
         status = await queue.get_status("j")

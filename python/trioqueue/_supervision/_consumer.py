@@ -407,9 +407,17 @@ class Consumer(LeaseKeeper):
                     yield_at = perf_counter() + WORKER_SLICE
                     continue
                 claim = buffer.popleft()
+                job_id, _, _, token, started = claim
+                if lost and job_id in self.running.values():
+                    # A claim of this job whose lease was lost still ends on another of our
+                    # tasks (its cancellation not delivered yet): the new claim waits for it,
+                    # so two handlers of one job never run at once here.
+                    buffer.appendleft(claim)
+                    claim = None
+                    await self.lost_ended.park()
+                    continue
                 if buffer and not self.waking and self.work:
                     self._wake_worker()
-                job_id, _, _, token, started = claim
                 self.running[token] = job_id
                 try:
                     if not started:

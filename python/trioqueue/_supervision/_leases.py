@@ -141,6 +141,7 @@ class LeaseKeeper:
         self.interval = heartbeat_interval(settings.visibility_timeout)
         self.margin = lease_margin(settings.lease_margin, settings.visibility_timeout)
         self.lost: set[str] = set()
+        self.lost_ended = trio.lowlevel.ParkingLot()  # workers waiting for a lost claim to end
         self.watch_wakeup = trio.lowlevel.ParkingLot()
         self.watch_at = math.inf  # when the lease watch wakes next
 
@@ -254,6 +255,7 @@ class LeaseKeeper:
         """A claim given up by :meth:`_lose` is no longer running: nothing is stored for it
         (the storage counted its attempt; the reaper, or the job's next claim, decides)."""
         self.lost.discard(token)
+        self.lost_ended.unpark_all()
         self._unhold(1)
         if job_id in self.cancel_requests and job_id not in self.running.values():
             if not any(c.id == job_id for c in self.buffer):
