@@ -18,7 +18,7 @@ from support import Recorder
 from storage_helpers import W1, claim, job, kind, settlement
 
 ERR = b'{"type":"ValueError","message":"bad","traceback":""}'
-ALL_STATES = {"queued", "delayed", "processing", "failing", "completed", "failed", "cancelled"}
+ALL_STATES = {"queued", "delayed", "processing", "failing", "completed", "failed", "cancelled", "waiting_children"}
 
 
 def delayed(job_id: str) -> NewJob:
@@ -63,6 +63,7 @@ async def test_counts_follow_transitions(storage: Storage, queue_name: str) -> N
         "completed": 1,
         "failed": 1,
         "cancelled": 1,
+        "waiting_children": 0,
     }
 
 

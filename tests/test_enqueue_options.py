@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from trioqueue import AsyncioProducer, EnqueueOptions, JobState, Queue, SyncProducer, ValidationError
+from trioqueue import AsyncioProducer, Child, EnqueueOptions, JobState, Queue, SyncProducer, ValidationError
 from trioqueue._core import decode_envelope
 from trioqueue._model._options import ENQUEUE_OPTIONS, JobOptions
 from trioqueue.cli import main
@@ -33,7 +33,24 @@ EFFECTS: dict[str, tuple[Any, Any]] = {
     "delay": (600.0, lambda rec, env, opts: rec.state.startswith("delayed") and opts.run_at is not None),
     "at": (AT, lambda rec, env, opts: rec.state.startswith("delayed") and abs(opts.run_at - AT) < 0.01),
     "priority": (1, lambda rec, env, opts: rec.priority == 1),
+    # a child per job (ids are unique per storage): the job waits for it
+    "children": (lambda jid: [Child(f"{jid}-child")], lambda rec, env, opts: rec.state.startswith("waiting_children")),
+    # (its effect, on a tree, is tested in test_flows.py: here, that it is taken)
+    "on_child_failure": ("continue", lambda rec, env, opts: rec.state.startswith("queued")),
 }
+
+
+def _value(option: str, job_id: str) -> Any:
+    """The value of ``option`` for job ``job_id``."""
+    value = EFFECTS[option][0]
+    return value(job_id) if callable(value) else value
+
+
+def _cli_value(option: str, job_id: str) -> str:
+    value = _value(option, job_id)
+    if option == "children":
+        return json.dumps([{"id": c.id} for c in value])
+    return str(value)
 
 
 def test_the_options_declared_are_the_options_tested() -> None:
@@ -52,12 +69,11 @@ async def _check_stored(storage: Storage, job_id: str, option: str) -> None:
 @pytest.mark.parametrize("option", list(EFFECTS))
 async def test_every_queue_method_takes_every_option(option: str) -> None:
     storage = MemoryStorage()
-    value = EFFECTS[option][0]
     async with Queue(storage, name=QUEUE, block_timeout=0.1) as q:
-        await q.enqueue("one", 1, **{option: value})  # type: ignore[misc]
-        await q.enqueue_many([("many", 1)], **{option: value})  # type: ignore[misc]
+        await q.enqueue("one", 1, **{option: _value(option, "one")})  # type: ignore[misc]
+        await q.enqueue_many([("many", 1)], **{option: _value(option, "many")})  # type: ignore[misc]
         async with trio.open_nursery() as nursery:  # nobody runs it: the wait times out
-            nursery.start_soon(lambda: _wait_quietly(q, option, value))
+            nursery.start_soon(lambda: _wait_quietly(q, option, _value(option, "wait")))
             await trio.testing.wait_all_tasks_blocked(0.05)
         for job_id in ("one", "many", "wait"):
             await _check_stored(storage, job_id, option)
@@ -70,17 +86,15 @@ async def _wait_quietly(q: Queue[Any, Any], option: str, value: Any) -> None:
 
 @pytest.mark.parametrize("option", list(EFFECTS))
 async def test_the_producers_take_every_option(option: str, tmp_path: Path) -> None:
-    value = EFFECTS[option][0]
-
     def sync_side() -> None:
         with SyncProducer(tmp_path / "store", name=QUEUE) as producer:
-            producer.enqueue("sync", 1, **{option: value})  # type: ignore[misc]
-            producer.enqueue_many([("sync-many", 1)], **{option: value})  # type: ignore[misc]
+            producer.enqueue("sync", 1, **{option: _value(option, "sync")})  # type: ignore[misc]
+            producer.enqueue_many([("sync-many", 1)], **{option: _value(option, "sync-many")})  # type: ignore[misc]
 
     async def asyncio_side() -> None:
         async with AsyncioProducer(tmp_path / "store", name=QUEUE) as producer:
-            await producer.enqueue("aio", 1, **{option: value})  # type: ignore[misc]
-            await producer.enqueue_many([("aio-many", 1)], **{option: value})  # type: ignore[misc]
+            await producer.enqueue("aio", 1, **{option: _value(option, "aio")})  # type: ignore[misc]
+            await producer.enqueue_many([("aio-many", 1)], **{option: _value(option, "aio-many")})  # type: ignore[misc]
 
     await trio.to_thread.run_sync(sync_side)
     await trio.to_thread.run_sync(asyncio.run, asyncio_side())
@@ -91,10 +105,9 @@ async def test_the_producers_take_every_option(option: str, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("option", list(EFFECTS))
 def test_the_command_line_takes_every_option(option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    value = EFFECTS[option][0]
     url = f"file://{tmp_path / 'store'}"
     flag = "--" + option.replace("_", "-")
-    code = main(["enqueue", "cli", "--payload", "1", flag, str(value), "--storage", url, "--name", QUEUE, "--json"])
+    code = main(["enqueue", "cli", "--payload", "1", flag, _cli_value(option, "cli"), "--storage", url, "--name", QUEUE, "--json"])
     assert code == 0, capsys.readouterr()
     assert json.loads(capsys.readouterr().out)["status"] == "queued"
 

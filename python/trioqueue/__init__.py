@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._model._errors import (
+    ChildJobFailedError,
+    FlowError,
     JobCancelledError,
     JobFailedError,
     JobNotFinishedError,
@@ -26,6 +28,7 @@ from ._model._errors import (
     TrioQueueError,
     ValidationError,
 )
+from ._model._flows import Child, JobRef
 from ._model._limits import RateLimit
 from ._model._options import EnqueueOptions
 from ._model._types import (
@@ -47,7 +50,7 @@ from ._model._types import (
     UpdateTTLStatus,
 )
 from ._producers import AsyncioProducer, SyncProducer
-from ._model._outcomes import RateLimited, Retry, UnrecoverableError
+from ._model._outcomes import RateLimited, Retry, UnrecoverableError, WaitForChildren
 from ._supervision._queue import Queue
 from ._supervision._reaper import LeaderElection, Reaper
 from ._model._retry import ExponentialBackoff
@@ -67,12 +70,15 @@ __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "CancelResult",
+    "Child",
+    "ChildJobFailedError",
     "CancelStatus",
     "EnqueueOptions",
     "EnqueueResult",
     "EnqueueStatus",
     "ExecutionContext",
     "ExponentialBackoff",
+    "FlowError",
     "FileStorage",
     "Job",
     "JobCancelledError",
@@ -81,6 +87,7 @@ __all__ = [
     "JobNotFinishedError",
     "JobState",
     "JobPage",
+    "JobRef",
     "JobStatus",
     "JobTimeoutError",
     "JsonSerde",
@@ -102,6 +109,7 @@ __all__ = [
     "UpdateTTLStatus",
     "UnrecoverableError",
     "ValidationError",
+    "WaitForChildren",
 ]
 
 

@@ -3,6 +3,7 @@ raises to steer its job is in :mod:`._outcomes`."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,6 +58,27 @@ class QueueStoppedError(TrioQueueError):
         super().__init__(f"queue {queue!r} stopped while waiting for job {job_id!r}")
         self.queue = queue
         self.job_id = job_id
+
+
+class ChildJobFailedError(JobFailedError):
+    """A job failed because a child of it failed for good (or was cancelled) and its
+    ``on_child_failure`` is ``"cancel"`` (the default): the job never ran. :attr:`errors`
+    maps each failed child's id to its error (the children that had failed when the job
+    failed); the message lists them."""
+
+    def __init__(self, job_id: str, error: JobError) -> None:
+        super().__init__(job_id, error)
+        try:
+            listed = json.loads(error.traceback) if error.traceback else {}
+            self.errors = {cid: type(error)(str(e["type"]), str(e["message"])) for cid, e in listed.items()}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            self.errors = {}
+
+
+class FlowError(ValidationError):
+    """A tree of jobs (``children=``) was refused, writing nothing: a duplicate id within
+    the tree, a child id that already exists, a bad ``on_child_failure``, or (Redis
+    Cluster) queues that do not share a hash slot. The message names the job."""
 
 
 class JobNotFinishedError(TrioQueueError, LookupError):

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any, TypedDict, get_type_hints
 
 from .._core import CodecError
 from . import _validate as check
+from ._flows import Child, OnChildFailure, children_from_json
 
 __all__ = ["ENQUEUE_OPTIONS", "NO_JOB_OPTIONS", "EnqueueOptions", "JobOptions", "OptionHelp", "check_enqueue_options"]
 
@@ -20,11 +22,11 @@ __all__ = ["ENQUEUE_OPTIONS", "NO_JOB_OPTIONS", "EnqueueOptions", "JobOptions", 
 class OptionHelp:
     """What an enqueue option means, for the command line (its flag is the option's name
     with dashes, ``--help`` shows ``text``, ``metavar`` names its value, which is parsed
-    as a ``number`` of that type)."""
+    by ``number``: a number type, or a parser of the text)."""
 
     text: str
     metavar: str = "S"
-    number: type[int] | type[float] = float
+    number: type[int] | type[float] | Callable[[str], Any] = float
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -43,6 +45,17 @@ class EnqueueOptions(TypedDict, total=False):
     delay: Annotated[float | None, OptionHelp("run it S seconds from now")]
     at: Annotated[datetime | float | None, OptionHelp("run it at this time: a UNIX timestamp (an aware datetime too, from Python)", "T")]
     priority: Annotated[int, OptionHelp("0 (first) to 9 (last); default 5", "P", int)]
+    children: Annotated[
+        Sequence[Child] | None,
+        OptionHelp(
+            'child jobs, as JSON: [{"id": ..., "payload": ..., "queue": ..., "children": [...]}]; the job runs once they are terminal',
+            "JSON",
+            children_from_json,
+        ),
+    ]
+    on_child_failure: Annotated[
+        OnChildFailure | None, OptionHelp("cancel (default), continue or ignore: what a failed child does to this job", "P", str)
+    ]
 
 
 #: Every enqueue option: name -> its help (the keys of :class:`EnqueueOptions`, in order).

@@ -1,12 +1,13 @@
 """What a handler raises to steer its job's outcome: fail for good now
 (:class:`UnrecoverableError`), retry after a delay of its own (:class:`Retry`), or go back
-without using an attempt while the whole queue holds off (:class:`RateLimited`)."""
+without using an attempt while the whole queue holds off (:class:`RateLimited`), or
+wait for the children it added (:class:`WaitForChildren`)."""
 
 from __future__ import annotations
 
 from . import _validate as check
 
-__all__ = ["RateLimited", "Retry", "UnrecoverableError"]
+__all__ = ["RateLimited", "Retry", "UnrecoverableError", "WaitForChildren"]
 
 
 class UnrecoverableError(Exception):
@@ -32,3 +33,14 @@ class RateLimited(Exception):
     def __init__(self, message: str = "", *, retry_after: float = 1.0) -> None:
         super().__init__(message or f"rate limited: retry after {retry_after!r} s")
         self.retry_after = check.non_negative_seconds("RateLimited.retry_after", retry_after)
+
+
+class WaitForChildren(Exception):
+    """Raise it from a handler after :meth:`Job.add_children <trioqueue.Job.add_children>`:
+    the job goes to ``waiting_children`` (holding no worker slot and no lease) *without*
+    using an attempt, and runs again once every child is terminal (its handler then reads
+    them with :meth:`~trioqueue.Job.children_results`). With no child left to wait for it
+    is queued again at once."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or "waiting for the job's children")

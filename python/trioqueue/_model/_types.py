@@ -5,9 +5,13 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from ._errors import TrioQueueError
+
+if TYPE_CHECKING:
+    from ._flows import Child, JobRef
 
 T = TypeVar("T")
 
@@ -16,6 +20,10 @@ class _RunningAttempt(Protocol):
     async def report_progress(self, job: Job[Any], value: Any) -> None: ...
 
     def lease_deadline(self, job: Job[Any]) -> float | None: ...
+
+    async def add_children(self, job: Job[Any], children: Sequence[Any], on_child_failure: str = ...) -> None: ...
+
+    async def children_outcomes(self, job: Job[Any]) -> tuple[dict[str, Any], dict[str, JobError]]: ...
 
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
@@ -34,6 +42,7 @@ class JobState(StrEnum):
     FAILED = "failed"  # failed for good
     CANCELLED = "cancelled"  # cancelled before it ran (kept for its result TTL)
     DELAYED = "delayed"  # enqueued with a delay: queued once due (``JobStatus.run_at``)
+    WAITING_CHILDREN = "waiting_children"  # a parent: queued once every child is terminal
 
     @property
     def terminal(self) -> bool:
@@ -112,6 +121,8 @@ class JobStatus:
     run_at: float | None = None  # a delayed job: when it is due (seconds since the epoch)
     progress: Any = None  # the last value the handler gave ``Job.report_progress``
     priority: int = DEFAULT_PRIORITY  # 0 (first) .. 9 (last)
+    parent: JobRef | None = None  # a child job: its parent (queue and id)
+    children: dict[JobState, int] | None = None  # a parent: its children's counts by state
 
 
 class JobPage(NamedTuple):
@@ -143,6 +154,26 @@ class Job(NamedTuple, Generic[T]):
             raise TrioQueueError(f"report_progress for job {self.id!r} called outside that job's (async) handler")
         await attempt.report_progress(self, value)
 
+    async def add_children(self, children: Sequence[Child], on_child_failure: str = "cancel") -> None:
+        """Add children to this running job (dynamic children), atomically (the whole
+        list, with their own children, or nothing: :class:`~trioqueue.FlowError` naming
+        the problem). They start at once; ``raise WaitForChildren()`` then makes this job
+        wait for them (without using an attempt) and run again once they are terminal.
+        ``on_child_failure`` as for ``enqueue`` (the first call that adds children sets
+        it). Call it from the handler's task."""
+        await _attempt(self, "add_children").add_children(self, children, on_child_failure)
+
+    async def children_results(self) -> dict[str, Any]:
+        """The results of this job's completed children, ``{child id: result}`` (decoded
+        by this queue's result serde). Call it from the handler's task."""
+        return (await _attempt(self, "children_results").children_outcomes(self))[0]
+
+    async def children_failures(self) -> dict[str, JobError]:
+        """The errors of this job's children that failed for good or were cancelled,
+        ``{child id: JobError}`` (``on_child_failure="continue"``; ``"ignore"`` too).
+        Call it from the handler's task."""
+        return (await _attempt(self, "children_failures").children_outcomes(self))[1]
+
     @property
     def lease_deadline(self) -> float | None:
         """When this attempt's lease runs out unless its worker renews it, in seconds since
@@ -156,6 +187,13 @@ class Job(NamedTuple, Generic[T]):
         this attempt's handler (and for a Job made by hand)."""
         attempt = CURRENT_ATTEMPT.get()
         return None if attempt is None else attempt.lease_deadline(self)
+
+
+def _attempt(job: Job[Any], what: str) -> _RunningAttempt:
+    attempt = CURRENT_ATTEMPT.get()
+    if attempt is None:
+        raise TrioQueueError(f"{what} for job {job.id!r} called outside that job's (async) handler")
+    return attempt
 
 
 @dataclass(slots=True)

@@ -21,14 +21,15 @@ from .._model import _tracing
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
 from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
-from .._model._outcomes import RateLimited, Retry, UnrecoverableError
+from .._model._outcomes import RateLimited, Retry, UnrecoverableError, WaitForChildren
+from .._model._flows import check_on_child_failure as check_policy
 from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
 from ._leases import Leases
 from ._observers import QueueObserver, notify
 from ._pool import Encoded, HandlerProcessError, ProcessPool
-from .._model._serde import Serde, encode_error
-from ..storage._base import Claim, Settlement, SettleKind, Storage
+from .._model._serde import Serde, decode_error, encode_error
+from ..storage._base import Claim, FlowJob, JobRecord, Settlement, SettleKind, Storage, parse_job_state
 
 if TYPE_CHECKING:
     from ._emitter import Emitter
@@ -86,6 +87,22 @@ class Attempt:
             raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
         await self.executor.report_progress(current.id, self.token, value)
 
+    def _current(self, job: Job[Any], what: str) -> Job[Any]:
+        current = self.job
+        if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
+            raise TrioQueueError(f"{what} for job {job.id!r} called outside that job's (async) handler")
+        return current
+
+    async def add_children(self, job: Job[Any], children: Sequence[Any], on_child_failure: str = "cancel") -> None:
+        """:meth:`Job.add_children` of the running attempt."""
+        current = self._current(job, "add_children")
+        await self.executor.add_children(current.id, self.token, children, on_child_failure)
+
+    async def children_outcomes(self, job: Job[Any]) -> tuple[dict[str, Any], dict[str, JobError]]:
+        """:meth:`Job.children_results` and :meth:`Job.children_failures`."""
+        current = self._current(job, "children_results")
+        return await self.executor.children_outcomes(current.id)
+
 
 def enter_worker(executor: Executor, leases: Leases | None = None) -> Attempt:
     """Called by each worker task, once: its :class:`Attempt`, made current in its context."""
@@ -118,6 +135,9 @@ class ExecutionSettings:
     retry_if: RetryIf | None = None
     after_execution: AfterExecution | None = None
     pool: ProcessPool | None = None  # executor="process": the sync handler runs there
+    # the jobs of children added to a running job (queue, id, children): its Queue's
+    # JobMaker._subtree (validated, encoded with the queue's payload serde)
+    subtree: Callable[[str, str, Sequence[Any]], list[FlowJob]] | None = None
 
 
 @dataclass(slots=True)
@@ -405,6 +425,9 @@ class Executor:
             except TrioQueueError as exc:
                 raised = exc
         error = None
+        if isinstance(raised, WaitForChildren):
+            # Not an attempt: the job waits for its children, then runs again.
+            return Settlement(SettleKind.WAIT_CHILDREN, jid, b"", ttl=ttl, token=token)
         if isinstance(raised, RateLimited):
             # Not an attempt: back to the queue, and the whole queue holds off meanwhile.
             return Settlement(SettleKind.RATE_LIMITED, jid, b"", delay=raised.retry_after, token=token)
@@ -445,6 +468,33 @@ class Executor:
         data = encode_value(q.result_serde, value, "progress of job", ValidationError, job_id)
         if not await self.storage.set_progress(q.queue, q.worker_id, job_id, token, data):
             raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")
+
+
+    async def add_children(self, job_id: str, token: str, children: Sequence[Any], policy: str) -> None:
+        """Store ``children`` as children of the attempt of claim ``token``."""
+        q = self.settings
+        if q.subtree is None:
+            raise TrioQueueError(f"add_children for job {job_id!r}: this worker cannot make jobs")
+        check_policy(policy, job_id)
+        jobs = q.subtree(q.queue, job_id, children)
+        if not await self.storage.add_children(q.queue, q.worker_id, job_id, token, jobs, policy):
+            raise TrioQueueError(f"children of job {job_id!r} not added: this worker no longer holds the job")
+
+    async def children_outcomes(self, job_id: str) -> tuple[dict[str, Any], dict[str, JobError]]:
+        """``({id: result} of the completed children, {id: error} of the failed and
+        cancelled ones)``, results decoded by the queue's result serde."""
+        records: list[tuple[str, JobRecord]] = await self.storage.get_children(self.settings.queue, job_id)
+        results: dict[str, Any] = {}
+        failures: dict[str, JobError] = {}
+        for _, r in records:
+            kind = parse_job_state(r.state)[0]
+            if kind == "completed":
+                results[r.id] = None if r.result is None else self.settings.result_serde.loads(r.result)
+            elif kind == "failed":
+                failures[r.id] = decode_error(r.error) if r.error else JobError("UnknownError", "error not stored")
+            elif kind == "cancelled":
+                failures[r.id] = JobError("JobCancelledError", f"job {r.id!r} was cancelled")
+        return results, failures
 
 
 def check_retry_if(value: Any) -> RetryIf | None:

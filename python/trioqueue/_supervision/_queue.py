@@ -6,7 +6,6 @@ import inspect
 import logging
 import os
 import socket
-import time
 import uuid
 from itertools import count
 from collections.abc import Callable, Iterable
@@ -19,7 +18,6 @@ import trio
 from .._model import _tracing
 from .._model import _validate as check
 from ._consumer import Consumer, ConsumerSettings, claim_limits
-from .._core import encode_envelope, parse_state
 from .._model._errors import (
     JobCancelledError,
     JobTimeoutError,
@@ -30,7 +28,8 @@ from .._model._errors import (
 from ._emitter import Emitter, EventCallback
 from ._listener import NOTICES, Listener, level_for
 from .._model._limits import RateLimit
-from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
+from .._model._options import EnqueueOptions
+from ._flows import JobMaker
 from ._registry import QueueAdmin
 from ._waiters import Waiters, terminal_from_record
 from ._leases import lease_margin as resolve_lease_margin
@@ -42,21 +41,18 @@ from ._execution import (
     Handler,
     RetryIf,
     check_retry_if,
-    encode_value,
     only_cancelled,
 )
 from .._model._types import (
-    DEFAULT_PRIORITY,
     EnqueueResult,
     EnqueueStatus,
-    JobState,
 )
-from ._observers import QueueObserver, notify
+from ._observers import QueueObserver
 from ._pool import ProcessPool, check_executor, check_process_handler
 from ._reaper import LeaderElection, Reaper
 from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
 from .._model._serde import JsonSerde, Serde
-from ..storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
+from ..storage._base import Storage, StorageEvent
 
 __all__ = ["Queue"]
 
@@ -85,7 +81,7 @@ def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException |
     return found
 
 
-class Queue(QueueAdmin[P], Generic[P, R]):
+class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
     """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
@@ -399,6 +395,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
             self._retry_if,
             self._after_execution,
             pool,
+            self._subtree,
         )
         executor = Executor(execution, self.storage, self._events, self._observers, Cancellations())
         settings = ConsumerSettings(
@@ -429,44 +426,6 @@ class Queue(QueueAdmin[P], Generic[P, R]):
 
     # -- producer API ------------------------------------------------------------------
 
-    def _new_job(self, job_id: Any, payload: Any, options: EnqueueOptions, trace: dict[str, str] | None) -> NewJob:
-        """A validated job to enqueue (``ValidationError`` naming the problem and the job)."""
-        jid = check.job_id(job_id)
-        if not options:  # the common case: the queue's settings
-            run_at, prio, attempts, ttl = None, DEFAULT_PRIORITY, self.max_attempts, self.result_ttl
-            stored = JobOptions.build(jid, None, None, trace=trace) if trace else None
-        else:
-            check_enqueue_options(dict(options), jid)
-            run_at = check.run_at(options.get("delay"), options.get("at"), job=jid)
-            prio = check.priority(options.get("priority", DEFAULT_PRIORITY), job=jid)
-            max_attempts, result_ttl = options.get("max_attempts"), options.get("result_ttl")
-            attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
-            ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
-            retry_delay, job_timeout = options.get("retry_delay"), options.get("job_timeout")
-            stored = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
-        data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
-        envelope = encode_envelope(
-            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
-        )
-        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio))  # (all fields)
-
-    def _new_token(self) -> str:
-        return f"{self._token_prefix}{next(self._token_seq):x}"
-
-    def _enqueued(self, outcomes: list[EnqueueOutcome]) -> list[EnqueueOutcome]:
-        if self._observers:
-            notify(self._observers, "jobs_enqueued", self.name, sum(o.status is EnqueueStatus.QUEUED for o in outcomes))
-        return outcomes
-
-    def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
-        status = outcome.status
-        if status is EnqueueStatus.QUEUED:
-            return EnqueueResult(job_id, status)
-        state = JobState(parse_state(outcome.state)[0]) if outcome.state else None
-        if status is EnqueueStatus.COMPLETED:
-            return EnqueueResult(job_id, status, state, self._load_result(job_id, outcome.result))
-        return EnqueueResult(job_id, status, state)
-
     async def enqueue(
         self,
         job_id: str,
@@ -483,13 +442,21 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first, FIFO
         within a priority; the job keeps it through retries and recoveries. Raises
         :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for an
-        unknown option."""
+        unknown option.
+
+        ``children`` (a list of :class:`~trioqueue.Child`, trees of any depth) makes it
+        the parent of a tree, written atomically (every job or none: a child id that
+        exists raises :class:`~trioqueue.FlowError`): it waits in ``waiting_children``
+        until every child is terminal, then runs. ``on_child_failure``: ``"cancel"``
+        (default) fails it with :class:`~trioqueue.ChildJobFailedError` and cancels the
+        other children as soon as one fails for good, ``"continue"`` runs it anyway
+        (:meth:`Job.children_failures`), ``"ignore"`` counts failed children as done."""
         trace = _tracing.current_context() if _tracing.ENABLED else None
         new = self._new_job(job_id, payload, options, trace)
+        tree = self._tree(new, options, trace)
         self._check_running()
         await self._listener.caught_up()
-        [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
-        return self._enqueue_result(new.id, outcome)
+        return self._enqueue_result(new.id, await self._store(new, tree))
 
     async def enqueue_many(
         self,
@@ -503,6 +470,11 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         new = [
             self._new_job(jid, payload, options, trace) for jid, payload in jobs
         ]
+        if options.get("children") is not None:  # one tree per job, each atomic
+            trees = [self._tree(n, options, trace) for n in new]
+            self._check_running()
+            await self._listener.caught_up()
+            return [self._enqueue_result(n.id, await self._store(n, t)) for n, t in zip(new, trees, strict=True)]
         self._check_running()
         if not new:
             await trio.lowlevel.checkpoint()
@@ -533,6 +505,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
         timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
         trace = _tracing.current_context() if _tracing.ENABLED else None
         new = self._new_job(job_id, payload, options, trace)
+        tree = self._tree(new, options, trace)
         self._check_running()
         jid = new.id
         waiter = self._waiters.add(jid)
@@ -541,7 +514,7 @@ class Queue(QueueAdmin[P], Generic[P, R]):
                 # The terminal notices are live before we enqueue (the first waiter of a
                 # queue subscribes to them; later ones find them live).
                 await self._listener.ensure(max(NOTICES, self._listener.pending))
-                [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
+                outcome = await self._store(new, tree)
                 if outcome.status is EnqueueStatus.COMPLETED:
                     return self._load_result(jid, outcome.result)  # type: ignore[no-any-return]
                 if outcome.status is EnqueueStatus.DUPLICATE and outcome.state and outcome.state.startswith("failed"):

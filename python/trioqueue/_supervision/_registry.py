@@ -8,14 +8,17 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._model import _validate as check
-from .._core import parse_state
-from .._model._errors import JobCancelledError, JobFailedError, JobNotFinishedError, TrioQueueError, ValidationError
+from .._model._flows import JobRef
+from .._model._errors import ChildJobFailedError, JobCancelledError, JobFailedError, JobNotFinishedError, TrioQueueError, ValidationError
 from ._execution import encode_value
+from ._flows import with_children
 from .._model._types import CancelResult, JobError, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ._scheduler import Missed, Schedule, Scheduler
 from .._model._serde import Serde, decode_error
 from ._listener import level_for
 from ._streams import EventStream, watch
+
+from ..storage._records import parse_job_state
 
 if TYPE_CHECKING:
     from ._consumer import Consumer
@@ -67,6 +70,8 @@ class QueueAdmin(Generic[P]):
             record = await self.storage.get_job(self.name, job_id)
             error = record.error if record is not None else None
         job_error = decode_error(error) if error is not None else JobError("UnknownError", "error not stored")
+        if job_error.type == "ChildJobFailedError":
+            raise ChildJobFailedError(job_id, job_error)
         raise JobFailedError(job_id, job_error)
 
     async def cancel(self, job_id: str) -> CancelResult:
@@ -193,15 +198,22 @@ class QueueAdmin(Generic[P]):
         return await self.storage.is_paused(self.name)
 
     async def get_status(self, job_id: str) -> JobStatus | None:
-        """The job's registry entry, or ``None`` if the id is unknown (or expired)."""
+        """The job's registry entry, or ``None`` if the id is unknown (or expired); a
+        child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
+        state (:attr:`~JobStatus.children`)."""
         jid = check.job_id(job_id)
         self._check_running()
         record = await self.storage.get_job(self.name, jid)
-        return None if record is None else self._status(record)
+        if record is None:
+            return None
+        status = self._status(record)
+        if record.children:  # a parent: its children's counts by state
+            status = with_children(status, await self.storage.get_children(self.name, jid))
+        return status
 
     def _status(self, record: JobRecord) -> JobStatus:
         jid = record.id
-        kind, ms, extra = parse_state(record.state)
+        kind, ms, extra = parse_job_state(record.state)
         return JobStatus(
             id=jid,
             state=JobState(kind),
@@ -214,6 +226,7 @@ class QueueAdmin(Generic[P]):
             run_at=extra / 1000 if kind == "delayed" else None,  # type: ignore[operator]
             progress=None if record.progress is None else self._load_result(jid, record.progress),
             priority=record.priority,
+            parent=None if record.parent is None else JobRef(*record.parent),
         )
 
     async def counts(self) -> dict[JobState, int]:

@@ -292,6 +292,48 @@ class Storage(abc.ABC):
         (:attr:`JobRecord.progress`) until the job is enqueued again."""
         raise NotImplementedError(f"{type(self).__name__} does not implement progress")
 
+    # -- trees of jobs (flows) -----------------------------------------------------------
+
+    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
+        """Write a tree of jobs in ONE atomic step, parents before their children (the
+        root first, ``parent`` ``None``). If the root's id is known (and not cancelled),
+        write nothing and return what :meth:`enqueue` would (``duplicate``/``completed``).
+        Otherwise a job with children enters ``waiting_children:<now>`` (held nowhere: no
+        ready list, no lease), a leaf is queued (or delayed) as :meth:`enqueue` does; each
+        job records its parent, each parent its children, its ``policy`` and how many
+        children are not terminal yet. A child id already known (and not cancelled) on its
+        queue raises :class:`~trioqueue.FlowError` naming it, writing nothing.
+
+        From then on, in the same atomic step as the transition that makes a child
+        terminal (settle, cancel, recovery): a completed child (or a failed one under
+        ``ignore``/``continue``) counts as done; once none is left, the parent becomes
+        ``queued`` in its lane (publishing ``promoted``, waking claims). Under ``cancel``,
+        a child failed for good or cancelled fails the parent at once
+        (``ChildJobFailedError``: :func:`child_failed_error`, publishing ``failed``),
+        cancels its queued/delayed/failing siblings and requests the cancellation of its
+        processing ones (as :meth:`cancel` does); a failed parent is a failed child of its
+        own parent, level by level. :meth:`cancel` of a parent cancels every descendant.
+        A terminal child's result and record are kept until its parent is terminal (and
+        then for its own TTL)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement trees of jobs")
+
+    async def add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
+    ) -> bool:
+        """Add ``children`` (a subtree list, parents before children; direct children
+        name ``(queue, job_id)`` as parent) to the processing job ``job_id`` held by
+        ``worker_id`` under claim ``token``, atomically as :meth:`enqueue_flow` writes a
+        tree (``FlowError`` for a known id, writing nothing). ``False`` (nothing written)
+        when the claim is no longer held. ``policy`` is the job's ``on_child_failure`` when
+        these are its first children. The job is then settled with
+        :attr:`SettleKind.WAIT_CHILDREN` to wait for them."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement trees of jobs")
+
+    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        """The records of a job's children, ``(queue, record)`` in the order they were
+        added (children whose record expired or was removed are left out)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement trees of jobs")
+
     # -- schedules (cron and periodic jobs) ----------------------------------------------
 
     async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:

@@ -4,12 +4,15 @@ interface itself (``_base.py``, which re-exports them)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from .._model._types import DEFAULT_PRIORITY, EnqueueStatus, UpdateTTLStatus
+from .._core import parse_state
+from .._model._serde import decode_error, encode_error
+from .._model._types import DEFAULT_PRIORITY, EnqueueStatus, JobError, UpdateTTLStatus
 
 __all__ = [
     "CANCELLED",
@@ -21,6 +24,7 @@ __all__ = [
     "FAILED",
     "FAILING",
     "FENCED",
+    "FlowJob",
     "HeartbeatReply",
     "JobRecord",
     "LostClaim",
@@ -34,6 +38,10 @@ __all__ = [
     "Settlement",
     "StorageEvent",
     "TERMINAL_KINDS",
+    "WAITING_CHILDREN",
+    "child_failed_error",
+    "parse_job_state",
+    "waiting_state",
     "check_active_kind",
     "check_state_kind",
     "lost_why",
@@ -51,9 +59,10 @@ COMPLETED = "completed"
 FAILED = "failed"
 CANCELLED = "cancelled"
 DELAYED = "delayed"
+WAITING_CHILDREN = "waiting_children"  # a parent whose children are not all terminal
 
 # Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
-STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED)
+STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED, WAITING_CHILDREN)
 TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 
 # The event kinds someone *acts on*, routed on their own (Redis: a second pub/sub channel):
@@ -192,6 +201,9 @@ class SettleKind(StrEnum):
     # the attempt, and claims of the whole queue pause for ``delay`` (publishes
     # ``rate_limited``)
     RATE_LIMITED = "rate_limited"
+    # the handler raised WaitForChildren: state ``waiting_children`` without counting the
+    # attempt, queued again once every child is terminal (at once if none is pending)
+    WAIT_CHILDREN = "wait_children"
 
 
 class ClaimLimits(NamedTuple):
@@ -247,6 +259,8 @@ class JobRecord:
     token: str | None = None  # the incarnation token
     progress: bytes | None = None  # the last progress reported by the handler (serialized)
     priority: int = DEFAULT_PRIORITY
+    parent: tuple[str, str] | None = None  # a child of a tree: its parent ``(queue, id)``
+    children: int = 0  # a parent: how many children it has (see ``Storage.get_children``)
 
 
 class StorageEvent(NamedTuple):
@@ -282,3 +296,39 @@ def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | Non
     if (result if kind == "completed" else error) is None:
         return UpdateTTLStatus.MISSING_PAYLOAD
     return None
+
+
+class FlowJob(NamedTuple):
+    """One job of a tree (:meth:`Storage.enqueue_flow`, :meth:`Storage.add_children`):
+    the job, the queue it lives on, its ``parent`` ``(queue, id)`` (``None`` for the root)
+    and ``policy``, its own ``on_child_failure`` (``cancel``, ``continue``, ``ignore``),
+    used when it has children."""
+
+    queue: str
+    job: NewJob
+    parent: tuple[str, str] | None = None
+    policy: str = "cancel"
+
+
+def waiting_state(ms: int) -> str:
+    """The state string of a parent waiting for its children."""
+    return f"{WAITING_CHILDREN}:{ms}"
+
+
+def parse_job_state(state: str) -> tuple[str, int, str | int | None]:
+    """``parse_state`` (the Rust codec) that also reads ``waiting_children:<ms>``."""
+    if state.startswith("waiting_children:"):
+        return WAITING_CHILDREN, int(state[17:]), None
+    return parse_state(state)
+
+
+def child_failed_error(job_id: str, failures: list[tuple[str, bytes]]) -> bytes:
+    """The stored error of a parent failed by its children (``ChildJobFailedError``),
+    listing each failed child's ``(id, stored error)``."""
+    errors = {cid: decode_error(data) if data else JobError("JobCancelledError", f"job {cid!r} was cancelled") for cid, data in failures}
+    message = f"job {job_id!r} failed because of its children: " + "; ".join(
+        f"{cid}: {e.type}: {e.message}" for cid, e in errors.items()
+    )
+    # The traceback field lists the children's errors as JSON (ChildJobFailedError.errors).
+    listed = json.dumps({cid: {"type": e.type, "message": e.message} for cid, e in errors.items()})
+    return encode_error(JobError("ChildJobFailedError", message, listed))

@@ -39,6 +39,8 @@ def _record(rec: _Rec) -> JobRecord:
         rec.token,
         rec.progress,
         rec.priority,
+        None if rec.parent is None else (rec.parent[0], rec.parent[1].id),
+        0 if rec.flow is None else len(rec.flow.children),
     )
 
 

@@ -10,8 +10,8 @@ from collections import deque
 import trio
 
 from ..._core import ObjectQueue, format_state
-from ..._model._types import MAX_PRIORITY, EnqueueStatus
-from .._base import EnqueueOutcome, NewJob, StorageEvent, select_events
+from ..._model._types import MAX_PRIORITY, EnqueueStatus, JobError
+from .._base import WAITING_CHILDREN, EnqueueOutcome, NewJob, StorageEvent, select_events, waiting_state
 from ._index import StateIndex
 from .._flowstate import FlowState
 
@@ -48,6 +48,8 @@ class _Rec:
         "progress",
         "cancel_requested",
         "priority",
+        "parent",
+        "flow",
     )
 
     def __init__(self, job: NewJob, now_ms: int, index: StateIndex) -> None:
@@ -74,6 +76,8 @@ class _Rec:
         self.progress: bytes | None = None
         self.cancel_requested = False  # cancel() reached it while it was processing
         self.priority = job.priority  # its lane of the ready list, for life
+        self.parent: tuple[str, _Rec] | None = None  # a child of a tree: (queue, parent)
+        self.flow: _Flow | None = None  # a parent: its children
         index.enter(self, None, _QUEUED)
 
     @property
@@ -93,7 +97,22 @@ class _Rec:
             return format_state(_FAILING, self.ts_ms, self.attempts)
         if self.kind == _DELAYED:
             return format_state(_DELAYED, self.ts_ms, int(self.run_at * 1000))
+        if self.kind == WAITING_CHILDREN:
+            return waiting_state(self.ts_ms)
         return format_state(self.kind, self.ts_ms)
+
+
+class _Flow:
+    """A parent's side of a tree: its ``on_child_failure`` policy, its children
+    ``(queue, record)``, how many have not ended, and the failed ones ``(id, error)``."""
+
+    __slots__ = ("policy", "children", "pending", "failures")
+
+    def __init__(self, policy: str) -> None:
+        self.policy = policy
+        self.children: list[tuple[str, _Rec]] = []
+        self.pending = 0
+        self.failures: list[tuple[str, bytes]] = []
 
 
 class _Waiter:
@@ -230,3 +249,16 @@ class _Q:
         self.schedules: dict[str, tuple[bytes, float | None]] = {}
         self.index = StateIndex()
         self.flow = FlowState()  # rate limit log, RateLimited hold, slot waiters
+
+
+def _due_ms(at: float) -> bytes:
+    """A ``due`` event's time (its ``result``): milliseconds since the epoch, as text."""
+    return b"%d" % math.ceil(at * 1000)
+
+
+def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
+    return JobError(
+        "StalledJobError",
+        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
+        f"and has used all {attempts} attempts",
+    )

@@ -21,7 +21,7 @@ from itertools import count
 
 import trio
 
-from ..._model._types import CancelStatus, EnqueueStatus, JobError, UpdateTTLStatus
+from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from ..._model._serde import encode_error
 from .._base import (
     Claim,
@@ -43,19 +43,22 @@ from .._base import FAILED as _FAILED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
+from .._base import WAITING_CHILDREN as _WAITING
 from ._admin import MemoryAdmin, _record
 from ._control import MemoryControl
-from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter
+from ._flows import MemoryFlows
+from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter, _due_ms, _stalled_error
 
 __all__ = ["MemoryStorage"]
 
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
+_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
 _COMPLETE = SettleKind.COMPLETE
 # Claims and events by the thousand: built as the tuples they are, without the keyword
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
 
-class MemoryStorage(MemoryAdmin, MemoryControl):
+class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -89,6 +92,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
         rec.lease_deadline = math.inf
         rec.expires_at = now + ttl
         heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
+        if rec.parent is not None or rec.flow is not None:
+            self._tree_ended(rec, now)
 
     def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
         """End a claimed job (already out of its processing list) as cancelled."""
@@ -197,7 +202,7 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
             rec = q.jobs.get(job_id)
             if rec is None:
                 status = CancelStatus.NOT_FOUND
-            elif rec.kind in (_QUEUED, _FAILING, _DELAYED):
+            elif rec.kind in (_QUEUED, _FAILING, _DELAYED, _WAITING):
                 # The envelope may still sit in the ready list or the delayed heap: it is
                 # skipped there because the record is no longer queued/failing.
                 self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
@@ -210,6 +215,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 if not rec.cancel_requested:
                     rec.cancel_requested = True
                     self._publish(q, [StorageEvent("cancel_requested", job_id, rec.worker, token=rec.token)])
+                if rec.flow is not None:
+                    self._cancel_children(rec, now)  # its children (dynamic) go with it
             else:
                 status = CancelStatus(rec.kind)
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -365,6 +372,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     group.append(rec)
                     completed.append(rec)
                     events.append(_new(StorageEvent, ("completed", sid, worker_id, data, None, rec.token)))
+                    if rec.parent is not None or rec.flow is not None:
+                        self._tree_ended(rec, now)
                     continue
                 if rec is None or rec.claim != s.token:
                     known = q.jobs.get(s.id)
@@ -377,8 +386,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                 del proc[s.id]
                 out.append(True)
                 limited = s.kind is SettleKind.RATE_LIMITED
-                if limited:
-                    rec.attempts -= rec.started  # rate limited: the attempt did not happen
+                if s.kind in _UNCOUNTED:
+                    rec.attempts -= rec.started  # rate limited, or waiting: the attempt did not happen
                 elif not rec.started and s.kind is not SettleKind.CANCEL:
                     rec.attempts += 1  # settled without start(): the attempt happened
                 if s.kind is SettleKind.CANCEL or (s.kind in _BACK and rec.cancel_requested):
@@ -391,6 +400,8 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
                     rec.error = s.data
                     self._set_terminal(q, rec, _FAILED, now, s.ttl)
                     events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=rec.token))
+                elif s.kind is SettleKind.WAIT_CHILDREN:
+                    self._wait_children(q, rec, now)
                 else:
                     rec.kind = _DELAYED if limited else _FAILING
                     rec.ts_ms = int(now * 1000)
@@ -564,15 +575,3 @@ class MemoryStorage(MemoryAdmin, MemoryControl):
     def __repr__(self) -> str:
         return f"MemoryStorage(queues={sorted(self._queues)!r})"
 
-
-def _due_ms(at: float) -> bytes:
-    """A ``due`` event's time (its ``result``): milliseconds since the epoch, as text."""
-    return b"%d" % math.ceil(at * 1000)
-
-
-def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
-    return JobError(
-        "StalledJobError",
-        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
-        f"and has used all {attempts} attempts",
-    )

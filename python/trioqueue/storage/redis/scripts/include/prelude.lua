@@ -200,7 +200,9 @@ end
 -- index), so each state is a score range, counted by ZCOUNT and paged by rank. Every
 -- write of an active state string goes through setst/setsts; of a terminal one, terminal.
 local K44 = 17592186044416
-local KIND = {queued = 0, delayed = 1, processing = 2, failing = 3, completed = 4, failed = 5, cancelled = 6}
+-- (waiting_children, a parent of a tree, came last: the terminal kinds are 4..6)
+local KIND = {queued = 0, delayed = 1, processing = 2, failing = 3, completed = 4, failed = 5, cancelled = 6,
+  waiting_children = 7}
 local function sidx(st)
   local c = string.find(st, ':', 1, true)
   local rest = string.sub(st, c + 1)
@@ -234,7 +236,7 @@ local function expired(id, now)
   if not s then return false end
   s = tonumber(s)
   local k = math.floor(s / K44)
-  if k >= KIND.completed and s - k * K44 <= now then purge(id) return true end
+  if k >= KIND.completed and k <= KIND.cancelled and s - k * K44 <= now then purge(id) return true end
   return false
 end
 -- SWEEP_AT (KEYS[10]): a lower bound of the ms at which the next kept terminal job is

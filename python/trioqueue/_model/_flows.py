@@ -1,0 +1,120 @@
+"""Trees of jobs (flows): the :class:`Child` a producer declares, the ``on_child_failure``
+policies, and the validation of a tree before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from ._errors import FlowError
+
+__all__ = [
+    "ON_CHILD_FAILURE",
+    "Child",
+    "JobRef",
+    "OnChildFailure",
+    "check_on_child_failure",
+    "children_from_json",
+    "walk_tree",
+]
+
+OnChildFailure = Literal["cancel", "continue", "ignore"]
+
+#: The ``on_child_failure`` policies: ``cancel`` (the default, as a Trio nursery: the
+#: first child that fails for good cancels its siblings and fails the parent),
+#: ``continue`` (the parent runs once every child is terminal and reads the failures),
+#: ``ignore`` (a failed child counts as done).
+ON_CHILD_FAILURE: tuple[str, ...] = ("cancel", "continue", "ignore")
+
+
+class JobRef(NamedTuple):
+    """A job of a storage: its queue's name and its id."""
+
+    queue: str
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """A child job of a tree (``queue.enqueue(..., children=[Child(...), ...])``).
+
+    ``queue`` names the queue it runs on (``None``: the parent's; any queue of the same
+    storage; on Redis Cluster queues sharing a hash tag). ``children`` makes it a parent
+    in turn (trees of any depth), with its own ``on_child_failure``. ``options`` are its
+    enqueue options (:class:`~trioqueue.EnqueueOptions`: ``max_attempts``, ``priority``,
+    ``delay``...). The job's payload is encoded by the enqueueing queue's serde."""
+
+    id: str
+    payload: Any = None
+    queue: str | None = None
+    children: Sequence[Child] = ()
+    on_child_failure: OnChildFailure = "cancel"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def check_on_child_failure(value: Any, job_id: str) -> str:
+    """The policy, or :class:`FlowError` naming the job."""
+    if value is None:
+        return "cancel"
+    if value not in ON_CHILD_FAILURE:
+        raise FlowError(
+            f"on_child_failure must be one of {', '.join(map(repr, ON_CHILD_FAILURE))}, got {value!r} (job {job_id!r})"
+        )
+    return str(value)
+
+
+def walk_tree(
+    queue: str, job_id: str, children: Sequence[Child], seen: set[JobRef] | None = None
+) -> Iterator[tuple[JobRef, Child]]:
+    """Every descendant of ``(queue, job_id)``, parents before their children, as
+    ``(parent, child)``; :class:`FlowError` for a duplicate id within the tree (a job
+    listed twice, or a cycle: a Child reached again through its own children), a child
+    that is not a :class:`Child`, or a bad policy."""
+    seen = {JobRef(queue, job_id)} if seen is None else seen
+    if isinstance(children, (str, bytes)) or not isinstance(children, Sequence):
+        raise FlowError(f"children must be a list of Child, got {type(children).__name__} (job {job_id!r})")
+    parent = JobRef(queue, job_id)
+    for child in children:
+        if not isinstance(child, Child):
+            raise FlowError(f"a child must be a trioqueue.Child, got {child!r} (job {job_id!r})")
+        ref = JobRef(child.queue or queue, child.id)
+        if ref in seen:
+            raise FlowError(f"job {child.id!r} appears twice in the tree of job {job_id!r} (a duplicate id or a cycle)")
+        seen.add(ref)
+        check_on_child_failure(child.on_child_failure, child.id)
+        yield parent, child
+        yield from walk_tree(ref.queue, child.id, child.children, seen)
+
+
+def children_from_json(text: str) -> list[Child]:
+    """Children written as JSON (the command line's ``--children``): a list of objects
+    with ``id`` and optionally ``payload``, ``queue``, ``children``, ``on_child_failure``
+    and ``options``."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise FlowError(f"--children is not valid JSON: {exc}") from None
+    return _children(data)
+
+
+def _children(data: Any) -> list[Child]:
+    if not isinstance(data, list):
+        raise FlowError(f"children must be a JSON list of objects, got {data!r}")
+    out = []
+    for item in data:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            raise FlowError(f"a child must be an object with a string id, got {item!r}")
+        out.append(
+            Child(
+                item["id"],
+                item.get("payload"),
+                item.get("queue"),
+                _children(item.get("children", [])),
+                item.get("on_child_failure", "cancel"),
+                dict(item.get("options", {})),
+            )
+        )
+    return out

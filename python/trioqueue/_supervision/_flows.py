@@ -1,0 +1,142 @@
+"""The Queue's producing side: making the jobs it enqueues (:class:`JobMaker`), alone or
+as trees (``children=``), and reading a job's children (:meth:`JobMaker.children`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from itertools import count
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .._core import encode_envelope
+from .._model import _validate as check
+from .._model._errors import FlowError, ValidationError
+from .._model._flows import Child, JobRef, check_on_child_failure, walk_tree
+from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
+from .._model._serde import Serde
+from .._model._types import DEFAULT_PRIORITY, EnqueueResult, EnqueueStatus, JobState, JobStatus
+from ..storage._base import EnqueueOutcome, FlowJob, JobRecord, NewJob, Storage, parse_job_state
+from ._execution import encode_value
+from ._observers import QueueObserver, notify
+
+__all__ = ["JobMaker", "children_counts", "with_children"]
+
+P = TypeVar("P")
+
+_new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
+
+
+class JobMaker(Generic[P]):
+    """A part of :class:`~trioqueue.Queue` (which sets these attributes)."""
+
+    storage: Storage
+    name: str
+    payload_serde: Serde
+    result_serde: Serde
+    max_attempts: int
+    result_ttl: float
+    _observers: list[QueueObserver]
+    _token_prefix: str
+    _token_seq: count[int]
+
+    if TYPE_CHECKING:  # provided by QueueAdmin (after this class in the Queue's bases)
+
+        def _load_result(self, job_id: str, data: bytes | None) -> Any: ...
+
+        def _status(self, record: JobRecord) -> JobStatus: ...
+
+    def _new_job(self, job_id: Any, payload: Any, options: EnqueueOptions, trace: dict[str, str] | None) -> NewJob:
+        """A validated job to enqueue (``ValidationError`` naming the problem and the job)."""
+        jid = check.job_id(job_id)
+        if not options:  # the common case: the queue's settings
+            run_at, prio, attempts, ttl = None, DEFAULT_PRIORITY, self.max_attempts, self.result_ttl
+            stored = JobOptions.build(jid, None, None, trace=trace) if trace else None
+        else:
+            check_enqueue_options(dict(options), jid)
+            run_at = check.run_at(options.get("delay"), options.get("at"), job=jid)
+            prio = check.priority(options.get("priority", DEFAULT_PRIORITY), job=jid)
+            max_attempts, result_ttl = options.get("max_attempts"), options.get("result_ttl")
+            attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
+            ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
+            retry_delay, job_timeout = options.get("retry_delay"), options.get("job_timeout")
+            stored = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
+            check_on_child_failure(options.get("on_child_failure"), jid)
+        data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
+        envelope = encode_envelope(
+            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
+        )
+        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio))  # (all fields)
+
+    def _new_token(self) -> str:
+        return f"{self._token_prefix}{next(self._token_seq):x}"
+
+    def _enqueued(self, outcomes: list[EnqueueOutcome]) -> list[EnqueueOutcome]:
+        if self._observers:
+            notify(self._observers, "jobs_enqueued", self.name, sum(o.status is EnqueueStatus.QUEUED for o in outcomes))
+        return outcomes
+
+    def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
+        status = outcome.status
+        if status is EnqueueStatus.QUEUED:
+            return EnqueueResult(job_id, status)
+        state = JobState(parse_job_state(outcome.state)[0]) if outcome.state else None
+        if status is EnqueueStatus.COMPLETED:
+            return EnqueueResult(job_id, status, state, self._load_result(job_id, outcome.result))
+        return EnqueueResult(job_id, status, state)
+
+    # -- trees ---------------------------------------------------------------------------
+
+    def _tree(self, new: NewJob, options: EnqueueOptions, trace: dict[str, str] | None) -> list[FlowJob] | None:
+        """The jobs of the tree rooted at ``new`` (``None``: no ``children`` option), all
+        validated (:class:`FlowError` naming the job on a refusal, nothing written)."""
+        children = options.get("children") if options else None
+        if children is None:
+            return None
+        policy = check_on_child_failure(options.get("on_child_failure"), new.id)
+        return [FlowJob(self.name, new, None, policy), *self._subtree(self.name, new.id, children, trace)]
+
+    def _subtree(
+        self, queue: str, job_id: str, children: Sequence[Child], trace: dict[str, str] | None = None
+    ) -> list[FlowJob]:
+        """The jobs of ``children`` (and theirs) of job ``(queue, job_id)``, parents first."""
+        jobs = []
+        for parent, child in walk_tree(queue, job_id, children):
+            options = dict(child.options)
+            if "children" in options or "on_child_failure" in options:
+                raise FlowError(f"give a Child's children and on_child_failure as its fields, not options (job {child.id!r})")
+            if child.queue is not None:
+                check.job_id(child.queue, "queue")
+            new = self._new_job(child.id, child.payload, options, trace)  # type: ignore[arg-type]
+            jobs.append(FlowJob(child.queue or parent.queue, new, tuple(parent), child.on_child_failure))
+        if not jobs:
+            raise FlowError(f"children of job {job_id!r} is empty: give at least one Child, or no children option")
+        return jobs
+
+    async def _store(self, new: NewJob, tree: list[FlowJob] | None) -> EnqueueOutcome:
+        """Enqueue ``new`` alone, or as the root of ``tree``."""
+        if tree is None:
+            [outcome] = await self.storage.enqueue(self.name, [new])
+        else:
+            outcome = await self.storage.enqueue_flow(tree)
+        return self._enqueued([outcome])[0]
+
+    async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
+        """The children of a job (a tree's parent, or a job that added children while it
+        ran), ``{JobRef(queue, id): status}`` in the order they were added; results are
+        decoded by this queue's result serde. ``{}`` for a job without children."""
+        jid = check.job_id(job_id)
+        records = await self.storage.get_children(self.name, jid)
+        return {JobRef(q, r.id): self._status(r) for q, r in records}
+
+
+def children_counts(records: list[tuple[str, JobRecord]]) -> dict[JobState, int]:
+    """Children's counts by state (every state, zeros included)."""
+    counts = dict.fromkeys(JobState, 0)
+    for _, r in records:
+        counts[JobState(parse_job_state(r.state)[0])] += 1
+    return counts
+
+
+def with_children(status: JobStatus, records: list[tuple[str, JobRecord]]) -> JobStatus:
+    return replace(status, children=children_counts(records))

@@ -1,0 +1,238 @@
+"""MemoryStorage's trees of jobs (flows): writing a tree in one locked step, and what a
+child's end does to its parent (counted done, the parent queued once none is left, or the
+parent failed and the siblings cancelled under ``cancel``), a mixin kept apart from
+``_storage.py``. Every step runs with the storage's lock held."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import threading
+import time
+from collections.abc import Sequence
+from itertools import count
+
+import trio
+
+from ..._model._errors import FlowError
+from ..._model._types import EnqueueStatus
+from .._base import (
+    CANCELLED,
+    COMPLETED,
+    DELAYED,
+    FAILED,
+    FAILING,
+    PROCESSING,
+    QUEUED,
+    WAITING_CHILDREN,
+    EnqueueOutcome,
+    FlowJob,
+    JobRecord,
+    StorageEvent,
+    child_failed_error,
+)
+from ._admin import _record
+from ._parts import _QUEUED_OUTCOME, _Flow, _Q, _Rec
+
+__all__ = ["MemoryFlows"]
+
+_TERMINAL = (COMPLETED, FAILED, CANCELLED)
+_CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN)
+
+
+class MemoryFlows:
+    """The flows part of :class:`~trioqueue.storage.MemoryStorage` (which provides the
+    helpers below)."""
+
+    _lock: threading.Lock
+    _seq: count[int]
+
+    def _q(self, name: str) -> _Q:
+        raise NotImplementedError
+
+    def _expire(self, q: _Q, now: float) -> None:
+        raise NotImplementedError
+
+    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _wake(self, q: _Q) -> None:
+        raise NotImplementedError
+
+    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
+        raise NotImplementedError
+
+    # -- writing trees -------------------------------------------------------------------
+
+    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            now = time.time()
+            root = jobs[0]
+            q = self._q(root.queue)
+            self._expire(q, now)
+            rec = q.jobs.get(root.job.id)
+            if rec is not None and rec.kind != CANCELLED:
+                if rec.kind == COMPLETED and rec.result is not None:
+                    outcome = EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token)
+                else:
+                    outcome = EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token)
+            else:
+                self._write_tree(jobs, now, {})
+                outcome = _QUEUED_OUTCOME
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return outcome
+
+    async def add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
+    ) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            rec = q.processing.get(worker_id, {}).get(job_id)
+            ok = rec is not None and rec.claim == token
+            if rec is not None and ok:
+                self._write_tree(children, time.time(), {(queue, job_id): rec}, policy)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    def _write_tree(
+        self, jobs: Sequence[FlowJob], now: float, recs: dict[tuple[str, str], _Rec], policy: str = "cancel"
+    ) -> None:
+        """Check every id first (nothing written on a refusal), then write the tree."""
+        first = 0 if recs else 1  # the root of a new tree was checked by the caller
+        for fj in jobs[first:]:
+            q = self._q(fj.queue)
+            self._expire(q, now)
+            old = q.jobs.get(fj.job.id)
+            if old is not None and old.kind != CANCELLED or (fj.queue, fj.job.id) in recs:
+                raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
+        parents = {fj.parent for fj in jobs if fj.parent is not None}
+        for parent in recs.values():
+            if parent.flow is None:
+                parent.flow = _Flow(policy)
+        now_ms = int(now * 1000)
+        touched: dict[str, tuple[_Q, list[StorageEvent], list[_Rec]]] = {}
+        for fj in jobs:
+            job = fj.job
+            q, events, ready = touched.setdefault(fj.queue, (self._q(fj.queue), [], []))
+            old = q.jobs.get(job.id)
+            if old is not None:
+                q.index.drop(old)
+            rec = q.jobs[job.id] = _Rec(job, now_ms, q.index)
+            recs[fj.queue, job.id] = rec
+            events.append(StorageEvent("enqueued", job.id, token=job.token))
+            if (fj.queue, job.id) in parents:
+                rec.kind = WAITING_CHILDREN
+                rec.flow = _Flow(fj.policy)
+            elif job.run_at is not None and job.run_at > now:
+                rec.kind = DELAYED
+                self._delay(q, rec, job.run_at, events)
+            else:
+                ready.append(rec)
+            if fj.parent is not None:
+                parent = recs[fj.parent]
+                rec.parent = (fj.parent[0], parent)
+                assert parent.flow is not None
+                parent.flow.children.append((fj.queue, rec))
+                parent.flow.pending += 1
+        for q, events, ready in touched.values():
+            q.ready.push(ready)
+            self._publish(q, events)
+            self._wake(q)
+
+    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            rec = q.jobs.get(job_id)
+            if rec is None or rec.flow is None:
+                return []
+            return [(cq, _record(c)) for cq, c in rec.flow.children if self._q(cq).jobs.get(c.id) is c]
+
+    # -- a job of a tree ended -------------------------------------------------------------
+
+    def _tree_ended(self, rec: _Rec, now: float) -> None:
+        """``rec`` (a parent, a child, or both) just became terminal."""
+        flow = rec.flow
+        if flow is not None:
+            if rec.kind != COMPLETED:
+                self._cancel_children(rec, now)  # cancelled or failed: none of them may run on
+            for cq, child in flow.children:  # their results are no longer needed by rec
+                if child.kind in _TERMINAL and child.expires_at == math.inf:
+                    self._keep_for(self._q(cq), child, now + child.result_ttl)
+        if rec.parent is None:
+            return
+        pq_name, parent = rec.parent
+        pq = self._q(pq_name)
+        if parent.kind in _TERMINAL or parent.flow is None or pq.jobs.get(parent.id) is not parent:
+            return  # the parent ended first: rec keeps its own TTL
+        rec.expires_at = math.inf  # kept while the parent may read it
+        flow = parent.flow
+        flow.pending -= 1
+        if rec.kind != COMPLETED:
+            flow.failures.append((rec.id, rec.error or b""))
+            if flow.policy == "cancel":
+                if parent.kind == PROCESSING:
+                    self._cancel_children(parent, now)  # the parent fails when it waits for them
+                else:
+                    self._fail_parent(pq, parent, now)
+                return
+        if flow.pending == 0 and parent.kind == WAITING_CHILDREN:
+            self._children_done(pq, parent, now)
+
+    def _keep_for(self, q: _Q, rec: _Rec, expires_at: float) -> None:
+        rec.expires_at = expires_at
+        heapq.heappush(q.expiry, (expires_at, next(self._seq), rec))
+
+    def _fail_parent(self, pq: _Q, parent: _Rec, now: float) -> None:
+        assert parent.flow is not None
+        parent.error = child_failed_error(parent.id, parent.flow.failures)
+        parent.worker = None
+        self._set_terminal(pq, parent, FAILED, now, parent.result_ttl)  # cancels the siblings
+        self._publish(pq, [StorageEvent("failed", parent.id, error=parent.error, token=parent.token)])
+
+    def _children_done(self, pq: _Q, parent: _Rec, now: float) -> None:
+        """Every child of a waiting parent is terminal: queue it in its lane."""
+        parent.kind = QUEUED
+        parent.ts_ms = int(now * 1000)
+        pq.ready.push([parent])
+        self._publish(pq, [StorageEvent("promoted", parent.id, token=parent.token)])
+        self._wake(pq)
+
+    def _cancel_children(self, parent: _Rec, now: float) -> None:
+        """Cancel every child of ``parent`` that has not ended (and, through their own
+        ends, their descendants): a waiting, queued, delayed or failing one at once, a
+        processing one by a cancel request to its worker."""
+        assert parent.flow is not None
+        for cq_name, child in list(parent.flow.children):
+            cq = self._q(cq_name)
+            if cq.jobs.get(child.id) is not child:
+                continue
+            if child.kind in _CANCELLABLE:
+                self._set_terminal(cq, child, CANCELLED, now, child.result_ttl)
+                self._publish(cq, [StorageEvent("cancelled", child.id, token=child.token)])
+            elif child.kind == PROCESSING:
+                if child.flow is not None:
+                    self._cancel_children(child, now)
+                if not child.cancel_requested:
+                    child.cancel_requested = True
+                    self._publish(cq, [StorageEvent("cancel_requested", child.id, child.worker, token=child.token)])
+
+    def _wait_children(self, q: _Q, rec: _Rec, now: float) -> None:
+        """A processing job (out of its processing list) settled WAIT_CHILDREN."""
+        rec.worker = None
+        rec.lease_deadline = math.inf
+        rec.started = False
+        flow = rec.flow
+        if flow is not None and flow.failures and flow.policy == "cancel":
+            self._fail_parent(q, rec, now)
+        elif flow is None or flow.pending == 0:
+            self._children_done(q, rec, now)
+        else:
+            rec.kind = WAITING_CHILDREN
+            rec.ts_ms = int(now * 1000)

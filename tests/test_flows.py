@@ -1,0 +1,291 @@
+"""Trees of jobs with nursery semantics (flows): conformance, every backend.
+
+A parent waits in ``waiting_children`` until every child is terminal; ``on_child_failure``
+decides what a failed child does (``cancel``: fail the parent, cancel the siblings;
+``continue``; ``ignore``); ``cancel(parent)`` cancels the whole tree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import (
+    CancelStatus,
+    Child,
+    ChildJobFailedError,
+    Job,
+    JobRef,
+    JobState,
+    Queue,
+    Storage,
+    UnrecoverableError,
+)
+
+from support import Recorder
+
+FAST = {"retry_delay": 0, "block_timeout": 0.5}
+
+# The backends that implement trees so far (Storage.enqueue_flow and the rest).
+FLOW_BACKENDS = {"memory"}
+
+
+@pytest.fixture(autouse=True)
+def _flows_implemented(backend: str) -> None:
+    if backend not in FLOW_BACKENDS:
+        pytest.skip(f"{backend} storage does not implement trees of jobs yet")
+
+
+class Handlers:
+    """One handler for every job, by id: ``behaviour[id](job)``, default: return the id;
+    ``ran`` lists the jobs in the order their handlers began."""
+
+    def __init__(self, **behaviour: Callable[[Job[Any]], Any]) -> None:
+        self.behaviour = behaviour
+        self.ran: list[str] = []
+
+    async def __call__(self, job: Job[Any]) -> Any:
+        self.ran.append(job.id)
+        do = self.behaviour.get(job.id.replace("-", "_"))
+        if do is None:
+            return f"done {job.id}"
+        out = do(job)
+        if hasattr(out, "__await__"):
+            out = await out
+        return out
+
+
+def fail(job: Job[Any]) -> None:
+    raise UnrecoverableError(f"{job.id} broke")
+
+
+async def test_a_parent_runs_once_every_child_is_terminal_and_reads_their_results(storage: Storage, queue_name: str) -> None:
+    seen: dict[str, Any] = {}
+    gate = trio.Event()
+
+    async def report(job: Job[Any]) -> str:
+        seen.update(await job.children_results())
+        seen["failures"] = await job.children_failures()
+        return "report"
+
+    async def slow(job: Job[Any]) -> str:
+        await gate.wait()
+        return "b"
+
+    handlers = Handlers(report=report, fetch_b=slow)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=4, **FAST) as q:
+        with trio.fail_after(10):
+            events = Recorder()
+            q.on("completed", events)
+            await q.enqueue(
+                "report",
+                {"month": "2026-10"},
+                children=[Child("fetch-a", 1), Child("fetch-b", 2, children=[Child("auth", 3)])],
+            )
+            await events.wait_for("completed", "auth")
+            await events.wait_for("completed", "fetch-a")
+            status = await q.get_status("report")
+            assert status is not None and status.state is JobState.WAITING_CHILDREN
+            assert status.children is not None and status.children[JobState.COMPLETED] == 1
+            assert sum(status.children.values()) == 2
+            child = await q.get_status("auth")
+            assert child is not None and child.parent == JobRef(queue_name, "fetch-b")
+            assert "report" not in handlers.ran
+            gate.set()
+            await events.wait_for("completed", "report")
+        assert handlers.ran.index("auth") < handlers.ran.index("fetch-b") < handlers.ran.index("report")
+        assert seen == {"fetch-a": "done fetch-a", "fetch-b": "b", "failures": {}}
+        kids = await q.children("report")
+        assert list(kids) == [JobRef(queue_name, "fetch-a"), JobRef(queue_name, "fetch-b")]
+        assert (await q.get_status("report")).state is JobState.COMPLETED  # type: ignore[union-attr]
+
+
+async def test_a_child_on_another_queue_of_the_same_storage(storage: Storage, queue_name: str) -> None:
+    other = f"{queue_name}-fetchers"
+    async with (
+        Queue(storage, name=queue_name, handler=Handlers(), **FAST) as q,
+        Queue(storage, name=other, handler=Handlers(), **FAST) as fetchers,
+    ):
+        with trio.fail_after(10):
+            result = await q.enqueue_and_wait("parent", None, children=[Child("c1", None, queue=other), Child("c2")])
+        assert result == "done parent"
+        status = await fetchers.get_status("c1")
+        assert status is not None and status.parent == JobRef(queue_name, "parent")
+        assert set(await q.children("parent")) == {JobRef(other, "c1"), JobRef(queue_name, "c2")}
+
+
+async def test_cancel_policy_fails_the_parent_and_cancels_the_siblings(storage: Storage, queue_name: str) -> None:
+    running = trio.Event()
+    cancelled_in_handler = trio.Event()
+
+    async def long(job: Job[Any]) -> None:
+        running.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled_in_handler.set()
+
+    async def bad(job: Job[Any]) -> None:
+        await running.wait()  # fail while the sibling runs
+        raise UnrecoverableError("bad broke")
+
+    handlers = Handlers(long=long, bad=bad)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=2, **FAST) as q:
+        with trio.fail_after(10):
+            with pytest.raises(ChildJobFailedError) as info:
+                await q.enqueue_and_wait(
+                    "parent",
+                    None,
+                    children=[
+                        Child("long"),
+                        Child("bad"),
+                        Child("later", options={"delay": 3600}),
+                    ],
+                )
+            await cancelled_in_handler.wait()
+        assert info.value.errors["bad"].message == "bad broke"
+        assert "bad broke" in str(info.value)
+        for sibling in ("long", "later"):
+            status = await q.get_status(sibling)
+            assert status is not None and status.state is JobState.CANCELLED, sibling
+        assert "parent" not in handlers.ran and "later" not in handlers.ran
+
+
+async def test_a_failure_deep_in_the_tree_propagates_level_by_level(storage: Storage, queue_name: str) -> None:
+    handlers = Handlers(leaf=fail)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=2, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(ChildJobFailedError) as info:
+            await q.enqueue_and_wait(
+                "root", None, children=[Child("mid", children=[Child("leaf")]), Child("aunt", options={"delay": 3600})]
+            )
+        assert list(info.value.errors) == ["mid"] and info.value.errors["mid"].type == "ChildJobFailedError"
+        mid = await q.get_status("mid")
+        assert mid is not None and mid.state is JobState.FAILED and mid.error is not None and "leaf broke" in mid.error.message
+        aunt = await q.get_status("aunt")
+        assert aunt is not None and aunt.state is JobState.CANCELLED
+        assert handlers.ran == ["leaf"]
+
+
+@pytest.mark.parametrize("policy", ["continue", "ignore"])
+async def test_continue_and_ignore_run_the_parent_which_reads_the_failures(
+    storage: Storage, queue_name: str, policy: str
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def parent(job: Job[Any]) -> str:
+        seen["results"] = await job.children_results()
+        seen["failures"] = await job.children_failures()
+        return "ran"
+
+    handlers = Handlers(parent=parent, bad=fail)
+    async with Queue(storage, name=queue_name, handler=handlers, **FAST) as q:
+        with trio.fail_after(10):
+            out = await q.enqueue_and_wait(
+                "parent", None, children=[Child("bad"), Child("good")], on_child_failure=policy  # type: ignore[arg-type]
+            )
+        assert out == "ran"
+        assert seen["results"] == {"good": "done good"}
+        assert seen["failures"]["bad"].message == "bad broke"
+
+
+async def test_cancelling_a_parent_cancels_every_descendant_queued_and_running(storage: Storage, queue_name: str) -> None:
+    running = trio.Event()
+    interrupted = trio.Event()
+
+    async def long(job: Job[Any]) -> None:
+        running.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            interrupted.set()
+
+    handlers = Handlers(deep=long)
+    async with Queue(storage, name=queue_name, handler=handlers, **FAST) as q:
+        events = Recorder()
+        q.on("cancelled", events)
+        with trio.fail_after(10):
+            await q.enqueue(
+                "top",
+                None,
+                children=[Child("mid", children=[Child("deep"), Child("deep-later", options={"delay": 3600})])],
+            )
+            await running.wait()
+            assert (await q.cancel("top")).status is CancelStatus.CANCELLED
+            await interrupted.wait()
+            await events.wait_for("cancelled", "deep")
+        for job_id in ("top", "mid", "deep", "deep-later"):
+            status = await q.get_status(job_id)
+            assert status is not None and status.state is JobState.CANCELLED, job_id
+        assert handlers.ran == ["deep"]
+
+
+async def test_dynamic_children_and_wait_for_children(storage: Storage, queue_name: str) -> None:
+    from trioqueue import WaitForChildren
+
+    runs: list[tuple[int, dict[str, Any]]] = []
+
+    async def parent(job: Job[Any]) -> Any:
+        results = await job.children_results()
+        runs.append((job.attempts, results))
+        if not results:
+            await job.add_children([Child("dyn-1", 1), Child("dyn-2", 2, children=[Child("dyn-3")])])
+            raise WaitForChildren()
+        return sorted(results)
+
+    handlers = Handlers(parent=parent)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=2, max_attempts=1, **FAST) as q:
+        with trio.fail_after(10):
+            out = await q.enqueue_and_wait("parent", None)
+        assert out == ["dyn-1", "dyn-2"]
+        assert [a for a, _ in runs] == [1, 1]  # waiting used no attempt (max_attempts=1)
+        status = await q.get_status("dyn-3")
+        assert status is not None and status.parent == JobRef(queue_name, "dyn-2")
+
+
+async def test_a_childs_result_outlives_its_ttl_while_the_parent_needs_it(storage: Storage, queue_name: str) -> None:
+    gate = trio.Event()
+    seen: dict[str, Any] = {}
+
+    async def slow(job: Job[Any]) -> str:
+        await gate.wait()
+        return "slow"
+
+    async def parent(job: Job[Any]) -> None:
+        seen.update(await job.children_results())
+
+    handlers = Handlers(slow=slow, parent=parent)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=2, **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
+        with trio.fail_after(10):
+            await q.enqueue("parent", None, children=[Child("quick", options={"result_ttl": 0.05}), Child("slow")])
+            await events.wait_for("completed", "quick")
+            await trio.sleep(0.3)  # past quick's own TTL: a timer is what is tested
+            gate.set()
+            await events.wait_for("completed", "parent")
+        assert seen == {"quick": "done quick", "slow": "slow"}
+
+
+async def test_bad_trees_are_refused_naming_the_job_and_write_nothing(storage: Storage, queue_name: str) -> None:
+    from trioqueue import FlowError
+
+    async with Queue(storage, name=queue_name, **FAST) as q:
+        await q.enqueue("exists", None)
+        cases = [
+            ({"children": [Child("a"), Child("a")]}, "'a' appears twice"),
+            ({"children": [Child("b", children=[Child("p")])]}, "'p' appears twice"),
+            ({"children": [Child("c"), Child("exists")]}, "'exists' already exists"),
+            ({"children": [Child("d")], "on_child_failure": "explode"}, "on_child_failure must be one of"),
+            ({"children": [Child("e", on_child_failure="nope")]}, r"got 'nope' \(job 'e'\)"),  # type: ignore[arg-type]
+            ({"children": "f"}, "children must be a list of Child"),
+        ]
+        for options, message in cases:
+            with pytest.raises(FlowError, match=message):
+                await q.enqueue("p", None, **options)  # type: ignore[arg-type]
+            assert await q.get_status("p") is None, options
+            for job_id in "abcdef":
+                assert await q.get_status(job_id) is None, (options, job_id)
+        status = await q.get_status("exists")
+        assert status is not None and status.state is JobState.QUEUED and status.parent is None
