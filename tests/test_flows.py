@@ -29,7 +29,7 @@ from support import Recorder
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
 # The backends that implement trees so far (Storage.enqueue_flow and the rest).
-FLOW_BACKENDS = {"memory"}
+FLOW_BACKENDS = {"memory", "file"}
 
 
 @pytest.fixture(autouse=True)
@@ -133,6 +133,8 @@ async def test_cancel_policy_fails_the_parent_and_cancels_the_siblings(storage: 
 
     handlers = Handlers(long=long, bad=bad)
     async with Queue(storage, name=queue_name, handler=handlers, concurrency=2, **FAST) as q:
+        cancelled = Recorder()
+        q.on("cancelled", cancelled)
         with trio.fail_after(10):
             with pytest.raises(ChildJobFailedError) as info:
                 await q.enqueue_and_wait(
@@ -145,6 +147,7 @@ async def test_cancel_policy_fails_the_parent_and_cancels_the_siblings(storage: 
                     ],
                 )
             await cancelled_in_handler.wait()
+            await cancelled.wait_for("cancelled", "long")  # settled by its worker
         assert info.value.errors["bad"].message == "bad broke"
         assert "bad broke" in str(info.value)
         for sibling in ("long", "later"):
@@ -156,10 +159,14 @@ async def test_cancel_policy_fails_the_parent_and_cancels_the_siblings(storage: 
 async def test_a_failure_deep_in_the_tree_propagates_level_by_level(storage: Storage, queue_name: str) -> None:
     handlers = Handlers(leaf=fail)
     async with Queue(storage, name=queue_name, handler=handlers, concurrency=2, **FAST) as q:
-        with trio.fail_after(10), pytest.raises(ChildJobFailedError) as info:
-            await q.enqueue_and_wait(
-                "root", None, children=[Child("mid", children=[Child("leaf")]), Child("aunt", options={"delay": 3600})]
-            )
+        cancelled = Recorder()
+        q.on("cancelled", cancelled)
+        with trio.fail_after(10):
+            with pytest.raises(ChildJobFailedError) as info:
+                await q.enqueue_and_wait(
+                    "root", None, children=[Child("mid", children=[Child("leaf")]), Child("aunt", options={"delay": 3600})]
+                )
+            await cancelled.wait_for("cancelled", "aunt")
         assert list(info.value.errors) == ["mid"] and info.value.errors["mid"].type == "ChildJobFailedError"
         mid = await q.get_status("mid")
         assert mid is not None and mid.state is JobState.FAILED and mid.error is not None and "leaf broke" in mid.error.message
@@ -214,7 +221,8 @@ async def test_cancelling_a_parent_cancels_every_descendant_queued_and_running(s
             await running.wait()
             assert (await q.cancel("top")).status is CancelStatus.CANCELLED
             await interrupted.wait()
-            await events.wait_for("cancelled", "deep")
+            for job_id in ("top", "mid", "deep", "deep-later"):
+                await events.wait_for("cancelled", job_id)
         for job_id in ("top", "mid", "deep", "deep-later"):
             status = await q.get_status(job_id)
             assert status is not None and status.state is JobState.CANCELLED, job_id

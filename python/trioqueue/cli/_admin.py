@@ -123,6 +123,8 @@ def _status_json(s: JobStatus) -> dict[str, Any]:
         "error": None
         if s.error is None
         else {"type": s.error.type, "message": s.error.message, "traceback": s.error.traceback},
+        "parent": None if s.parent is None else {"queue": s.parent.queue, "id": s.parent.id},
+        "children": None if s.children is None else {k.value: n for k, n in s.children.items() if n},
     }
 
 
@@ -216,13 +218,22 @@ async def _show(args: argparse.Namespace, queue: Any) -> int:
         lines.append(f"due:        {_iso(s.run_at)}")
     if s.progress is not None:
         lines.append(f"progress:   {_one_line(s.progress, 200)}")
+    if s.parent is not None:
+        lines.append(f"parent:     {s.parent.id} (queue {s.parent.queue})")
+    data = _status_json(s)
+    if s.children is not None:
+        kids = await queue.children(s.id)
+        data["children"] = [{"queue": r.queue, "id": r.id, "state": c.state.value} for r, c in kids.items()]
+        counts = ", ".join(f"{n} {k.value}" for k, n in s.children.items() if n)
+        lines.append(f"children:   {counts or 'none'}")
+        lines.extend(f"  {r.id} ({r.queue}): {c.state.value}" for r, c in kids.items())
     if s.state is JobState.COMPLETED:
         lines.append(f"result:     {json.dumps(s.result, default=repr, ensure_ascii=False)}")
     if s.error is not None:
         lines.append(f"error:      {s.error.type}: {s.error.message}")
         if s.error.traceback:
             lines.append(s.error.traceback.rstrip())
-    _emit(args, _status_json(s), "\n".join(lines))
+    _emit(args, data, "\n".join(lines))
     return 0
 
 

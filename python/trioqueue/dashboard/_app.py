@@ -270,6 +270,7 @@ class DashboardApp:
                 request, session, "job.html", status=404, queue=queue.name, job_id=job_id, job=None, has_payload=False
             )
         has_payload, payload = await self._payload(queue, job_id)
+        children = await queue.children(job_id) if status.children else {}
         return self._render(
             request,
             session,
@@ -279,6 +280,7 @@ class DashboardApp:
             job=status,
             has_payload=has_payload,
             payload=payload,
+            children=children,
         )
 
     async def _payload(self, queue: Any, job_id: str) -> tuple[bool, Any]:

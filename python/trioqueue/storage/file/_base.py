@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import json
 import math
@@ -88,6 +87,8 @@ class FileBase(Storage):
         self._root_fd = -1
         self._locks_dir = os.path.join(self._root, "locks")
         self._locks_fd = -1
+        self._tree_dirs: set[str] = set()  # tree/ folders known to exist (see _flows.py)
+        self._tree_dirty: set[str] = set()  # queues given notes to act on
 
     def _repair(self, q: _Q) -> None:
         """Start-up repair of one queue (see :class:`~._recovery.RecoveryOps`)."""
@@ -551,7 +552,17 @@ class FileBase(Storage):
         r.started = False
         r.mk = None
         r.exp = now + r.result_ttl
+        if r.parent is not None or r.children is not None:
+            self._tree_ended(q, r)
         events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
+
+    # -- trees of jobs: see _flows.py (FileFlows), which overrides these -------------------
+
+    def _tree_ended(self, q: _Q, r: Rec) -> None:
+        """``r``, a job of a tree, is about to be written terminal (lock held)."""
+
+    async def _act_on_notes(self, queue: str | None = None) -> None:
+        """Act on the notes the steps left (trees of jobs)."""
 
     def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
@@ -562,34 +573,3 @@ class FileBase(Storage):
         if not q.hit and not os.path.exists(pdir + "/" + enc):
             return None  # (a hit: this process claimed it, and nobody re-pointed it since)
         return enc, r
-
-    def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:
-        entry = self._schedule_file(q, encode_name(name))
-        return None if entry is None else (entry[1], entry[2])
-
-    def _schedule_file(self, q: _Q, enc: str) -> tuple[str, bytes, float | None] | None:
-        path = os.path.join(q.schedules, enc)
-        try:
-            with open(path, "rb") as f:
-                d = json.loads(f.read())
-            last = d["last"]
-            return str(d["name"]), base64.b64decode(d["spec"]), None if last is None else float(last)
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            self._quarantine(q, path, f"unreadable schedule: {exc}")
-            return None
-
-    def _write_schedule(self, q: _Q, name: str, spec: bytes, last: float | None) -> None:
-        data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
-        fd = write_atomic(q.schedules, encode_name(name), data, self._fsync)
-        if fd is not None:
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            dfd = os.open(q.schedules, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)

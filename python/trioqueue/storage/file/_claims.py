@@ -16,6 +16,7 @@ from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from ..._model._types import DEFAULT_PRIORITY
 from .._base import (
+    WAITING_CHILDREN,
     Claim,
     ClaimLimits,
     HeartbeatReply,
@@ -46,7 +47,8 @@ from ._layout import (
 
 __all__ = ["ClaimOps"]
 
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED)  # settlements that put the job back
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
+_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
 
 
 class ClaimOps(FileBase):
@@ -220,8 +222,8 @@ class ClaimOps(FileBase):
                         continue
                     out.append(True)
                     limited = s.kind is SettleKind.RATE_LIMITED
-                    if limited:
-                        r.attempts -= r.started  # rate limited: the attempt did not happen
+                    if s.kind in _UNCOUNTED:
+                        r.attempts -= r.started  # rate limited, or waiting: the attempt did not happen
                     elif not r.started and s.kind is not SettleKind.CANCEL:
                         r.attempts += 1  # settled without start(): the attempt happened
                     r.ts = now_ms
@@ -233,12 +235,22 @@ class ClaimOps(FileBase):
                         r.kind = _COMPLETED
                         r.result = s.data
                         r.exp = now + s.ttl
+                        if r.parent is not None or r.children is not None:
+                            self._tree_ended(q, r)
                         events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=r.token))
                     elif s.kind is SettleKind.FAIL:
                         r.kind = _FAILED
                         r.error = s.data
                         r.exp = now + s.ttl
+                        if r.parent is not None or r.children is not None:
+                            self._tree_ended(q, r)
                         events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=r.token))
+                    elif s.kind is SettleKind.WAIT_CHILDREN:
+                        r.kind = WAITING_CHILDREN
+                        r.started = False
+                        r.mk = None
+                        r.children = r.children or []
+                        self._tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
                     else:
                         run_ms = int((now + s.delay) * 1000)
                         mk = _seq_name(run_ms, enc)
@@ -271,6 +283,8 @@ class ClaimOps(FileBase):
                 if items:
                     slot_freed(q)
         await self._finish(fds, dirs, bool(items))
+        if self._tree_dirty:
+            await self._act_on_notes()
         return out
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
@@ -316,6 +330,8 @@ class ClaimOps(FileBase):
                 slot_freed(q)
             self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
+        if self._tree_dirty:
+            await self._act_on_notes()
         return n
 
     @staticmethod
@@ -418,6 +434,8 @@ class ClaimOps(FileBase):
                 for enc in gone:
                     _unlink(os.path.join(pdir, enc))
         await self._finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
+        if self._tree_dirty:
+            await self._act_on_notes()
         return out
 
     async def heartbeat(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -16,6 +18,7 @@ from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import (
+    WAITING_CHILDREN,
     EnqueueOutcome,
     JobRecord,
     NewJob,
@@ -242,13 +245,15 @@ class EnqueueOps(FileBase):
                 r = self._load(q, enc, now)
                 if r is None:
                     status = CancelStatus.NOT_FOUND
-                elif r.kind in (_QUEUED, _FAILING, _DELAYED):
+                elif r.kind in (_QUEUED, _FAILING, _DELAYED, WAITING_CHILDREN):
                     marker = r.mk
                     folder = q.ready if r.kind == _QUEUED else q.delayed
                     r.kind = _CANCELLED
                     r.ts = int(now * 1000)
                     r.mk = None
                     r.exp = now + r.result_ttl
+                    if r.parent is not None or r.children is not None:
+                        self._tree_ended(q, r)  # its parent re-evaluated, its children cancelled
                     self._commit(q, {enc: r}, fds)
                     if marker:
                         _unlink(os.path.join(folder, marker))
@@ -259,6 +264,8 @@ class EnqueueOps(FileBase):
                     status = CancelStatus.CANCELLED
                 elif r.kind == _PROCESSING:
                     status = CancelStatus.CANCELLED
+                    if r.children is not None:
+                        self._tree_ended(q, r)  # its children (added while it runs) are cancelled
                     if not r.cancel_requested:
                         r.cancel_requested = True
                         self._commit(q, {enc: r}, fds)
@@ -267,6 +274,8 @@ class EnqueueOps(FileBase):
                 else:
                     status = CancelStatus(r.kind)
         await self._finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
+        if self._tree_dirty:
+            await self._act_on_notes()
         return status
 
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
@@ -377,3 +386,34 @@ class EnqueueOps(FileBase):
                 self._write_schedule(q, name, entry[0], tick)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
+
+    def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:
+        entry = self._schedule_file(q, encode_name(name))
+        return None if entry is None else (entry[1], entry[2])
+
+    def _schedule_file(self, q: _Q, enc: str) -> tuple[str, bytes, float | None] | None:
+        path = os.path.join(q.schedules, enc)
+        try:
+            with open(path, "rb") as f:
+                d = json.loads(f.read())
+            last = d["last"]
+            return str(d["name"]), base64.b64decode(d["spec"]), None if last is None else float(last)
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            self._quarantine(q, path, f"unreadable schedule: {exc}")
+            return None
+
+    def _write_schedule(self, q: _Q, name: str, spec: bytes, last: float | None) -> None:
+        data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
+        fd = write_atomic(q.schedules, encode_name(name), data, self._fsync)
+        if fd is not None:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            dfd = os.open(q.schedules, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)

@@ -89,6 +89,9 @@ class Rec:
         "progress",
         "cancel_requested",
         "priority",
+        "parent",
+        "children",
+        "policy",
     )
 
     def __init__(
@@ -129,6 +132,9 @@ class Rec:
         self.progress: bytes | None = None
         self.cancel_requested = False
         self.priority = DEFAULT_PRIORITY  # the job's lane of the ready list
+        self.parent: tuple[str, str] | None = None  # a child of a tree: (queue, id) of its parent
+        self.children: list[tuple[str, str]] | None = None  # a parent: (queue, id) of its children
+        self.policy = "cancel"  # a parent's on_child_failure
 
     def copy(self) -> Rec:
         """A shallow copy (the bytes fields are immutable): what a cache hands out, so
@@ -167,6 +173,11 @@ def _extras(r: Rec) -> dict[str, object]:
         x["x"] = 1
     if r.priority != DEFAULT_PRIORITY:
         x["pr"] = r.priority
+    if r.parent is not None:
+        x["pa"] = list(r.parent)
+    if r.children is not None:
+        x["ch"] = [list(c) for c in r.children]
+        x["po"] = r.policy
     return x
 
 
@@ -182,6 +193,11 @@ def _set_extras(r: Rec, x: object) -> None:
     r.progress = None if p is None else base64.b64decode(p)
     r.cancel_requested = bool(x.get("x", 0))
     r.priority = int(x.get("pr", DEFAULT_PRIORITY))
+    pa = x.get("pa")
+    r.parent = None if pa is None else (str(pa[0]), str(pa[1]))
+    ch = x.get("ch")
+    r.children = None if ch is None else [(str(c[0]), str(c[1])) for c in ch]
+    r.policy = str(x.get("po", "cancel"))
     if not MIN_PRIORITY <= r.priority <= MAX_PRIORITY:
         raise CorruptRecord(f"bad priority {r.priority!r}")
 

@@ -18,10 +18,12 @@ import trio
 from ..._core import format_state
 from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus, JobError
 from .._base import (
+    WAITING_CHILDREN,
     JobRecord,
     EnqueueOutcome,
     NewJob,
     StorageEvent,
+    waiting_state,
 )
 from ._fsutil import Rec
 from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
@@ -99,14 +101,17 @@ def _state(r: Rec) -> str:
     if r.kind == _DELAYED:
         parsed = _split_marker(r.mk) if r.mk else None
         return format_state(_DELAYED, r.ts, parsed[0] if parsed else r.ts)
+    if r.kind == WAITING_CHILDREN:
+        return waiting_state(r.ts)
     return format_state(r.kind, r.ts)
 
 
 def _job_record(r: Rec) -> JobRecord:
     """The storage-interface view of a record."""
     return JobRecord(
-        r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority
-    )
+        r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority,
+        r.parent, 0 if r.children is None else len(r.children),
+    )  # fmt: skip
 
 
 def _unlink(path: str) -> bool:

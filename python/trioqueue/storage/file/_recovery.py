@@ -131,6 +131,8 @@ class RecoveryOps(FileBase):
                             r.kind = _FAILED
                             r.error = encode_error(_stalled_error(r.id, worker_id, r.attempts))
                             r.exp = now + r.result_ttl
+                            if r.parent is not None or r.children is not None:
+                                self._tree_ended(q, r)
                             drop.append(marker)
                             events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
                             recovered.append((r.id, "failed"))
@@ -178,6 +180,7 @@ class RecoveryOps(FileBase):
                     slot_freed(q)
                 self._publish(q, events)
         await self._finish(fds, dirs, bool(items))
+        await self._act_on_notes(queue)  # this step's, and any a crash left
         return recovered, (None if next_deadline == math.inf else next_deadline)
 
     @staticmethod

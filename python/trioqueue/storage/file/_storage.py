@@ -6,12 +6,13 @@ from ._admin import AdminOps
 from ._claims import ClaimOps
 from ._enqueue import EnqueueOps
 from ._eventlog import EventLog
+from ._flows import FileFlows
 from ._recovery import RecoveryOps
 
 __all__ = ["FileStorage"]
 
 
-class FileStorage(EnqueueOps, ClaimOps, RecoveryOps, EventLog, AdminOps):
+class FileStorage(FileFlows, EnqueueOps, ClaimOps, RecoveryOps, EventLog, AdminOps):
     """Durable storage in a directory shared by any number of processes on one machine.
 
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power

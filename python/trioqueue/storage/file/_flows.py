@@ -1,0 +1,336 @@
+"""FileStorage's trees of jobs (flows).
+
+A tree is written under the locks of every queue it touches, taken in name order (every
+other step takes one queue lock at a time, so no two steps wait for each other), children
+before their parents and the root last: a crash part-way leaves jobs whose parent does
+not exist (they run as plain jobs), never a parent waiting for a child that does not.
+
+What a child's end does to its parent, and what a parent's end does to its children, is
+carried by **notes**: empty files in the queue directory's ``tree/`` folder, created
+*before* the step that ends a job writes its record, and removed once acted on:
+
+- ``p-<parent>``: re-evaluate the parent from its children's records (all terminal: it
+  is queued; one failed under ``cancel``: it fails with ``ChildJobFailedError``; a
+  parent that ended other than completed cancels its children; one that ended releases
+  its children's kept records);
+- ``c-<job>``: cancel the job (a cascade): at once if it waits, a cancel request if it
+  runs;
+- ``r-<job>``: the job's record, kept while its parent might read it, gets its TTL.
+
+Acting on a note is idempotent (it reads the records afresh), so a note left by a crash
+(or acted on twice) costs nothing: the step that made it acts on it right after (taking
+one queue lock at a time), and every reaper pass (``recover_stalled``) acts on the notes
+of its queue."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+
+import trio
+
+from ..._model._errors import FlowError
+from .._base import (
+    CANCELLED,
+    COMPLETED,
+    DELAYED,
+    FAILED,
+    FAILING,
+    PROCESSING,
+    QUEUED,
+    WAITING_CHILDREN,
+    EnqueueOutcome,
+    FlowJob,
+    JobRecord,
+    StorageEvent,
+    child_failed_error,
+)
+from ._base import FileBase
+from ._fsutil import CorruptRecord, Rec, encode_name, read_rec
+from ._enqueue import _outcome
+from ._layout import _Q, _QUEUED_OUTCOME, _close_on_error, _job_record, _ready_name, _seq_name, _unlink, due_event
+
+__all__ = ["FileFlows"]
+
+_TERMINAL = (COMPLETED, FAILED, CANCELLED)
+_CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN)
+
+
+class FileFlows(FileBase):
+    """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+    # -- notes ---------------------------------------------------------------------------
+
+    def _tree_dir(self, q: _Q) -> str:
+        d = os.path.join(q.path, "tree")
+        if d not in self._tree_dirs:
+            os.makedirs(d, exist_ok=True)
+            self._tree_dirs.add(d)
+        return d
+
+    def _note(self, queue: str, kind: str, job_id: str) -> None:
+        """Leave the note ``kind-<job>`` in ``queue``'s ``tree/`` (see the module docstring)."""
+        path = os.path.join(self._tree_dir(self._q(queue)), f"{kind}-{encode_name(job_id)}")
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        self._tree_dirty.add(queue)
+
+    def _tree_ended(self, q: _Q, r: Rec) -> None:
+        """``r`` is about to be written terminal, waiting for its children, or with a
+        cancel request (lock of ``q`` held): its parent is to be re-evaluated (and ``r``
+        kept meanwhile), and so is ``r`` as a parent."""
+        if r.parent is not None and r.kind in _TERMINAL:
+            r.exp = None  # kept until the parent has ended (an r- note then gives its TTL)
+            self._note(r.parent[0], "p", r.parent[1])
+        if r.children is not None:
+            self._note(q.name, "p", r.id)
+
+    async def _act_on_notes(self, queue: str | None = None) -> None:
+        """Act on the notes of ``queue`` and of every queue a step left notes in, until
+        none is left; one queue lock at a time."""
+        if queue is not None:
+            self._tree_dirty.add(queue)
+        while self._tree_dirty:
+            await self._act_on_queue(self._tree_dirty.pop())
+
+    async def _act_on_queue(self, queue: str) -> None:
+        q = self._q(queue)
+        folder = self._tree_dir(q)
+        if not os.listdir(folder):
+            return
+        fds: list[int] = []
+        wrote = False
+        async with self._alock(q):
+            with _close_on_error(fds):
+                now = time.time()
+                for name in sorted(os.listdir(folder)):
+                    # A note is taken (renamed) before it is acted on: one made meanwhile
+                    # (by this step, or by another queue's step) is a new note. A taken
+                    # one seen here was left by a crash (notes are acted on under the lock).
+                    if name.startswith(".w-"):
+                        work, name = name, name[3:]
+                    elif name.startswith("."):
+                        continue
+                    else:
+                        work = ".w-" + name
+                        os.rename(os.path.join(folder, name), os.path.join(folder, work))
+                    kind, _, enc = name.partition("-")
+                    if enc:
+                        wrote |= self._act(q, kind, enc, now, fds)
+                    _unlink(os.path.join(folder, work))
+        await self._finish(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd}, wrote)
+
+    def _peek(self, q: _Q, queue: str, job_id: str) -> Rec | None:
+        """A record of any queue (lock of ``q`` held): a record file is replaced
+        atomically, so another queue's is read without its lock."""
+        enc = encode_name(job_id)
+        if queue == q.name:
+            return self._read(q, enc)
+        try:
+            return read_rec(os.path.join(self._q(queue).jobs, enc), enc)
+        except CorruptRecord:
+            return None
+
+    def _act(self, q: _Q, kind: str, enc: str, now: float, fds: list[int]) -> bool:
+        """Act on one note (lock of ``q`` held); whether a record was written."""
+        r = self._read(q, enc)
+        if r is None:
+            return False
+        if kind == "r":
+            if r.kind in _TERMINAL and r.exp is None:
+                r.exp = now + r.result_ttl
+                self._commit(q, {enc: r}, fds)
+                return True
+            return False
+        if kind == "c":
+            return self._cascade_cancel(q, enc, r, now, fds)
+        if kind != "p" or r.children is None:
+            return False
+        children = [(cq, cid, self._peek(q, cq, cid)) for cq, cid in r.children]
+        if r.kind in _TERMINAL:
+            for cq, cid, c in children:
+                if c is None:
+                    continue
+                if c.kind not in _TERMINAL and r.kind != COMPLETED:
+                    self._note(cq, "c", cid)
+                elif c.kind in _TERMINAL and c.exp is None:
+                    self._note(cq, "r", cid)
+            return False
+        # A missing child (removed by hand) counts as cancelled.
+        failures = [(cid, (c.error or b"") if c else b"") for _, cid, c in children if c is None or c.kind in (FAILED, CANCELLED)]
+        pending = [(cq, cid) for cq, cid, c in children if c is not None and c.kind not in _TERMINAL]
+        failing = bool(failures) and r.policy == "cancel"
+        if r.kind == PROCESSING:
+            if failing or r.cancel_requested:
+                for cq, cid in pending:
+                    self._note(cq, "c", cid)
+            return False
+        if r.kind != WAITING_CHILDREN:
+            return False
+        if failing:
+            r.kind = FAILED
+            r.ts = int(now * 1000)
+            r.error = child_failed_error(r.id, failures)
+            r.exp = now + r.result_ttl
+            self._tree_ended(q, r)  # its children are cancelled, its parent re-evaluated
+            self._commit(q, {enc: r}, fds)
+            self._publish(q, [StorageEvent("failed", r.id, error=r.error, token=r.token)])
+            return True
+        if pending:
+            return False
+        nxt, front = q.counters()
+        r.kind = QUEUED
+        r.ts = int(now * 1000)
+        r.mk = _ready_name(nxt, enc, r.priority)
+        q.set_counters(nxt + 1, front)
+        self._commit(q, {enc: r}, fds)
+        self._link_marker(q, enc, q.ready, r.mk)
+        self._publish(q, [StorageEvent("promoted", r.id, token=r.token)])
+        return True
+
+    def _cascade_cancel(self, q: _Q, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
+        """A ``c-`` note: cancel ``r`` because an ancestor ended (lock of ``q`` held)."""
+        if r.kind in _CANCELLABLE:
+            marker, folder = r.mk, (q.ready if r.kind == QUEUED else q.delayed)
+            r.kind = CANCELLED
+            r.ts = int(now * 1000)
+            r.mk = None
+            r.exp = now + r.result_ttl
+            self._tree_ended(q, r)
+            self._commit(q, {enc: r}, fds)
+            if marker:
+                _unlink(os.path.join(folder, marker))
+            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+            return True
+        if r.kind == PROCESSING:
+            if r.children is not None:
+                self._note(q.name, "p", r.id)
+            if not r.cancel_requested:
+                r.cancel_requested = True
+                self._commit(q, {enc: r}, fds)
+                self._publish(q, [StorageEvent("cancel_requested", r.id, r.worker, token=r.token)])
+                return True
+        return False
+
+    # -- writing trees ---------------------------------------------------------------------
+
+    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        outcome, wrote = await self._write_tree(jobs, None)
+        if wrote:
+            await self._act_on_notes()
+        return outcome if outcome is not None else _QUEUED_OUTCOME
+
+    async def add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
+    ) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        _, wrote = await self._write_tree(children, (queue, job_id, worker_id, token, policy))
+        return wrote
+
+    async def _write_tree(
+        self, jobs: Sequence[FlowJob], held: tuple[str, str, str, str, str] | None
+    ) -> tuple[EnqueueOutcome | None, bool]:
+        """Write ``jobs`` (a new tree, or with ``held``: children of a held job) under the
+        locks of their queues. Returns (the root's outcome if it exists: nothing written;
+        ``None`` otherwise, or with ``held`` when it is no longer held; whether written)."""
+        names = sorted({fj.queue for fj in jobs} | ({held[0]} if held else set()))
+        qs = {n: self._q(n) for n in names}
+        fds: dict[str, list[int]] = {n: [] for n in names}
+        async with AsyncExitStack() as stack:
+            for n in names:
+                await stack.enter_async_context(self._alock(qs[n]))
+            now = time.time()
+            now_ms = int(now * 1000)
+            recs: dict[tuple[str, str], Rec] = {}
+            if held is None:
+                first = jobs[0]
+                old = self._load(qs[first.queue], encode_name(first.job.id), now)
+                if old is not None and old.kind != CANCELLED:
+                    return _outcome(old), False
+            else:
+                hq, hid, worker, token, policy = held
+                parent = self._read(qs[hq], encode_name(hid))
+                if parent is None or parent.kind != PROCESSING or parent.worker != worker or parent.claim != token:
+                    return EnqueueOutcome(_QUEUED_OUTCOME.status), False
+                if parent.children is None:
+                    parent.children, parent.policy = [], policy
+                recs[hq, hid] = parent
+            for fj in jobs[0 if held else 1 :]:
+                old = self._load(qs[fj.queue], encode_name(fj.job.id), now)
+                if old is not None and old.kind != CANCELLED or (fj.queue, fj.job.id) in recs:
+                    raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
+            parents = {fj.parent for fj in jobs if fj.parent is not None}
+            counters = {n: qs[n].counters() for n in names}
+            items: dict[str, dict[str, Rec]] = {n: {} for n in names}
+            events: dict[str, list[StorageEvent]] = {n: [] for n in names}
+            for fj in jobs:
+                job, q = fj.job, qs[fj.queue]
+                enc = encode_name(job.id)
+                if (fj.queue, job.id) in parents:
+                    kind, mk = WAITING_CHILDREN, None
+                elif job.run_at is not None and job.run_at > now:
+                    kind, mk = DELAYED, _seq_name(int(job.run_at * 1000), enc)
+                else:
+                    nxt, front = counters[fj.queue]
+                    kind, mk = QUEUED, _ready_name(nxt, enc, job.priority)
+                    counters[fj.queue] = (nxt + 1, front)
+                r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
+                r.token, r.priority = job.token, job.priority
+                if kind == WAITING_CHILDREN:
+                    r.children, r.policy = [], fj.policy
+                if fj.parent is not None:
+                    r.parent = fj.parent
+                    p = recs[fj.parent]
+                    assert p.children is not None
+                    p.children.append((fj.queue, job.id))
+                recs[fj.queue, job.id] = r
+                events[fj.queue].append(StorageEvent("enqueued", job.id, token=job.token))
+            if held is not None:
+                items[held[0]][encode_name(held[1])] = recs[held[0], held[1]]  # written last
+            # Children before parents, the root's queue last: see the module docstring.
+            order = sorted(names, key=lambda n: n == jobs[0].queue and held is None)
+            for fj in reversed(jobs):
+                items[fj.queue].setdefault(encode_name(fj.job.id), recs[fj.queue, fj.job.id])
+            if held is not None:  # the held job after its children
+                enc = encode_name(held[1])
+                items[held[0]][enc] = items[held[0]].pop(enc)
+            for n in order:
+                q = qs[n]
+                with _close_on_error(fds[n]):
+                    self._commit(q, items[n], fds[n])
+                    delayed = []
+                    for enc, r in items[n].items():
+                        if r.mk and r.kind in (QUEUED, DELAYED):
+                            self._link_marker(q, enc, q.ready if r.kind == QUEUED else q.delayed, r.mk)
+                            if r.kind == DELAYED:
+                                delayed.append((enc, r.mk))
+                    if delayed:
+                        events[n].append(due_event(delayed))
+                    q.set_counters(*counters[n])
+                    self._publish(q, events[n])
+        for n in names:
+            q = qs[n]
+            await self._durable(fds[n], {q.jobs_fd, *q.lane_fds, q.delayed_fd})
+        return None, True
+
+    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        now = time.time()
+        try:
+            r = read_rec(os.path.join(q.jobs, encode_name(job_id)), encode_name(job_id))
+        except CorruptRecord:
+            return []
+        if r is None or r.children is None or (r.exp is not None and r.exp <= now):
+            return []
+        out = []
+        for cq, cid in r.children:
+            try:
+                c = read_rec(os.path.join(self._q(cq).jobs, encode_name(cid)), encode_name(cid))
+            except CorruptRecord:
+                continue
+            if c is not None and (c.exp is None or c.exp > now):
+                out.append((cq, _job_record(c)))
+        return out
