@@ -3,7 +3,8 @@
 A tree is written under the locks of every queue it touches, taken in name order (every
 other step takes one queue lock at a time, so no two steps wait for each other), children
 before their parents and the root last: a crash part-way leaves jobs whose parent does
-not exist (they run as plain jobs), never a parent waiting for a child that does not.
+not exist (they run as plain jobs), never a parent waiting for a child that does not; the
+producer's retry of the enqueue (it was not acknowledged) replaces them (:func:`_leftover`).
 
 What a child's end does to its parent, and what a parent's end does to its children, is
 carried by **notes**: empty files in the queue directory's ``tree/`` folder, created
@@ -259,7 +260,7 @@ class FileFlows(FileBase):
                 recs[hq, hid] = parent
             for fj in jobs[0 if held else 1 :]:
                 old = self._load(qs[fj.queue], encode_name(fj.job.id), now)
-                if old is not None and old.kind != CANCELLED or (fj.queue, fj.job.id) in recs:
+                if old is not None and old.kind != CANCELLED and not _leftover(old, fj, recs) or (fj.queue, fj.job.id) in recs:
                     raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
             parents = {fj.parent for fj in jobs if fj.parent is not None}
             counters = {n: qs[n].counters() for n in names}
@@ -334,3 +335,15 @@ class FileFlows(FileBase):
             if c is not None and (c.exp is None or c.exp > now):
                 out.append((cq, _job_record(c)))
         return out
+
+
+def _leftover(old: Rec, fj: FlowJob, recs: dict[tuple[str, str], Rec]) -> bool:
+    """Whether the existing record ``old`` of ``fj``'s id was left by a crash in the middle
+    of writing this very tree (its children are written first): it names the same parent,
+    which does not exist (a new tree: its root was checked absent) or, for children added
+    to a running job, does not list it. Such a record is replaced (a new incarnation), so
+    that the producer's retry of the enqueue succeeds."""
+    if old.parent is None or tuple(old.parent) != fj.parent:
+        return False
+    held = recs.get(fj.parent)
+    return held is None or (fj.queue, fj.job.id) not in (held.children or [])

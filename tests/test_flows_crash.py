@@ -1,0 +1,102 @@
+"""Crash safety of trees of jobs: worker processes SIGKILLed while trees run (FileStorage:
+memory cannot span processes; RedisStorage has no trees yet). No job of a tree is lost,
+and no parent begins before every child of it began (and ended: a parent is queued only
+once its children are terminal). The workers are tests/helpers/queue_worker.py."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from support import Recorder
+from test_processes import Fleet, fleet, spec_of  # noqa: F401 - fixtures
+from trioqueue import Child, JobState, Queue
+from trioqueue.storage.file import FileStorage
+
+TREES, CHILDREN = 30, 5
+
+
+@pytest.fixture
+async def file_storage(tmp_path: Path) -> AsyncIterator[FileStorage]:
+    async with FileStorage(tmp_path / "store") as st:
+        yield st
+
+
+def _starts(log: Path) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        if line:
+            job_id, _, _, at = line.split(" ")
+            out.setdefault(job_id, []).append(float(at))
+    return out
+
+
+async def test_workers_killed_while_trees_run_lose_no_job_and_run_no_parent_early(
+    file_storage: FileStorage, fleet: Fleet, tmp_path: Path, queue_name: str
+) -> None:
+    rng = random.Random(uuid.uuid4().int)
+    log = tmp_path / "executions.log"
+    other = f"{queue_name}-kids"
+
+    def spec(name: str, queue: str) -> dict[str, Any]:
+        return spec_of(file_storage, queue=queue, worker_id=name, log=str(log), visibility_timeout=1.0)
+
+    completed = Recorder()
+    with trio.fail_after(60):
+        await fleet.start("worker", spec("victim", queue_name), "READY")
+        await fleet.start("worker", spec("victim-kids", other), "READY")
+        await fleet.start("worker", spec("other", queue_name), "READY")
+        async with Queue(file_storage, name=queue_name) as producer:
+            producer.on("completed", completed)
+            for t in range(TREES):  # each tree: children on both queues, one grandchild
+                kids = [
+                    Child(f"t{t}-c{c}", {"seconds": rng.uniform(0, 0.05)}, queue=other if c % 2 else None)
+                    for c in range(CHILDREN - 1)
+                ]
+                kids.append(Child(f"t{t}-mid", {"seconds": 0.01}, children=[Child(f"t{t}-leaf", {"seconds": 0.02})]))
+                await producer.enqueue(f"t{t}", {"seconds": 0.0}, children=kids)
+            await trio.sleep(rng.uniform(0.05, 0.4))  # trees in flight: claims, settles, notes
+            fleet.kill("victim")
+            fleet.kill("victim-kids")
+            await fleet.start("worker", spec("replacement", queue_name), "READY")
+            await fleet.start("worker", spec("replacement-kids", other), "READY")
+            await completed.wait_until(lambda evs: {f"t{t}" for t in range(TREES)} <= {e.job_id for e in evs})
+            async with Queue(file_storage, name=other) as kids_queue:
+                for t in range(TREES):
+                    status = await producer.get_status(f"t{t}")
+                    assert status is not None and status.state is JobState.COMPLETED, status
+                    assert status.children is not None and status.children[JobState.COMPLETED] == CHILDREN
+                    for c in range(CHILDREN - 1):
+                        q = kids_queue if c % 2 else producer
+                        child = await q.get_status(f"t{t}-c{c}")
+                        assert child is not None and child.state is JobState.COMPLETED, child
+    starts = _starts(log)
+    for t in range(TREES):
+        parent = min(starts[f"t{t}"])
+        tree = [f"t{t}-c{c}" for c in range(CHILDREN - 1)] + [f"t{t}-mid", f"t{t}-leaf"]
+        assert all(max(starts[j]) < parent for j in tree), (t, {j: starts[j] for j in tree}, parent)
+        assert max(starts[f"t{t}-leaf"]) < min(starts[f"t{t}-mid"])
+
+
+async def test_a_tree_whose_write_was_cut_short_can_be_enqueued_again(file_storage: FileStorage, queue_name: str) -> None:
+    """Children are written before their parents: a crash before the root leaves children
+    naming a parent that does not exist. The producer's retry replaces them (here the root
+    is forgotten by hand, which leaves the same records behind)."""
+    tree = [Child("a", 1), Child("b", 2, children=[Child("b1", 3)])]
+    async with Queue(file_storage, name=queue_name) as q:
+        await q.enqueue("root", None, children=tree)
+        assert await q.remove("root")
+        assert (await q.get_status("b1")) is not None  # the leftovers
+        assert (await q.enqueue("root", None, children=tree)).status.value == "queued"
+        status = await q.get_status("root")
+        assert status is not None and status.children == {**dict.fromkeys(JobState, 0), JobState.QUEUED: 1, JobState.WAITING_CHILDREN: 1}
+        from trioqueue import FlowError
+
+        with pytest.raises(FlowError, match="'a' already exists"):  # not a leftover: refused
+            await q.enqueue("other-root", None, children=[Child("a")])
