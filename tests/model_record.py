@@ -51,7 +51,7 @@ class Recording(FaultyStorage):
 
     RECORDED = frozenset(
         {
-            "enqueue", "tick_schedule", "dequeue", "settle", "release", "start", "recover_stalled", "cancel", "set_paused",
+            "enqueue", "enqueue_flow", "tick_schedule", "dequeue", "settle", "release", "start", "recover_stalled", "cancel", "set_paused",
             "held_jobs", "heartbeat", "unregister_worker",
         }
     )  # fmt: skip
@@ -90,6 +90,72 @@ class RecordChecks:
 
     rec: Recording
     fail: Callable[[str], None]
+    runs: list[Any]  # the handler runs (test_model.Run)
+    incarnations: dict[str, list[Any]]
+    faulty_by_worker: dict[str, Any]
+    trees: dict[str, list[str]]  # a tree's parent id -> its children's ids
+
+    def check_trees(self) -> None:
+        """A parent never begins before every child of it has ended: no run of the
+        parent's first incarnation begins before a run of a child (of the child's first
+        incarnation, the tree's) ends. (That no job of a tree is lost: check_final.)"""
+        for parent, kids in self.trees.items():
+            first = self.incarnations[parent][0]
+            began = [r.began for r in self.runs if r.job_id == parent and r.incarnation is first]
+            if not began:
+                continue  # failed by a child (cancel), or cancelled: it never ran
+            for kid in kids:
+                incs = self.incarnations.get(kid)
+                if not incs:
+                    continue
+                for run in self.runs:
+                    if run.job_id == kid and run.incarnation is incs[0] and run.ended > min(began) + DUE_SLACK:
+                        self.fail(
+                            f"parent {parent} began {run.ended - min(began):.3f} s before its child {kid} "
+                            f"(attempt {run.attempt} on {run.worker}) ended"
+                        )
+
+    def check_reruns(self) -> None:
+        by_job: dict[str, list[Run]] = {}
+        for run in self.runs:
+            by_job.setdefault(run.job_id, []).append(run)
+        for job_id, runs in by_job.items():
+            returned = [r for r in runs if r.returned]
+            if len(returned) < 2 and not (returned and runs[-1] is not returned[-1]):
+                continue
+            if len(self.incarnations.get(job_id, ())) > 1:
+                continue  # enqueued again after a cancel: a new incarnation may run again
+            first = returned[0]
+            excused = self.faulty_by_worker.get(first.worker)
+            if excused is None or not (
+                excused.faults_on(job_id, "settle") or excused.faults_on(job_id, "start") or excused.dead
+            ):
+                self.fail(f"job {job_id} ran again after its handler returned, with no failed settlement: {runs}")
+
+    def check_overlaps(self) -> None:
+        """Two handlers of one job id never run at the same time: a worker whose lease is
+        lost (recovered, fenced, or about to run out while its heartbeats fail) cancels
+        the handler before the job can run elsewhere. (One machine: the clocks agree.)"""
+        by_job: dict[str, list[Run]] = {}
+        for run in self.runs:
+            by_job.setdefault(run.job_id, []).append(run)
+        for job_id, runs in by_job.items():
+            runs.sort(key=lambda r: r.began)
+            for a, b in zip(runs, runs[1:]):
+                if b.began < a.ended - DUE_SLACK:
+                    self.fail(
+                        f"job {job_id}: attempt {b.attempt} on {b.worker} began {a.ended - b.began:.3f} s "
+                        f"before attempt {a.attempt} on {a.worker} ended"
+                    )
+
+    def check_due(self) -> None:
+        for run in self.runs:
+            if run.not_before is not None and run.began < run.not_before - DUE_SLACK:
+                self.fail(
+                    f"job {run.job_id} (attempt {run.attempt}) began {run.not_before - run.began:.3f} s "
+                    f"before it was due"
+                )
+
 
     def calls(self, method: str) -> list[Call]:
         return [c for c in self.rec.record if c.method == method]
@@ -101,6 +167,8 @@ class RecordChecks:
         for c in self.rec.record:
             if c.method == "enqueue":
                 jobs = list(c.args[1])
+            elif c.method == "enqueue_flow":
+                jobs = [fj.job for fj in c.args[0]]  # a tree's jobs
             elif c.method == "tick_schedule" and c.args[3] is not None:
                 jobs = [c.args[3]]  # a tick's job, enqueued with its record
             else:

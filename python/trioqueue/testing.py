@@ -26,7 +26,7 @@ from typing import Any
 import trio
 
 from ._model._errors import StorageError, ValidationError
-from .storage._base import NewJob, Storage, StorageEvent
+from .storage._base import FlowJob, NewJob, Storage, StorageEvent
 
 __all__ = ["Fault", "FaultPlan", "FaultyStorage", "InjectedFault", "STORAGE_METHODS"]
 
@@ -98,6 +98,8 @@ def _job_ids(method: str, args: tuple[Any, ...]) -> tuple[str, ...]:
             break
         if isinstance(a, NewJob):  # tick_schedule's job
             ids.append(a.id)
+        elif isinstance(a, list | tuple) and a and isinstance(a[0], FlowJob):  # a tree's jobs
+            ids.extend(fj.job.id for fj in a)
         elif isinstance(a, list | tuple):
             for item in a:
                 job_id = getattr(item, "id", None)

@@ -10,10 +10,11 @@ What a child's end does to its parent, and what a parent's end does to its child
 carried by **notes**: empty files in the queue directory's ``tree/`` folder, created
 *before* the step that ends a job writes its record, and removed once acted on:
 
-- ``p-<parent>``: re-evaluate the parent from its children's records (all terminal: it
+- ``f-<parent>``: re-evaluate the parent from its children's records (all terminal: it
   is queued; one failed under ``cancel``: it fails with ``ChildJobFailedError``; a
   parent that ended other than completed cancels its children; one that ended releases
-  its children's kept records);
+  its children's kept records); ``p-<parent>``, left by a child that completed, does
+  the same once no child is pending (a quick look until then);
 - ``c-<job>``: cancel the job (a cascade): at once if it waits, a cancel request if it
   runs;
 - ``r-<job>``: the job's record, kept while its parent might read it, gets its TTL.
@@ -83,9 +84,9 @@ class FileFlows(FileBase):
         kept meanwhile), and so is ``r`` as a parent."""
         if r.parent is not None and r.kind in _TERMINAL:
             r.exp = None  # kept until the parent has ended (an r- note then gives its TTL)
-            self._note(r.parent[0], "p", r.parent[1])
+            self._note(r.parent[0], "p" if r.kind == COMPLETED else "f", r.parent[1])
         if r.children is not None:
-            self._note(q.name, "p", r.id)
+            self._note(q.name, "f", r.id)
 
     async def _act_on_notes(self, queue: str | None = None) -> None:
         """Act on the notes of ``queue`` and of every queue a step left notes in, until
@@ -105,6 +106,7 @@ class FileFlows(FileBase):
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
+                kept: dict[str, Rec] = {}  # kept records given their TTL: one segment
                 for name in sorted(os.listdir(folder)):
                     # A note is taken (renamed) before it is acted on: one made meanwhile
                     # (by this step, or by another queue's step) is a new note. A taken
@@ -118,8 +120,11 @@ class FileFlows(FileBase):
                         os.rename(os.path.join(folder, name), os.path.join(folder, work))
                     kind, _, enc = name.partition("-")
                     if enc:
-                        wrote |= self._act(q, kind, enc, now, fds)
+                        wrote |= self._act(q, kind, enc, now, fds, kept)
                     _unlink(os.path.join(folder, work))
+                if kept:
+                    self._commit(q, kept, fds)
+                    wrote = True
         await self._finish(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd}, wrote)
 
     def _peek(self, q: _Q, queue: str, job_id: str) -> Rec | None:
@@ -133,28 +138,47 @@ class FileFlows(FileBase):
         except CorruptRecord:
             return None
 
-    def _act(self, q: _Q, kind: str, enc: str, now: float, fds: list[int]) -> bool:
-        """Act on one note (lock of ``q`` held); whether a record was written."""
-        r = self._read(q, enc)
+    def _child(self, q: _Q, queue: str, job_id: str, parent: str) -> Rec | None:
+        """The record of a child of ``(q, parent)``; ``None`` (counted as cancelled) if it
+        is gone, or is another incarnation of the id (the child was cancelled, and the id
+        enqueued again on its own)."""
+        c = self._peek(q, queue, job_id)
+        if c is None or c.parent is None or tuple(c.parent) != (q.name, parent):
+            return None
+        return c
+
+    def _act(self, q: _Q, kind: str, enc: str, now: float, fds: list[int], kept: dict[str, Rec]) -> bool:
+        """Act on one note (lock of ``q`` held); whether a record was written. Kept
+        records that get their TTL go to ``kept`` (the caller writes them)."""
+        r = kept.get(enc) or self._read(q, enc)
         if r is None:
             return False
         if kind == "r":
             if r.kind in _TERMINAL and r.exp is None:
                 r.exp = now + r.result_ttl
-                self._commit(q, {enc: r}, fds)
-                return True
+                kept[enc] = r
             return False
         if kind == "c":
             return self._cascade_cancel(q, enc, r, now, fds)
-        if kind != "p" or r.children is None:
+        if kind not in ("p", "f") or r.children is None:
             return False
-        children = [(cq, cid, self._peek(q, cq, cid)) for cq, cid in r.children]
+        if kind == "p" and r.kind in (WAITING_CHILDREN, PROCESSING):
+            # A child completed: nothing to do while another is pending (looked for from
+            # the last child: children end about in order). A failure comes with an f- note.
+            for cq, cid in reversed(r.children):
+                c = self._child(q, cq, cid, r.id)
+                if c is not None and c.kind not in _TERMINAL:
+                    return False
+        children = [(cq, cid, self._child(q, cq, cid, r.id)) for cq, cid in r.children]
         if r.kind in _TERMINAL:
             for cq, cid, c in children:
                 if c is None:
                     continue
                 if c.kind not in _TERMINAL and r.kind != COMPLETED:
                     self._note(cq, "c", cid)
+                elif c.kind in _TERMINAL and c.exp is None and cq == q.name:
+                    c.exp = now + c.result_ttl  # (this queue's lock is held: no note needed)
+                    kept[encode_name(cid)] = c
                 elif c.kind in _TERMINAL and c.exp is None:
                     self._note(cq, "r", cid)
             return False
@@ -206,7 +230,7 @@ class FileFlows(FileBase):
             return True
         if r.kind == PROCESSING:
             if r.children is not None:
-                self._note(q.name, "p", r.id)
+                self._note(q.name, "f", r.id)
             if not r.cancel_requested:
                 r.cancel_requested = True
                 self._commit(q, {enc: r}, fds)
@@ -332,7 +356,8 @@ class FileFlows(FileBase):
                 c = read_rec(os.path.join(self._q(cq).jobs, encode_name(cid)), encode_name(cid))
             except CorruptRecord:
                 continue
-            if c is not None and (c.exp is None or c.exp > now):
+            mine = c is not None and c.parent is not None and tuple(c.parent) == (queue, job_id)
+            if c is not None and mine and (c.exp is None or c.exp > now):
                 out.append((cq, _job_record(c)))
         return out
 
