@@ -297,3 +297,26 @@ async def test_bad_trees_are_refused_naming_the_job_and_write_nothing(storage: S
                 assert await q.get_status(job_id) is None, (options, job_id)
         status = await q.get_status("exists")
         assert status is not None and status.state is JobState.QUEUED and status.parent is None
+
+
+async def test_a_removed_child_counts_as_cancelled(storage: Storage, queue_name: str) -> None:
+    seen: dict[str, Any] = {}
+
+    async def parent(job: Job[Any]) -> None:
+        seen["failures"] = await job.children_failures()
+
+    handlers = Handlers(parent=parent)
+    async with Queue(storage, name=queue_name, **FAST) as producer:
+        await producer.enqueue(
+            "parent", None, children=[Child("gone", options={"delay": 3600})], on_child_failure="continue"
+        )
+        assert await producer.remove("gone")
+        worker = Queue(storage, name=queue_name, handler=handlers, **FAST)
+        events = Recorder()
+        worker.on("completed", events)  # before it starts: it may run the parent at once
+        async with worker:
+            with trio.fail_after(10):
+                await events.wait_for("completed", "parent")
+        status = await producer.get_status("parent")
+        assert status is not None and status.state is JobState.COMPLETED
+    assert seen["failures"] == {}  # (its record is gone: nothing to read)

@@ -131,10 +131,15 @@ class AdminOps(FileBase):
                 # which start-up repair gives one back (the removal was not acknowledged).
                 if r.mk:
                     _unlink(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
+                if r.parent is not None:  # its parent counts it as cancelled (a note, first)
+                    r.kind = _CANCELLED
+                    self._tree_ended(q, r)
                 _unlink(os.path.join(q.jobs, enc))
                 self._publish(q, [StorageEvent("removed", job_id, token=r.token)])
                 ok = True
         await self._finish([], {q.jobs_fd, q.delayed_fd, *q.lane_fds}, ok)
+        if self._tree_dirty:
+            await self._act_on_notes()
         return ok
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:

@@ -62,6 +62,9 @@ class MemoryAdmin:
     def _wake(self, q: _Q) -> None:
         raise NotImplementedError
 
+    def _tree_removed(self, rec: _Rec, now: float) -> None:
+        raise NotImplementedError
+
     async def counts(self, queue: str) -> dict[str, int]:
         await trio.lowlevel.checkpoint()
         with self._lock:
@@ -138,6 +141,8 @@ class MemoryAdmin:
                 del q.jobs[job_id]
                 q.index.drop(rec)
                 self._publish(q, [StorageEvent("removed", job_id, token=rec.token)])
+                if rec.parent is not None:
+                    self._tree_removed(rec, time.time())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 

@@ -185,6 +185,24 @@ class MemoryFlows:
         if flow.pending == 0 and parent.kind == WAITING_CHILDREN:
             self._children_done(pq, parent, now)
 
+    def _tree_removed(self, rec: _Rec, now: float) -> None:
+        """A child was removed (``remove_job``): its parent counts it as cancelled, as
+        FileStorage's does (a parent never waits for a job that is gone)."""
+        assert rec.parent is not None
+        pq_name, parent = rec.parent
+        pq = self._q(pq_name)
+        if rec.kind in _TERMINAL or parent.flow is None or parent.kind in _TERMINAL or pq.jobs.get(parent.id) is not parent:
+            return  # it had ended (and was counted), or its parent has
+        parent.flow.pending -= 1
+        parent.flow.failures.append((rec.id, b""))
+        if parent.flow.policy == "cancel":
+            if parent.kind == PROCESSING:
+                self._cancel_children(parent, now)
+            else:
+                self._fail_parent(pq, parent, now)
+        elif parent.flow.pending == 0 and parent.kind == WAITING_CHILDREN:
+            self._children_done(pq, parent, now)
+
     def _keep_for(self, q: _Q, rec: _Rec, expires_at: float) -> None:
         rec.expires_at = expires_at
         heapq.heappush(q.expiry, (expires_at, next(self._seq), rec))
