@@ -46,6 +46,8 @@ class JobMaker(Generic[P]):
 
         def _status(self, record: JobRecord) -> JobStatus: ...
 
+        def _check_running(self) -> None: ...
+
     def _new_job(self, job_id: Any, payload: Any, options: EnqueueOptions, trace: dict[str, str] | None) -> NewJob:
         """A validated job to enqueue (``ValidationError`` naming the problem and the job)."""
         jid = check.job_id(job_id)
@@ -126,6 +128,7 @@ class JobMaker(Generic[P]):
         ran), ``{JobRef(queue, id): status}`` in the order they were added; results are
         decoded by this queue's result serde. ``{}`` for a job without children."""
         jid = check.job_id(job_id)
+        self._check_running()
         records = await self.storage.get_children(self.name, jid)
         return {JobRef(q, r.id): self._status(r) for q, r in records}
 
