@@ -315,7 +315,10 @@ class Storage(abc.ABC):
         own parent, level by level. :meth:`cancel` of a parent cancels every descendant.
         A terminal child's result and record are kept until its parent is terminal (and
         then for its own TTL)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement trees of jobs")
+        root = jobs[0].job.id if jobs else "?"
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement trees of jobs (job {root!r} has children): nothing was written"
+        )
 
     async def add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
@@ -327,7 +330,9 @@ class Storage(abc.ABC):
         when the claim is no longer held. ``policy`` is the job's ``on_child_failure`` when
         these are its first children. The job is then settled with
         :attr:`SettleKind.WAIT_CHILDREN` to wait for them."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement trees of jobs")
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement trees of jobs (children added to job {job_id!r}): nothing was written"
+        )
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         """The records of a job's children, ``(queue, record)`` in the order they were
