@@ -110,7 +110,7 @@ class JobMaker(Generic[P]):
             if child.queue is not None:
                 check.job_id(child.queue, "queue")
             new = self._new_job(child.id, child.payload, options, trace)  # type: ignore[arg-type]
-            jobs.append(FlowJob(child.queue or parent.queue, new, tuple(parent), child.on_child_failure))
+            jobs.append(FlowJob(child.queue or parent.queue, new, (parent.queue, parent.id), child.on_child_failure))
         if not jobs:
             raise FlowError(f"children of job {job_id!r} is empty: give at least one Child, or no children option")
         return jobs
