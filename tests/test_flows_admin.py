@@ -64,15 +64,3 @@ async def test_the_job_page_shows_parent_and_children() -> None:
         assert child.status == 200 and 'id="job-parent"' in child.body and f"/job?queue={QUEUE}&amp;id=report" in child.body
         nursery.cancel_scope.cancel()
 
-
-async def test_a_storage_without_trees_refuses_one_naming_the_job_and_writes_nothing(redis_url: str) -> None:
-    import uuid
-
-    from trioqueue.storage.redis import RedisStorage
-
-    storage = RedisStorage(redis_url, prefix=f"t-{uuid.uuid4().hex[:12]}")
-    async with storage, Queue(storage, name=QUEUE) as q:
-        with pytest.raises(NotImplementedError, match="RedisStorage does not implement trees of jobs \\(job 'report'"):
-            await q.enqueue("report", None, children=[Child("fetch-a")])
-        assert await q.get_status("report") is None and await q.get_status("fetch-a") is None
-        assert (await q.enqueue("report", None)).status.value == "queued"  # a plain job still is

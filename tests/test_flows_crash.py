@@ -1,5 +1,5 @@
-"""Crash safety of trees of jobs: worker processes SIGKILLed while trees run (FileStorage:
-memory cannot span processes; RedisStorage has no trees yet). No job of a tree is lost,
+"""Crash safety of trees of jobs: worker processes SIGKILLed while trees run (FileStorage
+and RedisStorage: memory cannot span processes). No job of a tree is lost,
 and no parent begins before every child of it began (and ended: a parent is queued only
 once its children are terminal). The workers are tests/helpers/queue_worker.py."""
 
@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from support import Recorder
-from test_processes import Fleet, fleet, spec_of  # noqa: F401 - fixtures
-from trioqueue import Child, JobState, Queue
+from test_processes import Fleet, fleet, shared_storage, spec_of  # noqa: F401 - fixtures
+from trioqueue import Child, JobState, Queue, Storage
 from trioqueue.storage.file import FileStorage
 
 TREES, CHILDREN = 30, 5
@@ -38,11 +38,13 @@ def _starts(log: Path) -> dict[str, list[float]]:
 
 
 async def test_workers_killed_while_trees_run_lose_no_job_and_run_no_parent_early(
-    file_storage: FileStorage, fleet: Fleet, tmp_path: Path, queue_name: str
+    shared_storage: Storage, fleet: Fleet, tmp_path: Path, queue_name: str
 ) -> None:
     rng = random.Random(uuid.uuid4().int)
     log = tmp_path / "executions.log"
-    other = f"{queue_name}-kids"
+    file_storage = shared_storage
+    # children on a second queue (RedisStorage: a tree lives on one queue)
+    other = f"{queue_name}-kids" if isinstance(shared_storage, FileStorage) else queue_name
 
     def spec(name: str, queue: str) -> dict[str, Any]:
         return spec_of(file_storage, queue=queue, worker_id=name, log=str(log), visibility_timeout=1.0)

@@ -42,7 +42,7 @@ checks the invariants of a reliable queue:
   grid (which registering the schedule again, as workers do at start-up, never moves),
   and its handler returns once (the rerun excuse above applies);
 - no task is left running after the queues' nurseries exit;
-- trees of jobs (memory, file): a parent never begins before every child of it ended,
+- trees of jobs: a parent never begins before every child of it ended,
   and no job of a tree is lost (every one ends terminal, as above);
 - nothing stays behind once the results expire (registry empty, dead workers gone).
 
@@ -173,7 +173,6 @@ class Walk(RecordChecks):
         if concurrency is not None:
             self.rec.after_claim = self.sample_processing
         self.trees: dict[str, list[str]] = {}
-        self.trees_supported = type(storage).__name__ != "RedisStorage"  # (not there yet)
         self.every = self.rng.uniform(0.1, 0.3) if self.rng.random() < 0.3 else None
         self.schedule_created: float | None = None
 
@@ -490,8 +489,7 @@ async def _walk(storage: Storage, seed: int) -> None:
         await nursery.start(producer.run)
         ops = ["start", "start", "enqueue", "enqueue", "enqueue", "wait", "wait", "cancel", "reenqueue", "stop", "force", "crash", "sleep"]
         ops += ["burst", "pause", "resume"]
-        if walk.trees_supported:
-            ops += ["tree", "tree"]
+        ops += ["tree", "tree"]
         if walk.every is not None:
             tick_payload = {"kind": walk.rng.choice(["ok", "ok", "slow", "flaky"]), "n": 0}
             schedule = await producer.schedule(SCHEDULE, tick_payload, every=walk.every)

@@ -302,11 +302,13 @@ class Storage(abc.ABC):
         ready list, no lease), a leaf is queued (or delayed) as :meth:`enqueue` does; each
         job records its parent, each parent its children, its ``policy`` and how many
         children are not terminal yet. A child id already known (and not cancelled) on its
-        queue raises :class:`~trioqueue.FlowError` naming it, writing nothing.
+        queue raises :class:`~trioqueue.FlowError` naming it, writing nothing; so does a tree
+        across queues on a backend that keeps a tree on one queue (Redis: one slot).
 
-        From then on, in the same atomic step as the transition that makes a child
-        terminal (settle, cancel, recovery): a completed child (or a failed one under
-        ``ignore``/``continue``) counts as done; once none is left, the parent becomes
+        From then on, with the transition that makes a child terminal (settle, cancel,
+        recovery: in its atomic step, or through a note that step writes and that is acted
+        on right after, and by the next ``recover_stalled`` after a crash): a completed
+        child (or a failed one under ``ignore``/``continue``) counts as done; once none is left, the parent becomes
         ``queued`` in its lane (publishing ``promoted``, waking claims). Under ``cancel``,
         a child failed for good or cancelled fails the parent at once
         (``ChildJobFailedError``: :func:`child_failed_error`, publishing ``failed``),

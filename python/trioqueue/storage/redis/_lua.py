@@ -72,6 +72,8 @@ QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
     # the ready lists of the other priorities (``queue`` is the default priority's): LANES
     *((None, f"queue:{p}") for p in range(MAX_PRIORITY + 1) if p != DEFAULT_PRIORITY),
     ("NOTICES", "notices"),  # pub/sub channel of the notice kinds only (``NOTICE_KINDS``: waiters, holders)
+    ("TREE", "tree"),  # hash id -> JSON of a tree's job: pa parent, ch children, po on_child_failure, t result TTL (ms)
+    ("TNOTES", "tree_notes"),  # set: 'e' .. id (a tree's job ended), 'w' .. id (it waits for its children)
 )
 QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 
@@ -104,6 +106,9 @@ SCRIPT_NAMES = (
     "retry",
     "purge",
     "remove",
+    "flow_enqueue",
+    "flow_add",
+    "tree_act",
 )
 
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
 from ._control import RedisControl, _ms, enqueue_args
 from ._events import RedisEvents, _Sub
+from ._flows import RedisFlows
 
 __all__ = ["RedisStorage"]
 
@@ -60,6 +62,7 @@ _KIND_CODE = {
     SettleKind.RETRY: "r",
     SettleKind.CANCEL: "x",
     SettleKind.RATE_LIMITED: "l",
+    SettleKind.WAIT_CHILDREN: "w",
 }
 _FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
@@ -93,7 +96,7 @@ def open_transport(
     return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
 
 
-class RedisStorage(RedisEvents, RedisControl, RedisAdmin, Storage):
+class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
     """Storage on Redis >= 7 or Valkey (standalone or cluster), via valkey-glide.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -277,7 +280,8 @@ class RedisStorage(RedisEvents, RedisControl, RedisAdmin, Storage):
         r = await self._run("get_job", queue, [job_id])
         if r is None:
             return None
-        state, created, attempts, max_attempts, result, error, token, progress, priority = r
+        state, created, attempts, max_attempts, result, error, token, progress, priority, *rest = r
+        tree = json.loads(rest[0]) if rest and rest[0] else {}
         return JobRecord(
             job_id,
             _text(state),
@@ -289,6 +293,8 @@ class RedisStorage(RedisEvents, RedisControl, RedisAdmin, Storage):
             None if token is None else _text(token),
             progress,
             int(priority),
+            None if "pa" not in tree else (queue, str(tree["pa"])),
+            len(tree.get("ch", ())),
         )
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
@@ -437,6 +443,9 @@ class RedisStorage(RedisEvents, RedisControl, RedisAdmin, Storage):
                 meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
             args += [s.id, s.data, meta, s.token]
         reply = await self._run_shielded("settle", queue, args, worker_id)
+        if len(reply) > len(settlements):  # a job of a tree ended or waits: its tree next
+            await self._run_shielded("tree_act", queue, [])
+            reply = reply[: len(settlements)]
         return [bool(x) for x in reply]
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:

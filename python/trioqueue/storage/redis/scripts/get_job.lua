@@ -1,6 +1,8 @@
 -- ARGV: id. Returns false or {state, created_ms, attempts, max_attempts, result, error,
--- token, progress, priority}.
+-- token, progress, priority, tree (JSON: the job's parent and children, or false)}.
 --@include prelude
 local id = ARGV[1]
 expired(id, now_ms())
-return report(id)
+local r = report(id)
+if r then r[10] = redis.call('HGET', TREE, id) or false end
+return r

@@ -6,6 +6,7 @@
 --@include promote
 --@include cancel
 --@include flow_free
+--@include tree
 local now = now_ms()
 local rec = {}
 local lists = {}
@@ -97,5 +98,6 @@ if due then
   if not nd or t < nd then nd = t end
 end
 if #rec > 0 then slot_freed() end
+tree_settle(now)
 flush()
 return {rec, nd or false}

@@ -8,6 +8,7 @@
 --@include cancel
 --@include front
 --@include flow_free
+--@include tree
 local P = KEYS[QK + 1]
 local W, REFUND = ARGV[1], ARGV[2] == '1'
 local now = now_ms()
@@ -50,5 +51,6 @@ for i = 3, #ARGV do
 end
 push_front()
 if #FRONT > 0 or EVN > 0 then slot_freed() end
+tree_settle(now)
 flush()
 return #FRONT

@@ -29,6 +29,7 @@ local w_meta, w_jobs, w_err, l_rem, env_del = {}, {}, {}, {}, {}
 local w_rec, z_rec, m_del = {}, {}, {}  -- terminal records, their STATES scores, META fields gone
 local first_due = nil  -- the earliest due time among z_rec (SWEEP_AT)
 local specs = {}
+local trees = false  -- a job of a tree of jobs ended or waits: tree_act follows
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
@@ -55,13 +56,14 @@ for j, id in ipairs(ids) do
   else
     out[#out + 1] = 1
     freed = true
-    if kind == 'l' then
-      if m.s == 1 then m.a = m.a - 1 end  -- rate limited: the attempt did not happen
+    if kind == 'l' or kind == 'w' then
+      if m.s == 1 then m.a = m.a - 1 end  -- rate limited, or waiting: the attempt did not happen
     elseif m.s ~= 1 and kind ~= 'x' then
       m.a = m.a + 1  -- settled without start()
     end
-    if kind == 'x' or kind == 'l' or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
+    if kind == 'x' or kind == 'l' or kind == 'w' or m.tr or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
       -- the rare paths, one call at a time
+      if m.tr then trees = true end
       redis.call('ZREM', L, id)
       if kind == 'c' then
         ev('completed', id, W, small(data), nil, m.i)
@@ -69,6 +71,7 @@ for j, id in ipairs(ids) do
         redis.call('HDEL', ENV, id)
       elseif kind == 'f' then
         ev('failed', id, W, nil, small(data), m.i)
+        redis.call('HSET', ERRORS, id, data)  -- (a tree's job: kept; ttl <= 0: purged below)
         terminal(id, m, now, ttl, 'failed:' .. nows, '')
       elseif kind == 'l' and m.x ~= 1 then
         -- RateLimited: back as delayed, and the whole queue holds off as long
@@ -78,6 +81,24 @@ for j, id in ipairs(ids) do
         to_delayed(id, now + delay)
         ev('rate_limited', id, W, nil, nil, m.i)
         if now + delay > hold then hold = now + delay end
+        if delay <= 0 then wake = true end
+      elseif kind == 'w' and m.x ~= 1 then
+        -- WaitForChildren: waits (no slot, no lease) until its children are terminal
+        m.w = nil
+        m.s = nil
+        m.tr = m.tr or 1
+        setm(id, m)
+        setst(id, 'waiting_children:' .. nows)
+        redis.call('SADD', TNOTES, 'w' .. id)
+        trees = true
+      elseif kind == 'r' and m.x ~= 1 then
+        -- a tree's job failed an attempt: as the common path below does, one at a time
+        m.w = nil
+        setm(id, m)
+        setst(id, 'failing:' .. nows .. ':' .. istr(m.a))
+        redis.call('HSET', ERRORS, id, data)
+        to_delayed(id, now + delay)
+        ev('failing', id, W, nil, small(data), m.i)
         if delay <= 0 then wake = true end
       else
         cancel_claimed(id, m, now, W)
@@ -138,4 +159,5 @@ end
 if freed then slot_freed() end
 due_flush()
 flush()
+if trees then out[#out + 1] = 'tree' end  -- (the caller runs tree_act)
 return out

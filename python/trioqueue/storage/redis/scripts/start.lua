@@ -5,6 +5,7 @@
 --@include prelude
 --@include cancel
 --@include front
+--@include tree
 local P = KEYS[QK + 1]
 local W = ARGV[1]
 local now = now_ms()
@@ -40,5 +41,6 @@ for i = 2, #ARGV, 2 do
   end
 end
 push_front()
+tree_settle(now)
 flush()
 return out

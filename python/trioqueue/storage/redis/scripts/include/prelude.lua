@@ -194,6 +194,7 @@ local function purge(id)
   redis.call('HDEL', PROGRESS, id)
   redis.call('ZREM', D, id)
   redis.call('ZREM', L, id)
+  redis.call('HDEL', TREE, id)
 end
 -- The per-state index STATES: one zset, id -> kind * 2^44 + the ms the job entered its
 -- state (a terminal job: the ms it is forgotten, so that the same member is the expiry
@@ -273,6 +274,13 @@ end
 -- the job enters terminal state st (payload: a completed job's result) and is kept as a
 -- record for ttl ms (ttl <= 0: forgotten at once)
 local function terminal(id, m, now, ttl, st, payload)
+  if m.tr then
+    -- a job of a tree of jobs (m.tr: 1 a parent, 2 a child): noted for tree_settle
+    -- (include tree); a child is kept (its STATES score at the end of time) until its
+    -- parent has ended
+    redis.call('SADD', TNOTES, 'e' .. id)
+    if m.tr == 2 then ttl = K44 end
+  end
   redis.call('ZREM', L, id)
   if ttl <= 0 then purge(id) return end
   redis.call('HSET', JOBS, id, record(st, m, payload))
