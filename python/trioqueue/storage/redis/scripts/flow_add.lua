@@ -6,6 +6,7 @@
 -- {'exists', id} or {'ok'}.
 --@include prelude
 --@include delay
+expired(ARGV[2], now_ms())  -- (a statement first: the locals below are the call's own)
 local tree = cjson.decode(ARGV[1])
 local P_ID, P_W, P_CLAIM, P_POLICY = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local pst = stpart(redis.call('HGET', JOBS, P_ID))
