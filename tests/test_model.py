@@ -369,9 +369,10 @@ class Walk(RecordChecks):
             if rec.token != inc.token:
                 continue
             if rec.attempts < inc.attempts_seen:
-                # a refund: queued again, and never below an attempt that ran
+                # a refund (a claim handed back unstarted: pause, stop), never below an
+                # attempt that ran; the job may have moved on since (cancelled while queued)
                 ran = max((r.attempt for r in self.runs if r.incarnation is inc), default=0)
-                if not (rec.state.startswith("queued") and rec.attempts >= ran):
+                if rec.attempts < ran:
                     self.fail(
                         f"attempts of {job_id} went down: {inc.attempts_seen} -> {rec.attempts} ({rec.state}), "
                         f"an attempt {ran} ran"
