@@ -45,7 +45,8 @@ checks the invariants of a reliable queue:
 - nothing stays behind once the results expire (registry empty, dead workers gone).
 
 ``TRIOQUEUE_FUZZ_EXAMPLES=5000`` runs that many walks per storage instead of the CI's few.
-A failing walk prints its seed; rerun it with ``TRIOQUEUE_FUZZ_SEED=<seed>``.
+A failing walk prints its seed; rerun it with ``TRIOQUEUE_FUZZ_SEED=<seed>``. A long walk:
+``TRIOQUEUE_FUZZ_EXAMPLES=<n>`` seeds from ``TRIOQUEUE_FUZZ_FIRST`` (default 0).
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def _examples(backend: str) -> list[int]:
     if "TRIOQUEUE_FUZZ_SEED" in os.environ:
         return [int(os.environ["TRIOQUEUE_FUZZ_SEED"])]
     n = int(os.environ.get("TRIOQUEUE_FUZZ_EXAMPLES", "0")) or CI_EXAMPLES[backend]
-    return list(range(n))
+    first = int(os.environ.get("TRIOQUEUE_FUZZ_FIRST", "0"))
+    return list(range(first, first + n))
 
 
 @dataclass
