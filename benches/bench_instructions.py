@@ -86,6 +86,81 @@ trio.run(main, sys.argv[2], int(sys.argv[3]))
 """
 
 
+_MEMORY_A = """
+import os, sys, trio
+sys.path.insert(0, sys.argv[1])
+from trioqueue import Queue
+from trioqueue.storage import MemoryStorage
+
+async def main(_url, calls):
+    payload = {"data": "x" * 30, "n": 1}
+    async with MemoryStorage() as st, Queue(st, name="instr") as q:
+        for i in range(50 + calls):
+            await q.enqueue(f"{i}", payload)
+
+trio.run(main, sys.argv[2], int(sys.argv[3]))
+"""
+
+
+_MEMORY_B = """
+import sys, trio
+sys.path.insert(0, sys.argv[1])
+from trioqueue import Job, Queue
+from trioqueue.storage import MemoryStorage
+
+async def main(_url, calls):
+    n = 100 + calls
+    done = trio.Event()
+    seen = 0
+
+    async def noop(job: Job) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == n:
+            done.set()
+
+    payload = {"data": "x" * 30, "n": 1}
+    async with MemoryStorage() as st:
+        async with Queue(st, name="instr") as producer:
+            for i in range(0, n, 100):
+                await producer.enqueue_many([(f"{k}", payload) for k in range(i, min(i + 100, n))])
+        async with Queue(st, name="instr", handler=noop, concurrency=10):
+            await done.wait()
+
+trio.run(main, sys.argv[2], int(sys.argv[3]))
+"""
+
+
+_REDIS_B = """
+import os, sys, trio
+sys.path.insert(0, sys.argv[1])
+from trioqueue import Job, Queue
+from trioqueue.storage import RedisStorage
+
+async def main(url, calls):
+    n = 100 + calls
+    done = trio.Event()
+    seen = 0
+
+    async def noop(job: Job) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == n:
+            done.set()
+
+    payload = {"data": "x" * 30, "n": 1}
+    name = f"instr-b-{os.getpid()}"
+    async with RedisStorage(url) as st:
+        async with Queue(st, name=name) as producer:
+            for i in range(0, n, 100):
+                await producer.enqueue_many([(f"{k}", payload) for k in range(i, min(i + 100, n))])
+        async with Queue(st, name=name, handler=noop, concurrency=100):
+            await done.wait()
+
+trio.run(main, sys.argv[2], int(sys.argv[3]))
+"""
+
+
 def _totals(path: str) -> int:
     text = Path(path).read_text()
     m = re.search(r"^(?:summary|totals): (\d+)", text, re.MULTILINE)
@@ -269,12 +344,15 @@ def main() -> None:
                     "noop": server_instructions(binary, _NOOP, keys, args.calls, tmp, library and _NOOP_LIBRARY),
                 }
                 rows[label]["claim"], rows[label]["settle"] = server_batch_instructions(binary, tree, 2000, tmp)
+                rows[label]["redis_b"] = client_instructions(tree, plain.url, args.calls * 2, tmp, _REDIS_B)
+                rows[label]["mem_a"] = client_instructions(tree, "", args.calls, tmp, _MEMORY_A)
+                rows[label]["mem_b"] = client_instructions(tree, "", args.calls * 2, tmp, _MEMORY_B)
                 print(label, {k: round(v) for k, v in rows[label].items()}, file=sys.stderr)
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], capture_output=True,
                          text=True).stdout.strip()
     b, t = rows["base"], rows["tree"]
     lines = [
-        "# Instructions per awaited one-job enqueue (Redis)",
+        "# Instructions per job: Redis client and server, and MemoryStorage end to end",
         "",
         f"{time.strftime('%Y-%m-%d')}, `python benches/bench_instructions.py --base {args.base}` ({rev}), "
         f"{args.calls} calls, callgrind (valgrind), redis-server {version}, Python {platform.python_version()}. "
@@ -299,6 +377,13 @@ def main() -> None:
         lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
     lines.append(f"| **server per job of B (claim + settle)** | **{b['claim'] + b['settle']:,.0f}** | "
                  f"**{t['claim'] + t['settle']:,.0f}** | **{(t['claim'] + t['settle']) / (b['claim'] + b['settle']):.2f}×** |")
+    lines.append(f"| B: client per job, `enqueue_many` by 100, then a worker (concurrency 100, noop handler) "
+                 f"claiming, running and completing it | {b['redis_b']:,.0f} | {t['redis_b']:,.0f} | "
+                 f"{t['redis_b'] / b['redis_b']:.2f}× |")
+    for key, title in (("mem_a", "MemoryStorage, A-seq: one awaited `Queue.enqueue` (all of it: no server)"),
+                       ("mem_b", "MemoryStorage, B: per job, `enqueue_many` by 100, then a worker (concurrency 10, "
+                                 "noop handler) claiming, running and completing it")):
+        lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "instructions.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
