@@ -108,10 +108,10 @@ async def test_a_child_on_another_queue_of_the_same_storage(storage: Storage, qu
         Queue(storage, name=queue_name, handler=Handlers(), **FAST) as q,
         Queue(storage, name=other, handler=Handlers(), **FAST) as fetchers,
     ):
-        if backend.startswith("redis"):  # one queue per tree there (a script's keys: one slot)
+        if backend == "redis-cluster":  # no common hash tag: the two queues' keys are in different slots
             from trioqueue import FlowError
 
-            with pytest.raises(FlowError, match="job 'c1' is on queue .*: on RedisStorage a tree of jobs lives on one queue"):
+            with pytest.raises(FlowError, match=f"the tree of job 'parent' spans queues '{queue_name}', '{other}'.*slots.*hash tag.*nothing was written"):
                 await q.enqueue("parent", None, children=[Child("c2"), Child("c1", None, queue=other)])
             assert await q.get_status("parent") is None and await q.get_status("c2") is None
             assert await fetchers.get_status("c1") is None
@@ -122,6 +122,175 @@ async def test_a_child_on_another_queue_of_the_same_storage(storage: Storage, qu
         status = await fetchers.get_status("c1")
         assert status is not None and status.parent == JobRef(queue_name, "parent")
         assert set(await q.children("parent")) == {JobRef(other, "c1"), JobRef(queue_name, "c2")}
+
+
+def tagged(queue_name: str, *names: str) -> list[str]:
+    """Queues sharing the hash tag ``{queue_name}`` (one Redis Cluster slot; elsewhere
+    just names): a tree across them is possible on every backend."""
+    return [f"{name}{{{queue_name}}}" for name in names]
+
+
+async def test_a_tree_across_queues_runs_the_parent_with_its_childrens_results(storage: Storage, queue_name: str) -> None:
+    reports, fetchers = tagged(queue_name, "report", "fetchers")
+    seen: dict[str, Any] = {}
+
+    async def report(job: Job[Any]) -> str:
+        seen.update(await job.children_results())
+        return "report"
+
+    gate = trio.Event()
+
+    async def fetch_b(job: Job[Any]) -> str:
+        await gate.wait()
+        return "b"
+
+    rh, fh = Handlers(report_7=report), Handlers(fetch_7_b=fetch_b)
+    async with (
+        Queue(storage, name=reports, handler=rh, **FAST) as q,
+        Queue(storage, name=fetchers, handler=fh, concurrency=2, **FAST) as f,
+    ):
+        done, reported = Recorder(), Recorder()
+        f.on("completed", done)
+        q.on("completed", reported)
+        with trio.fail_after(10):
+            await q.enqueue(
+                "report-7",
+                {"month": "2026-10"},
+                children=[
+                    Child("fetch-7-a", 1, queue=fetchers),
+                    Child("fetch-7-b", 2, queue=fetchers, children=[Child("auth-7", 3, queue=reports)]),
+                ],
+            )
+            await done.wait_for("completed", "fetch-7-a")
+            status = await q.get_status("report-7")
+            assert status is not None and status.state is JobState.WAITING_CHILDREN
+            assert status.children is not None and status.children[JobState.COMPLETED] == 1
+            gate.set()
+            await reported.wait_for("completed", "report-7")
+            assert await q.get_result("report-7") == "report"
+        assert seen == {"fetch-7-a": "done fetch-7-a", "fetch-7-b": "b"}
+        assert fh.ran.index("fetch-7-b") > 0 and rh.ran == ["auth-7", "report-7"]
+        auth = await q.get_status("auth-7")
+        assert auth is not None and auth.parent == JobRef(fetchers, "fetch-7-b")
+        child = await f.get_status("fetch-7-b")
+        assert child is not None and child.parent == JobRef(reports, "report-7")
+        assert list(await q.children("report-7")) == [JobRef(fetchers, "fetch-7-a"), JobRef(fetchers, "fetch-7-b")]
+        assert list(await f.children("fetch-7-b")) == [JobRef(reports, "auth-7")]
+
+
+async def test_a_child_failing_on_another_queue_cancels_its_siblings_there_and_fails_the_parent(
+    storage: Storage, queue_name: str
+) -> None:
+    parents, kids = tagged(queue_name, "parents", "kids")
+    running, interrupted = trio.Event(), trio.Event()
+
+    async def long(job: Job[Any]) -> None:
+        running.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            interrupted.set()
+
+    async def bad(job: Job[Any]) -> None:
+        await running.wait()  # fail while the sibling runs
+        raise UnrecoverableError("bad broke")
+
+    ph, kh = Handlers(), Handlers(long=long, bad=bad)
+    async with (
+        Queue(storage, name=parents, handler=ph, **FAST) as q,
+        Queue(storage, name=kids, handler=kh, concurrency=2, **FAST) as k,
+    ):
+        cancelled = Recorder()
+        k.on("cancelled", cancelled)
+        with trio.fail_after(10):
+            with pytest.raises(ChildJobFailedError) as info:
+                await q.enqueue_and_wait(
+                    "parent",
+                    None,
+                    children=[
+                        Child("long", queue=kids),
+                        Child("bad", queue=kids),
+                        Child("later", queue=kids, options={"delay": 3600}),
+                    ],
+                )
+            await interrupted.wait()  # the running sibling: cancelled in its worker
+            await cancelled.wait_for("cancelled", "long")
+        assert info.value.errors["bad"].message == "bad broke"
+        for sibling in ("long", "later"):
+            status = await k.get_status(sibling)
+            assert status is not None and status.state is JobState.CANCELLED, sibling
+        parent = await q.get_status("parent")
+        assert parent is not None and parent.state is JobState.FAILED
+        assert ph.ran == [] and "later" not in kh.ran
+
+
+async def test_cancelling_a_parent_cancels_its_descendants_on_other_queues(storage: Storage, queue_name: str) -> None:
+    tops, mids, leaves = tagged(queue_name, "tops", "mids", "leaves")
+    running, interrupted = trio.Event(), trio.Event()
+
+    async def long(job: Job[Any]) -> None:
+        running.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            interrupted.set()
+
+    lh = Handlers(deep=long)
+    async with (
+        Queue(storage, name=tops, handler=Handlers(), **FAST) as q,
+        Queue(storage, name=mids, handler=Handlers(), **FAST) as m,
+        Queue(storage, name=leaves, handler=lh, **FAST) as leaf,
+    ):
+        events = Recorder()
+        for queue in (q, m, leaf):
+            queue.on("cancelled", events)
+        with trio.fail_after(10):
+            await q.enqueue(
+                "top",
+                None,
+                children=[
+                    Child(
+                        "mid",
+                        queue=mids,
+                        children=[Child("deep", queue=leaves), Child("deep-later", queue=leaves, options={"delay": 3600})],
+                    ),
+                    Child("side", queue=mids, options={"delay": 3600}),
+                ],
+            )
+            await running.wait()
+            assert (await q.cancel("top")).status is CancelStatus.CANCELLED
+            await interrupted.wait()
+            for job_id in ("top", "mid", "side", "deep", "deep-later"):
+                await events.wait_for("cancelled", job_id)
+        for queue, job_id in ((q, "top"), (m, "mid"), (m, "side"), (leaf, "deep"), (leaf, "deep-later")):
+            status = await queue.get_status(job_id)
+            assert status is not None and status.state is JobState.CANCELLED, job_id
+        assert lh.ran == ["deep"]
+
+
+async def test_dynamic_children_on_another_queue(storage: Storage, queue_name: str) -> None:
+    from trioqueue import WaitForChildren
+
+    parents, kids = tagged(queue_name, "parents", "kids")
+    runs: list[dict[str, Any]] = []
+
+    async def parent(job: Job[Any]) -> Any:
+        results = await job.children_results()
+        runs.append(results)
+        if not results:
+            await job.add_children([Child("dyn-1", 1, queue=kids), Child("dyn-2", 2)])
+            raise WaitForChildren()
+        return sorted(results)
+
+    async with (
+        Queue(storage, name=parents, handler=Handlers(parent=parent), **FAST) as q,
+        Queue(storage, name=kids, handler=Handlers(), **FAST) as k,
+    ):
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("parent", None) == ["dyn-1", "dyn-2"]
+        status = await k.get_status("dyn-1")
+        assert status is not None and status.parent == JobRef(parents, "parent")
+        assert list(await q.children("parent")) == [JobRef(kids, "dyn-1"), JobRef(parents, "dyn-2")]
 
 
 async def test_cancel_policy_fails_the_parent_and_cancels_the_siblings(storage: Storage, queue_name: str) -> None:

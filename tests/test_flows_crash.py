@@ -43,8 +43,8 @@ async def test_workers_killed_while_trees_run_lose_no_job_and_run_no_parent_earl
     rng = random.Random(uuid.uuid4().int)
     log = tmp_path / "executions.log"
     file_storage = shared_storage
-    # children on a second queue (RedisStorage: a tree lives on one queue)
-    other = f"{queue_name}-kids" if isinstance(shared_storage, FileStorage) else queue_name
+    # children on a second queue (a tree across queues: notes reach the other queue's parent)
+    other = f"{queue_name}-kids"
 
     def spec(name: str, queue: str) -> dict[str, Any]:
         return spec_of(file_storage, queue=queue, worker_id=name, log=str(log), visibility_timeout=1.0)
@@ -102,3 +102,33 @@ async def test_a_tree_whose_write_was_cut_short_can_be_enqueued_again(file_stora
 
         with pytest.raises(FlowError, match="'a' already exists"):  # not a leftover: refused
             await q.enqueue("other-root", None, children=[Child("a")])
+
+
+async def test_redis_a_crash_between_a_childs_settle_and_its_tree_leaves_notes_the_reaper_acts_on(redis_url: str) -> None:
+    """On RedisStorage a child's end is noted by the settle script and acted on by
+    tree_act right after; a worker killed in between leaves the note, and the reaper of the
+    child's queue carries it to a parent on another queue."""
+    from redis_helpers import _done, _job, _prefix
+
+    from trioqueue.storage._base import FlowJob
+    from trioqueue.storage.redis import RedisStorage
+
+    async with RedisStorage(redis_url, prefix=_prefix()) as st:
+        await st.enqueue_flow([FlowJob("reports", _job("p")), FlowJob("kids", _job("c"), ("reports", "p"))])
+        [claim] = await st.dequeue("kids", "w", 1, 0, 30)
+        acted: list[str] = []
+
+        async def killed(queue: str) -> None:  # the worker dies before tree_act
+            acted.append(queue)
+
+        st._tree_act = killed  # type: ignore[method-assign]
+        assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
+        assert acted == ["kids"]
+        del st._tree_act  # the storage's own again
+        parent = await st.get_job("reports", "p")
+        assert parent is not None and parent.state.startswith("waiting_children:")
+        await st.recover_stalled("kids")
+        parent = await st.get_job("reports", "p")
+        assert parent is not None and parent.state.startswith("queued:")
+        assert [c.id for c in await st.dequeue("reports", "w", 1, 0, 30)] == ["p"]
+        assert [(q, r.id, r.result) for q, r in await st.get_children("reports", "p")] == [("kids", "c", b"r")]

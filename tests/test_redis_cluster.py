@@ -24,7 +24,7 @@ from test_priorities import *  # noqa: E402,F403 - and those of job priorities
 from test_lease_loss import *  # noqa: E402,F403 - lost leases cancel their handlers (issue 24)
 from test_pause import *  # noqa: E402,F403 - a pause that pauses
 from test_wakeups import test_the_reaper_promotes_a_delayed_job_on_time_with_no_consumer  # noqa: E402,F401
-from test_flows import *  # noqa: E402,F403 - trees of jobs (one queue each: one slot)
+from test_flows import *  # noqa: E402,F403 - trees of jobs (across queues: ones sharing a hash tag)
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402
@@ -69,3 +69,46 @@ async def test_cluster_scripts_run_as_functions_and_load_again_after_a_flush(red
         assert [c.id for c in await st.dequeue("fq", "w", 10, 0, 30)] == ["a", "b"]
         listed = await st._transport.command(["FUNCTION", "LIST", "LIBRARYNAME", "trioqueue_claim_*"])
         assert _lua.library("claim")[0] in repr(listed)
+
+
+async def test_cluster_queues_sharing_a_braced_tag_share_a_slot_and_others_keep_their_keys(redis_cluster_url: str) -> None:
+    """A queue named with a ``{tag}`` has its keys under the hash tag ``{prefix:tag}`` (so
+    queues with the same tag share a slot); a queue without braces keeps ``{prefix:queue}``."""
+    from trioqueue.storage.redis import _lua
+
+    prefix = f"c-{uuid.uuid4().hex[:12]}"
+    st = RedisStorage(redis_cluster_url, prefix=prefix, cluster=True)
+    async with st:
+        assert st._base("plain") == "{" + prefix + ":plain}"
+        assert st._base("a{grp}") == "{" + prefix + ":grp}:a{grp}"
+        for name in ("plain", "a{grp}", "b{grp}"):
+            await st.enqueue(name, [NewJob("j", b"e", 3, 60.0)])
+            slot = await st._transport.command(["CLUSTER", "KEYSLOT", st._base(name) + ":jobs"])
+            assert int(slot) == _lua.hash_slot(st._base(name)), name
+        assert _lua.hash_slot(st._base("a{grp}")) == _lua.hash_slot(st._base("b{grp}"))
+        assert await st.get_job("a{grp}", "j") is not None and await st.get_job("b{grp}", "j") is not None
+        assert await st._transport.command(["EXISTS", "{" + prefix + ":plain}:jobs"]) == 1
+
+
+async def test_cluster_a_tree_across_queues_in_different_slots_is_refused_writing_nothing(redis_cluster_url: str) -> None:
+    from trioqueue import Child, FlowError, Queue
+    from trioqueue.storage.redis import _lua
+
+    prefix = f"c-{uuid.uuid4().hex[:12]}"
+    st = RedisStorage(redis_cluster_url, prefix=prefix, cluster=True)
+    a, b = "reports", "fetchers"
+    assert _lua.hash_slot(st._base(a)) != _lua.hash_slot(st._base(b))
+    async with st, Queue(st, name=a) as q:
+        tree = [Child("fetch-a", 1, queue=b), Child("fetch-b", 2, queue=b, children=[Child("auth", 3)])]
+        with pytest.raises(FlowError, match=r"the tree of job 'report' spans queues 'reports', 'fetchers', .*different Redis Cluster slots.*nothing was written"):
+            await q.enqueue("report", None, children=tree)
+        for queue, job_id in ((a, "report"), (b, "fetch-a"), (b, "fetch-b"), (b, "auth")):
+            assert await st.get_job(queue, job_id) is None, (queue, job_id)
+        # the same tree on queues sharing a tag goes through
+        ta, tb = "reports{grp}", "fetchers{grp}"
+        async with Queue(st, name=ta) as tq:
+            tagged_tree = [Child("fetch-a", 1, queue=tb), Child("fetch-b", 2, queue=tb, children=[Child("auth", 3)])]
+            assert (await tq.enqueue("report", None, children=tagged_tree)).status.value == "queued"
+        assert (await st.get_job(tb, "fetch-a")) is not None
+        parent = await st.get_job(tb, "auth")
+        assert parent is not None and parent.parent == (tb, "fetch-b")

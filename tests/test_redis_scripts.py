@@ -120,7 +120,7 @@ def test_every_key_a_script_touches_is_declared_in_keys() -> None:
 
     declared = {
         "JOBS", "META", "ENV", "LISTENING", "ERRORS", "PROGRESS", "Q", "D", "L", "SWEEP_AT", "WK", "PROCS",
-        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "TREE", "TNOTES", "P", "KEYS[1]", "KEYS[QK + 1]",
+        "SEQ", "PAUSED", "CTL", "SCHED", "SCHED_LAST", "EVENTS", "NOTICES", "STATES", "TREE", "TNOTES", "TQS", "P", "KEYS[1]", "KEYS[QK + 1]",
         "FLOW", "RATE_LOG",  # flow control: the last KEYS of the scripts that use them
         "LANE", "LANES[p]",  # the ready lists of the priorities: KEYS[20..28] and Q
         "unpack(LANES",  # EXISTS over all of them, or a range of them

@@ -41,8 +41,14 @@ class RedisAdmin:
     async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
         raise NotImplementedError
 
+    def _base(self, queue: str) -> str:
+        raise NotImplementedError
+
+    async def _tree_act(self, queue: str) -> None:
+        raise NotImplementedError
+
     def _states_key(self, queue: str) -> str:
-        return "{" + self.prefix + ":" + queue + "}:states"
+        return self._base(queue) + ":states"
 
     def _names_key(self) -> str:
         return "{" + self.prefix + ":}:queues"
@@ -123,4 +129,7 @@ class RedisAdmin:
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._run("remove", queue, [job_id]))
+        removed = int(await self._run("remove", queue, [job_id]))
+        if removed == 2:  # a child of a tree: its parent next
+            await self._tree_act(queue)
+        return bool(removed)

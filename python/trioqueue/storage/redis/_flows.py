@@ -1,13 +1,19 @@
 """RedisStorage's trees of jobs (flows): a tree is written by one script
 (``flow_enqueue.lua``), children added to a running job by another (``flow_add.lua``),
-and what a job's end does to its tree is done by the script that ends it (the
-``tree`` fragment: a parent queued once no child is pending, failed with
-``ChildJobFailedError`` under ``cancel``, its other children cancelled, a parent's end
-cancelling its children and releasing their kept records).
+and what a job's end does to its tree is noted by the script that ends it and done by
+``tree_act.lua`` right after (the ``tree`` fragment: a parent queued once no child is
+pending, failed with ``ChildJobFailedError`` under ``cancel``, its other children
+cancelled, a parent's end cancelling its children and releasing their kept records); the
+reaper's ``recover`` reports notes a crash left, and ``tree_act`` acts on them.
 
-A tree lives on one queue here: a script's keys are one queue's (one hash tag, so one
-Redis Cluster slot), and a tree across queues is refused (:class:`~trioqueue.FlowError`
-naming the job, nothing written)."""
+A tree may span queues of the storage: those scripts are sent the keys of every queue
+involved (each queue's in turn, and their names). Each queue of a tree spanning several
+remembers them all (its ``tree_queues`` set), so that ``tree_act`` called for one queue
+learns the others: it answers ``need`` with the queues it was not given, and is called
+again with them (known ones are kept per queue). On Redis Cluster a script's keys must
+share a slot: a tree across queues needs queues whose keys do (a common ``{tag}`` in
+their names, see :func:`~._lua.queue_base`), and is refused otherwise
+(:class:`~trioqueue.FlowError` naming the root job and the queues, nothing written)."""
 
 from __future__ import annotations
 
@@ -17,38 +23,46 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..._model._errors import FlowError
+from ..._model._errors import FlowError, StorageError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, NewJob
+from . import _lua
 from ._control import _ms, enqueue_args
 
 __all__ = ["RedisFlows", "tree_of"]
 
 _QUEUED = EnqueueOutcome(EnqueueStatus.QUEUED)
+_NEED_ROUNDS = 32  # tree_act calls learning more queues before giving up (never near)
 
 
-def tree_of(jobs: Sequence[FlowJob], queue: str) -> list[dict[str, Any]]:
-    """The tree's description for the scripts: ``{id, pa, ch, po, t}`` per job, in order;
-    :class:`FlowError` for a job on another queue than ``queue``."""
-    kids: dict[str, list[str]] = {}
+def tree_of(jobs: Sequence[FlowJob], first: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The tree's description for the scripts, ``{id, q, pa, pq, ch, cq, po, t}`` per job
+    in order (``q``: the index, from 1, of its queue in the names; ``pq``, ``cq``: its
+    parent's and children's queues where they differ from its own), and the names of
+    the queues it spans (``first`` first)."""
+    names = [first]
     for fj in jobs:
-        if fj.queue != queue or (fj.parent is not None and fj.parent[0] != queue):
-            raise FlowError(
-                f"job {fj.job.id!r} is on queue {fj.queue!r}, its parent's on {fj.parent[0] if fj.parent else queue!r}: "
-                "on RedisStorage a tree of jobs lives on one queue (one hash tag, one Cluster slot); nothing was written"
-            )
+        if fj.queue not in names:
+            names.append(fj.queue)
+    kids: dict[tuple[str, str], list[FlowJob]] = {}
+    for fj in jobs:
         if fj.parent is not None:
-            kids.setdefault(fj.parent[1], []).append(fj.job.id)
+            kids.setdefault(fj.parent, []).append(fj)
     out = []
     for fj in jobs:
-        d: dict[str, Any] = {"id": fj.job.id, "t": _ms(fj.job.result_ttl)}
+        d: dict[str, Any] = {"id": fj.job.id, "q": names.index(fj.queue) + 1, "t": _ms(fj.job.result_ttl)}
         if fj.parent is not None:
             d["pa"] = fj.parent[1]
-        if fj.job.id in kids:
-            d["ch"] = kids[fj.job.id]
+            if fj.parent[0] != fj.queue:
+                d["pq"] = fj.parent[0]
+        mine = kids.get((fj.queue, fj.job.id))
+        if mine:
+            d["ch"] = [c.job.id for c in mine]
+            if any(c.queue != fj.queue for c in mine):
+                d["cq"] = [c.queue for c in mine]
             d["po"] = fj.policy
         out.append(d)
-    return out
+    return out, names
 
 
 class RedisFlows:
@@ -57,13 +71,12 @@ class RedisFlows:
     _named: set[str]
     prefix: str
     _transport: Any
+    _scripts: dict[str, Any]
+    _params: Any
 
     if TYPE_CHECKING:  # provided by RedisStorage and its other parts (after this one)
 
         async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
-            ...
-
-        async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
             ...
 
         async def _register_name(self, queue: str) -> None:
@@ -72,61 +85,112 @@ class RedisFlows:
         def _call_token(self) -> str:
             ...
 
+        def _base(self, queue: str) -> str:
+            ...
+
         async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
             ...
 
         async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
             ...
 
+    _tree_queues: dict[str, list[str]]
+
+    def _multi(self, name: str, queues: Sequence[str], args: Sequence[Any], shield: float) -> Any:
+        """Script ``name`` on several queues: the keys it uses of each, in turn."""
+        keys = [k for q in queues for k in _lua.keys_of(name, self._base(q))]
+        return self._transport.script(self._scripts[name], keys, args, shield=shield)
+
+    def _check_slots(self, root: str, names: Sequence[str]) -> None:
+        """On Cluster, :class:`FlowError` unless the keys of ``names`` share a slot."""
+        if not self._params.cluster or len(names) < 2:
+            return
+        if len({_lua.hash_slot(self._base(q)) for q in names}) > 1:
+            raise FlowError(
+                f"the tree of job {root!r} spans queues {', '.join(map(repr, names))}, whose keys are in different "
+                "Redis Cluster slots: a tree across queues needs queues that share a hash tag (a common {tag} in "
+                "their names, e.g. 'report{jobs}' and 'fetchers{jobs}'); nothing was written"
+            )
+
     async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
         await trio.lowlevel.checkpoint_if_cancelled()
         queue = jobs[0].queue
-        tree = tree_of(jobs, queue)
-        if queue not in self._named:
-            await self._register_name(queue)
-        args: list[Any] = [json.dumps(tree), self._call_token()]
+        tree, names = tree_of(jobs, queue)
+        self._check_slots(jobs[0].job.id, names)
+        for q in names:
+            if q not in self._named:
+                await self._register_name(q)
+        args: list[Any] = [json.dumps(tree), self._call_token(), json.dumps(names)]
         for fj in jobs:
             args += enqueue_args(fj.job)
-        reply = await self._run_shielded("flow_enqueue", queue, args)
+        reply = await self._multi("flow_enqueue", names, args, _SHIELD)
         code = reply[0]
         if code == b"dup":  # the root exists: what enqueue says of it (it writes nothing)
             [outcome] = await self.enqueue(queue, [jobs[0].job])
             return outcome
         if code == b"exists":
             job_id = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-            raise FlowError(f"job {job_id!r} already exists on queue {queue!r}: a tree's jobs must be new")
+            where = next((fj.queue for fj in jobs if fj.job.id == job_id), queue)
+            raise FlowError(f"job {job_id!r} already exists on queue {where!r}: a tree's jobs must be new")
         return _QUEUED
 
     async def add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
     ) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        tree = tree_of(children, queue)
-        args: list[Any] = [json.dumps(tree), job_id, worker_id, token, policy, self._call_token()]
+        tree, names = tree_of(children, queue)
+        self._check_slots(job_id, names)
+        for q in names[1:]:
+            if q not in self._named:
+                await self._register_name(q)
+        args: list[Any] = [json.dumps(tree), job_id, worker_id, token, policy, self._call_token(), json.dumps(names)]
         for fj in children:
             args += enqueue_args(fj.job)
-        reply = await self._run_shielded("flow_add", queue, args)
+        reply = await self._multi("flow_add", names, args, _SHIELD)
         code = reply[0]
         if code == b"exists":
             child = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-            raise FlowError(f"job {child!r} already exists on queue {queue!r}: a tree's jobs must be new")
+            where = next((fj.queue for fj in children if fj.job.id == child), queue)
+            raise FlowError(f"job {child!r} already exists on queue {where!r}: a tree's jobs must be new")
         return bool(code == b"ok")
+
+    async def _tree_act(self, queue: str) -> None:
+        """Act on the notes of trees the scripts of ``queue`` left, on every queue those
+        trees span (``tree_act``, told of more queues as long as it asks)."""
+        names = self._tree_queues.get(queue) or [queue]
+        for _ in range(_NEED_ROUNDS):
+            reply = await self._multi("tree_act", names, names, _SHIELD)
+            if not isinstance(reply, list):
+                if len(names) > 1:
+                    self._tree_queues[queue] = names
+                return
+            names = names + [n for n in (_text(x) for x in reply[1:]) if n not in names]
+        raise StorageError(f"trees of jobs on queue {queue!r} span more queues than tree_act was given")
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         await trio.lowlevel.checkpoint_if_cancelled()
         rec = await self.get_job(queue, job_id)
         if rec is None or not rec.children:
             return []
-        kids = await self._tree_children(queue, job_id)
         out = []
-        for cid in kids:
-            c = await self.get_job(queue, cid)
+        for cq, cid in await self._tree_children(queue, job_id):
+            c = await self.get_job(cq, cid)
             if c is not None:
-                out.append((queue, c))
+                out.append((cq, c))
         return out
 
-    async def _tree_children(self, queue: str, job_id: str) -> list[str]:
-        raw = await self._transport.command(["HGET", "{" + self.prefix + ":" + queue + "}:tree", job_id])
+    async def _tree_children(self, queue: str, job_id: str) -> list[tuple[str, str]]:
+        """``(queue, id)`` of each child of the job, in order."""
+        raw = await self._transport.command(["HGET", self._base(queue) + ":tree", job_id])
         if raw is None:
             return []
-        return [str(c) for c in json.loads(raw).get("ch", [])]
+        t = json.loads(raw)
+        ch = [str(c) for c in t.get("ch", [])]
+        return list(zip(t.get("cq") or [queue] * len(ch), ch, strict=True))
+
+
+_SHIELD = 5.0  # as RedisStorage's shielded mutations: wait for the reply this long at most
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

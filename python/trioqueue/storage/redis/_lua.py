@@ -6,11 +6,13 @@ A line ``--@include <name>`` splices in the shared fragment ``scripts/include/<n
 (``prelude``: the key variables, event encoding and helpers; ``enqueue``: the body of
 ``enqueue``, which ``schedule_tick`` runs too; ``delay``: jobs entering the delayed set;
 ``promote``, ``cancel``, ``flow_claim``/``flow_free``: flow control, whose keys come last
-in KEYS).
+in KEYS; ``queues``: scripts acting on several queues, ``tree``: trees of jobs).
 Every key a script touches is declared in ``KEYS`` (Redis Cluster and ACL key patterns
-depend on it), all under the queue's hash tag ``{prefix:queue}``, in the order of
+depend on it), all under the queue's hash tag (:func:`queue_base`), in the order of
 :func:`queue_keys`, but each script is sent only those it uses (:func:`script_keys`); a
-script that touches a worker's processing list gets it after them.
+script that touches a worker's processing list gets it after them. A script acting on
+several queues (a tree of jobs across queues: ``tree_act``, ``flow_enqueue``,
+``flow_add``) is sent those keys of each queue in turn, and told the queues' names.
 Per-job data lives in fields of per-queue hashes, so no key is ever derived from data at
 run time. Scripts are loaded once per process (EVALSHA; reloaded on NOSCRIPT).
 
@@ -24,6 +26,7 @@ per-call values (keys, state tables) before running the script's body.
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import re
 from functools import cache
@@ -37,8 +40,10 @@ __all__ = [
     "SCRIPT_NAMES",
     "SMALL",
     "VARIANTS",
+    "hash_slot",
     "keys_of",
     "library",
+    "queue_base",
     "queue_keys",
     "script_keys",
     "source",
@@ -73,7 +78,8 @@ QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
     *((None, f"queue:{p}") for p in range(MAX_PRIORITY + 1) if p != DEFAULT_PRIORITY),
     ("NOTICES", "notices"),  # pub/sub channel of the notice kinds only (``NOTICE_KINDS``: waiters, holders)
     ("TREE", "tree"),  # hash id -> JSON of a tree's job: pa parent, ch children, po on_child_failure, t result TTL (ms)
-    ("TNOTES", "tree_notes"),  # set: 'e' .. id (a tree's job ended), 'w' .. id (it waits for its children)
+    ("TNOTES", "tree_notes"),  # set of notes of trees' jobs to act on (include tree: tree_note)
+    ("TQS", "tree_queues"),  # set: the queues trees with a job on this queue span (absent: this one only)
 )
 QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 
@@ -124,6 +130,24 @@ VARIANTS = {
         "-- (enqueue_plain: every job of the batch has the default priority, so no other lane)\nlocal LANES = {}\n",
     ),
 }
+
+
+def queue_base(prefix: str, queue: str) -> str:
+    """What the keys of ``queue`` start with: ``{prefix:queue}``, so that its keys share
+    one hash tag (one Redis Cluster slot); for a queue whose name holds a ``{tag}`` part
+    (a non-empty one, the first), ``{prefix:tag}:queue``: queues with the same tag share
+    a slot (what a tree of jobs across queues needs on Cluster)."""
+    i = queue.find("{")
+    if i >= 0:
+        j = queue.find("}", i + 1)
+        if j > i + 1:
+            return "{" + prefix + ":" + queue[i + 1 : j] + "}:" + queue
+    return "{" + prefix + ":" + queue + "}"
+
+
+def hash_slot(base: str) -> int:
+    """The Redis Cluster slot of the keys starting with ``base`` (a :func:`queue_base`)."""
+    return binascii.crc_hqx(base[1 : base.index("}")].encode(), 0) % 16384
 
 
 def queue_keys(base: str) -> list[str]:
@@ -203,7 +227,30 @@ def _layout(name: str) -> tuple[str, tuple[int, ...]]:
     text = _KEY_REF.sub(lambda m: f"KEYS[{at.get(int(m.group(1)), m.group(1))}]", text)
     if "QK" in _words(text):
         text = f"local QK = {len(used)}\n" + text
-    return text, tuple(n - 1 for n in used)
+    return _rekey(text), tuple(n - 1 for n in used)
+
+
+_BOUND = re.compile(r"^local (\w+) = KEYS\[(\d+)\]$", re.MULTILINE)
+_BOUND_LANES = re.compile(r"^local LANES = (\{.*\})$", re.MULTILINE)
+
+
+def _rekey(text: str) -> str:
+    """Fill in ``use_queue`` (fragment ``queues``) once the KEYS are numbered: the key
+    variables the script binds (``local JOBS = KEYS[1]``...) and its lanes are pointed at
+    the keys of the queue at offset ``o`` (``K[o + n]``, ``K``: the call's KEYS); ``--@due``: the delayed set's
+    per-call state published and reset, if the script has one."""
+    if "  --@rekey\n" not in text:
+        return text
+    lines = [f"  {var} = K[o + {n}]\n" for var, n in _BOUND.findall(text)]
+    lanes = _BOUND_LANES.search(text)
+    if lanes:
+        lines.append("  LANES = " + _KEY_REF.sub(lambda m: f"K[o + {m.group(1)}]", lanes.group(1)) + "\n")
+    due = ""
+    if "local function due_flush(" in text:
+        due += "  due_flush()\n"
+    if "local DUE_FIRST" in text:
+        due += "  DUE_FIRST = nil\n"
+    return text.replace("  --@due\n", due).replace("  --@rekey\n", "".join(lines))
 
 
 def _splice(name: str) -> str:

@@ -148,6 +148,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         self._call_prefix = base64.urlsafe_b64encode(os.urandom(6)).decode()  # 8 chars: kept in records
         self._named: set[str] = set()  # queues added to the set of names (queue_names)
         self._key_cache: dict[tuple[str, str, str | None], list[str]] = {}
+        self._tree_queues: dict[str, list[str]] = {}  # queue -> the queues its trees span (tree_act)
 
     def __repr__(self) -> str:
         p = self._params
@@ -156,7 +157,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
     # -- plumbing ----------------------------------------------------------------------
 
     def _base(self, queue: str) -> str:
-        return "{" + self.prefix + ":" + queue + "}"
+        return _lua.queue_base(self.prefix, queue)
 
     def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
         """KEYS of queue script ``name``: the queue keys it uses, then ``extra``
@@ -273,7 +274,11 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return CancelStatus(_text(await self._run("cancel", queue, [job_id])))
+        reply = await self._run("cancel", queue, [job_id])
+        if isinstance(reply, list):  # a job of a tree: its tree next
+            await self._tree_act(queue)
+            reply = reply[0]
+        return CancelStatus(_text(reply))
 
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -293,7 +298,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
             None if token is None else _text(token),
             progress,
             int(priority),
-            None if "pa" not in tree else (queue, str(tree["pa"])),
+            None if "pa" not in tree else (str(tree.get("pq", queue)), str(tree["pa"])),
             len(tree.get("ch", ())),
         )
 
@@ -444,7 +449,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
             args += [s.id, s.data, meta, s.token]
         reply = await self._run_shielded("settle", queue, args, worker_id)
         if len(reply) > len(settlements):  # a job of a tree ended or waits: its tree next
-            await self._run_shielded("tree_act", queue, [])
+            await self._tree_act(queue)
             reply = reply[: len(settlements)]
         return [bool(x) for x in reply]
 
@@ -453,7 +458,11 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         if not job_ids:
             return 0
         args = [worker_id, b"1" if refund else b"0", *job_ids]
-        return int(await self._run_shielded("release", queue, args, worker_id))
+        reply = await self._run_shielded("release", queue, args, worker_id)
+        if isinstance(reply, list):  # a job of a tree ended (cancelled): its tree next
+            await self._tree_act(queue)
+            reply = reply[0]
+        return int(reply)
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -462,7 +471,11 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         args: list[Any] = [worker_id]
         for job_id, token in claims:
             args += [job_id, token]
-        return [bool(x) for x in await self._run_shielded("start", queue, args, worker_id)]
+        reply = await self._run_shielded("start", queue, args, worker_id)
+        if len(reply) > len(claims):  # a job of a tree ended (cancelled): its tree next
+            await self._tree_act(queue)
+            reply = reply[: len(claims)]
+        return [bool(x) for x in reply]
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -498,7 +511,9 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         )
         workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
         keys = self._keys("recover", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
-        rec, nd = await self._transport.script(self._scripts["recover"], keys, workers)
+        rec, nd, notes = await self._transport.script(self._scripts["recover"], keys, workers)
+        if int(notes):  # notes of trees: of this pass, or left by a crash after a settle
+            await self._tree_act(queue)
         # Forget expired terminal jobs, a bounded slice per call, until none is due.
         while int(await self._run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:
             pass

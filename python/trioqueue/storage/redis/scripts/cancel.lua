@@ -1,6 +1,6 @@
--- ARGV: id. Returns the status string.
+-- ARGV: id. Returns the status string, or {status, 'tree'} when a job of a tree of jobs
+-- ended or its children are to be cancelled (noted in TNOTES: the caller runs tree_act).
 --@include prelude
---@include tree
 local id = ARGV[1]
 local now = now_ms()
 expired(id, now)
@@ -13,8 +13,8 @@ if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') or 
   redis.call('ZREM', D, id)
   ev('cancelled', id, nil, nil, nil, m.i)
   terminal(id, m, now, m.t or 0, 'cancelled:' .. now, '')
-  tree_settle(now)  -- its children are cancelled, its parent told
   flush()
+  if TREED then return {'cancelled', 'tree'} end  -- its children are cancelled, its parent told
   return 'cancelled'
 end
 if starts(st, 'cancelled:') then return 'cancelled' end
@@ -24,12 +24,12 @@ if starts(st, 'processing:') then
     setm(id, m)
     ev('cancel_requested', id, m.w, nil, nil, m.i)
   end
-  local t = m.tr and tree_info(id)
-  if t and t.ch then  -- its children (added while it runs) are cancelled with it
-    for _, c in ipairs(t.ch) do tree_cancel(c, now) end
-    tree_settle(now)
-  end
   flush()
+  local raw = m.tr and redis.call('HGET', TREE, id)
+  if raw and cjson.decode(raw).ch then  -- its children (added while it runs) are cancelled with it
+    redis.call('SADD', TNOTES, 'c' .. id)
+    return {'cancelled', 'tree'}
+  end
   return 'cancelled'
 end
 return state_kind(st)

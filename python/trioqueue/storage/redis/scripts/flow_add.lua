@@ -1,29 +1,55 @@
--- Children added to a running job (one queue), in one step. ARGV[1]: the children, JSON
--- [{id, pa, ch, po, t}...] (parents first; the direct children's pa is the job);
--- ARGV[2]: the job; ARGV[3]: its worker; ARGV[4]: its claim token; ARGV[5]: its
--- on_child_failure if these are its first children; ARGV[6]: the call token, then the
--- jobs as for enqueue. Returns {'lost'} (the claim is not held: nothing written),
--- {'exists', id} or {'ok'}.
+-- Children added to a running job, in one step, on its queue or others (include queues:
+-- KEYS holds the keys of each queue in turn). ARGV[1]: the children, JSON
+-- [{id, q, pa, pq, ch, cq, po, t}...] (parents first; the direct children's pa is the job;
+-- q: the index of the child's queue in ARGV[7]); ARGV[2]: the job; ARGV[3]: its worker;
+-- ARGV[4]: its claim token; ARGV[5]: its on_child_failure if these are its first
+-- children; ARGV[6]: the call token; ARGV[7]: JSON, the names of the queues (the job's
+-- first); then the jobs as for enqueue. Returns {'lost'} (the claim is not held: nothing
+-- written), {'exists', id} or {'ok'}.
 --@include prelude
 --@include delay
-expired(ARGV[2], now_ms())  -- (a statement first: the locals below are the call's own)
+--@include queues
+set_queues(cjson.decode(ARGV[7]))  -- (a statement first: the locals below are the call's own)
 local tree = cjson.decode(ARGV[1])
 local P_ID, P_W, P_CLAIM, P_POLICY = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+expired(P_ID, now_ms())
 local pst = stpart(redis.call('HGET', JOBS, P_ID))
 local pm = getm(P_ID)
 if not (pst and starts(pst, 'processing:') and pm and pm.w == P_W and pm.l == P_CLAIM) then return {'lost'} end
 local now0 = now_ms()
 for _, job in ipairs(tree) do
+  use_queue(QN[job.q])
   expired(job.id, now0)
   local st = stpart(redis.call('HGET', JOBS, job.id))
   if st and not starts(st, 'cancelled:') then return {'exists', job.id} end
 end
-local A = 6  -- the call token's position in ARGV
+local groups = {}
+for j, job in ipairs(tree) do
+  local g = groups[job.q]
+  if not g then
+    g = {ARGV[6]}
+    groups[job.q] = g
+  end
+  for k = 1, 5 do g[#g + 1] = ARGV[7 + (j - 1) * 5 + k] end
+end
+for qi = 1, #QN do
+  if groups[qi] then
+    use_queue(QN[qi])
+    local ARGV = groups[qi]
+    local A = 1  -- the call token's position in ARGV
 --@include enqueue
+  end
+end
+local nows = istr(now0)
+local PQ = QN[1]
+use_queue(PQ)
 local pt = cjson.decode(redis.call('HGET', TREE, P_ID) or '{}')
 if not pt.ch then pt.ch = {}; pt.po = P_POLICY end
 if not pt.t then pt.t = pm.t or 0 end
 for _, job in ipairs(tree) do
+  use_queue(QN[job.q])
+  local q = QN[job.q]
+  job.q = nil
   local m = getm(job.id)
   m.tr = 2
   if job.ch then
@@ -32,9 +58,19 @@ for _, job in ipairs(tree) do
   end
   setm(job.id, m)
   redis.call('HSET', TREE, job.id, cjson.encode(job))
-  if job.pa == P_ID then pt.ch[#pt.ch + 1] = job.id end
+  if job.pa == P_ID and (job.pq or PQ) == PQ then
+    if q ~= PQ and not pt.cq then  -- its first child on another queue: every child's queue named
+      pt.cq = {}
+      for k = 1, #pt.ch do pt.cq[k] = PQ end
+    end
+    pt.ch[#pt.ch + 1] = job.id
+    if pt.cq then pt.cq[#pt.ch] = q end
+  end
 end
+use_queue(PQ)
 redis.call('HSET', TREE, P_ID, cjson.encode(pt))
 pm = getm(P_ID)
 if not pm.tr then pm.tr = 1; setm(P_ID, pm) end
+if #QN > 1 then link_queues(QN) end
+flush()
 return {'ok'}

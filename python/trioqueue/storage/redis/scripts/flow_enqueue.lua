@@ -1,14 +1,20 @@
--- A tree of jobs (one queue), in one step. ARGV[1]: the tree, JSON [{id, pa, ch, po, t}...]
--- (root first); ARGV[2]: the call token, then the jobs as for enqueue (id, envelope,
--- '<max_attempts>:<result_ttl_ms>[:<priority>]', incarnation token, run-at ms or '').
+-- A tree of jobs, in one step, on one queue or several (include queues: KEYS holds the
+-- keys of each queue in turn). ARGV[1]: the tree, JSON [{id, q, pa, pq, ch, cq, po, t}...]
+-- (root first; q: the index of the job's queue in ARGV[3]; pq, cq: see include tree);
+-- ARGV[2]: the call token; ARGV[3]: JSON, the names of the queues (the root's first);
+-- then the jobs as for enqueue (id, envelope, '<max_attempts>:<result_ttl_ms>[:<priority>]',
+-- incarnation token, run-at ms or ''), in the tree's order.
 -- Returns {'dup'} (the root's id is known: nothing written, enqueue says what it is),
 -- {'exists', id} (a child's id is known: nothing written) or {'ok'}. Parents enter
 -- 'waiting_children' (their ready-list entries go stale: a new one when they are queued).
 --@include prelude
 --@include delay
+--@include queues
+set_queues(cjson.decode(ARGV[3]))  -- (a statement first: the locals below are the call's own)
 local tree = cjson.decode(ARGV[1])
 local now0 = now_ms()
 for j, job in ipairs(tree) do
+  use_queue(QN[job.q])
   expired(job.id, now0)
   local st = stpart(redis.call('HGET', JOBS, job.id))
   if st and not starts(st, 'cancelled:') then
@@ -16,9 +22,26 @@ for j, job in ipairs(tree) do
     return {'exists', job.id}
   end
 end
-local A = 2  -- the call token's position in ARGV
+-- each queue's jobs as one enqueue call's
+local groups = {}
+for j, job in ipairs(tree) do
+  local g = groups[job.q]
+  if not g then
+    g = {ARGV[2]}
+    groups[job.q] = g
+  end
+  for k = 1, 5 do g[#g + 1] = ARGV[3 + (j - 1) * 5 + k] end
+end
+for qi = 1, #QN do
+  use_queue(QN[qi])
+  local ARGV = groups[qi]
+  local A = 1  -- the call token's position in ARGV
 --@include enqueue
+end
+local nows = istr(now0)
 for _, job in ipairs(tree) do
+  use_queue(QN[job.q])
+  job.q = nil
   local m = getm(job.id)
   m.tr = job.pa and 2 or 1
   if job.ch then
@@ -28,4 +51,6 @@ for _, job in ipairs(tree) do
   setm(job.id, m)
   redis.call('HSET', TREE, job.id, cjson.encode(job))
 end
+if #QN > 1 then link_queues(QN) end
+flush()
 return {'ok'}

@@ -1,12 +1,12 @@
 -- KEYS[QK + 1..]: the processing lists of the workers named in ARGV (the members of PROCS
 -- and WK the caller read just before); the last KEY: the flow hash. Recovers expired leases and the jobs of dead
 -- workers, promotes due jobs, removes dead workers that hold nothing.
--- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false}.
+-- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false, how many
+-- notes of trees of jobs TNOTES holds (the caller runs tree_act: a crash may have left some)}.
 --@include prelude
 --@include promote
 --@include cancel
 --@include flow_free
---@include tree
 local now = now_ms()
 local rec = {}
 local lists = {}
@@ -98,6 +98,5 @@ if due then
   if not nd or t < nd then nd = t end
 end
 if #rec > 0 then slot_freed() end
-tree_settle(now)
 flush()
-return {rec, nd or false}
+return {rec, nd or false, redis.call('SCARD', TNOTES)}

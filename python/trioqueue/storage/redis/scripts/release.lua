@@ -3,12 +3,12 @@
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (without refund
 -- a started claim's attempt stays counted; a job with a cancel request ends cancelled
 -- instead).
--- Returns how many went back.
+-- Returns how many went back ({n, 'tree'} if a job of a tree of jobs ended: the caller
+-- runs tree_act).
 --@include prelude
 --@include cancel
 --@include front
 --@include flow_free
---@include tree
 local P = KEYS[QK + 1]
 local W, REFUND = ARGV[1], ARGV[2] == '1'
 local now = now_ms()
@@ -51,6 +51,6 @@ for i = 3, #ARGV do
 end
 push_front()
 if #FRONT > 0 or EVN > 0 then slot_freed() end
-tree_settle(now)
 flush()
+if TREED then return {#FRONT, 'tree'} end
 return #FRONT

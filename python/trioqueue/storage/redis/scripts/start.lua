@@ -1,11 +1,11 @@
 -- KEYS[QK + 1]: the worker's processing list. ARGV: worker, then (id, claim token) pairs.
 -- Counts the attempts of reserved claims about to run. Returns 1/0 per pair. While the
 -- queue is paused a reserved claim does not start: it goes back to the front of its lane
--- (its attempt never counted).
+-- (its attempt never counted). A last 'tree' if a job of a tree of jobs ended (cancelled):
+-- the caller runs tree_act.
 --@include prelude
 --@include cancel
 --@include front
---@include tree
 local P = KEYS[QK + 1]
 local W = ARGV[1]
 local now = now_ms()
@@ -41,6 +41,6 @@ for i = 2, #ARGV, 2 do
   end
 end
 push_front()
-tree_settle(now)
 flush()
+if TREED then out[#out + 1] = 'tree' end
 return out

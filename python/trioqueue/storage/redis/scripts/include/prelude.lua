@@ -94,8 +94,14 @@ local function flush()
     for _ = 1, math.min(WAKE, 16) do redis.call('RPUSH', Q, '~') end
   end
   WAKE = 0
-  if #EV > 0 then redis.call('PUBLISH', EVENTS, table.concat(EV)) end
-  if #NV > 0 then redis.call('PUBLISH', NOTICES, table.concat(NV)) end
+  if #EV > 0 then
+    redis.call('PUBLISH', EVENTS, table.concat(EV))
+    EV = {}
+  end
+  if #NV > 0 then
+    redis.call('PUBLISH', NOTICES, table.concat(NV))
+    NV = {}
+  end
 end
 local function split(entry)
   local c = string.find(entry, ':', 1, true)
@@ -273,12 +279,14 @@ local function sweep(now, n)
 end
 -- the job enters terminal state st (payload: a completed job's result) and is kept as a
 -- record for ttl ms (ttl <= 0: forgotten at once)
+local TREED = false  -- a job of a tree ended: the caller runs tree_act (include tree)
 local function terminal(id, m, now, ttl, st, payload)
   if m.tr then
     -- a job of a tree of jobs (m.tr: 1 a parent, 2 a child): noted for tree_settle
-    -- (include tree); a child is kept (its STATES score at the end of time) until its
-    -- parent has ended
+    -- (include tree, which tree_act runs after the script); a child is kept (its STATES
+    -- score at the end of time) until its parent has ended
     redis.call('SADD', TNOTES, 'e' .. id)
+    TREED = true
     if m.tr == 2 then ttl = K44 end
   end
   redis.call('ZREM', L, id)

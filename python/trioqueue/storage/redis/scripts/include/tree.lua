@@ -1,14 +1,19 @@
--- Trees of jobs (one queue): what the end of a job does to its tree. TREE holds, per job
--- of a tree, {pa = parent, ch = {children}, po = on_child_failure, t = result TTL ms};
--- its META has tr (1: a parent, 2: has a parent). terminal() notes the tree jobs it ends
--- in TNOTES ('e' .. id; settle notes 'w' .. id for a job that waits for its children), and
--- tree_settle(now) acts on every note: the script that ended the job calls it before
--- flush() (settle leaves it to tree_act, right after; recover acts on any a crash left):
--- a parent is queued once no child is pending, failed (ChildJobFailedError)
--- at a child's failure under 'cancel' (its other children cancelled), a parent that ended
--- other than completed cancels its children, and a kept child gets its own TTL back once
--- its parent has ended.
-local function tree_info(id)
+-- Trees of jobs: what the end of a job does to its tree (include queues first: a tree
+-- may span queues, and a job is named by its queue and id). TREE holds, per job of a
+-- tree, {pa = parent, pq = the parent's queue, ch = {children}, cq = {their queues, in
+-- the order of ch}, po = on_child_failure, t = result TTL ms} (pq and cq only where a
+-- queue differs from the job's own); its META has tr (1: a parent, 2: has a parent).
+-- The scripts that end a job note it in its queue's TNOTES and tell their caller, which
+-- runs tree_act (TNOTES of a crashed caller: the reaper's recover finds them). A note:
+-- 'e' .. id (the job ended), 'w' .. id (it waits for its children), 'c' .. id (it was
+-- cancelled while running: its children are), 'u' .. JSON [queue or '', parent] (a
+-- child of that parent was removed). tree_settle(now) acts on every note of every
+-- declared queue: a parent is queued once no child is pending, failed
+-- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
+-- cancelled), a parent that ended other than completed cancels its children, and a kept
+-- child gets its own TTL back once its parent has ended.
+local function tree_info(q, id)
+  use_queue(q)
   local raw = redis.call('HGET', TREE, id)
   if raw then return cjson.decode(raw) end
   return nil
@@ -19,15 +24,33 @@ local function tree_kind(v)
   return state_kind(st)
 end
 local TERMINAL_KIND = {completed = true, failed = true, cancelled = true}
+-- the queue of child k of the job of tree entry t, on queue q
+local function kid_q(t, k, q) return t.cq and t.cq[k] or q end
+-- the registry values of the children of t (on queue q), in order
+local function kid_states(t, q)
+  local ch = t.ch or {}
+  if #ch == 0 then return {} end
+  if not t.cq then
+    use_queue(q)
+    return redis.call('HMGET', JOBS, unpack(ch))
+  end
+  local sts = {}
+  for k, c in ipairs(ch) do
+    use_queue(t.cq[k])
+    sts[k] = redis.call('HGET', JOBS, c)
+  end
+  return sts
+end
 -- a kept child's record gets its TTL (from now)
-local function tree_release(c, st, now)
-  local t = tree_info(c)
+local function tree_release(q, c, st, now)
+  local t = tree_info(q, c)
   local ttl = t and t.t or 0
   redis.call('ZADD', STATES, xidx(st, now + ttl), c)
   lower_sweep_at(now + ttl)
 end
 -- cancel a job because an ancestor ended (as cancel does), and its descendants
-local function tree_cancel(c, now)
+local function tree_cancel(q, c, now)
+  use_queue(q)
   local st = stpart(redis.call('HGET', JOBS, c))
   if not st then return end
   local kind = state_kind(st)
@@ -43,17 +66,18 @@ local function tree_cancel(c, now)
       setm(c, m)
       ev('cancel_requested', c, m.w, nil, nil, m.i)
     end
-    local t = tree_info(c)
+    local t = tree_info(q, c)
     if t and t.ch then
-      for _, g in ipairs(t.ch) do tree_cancel(g, now) end
+      for k, g in ipairs(t.ch) do tree_cancel(kid_q(t, k, q), g, now) end
     end
   end
 end
--- the stored error of a parent failed by its children (failures: {{id, kind}...})
+-- the stored error of a parent failed by its children (failures: {{id, kind, queue}...})
 local function tree_error(p, failures)
   local parts, listed = {}, {}
   for _, f in ipairs(failures) do
     local c, typ, msg = f[1], 'JobCancelledError', "job '" .. f[1] .. "' was cancelled"
+    use_queue(f[3])
     local e = f[2] == 'failed' and redis.call('HGET', ERRORS, c)
     if e then
       local ok, d = pcall(cjson.decode, e)
@@ -65,34 +89,37 @@ local function tree_error(p, failures)
   return cjson.encode({type = 'ChildJobFailedError', traceback = cjson.encode(listed),
     message = "job '" .. p .. "' failed because of its children: " .. table.concat(parts, '; ')})
 end
--- re-evaluate parent p; whether it is still to end (a kept child stays kept)
-local function tree_eval(p, now)
+-- re-evaluate parent p of queue q; whether it is still to end (a kept child stays kept)
+local function tree_eval(q, p, now)
+  use_queue(q)
   local pk = tree_kind(redis.call('HGET', JOBS, p))
   if TERMINAL_KIND[pk] then return false end
   if pk ~= 'waiting_children' and pk ~= 'processing' then return true end
-  local t = tree_info(p) or {}
-  local ch = t.ch or {}
+  local t = tree_info(q, p) or {}
   local failures, pending = {}, {}
-  local sts = #ch > 0 and redis.call('HMGET', JOBS, unpack(ch)) or {}
-  for k, c in ipairs(ch) do
+  local sts = kid_states(t, q)
+  for k, c in ipairs(t.ch or {}) do
     local kind = tree_kind(sts[k])
-    if kind == 'failed' or kind == 'cancelled' then failures[#failures + 1] = {c, kind}
-    elseif kind ~= 'completed' then pending[#pending + 1] = c end
+    if kind == 'failed' or kind == 'cancelled' then failures[#failures + 1] = {c, kind, kid_q(t, k, q)}
+    elseif kind ~= 'completed' then pending[#pending + 1] = {c, kid_q(t, k, q)} end
   end
   local failing = #failures > 0 and (t.po or 'cancel') == 'cancel'
   if pk == 'processing' then
     if failing then
-      for _, c in ipairs(pending) do tree_cancel(c, now) end
+      for _, c in ipairs(pending) do tree_cancel(c[2], c[1], now) end
     end
     return true
   end
-  local m = getm(p)
   if failing then
     local err = tree_error(p, failures)
+    use_queue(q)
+    local m = getm(p)
     redis.call('HSET', ERRORS, p, err)
     ev('failed', p, nil, nil, small(err), m.i)
     terminal(p, m, now, m.t or 0, 'failed:' .. istr(now), '')
   elseif #pending == 0 then
+    use_queue(q)
+    local m = getm(p)
     m.k = istr(redis.call('INCR', SEQ))
     setm(p, m)
     setst(p, 'queued:' .. istr(now))
@@ -103,29 +130,47 @@ local function tree_eval(p, now)
   end
   return true
 end
-local function tree_settle(now)
-  while true do
-    local note = redis.call('SPOP', TNOTES)
-    if not note then break end
-    local id = string.sub(note, 2)
-    local t = string.sub(note, 1, 1) == 'e' and tree_info(id)
-    if string.sub(note, 1, 1) == 'w' then tree_eval(id, now) end
-    if t then
-      if t.ch and #t.ch > 0 then
-        local ok = tree_kind(redis.call('HGET', JOBS, id)) == 'completed'
-        local sts = redis.call('HMGET', JOBS, unpack(t.ch))
-        for k, c in ipairs(t.ch) do
-          local st = stpart(sts[k])
-          if st and TERMINAL_KIND[state_kind(st)] then
-            tree_release(c, st, now)
-          elseif st and not ok then
-            tree_cancel(c, now)
-          end
-        end
+-- act on one note of queue q's TNOTES
+local function tree_note(q, note, now)
+  local kind, id = string.sub(note, 1, 1), string.sub(note, 2)
+  if kind == 'w' then tree_eval(q, id, now) return end
+  if kind == 'u' then
+    local d = cjson.decode(id)
+    tree_eval(d[1] ~= '' and d[1] or q, d[2], now)
+    return
+  end
+  local t = tree_info(q, id)
+  if not t then return end
+  if t.ch and #t.ch > 0 then
+    local ok = kind == 'e' and tree_kind(redis.call('HGET', JOBS, id)) == 'completed'
+    local sts = kid_states(t, q)
+    for k, c in ipairs(t.ch) do
+      local st = stpart(sts[k])
+      if st and TERMINAL_KIND[state_kind(st)] then
+        if kind == 'e' then tree_release(kid_q(t, k, q), c, st, now) end
+      elseif st and not ok then
+        tree_cancel(kid_q(t, k, q), c, now)
       end
-      if t.pa and not tree_eval(t.pa, now) then
-        local st = stpart(redis.call('HGET', JOBS, id))
-        if st then tree_release(id, st, now) end  -- its parent has ended: nobody needs it kept
+    end
+  end
+  if kind == 'e' and t.pa and not tree_eval(t.pq or q, t.pa, now) then
+    use_queue(q)
+    local st = stpart(redis.call('HGET', JOBS, id))
+    if st then tree_release(q, id, st, now) end  -- its parent has ended: nobody needs it kept
+  end
+end
+local function tree_settle(now)
+  local more = true
+  while more do
+    more = false
+    for _, q in ipairs(QN) do
+      use_queue(q)
+      local note = redis.call('SPOP', TNOTES)
+      while note do
+        more = true
+        tree_note(q, note, now)
+        use_queue(q)
+        note = redis.call('SPOP', TNOTES)
       end
     end
   end
