@@ -112,3 +112,30 @@ async def test_cluster_a_tree_across_queues_in_different_slots_is_refused_writin
         assert (await st.get_job(tb, "fetch-a")) is not None
         parent = await st.get_job(tb, "auth")
         assert parent is not None and parent.parent == (tb, "fetch-b")
+
+
+async def test_cluster_children_added_on_a_queue_in_another_slot_are_refused(redis_cluster_url: str) -> None:
+    import trio
+
+    from trioqueue import Child, FlowError, Job, Queue
+    from trioqueue.storage.redis import _lua
+
+    st = RedisStorage(redis_cluster_url, prefix=f"c-{uuid.uuid4().hex[:12]}", cluster=True)
+    home = "home"
+    other = next(n for n in ("elsewhere", "elsewhere-2") if _lua.hash_slot(st._base(n)) != _lua.hash_slot(st._base(home)))
+    seen: dict[str, str] = {}
+
+    async def parent(job: Job[None]) -> str:
+        try:
+            await job.add_children([Child("kid", None, queue=other)])
+        except FlowError as e:
+            seen["error"] = str(e)
+        return "alone"
+
+    async with st:
+        async with Queue(st, name=home, handler=parent, block_timeout=0.5) as q:
+            with trio.fail_after(10):
+                assert await q.enqueue_and_wait("p", None) == "alone"
+        assert f"the tree of job 'p' spans queues 'home', '{other}'" in seen["error"]
+        assert "nothing was written" in seen["error"]
+        assert await st.get_job(other, "kid") is None

@@ -230,3 +230,28 @@ def test_the_lua_key_layout_and_notice_kinds_come_from_the_python_declarations()
     kinds = re.search(r"^local NOTICE = \{(.*)\}$", generated, re.M)
     assert kinds is not None and set(re.findall(r"(\w+) = true", kinds.group(1))) == NOTICE_KINDS
     assert f"local SMALL = {_lua.SMALL}\n" in generated
+
+
+def test_a_script_on_several_queues_points_every_key_it_binds_at_the_queue_in_use() -> None:
+    """Scripts acting on a tree of jobs across queues (fragment ``queues``) get the same
+    keys of each queue in turn: ``use_queue`` must re-point every key variable the script
+    binds, and its lanes, at the same positions of that queue's keys (generated once the
+    KEYS are numbered), and flush what the previous queue had pending first."""
+    import re
+
+    from trioqueue.storage.redis import _lua
+
+    for name in ("tree_act", "flow_enqueue", "flow_add"):
+        code = _lua.source(name)
+        bound = dict(re.findall(r"^local (\w+) = KEYS\[(\d+)\]$", code, re.M))
+        body = code[code.index("local function use_queue(") :]
+        body = body[: body.index("\nend\n")]
+        assert dict(re.findall(r"^  (\w+) = K\[o \+ (\d+)\]$", body, re.M)) == bound, name
+        lanes = re.search(r"^local LANES = \{(.*)\}$", code, re.M)
+        assert lanes is not None
+        rebound = re.sub(r"KEYS\[(\d+)\]", r"K[o + \1]", lanes.group(1))
+        assert "  LANES = {" + rebound + "}\n" in body + "\n", name
+        assert body.index("flush()") < body.index("JOBS = K["), name
+        if "local function due_flush(" in code:
+            assert body.index("due_flush()") < body.index("  flush()"), name
+    assert "use_queue" not in _lua.source("settle")  # one queue's scripts pay nothing for it

@@ -303,7 +303,8 @@ class Storage(abc.ABC):
         job records its parent, each parent its children, its ``policy`` and how many
         children are not terminal yet. A child id already known (and not cancelled) on its
         queue raises :class:`~trioqueue.FlowError` naming it, writing nothing; so does a tree
-        across queues on a backend that keeps a tree on one queue (Redis: one slot).
+        across queues the backend cannot write in one step (Redis Cluster: queues whose
+        keys are in different slots; the error names the root job and the queues).
 
         From then on, with the transition that makes a child terminal (settle, cancel,
         recovery: in its atomic step, or through a note that step writes and that is acted
