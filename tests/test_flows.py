@@ -497,3 +497,24 @@ async def test_a_removed_child_counts_as_cancelled(storage: Storage, queue_name:
         status = await producer.get_status("parent")
         assert status is not None and status.state is JobState.COMPLETED
     assert seen["failures"] == {}  # (its record is gone: nothing to read)
+
+
+async def test_a_removed_child_on_another_queue_counts_as_cancelled(storage: Storage, queue_name: str) -> None:
+    parents, kids = tagged(queue_name, "parents", "kids")
+    seen: dict[str, Any] = {}
+
+    async def parent(job: Job[Any]) -> None:
+        seen["failures"] = await job.children_failures()
+
+    async with Queue(storage, name=parents, **FAST) as producer, Queue(storage, name=kids, **FAST) as k:
+        await producer.enqueue(
+            "parent", None, children=[Child("gone", queue=kids, options={"delay": 3600})], on_child_failure="continue"
+        )
+        assert await k.remove("gone")
+        worker = Queue(storage, name=parents, handler=Handlers(parent=parent), **FAST)
+        events = Recorder()
+        worker.on("completed", events)
+        async with worker:
+            with trio.fail_after(10):
+                await events.wait_for("completed", "parent")
+    assert seen["failures"] == {}
