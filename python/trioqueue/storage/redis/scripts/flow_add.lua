@@ -58,7 +58,7 @@ for _, job in ipairs(tree) do
   end
   setm(job.id, m)
   redis.call('HSET', TREE, job.id, cjson.encode(job))
-  if job.pa == P_ID and (job.pq or PQ) == PQ then
+  if job.pa == P_ID and (job.pq or q) == PQ then  -- (pq: only where it is not the child's own)
     if q ~= PQ and not pt.cq then  -- its first child on another queue: every child's queue named
       pt.cq = {}
       for k = 1, #pt.ch do pt.cq[k] = PQ end
