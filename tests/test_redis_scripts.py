@@ -255,3 +255,46 @@ def test_a_script_on_several_queues_points_every_key_it_binds_at_the_queue_in_us
         if "local function due_flush(" in code:
             assert body.index("due_flush()") < body.index("  flush()"), name
     assert "use_queue" not in _lua.source("settle")  # one queue's scripts pay nothing for it
+
+
+async def test_tree_act_learns_every_queue_the_trees_span_transitively(redis_url: str) -> None:
+    """tree_act acts on the notes of every queue it is given, so it must be given every
+    queue the trees of those queues span: it answers ``need`` with the ones it lacks (from
+    the queues' tree_queues sets) and the storage calls it again, until closed. Here a
+    note on B (tree A-B, left by a crash) is acted on by a settle on C (tree B-C)."""
+    from redis_helpers import _done, _job, _prefix
+
+    from trioqueue.storage._base import FlowJob
+
+    prefix = _prefix()
+    async with RedisStorage(redis_url, prefix=prefix) as st:
+        await st.enqueue_flow([FlowJob("A", _job("p1")), FlowJob("B", _job("c1"), ("A", "p1"))])
+        await st.enqueue_flow([FlowJob("B", _job("p2")), FlowJob("C", _job("c2"), ("B", "p2"))])
+        [c1] = await st.dequeue("B", "w", 1, 0, 30)
+
+        async def killed(queue: str) -> None:  # the worker dies before tree_act
+            pass
+
+        st._tree_act = killed  # type: ignore[method-assign]
+        assert await st.settle("B", "w", [_done(c1, b"r1")]) == [True]
+    async with RedisStorage(redis_url, prefix=prefix) as st2:  # knows no tree's queues
+        calls: list[list[str]] = []
+        multi = st2._multi
+
+        def spy(name: str, queues: list[str], args: list[str], shield: float) -> object:
+            if name == "tree_act":
+                calls.append(list(queues))
+            return multi(name, queues, args, shield)
+
+        st2._multi = spy  # type: ignore[method-assign]
+        [c2] = await st2.dequeue("C", "w", 1, 0, 30)
+        assert await st2.settle("C", "w", [_done(c2, b"r2")]) == [True]
+        assert calls == [["C"], ["C", "B"], ["C", "B", "A"]]
+        for queue, job_id in (("B", "p2"), ("A", "p1")):
+            rec = await st2.get_job(queue, job_id)
+            assert rec is not None and rec.state.startswith("queued:"), (queue, job_id, rec)
+        [p2] = await st2.dequeue("B", "w", 1, 0, 30)
+        assert [(q, r.id, r.result) for q, r in await st2.get_children("B", "p2")] == [("C", "c2", b"r2")]
+        await st2.settle("B", "w", [_done(p2)])
+        # B's trees span A and C: both learnt from B's tree_queues in one answer
+        assert len(calls) == 5 and calls[3] == ["B"] and calls[4][0] == "B" and sorted(calls[4]) == ["A", "B", "C"]
