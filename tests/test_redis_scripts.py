@@ -298,3 +298,16 @@ async def test_tree_act_learns_every_queue_the_trees_span_transitively(redis_url
         await st2.settle("B", "w", [_done(p2)])
         # B's trees span A and C: both learnt from B's tree_queues in one answer
         assert len(calls) == 5 and calls[3] == ["B"] and calls[4][0] == "B" and sorted(calls[4]) == ["A", "B", "C"]
+
+
+async def test_the_scripts_on_several_queues_load_as_redis_functions(st: RedisStorage) -> None:
+    """A library that does not load falls back to EVALSHA with a warning (so the other
+    tests would pass anyway): the scripts that act on several queues (a tree across
+    queues) must load as Functions (Lua allows a function 60 upvalues, and the library
+    form makes a script's leading locals upvalues)."""
+    from trioqueue.storage.redis import _lua
+
+    for name in ("flow_enqueue", "flow_add", "tree_act"):
+        assert "set_queues(" in _lua.source(name), name
+        fn, code = _lua.library(name)
+        assert await st._transport.command(["FUNCTION", "LOAD", "REPLACE", code]) in (fn, fn.encode()), name
