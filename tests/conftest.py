@@ -16,7 +16,7 @@ import pytest
 
 from trioqueue import MemoryStorage, Storage
 
-pytest_plugins: list[str] = ["redis_server"]
+pytest_plugins: list[str] = ["redis_server", "postgres_server"]
 
 BACKENDS = ["memory", "file"]
 

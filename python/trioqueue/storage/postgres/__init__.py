@@ -1,0 +1,30 @@
+"""PostgreSQL storage: a Trio-native driver over libpq (``psycopg.pq``) and its pool.
+
+Needs the ``postgres`` extra (``pip install 'trioqueue[postgres]'``: psycopg with its
+bundled libpq).
+"""
+
+from ._conn import Connection, Notification, Result
+from ._errors import (
+    ConnectionLost,
+    DeadlockDetected,
+    PostgresError,
+    QueryCanceled,
+    SerializationFailure,
+    UniqueViolation,
+)
+from ._pool import Pool, Transaction
+
+__all__ = [
+    "Connection",
+    "ConnectionLost",
+    "DeadlockDetected",
+    "Notification",
+    "Pool",
+    "PostgresError",
+    "QueryCanceled",
+    "Result",
+    "SerializationFailure",
+    "Transaction",
+    "UniqueViolation",
+]
