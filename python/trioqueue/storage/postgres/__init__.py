@@ -14,6 +14,8 @@ from ._errors import (
     UniqueViolation,
 )
 from ._pool import Pool, Transaction
+from ._schema import SCHEMA_VERSION, migrate
+from ._storage import PostgresStorage
 
 __all__ = [
     "Connection",
@@ -22,9 +24,12 @@ __all__ = [
     "Notification",
     "Pool",
     "PostgresError",
+    "PostgresStorage",
     "QueryCanceled",
     "Result",
+    "SCHEMA_VERSION",
     "SerializationFailure",
     "Transaction",
     "UniqueViolation",
+    "migrate",
 ]

@@ -70,8 +70,7 @@ CREATE INDEX jobs_expiry ON {s}.jobs (expires_ms) WHERE expires_ms IS NOT NULL;
 CREATE TABLE {s}.queues (
     queue text PRIMARY KEY,
     paused boolean NOT NULL DEFAULT false,
-    hold_until_ms bigint NOT NULL DEFAULT 0,
-    claimed_ms bigint[] NOT NULL DEFAULT '{{}}'
+    flow bytea  -- the rate-limit log and RateLimited hold (FlowState, JSON)
 );
 CREATE TABLE {s}.workers (
     queue text NOT NULL,
