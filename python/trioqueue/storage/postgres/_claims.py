@@ -133,13 +133,20 @@ class PostgresClaims(PostgresJobs):
             refund,
         )
 
-    async def _cancel_held(self, conn: Connection, queue: str, ids: list[str], now: int) -> None:
+    async def _cancel_held(
+        self, conn: Connection, queue: str, ids: list[str], now: int, *, recovered: bool = False
+    ) -> None:
+        """End held jobs cancelled; ``recovered``: by the reaper (their claim is gone)."""
+        if not ids:
+            return
         await conn.execute(
             f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $2, worker = NULL, lease_ms = NULL,"
-            " started = false, expires_ms = $2 + (result_ttl * 1000)::bigint WHERE queue = $1 AND id = ANY($3::text[])",
+            " started = false, expires_ms = $2 + (result_ttl * 1000)::bigint,"
+            " claim = CASE WHEN $4 THEN NULL ELSE claim END WHERE queue = $1 AND id = ANY($3::text[])",
             queue,
             now,
             ids,
+            recovered,
         )
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
@@ -346,7 +353,7 @@ class PostgresClaims(PostgresJobs):
                     failed.append((jid, error))
                     events.append(StorageEvent("failed", jid, worker, error=error, token=token))
                     recovered.append((jid, "failed"))
-            await self._cancel_held(conn, queue, cancel_ids, now)
+            await self._cancel_held(conn, queue, cancel_ids, now, recovered=True)
             if back_ids:
                 await conn.execute(
                     f"""UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, worker = NULL, lease_ms = NULL,
@@ -359,7 +366,7 @@ class PostgresClaims(PostgresJobs):
             if failed:
                 await conn.execute(
                     f"""UPDATE {self._s}.jobs j SET state = 'failed', state_ms = $2, worker = NULL, lease_ms = NULL,
-                            error = u.error, expires_ms = $2 + (j.result_ttl * 1000)::bigint
+                            claim = NULL, error = u.error, expires_ms = $2 + (j.result_ttl * 1000)::bigint
                         FROM unnest($3::text[], $4::bytea[]) AS u(id, error) WHERE j.queue = $1 AND j.id = u.id""",
                     queue,
                     now,
