@@ -34,6 +34,9 @@ async def test_typed_parameters_and_results(postgres_url: str) -> None:
             dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
         )
         assert row == (2**40, "héllo", b"\x00\xff", 1.5, True, None, ["a", "b"], dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
+        awkward = [b"it's", b'a\\b"\x00{,}', b""]
+        assert await conn.fetchval("SELECT $1::bytea[]", awkward) == awkward
+        assert await conn.fetchval("SELECT $1::text[]", ["it's", 'a\\b"{,}', ""]) == ["it's", 'a\\b"{,}', ""]
         res = await conn.execute("SELECT g, g * 2 AS twice FROM generate_series(1, 3) g")
         assert res.rows == [(1, 2), (2, 4), (3, 6)] and res.columns == ["g", "twice"] and res.rowcount == 3
         await conn.execute_script("CREATE TEMP TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (2)")
@@ -115,7 +118,6 @@ async def test_listen_notify(postgres_url: str) -> None:
 
 async def test_connect_failure_is_connection_lost() -> None:
 
-
     with pytest.raises(ConnectionLost) as info:
         await Connection.connect(f"postgresql://postgres@127.0.0.1:{free_port()}/postgres", timeout=2)
     assert info.value.sqlstate == "08001"
@@ -126,15 +128,19 @@ async def test_terminated_backend_raises_then_pool_reconnects(postgres_url: str)
         async with pool.connection() as conn:
             pid = conn.backend_pid
             assert await conn.fetchval("SELECT 1") == 1
-        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid) is True
-        # the idle connection is broken: the next statement on it says so
+        assert await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", pid) is True  # (waits for the exit)
+        # the idle connection is broken: the pool notices when lending it, and reconnects
         async with pool.connection() as conn:
+            assert conn.backend_pid != pid and await conn.fetchval("SELECT 2") == 2
+        # a connection in hand that breaks says so on its next statement
+        async with pool.connection() as conn:
+            await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", conn.backend_pid)
             with pytest.raises(ConnectionLost):
                 await conn.execute("SELECT 1")
             assert conn.closed
         async with pool.connection() as conn:
-            assert conn.backend_pid != pid and await conn.fetchval("SELECT 2") == 2
-        assert pool.connects == 2
+            assert await conn.fetchval("SELECT 3") == 3
+        assert pool.connects == 3
 
 
 async def test_terminated_mid_query(postgres_url: str) -> None:
@@ -158,8 +164,6 @@ async def test_terminated_mid_query(postgres_url: str) -> None:
 
 
 async def test_pool_reconnects_across_server_restart() -> None:
-
-
     server = PostgresServer()
     server.start()
     try:
@@ -167,9 +171,13 @@ async def test_pool_reconnects_across_server_restart() -> None:
             async with pool.connection() as conn:
                 assert await conn.fetchval("SELECT 1") == 1
             await trio.to_thread.run_sync(server.stop)
-            async with pool.connection() as conn:
-                with pytest.raises(ConnectionLost):
-                    await conn.execute("SELECT 1")
+            # the server is down: the pool drops the dead connection, retries with backoff,
+            # and gives up after reconnect_timeout
+            pool.reconnect_timeout = 0.5
+            with pytest.raises(ConnectionLost, match="cannot connect"):
+                async with pool.connection():
+                    pass
+            pool.reconnect_timeout = 30.0
             # a connection asked for while the server is down waits (with backoff) for it
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio.to_thread.run_sync, server.start)

@@ -150,6 +150,16 @@ class Storage(abc.ABC):
         ``missing_payload`` if the registry says completed/failed but the result/error is
         gone."""
 
+    #: ``True`` when :meth:`enqueue_in_transaction` is implemented (PostgreSQL).
+    supports_transactions = False
+
+    async def enqueue_in_transaction(self, queue: str, jobs: Sequence[NewJob], transaction: object) -> list[EnqueueOutcome]:
+        """:meth:`enqueue` inside the application's open ``transaction`` (made by the
+        backend, e.g. ``PostgresStorage.transaction()``): the jobs exist, and claimers are
+        woken, only if and when that transaction commits; a rollback leaves no trace.
+        Only for backends with :attr:`supports_transactions`."""
+        raise NotImplementedError(f"{type(self).__name__} has no transactions (transactional enqueue needs PostgreSQL)")
+
     # -- consumers -------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -16,6 +16,7 @@ Host names are resolved with :func:`trio.socket.getaddrinfo` before ``PQconnectS
 from __future__ import annotations
 
 import collections
+import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -78,6 +79,14 @@ async def resolve_conninfo(conninfo: str) -> str:
             out_ports.append(port)
     params.update(host=",".join(hosts), hostaddr=",".join(addrs), port=",".join(out_ports))
     return make_conninfo("", **params)
+
+
+def _format(value: Any) -> PyFormat:
+    # Lists of bytes go in binary: psycopg's text dumper for bytea arrays, used without a
+    # psycopg connection, escapes quotes for a SQL literal (it's -> it''s).
+    if isinstance(value, list) and any(isinstance(v, (bytes, bytearray, memoryview)) for v in value):
+        return PyFormat.BINARY
+    return PyFormat.AUTO
 
 
 class Connection:
@@ -144,6 +153,29 @@ class Connection:
         """True inside a transaction block (also a failed one)."""
         return self._pgconn.transaction_status not in (pq.TransactionStatus.IDLE, pq.TransactionStatus.UNKNOWN)
 
+    def check_alive(self) -> bool:
+        """Whether an idle connection is still usable, without a round trip: input
+        waiting on an idle session is read (a server that ended the session has sent
+        its error and closed the socket); a broken connection is closed. Synchronous."""
+        if self.closed:
+            self.close()
+            return False
+        if self._lock.locked():
+            return True
+        for _ in range(4):  # the server's goodbye message, then the end of the stream
+            readable, _, _ = select.select([self._fd], [], [], 0)
+            if not readable:
+                break
+            try:
+                self._consume()
+                self._pgconn.is_busy()  # (parses what arrived)
+            except ConnectionLost:
+                return False
+            if self._pgconn.status != pq.ConnStatus.OK:
+                self.close()
+                return False
+        return True
+
     def close(self) -> None:
         """Close at once (synchronous, never blocks). Idempotent."""
         if self._closed:
@@ -173,7 +205,7 @@ class Connection:
         async with self._locked():
             self._check_open()
             if params:
-                values = self._tx.dump_sequence(params, [PyFormat.AUTO] * len(params))
+                values = self._tx.dump_sequence(params, [_format(p) for p in params])
                 self._pgconn.send_query_params(sql.encode(), values, self._tx.types, self._tx.formats, pq.Format.BINARY)
             else:
                 self._pgconn.send_query_params(sql.encode(), None, result_format=pq.Format.BINARY)

@@ -100,10 +100,9 @@ class Hub:
         return conn
 
     def _dispatch(self, notes: list[Notification] | None) -> None:
-        if notes is None:
-            for callbacks in list(self._callbacks.values()):
-                for cb in list(callbacks):
-                    cb(None)
+        if notes is None:  # once per callback, however many channels it listens to
+            for cb in dict.fromkeys(cb for callbacks in list(self._callbacks.values()) for cb in callbacks):
+                cb(None)
             return
         for note in notes:
             for cb in list(self._callbacks.get(note.channel, ())):

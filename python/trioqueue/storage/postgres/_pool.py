@@ -19,8 +19,12 @@ class Transaction:
     """A transaction on one pooled connection (see :meth:`Pool.transaction`): the
     application's own SQL with ``$1, $2, ...`` parameters, on the same connection."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, owner: object | None = None) -> None:
         self.connection = conn
+        #: what made it (a PostgresStorage checks that a transaction is its own)
+        self.owner = owner
+        #: True until the transaction commits or rolls back
+        self.active = True
 
     async def execute(self, sql: str, *params: Any) -> Result:
         """Run one statement in the transaction (see :meth:`Connection.execute`)."""
@@ -126,7 +130,7 @@ class Pool:
             conn = None
             while self._idle:
                 candidate = self._idle.pop()
-                if not candidate.closed:
+                if candidate.check_alive():  # (a terminated session is dropped here)
                     conn = candidate
                     break
             if conn is None:
@@ -153,15 +157,18 @@ class Pool:
             self._idle.append(conn)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
+    async def transaction(self, owner: object | None = None) -> AsyncIterator[Transaction]:
         """``BEGIN`` on a pooled connection; ``COMMIT`` when the block ends normally,
         ``ROLLBACK`` when it raises (or is cancelled). A failed ``COMMIT`` raises (the
-        transaction did not commit; :class:`ConnectionLost`: unknown)."""
+        transaction did not commit; :class:`ConnectionLost`: unknown). Cancellation: the
+        ``COMMIT`` is shielded (once the block is done, its outcome stands)."""
         async with self.connection() as conn:
             await conn.execute("BEGIN")
+            tx = Transaction(conn, owner)
             try:
-                yield Transaction(conn)
+                yield tx
             except BaseException:
+                tx.active = False
                 with trio.CancelScope(shield=True):
                     if not conn.closed:
                         try:
@@ -169,4 +176,6 @@ class Pool:
                         except Exception:  # noqa: BLE001 - dropped by the pool
                             conn.close()
                 raise
-            await conn.execute("COMMIT")
+            tx.active = False
+            with trio.CancelScope(shield=True):
+                await conn.execute("COMMIT")

@@ -4,13 +4,15 @@ on top of the job lifecycle (``_jobs.py``) and the claims (``_claims.py``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import trio
 
+from ..._model._errors import ValidationError
 from .._base import (
     NOTICE_KINDS,
+    EnqueueOutcome,
     JobRecord,
     NewJob,
     StorageEvent,
@@ -23,6 +25,8 @@ from ._claims import PostgresClaims
 from ._common import JOB_COLUMNS, decode_events, now_ms, record
 from ._conn import Notification
 from ._jobs import LIVE
+from ._pool import Transaction
+from ._schema import migrate, schema_version
 
 __all__ = ["PostgresStorage"]
 
@@ -44,6 +48,57 @@ class PostgresStorage(PostgresClaims):
     :class:`~trioqueue.storage.postgres.ConnectionLost` (the pool reconnects with backoff
     for the next call).
     """
+
+    # -- schema ------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply the schema migrations this storage's schema lacks (see
+        :func:`~trioqueue.storage.postgres.migrate`); the versions applied."""
+        async with self.conn() as conn:
+            return await migrate(conn, self.schema)
+
+    async def schema_version(self) -> int:
+        """The schema's version (0: not created yet)."""
+        async with self.conn() as conn:
+            return await schema_version(conn, self.schema)
+
+    # -- transactional enqueue ---------------------------------------------------------
+
+    supports_transactions = True
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction of the application's own on one of the storage's connections:
+        ``tx.execute`` / ``tx.fetch`` / ``tx.fetchval`` run SQL with ``$1, $2, ...``
+        parameters, and ``queue.enqueue(..., transaction=tx)`` writes jobs in it. When
+        the block ends normally it commits (jobs and rows appear together, claimers are
+        woken); when it raises or is cancelled it rolls back (neither exists).
+        Cancellation: the ``COMMIT`` itself is shielded."""
+        async with self.pool.transaction(owner=self) as tx:
+            yield tx
+
+    async def enqueue_in_transaction(
+        self, queue: str, jobs: Sequence[NewJob], transaction: object
+    ) -> list[EnqueueOutcome]:
+        first = jobs[0].id if jobs else None
+        if not isinstance(transaction, Transaction) or transaction.owner is not self:
+            raise ValidationError(
+                f"job {first!r}: transaction= must come from this storage's transaction(), got {transaction!r}"
+            )
+        if not transaction.active or transaction.connection.closed:
+            raise ValidationError(f"job {first!r}: the transaction has ended (enqueue inside its `async with` block)")
+        if not jobs:
+            return []
+        if queue not in self._known_queues:
+            # committed on its own: inserted inside the application's transaction, the
+            # queue's row would stay locked (every claim of the queue waiting) until it ends
+            async with self.conn() as own:
+                await own.execute(f"INSERT INTO {self._s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", queue)
+            self._known_queues.add(queue)
+        conn = transaction.connection
+        outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
+        await self.publish(conn, queue, events, wake=bool(events))
+        return outcomes
 
     # -- events ------------------------------------------------------------------------
 
