@@ -48,11 +48,13 @@ def _bin_dir() -> Path:
 
 class PostgresServer:
     """One PostgreSQL server on 127.0.0.1:``port`` with its data in a fresh temporary
-    directory (fsync off: the tests want speed, not durability across power loss).
+    directory (fsync off unless ``durable``: the tests want speed, not durability across
+    power loss).
     ``stop()``/``kill()`` and ``start()`` again keep the port and the data."""
 
-    def __init__(self, *, port: int | None = None) -> None:
+    def __init__(self, *, port: int | None = None, durable: bool = False) -> None:
         self.port = port or free_port()
+        self.durable = durable  # fsync and synchronous commits on (benchmarks), off for tests
         self.root = Path(tempfile.mkdtemp(prefix="trioqueue-pg-"))
         self.pgdata = self.root / "data"
         self.sockdir = self.root / "sock"
@@ -97,7 +99,9 @@ class PostgresServer:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - handed to the child
         args = [str(_bin_dir() / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1", "-p", str(self.port)]
-        args += ["-k", str(self.sockdir), "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=200"]
+        args += ["-k", str(self.sockdir), "-c", "max_connections=200"]
+        if not self.durable:
+            args += ["-c", "fsync=off", "-c", "synchronous_commit=off"]
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, user=self.user)
         log.close()
         deadline = time.monotonic() + 30
