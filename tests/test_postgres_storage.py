@@ -119,6 +119,10 @@ def test_from_url_postgres_forms() -> None:
     assert st.url == "postgresql://u:p@db.example:5433/jobs?sslmode=disable"
     assert isinstance(from_url("postgres://u@h/db"), PostgresStorage)
     assert from_url("postgres://u@h/db", schema="s2").schema == "s2"  # type: ignore[attr-defined]
+    fast = from_url("postgresql://u@h/db?synchronous_commit=off&application_name=x")
+    assert fast.synchronous_commit is False and fast.url == "postgresql://u@h/db?application_name=x"  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match="synchronous_commit must be on or off"):
+        from_url("postgresql://u@h/db?synchronous_commit=maybe")
     with pytest.raises(ValidationError, match="schema must be.*Bad-1"):
         from_url("postgresql://u@h/db?schema=Bad-1")
 
@@ -186,3 +190,13 @@ async def test_connection_loss_mid_listen_resyncs_and_recovers(postgres_url: str
         # the claims made before the losses are intact, and settle
         held = dict.fromkeys(await st.held_jobs(queue_name, W1))
         assert set(held) == {"before", "after", "late"}
+
+
+async def test_synchronous_commit_off_spares_the_application_transactions(postgres_url: str, queue_name: str) -> None:
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", synchronous_commit=False) as st:
+        async with st.pool.connection() as conn:
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+        async with st.transaction() as tx:
+            assert await tx.fetchval("SHOW synchronous_commit") == "on"
+        await st.enqueue(queue_name, [job("a")])
+        assert [c.id for c in await st.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["a"]

@@ -26,8 +26,8 @@ def from_url(url: str, **options: Any) -> Storage:
       ``valkey://`` / ``valkeys://`` — :class:`~trioqueue.RedisStorage`;
       ``redis+cluster://host:port`` (or ``rediss+cluster://``) for Redis Cluster;
     - ``postgresql://[user[:password]@]host[:port]/dbname[?...]`` (or ``postgres://``) —
-      :class:`~trioqueue.storage.postgres.PostgresStorage` (a ``schema`` query parameter
-      picks its PostgreSQL schema, like the ``schema=`` option).
+      :class:`~trioqueue.storage.postgres.PostgresStorage` (query parameters ``schema``
+      and ``synchronous_commit=on|off`` set those options; the others go to libpq).
 
     Raises :class:`~trioqueue.ValidationError` naming the URL for anything else.
     """
@@ -77,10 +77,15 @@ def _postgres(url: str, options: dict[str, Any]) -> Storage:
         ) from exc
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = [v for k, v in query if k == "schema"]
-    if schema:
-        options = {"schema": schema[-1], **options}
-        parts = parts._replace(query=urlencode([(k, v) for k, v in query if k != "schema"]))
+    ours = {k: v for k, v in query if k in ("schema", "synchronous_commit")}
+    if "synchronous_commit" in ours:
+        value = ours["synchronous_commit"].lower()
+        if value not in ("on", "off"):
+            raise ValidationError(f"synchronous_commit must be on or off, got {value!r} in {url!r}")
+        ours["synchronous_commit"] = value == "on"  # type: ignore[assignment]
+    if ours:
+        options = {**ours, **options}
+        parts = parts._replace(query=urlencode([(k, v) for k, v in query if k not in ours]))
     try:
         return PostgresStorage(urlunsplit(parts), **options)
     except ValueError as exc:

@@ -96,6 +96,7 @@ class PostgresBase(Storage):
         migrate: bool = True,
         poll_interval: float = 5.0,
         reconnect_timeout: float = 30.0,
+        synchronous_commit: bool = True,
     ) -> None:
         super().__init__()
         self.url = url
@@ -105,6 +106,7 @@ class PostgresBase(Storage):
         self._s = f'"{schema}"'
         self._pool_size = pool_size
         self._reconnect_timeout = reconnect_timeout
+        self.synchronous_commit = synchronous_commit
         self._pool: Pool | None = None
         self._hub: Hub | None = None
         self._known_queues: set[str] = set()
@@ -123,7 +125,8 @@ class PostgresBase(Storage):
         return self._hub
 
     async def _connect(self) -> None:
-        pool = Pool(self.url, size=self._pool_size, reconnect_timeout=self._reconnect_timeout)
+        setup = () if self.synchronous_commit else ("SET synchronous_commit = off",)
+        pool = Pool(self.url, size=self._pool_size, reconnect_timeout=self._reconnect_timeout, setup=setup)
         try:
             if self.auto_migrate:
                 async with pool.connection() as conn:
