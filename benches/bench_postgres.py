@@ -24,10 +24,9 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from postgres_server import PostgresServer  # noqa: E402
-
-from trioqueue.storage import NewJob  # noqa: E402
-from trioqueue.storage.postgres import PostgresStorage  # noqa: E402
+from postgres_server import PostgresServer
+from trioqueue.storage import NewJob
+from trioqueue.storage.postgres import PostgresStorage
 
 TRIOQUEUE = str(Path(sys.executable).parent / "trioqueue")
 
@@ -62,7 +61,7 @@ async def claim_latency(url: str, depths: list[int]) -> list[dict[str, float]]:
 
 async def bytes_per_job(url: str, n: int) -> float:
     """Growth of the database (pg_database_size) per finished job kept (completed, TTL 1 h)."""
-    from trioqueue.storage import Settlement, SettleKind
+    from trioqueue.storage import SettleKind, Settlement
 
     async with PostgresStorage(url, schema=f"size_{uuid.uuid4().hex[:8]}") as st:
         async with st.pool.connection() as conn:

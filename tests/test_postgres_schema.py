@@ -9,8 +9,9 @@ import trio
 
 pytest.importorskip("psycopg")
 
-from trioqueue.storage.postgres import Connection, PostgresError  # noqa: E402
-from trioqueue.storage.postgres._schema import SCHEMA_VERSION, migrate, schema_version  # noqa: E402
+import trio.lowlevel
+from trioqueue.storage.postgres import Connection, PostgresError
+from trioqueue.storage.postgres._schema import SCHEMA_VERSION, migrate, schema_version
 
 
 def _schema() -> str:
@@ -48,7 +49,7 @@ async def test_two_concurrent_migrators_one_schema(postgres_url: str) -> None:
                 # a is blocked on the lock, as the server sees it
                 while not await _waiting_for_lock(postgres_url, a.backend_pid):
                     await trio.sleep(0.01)
-                await trio.sleep(0)  # (b's migrate runs; a still waits)
+                await trio.lowlevel.checkpoint()  # (b's migrate runs; a still waits)
                 await b.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}")
         assert sorted(results, key=len) == [[], list(range(1, SCHEMA_VERSION + 1))]
         assert await a.fetchval(f'SELECT count(*) FROM "{schema}".version') == SCHEMA_VERSION

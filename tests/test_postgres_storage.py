@@ -16,11 +16,10 @@ import trio.testing
 
 pytest.importorskip("psycopg")
 
-from storage_helpers import LEASE, W1, job  # noqa: E402
-
-from trioqueue import MemoryStorage, Queue, ValidationError  # noqa: E402
-from trioqueue.storage import StorageEvent, from_url  # noqa: E402
-from trioqueue.storage.postgres import Connection, PostgresStorage  # noqa: E402
+from storage_helpers import LEASE, W1, job
+from trioqueue import MemoryStorage, Queue, ValidationError
+from trioqueue.storage import StorageEvent, from_url
+from trioqueue.storage.postgres import Connection, PostgresStorage
 
 TRIOQUEUE = str(Path(sys.executable).parent / "trioqueue")
 

@@ -18,6 +18,7 @@ from ._schema import SCHEMA_VERSION, migrate
 from ._storage import PostgresStorage
 
 __all__ = [
+    "SCHEMA_VERSION",
     "Connection",
     "ConnectionLost",
     "DeadlockDetected",
@@ -27,7 +28,6 @@ __all__ = [
     "PostgresStorage",
     "QueryCanceled",
     "Result",
-    "SCHEMA_VERSION",
     "SerializationFailure",
     "Transaction",
     "UniqueViolation",

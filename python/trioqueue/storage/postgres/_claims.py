@@ -7,7 +7,14 @@ from collections.abc import Sequence
 
 from ..._model._serde import encode_error
 from ..._model._types import JobError
-from .._base import HeartbeatReply, LostClaim, Settlement, SettleKind, StorageEvent, lost_why
+from .._base import (
+    HeartbeatReply,
+    LostClaim,
+    SettleKind,
+    Settlement,
+    StorageEvent,
+    lost_why,
+)
 from .._flowstate import FlowState
 from ._common import now_ms
 from ._conn import Connection

@@ -21,8 +21,6 @@ from .._base import (
     EnqueueOutcome,
     JobRecord,
     NewJob,
-    Settlement,
-    SettleKind,
     StorageEvent,
     ttl_update_status,
 )
@@ -319,17 +317,16 @@ class PostgresJobs(PostgresBase):
     ) -> list[Claim]:
         start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
-        woken = False
+        woken = trio.Event()  # replaced before each claim attempt
 
         def wake(_note: Notification | None) -> None:
-            nonlocal woken
-            woken = True
+            woken.set()
 
         channel = self.channel(queue, "w")
         await self.hub.listen(channel, wake)
         try:
             while True:
-                woken = False
+                woken = trio.Event()  # a NOTIFY during the claim below counts: no lost wake-up
                 claims, wake_at = await self._claim(queue, worker_id, max_jobs, lease, start, limits)
                 if claims:
                     return claims
@@ -339,7 +336,7 @@ class PostgresJobs(PostgresBase):
                 wait = min(remaining, self.poll_interval)
                 if wake_at is not None:
                     wait = min(wait, max(wake_at - time.time(), 0.0) + 0.001)
-                await self.hub.wait(lambda: woken, wait)
+                await self.hub.wait(woken.is_set, wait)
         finally:
             self.hub.unlisten(channel, wake)
 
