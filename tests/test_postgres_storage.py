@@ -19,7 +19,7 @@ pytest.importorskip("psycopg")
 from storage_helpers import LEASE, W1, job
 from trioqueue import MemoryStorage, Queue, ValidationError
 from trioqueue.storage import StorageEvent, from_url
-from trioqueue.storage.postgres import Connection, PostgresStorage
+from trioqueue.storage.postgres import Connection, ConnectionLost, PostgresStorage
 
 TRIOQUEUE = str(Path(sys.executable).parent / "trioqueue")
 
@@ -199,3 +199,36 @@ async def test_synchronous_commit_off_spares_the_application_transactions(postgr
             assert await tx.fetchval("SHOW synchronous_commit") == "on"
         await st.enqueue(queue_name, [job("a")])
         assert [c.id for c in await st.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["a"]
+
+
+async def test_worker_survives_repeated_connection_loss_and_loses_nothing(postgres_url: str, queue_name: str) -> None:
+    """Every connection of the storage (the listener, pooled ones mid-claim and
+    mid-settle) terminated again and again while a worker runs: every job completes
+    (the event stream may lose events meanwhile, resync says so: the test counts in the
+    table)."""
+    from trioqueue import Job
+
+    app = f"tq-{uuid.uuid4().hex[:8]}"
+    storage = PostgresStorage(f"{postgres_url}?application_name={app}", schema=f"t_{uuid.uuid4().hex[:12]}")
+
+    async def handler(job: Job[int]) -> int:
+        await trio.sleep(0.002)
+        return job.payload * 2
+
+    async with Queue(storage, name=queue_name, handler=handler, concurrency=20, block_timeout=0.5) as q:
+        terminated = 0
+        await q.enqueue_many([(f"j{i}", i) for i in range(300)])
+        with trio.fail_after(120):
+            while True:
+                terminated += await _terminate_others(postgres_url, app)
+                try:
+                    counts = await storage.counts(queue_name)
+                except ConnectionLost:
+                    continue  # (terminated under our own call)
+                if counts["completed"] == 300:
+                    break
+                await trio.sleep(0.05)  # a little work between two terminations
+        assert terminated >= 3
+        for i in (0, 150, 299):
+            status = await q.get_status(f"j{i}")
+            assert status is not None and status.state.value == "completed" and status.result == 2 * i

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..._model._errors import StorageError
+
 __all__ = [
     "ConnectionLost",
     "DeadlockDetected",
@@ -13,8 +15,10 @@ __all__ = [
 ]
 
 
-class PostgresError(Exception):
-    """An error reported by PostgreSQL (or by libpq about the connection).
+class PostgresError(StorageError):
+    """An error reported by PostgreSQL (or by libpq about the connection): a
+    :class:`~trioqueue.StorageError`, so that Queues and workers handle it as any storage
+    failure (reported as an ``error`` event, retried with backoff).
 
     ``sqlstate`` is the five-character SQLSTATE code (``"23505"``: unique violation, ...;
     see the PostgreSQL manual's appendix "PostgreSQL Error Codes"), ``None`` when libpq
