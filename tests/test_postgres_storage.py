@@ -232,3 +232,27 @@ async def test_worker_survives_repeated_connection_loss_and_loses_nothing(postgr
         for i in (0, 150, 299):
             status = await q.get_status(f"j{i}")
             assert status is not None and status.state.value == "completed" and status.result == 2 * i
+
+
+async def test_one_job_enqueue_notifies_and_wakes(pg: PostgresStorage, queue_name: str) -> None:
+    """The one-statement enqueue (one job, ready now, a queue this storage has seen)
+    sends its event and its wake-up like the general path."""
+    await pg.enqueue(queue_name, [job("first")])  # (the general path: the queue's row)
+    assert [c.id for c in await pg.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["first"]
+    got: list[str] = []
+
+    async def blocked_claim(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        got.extend(c.id for c in await pg.dequeue(queue_name, W1, 5, 30.0, LEASE))
+
+    async with pg.subscribe(queue_name, ["enqueued"]) as events:
+        with trio.fail_after(2):  # well before the 5 s polling fallback
+            async with trio.open_nursery() as nursery:
+                await nursery.start(blocked_claim)
+                await trio.testing.wait_all_tasks_blocked()
+                [out] = await pg.enqueue(queue_name, [job("second")])
+                assert out.status.value == "queued"
+        assert await _next_events(events) == [("enqueued", "second")]
+    assert got == ["second"]
+    [dup] = await pg.enqueue(queue_name, [job("second")])
+    assert dup.status.value == "duplicate" and dup.token == "t-second"

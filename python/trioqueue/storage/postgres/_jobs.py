@@ -7,6 +7,7 @@ sent inside the transaction, so they are delivered if and only if it commits, in
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -47,10 +48,58 @@ class PostgresJobs(PostgresBase):
         if not jobs:
             await trio.lowlevel.checkpoint()
             return []
+        now = now_ms()
+        if len(jobs) == 1 and queue in self._known_queues and (jobs[0].run_at is None or jobs[0].run_at * 1000 <= now):
+            outcome = await self._enqueue_one(queue, jobs[0], now)
+            if outcome is not None:
+                return [outcome]
         async with self.tx(queue) as conn:
-            outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
+            outcomes, events = await self.enqueue_in(conn, queue, jobs, now)
             await self.publish(conn, queue, events, wake=bool(events))
         return outcomes
+
+    async def _enqueue_one(self, queue: str, job: NewJob, now: int) -> EnqueueOutcome | None:
+        """The common enqueue (one job, ready now) in one statement and one round trip:
+        the insert (or the replacement of a cancelled/expired incarnation) and its
+        NOTIFYs, sent only if the row was written. ``None``: use the general path."""
+        pairs = self._notifications(queue, [StorageEvent("enqueued", job.id, token=job.token)], True)
+        notify = ", ".join(f"pg_notify(${9 + 2 * i}, ${10 + 2 * i})" for i in range(len(pairs)))
+        async with self.conn() as conn:
+            inserted = await conn.fetchval(
+                f"""WITH ins AS (
+                        INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq,
+                            token, envelope, max_attempts, result_ttl)
+                        VALUES ($1, $3, 'queued', $2, $2, $4, nextval('{self.schema}.job_seq'), $5, $6, $7, $8)
+                        ON CONFLICT (queue, id) DO UPDATE SET state = 'queued', state_ms = $2, created_ms = $2,
+                            priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = NULL,
+                            token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
+                            max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
+                            claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
+                            result = NULL, error = NULL, progress = NULL, expires_ms = NULL
+                        WHERE j.state = 'cancelled' OR j.expires_ms <= $2
+                        RETURNING id),
+                    sent AS (SELECT {notify} FROM ins)  -- (volatile: materialized, so evaluated)
+                    SELECT (SELECT count(*) FROM ins) + 0 * (SELECT count(*) FROM sent)""",
+                queue,
+                now,
+                job.id,
+                job.priority,
+                job.token,
+                job.envelope,
+                job.max_attempts,
+                float(job.result_ttl),
+                *itertools.chain.from_iterable(pairs),
+            )
+            if inserted:
+                return EnqueueOutcome(EnqueueStatus.QUEUED)
+            row = await conn.fetchrow(
+                f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}"
+                " AND state <> 'cancelled'",
+                queue,
+                now,
+                job.id,
+            )
+        return None if row is None else self._existing_outcome(row, job)
 
     async def enqueue_in(
         self, conn: Connection, queue: str, jobs: Sequence[NewJob], now: int
