@@ -146,6 +146,12 @@ class PostgresBase(Storage):
 
     # -- channels and events ------------------------------------------------------------
 
+    @staticmethod
+    def nonce() -> str:
+        """A unique prefix for the ``n`` field of payloads built in SQL (PostgreSQL drops a
+        NOTIFY identical to one already sent in the same transaction)."""
+        return f"{_PROCESS}.{next(_nonce)}"
+
     def channel(self, queue: str, kind: str) -> str:
         """The NOTIFY channel of ``queue``: ``e`` (events), ``n`` (notice kinds), ``w``
         (wake-ups of claims)."""
