@@ -94,10 +94,6 @@ class PostgresClaims(PostgresJobs):
         )
         return {r[0] for r in rows}
 
-    async def _one_statement(self, sql: str, *params: object) -> list[tuple[object, ...]]:
-        async with self.conn() as conn:
-            return await conn.fetch(sql, *params)
-
     async def _settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         now = now_ms()
         async with self.tx() as conn:

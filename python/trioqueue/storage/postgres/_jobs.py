@@ -303,6 +303,10 @@ class PostgresJobs(PostgresBase):
         (epoch seconds) the earliest time something changes by itself (a due job, the end
         of a hold, the next rate token), or ``None``."""
         now = now_ms()
+        if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._known_queues:
+            fast = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now)
+            if fast is not None:
+                return fast
         async with self.tx(queue) as conn:
             events = await self.promote_due(conn, queue, now)
             limited = limits is not None and (limits.rate or limits.concurrency)
@@ -353,6 +357,58 @@ class PostgresJobs(PostgresBase):
                 candidates = [t for t in (flow.wake, None if due is None else due / 1000) if t is not None and t != math.inf]
                 wake_at = min(candidates) if candidates else None
         return claims, wake_at
+
+    async def _claim_fast(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int
+    ) -> tuple[list[Claim], float | None] | None:
+        """A claim without rate or concurrency limits in one statement (one round trip),
+        when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
+        first is the general path's work). Pause and a ``RateLimited`` hold are honoured."""
+        rows = await self._one_statement(
+            f"""WITH q AS (
+                    SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
+                    FROM {self._s}.queues WHERE queue = $1),
+                due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
+                        WHERE queue = $1 AND state IN ('delayed', 'failing')),
+                gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
+                            AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
+                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
+                picked AS (
+                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
+                        AND (SELECT open FROM gate)
+                    ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
+                numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
+                claimed AS (
+                    UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
+                        claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
+                        started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
+                    FROM numbered n WHERE j.queue = $1 AND j.id = n.id
+                    RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
+                SELECT priority, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL FROM claimed
+                UNION ALL
+                SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
+                    (SELECT paused FROM q)""",
+            queue,
+            now,
+            max_jobs,
+            worker_id,
+            now + int(lease * 1000),
+            start,
+        )
+        info = rows[-1]
+        due, hold, paused = info[7], info[8] or 0.0, info[9]
+        claimed = [r for r in rows if r[2] is not None]
+        if claimed:
+            claimed.sort(key=lambda r: (r[0], r[1]))
+            return [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None
+        if due is not None and due <= now and not paused:
+            return None  # due jobs to promote: the general path
+        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None) if t]
+        return [], min(candidates) if candidates else None
+
+    async def _one_statement(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        async with self.conn() as conn:
+            return await conn.fetch(sql, *params)
 
     async def dequeue(
         self,
