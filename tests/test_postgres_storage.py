@@ -256,3 +256,23 @@ async def test_one_job_enqueue_notifies_and_wakes(pg: PostgresStorage, queue_nam
     assert got == ["second"]
     [dup] = await pg.enqueue(queue_name, [job("second")])
     assert dup.status.value == "duplicate" and dup.token == "t-second"
+
+
+async def test_closing_the_storage_ends_a_blocked_claim(postgres_url: str, queue_name: str) -> None:
+    storage = PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}")
+    await storage.open()
+    outcome: list[str] = []
+
+    async def claimer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            await storage.dequeue(queue_name, W1, 1, 30.0, LEASE)
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+
+    with trio.fail_after(10):  # not the claim's 30 s
+        async with trio.open_nursery() as nursery:
+            await nursery.start(claimer)
+            await trio.testing.wait_all_tasks_blocked()
+            await storage.aclose()
+    assert outcome == ["PostgresStorage is not open: use `async with storage:`"]

@@ -113,7 +113,7 @@ class Hub:
         after ``timeout`` seconds, reading the connection meanwhile if no one else does.
         Cancellation: safe at any point."""
         with trio.move_on_after(timeout):
-            while not done():
+            while not done() and not self._closed:
                 if self._reader is None:
                     await self._read_until(done)
                 else:
@@ -132,15 +132,17 @@ class Hub:
     async def _read_until(self, done: Callable[[], bool]) -> None:
         me = self._reader = object()
         try:
-            while not done():
+            while not done() and not self._closed:
                 with trio.CancelScope() as scope:
                     self._reader_scope = scope
                     async with self._admin:
+                        if self._closed:
+                            break
                         conn = await self._connection()
                     try:
                         notes = await conn.notifications()
                     except ConnectionLost:
-                        continue
+                        continue  # (reopened by _connection(); closed storage: the loop ends)
                     self._dispatch(notes)
                     self.poke()
                 self._reader_scope = None
@@ -153,7 +155,8 @@ class Hub:
             self.poke()  # someone else takes over the reading
 
     def close(self) -> None:
-        """Close the listening connection (waiters see ``ConnectionLost``)."""
+        """Close the listening connection; waits for notifications end (their callers
+        find the storage closed on their next call)."""
         self._closed = True
         if self._conn is not None:
             self._conn.close()
