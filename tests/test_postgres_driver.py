@@ -123,6 +123,19 @@ async def test_connect_failure_is_connection_lost() -> None:
     assert info.value.sqlstate == "08001"
 
 
+async def test_permanent_connect_errors_are_not_retried(postgres_url: str) -> None:
+    """An unknown database (or role, or a wrong password) fails at once, with its
+    SQLSTATE, instead of being retried for the pool's reconnect_timeout."""
+    bad = postgres_url.rsplit("/", 1)[0] + "/no_such_db"
+    with trio.fail_after(5):
+        async with Pool(bad, reconnect_timeout=30.0) as pool:
+            with pytest.raises(PostgresError) as info:
+                async with pool.connection():
+                    pass
+    assert not isinstance(info.value, ConnectionLost) and info.value.sqlstate == "3D000"
+    assert "no_such_db" in str(info.value)
+
+
 async def test_terminated_backend_raises_then_pool_reconnects(postgres_url: str) -> None:
     async with Pool(postgres_url, size=2) as pool, await Connection.connect(postgres_url) as admin:
         async with pool.connection() as conn:

@@ -30,7 +30,7 @@ A backend stores, for each *queue name*, the reliable-queue structures:
 
 All methods are async and are Trio checkpoints. Every mutating method is atomic: it either
 happens entirely or not at all (a Lua script on Redis, a lock-protected step in memory,
-a rename on disk). Times are seconds (float); state strings carry wall-clock milliseconds.
+a rename on disk, a transaction or a single statement on PostgreSQL). Times are seconds (float); state strings carry wall-clock milliseconds.
 
 To write a backend, subclass :class:`Storage`, implement the abstract methods, and add a
 fixture for it to ``tests/conftest.py``: the conformance suite in ``tests/test_storage*.py``

@@ -81,6 +81,25 @@ async def resolve_conninfo(conninfo: str) -> str:
     return make_conninfo("", **params)
 
 
+# Refusals that no retry cures (libpq reports a failed connect as text only): a wrong
+# password, an unknown role or database. Everything else (refused, reset, timed out, the
+# server starting or shutting down) may pass, and is ConnectionLost.
+_PERMANENT = (
+    ("password authentication failed", "28P01"),
+    ("no pg_hba.conf entry", "28000"),
+    ("role \"", "28000"),
+    ("database \"", "3D000"),
+)
+
+
+def _connect_error(message: str) -> PostgresError:
+    if "does not exist" in message or "authentication failed" in message or "pg_hba.conf" in message:
+        for needle, sqlstate in _PERMANENT:
+            if needle in message:
+                return PostgresError(f"cannot connect: {message.strip()}", sqlstate=sqlstate)
+    return ConnectionLost(f"cannot connect: {message.strip()}", sqlstate="08001")
+
+
 def _format(value: Any) -> PyFormat:
     # Lists of bytes go in binary: psycopg's text dumper for bytea arrays, used without a
     # psycopg connection, escapes quotes for a SQL literal (it's -> it''s).
@@ -125,7 +144,7 @@ class Connection:
                     if status == pq.PollingStatus.OK:
                         break
                     if status == pq.PollingStatus.FAILED:
-                        raise ConnectionLost(f"cannot connect: {pgconn.get_error_message()}", sqlstate="08001")
+                        raise _connect_error(pgconn.get_error_message())
                     if status == pq.PollingStatus.READING:
                         await trio.lowlevel.wait_readable(pgconn.socket)
                     else:
