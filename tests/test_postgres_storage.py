@@ -276,3 +276,46 @@ async def test_closing_the_storage_ends_a_blocked_claim(postgres_url: str, queue
             await trio.testing.wait_all_tasks_blocked()
             await storage.aclose()
     assert outcome == ["PostgresStorage is not open: use `async with storage:`"]
+
+
+async def test_large_results_and_long_ids_fit_in_notifications(pg: PostgresStorage, queue_name: str) -> None:
+    """A completion's event carries its result while the payload fits NOTIFY's 8000
+    bytes; a larger one is left out of the event (it stays in the record); with ids
+    (and tokens) so long that even that does not fit, the event is a ``resync``."""
+    from trioqueue.storage import Settlement, SettleKind
+
+    long_id = '"' * 1024
+    worker = "\\" * 1024
+    await pg.enqueue(queue_name, [job("small"), job(long_id), job("big")])
+    claims = {c.id: c for c in await pg.dequeue(queue_name, worker, 5, 0.05, LEASE)}
+    edge, big = b"\xff" * 1000, b"x" * 100_000
+    async with pg.subscribe(queue_name, ["completed"]) as events:
+        out = await pg.settle(
+            queue_name,
+            worker,
+            [
+                Settlement(SettleKind.COMPLETE, "small", b"42", 60, token=claims["small"].token),
+                Settlement(SettleKind.COMPLETE, long_id, edge, 60, token=claims[long_id].token),
+                Settlement(SettleKind.COMPLETE, "big", big, 60, token=claims["big"].token),
+            ],
+        )
+        assert out == [True, True, True]
+        seen: list[StorageEvent] = []
+        with trio.fail_after(10):
+            while len(seen) < 3:
+                seen += await events.receive()
+    by_id = {e.job_id: e for e in seen}
+    assert by_id["small"].result == b"42" and by_id[long_id].result == edge and by_id["big"].result is None
+    assert by_id[long_id].worker_id == worker
+    rec = await pg.get_job(queue_name, "big")
+    assert rec is not None and rec.result == big
+    # an id, a worker id and a token each of 1024 escaped characters: no room left
+    huge = "\x01" * 1024
+    await pg.enqueue(queue_name, [job(huge)])
+    [c] = await pg.dequeue(queue_name, worker, 1, 0.05, LEASE)
+    async with pg.subscribe(queue_name, ["completed"]) as events:
+        assert await pg.settle(queue_name, worker, [Settlement(SettleKind.COMPLETE, huge, b"1", 60, token=c.token)]) == [True]
+        with trio.fail_after(10):
+            assert [(e.kind, e.job_id) for e in await events.receive()] == [("resync", "")]
+    rec = await pg.get_job(queue_name, huge)
+    assert rec is not None and rec.result == b"1"

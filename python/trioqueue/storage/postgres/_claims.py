@@ -52,7 +52,9 @@ class PostgresClaims(PostgresJobs):
 
     async def _settle_final(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> set[str]:
         """Completions and failures held under their claims, in one statement (one round
-        trip) with their events and a wake-up; the ids settled."""
+        trip) with their events and a wake-up; the ids settled. An event whose payload
+        would pass NOTIFY's 8000-byte limit goes without its result/error (the waiter
+        reads the record), or, if even that is too long, as a ``resync``."""
         ttl = [float(s.ttl) for s in settlements]
         rows = await self._one_statement(
             f"""WITH s AS (
@@ -67,16 +69,30 @@ class PostgresClaims(PostgresJobs):
                     FROM s WHERE j.queue = $1 AND j.id = s.id AND j.state = 'processing' AND j.worker = $8
                         AND j.claim = s.claim
                     RETURNING j.id, j.token, s.kind, s.data, s.ord),
-                sent AS (
-                    SELECT pg_notify(CASE WHEN upd.kind = 'completed' THEN $9 ELSE $10 END,
+                payloads AS (
+                    SELECT upd.ord, upd.kind,
                         json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
                             upd.kind, upd.id, $8,
-                            CASE WHEN upd.kind = 'completed' AND length(upd.data) <= 4000
-                                THEN encode(upd.data, 'base64') END,
-                            CASE WHEN upd.kind = 'failed' AND length(upd.data) <= 4000
-                                THEN encode(upd.data, 'base64') END,
-                            upd.token)))::text)
-                    FROM (SELECT * FROM upd ORDER BY ord) upd),
+                            CASE WHEN upd.kind = 'completed' THEN encode(upd.data, 'base64') END,
+                            CASE WHEN upd.kind = 'failed' THEN encode(upd.data, 'base64') END,
+                            upd.token)))::text AS full,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            upd.kind, upd.id, $8, NULL, NULL, upd.token)))::text AS slim,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            'resync', '', NULL, NULL, NULL, NULL)))::text AS resync
+                    FROM upd WHERE length(upd.data) <= 6000
+                    UNION ALL
+                    SELECT upd.ord, upd.kind, NULL,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            upd.kind, upd.id, $8, NULL, NULL, upd.token)))::text,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            'resync', '', NULL, NULL, NULL, NULL)))::text
+                    FROM upd WHERE length(upd.data) > 6000),
+                sent AS (  -- (volatile: materialized, so evaluated, in order)
+                    SELECT pg_notify(CASE WHEN p.kind = 'completed' THEN $9 ELSE $10 END,
+                        CASE WHEN octet_length(p.full) < 8000 THEN p.full
+                             WHEN octet_length(p.slim) < 8000 THEN p.slim ELSE p.resync END)
+                    FROM (SELECT * FROM payloads ORDER BY ord) p),
                 woke AS (SELECT pg_notify($12, '') FROM (SELECT 1 FROM upd LIMIT 1) x)
                 SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM upd""",
             queue,

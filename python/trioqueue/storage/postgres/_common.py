@@ -182,7 +182,10 @@ class PostgresBase(Storage):
         if len(events) > 1:
             half = len(events) // 2
             return self._chunks(channel, events[:half]) + self._chunks(channel, events[half:])
-        return [(channel, _encode(events, slim=True))]  # the reader reads result/error back
+        slim = _encode(events, slim=True)  # the reader reads result/error back
+        if len(slim) <= _PAYLOAD_MAX:
+            return [(channel, slim)]
+        return [(channel, _encode([StorageEvent("resync", "")]))]  # (ids of extreme lengths)
 
     async def publish(self, conn: Connection, queue: str, events: Sequence[StorageEvent], *, wake: bool = False) -> None:
         """NOTIFY ``events`` (in order) and a wake-up, in the transaction open on ``conn``
