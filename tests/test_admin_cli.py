@@ -46,12 +46,18 @@ class Cli:
         return lines[0]
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "postgres"])
 def target(request: pytest.FixtureRequest, tmp_path: Path, queue_name: str) -> tuple[Cli, Callable[[], Storage]]:
     """The CLI and a factory of the same storage for the test's own Queue."""
     if request.param == "file":
         store = tmp_path / "store"
         return Cli(f"file://{store}", queue_name), lambda: FileStorage(store)
+    if request.param == "postgres":
+        from trioqueue.storage.postgres import PostgresStorage
+
+        schema = f"cli_{queue_name.replace('-', '_')}"
+        url = f"{request.getfixturevalue('postgres_url')}?schema={schema}"
+        return Cli(url, queue_name), lambda: PostgresStorage(url.split("?")[0], schema=schema)
     url = request.getfixturevalue("redis_url")
     return Cli(url, queue_name), lambda: RedisStorage(url)  # the CLI's default prefix
 

@@ -52,13 +52,18 @@ def browser() -> Iterator[WebDriver]:
         driver.quit()
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "postgres"])
 def storages(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Storage, Storage]:
     """Two storage objects on the same data: the worker's and the dashboard's."""
     if request.param == "file":
         from trioqueue.storage.file import FileStorage
 
         return FileStorage(tmp_path / "store"), FileStorage(tmp_path / "store")
+    if request.param == "postgres":
+        from trioqueue.storage.postgres import PostgresStorage
+
+        pg_url, schema = request.getfixturevalue("postgres_url"), f"t_{uuid.uuid4().hex[:12]}"
+        return PostgresStorage(pg_url, schema=schema), PostgresStorage(pg_url, schema=schema)
     from trioqueue.storage.redis import RedisStorage
 
     url = request.getfixturevalue("redis_url")

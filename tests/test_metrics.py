@@ -156,10 +156,12 @@ def _scrape(url: str) -> str:
         return response.read().decode()  # type: ignore[no-any-return]
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "postgres"])
 def storage_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "file":
         return f"file://{tmp_path / 'store'}"
+    if request.param == "postgres":
+        return f"{request.getfixturevalue('postgres_url')}?schema=t_{uuid.uuid4().hex[:12]}"
     return request.getfixturevalue("redis_url")  # type: ignore[no-any-return]
 
 

@@ -81,7 +81,7 @@ from trioqueue.testing import FaultPlan, FaultyStorage
 
 from model_record import DUE_SLACK, LEASE, SCHEDULE, Call, RecordChecks, Recording
 
-CI_EXAMPLES = {"memory": 20, "file": 10, "redis": 10}
+CI_EXAMPLES = {"memory": 20, "file": 10, "redis": 10, "postgres": 10}
 TTL = 60.0
 
 CONSUMER_FAULTS = FaultPlan(
@@ -583,7 +583,7 @@ async def _walk(storage: Storage, seed: int) -> None:
             walk.fail(f"dead workers left in the registry: {await storage.workers(name, include_expired=True)}")
 
 
-@pytest.mark.parametrize("backend", ["memory", "file", "redis"])
+@pytest.mark.parametrize("backend", ["memory", "file", "redis", "postgres"])
 async def test_random_walks_keep_the_invariants(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     for seed in _examples(backend):
         storage = _make_storage(backend, request, tmp_path / f"walk-{seed}")

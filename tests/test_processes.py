@@ -40,6 +40,8 @@ def spec_of(storage: Storage, **extra: Any) -> dict[str, Any]:
 
     if isinstance(storage, FileStorage):
         return {"backend": "file", "directory": str(storage.directory), **extra}
+    if type(storage).__name__ == "PostgresStorage":
+        return {"backend": "postgres", "url": storage.url, "schema": storage.schema, **extra}  # type: ignore[attr-defined]
     return {"backend": "redis", "url": storage.url, "prefix": storage.prefix, **extra}  # type: ignore[attr-defined]
 
 

@@ -125,11 +125,16 @@ def _pythonpath() -> str:
     return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), here) if p)
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "postgres"])
 def shared(request: pytest.FixtureRequest, app: Path) -> tuple[Storage, list[str]]:
     """A storage for the test's producer, and the worker options pointing at the same queue."""
     if request.param == "file":
         return FileStorage(app / "store"), []
+    if request.param == "postgres":
+        from trioqueue.storage import from_url
+
+        url = f"{request.getfixturevalue('postgres_url')}?schema=t_{uuid.uuid4().hex[:12]}"
+        return from_url(url), ["--storage", url, "--name", f"q-{uuid.uuid4().hex[:8]}"]
     url = request.getfixturevalue("redis_url")
     name = f"q-{uuid.uuid4().hex[:8]}"
     return RedisStorage(url), ["--storage", url, "--name", name]

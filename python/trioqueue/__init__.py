@@ -59,6 +59,7 @@ from .storage import MemoryStorage, Storage
 
 if TYPE_CHECKING:
     from .storage.file import FileStorage
+    from .storage.postgres import PostgresStorage
     from .storage.redis import RedisStorage
 
 __version__ = "0.1.0"
@@ -100,6 +101,7 @@ __all__ = [
     "RateLimited",
     "Retry",
     "Reaper",
+    "PostgresStorage",
     "RedisStorage",
     "Serde",
     "Storage",
@@ -123,4 +125,8 @@ def __getattr__(name: str) -> Any:
         from .storage.redis import RedisStorage
 
         return RedisStorage
+    if name == "PostgresStorage":  # needs the postgres extra (psycopg)
+        from .storage.postgres import PostgresStorage
+
+        return PostgresStorage
     raise AttributeError(f"module 'trioqueue' has no attribute {name!r}")

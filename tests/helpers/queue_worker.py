@@ -3,7 +3,8 @@
     python queue_worker.py worker SPEC_JSON
     python queue_worker.py reaper SPEC_JSON
 
-SPEC_JSON: {"backend": "file", "directory": ...} or {"backend": "redis", "url": ..., "prefix": ...},
+SPEC_JSON: {"backend": "file", "directory": ...} or {"backend": "redis", "url": ..., "prefix": ...}
+or {"backend": "postgres", "url": ..., "schema": ...},
 plus "queue", "worker_id", "concurrency", "visibility_timeout", "log" (a file every job
 start is appended to: "<job id> <worker id> <attempt> <time.time()>"), optionally
 "rate_limit" ([limit, per]) and "global_concurrency", and for reapers "lock_ttl".
@@ -37,6 +38,10 @@ def make_storage(spec: dict[str, Any]) -> Storage:
         from trioqueue.storage.redis import RedisStorage
 
         return RedisStorage(spec["url"], prefix=spec["prefix"])
+    if spec["backend"] == "postgres":
+        from trioqueue.storage.postgres import PostgresStorage
+
+        return PostgresStorage(spec["url"], schema=spec["schema"])
     raise SystemExit(f"unknown backend {spec['backend']}")
 
 

@@ -430,6 +430,8 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self,
         job_id: str,
         payload: P,
+        *,
+        transaction: object | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
@@ -440,9 +442,11 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         ``job_timeout``; ``delay`` (seconds from now) or ``at`` (a timezone-aware
         ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until then;
         ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first, FIFO
-        within a priority; the job keeps it through retries and recoveries. Raises
-        :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for an
-        unknown option.
+        within a priority; the job keeps it through retries and recoveries.
+        ``transaction`` (PostgresStorage: ``async with storage.transaction() as tx``)
+        writes the job in the application's transaction: it exists only if that commits.
+        Raises :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for
+        an unknown option.
 
         ``children`` (a list of :class:`~trioqueue.Child`, trees of any depth) makes it
         the parent of a tree, written atomically (every job or none: a child id that
@@ -456,22 +460,42 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         tree = self._tree(new, options, trace)
         self._check_running()
         await self._listener.caught_up()
-        return self._enqueue_result(new.id, await self._store(new, tree))
+        if transaction is None:
+            return self._enqueue_result(new.id, await self._store(new, tree))
+        if tree is not None:
+            raise ValidationError(f"job {new.id!r}: a tree of jobs cannot be enqueued with transaction= (not yet)")
+        [outcome] = self._enqueued(await self._store_in(transaction, [new]))
+        return self._enqueue_result(new.id, outcome)
+
+    async def _store_in(self, transaction: object | None, new: list[NewJob]) -> list[EnqueueOutcome]:
+        """Enqueue ``new`` in the application's ``transaction`` (or on its own: ``None``)."""
+        if transaction is None:
+            return await self.storage.enqueue(self.name, new)
+        if not self.storage.supports_transactions:
+            raise ValidationError(
+                f"job {new[0].id!r}: transaction= needs a storage with transactions (PostgresStorage),"
+                f" not {type(self.storage).__name__}"
+            )
+        return await self.storage.enqueue_in_transaction(self.name, new, transaction)
 
     async def enqueue_many(
         self,
         jobs: Iterable[tuple[str, P]],
+        *,
+        transaction: object | None = None,
         **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
-        order), with the options of :meth:`enqueue` for all of them. Everything is
-        validated first: one bad job means nothing is written."""
+        order), with the options of :meth:`enqueue` for all of them (``transaction``
+        too). Everything is validated first: one bad job means nothing is written."""
         trace = _tracing.current_context() if _tracing.ENABLED else None
         new = [
             self._new_job(jid, payload, options, trace) for jid, payload in jobs
         ]
         if options.get("children") is not None:  # one tree per job, each atomic
             trees = [self._tree(n, options, trace) for n in new]
+            if transaction is not None and new:
+                raise ValidationError(f"job {new[0].id!r}: trees of jobs cannot be enqueued with transaction= (not yet)")
             self._check_running()
             await self._listener.caught_up()
             return [self._enqueue_result(n.id, await self._store(n, t)) for n, t in zip(new, trees, strict=True)]
@@ -480,7 +504,7 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
             await trio.lowlevel.checkpoint()
             return []
         await self._listener.caught_up()
-        outcomes = self._enqueued(await self.storage.enqueue(self.name, new))
+        outcomes = self._enqueued(await self._store_in(transaction, new))
         return [self._enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
 
     async def enqueue_and_wait(

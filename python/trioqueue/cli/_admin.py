@@ -1,5 +1,6 @@
 """The admin commands of the ``trioqueue`` command line: ``stats``, ``list``, ``show``,
-``cancel``, ``retry``, ``remove``, ``purge``, ``pause``, ``resume`` and ``enqueue``.
+``cancel``, ``retry``, ``remove``, ``purge``, ``pause``, ``resume``, ``enqueue`` and
+``migrate`` (PostgreSQL schema migrations, for teams that run them themselves).
 
 Each opens the storage named by ``--storage`` (see :func:`~trioqueue.storage.from_url`)
 and a producer-only :class:`~trioqueue.Queue` named ``--name`` (no handler, no reaper),
@@ -21,7 +22,7 @@ from .._model._types import CancelStatus, JobState, JobStatus
 
 __all__ = ["ADMIN_COMMANDS", "add_admin_commands", "admin_command"]
 
-ADMIN_COMMANDS = ("stats", "list", "show", "cancel", "retry", "remove", "purge", "pause", "resume", "enqueue")
+ADMIN_COMMANDS = ("stats", "list", "show", "cancel", "retry", "remove", "purge", "pause", "resume", "enqueue", "migrate")
 _STATES = [s.value for s in JobState]
 _TERMINAL = [s.value for s in JobState if s.terminal]
 
@@ -52,7 +53,9 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
 
     def command(name: str, help: str, *, all_queues: bool = False) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, formatter_class=fmt)
-        p.add_argument("--storage", required=True, metavar="URL", help="storage URL (redis://..., file:///dir, a path)")
+        p.add_argument(
+            "--storage", required=True, metavar="URL", help="storage URL (redis://..., postgresql://..., file:///dir, a path)"
+        )
         if all_queues:
             p.add_argument("--name", default=None, help="queue name (when not given: every queue the storage knows)")
         else:
@@ -87,6 +90,8 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
         p.add_argument(flag, type=about.number, default=None, metavar=about.metavar, help=about.text)
     p.add_argument("--wait", action="store_true", help="wait for the job's result and print it")
     p.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="how long --wait waits")
+    p = command("migrate", "create or upgrade a PostgreSQL storage's schema (workers do it on start otherwise)")
+    p.add_argument("--schema", default=None, help="PostgreSQL schema (default: the URL's ?schema=, else trioqueue)")
 
 
 # -- rendering ---------------------------------------------------------------------------
@@ -154,6 +159,8 @@ async def admin_command(args: argparse.Namespace) -> int:
     from .._supervision._queue import Queue
     from ..storage import from_url
 
+    if args.command == "migrate":
+        return await _migrate(args)
     storage = from_url(args.storage)
     if args.command == "stats":
         async with storage:
@@ -164,6 +171,27 @@ async def admin_command(args: argparse.Namespace) -> int:
     async with queue:
         code = await _COMMANDS[args.command](args, queue)
     return code
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    from ..storage import from_url
+
+    options: dict[str, Any] = {"migrate": False}
+    if args.schema is not None:
+        options["schema"] = args.schema
+    if not args.storage.lower().startswith(("postgresql://", "postgres://")):
+        from_url(args.storage)  # a bad URL is reported as such
+        _emit(args, {"applied": [], "version": None}, "this storage has no schema to migrate")
+        return 0
+    storage: Any = from_url(args.storage, **options)
+    async with storage:
+        applied = await storage.migrate()
+        version = await storage.schema_version()
+    human = f"schema {storage.schema!r}: " + (
+        f"applied migration(s) {', '.join(map(str, applied))}, now at version {version}" if applied else f"up to date (version {version})"
+    )
+    _emit(args, {"schema": storage.schema, "applied": applied, "version": version}, human)
+    return 0
 
 
 async def _stats(args: argparse.Namespace, queues: list[Any]) -> int:

@@ -21,6 +21,7 @@ from .file import FileStorage
 from .memory._storage import MemoryStorage
 
 if TYPE_CHECKING:  # imported on first use below; seen by type checkers and the docs
+    from .postgres import PostgresStorage
     from .redis import RedisStorage
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "JobRecord",
     "LostClaim",
     "MemoryStorage",
+    "PostgresStorage",
     "RedisStorage",
     "NewJob",
     "Settlement",
@@ -49,4 +51,8 @@ def __getattr__(name: str) -> object:
         from .redis import RedisStorage
 
         return RedisStorage
+    if name == "PostgresStorage":  # psycopg is an extra (trioqueue[postgres])
+        from .postgres import PostgresStorage
+
+        return PostgresStorage
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ A backend stores, for each *queue name*, the reliable-queue structures:
 
 All methods are async and are Trio checkpoints. Every mutating method is atomic: it either
 happens entirely or not at all (a Lua script on Redis, a lock-protected step in memory,
-a rename on disk). Times are seconds (float); state strings carry wall-clock milliseconds.
+a rename on disk, a transaction or a single statement on PostgreSQL). Times are seconds (float); state strings carry wall-clock milliseconds.
 
 To write a backend, subclass :class:`Storage`, implement the abstract methods, and add a
 fixture for it to ``tests/conftest.py``: the conformance suite in ``tests/test_storage*.py``
@@ -149,6 +149,16 @@ class Storage(abc.ABC):
         entry. ``not_terminal`` if the job is not completed/failed/cancelled,
         ``missing_payload`` if the registry says completed/failed but the result/error is
         gone."""
+
+    #: ``True`` when :meth:`enqueue_in_transaction` is implemented (PostgreSQL).
+    supports_transactions = False
+
+    async def enqueue_in_transaction(self, queue: str, jobs: Sequence[NewJob], transaction: object) -> list[EnqueueOutcome]:
+        """:meth:`enqueue` inside the application's open ``transaction`` (made by the
+        backend, e.g. ``PostgresStorage.transaction()``): the jobs exist, and claimers are
+        woken, only if and when that transaction commits; a rollback leaves no trace.
+        Only for backends with :attr:`supports_transactions`."""
+        raise NotImplementedError(f"{type(self).__name__} has no transactions (transactional enqueue needs PostgreSQL)")
 
     # -- consumers -------------------------------------------------------------------
 

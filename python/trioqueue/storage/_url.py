@@ -10,7 +10,10 @@ from ._base import Storage
 
 __all__ = ["from_url"]
 
-_FORMS = "memory://, file:///path (or a plain path), redis://, rediss://, redis+cluster://, rediss+cluster://"
+_FORMS = (
+    "memory://, file:///path (or a plain path), redis://, rediss://, redis+cluster://, rediss+cluster://,"
+    " postgresql://, postgres://"
+)
 
 
 def from_url(url: str, **options: Any) -> Storage:
@@ -21,7 +24,10 @@ def from_url(url: str, **options: Any) -> Storage:
     - ``file:///var/lib/jobs`` or a plain path — :class:`~trioqueue.FileStorage`;
     - ``redis://[user[:password]@]host[:port][/db]``, ``rediss://`` (TLS), also spelled
       ``valkey://`` / ``valkeys://`` — :class:`~trioqueue.RedisStorage`;
-      ``redis+cluster://host:port`` (or ``rediss+cluster://``) for Redis Cluster.
+      ``redis+cluster://host:port`` (or ``rediss+cluster://``) for Redis Cluster;
+    - ``postgresql://[user[:password]@]host[:port]/dbname[?...]`` (or ``postgres://``) —
+      :class:`~trioqueue.storage.postgres.PostgresStorage` (query parameters ``schema``
+      and ``synchronous_commit=on|off`` set those options; the others go to libpq).
 
     Raises :class:`~trioqueue.ValidationError` naming the URL for anything else.
     """
@@ -55,4 +61,32 @@ def from_url(url: str, **options: Any) -> Storage:
         from .redis import RedisStorage
 
         return RedisStorage(url, cluster=cluster, **options)
+    if scheme in ("postgresql", "postgres"):
+        return _postgres(url, options)
     raise ValidationError(f"unsupported storage URL scheme {scheme!r} in {url!r} (use {_FORMS})")
+
+
+def _postgres(url: str, options: dict[str, Any]) -> Storage:
+    from urllib.parse import parse_qsl, urlencode, urlunsplit
+
+    try:
+        from .postgres import PostgresStorage
+    except ImportError as exc:  # psycopg is the ``postgres`` extra
+        raise ValidationError(
+            f"{url!r} needs PostgreSQL support: pip install 'trioqueue[postgres]' ({exc})"
+        ) from exc
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in ("schema", "synchronous_commit")}
+    if "synchronous_commit" in ours:
+        value = ours["synchronous_commit"].lower()
+        if value not in ("on", "off"):
+            raise ValidationError(f"synchronous_commit must be on or off, got {value!r} in {url!r}")
+        ours["synchronous_commit"] = value == "on"  # type: ignore[assignment]
+    if ours:
+        options = {**ours, **options}
+        parts = parts._replace(query=urlencode([(k, v) for k, v in query if k not in ours]))
+    try:
+        return PostgresStorage(urlunsplit(parts), **options)
+    except ValueError as exc:
+        raise ValidationError(f"{exc} (in {url!r})") from exc

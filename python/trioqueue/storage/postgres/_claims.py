@@ -1,0 +1,473 @@
+"""PostgresStorage, part 2: what happens to claimed jobs — settlements, releases, starts,
+heartbeats (leases, fencing), progress, and the reaper's recovery of stalled jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..._model._serde import encode_error
+from ..._model._types import JobError
+from .._base import (
+    HeartbeatReply,
+    LostClaim,
+    SettleKind,
+    Settlement,
+    StorageEvent,
+    lost_why,
+)
+from .._flowstate import FlowState
+from ._common import now_ms
+from ._conn import Connection
+from ._jobs import _FRONT, LIVE, PostgresJobs, _due_ms
+
+__all__ = ["PostgresClaims"]
+
+_HELD = "state = 'processing' AND worker = $3"
+
+
+class PostgresClaims(PostgresJobs):
+    """Settlements and leases of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+
+    async def _first_due(self, conn: Connection, queue: str) -> int | None:
+        value = await conn.fetchval(
+            f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')", queue
+        )
+        return None if value is None else int(value)
+
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        if not settlements:
+            return []
+        if all(s.kind in (SettleKind.COMPLETE, SettleKind.FAIL) for s in settlements) and len(
+            {s.id for s in settlements}
+        ) == len(settlements):
+            done = await self._settle_final(queue, worker_id, settlements)
+            rest = [s for s in settlements if s.id not in done]
+            if not rest:
+                return [True] * len(settlements)
+            # fenced, or settled already by this claim (a retried call): the general path
+            # says which (and publishes ``fenced``)
+            answers = iter(await self._settle(queue, worker_id, rest))
+            return [True if s.id in done else next(answers) for s in settlements]
+        return await self._settle(queue, worker_id, settlements)
+
+    async def _settle_final(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> set[str]:
+        """Completions and failures held under their claims, in one statement (one round
+        trip) with their events and a wake-up; the ids settled. An event whose payload
+        would pass NOTIFY's 8000-byte limit goes without its result/error (the waiter
+        reads the record), or, if even that is too long, as a ``resync``."""
+        ttl = [float(s.ttl) for s in settlements]
+        rows = await self._one_statement(
+            f"""WITH s AS (
+                    SELECT * FROM unnest($3::text[], $4::text[], $5::bytea[], $6::float8[], $7::text[])
+                        WITH ORDINALITY AS u(id, claim, data, ttl, kind, ord)),
+                upd AS (
+                    UPDATE {self._s}.jobs j SET state = s.kind, state_ms = $2,
+                        attempts = j.attempts + (NOT j.started)::int,
+                        result = CASE WHEN s.kind = 'completed' THEN s.data ELSE j.result END,
+                        error = CASE WHEN s.kind = 'failed' THEN s.data ELSE j.error END,
+                        expires_ms = $2 + (s.ttl * 1000)::bigint, worker = NULL, lease_ms = NULL
+                    FROM s WHERE j.queue = $1 AND j.id = s.id AND j.state = 'processing' AND j.worker = $8
+                        AND j.claim = s.claim
+                    RETURNING j.id, j.token, s.kind, s.data, s.ord),
+                payloads AS (
+                    SELECT upd.ord, upd.kind,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            upd.kind, upd.id, $8,
+                            CASE WHEN upd.kind = 'completed' THEN encode(upd.data, 'base64') END,
+                            CASE WHEN upd.kind = 'failed' THEN encode(upd.data, 'base64') END,
+                            upd.token)))::text AS full,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            upd.kind, upd.id, $8, NULL, NULL, upd.token)))::text AS slim,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            'resync', '', NULL, NULL, NULL, NULL)))::text AS resync
+                    FROM upd WHERE length(upd.data) <= 6000
+                    UNION ALL
+                    SELECT upd.ord, upd.kind, NULL,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            upd.kind, upd.id, $8, NULL, NULL, upd.token)))::text,
+                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
+                            'resync', '', NULL, NULL, NULL, NULL)))::text
+                    FROM upd WHERE length(upd.data) > 6000),
+                sent AS (  -- (volatile: materialized, so evaluated, in order)
+                    SELECT pg_notify(CASE WHEN p.kind = 'completed' THEN $9 ELSE $10 END,
+                        CASE WHEN octet_length(p.full) < 8000 THEN p.full
+                             WHEN octet_length(p.slim) < 8000 THEN p.slim ELSE p.resync END)
+                    FROM (SELECT * FROM payloads ORDER BY ord) p),
+                woke AS (SELECT pg_notify($12, '') FROM (SELECT 1 FROM upd LIMIT 1) x)
+                SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM upd""",
+            queue,
+            now_ms(),
+            [s.id for s in settlements],
+            [s.token for s in settlements],
+            [s.data for s in settlements],
+            ttl,
+            ["completed" if s.kind is SettleKind.COMPLETE else "failed" for s in settlements],
+            worker_id,
+            self.channel(queue, "n"),
+            self.channel(queue, "n"),
+            self.nonce(),
+            self.channel(queue, "w"),
+        )
+        return {r[0] for r in rows}
+
+    async def _settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        now = now_ms()
+        async with self.tx() as conn:
+            rows = {
+                r[0]: r
+                for r in await conn.fetch(
+                    f"SELECT id, state, worker, claim, started, cancel_requested, token, result_ttl FROM {self._s}.jobs"
+                    f" WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE} FOR UPDATE",
+                    queue,
+                    now,
+                    list({s.id for s in settlements}),
+                )
+            }
+            first_due: int | None = None
+            if any(s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED) for s in settlements):
+                first_due = await self._first_due(conn, queue)
+            out: list[bool] = []
+            events: list[StorageEvent] = []
+            # per settled row: (id, state, attempts delta, set result, set error, data, expires, run_at)
+            updates: list[tuple[str, str, int, bool, bool, bytes | None, int | None, int | None]] = []
+            hold = 0
+            settled: set[str] = set()
+            for s in settlements:
+                row = rows.get(s.id)
+                if row is None or s.id in settled or row[1] != "processing" or row[2] != worker_id or row[3] != s.token:
+                    if row is not None and row[3] == s.token and (row[1] != "processing" or s.id in settled):
+                        out.append(True)  # this very claim settled it already: a retried call
+                        continue
+                    out.append(False)
+                    events.append(StorageEvent("fenced", s.id, worker_id, token=row[6] if row is not None else None))
+                    continue
+                settled.add(s.id)
+                out.append(True)
+                _, _, _, _, started, requested, token, result_ttl = row
+                limited = s.kind is SettleKind.RATE_LIMITED
+                delta = -int(started) if limited else (0 if started or s.kind is SettleKind.CANCEL else 1)
+                if s.kind is SettleKind.CANCEL or (s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED) and requested):
+                    updates.append((s.id, "cancelled", delta, False, False, None, now + int(result_ttl * 1000), None))
+                    events.append(StorageEvent("cancelled", s.id, worker_id, token=token))
+                elif s.kind is SettleKind.COMPLETE:
+                    updates.append((s.id, "completed", delta, True, False, s.data, now + int(s.ttl * 1000), None))
+                    events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=token))
+                elif s.kind is SettleKind.FAIL:
+                    updates.append((s.id, "failed", delta, False, True, s.data, now + int(s.ttl * 1000), None))
+                    events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=token))
+                else:
+                    due = now + int(s.delay * 1000)
+                    if limited:
+                        hold = max(hold, due)
+                        updates.append((s.id, "delayed", delta, False, False, None, None, due))
+                        events.append(StorageEvent("rate_limited", s.id, worker_id, token=token))
+                    else:
+                        updates.append((s.id, "failing", delta, False, True, s.data, None, due))
+                        events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=token))
+                    if first_due is None or due < first_due:
+                        events.append(StorageEvent("due", "", result=_due_ms(due)))
+                        first_due = due
+            if updates:
+                await conn.execute(
+                    f"""UPDATE {self._s}.jobs j SET state = u.state, state_ms = $2, attempts = j.attempts + u.delta,
+                            result = CASE WHEN u.set_result THEN u.data ELSE j.result END,
+                            error = CASE WHEN u.set_error THEN u.data ELSE j.error END,
+                            expires_ms = u.expires, run_at_ms = u.run_at, worker = NULL, lease_ms = NULL
+                        FROM unnest($3::text[], $4::text[], $5::int4[], $6::bool[], $7::bool[], $8::bytea[],
+                                    $9::int8[], $10::int8[]) AS u(id, state, delta, set_result, set_error, data,
+                                    expires, run_at)
+                        WHERE j.queue = $1 AND j.id = u.id""",
+                    queue,
+                    now,
+                    *(list(col) for col in zip(*updates, strict=True)),
+                )
+            if hold:
+                await self._hold(conn, queue, hold)
+            await self.publish(conn, queue, events, wake=bool(updates))
+        return out
+
+    async def _hold(self, conn: Connection, queue: str, until_ms: int) -> None:
+        """Hold off every claim of ``queue`` until then (``RateLimited``)."""
+        await conn.execute(f"INSERT INTO {self._s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", queue)
+        data = await conn.fetchval(f"SELECT flow FROM {self._s}.queues WHERE queue = $1 FOR UPDATE", queue)
+        flow = FlowState.loads(data)
+        flow.hold_until(until_ms / 1000)
+        await conn.execute(f"UPDATE {self._s}.queues SET flow = $2 WHERE queue = $1", queue, flow.dumps())
+
+    async def _requeue_front(
+        self, conn: Connection, queue: str, ids: list[str], now: int, *, refund: bool = False
+    ) -> None:
+        """Put held jobs back before everything else of their lanes, in order."""
+        if not ids:
+            return
+        base = -int(await conn.fetchval(f"SELECT nextval('{self.schema}.job_seq')")) * _FRONT
+        await conn.execute(
+            f"""UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, worker = NULL, lease_ms = NULL,
+                    claim = NULL, attempts = j.attempts - CASE WHEN $5 AND j.started THEN 1 ELSE 0 END,
+                    started = false, seq = $4 + u.ord
+                FROM unnest($3::text[]) WITH ORDINALITY AS u(id, ord)
+                WHERE j.queue = $1 AND j.id = u.id""",
+            queue,
+            now,
+            ids,
+            base,
+            refund,
+        )
+
+    async def _cancel_held(
+        self, conn: Connection, queue: str, ids: list[str], now: int, *, recovered: bool = False
+    ) -> None:
+        """End held jobs cancelled; ``recovered``: by the reaper (their claim is gone)."""
+        if not ids:
+            return
+        await conn.execute(
+            f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $2, worker = NULL, lease_ms = NULL,"
+            " started = false, expires_ms = $2 + (result_ttl * 1000)::bigint,"
+            " claim = CASE WHEN $4 THEN NULL ELSE claim END WHERE queue = $1 AND id = ANY($3::text[])",
+            queue,
+            now,
+            ids,
+            recovered,
+        )
+
+    async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
+        if not job_ids:
+            return 0
+        now = now_ms()
+        async with self.tx() as conn:
+            rows = await conn.fetch(
+                f"SELECT id, cancel_requested, token FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($4::text[])"
+                f" AND {_HELD} FOR UPDATE",
+                queue,
+                now,
+                worker_id,
+                list(dict.fromkeys(job_ids)),
+            )
+            info = {r[0]: r for r in rows}
+            order = [i for i in dict.fromkeys(job_ids) if i in info]
+            cancelled = [i for i in order if info[i][1]]
+            back = [i for i in order if not info[i][1]]
+            await self._cancel_held(conn, queue, cancelled, now)
+            await self._requeue_front(conn, queue, back, now, refund=refund)
+            events = [StorageEvent("cancelled", i, worker_id, token=info[i][2]) for i in cancelled]
+            events += [StorageEvent("requeued", i, worker_id, token=info[i][2]) for i in back]
+            await self.publish(conn, queue, events, wake=bool(order))
+        return len(back)
+
+    async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        if not claims:
+            return []
+        now = now_ms()
+        async with self.tx() as conn:
+            rows = {
+                r[0]: r
+                for r in await conn.fetch(
+                    f"SELECT id, claim, started, cancel_requested, token FROM {self._s}.jobs"
+                    f" WHERE queue = $1 AND id = ANY($4::text[]) AND {_HELD} FOR UPDATE",
+                    queue,
+                    now,
+                    worker_id,
+                    [c[0] for c in claims],
+                )
+            }
+            paused = bool(await conn.fetchval(f"SELECT paused FROM {self._s}.queues WHERE queue = $1", queue))
+            out: list[bool] = []
+            start_ids: list[str] = []
+            cancel_ids: list[str] = []
+            back_ids: list[str] = []
+            events: list[StorageEvent] = []
+            for job_id, token in claims:
+                row = rows.get(job_id)
+                if row is None or row[1] != token or job_id in cancel_ids or job_id in back_ids:
+                    out.append(False)
+                    continue
+                _, _, started, requested, incarnation = row
+                if requested and not started:
+                    cancel_ids.append(job_id)
+                    events.append(StorageEvent("cancelled", job_id, worker_id, token=incarnation))
+                    out.append(False)
+                elif paused and not started:
+                    back_ids.append(job_id)
+                    events.append(StorageEvent("requeued", job_id, worker_id, token=incarnation))
+                    out.append(False)
+                else:
+                    if not started and job_id not in start_ids:
+                        start_ids.append(job_id)
+                    out.append(True)
+            if start_ids:
+                await conn.execute(
+                    f"UPDATE {self._s}.jobs SET started = true, attempts = attempts + 1"
+                    " WHERE queue = $1 AND id = ANY($2::text[])",
+                    queue,
+                    start_ids,
+                )
+            await self._cancel_held(conn, queue, cancel_ids, now)
+            await self._requeue_front(conn, queue, back_ids, now)
+            await self.publish(conn, queue, events, wake=bool(cancel_ids or back_ids))
+        return out
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> HeartbeatReply:
+        now = now_ms()
+        reply = HeartbeatReply([], [])
+        async with self.tx() as conn:
+            await conn.execute(
+                f"INSERT INTO {self._s}.workers (queue, worker, expires_ms) VALUES ($1, $2, $3)"
+                " ON CONFLICT (queue, worker) DO UPDATE SET expires_ms = EXCLUDED.expires_ms",
+                queue,
+                worker_id,
+                now + int(ttl * 1000),
+            )
+            if not claims:
+                return reply
+            held = {
+                r[0]: r[1]
+                for r in await conn.fetch(
+                    f"""UPDATE {self._s}.jobs j SET lease_ms = $2 FROM unnest($4::text[], $5::text[]) AS u(id, claim)
+                        WHERE j.queue = $1 AND j.id = u.id AND j.state = 'processing' AND j.worker = $3
+                          AND j.claim = u.claim RETURNING j.id, j.cancel_requested""",
+                    queue,
+                    now + int(lease * 1000),
+                    worker_id,
+                    [c[0] for c in claims],
+                    [c[1] for c in claims],
+                )
+            }
+            missing = [c for c in claims if c[0] not in held]
+            known = {}
+            if missing:
+                known = {
+                    r[0]: (r[1], r[2])
+                    for r in await conn.fetch(
+                        f"SELECT id, state, claim FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}",
+                        queue,
+                        now,
+                        [c[0] for c in missing],
+                    )
+                }
+        for job_id, token in claims:
+            if job_id in held:
+                if held[job_id]:
+                    reply.cancel_requested.append(job_id)
+                continue
+            kind, claim = known.get(job_id, (None, None))
+            if (why := lost_why(kind, claim, token)) is not None:
+                reply.lost.append(LostClaim(job_id, token, why))
+        return reply
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        async with self.conn() as conn:
+            await conn.execute(f"DELETE FROM {self._s}.workers WHERE queue = $1 AND worker = $2", queue, worker_id)
+
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(
+                f"SELECT worker, expires_ms FROM {self._s}.workers WHERE queue = $1 AND ($2 OR expires_ms > $3)",
+                queue,
+                include_expired,
+                now_ms(),
+            )
+        return {w: t / 1000 for w, t in rows}
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        async with self.tx() as conn:
+            incarnation = await conn.fetchval(
+                f"UPDATE {self._s}.jobs SET progress = $5 WHERE queue = $1 AND id = $4 AND {_HELD} AND claim = $2"
+                " RETURNING token",
+                queue,
+                token,
+                worker_id,
+                job_id,
+                progress,
+            )
+            if incarnation is None:
+                return False
+            await self.publish(conn, queue, [StorageEvent("progress", job_id, worker_id, result=progress, token=incarnation)])
+        return True
+
+    # -- reaper ------------------------------------------------------------------------
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        now = now_ms()
+        recovered: list[tuple[str, str]] = []
+        async with self.tx() as conn:
+            # finished jobs whose TTL ran out leave the table, in bounded batches
+            await conn.execute(
+                f"DELETE FROM {self._s}.jobs WHERE (queue, id) IN (SELECT queue, id FROM {self._s}.jobs"
+                " WHERE queue = $1 AND expires_ms <= $2 LIMIT 5000 FOR UPDATE SKIP LOCKED)",
+                queue,
+                now,
+            )
+            events = await self.promote_due(conn, queue, now)
+            promoted = bool(events)
+            rows = await conn.fetch(
+                f"""SELECT j.id, j.worker, j.started, j.attempts, j.max_attempts, j.cancel_requested, j.token
+                    FROM {self._s}.jobs j LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
+                    WHERE j.queue = $1 AND j.state = 'processing'
+                      AND (j.lease_ms <= $2 OR w.expires_ms IS NULL OR w.expires_ms <= $2)
+                    ORDER BY j.lease_ms FOR UPDATE OF j SKIP LOCKED""",
+                queue,
+                now,
+            )
+            cancel_ids: list[str] = []
+            back_ids: list[str] = []
+            failed: list[tuple[str, bytes]] = []
+            for jid, worker, started, attempts, max_attempts, requested, token in rows:
+                events.append(StorageEvent("stalled", jid, worker, token=token))
+                if requested:
+                    cancel_ids.append(jid)
+                    events.append(StorageEvent("cancelled", jid, worker, token=token))
+                    recovered.append((jid, "cancelled"))
+                elif not started or attempts < max_attempts:
+                    back_ids.append(jid)
+                    events.append(StorageEvent("requeued", jid, worker, token=token))
+                    recovered.append((jid, "requeued"))
+                else:
+                    error = encode_error(
+                        JobError(
+                            "StalledJobError",
+                            f"job {jid!r} stalled on worker {worker!r} (lease expired or worker died) "
+                            f"and has used all {attempts} attempts",
+                        )
+                    )
+                    failed.append((jid, error))
+                    events.append(StorageEvent("failed", jid, worker, error=error, token=token))
+                    recovered.append((jid, "failed"))
+            await self._cancel_held(conn, queue, cancel_ids, now, recovered=True)
+            if back_ids:
+                await conn.execute(
+                    f"""UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, worker = NULL, lease_ms = NULL,
+                            claim = NULL, started = false, seq = nextval('{self.schema}.job_seq')
+                        FROM unnest($3::text[]) AS u(id) WHERE j.queue = $1 AND j.id = u.id""",
+                    queue,
+                    now,
+                    back_ids,
+                )
+            if failed:
+                await conn.execute(
+                    f"""UPDATE {self._s}.jobs j SET state = 'failed', state_ms = $2, worker = NULL, lease_ms = NULL,
+                            claim = NULL, error = u.error, expires_ms = $2 + (j.result_ttl * 1000)::bigint
+                        FROM unnest($3::text[], $4::bytea[]) AS u(id, error) WHERE j.queue = $1 AND j.id = u.id""",
+                    queue,
+                    now,
+                    [f[0] for f in failed],
+                    [f[1] for f in failed],
+                )
+            await conn.execute(
+                f"""DELETE FROM {self._s}.workers w WHERE w.queue = $1 AND w.expires_ms <= $2 AND NOT EXISTS (
+                        SELECT 1 FROM {self._s}.jobs j WHERE j.queue = $1 AND j.state = 'processing'
+                        AND j.worker = w.worker)""",
+                queue,
+                now,
+            )
+            deadline = await conn.fetchval(
+                f"""SELECT least(
+                        (SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')),
+                        (SELECT min(least(j.lease_ms, coalesce(w.expires_ms, 0))) FROM {self._s}.jobs j
+                         LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
+                         WHERE j.queue = $1 AND j.state = 'processing'))""",
+                queue,
+            )
+            await self.publish(conn, queue, events, wake=bool(recovered) or promoted)
+        return recovered, None if deadline is None else deadline / 1000

@@ -1,0 +1,453 @@
+"""PostgresStorage, part 1: enqueue, cancel, job look-ups, claims, settlements, releases.
+
+Each method is one transaction (``BEGIN`` ... ``COMMIT``, committed shielded from
+cancellation; a cancellation before that rolls everything back). Events are ``NOTIFY``
+sent inside the transaction, so they are delivered if and only if it commits, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from .._base import (
+    Claim,
+    ClaimLimits,
+    EnqueueOutcome,
+    JobRecord,
+    NewJob,
+    StorageEvent,
+    ttl_update_status,
+)
+from .._flowstate import FlowState
+from ._common import JOB_COLUMNS, PostgresBase, now_ms, record, state_string
+from ._conn import Connection, Notification
+
+__all__ = ["PostgresJobs"]
+
+LIVE = "(expires_ms IS NULL OR expires_ms > $2)"  # with $2 = now (ms): rows not yet forgotten
+_FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
+
+
+def _due_ms(at_ms: int) -> bytes:
+    return b"%d" % at_ms
+
+
+class PostgresJobs(PostgresBase):
+    """The job lifecycle of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+
+    # -- producers ---------------------------------------------------------------------
+
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        if not jobs:
+            await trio.lowlevel.checkpoint()
+            return []
+        now = now_ms()
+        if len(jobs) == 1 and queue in self._known_queues and (jobs[0].run_at is None or jobs[0].run_at * 1000 <= now):
+            outcome = await self._enqueue_one(queue, jobs[0], now)
+            if outcome is not None:
+                return [outcome]
+        async with self.tx(queue) as conn:
+            outcomes, events = await self.enqueue_in(conn, queue, jobs, now)
+            await self.publish(conn, queue, events, wake=bool(events))
+        return outcomes
+
+    async def _enqueue_one(self, queue: str, job: NewJob, now: int) -> EnqueueOutcome | None:
+        """The common enqueue (one job, ready now) in one statement and one round trip:
+        the insert (or the replacement of a cancelled/expired incarnation) and its
+        NOTIFYs, sent only if the row was written. ``None``: use the general path."""
+        pairs = self._notifications(queue, [StorageEvent("enqueued", job.id, token=job.token)], True)
+        notify = ", ".join(f"pg_notify(${9 + 2 * i}, ${10 + 2 * i})" for i in range(len(pairs)))
+        async with self.conn() as conn:
+            inserted = await conn.fetchval(
+                f"""WITH ins AS (
+                        INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq,
+                            token, envelope, max_attempts, result_ttl)
+                        VALUES ($1, $3, 'queued', $2, $2, $4, nextval('{self.schema}.job_seq'), $5, $6, $7, $8)
+                        ON CONFLICT (queue, id) DO UPDATE SET state = 'queued', state_ms = $2, created_ms = $2,
+                            priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = NULL,
+                            token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
+                            max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
+                            claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
+                            result = NULL, error = NULL, progress = NULL, expires_ms = NULL
+                        WHERE j.state = 'cancelled' OR j.expires_ms <= $2
+                        RETURNING id),
+                    sent AS (SELECT {notify} FROM ins)  -- (volatile: materialized, so evaluated)
+                    SELECT (SELECT count(*) FROM ins) + 0 * (SELECT count(*) FROM sent)""",
+                queue,
+                now,
+                job.id,
+                job.priority,
+                job.token,
+                job.envelope,
+                job.max_attempts,
+                float(job.result_ttl),
+                *itertools.chain.from_iterable(pairs),
+            )
+            if inserted:
+                return EnqueueOutcome(EnqueueStatus.QUEUED)
+            row = await conn.fetchrow(
+                f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}"
+                " AND state <> 'cancelled'",
+                queue,
+                now,
+                job.id,
+            )
+        return None if row is None else self._existing_outcome(row, job)
+
+    async def enqueue_in(
+        self, conn: Connection, queue: str, jobs: Sequence[NewJob], now: int
+    ) -> tuple[list[EnqueueOutcome], list[StorageEvent]]:
+        """The steps of :meth:`enqueue` inside the transaction open on ``conn`` (also run
+        by :meth:`tick_schedule` and transactional enqueues); returns the outcomes and the
+        events to publish."""
+        ids = list(dict.fromkeys(j.id for j in jobs))
+        existing = {
+            row[0]: row
+            for row in await conn.fetch(
+                f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}"
+                " AND state <> 'cancelled'",
+                queue,
+                now,
+                ids,
+            )
+        }
+        accepted: dict[str, NewJob] = {}
+        for j in jobs:
+            if j.id not in existing and j.id not in accepted:
+                accepted[j.id] = j
+        inserted: set[str] = set()
+        events: list[StorageEvent] = []
+        if accepted:
+            new = list(accepted.values())
+            delayed = [j for j in new if j.run_at is not None and j.run_at * 1000 > now]
+            first_due = None
+            if delayed:
+                first_due = await conn.fetchval(
+                    f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')", queue
+                )
+            seqs = [
+                s for (s,) in await conn.fetch(f"SELECT nextval('{self.schema}.job_seq') FROM generate_series(1, $1)", len(new))
+            ]
+            run_at = [math.ceil(j.run_at * 1000) if j in delayed and j.run_at is not None else None for j in new]
+            rows = await conn.fetch(
+                f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
+                        token, envelope, max_attempts, result_ttl)
+                    SELECT $1, u.id, CASE WHEN u.run_at IS NULL THEN 'queued' ELSE 'delayed' END, $2, $2, u.priority,
+                        u.seq, u.run_at, u.token, u.env, u.max, u.ttl
+                    FROM unnest($3::text[], $4::int2[], $5::int8[], $6::int8[], $7::text[], $8::bytea[], $9::int4[],
+                                $10::float8[]) AS u(id, priority, seq, run_at, token, env, max, ttl)
+                    ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $2, created_ms = $2,
+                        priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
+                        token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
+                        max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
+                        claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
+                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL
+                    WHERE j.state = 'cancelled' OR j.expires_ms <= $2
+                    RETURNING id""",
+                queue,
+                now,
+                [j.id for j in new],
+                [j.priority for j in new],
+                seqs,
+                run_at,
+                [j.token for j in new],
+                [j.envelope for j in new],
+                [j.max_attempts for j in new],
+                [float(j.result_ttl) for j in new],
+            )
+            inserted = {r[0] for r in rows}
+            raced = [i for i in accepted if i not in inserted]
+            if raced:  # another producer enqueued the id meanwhile: a duplicate of theirs
+                for row in await conn.fetch(
+                    f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[])"
+                    f" AND {LIVE}",
+                    queue,
+                    now,
+                    raced,
+                ):
+                    existing[row[0]] = row
+            earliest = first_due
+            for j, due in zip(new, run_at, strict=True):
+                if j.id not in inserted:
+                    continue
+                events.append(StorageEvent("enqueued", j.id, token=j.token))
+                if due is not None and (earliest is None or due < earliest):
+                    events.append(StorageEvent("due", "", result=_due_ms(due)))
+                    earliest = due
+        outcomes: list[EnqueueOutcome] = []
+        seen: set[str] = set()
+        for j in jobs:
+            if j.id in inserted and j.id not in seen:
+                seen.add(j.id)
+                outcomes.append(EnqueueOutcome(EnqueueStatus.QUEUED))
+            elif j.id in inserted:  # the same id twice in one batch
+                first = accepted[j.id]
+                due_ms = math.ceil(first.run_at * 1000) if first.run_at is not None and first.run_at * 1000 > now else None
+                state = state_string("delayed" if due_ms else "queued", now, 0, None, due_ms)
+                outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, state, token=first.token))
+            else:
+                outcomes.append(self._existing_outcome(existing.get(j.id), j))
+        return outcomes, events
+
+    @staticmethod
+    def _existing_outcome(row: Sequence[Any] | None, job: NewJob) -> EnqueueOutcome:
+        if row is None:  # raced and gone again: report it as a duplicate of nothing known
+            return EnqueueOutcome(EnqueueStatus.DUPLICATE, None, token=None)
+        rec = record(row[:13])
+        kind = row[1]
+        if kind == "completed" and rec.result is not None:
+            return EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state, rec.result, rec.token)
+        return EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state, token=rec.token)
+
+    async def cancel(self, queue: str, job_id: str) -> CancelStatus:
+        now = now_ms()
+        async with self.tx() as conn:
+            row = await conn.fetchrow(
+                f"SELECT state, worker, token, cancel_requested, result_ttl FROM {self._s}.jobs"
+                f" WHERE queue = $1 AND id = $3 AND {LIVE} FOR UPDATE",
+                queue,
+                now,
+                job_id,
+            )
+            if row is None:
+                return CancelStatus.NOT_FOUND
+            state, worker, token, requested, ttl = row
+            if state in ("queued", "failing", "delayed"):
+                await conn.execute(
+                    f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $2, run_at_ms = NULL,"
+                    " expires_ms = $2 + ($4 * 1000)::bigint WHERE queue = $1 AND id = $3",
+                    queue,
+                    now,
+                    job_id,
+                    float(ttl),
+                )
+                await self.publish(conn, queue, [StorageEvent("cancelled", job_id, token=token)])
+                return CancelStatus.CANCELLED
+            if state == "cancelled":
+                return CancelStatus.CANCELLED
+            if state == "processing":
+                if not requested:
+                    await conn.execute(
+                        f"UPDATE {self._s}.jobs SET cancel_requested = true WHERE queue = $1 AND id = $2", queue, job_id
+                    )
+                    await self.publish(conn, queue, [StorageEvent("cancel_requested", job_id, worker, token=token)])
+                return CancelStatus.CANCELLED
+            return CancelStatus(state)
+
+    async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
+        async with self.conn() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}", queue, now_ms(), job_id
+            )
+        return None if row is None else record(row)
+
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        async with self.conn() as conn:
+            env = await conn.fetchval(
+                f"SELECT envelope FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}", queue, now_ms(), job_id
+            )
+        return None if env is None else bytes(env)
+
+    async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
+        now = now_ms()
+        async with self.tx() as conn:
+            row = await conn.fetchrow(
+                f"SELECT state, result, error FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE} FOR UPDATE",
+                queue,
+                now,
+                job_id,
+            )
+            refused = ttl_update_status(*(row if row is not None else (None, None, None)))
+            if refused is not None:
+                return refused
+            await conn.execute(
+                f"UPDATE {self._s}.jobs SET expires_ms = $2 + ($4 * 1000)::bigint WHERE queue = $1 AND id = $3",
+                queue,
+                now,
+                job_id,
+                float(ttl),
+            )
+        return UpdateTTLStatus.UPDATED
+
+    # -- consumers ---------------------------------------------------------------------
+
+    async def promote_due(self, conn: Connection, queue: str, now: int) -> list[StorageEvent]:
+        """Move the due jobs of the delayed set to the back of their lanes (in due order);
+        the events to publish (``requeued`` for a retry, ``promoted`` for a delayed job)."""
+        rows = await conn.fetch(
+            f"""WITH due AS (
+                    SELECT id, state, run_at_ms FROM {self._s}.jobs
+                    WHERE queue = $1 AND state IN ('delayed', 'failing') AND run_at_ms <= $2
+                    ORDER BY run_at_ms, seq LIMIT 1000 FOR UPDATE SKIP LOCKED)
+                UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, run_at_ms = NULL,
+                    seq = nextval('{self.schema}.job_seq')
+                FROM due WHERE j.queue = $1 AND j.id = due.id
+                RETURNING j.id, due.state, j.token, due.run_at_ms""",
+            queue,
+            now,
+        )
+        rows.sort(key=lambda r: r[3])
+        return [StorageEvent("requeued" if old == "failing" else "promoted", jid, token=tok) for jid, old, tok, _ in rows]
+
+    async def _claim(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
+    ) -> tuple[list[Claim], float | None]:
+        """One claim attempt; ``([], wake_at)`` when nothing may be claimed now, ``wake_at``
+        (epoch seconds) the earliest time something changes by itself (a due job, the end
+        of a hold, the next rate token), or ``None``."""
+        now = now_ms()
+        if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._known_queues:
+            fast = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now)
+            if fast is not None:
+                return fast
+        async with self.tx(queue) as conn:
+            events = await self.promote_due(conn, queue, now)
+            limited = limits is not None and (limits.rate or limits.concurrency)
+            row = await conn.fetchrow(
+                f"SELECT paused, flow FROM {self._s}.queues WHERE queue = $1" + (" FOR UPDATE" if limited else ""), queue
+            )
+            paused, flow_data = row if row is not None else (False, None)
+            flow = FlowState.loads(flow_data)
+            held = 0
+            if limits is not None and limits.concurrency:
+                held = await conn.fetchval(
+                    f"SELECT count(*) FROM {self._s}.jobs WHERE queue = $1 AND state = 'processing'", queue
+                )
+            allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
+            claims: list[Claim] = []
+            if allow:
+                rows = await conn.fetch(
+                    f"""WITH picked AS (
+                            SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
+                            ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
+                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)
+                        UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
+                            claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
+                            started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
+                        FROM numbered n WHERE j.queue = $1 AND j.id = n.id
+                        RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started""",
+                    queue,
+                    now,
+                    allow,
+                    worker_id,
+                    now + int(lease * 1000),
+                    start,
+                )
+                rows.sort(key=lambda r: (r[0], r[1]))
+                claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
+                if claims and limits is not None and limits.rate:
+                    flow.claimed(limits, now / 1000, len(claims))
+                    await conn.execute(
+                        f"UPDATE {self._s}.queues SET flow = $2 WHERE queue = $1", queue, flow.dumps()
+                    )
+            await self.publish(conn, queue, events)
+            wake_at = None
+            if not claims:
+                due = await conn.fetchval(
+                    f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')",
+                    queue,
+                )
+                candidates = [t for t in (flow.wake, None if due is None else due / 1000) if t is not None and t != math.inf]
+                wake_at = min(candidates) if candidates else None
+        return claims, wake_at
+
+    async def _claim_fast(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int
+    ) -> tuple[list[Claim], float | None] | None:
+        """A claim without rate or concurrency limits in one statement (one round trip),
+        when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
+        first is the general path's work). Pause and a ``RateLimited`` hold are honoured."""
+        rows = await self._one_statement(
+            f"""WITH q AS (
+                    SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
+                    FROM {self._s}.queues WHERE queue = $1),
+                due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
+                        WHERE queue = $1 AND state IN ('delayed', 'failing')),
+                gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
+                            AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
+                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
+                picked AS (
+                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
+                        AND (SELECT open FROM gate)
+                    ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
+                numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
+                claimed AS (
+                    UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
+                        claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
+                        started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
+                    FROM numbered n WHERE j.queue = $1 AND j.id = n.id
+                    RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
+                SELECT priority, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL FROM claimed
+                UNION ALL
+                SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
+                    (SELECT paused FROM q)""",
+            queue,
+            now,
+            max_jobs,
+            worker_id,
+            now + int(lease * 1000),
+            start,
+        )
+        info = rows[-1]
+        due, hold, paused = info[7], info[8] or 0.0, info[9]
+        claimed = [r for r in rows if r[2] is not None]
+        if claimed:
+            claimed.sort(key=lambda r: (r[0], r[1]))
+            return [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None
+        if due is not None and due <= now and not paused:
+            return None  # due jobs to promote: the general path
+        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None) if t]
+        return [], min(candidates) if candidates else None
+
+    async def _one_statement(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        async with self.conn() as conn:
+            return await conn.fetch(sql, *params)
+
+    async def dequeue(
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
+    ) -> list[Claim]:
+        start = max_jobs if start is None else start
+        give_up = trio.current_time() + timeout
+        woken = trio.Event()  # replaced before each claim attempt
+
+        def wake(_note: Notification | None) -> None:
+            woken.set()
+
+        channel = self.channel(queue, "w")
+        await self.hub.listen(channel, wake)
+        try:
+            while True:
+                woken = trio.Event()  # a NOTIFY during the claim below counts: no lost wake-up
+                claims, wake_at = await self._claim(queue, worker_id, max_jobs, lease, start, limits)
+                if claims:
+                    return claims
+                remaining = give_up - trio.current_time()
+                if remaining <= 0:
+                    return []
+                wait = min(remaining, self.poll_interval)
+                if wake_at is not None:
+                    wait = min(wait, max(wake_at - time.time(), 0.0) + 0.001)
+                await self.hub.wait(woken.is_set, wait)
+        finally:
+            self.hub.unlisten(channel, wake)
+
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(
+                f"SELECT id FROM {self._s}.jobs WHERE queue = $1 AND state = 'processing' AND worker = $2", queue, worker_id
+            )
+        return [r[0] for r in rows]

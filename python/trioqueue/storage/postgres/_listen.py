@@ -1,0 +1,163 @@
+"""LISTEN/NOTIFY for PostgresStorage: one listening connection per storage, read by
+whoever waits.
+
+There is no background task of the storage's own: a task that waits for notifications
+(a blocked claim, a subscription's pump) takes the *reader* role if nobody has it,
+reads the connection and dispatches what arrives to every registered callback, and
+hands the role over when its own wait ends (the next waiter takes it). Registering a
+new channel interrupts the reader (its wait for notifications is cancel-safe), runs
+``LISTEN`` and lets it carry on, so a registration is in force when :meth:`Hub.listen`
+returns.
+
+A lost connection is reopened with the pool's backoff, every channel is listened to
+again, and every callback receives ``None``: notifications may have been missed
+(subscribers turn it into a ``resync`` event, claims re-check the table).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import trio
+
+from ._conn import Connection, Notification
+from ._errors import ConnectionLost
+from ._pool import Pool
+
+__all__ = ["Hub"]
+
+Callback = Callable[[Notification | None], None]
+
+
+class _Parked:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+
+class Hub:
+    """The storage's listening connection and the callbacks of each channel."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._conn: Connection | None = None
+        self._callbacks: dict[str, list[Callback]] = {}
+        self._listening: set[str] = set()
+        self._admin = trio.Lock()  # connect, LISTEN: one at a time
+        self._reader: object | None = None
+        self._reader_scope: trio.CancelScope | None = None
+        self._parked: set[_Parked] = set()
+        self._closed = False
+
+    async def listen(self, channel: str, callback: Callback) -> None:
+        """Call ``callback`` with every notification on ``channel`` from now on (until
+        :meth:`unlisten`). Cancellation: the registration may or may not be in force."""
+        self._callbacks.setdefault(channel, []).append(callback)
+        if channel in self._listening:
+            return
+        async with self._admin:
+            if channel in self._listening:
+                return
+            while True:
+                conn = await self._connection()
+                if self._reader_scope is not None:
+                    self._reader_scope.cancel()  # the reader lets go of the connection
+                try:
+                    await conn.execute(f'LISTEN "{channel}"')
+                except ConnectionLost:
+                    continue  # reconnected (and re-listened) by _connection()
+                self._listening.add(channel)
+                return
+
+    def unlisten(self, channel: str, callback: Callback) -> None:
+        """Stop calling ``callback`` (the channel stays listened to: cheap, and reused)."""
+        callbacks = self._callbacks.get(channel)
+        if callbacks and callback in callbacks:
+            callbacks.remove(callback)
+
+    async def _connection(self) -> Connection:
+        """The listening connection, (re)opened if needed (with the pool's backoff); after
+        a reconnect every callback gets ``None``. Called with ``_admin`` held."""
+        if self._closed:
+            raise ConnectionLost("the storage is closed", sqlstate="08003")
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        lost = conn is not None
+        self._conn = None
+        conn = await self._pool.open_connection()
+        try:
+            for channel in sorted(self._listening):
+                await conn.execute(f'LISTEN "{channel}"')
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        if lost:
+            self._dispatch(None)
+        return conn
+
+    def _dispatch(self, notes: list[Notification] | None) -> None:
+        if notes is None:  # once per callback, however many channels it listens to
+            for cb in dict.fromkeys(cb for callbacks in list(self._callbacks.values()) for cb in callbacks):
+                cb(None)
+            return
+        for note in notes:
+            for cb in list(self._callbacks.get(note.channel, ())):
+                cb(note)
+
+    async def wait(self, done: Callable[[], bool], timeout: float = math.inf) -> None:
+        """Return when ``done()`` is true (checked after each batch of notifications) or
+        after ``timeout`` seconds, reading the connection meanwhile if no one else does.
+        Cancellation: safe at any point."""
+        with trio.move_on_after(timeout):
+            while not done() and not self._closed:
+                if self._reader is None:
+                    await self._read_until(done)
+                else:
+                    parked = _Parked()
+                    self._parked.add(parked)
+                    try:
+                        await parked.event.wait()
+                    finally:
+                        self._parked.discard(parked)
+
+    def poke(self) -> None:
+        """Wake every parked waiter (a callback made some ``done()`` true)."""
+        for parked in list(self._parked):
+            parked.event.set()
+
+    async def _read_until(self, done: Callable[[], bool]) -> None:
+        me = self._reader = object()
+        try:
+            while not done() and not self._closed:
+                with trio.CancelScope() as scope:
+                    self._reader_scope = scope
+                    async with self._admin:
+                        if self._closed:
+                            break
+                        conn = await self._connection()
+                    try:
+                        notes = await conn.notifications()
+                    except ConnectionLost:
+                        continue  # (reopened by _connection(); closed storage: the loop ends)
+                    self._dispatch(notes)
+                    self.poke()
+                self._reader_scope = None
+                if scope.cancelled_caught:
+                    await trio.lowlevel.checkpoint()  # let the LISTEN have the connection
+        finally:
+            if self._reader is me:
+                self._reader = None
+                self._reader_scope = None
+            self.poke()  # someone else takes over the reading
+
+    def close(self) -> None:
+        """Close the listening connection; waits for notifications end (their callers
+        find the storage closed on their next call)."""
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()
+        self.poke()

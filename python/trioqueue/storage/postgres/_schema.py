@@ -1,0 +1,158 @@
+"""The PostgresStorage schema: versioned migrations, run under an advisory lock.
+
+Every table lives in one PostgreSQL schema (``trioqueue`` by default; the ``schema=``
+option of :class:`~trioqueue.storage.postgres.PostgresStorage` and of
+:func:`migrate`), so that several independent deployments share a database without
+sharing jobs. ``<schema>.version`` records the migrations applied (one row each).
+
+:func:`migrate` takes a session-level advisory lock (keyed by the schema name) for its
+whole run: two processes starting together (two workers, a worker and ``trioqueue
+migrate``) serialize, the second finds the work done. Each migration runs in its own
+transaction together with the row recording it, so a failed migration leaves nothing
+half-applied.
+"""
+
+from __future__ import annotations
+
+import re
+
+import trio
+
+from ._conn import Connection
+from ._errors import PostgresError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema_name", "migrate", "schema_version"]
+
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+# (version, SQL) in order; ``{s}`` is the quoted schema name. Never edit a released
+# migration: add the next one.
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+CREATE SEQUENCE {s}.job_seq;
+-- One row per job id and queue while the id is known (until its TTL runs out). The ready
+-- list is the rows in state 'queued', ordered by (priority, seq); a job put back in front
+-- gets a negative seq. The delayed set is the rows in state 'delayed'/'failing' by run_at_ms.
+CREATE TABLE {s}.jobs (
+    queue text NOT NULL,
+    id text NOT NULL,
+    state text NOT NULL CHECK (state IN ('queued', 'delayed', 'processing', 'failing', 'completed', 'failed', 'cancelled')),
+    state_ms bigint NOT NULL,
+    created_ms bigint NOT NULL,
+    priority smallint NOT NULL,
+    seq bigint NOT NULL,
+    run_at_ms bigint,
+    token text NOT NULL,
+    envelope bytea NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    max_attempts integer NOT NULL,
+    result_ttl double precision NOT NULL,
+    worker text,
+    claim text,
+    claims integer NOT NULL DEFAULT 0,
+    started boolean NOT NULL DEFAULT false,
+    lease_ms bigint,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    result bytea,
+    error bytea,
+    progress bytea,
+    expires_ms bigint,
+    PRIMARY KEY (queue, id)
+);
+CREATE INDEX jobs_ready ON {s}.jobs (queue, priority, seq) WHERE state = 'queued';
+CREATE INDEX jobs_due ON {s}.jobs (queue, run_at_ms) WHERE state IN ('delayed', 'failing');
+CREATE INDEX jobs_held ON {s}.jobs (queue, worker) WHERE state = 'processing';
+CREATE INDEX jobs_lease ON {s}.jobs (queue, lease_ms) WHERE state = 'processing';
+CREATE INDEX jobs_by_state ON {s}.jobs (queue, state, state_ms DESC, id DESC);
+CREATE INDEX jobs_expiry ON {s}.jobs (expires_ms) WHERE expires_ms IS NOT NULL;
+CREATE TABLE {s}.queues (
+    queue text PRIMARY KEY,
+    paused boolean NOT NULL DEFAULT false,
+    flow bytea  -- the rate-limit log and RateLimited hold (FlowState, JSON)
+);
+CREATE TABLE {s}.workers (
+    queue text NOT NULL,
+    worker text NOT NULL,
+    expires_ms bigint NOT NULL,
+    PRIMARY KEY (queue, worker)
+);
+CREATE TABLE {s}.locks (
+    name text PRIMARY KEY,
+    owner text NOT NULL,
+    expires_ms bigint NOT NULL
+);
+CREATE TABLE {s}.schedules (
+    queue text NOT NULL,
+    name text NOT NULL,
+    spec bytea NOT NULL,
+    last_tick double precision,
+    PRIMARY KEY (queue, name)
+);
+""",
+    ),
+]
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def check_schema_name(schema: str) -> str:
+    """``schema`` if it is a plain lower-case identifier (``ValueError`` naming it
+    otherwise): it is spliced into SQL and into channel names."""
+    if not isinstance(schema, str) or not _NAME.fullmatch(schema):
+        raise ValueError(f"schema must be a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63), got {schema!r}")
+    return schema
+
+
+async def schema_version(conn: Connection, schema: str) -> int:
+    """The latest migration applied to ``schema`` (0: none, or no such schema)."""
+    check_schema_name(schema)
+    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f'"{schema}".version')
+    if not exists:
+        return 0
+    return int(await conn.fetchval(f'SELECT coalesce(max(version), 0) FROM "{schema}".version'))
+
+
+async def migrate(conn: Connection, schema: str = "trioqueue") -> list[int]:
+    """Apply the migrations ``schema`` lacks, under the schema's advisory lock; returns
+    the versions applied (``[]``: it was up to date). Raises :class:`PostgresError` when
+    the database has a newer schema than this trioqueue knows (upgrade trioqueue).
+
+    Cancellation: a migration interrupted by a cancel is rolled back as a whole (its
+    transaction never commits); the lock is released (shielded) on the way out."""
+    check_schema_name(schema)
+    quoted = f'"{schema}"'
+    await conn.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}")
+    applied: list[int] = []
+    try:
+        current = await schema_version(conn, schema)
+        if current > SCHEMA_VERSION:
+            raise PostgresError(
+                f"schema {schema!r} is at version {current}, newer than this trioqueue knows ({SCHEMA_VERSION}): upgrade trioqueue"
+            )
+        for version, sql in MIGRATIONS:
+            if version <= current:
+                continue
+            await conn.execute("BEGIN")
+            try:
+                if version == 1:
+                    await conn.execute_script(
+                        f"CREATE SCHEMA IF NOT EXISTS {quoted};"
+                        f"CREATE TABLE {quoted}.version (version integer PRIMARY KEY,"
+                        " applied_at timestamptz NOT NULL DEFAULT now())"
+                    )
+                await conn.execute_script(sql.format(s=quoted))
+                await conn.execute(f"INSERT INTO {quoted}.version (version) VALUES ($1)", version)
+                await conn.execute("COMMIT")
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    if not conn.closed:
+                        await conn.execute("ROLLBACK")
+                raise
+            applied.append(version)
+    finally:
+        with trio.CancelScope(shield=True):
+            if not conn.closed:
+                await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}")
+    return applied

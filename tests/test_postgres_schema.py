@@ -1,0 +1,105 @@
+"""PostgresStorage's schema migrations: versioned, under an advisory lock, per schema."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import trio
+
+pytest.importorskip("psycopg")
+
+import trio.lowlevel
+from trioqueue.storage.postgres import Connection, PostgresError
+from trioqueue.storage.postgres._schema import SCHEMA_VERSION, migrate, schema_version
+
+
+def _schema() -> str:
+    return f"tq_{uuid.uuid4().hex[:10]}"
+
+
+async def test_migrate_creates_versioned_schema_once(postgres_url: str) -> None:
+    schema = _schema()
+    async with await Connection.connect(postgres_url) as conn:
+        assert await schema_version(conn, schema) == 0
+        assert await migrate(conn, schema) == list(range(1, SCHEMA_VERSION + 1))
+        assert await schema_version(conn, schema) == SCHEMA_VERSION
+        assert await migrate(conn, schema) == []  # up to date: nothing to do
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1", schema
+        )
+        assert {t for (t,) in tables} >= {"jobs", "queues", "workers", "locks", "schedules", "version"}
+        assert not conn.in_transaction
+
+
+async def test_two_concurrent_migrators_one_schema(postgres_url: str) -> None:
+    schema = _schema()
+    results: list[list[int]] = []
+    async with await Connection.connect(postgres_url) as a, await Connection.connect(postgres_url) as b:
+        # b holds the advisory lock, so that both migrators surely overlap; a waits for it
+        await b.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}")
+
+        async def run(conn: Connection) -> None:
+            results.append(await migrate(conn, schema))
+
+        with trio.fail_after(10):  # (without the lock, a would never wait: this fails)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, a)
+                nursery.start_soon(run, b)  # b re-enters its own lock (session locks stack)
+                # a is blocked on the lock, as the server sees it
+                while not await _waiting_for_lock(postgres_url, a.backend_pid):
+                    await trio.sleep(0.01)
+                await trio.lowlevel.checkpoint()  # (b's migrate runs; a still waits)
+                await b.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}")
+        assert sorted(results, key=len) == [[], list(range(1, SCHEMA_VERSION + 1))]
+        assert await a.fetchval(f'SELECT count(*) FROM "{schema}".version') == SCHEMA_VERSION
+
+
+async def _waiting_for_lock(url: str, pid: int) -> bool:
+    async with await Connection.connect(url) as probe:
+        return bool(
+            await probe.fetchval("SELECT count(*) FROM pg_locks WHERE pid = $1 AND locktype = 'advisory' AND NOT granted", pid)
+        )
+
+
+async def test_many_concurrent_migrators(postgres_url: str) -> None:
+    schema = _schema()
+    results: list[list[int]] = []
+
+    async def run() -> None:
+        async with await Connection.connect(postgres_url) as conn:
+            results.append(await migrate(conn, schema))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(5):
+            nursery.start_soon(run)
+    assert sorted(map(len, results)) == [0, 0, 0, 0, SCHEMA_VERSION]
+
+
+async def test_schemas_are_independent_and_names_checked(postgres_url: str) -> None:
+    one, two = _schema(), _schema()
+    async with await Connection.connect(postgres_url) as conn:
+        await migrate(conn, one)
+        assert await schema_version(conn, two) == 0
+        await migrate(conn, two)
+        await conn.execute(
+            f'INSERT INTO "{one}".locks (name, owner, expires_ms) VALUES ($1, $2, $3)', "l", "o", 1
+        )
+        assert await conn.fetchval(f'SELECT count(*) FROM "{two}".locks') == 0
+        for bad in ("Upper", "a-b", "x; DROP TABLE y", "", "1abc"):
+            with pytest.raises(ValueError, match="schema must be"):
+                await migrate(conn, bad)
+
+
+async def test_newer_schema_is_refused(postgres_url: str) -> None:
+    schema = _schema()
+    async with await Connection.connect(postgres_url) as conn:
+        await migrate(conn, schema)
+        await conn.execute(f'INSERT INTO "{schema}".version (version) VALUES ($1)', SCHEMA_VERSION + 1)
+        with pytest.raises(PostgresError, match="newer than this trioqueue"):
+            await migrate(conn, schema)
+        # the advisory lock was released: another session can take it at once
+        async with await Connection.connect(postgres_url) as other:
+            assert await other.fetchval(
+                "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}"
+            )
