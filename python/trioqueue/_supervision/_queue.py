@@ -52,7 +52,7 @@ from ._pool import ProcessPool, check_executor, check_process_handler
 from ._reaper import LeaderElection, Reaper
 from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
 from .._model._serde import JsonSerde, Serde
-from ..storage._base import Storage, StorageEvent
+from ..storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
 
 __all__ = ["Queue"]
 
