@@ -134,3 +134,93 @@ async def test_redis_a_crash_between_a_childs_settle_and_its_tree_leaves_notes_t
         assert parent is not None and parent.state.startswith("queued:")
         assert [c.id for c in await st.dequeue("reports", "w", 1, 0, 30)] == ["p"]
         assert [(q, r.id, r.result) for q, r in await st.get_children("reports", "p")] == [("kids", "c", b"r")]
+
+
+async def test_a_childs_note_taken_by_another_process_before_its_record_is_written_is_not_lost(
+    file_storage: FileStorage,
+) -> None:
+    """A child's settle leaves its note before it writes its record. With the parent on
+    another queue, that note must not be visible there before the record is: another
+    process acting on the parent's queue in between (here a reaper pass, in a thread with
+    its own FileStorage: another flock holder) would read the child still processing, take
+    the note, and the parent would wait forever (a tree that never completes)."""
+    import threading
+
+    from redis_helpers import _done, _job
+
+    from trioqueue.storage._base import FlowJob
+
+    st = file_storage
+    await st.enqueue_flow([FlowJob("reports", _job("p")), FlowJob("kids", _job("c"), ("reports", "p"))])
+    [claim] = await st.dequeue("kids", "w", 1, 0, 30)
+    errors: list[BaseException] = []
+    ready, go, done = threading.Event(), threading.Event(), threading.Event()
+
+    async def reaper_pass() -> None:
+        async with FileStorage(st.directory) as other:
+            for name in ("kids", "reports"):
+                other._q(name)  # opened (start-up repair) before the settle holds a lock
+            ready.set()
+            await trio.to_thread.run_sync(go.wait)
+            await other.recover_stalled("reports")
+
+    def meanwhile() -> None:
+        try:
+            trio.run(reaper_pass)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            ready.set()
+            done.set()
+
+    thread = threading.Thread(target=meanwhile)
+    thread.start()
+    await trio.to_thread.run_sync(ready.wait, 30)
+    commit = st._commit
+    seen: list[str] = []
+
+    def commit_then_someone_acts(q, items, fds):  # type: ignore[no-untyped-def]
+        if q.name == "kids" and not seen:  # the settle: its note is made, its record not yet
+            seen.append(q.name)
+            go.set()
+            done.wait(30)
+        return commit(q, items, fds)
+
+    st._commit = commit_then_someone_acts  # type: ignore[method-assign]
+    try:
+        assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
+    finally:
+        del st._commit
+        go.set()
+        thread.join(30)
+    assert seen and not errors, errors
+    parent = await st.get_job("reports", "p")
+    assert parent is not None and parent.state.startswith("queued"), parent.state
+    assert [c.id for c in await st.dequeue("reports", "w", 1, 0, 30)] == ["p"]
+
+
+async def test_a_crash_after_a_childs_settle_leaves_a_note_the_reaper_of_its_queue_carries(
+    file_storage: FileStorage,
+) -> None:
+    """The worker dies between a child's settle and acting on its note: the ``u-`` note in
+    the child's queue is left, and that queue's reaper carries it to the parent's queue."""
+    from redis_helpers import _done, _job
+
+    from trioqueue.storage._base import FlowJob
+
+    st = file_storage
+    await st.enqueue_flow([FlowJob("reports", _job("p")), FlowJob("kids", _job("c"), ("reports", "p"))])
+    [claim] = await st.dequeue("kids", "w", 1, 0, 30)
+
+    async def killed(queue: str | None = None) -> None:  # the worker dies before acting
+        st._tree_dirty.clear()
+
+    st._act_on_notes = killed  # type: ignore[method-assign]
+    assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
+    del st._act_on_notes
+    parent = await st.get_job("reports", "p")
+    assert parent is not None and parent.state.startswith("waiting_children"), parent.state
+    await st.recover_stalled("reports")  # the parent's queue's reaper: nothing there yet
+    await st.recover_stalled("kids")
+    parent = await st.get_job("reports", "p")
+    assert parent is not None and parent.state.startswith("queued"), parent.state

@@ -17,7 +17,17 @@ carried by **notes**: empty files in the queue directory's ``tree/`` folder, cre
   the same once no child is pending (a quick look until then);
 - ``c-<job>``: cancel the job (a cascade): at once if it waits, a cancel request if it
   runs;
-- ``r-<job>``: the job's record, kept while its parent might read it, gets its TTL.
+- ``r-<job>``: the job's record, kept while its parent might read it, gets its TTL;
+- ``u-<job>``: the job ended and its parent is on another queue: the note for the parent
+  (its kind, queue and id are the note's content) is made there.
+
+A note is made under the lock of the queue it is in, so nobody acts on it before the
+step's records are written (acting on a note takes that lock). A child whose parent is
+on another queue therefore leaves a ``u-`` note in its *own* queue, which is carried to
+the parent's queue once acted on (after the child's record is written): a ``p-`` or
+``f-`` note made there directly would be visible, to a process holding only the parent's
+queue lock, before the child's record is, and acting on it then (the child still
+pending) would take it for nothing: the parent would wait for ever.
 
 Acting on a note is idempotent (it reads the records afresh), so a note left by a crash
 (or acted on twice) costs nothing: the step that made it acts on it right after (taking
@@ -26,6 +36,7 @@ of its queue."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -50,7 +61,7 @@ from .._base import (
     child_failed_error,
 )
 from ._base import FileBase
-from ._fsutil import CorruptRecord, Rec, encode_name, read_rec
+from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, write_atomic
 from ._enqueue import _outcome
 from ._layout import _Q, _QUEUED_OUTCOME, _close_on_error, _job_record, _ready_name, _seq_name, _unlink, due_event
 
@@ -84,7 +95,13 @@ class FileFlows(FileBase):
         kept meanwhile), and so is ``r`` as a parent."""
         if r.parent is not None and r.kind in _TERMINAL:
             r.exp = None  # kept until the parent has ended (an r- note then gives its TTL)
-            self._note(r.parent[0], "p" if r.kind == COMPLETED else "f", r.parent[1])
+            kind, (pq, pid) = "p" if r.kind == COMPLETED else "f", r.parent
+            if pq == q.name:
+                self._note(pq, kind, pid)
+            else:  # carried to the parent's queue once r is written (module docstring)
+                data = json.dumps([kind, pq, pid]).encode()
+                write_atomic(self._tree_dir(q), f"u-{encode_name(r.id)}", data, False)
+                self._tree_dirty.add(q.name)
         if r.children is not None:
             self._note(q.name, "f", r.id)
 
@@ -119,13 +136,25 @@ class FileFlows(FileBase):
                         work = ".w-" + name
                         os.rename(os.path.join(folder, name), os.path.join(folder, work))
                     kind, _, enc = name.partition("-")
-                    if enc:
+                    if kind == "u":
+                        self._carry(os.path.join(folder, work))
+                    elif enc:
                         wrote |= self._act(q, kind, enc, now, fds, kept)
                     _unlink(os.path.join(folder, work))
                 if kept:
                     self._commit(q, kept, fds)
                     wrote = True
         await self._finish(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd}, wrote)
+
+    def _carry(self, path: str) -> None:
+        """A ``u-`` note (lock of its queue held: the child's record is written): the note
+        it names, made in the parent's queue."""
+        try:
+            with open(path, "rb") as f:
+                kind, queue, parent = json.loads(f.read())
+        except (OSError, ValueError, TypeError):
+            return  # (written atomically: never partial)
+        self._note(queue, kind, parent)
 
     def _peek(self, q: _Q, queue: str, job_id: str) -> Rec | None:
         """A record of any queue (lock of ``q`` held): a record file is replaced

@@ -232,7 +232,7 @@ class RecoveryOps(FileBase):
         quarantine unreadable records."""
         with self._locked(q):
             q.bump()  # markers may be relinked: other processes re-list the lanes
-            for d in (q.path, q.tmp, q.jobs, *q.lanes, q.delayed, q.names):
+            for d in (q.path, q.tmp, q.jobs, *q.lanes, q.delayed, q.names, os.path.join(q.path, "tree")):
                 clean_tmp(d)
             for d in os.listdir(q.proc):
                 clean_tmp(os.path.join(q.proc, d))
