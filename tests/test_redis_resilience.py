@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from redis_helpers import _done, _is_blocked, _job, _not_blocked, _port, _prefix, _raw, _wait_until
-from redis_server import RedisServer
+from redis_server import RedisServer, free_port
 
 from trioqueue.storage import Settlement, SettleKind
 from trioqueue.storage.redis import RedisStorage
@@ -275,3 +275,43 @@ async def test_a_running_queue_runs_the_lean_clients_watchdog_until_it_stops(st:
         await q1.enqueue("a", 1)
     assert watch.active == 0
     assert (await st.enqueue("wd", [_job("b")]))[0].status == "queued"  # scoped calls still work
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "glide"])
+async def test_a_batch_of_reads_waits_out_a_server_that_cannot_serve_yet(lean: bool) -> None:
+    """The reaper reads a queue's workers with two commands in one round trip. A server
+    that cannot serve for a while (loading its AOF after a restart answers LOADING; here a
+    replica cut off from its primary answers MASTERDOWN, which is as transient) put its
+    error replies in the list of replies, and the reaper crashed on them (TypeError: the
+    AOF restart test failed about one run in five). The batch waits, as one command does."""
+    from trioqueue.storage.redis._storage import open_transport
+    from trioqueue.storage.redis._transport import ConnParams
+
+    server = RedisServer()
+    server.start()
+    woke = trio.Event()
+    replies: list[list[object]] = []
+    try:
+        transport = open_transport(ConnParams(port=server.port), lean=lean, retry_timeout=30, on_fault=woke.set)
+        await transport.connect()
+        try:
+            _raw(server.port, "SADD", "procs", "w1")
+            _raw(server.port, "CONFIG", "SET", "replica-serve-stale-data", "no")
+            _raw(server.port, "REPLICAOF", "127.0.0.1", str(free_port()))  # nobody there
+            assert _raw(server.port, "SMEMBERS", "procs").startswith(b"-MASTERDOWN")
+
+            async def reads() -> None:
+                replies.append(await transport.commands([["SMEMBERS", "procs"], ["ZRANGEBYSCORE", "workers", "-inf", "+inf"]]))
+                woke.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reads)
+                with trio.fail_after(10):
+                    await woke.wait()  # a fault seen (or, before the fix, the error replies returned)
+                assert not replies, f"the error replies came back as values: {replies}"
+                _raw(server.port, "REPLICAOF", "NO", "ONE")
+            assert [[bytes(m) for m in r] for r in replies[0]] == [[b"w1"], []]
+        finally:
+            await transport.close()
+    finally:
+        server.close()

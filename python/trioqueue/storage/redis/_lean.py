@@ -112,6 +112,10 @@ class LeanTransport(Transport):
                     outcome = await self._client.execute(data, count)
                 except ConnectionLost as exc:
                     outcome = exc
+            if count > 1 and isinstance(outcome, list):
+                # several commands: an error reply stands in the list (read-only batches,
+                # sent again whole after a transient one, as a single command is)
+                outcome = next((r for r in outcome if isinstance(r, ReplyError)), outcome)
             if not isinstance(outcome, (ReplyError, ConnectionLost)):
                 return outcome
             err: BaseException = outcome

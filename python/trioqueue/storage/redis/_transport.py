@@ -60,7 +60,8 @@ RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"
 
 def retryable(text: str) -> bool:
     """Whether an error (its text) says the server is away or busy for a while."""
-    return any(t in text for t in RETRYABLE_TEXT)
+    text = text.lower()  # valkey-glide words them its own way ("MasterDown: ...")
+    return any(t.lower() in text for t in RETRYABLE_TEXT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +280,10 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def commands(self, batch: Sequence[Sequence[str | bytes]]) -> list[Any]:
-        """Several commands in one round trip (not a transaction): their replies."""
+        """Several read-only commands in one round trip (not a transaction): their replies.
+        An error reply from a server that cannot serve for a while (LOADING, MASTERDOWN …)
+        sends the batch again, as :meth:`command` does; another raises
+        :class:`StorageError`."""
 
     @abc.abstractmethod
     async def script(
