@@ -79,7 +79,7 @@ from trioqueue import (
 )
 from trioqueue.testing import FaultPlan, FaultyStorage
 
-from model_record import DUE_SLACK, LEASE, SCHEDULE, Call, RecordChecks, Recording
+from model_record import LEASE, SCHEDULE, Call, RecordChecks, Recording
 
 CI_EXAMPLES = {"memory": 20, "file": 10, "redis": 10, "postgres": 10}
 TTL = 60.0
