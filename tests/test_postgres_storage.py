@@ -321,16 +321,16 @@ async def test_large_results_and_long_ids_fit_in_notifications(pg: PostgresStora
     assert rec is not None and rec.result == b"1"
 
 
-async def test_a_tree_of_jobs_is_refused_naming_its_root_and_writes_nothing(pg: PostgresStorage, queue_name: str) -> None:
-    """Trees of jobs are not on PostgreSQL yet: a parent with children is refused, named,
-    and neither it nor a child is written; with ``transaction=`` too."""
+async def test_a_tree_of_jobs_with_transaction_is_refused_naming_its_root_and_writes_nothing(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """A parent with children cannot be enqueued in the caller's transaction: refused,
+    named, and neither it nor a child is written."""
     from trioqueue import Child
 
     async with Queue(pg, name=queue_name) as q:
-        with pytest.raises(NotImplementedError, match="'report-7'.*nothing was written"):
-            await q.enqueue("report-7", None, children=[Child("fetch-7-a", 1)])
         async with pg.transaction() as tx:
             with pytest.raises(ValidationError, match="'report-8'.*transaction="):
                 await q.enqueue("report-8", None, children=[Child("fetch-8-a", 1)], transaction=tx)
-        for job_id in ("report-7", "fetch-7-a", "report-8", "fetch-8-a"):
+        for job_id in ("report-8", "fetch-8-a"):
             assert await q.get_status(job_id) is None

@@ -323,17 +323,20 @@ class PostgresStorage(PostgresClaims):
         return res.rowcount
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
+        now = now_ms()
         async with self.tx() as conn:
-            token = await conn.fetchval(
+            await self.lock_ancestors(conn, queue, [job_id])
+            row = await conn.fetchrow(
                 f"DELETE FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE} AND state <> 'processing'"
-                " RETURNING token",
+                " RETURNING id, state, parent_queue, parent_id, parent_token, policy, token",
                 queue,
-                now_ms(),
+                now,
                 job_id,
             )
-            if token is None:
+            if row is None:
                 return False
-            await self.publish(conn, queue, [StorageEvent("removed", job_id, token=token)])
+            await self.publish(conn, queue, [StorageEvent("removed", job_id, token=row[6])])
+            await self.tree_removed(conn, queue, row, now)
         return True
 
     async def queue_names(self) -> list[str]:
