@@ -22,7 +22,7 @@ from .._base import (
     wanted_kinds,
 )
 from ._claims import PostgresClaims
-from ._common import JOB_COLUMNS, decode_events, now_ms, record
+from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
 from ._conn import Notification
 from ._jobs import LIVE
 from ._pool import Transaction
@@ -301,7 +301,7 @@ class PostgresStorage(PostgresClaims):
                 f"""UPDATE {self._s}.jobs SET state = 'queued', state_ms = $2, token = $4, attempts = 0,
                         seq = nextval('{self.schema}.job_seq'), claim = NULL, claims = 0, started = false,
                         cancel_requested = false, result = NULL, error = NULL, progress = NULL, expires_ms = NULL,
-                        run_at_ms = NULL, worker = NULL, lease_ms = NULL
+                        run_at_ms = NULL, worker = NULL, lease_ms = NULL, {TREE_RESET}
                     WHERE queue = $1 AND id = $3 AND state IN ('failed', 'cancelled') AND {LIVE} RETURNING true""",
                 queue,
                 now,
