@@ -246,6 +246,7 @@ class PostgresClaims(PostgresJobs):
             return 0
         now = now_ms()
         async with self.tx() as conn:
+            await self.lock_ancestors(conn, queue, list(dict.fromkeys(job_ids)))  # (a cancel may end one)
             rows = await conn.fetch(
                 f"SELECT id, cancel_requested, token FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($4::text[])"
                 f" AND {_HELD} FOR UPDATE",
@@ -414,12 +415,15 @@ class PostgresClaims(PostgresJobs):
             )
             events = await self.promote_due(conn, queue, now)
             promoted = bool(events)
+            stalled = f"""FROM {self._s}.jobs j LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
+                    WHERE j.queue = $1 AND j.state = 'processing'
+                      AND (j.lease_ms <= $2 OR w.expires_ms IS NULL OR w.expires_ms <= $2)"""
+            candidates = [r[0] for r in await conn.fetch(f"SELECT j.id {stalled}", queue, now)]
+            if candidates:  # a recovery may end a job of a tree: its ancestors first (top-down)
+                await self.lock_ancestors(conn, queue, candidates)
             rows = await conn.fetch(
                 f"""SELECT j.id, j.worker, j.started, j.attempts, j.max_attempts, j.cancel_requested, j.token
-                    FROM {self._s}.jobs j LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
-                    WHERE j.queue = $1 AND j.state = 'processing'
-                      AND (j.lease_ms <= $2 OR w.expires_ms IS NULL OR w.expires_ms <= $2)
-                    ORDER BY j.lease_ms FOR UPDATE OF j SKIP LOCKED""",
+                    {stalled} ORDER BY j.lease_ms FOR UPDATE OF j SKIP LOCKED""",
                 queue,
                 now,
             )
