@@ -29,7 +29,7 @@ from support import Recorder
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
 # The backends that implement trees so far (Storage.enqueue_flow and the rest).
-FLOW_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster"}
+FLOW_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster", "postgres"}
 
 
 @pytest.fixture(autouse=True)

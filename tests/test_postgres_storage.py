@@ -321,16 +321,53 @@ async def test_large_results_and_long_ids_fit_in_notifications(pg: PostgresStora
     assert rec is not None and rec.result == b"1"
 
 
-async def test_a_tree_of_jobs_is_refused_naming_its_root_and_writes_nothing(pg: PostgresStorage, queue_name: str) -> None:
-    """Trees of jobs are not on PostgreSQL yet: a parent with children is refused, named,
-    and neither it nor a child is written; with ``transaction=`` too."""
+async def test_a_tree_of_jobs_with_transaction_is_refused_naming_its_root_and_writes_nothing(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """A parent with children cannot be enqueued in the caller's transaction: refused,
+    named, and neither it nor a child is written."""
     from trioqueue import Child
 
     async with Queue(pg, name=queue_name) as q:
-        with pytest.raises(NotImplementedError, match="'report-7'.*nothing was written"):
-            await q.enqueue("report-7", None, children=[Child("fetch-7-a", 1)])
         async with pg.transaction() as tx:
             with pytest.raises(ValidationError, match="'report-8'.*transaction="):
                 await q.enqueue("report-8", None, children=[Child("fetch-8-a", 1)], transaction=tx)
-        for job_id in ("report-7", "fetch-7-a", "report-8", "fetch-8-a"):
+        for job_id in ("report-8", "fetch-8-a"):
             assert await q.get_status(job_id) is None
+
+
+async def test_children_ending_together_queue_their_parent_exactly_once(pg: PostgresStorage, queue_name: str) -> None:
+    """Children of one parent settled concurrently (each its own transaction, on its own
+    connection) serialise on the parent row: the count reaches zero once, the parent is
+    queued once, and a failed child under ``continue`` is counted like the others."""
+    from trioqueue.storage import SettleKind, Settlement
+    from trioqueue.storage._base import FlowJob
+
+    kids = [f"kid-{i}" for i in range(12)]
+    tree = [FlowJob(queue_name, job("root"), None, "continue")]
+    tree += [FlowJob(queue_name, job(k), (queue_name, "root")) for k in kids]
+    await pg.enqueue_flow(tree)
+    assert (await pg.get_job(queue_name, "root")).state.startswith("waiting_children:")  # type: ignore[union-attr]
+    claims = await pg.dequeue(queue_name, W1, 20, 0.1, LEASE)
+    assert sorted(c.id for c in claims) == sorted(kids)
+
+    async def settle(i: int) -> None:
+        c = claims[i]
+        kind = SettleKind.FAIL if i == 3 else SettleKind.COMPLETE
+        assert await pg.settle(queue_name, W1, [Settlement(kind, c.id, b"x", 60, token=c.token)]) == [True]
+
+    async with pg.subscribe(queue_name, ["promoted"]) as events:
+        async with trio.open_nursery() as nursery:
+            for i in range(len(claims)):
+                nursery.start_soon(settle, i)
+        assert await _next_events(events) == [("promoted", "root")]
+    [parent] = await pg.dequeue(queue_name, W1, 5, 0.1, LEASE)
+    assert parent.id == "root"
+    assert [c.id for _, c in await pg.get_children(queue_name, "root")] == [k for k in kids]
+    async with pg.pool.connection() as conn:
+        assert await conn.fetchval(f"SELECT pending FROM {pg._s}.jobs WHERE queue = $1 AND id = 'root'", queue_name) == 0
+        # kept while the parent may read them
+        assert await conn.fetchval(
+            f"SELECT count(*) FROM {pg._s}.jobs WHERE queue = $1 AND parent_id = 'root' AND expires_ms IS NULL",
+            queue_name,
+        ) == len(kids)

@@ -23,6 +23,8 @@ from ._jobs import _FRONT, LIVE, PostgresJobs, _due_ms
 __all__ = ["PostgresClaims"]
 
 _HELD = "state = 'processing' AND worker = $3"
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # cancelled instead if requested
+_ENDS = ("completed", "failed", "cancelled")
 
 
 class PostgresClaims(PostgresJobs):
@@ -67,7 +69,7 @@ class PostgresClaims(PostgresJobs):
                         error = CASE WHEN s.kind = 'failed' THEN s.data ELSE j.error END,
                         expires_ms = $2 + (s.ttl * 1000)::bigint, worker = NULL, lease_ms = NULL
                     FROM s WHERE j.queue = $1 AND j.id = s.id AND j.state = 'processing' AND j.worker = $8
-                        AND j.claim = s.claim
+                        AND j.claim = s.claim AND j.parent_id IS NULL AND j.policy IS NULL  -- (trees: the general path)
                     RETURNING j.id, j.token, s.kind, s.data, s.ord),
                 payloads AS (
                     SELECT upd.ord, upd.kind,
@@ -113,6 +115,7 @@ class PostgresClaims(PostgresJobs):
     async def _settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         now = now_ms()
         async with self.tx() as conn:
+            await self.lock_ancestors(conn, queue, list({s.id for s in settlements}))
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
@@ -132,6 +135,7 @@ class PostgresClaims(PostgresJobs):
             updates: list[tuple[str, str, int, bool, bool, bytes | None, int | None, int | None]] = []
             hold = 0
             settled: set[str] = set()
+            waiting: list[str] = []
             for s in settlements:
                 row = rows.get(s.id)
                 if row is None or s.id in settled or row[1] != "processing" or row[2] != worker_id or row[3] != s.token:
@@ -145,8 +149,9 @@ class PostgresClaims(PostgresJobs):
                 out.append(True)
                 _, _, _, _, started, requested, token, result_ttl = row
                 limited = s.kind is SettleKind.RATE_LIMITED
-                delta = -int(started) if limited else (0 if started or s.kind is SettleKind.CANCEL else 1)
-                if s.kind is SettleKind.CANCEL or (s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED) and requested):
+                uncounted = limited or s.kind is SettleKind.WAIT_CHILDREN  # the attempt did not happen
+                delta = -int(started) if uncounted else (0 if started or s.kind is SettleKind.CANCEL else 1)
+                if s.kind is SettleKind.CANCEL or (s.kind in _BACK and requested):
                     updates.append((s.id, "cancelled", delta, False, False, None, now + int(result_ttl * 1000), None))
                     events.append(StorageEvent("cancelled", s.id, worker_id, token=token))
                 elif s.kind is SettleKind.COMPLETE:
@@ -155,6 +160,9 @@ class PostgresClaims(PostgresJobs):
                 elif s.kind is SettleKind.FAIL:
                     updates.append((s.id, "failed", delta, False, True, s.data, now + int(s.ttl * 1000), None))
                     events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=token))
+                elif s.kind is SettleKind.WAIT_CHILDREN:
+                    updates.append((s.id, "waiting_children", delta, False, False, None, None, None))
+                    waiting.append(s.id)
                 else:
                     due = now + int(s.delay * 1000)
                     if limited:
@@ -184,6 +192,9 @@ class PostgresClaims(PostgresJobs):
             if hold:
                 await self._hold(conn, queue, hold)
             await self.publish(conn, queue, events, wake=bool(updates))
+            await self.tree_ended(conn, queue, [u[0] for u in updates if u[1] in _ENDS], now)
+            for job_id in waiting:
+                await self.waited(conn, queue, job_id, now)
         return out
 
     async def _hold(self, conn: Connection, queue: str, until_ms: int) -> None:
@@ -235,6 +246,7 @@ class PostgresClaims(PostgresJobs):
             return 0
         now = now_ms()
         async with self.tx() as conn:
+            await self.lock_ancestors(conn, queue, list(dict.fromkeys(job_ids)))  # (a cancel may end one)
             rows = await conn.fetch(
                 f"SELECT id, cancel_requested, token FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($4::text[])"
                 f" AND {_HELD} FOR UPDATE",
@@ -252,6 +264,7 @@ class PostgresClaims(PostgresJobs):
             events = [StorageEvent("cancelled", i, worker_id, token=info[i][2]) for i in cancelled]
             events += [StorageEvent("requeued", i, worker_id, token=info[i][2]) for i in back]
             await self.publish(conn, queue, events, wake=bool(order))
+            await self.tree_ended(conn, queue, cancelled, now)
         return len(back)
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
@@ -304,6 +317,7 @@ class PostgresClaims(PostgresJobs):
             await self._cancel_held(conn, queue, cancel_ids, now)
             await self._requeue_front(conn, queue, back_ids, now)
             await self.publish(conn, queue, events, wake=bool(cancel_ids or back_ids))
+            await self.tree_ended(conn, queue, cancel_ids, now)
         return out
 
     async def heartbeat(
@@ -401,12 +415,15 @@ class PostgresClaims(PostgresJobs):
             )
             events = await self.promote_due(conn, queue, now)
             promoted = bool(events)
+            stalled = f"""FROM {self._s}.jobs j LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
+                    WHERE j.queue = $1 AND j.state = 'processing'
+                      AND (j.lease_ms <= $2 OR w.expires_ms IS NULL OR w.expires_ms <= $2)"""
+            candidates = [r[0] for r in await conn.fetch(f"SELECT j.id {stalled}", queue, now)]
+            if candidates:  # a recovery may end a job of a tree: its ancestors first (top-down)
+                await self.lock_ancestors(conn, queue, candidates)
             rows = await conn.fetch(
                 f"""SELECT j.id, j.worker, j.started, j.attempts, j.max_attempts, j.cancel_requested, j.token
-                    FROM {self._s}.jobs j LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
-                    WHERE j.queue = $1 AND j.state = 'processing'
-                      AND (j.lease_ms <= $2 OR w.expires_ms IS NULL OR w.expires_ms <= $2)
-                    ORDER BY j.lease_ms FOR UPDATE OF j SKIP LOCKED""",
+                    {stalled} ORDER BY j.lease_ms FOR UPDATE OF j SKIP LOCKED""",
                 queue,
                 now,
             )
@@ -470,4 +487,5 @@ class PostgresClaims(PostgresJobs):
                 queue,
             )
             await self.publish(conn, queue, events, wake=bool(recovered) or promoted)
+            await self.tree_ended(conn, queue, cancel_ids + [f[0] for f in failed], now)
         return recovered, None if deadline is None else deadline / 1000

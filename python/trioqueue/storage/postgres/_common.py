@@ -17,15 +17,24 @@ import trio
 
 from ..._core import format_state
 from .._base import NOTICE_KINDS, JobRecord, Storage, StorageEvent
+from .._records import waiting_state
 from ._conn import Connection, Notification
 from ._listen import Hub
 from ._pool import Pool
 from ._schema import check_schema_name, migrate
 
-__all__ = ["JOB_COLUMNS", "PostgresBase", "decode_events", "now_ms", "record", "state_string"]
+__all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "now_ms", "record", "state_string"]
 
 # The columns read to build a JobRecord / state string, in this order.
-JOB_COLUMNS = "id, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at_ms"
+JOB_COLUMNS = (
+    "id, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at_ms,"
+    " parent_queue, parent_id, nchildren"
+)
+# an upsert's SET list forgetting an earlier incarnation's place in a tree
+TREE_RESET = (
+    "parent_queue = NULL, parent_id = NULL, parent_token = NULL, child_seq = NULL, policy = NULL, pending = NULL,"
+    " nchildren = 0, failed_ids = NULL, failed_errors = NULL"
+)
 
 _PAYLOAD_MAX = 7000  # NOTIFY payloads must stay under 8000 bytes
 _nonce = itertools.count()
@@ -41,6 +50,8 @@ def state_string(state: str, state_ms: int, attempts: int, worker: str | None, r
         return str(format_state(state, state_ms, worker or ""))
     if state == "failing":
         return str(format_state(state, state_ms, attempts))
+    if state == "waiting_children":
+        return waiting_state(state_ms)
     if state == "delayed":
         return str(format_state(state, state_ms, int(run_at_ms or 0)))
     return str(format_state(state, state_ms))
@@ -48,7 +59,8 @@ def state_string(state: str, state_ms: int, attempts: int, worker: str | None, r
 
 def record(row: Sequence[Any]) -> JobRecord:
     """A JobRecord from a row of :data:`JOB_COLUMNS`."""
-    jid, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at = row
+    jid, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at = row[:13]
+    parent_queue, parent_id, nchildren = row[13:16]
     return JobRecord(
         jid,
         state_string(state, state_ms, attempts, worker, run_at),
@@ -60,6 +72,8 @@ def record(row: Sequence[Any]) -> JobRecord:
         token,
         progress,
         priority,
+        None if parent_id is None else (parent_queue, parent_id),
+        nchildren or 0,
     )
 
 

@@ -26,8 +26,9 @@ from .._base import (
     ttl_update_status,
 )
 from .._flowstate import FlowState
-from ._common import JOB_COLUMNS, PostgresBase, now_ms, record, state_string
+from ._common import JOB_COLUMNS, TREE_RESET, now_ms, record, state_string
 from ._conn import Connection, Notification
+from ._flows import PostgresFlows
 
 __all__ = ["PostgresJobs"]
 
@@ -39,7 +40,7 @@ def _due_ms(at_ms: int) -> bytes:
     return b"%d" % at_ms
 
 
-class PostgresJobs(PostgresBase):
+class PostgresJobs(PostgresFlows):
     """The job lifecycle of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
 
     # -- producers ---------------------------------------------------------------------
@@ -75,7 +76,7 @@ class PostgresJobs(PostgresBase):
                             token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
                             max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
                             claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
-                            result = NULL, error = NULL, progress = NULL, expires_ms = NULL
+                            result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}
                         WHERE j.state = 'cancelled' OR j.expires_ms <= $2
                         RETURNING id),
                     sent AS (SELECT {notify} FROM ins)  -- (volatile: materialized, so evaluated)
@@ -148,7 +149,7 @@ class PostgresJobs(PostgresBase):
                         token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
                         max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
                         claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
-                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL
+                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}
                     WHERE j.state = 'cancelled' OR j.expires_ms <= $2
                     RETURNING id""",
                 queue,
@@ -200,7 +201,7 @@ class PostgresJobs(PostgresBase):
     def _existing_outcome(row: Sequence[Any] | None, job: NewJob) -> EnqueueOutcome:
         if row is None:  # raced and gone again: report it as a duplicate of nothing known
             return EnqueueOutcome(EnqueueStatus.DUPLICATE, None, token=None)
-        rec = record(row[:13])
+        rec = record(row[:16])
         kind = row[1]
         if kind == "completed" and rec.result is not None:
             return EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state, rec.result, rec.token)
@@ -209,8 +210,9 @@ class PostgresJobs(PostgresBase):
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         now = now_ms()
         async with self.tx() as conn:
+            await self.lock_ancestors(conn, queue, [job_id])
             row = await conn.fetchrow(
-                f"SELECT state, worker, token, cancel_requested, result_ttl FROM {self._s}.jobs"
+                f"SELECT state, worker, token, cancel_requested, result_ttl, policy FROM {self._s}.jobs"
                 f" WHERE queue = $1 AND id = $3 AND {LIVE} FOR UPDATE",
                 queue,
                 now,
@@ -218,8 +220,8 @@ class PostgresJobs(PostgresBase):
             )
             if row is None:
                 return CancelStatus.NOT_FOUND
-            state, worker, token, requested, ttl = row
-            if state in ("queued", "failing", "delayed"):
+            state, worker, token, requested, ttl, policy = row
+            if state in ("queued", "failing", "delayed", "waiting_children"):
                 await conn.execute(
                     f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $2, run_at_ms = NULL,"
                     " expires_ms = $2 + ($4 * 1000)::bigint WHERE queue = $1 AND id = $3",
@@ -229,6 +231,7 @@ class PostgresJobs(PostgresBase):
                     float(ttl),
                 )
                 await self.publish(conn, queue, [StorageEvent("cancelled", job_id, token=token)])
+                await self.tree_ended(conn, queue, [job_id], now)
                 return CancelStatus.CANCELLED
             if state == "cancelled":
                 return CancelStatus.CANCELLED
@@ -238,6 +241,8 @@ class PostgresJobs(PostgresBase):
                         f"UPDATE {self._s}.jobs SET cancel_requested = true WHERE queue = $1 AND id = $2", queue, job_id
                     )
                     await self.publish(conn, queue, [StorageEvent("cancel_requested", job_id, worker, token=token)])
+                if policy is not None:
+                    await self.cancel_children(conn, queue, job_id, token, now)  # its (dynamic) children go with it
                 return CancelStatus.CANCELLED
             return CancelStatus(state)
 

@@ -22,7 +22,7 @@ from .._base import (
     wanted_kinds,
 )
 from ._claims import PostgresClaims
-from ._common import JOB_COLUMNS, decode_events, now_ms, record
+from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
 from ._conn import Notification
 from ._jobs import LIVE
 from ._pool import Transaction
@@ -301,7 +301,7 @@ class PostgresStorage(PostgresClaims):
                 f"""UPDATE {self._s}.jobs SET state = 'queued', state_ms = $2, token = $4, attempts = 0,
                         seq = nextval('{self.schema}.job_seq'), claim = NULL, claims = 0, started = false,
                         cancel_requested = false, result = NULL, error = NULL, progress = NULL, expires_ms = NULL,
-                        run_at_ms = NULL, worker = NULL, lease_ms = NULL
+                        run_at_ms = NULL, worker = NULL, lease_ms = NULL, {TREE_RESET}
                     WHERE queue = $1 AND id = $3 AND state IN ('failed', 'cancelled') AND {LIVE} RETURNING true""",
                 queue,
                 now,
@@ -323,17 +323,20 @@ class PostgresStorage(PostgresClaims):
         return res.rowcount
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
+        now = now_ms()
         async with self.tx() as conn:
-            token = await conn.fetchval(
+            await self.lock_ancestors(conn, queue, [job_id])
+            row = await conn.fetchrow(
                 f"DELETE FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE} AND state <> 'processing'"
-                " RETURNING token",
+                " RETURNING id, state, parent_queue, parent_id, parent_token, policy, token",
                 queue,
-                now_ms(),
+                now,
                 job_id,
             )
-            if token is None:
+            if row is None:
                 return False
-            await self.publish(conn, queue, [StorageEvent("removed", job_id, token=token)])
+            await self.publish(conn, queue, [StorageEvent("removed", job_id, token=row[6])])
+            await self.tree_removed(conn, queue, row, now)
         return True
 
     async def queue_names(self) -> list[str]:

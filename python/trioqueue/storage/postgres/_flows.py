@@ -1,0 +1,423 @@
+"""PostgresStorage's trees of jobs (flows): writing a tree in one transaction, and what a
+job's end does to its tree, in the transaction of that end (counted down on its parent,
+the parent queued once none is pending, or failed with its other children cancelled
+under ``cancel``, level by level up).
+
+Locks: a transaction ending a job of a tree first locks the job's ancestors, root first
+(:meth:`PostgresFlows.lock_ancestors`), then the job; a cascading cancel locks a parent
+before its children. Both go top-down, so concurrent ends of one tree serialise on the
+parent row (``SELECT ... FOR UPDATE``) instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..._model._errors import FlowError
+from ..._model._types import EnqueueStatus
+from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_failed_error
+from ._common import JOB_COLUMNS, TREE_RESET, PostgresBase, now_ms, record
+from ._conn import Connection
+
+__all__ = ["PostgresFlows"]
+
+_LIVE = "(expires_ms IS NULL OR expires_ms > $2)"
+_TERMINAL = ("completed", "failed", "cancelled")
+_CANCELLABLE = ("queued", "delayed", "failing", "waiting_children")
+_KEYS = "(queue, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+
+
+class _Events:
+    """Events (and wake-ups) per queue, published together at the end."""
+
+    def __init__(self) -> None:
+        self.by_queue: dict[str, list[StorageEvent]] = {}
+        self.wake: set[str] = set()
+
+    def add(self, queue: str, event: StorageEvent, *, wake: bool = False) -> None:
+        self.by_queue.setdefault(queue, []).append(event)
+        if wake:
+            self.wake.add(queue)
+
+
+class PostgresFlows(PostgresBase):
+    """The trees of jobs of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+
+    # -- writing trees -------------------------------------------------------------------
+
+    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
+        root = jobs[0]
+        now = now_ms()
+        async with self.tx(root.queue) as conn:
+            row = await conn.fetchrow(
+                f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE}"
+                " AND state <> 'cancelled'",
+                root.queue,
+                now,
+                root.job.id,
+            )
+            if row is not None:
+                rec = record(row)
+                if row[1] == "completed" and rec.result is not None:
+                    return EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state, rec.result, rec.token)
+                return EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state, token=rec.token)
+            await self._write_tree(conn, jobs, now, None)
+        return EnqueueOutcome(EnqueueStatus.QUEUED)
+
+    async def add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
+    ) -> bool:
+        now = now_ms()
+        async with self.tx(queue) as conn:
+            incarnation = await conn.fetchval(
+                f"SELECT token FROM {self._s}.jobs WHERE queue = $1 AND id = $2 AND state = 'processing'"
+                " AND worker = $3 AND claim = $4 FOR UPDATE",
+                queue,
+                job_id,
+                worker_id,
+                token,
+            )
+            if incarnation is None:
+                return False
+            await self._write_tree(conn, children, now, (queue, job_id, incarnation, policy))
+        return True
+
+    async def _write_tree(
+        self, conn: Connection, jobs: Sequence[FlowJob], now: int, parent: tuple[str, str, str, str] | None
+    ) -> None:
+        """Check every id first (a :class:`FlowError` naming the job: the transaction
+        rolls back, nothing written), then write the tree. ``parent``: the processing job
+        (queue, id, token, policy) the jobs are added to (``None``: ``jobs[0]`` is a new
+        root, checked by the caller)."""
+        check = list(jobs) if parent is not None else list(jobs[1:])
+        taken: set[tuple[str, str]] = set()
+        if check:
+            rows = await conn.fetch(
+                f"SELECT queue, id FROM {self._s}.jobs WHERE {_KEYS} AND {_LIVE.replace('$2', '$3')}"
+                " AND state <> 'cancelled'",
+                [fj.queue for fj in check],
+                [fj.job.id for fj in check],
+                now,
+            )
+            taken = {(r[0], r[1]) for r in rows}
+        seen: set[tuple[str, str]] = set() if parent is None else {(parent[0], parent[1])}
+        if parent is None:
+            seen.add((jobs[0].queue, jobs[0].job.id))
+        for fj in check:
+            key = (fj.queue, fj.job.id)
+            if key in taken or key in seen:
+                raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
+            seen.add(key)
+        queues = list(dict.fromkeys(fj.queue for fj in jobs))
+        await conn.execute(
+            f"INSERT INTO {self._s}.queues (queue) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", queues
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for fj in jobs:
+            if fj.parent is not None:
+                counts[fj.parent] = counts.get(fj.parent, 0) + 1
+        tokens: dict[tuple[str, str], str] = {(fj.queue, fj.job.id): fj.job.token for fj in jobs}
+        if parent is not None:
+            tokens[parent[0], parent[1]] = parent[2]
+            added = counts.get((parent[0], parent[1]), 0)
+            await conn.execute(
+                f"UPDATE {self._s}.jobs SET policy = coalesce(policy, $3), pending = coalesce(pending, 0) + $4,"
+                " nchildren = nchildren + $4 WHERE queue = $1 AND id = $2",
+                parent[0],
+                parent[1],
+                parent[3],
+                added,
+            )
+        events = _Events()
+        for fj in jobs:
+            job, key = fj.job, (fj.queue, fj.job.id)
+            run_at = None
+            if key in counts:
+                state = "waiting_children"
+            elif job.run_at is not None and job.run_at * 1000 > now:
+                state, run_at = "delayed", math.ceil(job.run_at * 1000)
+            else:
+                state = "queued"
+            n = counts.get(key)
+            await conn.execute(
+                f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
+                        token, envelope, max_attempts, result_ttl, parent_queue, parent_id, parent_token, child_seq,
+                        policy, pending, nchildren)
+                    VALUES ($1, $2, $3, $4, $4, $5, nextval('{self.schema}.job_seq'), $6, $7, $8, $9, $10, $11, $12,
+                        $13, CASE WHEN $12::text IS NULL THEN NULL ELSE nextval('{self.schema}.job_seq') END,
+                        $14, $15, coalesce($15, 0))
+                    ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $4, created_ms = $4,
+                        priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
+                        token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
+                        max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
+                        claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
+                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}""",
+                fj.queue,
+                job.id,
+                state,
+                now,
+                job.priority,
+                run_at,
+                job.token,
+                job.envelope,
+                job.max_attempts,
+                float(job.result_ttl),
+                None if fj.parent is None else fj.parent[0],
+                None if fj.parent is None else fj.parent[1],
+                None if fj.parent is None else tokens[fj.parent],
+                fj.policy if n else None,
+                n,
+            )
+            if n:  # (the upsert's reset cleared them on a replaced row: set them again)
+                await conn.execute(
+                    f"UPDATE {self._s}.jobs SET policy = $3, pending = $4, nchildren = $4 WHERE queue = $1 AND id = $2",
+                    fj.queue,
+                    job.id,
+                    fj.policy,
+                    n,
+                )
+            if fj.parent is not None:
+                await conn.execute(
+                    f"UPDATE {self._s}.jobs SET parent_queue = $3, parent_id = $4, parent_token = $5,"
+                    f" child_seq = coalesce(child_seq, nextval('{self.schema}.job_seq')) WHERE queue = $1 AND id = $2",
+                    fj.queue,
+                    job.id,
+                    fj.parent[0],
+                    fj.parent[1],
+                    tokens[fj.parent],
+                )
+            events.add(fj.queue, StorageEvent("enqueued", job.id, token=job.token), wake=state == "queued")
+            if run_at is not None:
+                events.add(fj.queue, StorageEvent("due", "", result=b"%d" % run_at))
+        await self._flush(conn, events)
+
+    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(
+                f"""SELECT queue, {JOB_COLUMNS} FROM {self._s}.jobs WHERE parent_queue = $1 AND parent_id = $3
+                        AND parent_token = (SELECT token FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE})
+                        AND {_LIVE} ORDER BY child_seq""",
+                queue,
+                now_ms(),
+                job_id,
+            )
+        return [(r[0], record(r[1:])) for r in rows]
+
+    # -- a job of a tree ended -----------------------------------------------------------
+
+    async def lock_ancestors(self, conn: Connection, queue: str, ids: Sequence[str]) -> None:
+        """Lock the ancestors of ``ids`` (on ``queue``), the root first, before the
+        caller locks the jobs themselves: every end in a tree takes its locks top-down."""
+        depth: dict[tuple[str, str], int] = {}
+        level = [(queue, i) for i in ids]
+        for d in range(1, 64):
+            if not level:
+                break
+            rows = await conn.fetch(
+                f"SELECT parent_queue, parent_id FROM {self._s}.jobs WHERE {_KEYS} AND parent_id IS NOT NULL",
+                [k[0] for k in level],
+                [k[1] for k in level],
+            )
+            level = list(dict.fromkeys((r[0], r[1]) for r in rows))
+            for key in level:
+                depth[key] = d
+        for d in sorted(set(depth.values()), reverse=True):
+            keys = sorted(k for k, v in depth.items() if v == d)
+            await conn.fetch(
+                f"SELECT 1 FROM {self._s}.jobs WHERE {_KEYS} ORDER BY queue, id FOR UPDATE",
+                [k[0] for k in keys],
+                [k[1] for k in keys],
+            )
+
+    async def tree_ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int) -> None:
+        """Jobs of ``queue`` just became terminal (in the transaction open on ``conn``):
+        their trees' bookkeeping, and its events."""
+        if not ids:
+            return
+        events = _Events()
+        await self._ended(conn, queue, ids, now, events)
+        await self._flush(conn, events)
+
+    async def tree_removed(self, conn: Connection, queue: str, row: Sequence[Any], now: int) -> None:
+        """A job was removed (``row``: its id, state, parent queue, id and token, policy,
+        token): its parent counts it as cancelled; a removed parent's ended children go
+        by their own TTLs."""
+        jid, state, pq, pid, ptok, policy, token = row
+        events = _Events()
+        if policy is not None:
+            await self._release_results(conn, queue, jid, token, now)
+        if pid is not None and state not in _TERMINAL:
+            await self._child_ended(conn, (jid, "cancelled", None, pq, pid, ptok), now, events, removed=True, queue=queue)
+        await self._flush(conn, events)
+
+    async def cancel_children(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
+        """A processing parent was cancelled: so are its children."""
+        events = _Events()
+        await self._cancel_children(conn, queue, job_id, token, now, events)
+        await self._flush(conn, events)
+
+    async def waited(self, conn: Connection, queue: str, job_id: str, now: int) -> None:
+        """A processing job settled ``WAIT_CHILDREN`` (now ``waiting_children``)."""
+        events = _Events()
+        row = await conn.fetchrow(
+            f"SELECT policy, pending, coalesce(cardinality(failed_ids), 0) FROM {self._s}.jobs WHERE queue = $1 AND id = $2",
+            queue,
+            job_id,
+        )
+        assert row is not None  # (locked by the settlement)
+        policy, pending, failures = row
+        if failures and policy == "cancel":
+            await self._fail_parent(conn, queue, job_id, now, events)
+        elif policy is None or not pending:
+            await self._children_done(conn, queue, job_id, now, events)
+        await self._flush(conn, events)
+
+    async def _flush(self, conn: Connection, events: _Events) -> None:
+        for q in dict.fromkeys([*events.by_queue, *events.wake]):
+            await self.publish(conn, q, events.by_queue.get(q, []), wake=q in events.wake)
+
+    async def _ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int, events: _Events) -> None:
+        rows = await conn.fetch(
+            f"SELECT id, state, error, parent_queue, parent_id, parent_token, policy, token FROM {self._s}.jobs"
+            " WHERE queue = $1 AND id = ANY($2::text[]) AND (parent_id IS NOT NULL OR policy IS NOT NULL)",
+            queue,
+            list(ids),
+        )
+        for jid, state, error, pq, pid, ptok, policy, token in rows:
+            if policy is not None:
+                if state != "completed":
+                    await self._cancel_children(conn, queue, jid, token, now, events)  # none of them may run on
+                await self._release_results(conn, queue, jid, token, now)
+            if pid is not None:
+                await self._child_ended(conn, (jid, state, error, pq, pid, ptok), now, events, queue=queue)
+
+    async def _release_results(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
+        """The parent ended: its ended children's results go by their own TTLs."""
+        await conn.execute(
+            f"UPDATE {self._s}.jobs SET expires_ms = $4 + (result_ttl * 1000)::bigint WHERE parent_queue = $1"
+            " AND parent_id = $2 AND parent_token = $3 AND expires_ms IS NULL"
+            " AND state IN ('completed', 'failed', 'cancelled')",
+            queue,
+            job_id,
+            token,
+            now,
+        )
+
+    async def _child_ended(
+        self,
+        conn: Connection,
+        child: tuple[Any, ...],
+        now: int,
+        events: _Events,
+        *,
+        queue: str,
+        removed: bool = False,
+    ) -> None:
+        jid, state, error, pq, pid, ptok = child
+        prow = await conn.fetchrow(
+            f"SELECT state, policy, token FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE} FOR UPDATE",
+            pq,
+            now,
+            pid,
+        )
+        if prow is None or prow[2] != ptok or prow[0] in _TERMINAL or prow[1] is None:
+            return  # the parent ended first (or is gone): the child keeps its own TTL
+        pstate, policy, _ = prow
+        if not removed:  # kept while the parent may read it
+            await conn.execute(f"UPDATE {self._s}.jobs SET expires_ms = NULL WHERE queue = $1 AND id = $2", queue, jid)
+        if state != "completed":
+            pending = await conn.fetchval(
+                f"UPDATE {self._s}.jobs SET pending = pending - 1, failed_ids = array_append(failed_ids, $3),"
+                " failed_errors = array_append(failed_errors, $4) WHERE queue = $1 AND id = $2 RETURNING pending",
+                pq,
+                pid,
+                jid,
+                b"" if removed or error is None else bytes(error),
+            )
+            if policy == "cancel":
+                if pstate == "processing":
+                    await self._cancel_children(conn, pq, pid, ptok, now, events)  # it fails when it waits
+                else:
+                    await self._fail_parent(conn, pq, pid, now, events)
+                return
+        else:
+            pending = await conn.fetchval(
+                f"UPDATE {self._s}.jobs SET pending = pending - 1 WHERE queue = $1 AND id = $2 RETURNING pending", pq, pid
+            )
+        if pending == 0 and pstate == "waiting_children":
+            await self._children_done(conn, pq, pid, now, events)
+
+    async def _fail_parent(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
+        row = await conn.fetchrow(
+            f"SELECT failed_ids, failed_errors, token FROM {self._s}.jobs WHERE queue = $1 AND id = $2", queue, job_id
+        )
+        assert row is not None  # (locked by the caller)
+        ids, errors, token = row
+        error = child_failed_error(job_id, [(i, bytes(e or b"")) for i, e in zip(ids or [], errors or [], strict=True)])
+        await conn.execute(
+            f"UPDATE {self._s}.jobs SET state = 'failed', state_ms = $3, worker = NULL, lease_ms = NULL, run_at_ms = NULL,"
+            " error = $4, expires_ms = $3 + (result_ttl * 1000)::bigint WHERE queue = $1 AND id = $2",
+            queue,
+            job_id,
+            now,
+            error,
+        )
+        events.add(queue, StorageEvent("failed", job_id, error=error, token=token))
+        await self._ended(conn, queue, [job_id], now, events)  # cancels its children, tells its parent
+
+    async def _children_done(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
+        """Every child of a waiting parent ended: queue it (at the back of its lane)."""
+        token = await conn.fetchval(
+            f"UPDATE {self._s}.jobs SET state = 'queued', state_ms = $3, run_at_ms = NULL,"
+            f" seq = nextval('{self.schema}.job_seq') WHERE queue = $1 AND id = $2 RETURNING token",
+            queue,
+            job_id,
+            now,
+        )
+        events.add(queue, StorageEvent("promoted", job_id, token=token), wake=True)
+
+    async def _cancel_children(
+        self, conn: Connection, queue: str, job_id: str, token: str, now: int, events: _Events
+    ) -> None:
+        """Cancel every child of a parent that has not ended (and, through their own ends,
+        their descendants): a waiting, queued, delayed or failing one at once, a
+        processing one by a cancel request to its worker."""
+        rows = await conn.fetch(
+            f"SELECT queue, id, policy FROM {self._s}.jobs WHERE parent_queue = $1 AND parent_id = $2"
+            " AND parent_token = $3 AND state NOT IN ('completed', 'failed', 'cancelled') ORDER BY child_seq FOR UPDATE",
+            queue,
+            job_id,
+            token,
+        )
+        for cq, cid, policy in rows:
+            row = await conn.fetchrow(  # (a nested step may have ended it meanwhile)
+                f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $3, run_at_ms = NULL, worker = NULL,"
+                " lease_ms = NULL, expires_ms = $3 + (result_ttl * 1000)::bigint"
+                " WHERE queue = $1 AND id = $2 AND state IN ('queued', 'delayed', 'failing', 'waiting_children')"
+                " RETURNING token",
+                cq,
+                cid,
+                now,
+            )
+            if row is not None:
+                events.add(cq, StorageEvent("cancelled", cid, token=row[0]))
+                await self._ended(conn, cq, [cid], now, events)
+                continue
+            row = await conn.fetchrow(
+                f"SELECT token, worker, cancel_requested FROM {self._s}.jobs WHERE queue = $1 AND id = $2"
+                " AND state = 'processing'",
+                cq,
+                cid,
+            )
+            if row is None:
+                continue
+            ctoken, worker, requested = row
+            if policy is not None:
+                await self._cancel_children(conn, cq, cid, ctoken, now, events)
+            if not requested:
+                await conn.execute(
+                    f"UPDATE {self._s}.jobs SET cancel_requested = true WHERE queue = $1 AND id = $2", cq, cid
+                )
+                events.add(cq, StorageEvent("cancel_requested", cid, worker, token=ctoken))
