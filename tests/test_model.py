@@ -81,6 +81,7 @@ from trioqueue.testing import FaultPlan, FaultyStorage
 
 from model_record import LEASE, SCHEDULE, Call, RecordChecks, Recording
 
+TERMINAL = ("completed", "failed", "cancelled")
 CI_EXAMPLES = {"memory": 20, "file": 10, "redis": 10, "postgres": 10}
 TTL = 60.0
 
@@ -547,14 +548,18 @@ async def _walk(storage: Storage, seed: int) -> None:
                         with trio.move_on_after(walk.every):
                             await stream.__anext__()
                 await producer.unschedule(SCHEDULE)
-            with trio.fail_after(60):
+            pending: dict[str, str | None] = {}
+            with trio.move_on_after(60):
                 while True:
                     ticks = walk.ticks()
-                    states = [await storage.get_job(name, j) for j in [*walk.incarnations, *ticks]]
-                    if all(r is not None and r.state.split(":")[0] in ("completed", "failed", "cancelled") for r in states):
+                    records = {j: await storage.get_job(name, j) for j in [*walk.incarnations, *ticks]}
+                    pending = {j: r and r.state for j, r in records.items() if not (r and r.state.split(":")[0] in TERMINAL)}
+                    if not pending:
                         break
                     with trio.move_on_after(LEASE):  # a stalled job shows no event until the reaper
                         await stream.__anext__()
+            if pending:
+                walk.fail(f"jobs not terminal 60 s after the walk: {pending} (trees: {walk.trees})")
             with trio.fail_after(60):
                 for _, _, outcome in walk.waiters:
                     while not outcome:
