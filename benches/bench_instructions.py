@@ -102,40 +102,11 @@ trio.run(main, sys.argv[2], int(sys.argv[3]))
 """
 
 
-_MEMORY_B = """
-import sys, trio
-sys.path.insert(0, sys.argv[1])
-from trioqueue import Job, Queue
-from trioqueue.storage import MemoryStorage
-
-async def main(_url, calls):
-    n = 100 + calls
-    done = trio.Event()
-    seen = 0
-
-    async def noop(job: Job) -> None:
-        nonlocal seen
-        seen += 1
-        if seen == n:
-            done.set()
-
-    payload = {"data": "x" * 30, "n": 1}
-    async with MemoryStorage() as st:
-        async with Queue(st, name="instr") as producer:
-            for i in range(0, n, 100):
-                await producer.enqueue_many([(f"{k}", payload) for k in range(i, min(i + 100, n))])
-        async with Queue(st, name="instr", handler=noop, concurrency=10):
-            await done.wait()
-
-trio.run(main, sys.argv[2], int(sys.argv[3]))
-"""
-
-
-_REDIS_B = """
+_B = """
 import os, sys, trio
 sys.path.insert(0, sys.argv[1])
 from trioqueue import Job, Queue
-from trioqueue.storage import RedisStorage
+from trioqueue.storage import MemoryStorage, RedisStorage
 
 async def main(url, calls):
     n = 100 + calls
@@ -150,15 +121,18 @@ async def main(url, calls):
 
     payload = {"data": "x" * 30, "n": 1}
     name = f"instr-b-{os.getpid()}"
-    async with RedisStorage(url) as st:
+    async with (RedisStorage(url) if url else MemoryStorage()) as st:
         async with Queue(st, name=name) as producer:
             for i in range(0, n, 100):
                 await producer.enqueue_many([(f"{k}", payload) for k in range(i, min(i + 100, n))])
-        async with Queue(st, name=name, handler=noop, concurrency=100):
+        async with Queue(st, name=name, handler=noop, concurrency=CONCURRENCY):
             await done.wait()
 
 trio.run(main, sys.argv[2], int(sys.argv[3]))
 """
+# B's client side per job: a worker on Redis (concurrency 100), or all of it in memory (10)
+_REDIS_B = _B.replace("CONCURRENCY", "100")
+_MEMORY_B = _B.replace("CONCURRENCY", "10")
 
 
 def _totals(path: str) -> int:

@@ -28,15 +28,6 @@ from support import Recorder
 
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
-# The backends that implement trees so far (Storage.enqueue_flow and the rest).
-FLOW_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster", "postgres"}
-
-
-@pytest.fixture(autouse=True)
-def _flows_implemented(backend: str) -> None:
-    if backend not in FLOW_BACKENDS:
-        pytest.skip(f"{backend} storage does not implement trees of jobs yet")
-
 
 class Handlers:
     """One handler for every job, by id: ``behaviour[id](job)``, default: return the id;

@@ -40,8 +40,6 @@ def _starts(log: Path) -> dict[str, list[float]]:
 async def test_workers_killed_while_trees_run_lose_no_job_and_run_no_parent_early(
     shared_storage: Storage, fleet: Fleet, tmp_path: Path, queue_name: str
 ) -> None:
-    if type(shared_storage).enqueue_flow is Storage.enqueue_flow:
-        pytest.skip(f"{type(shared_storage).__name__} does not implement trees of jobs yet")
     rng = random.Random(uuid.uuid4().int)
     log = tmp_path / "executions.log"
     file_storage = shared_storage

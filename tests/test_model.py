@@ -496,8 +496,7 @@ async def _walk(storage: Storage, seed: int) -> None:
         await nursery.start(producer.run)
         ops = ["start", "start", "enqueue", "enqueue", "enqueue", "wait", "wait", "cancel", "reenqueue", "stop", "force", "crash", "sleep"]
         ops += ["burst", "pause", "resume"]
-        if type(storage).enqueue_flow is not Storage.enqueue_flow:  # the backend has trees
-            ops += ["tree", "tree"]
+        ops += ["tree", "tree"]
         if walk.every is not None:
             tick_payload = {"kind": walk.rng.choice(["ok", "ok", "slow", "flaky"]), "n": 0}
             schedule = await producer.schedule(SCHEDULE, tick_payload, every=walk.every)
