@@ -163,6 +163,54 @@ async def test_claims_landing_after_a_graceful_stop_go_back_at_once() -> None:
             assert status is not None and status.state is JobState.QUEUED and status.attempts == 0, (jid, status)
 
 
+async def test_a_claim_cancelled_in_flight_by_a_forced_stop_gives_its_attempts_back() -> None:
+    """A forced stop that cancels a claim whose request was served (the server moved and
+    started the jobs; the reply never reached the worker, as a Postgres or Redis claim
+    cancelled mid-flight): none of those jobs reached a handler, so they go back with
+    their attempts taken back, as the buffered ones do. (They went back with one attempt
+    spent: seen on Postgres in CI.)"""
+    from trioqueue.storage import MemoryStorage
+
+    class LostReplies(MemoryStorage):
+        """MemoryStorage whose armed claim, once a call that starts its claims is waiting,
+        takes its jobs, then waits (cancellably) for a reply that never comes."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.armed = False
+            self.starting, self.in_flight = trio.Event(), trio.Event()
+
+        async def dequeue(self, queue: str, worker_id: str, max_jobs: int, *args: Any) -> Any:
+            timeout, lease, start, limits = args
+            if self.armed and start:
+                self.starting.set()
+            claims = await super().dequeue(queue, worker_id, max_jobs, timeout, lease, start, limits)
+            if self.armed and start and claims:
+                self.in_flight.set()
+                await trio.sleep_forever()
+            return claims
+
+    storage = LostReplies()
+    forever, started = never_finishing()
+    async with storage, Queue(storage, name="q") as producer:
+        await producer.enqueue("running", 0)
+        consumer = Queue(storage, name="q", handler=forever, concurrency=2, prefetch=1, **FAST)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(consumer.run)
+                await started.wait()
+                storage.armed = True
+                await storage.starting.wait()  # the idle worker's claim, waiting for a job
+                await producer.enqueue("unseen", 0)
+                await storage.in_flight.wait()  # moved and started; the reply never comes
+                assert (await producer.get_status("unseen")).attempts == 1
+                nursery.cancel_scope.cancel()
+        unseen = await producer.get_status("unseen")
+        assert unseen.state is JobState.QUEUED and unseen.attempts == 0, unseen
+        running = await producer.get_status("running")  # its handler ran: the attempt stays
+        assert running.state is JobState.QUEUED and running.attempts == 1, running
+
+
 def never_finishing() -> tuple[Any, trio.Event]:
     """A handler that signals its start and then runs until cancelled."""
     started = trio.Event()

@@ -123,6 +123,7 @@ class Consumer(LeaseKeeper):
         self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel() or _lose()
         self.init_leases(settings)
         self.pending: list[Settlement] = []
+        self.interrupted: set[str] = set()  # jobs whose handlers a forced stop cut short
         self.held = 0
         self.limit = settings.concurrency + settings.prefetch
         self.work = trio.lowlevel.ParkingLot()  # idle workers
@@ -151,7 +152,7 @@ class Consumer(LeaseKeeper):
             while True:  # a storage that is briefly away at start-up is waited for
                 try:
                     await self.storage.heartbeat(q.queue, q.worker_id, q.visibility_timeout, (), q.visibility_timeout)
-                    await self._reconcile()  # jobs a previous run of this worker id left behind
+                    await self._reconcile(final=False)  # jobs a previous run of this worker id left behind
                     break
                 except StorageError as exc:
                     self.events.emit("error", error=exc, where="starting the consumer")
@@ -180,7 +181,7 @@ class Consumer(LeaseKeeper):
                     if self.pending:
                         await self.storage.settle(q.queue, q.worker_id, self.pending)
                         self.pending = []
-                    await self._reconcile()
+                    await self._reconcile(final=True)
                     if self.settled_all.is_set():
                         await self.storage.unregister_worker(q.queue, q.worker_id)
                 except Exception as exc:
@@ -261,23 +262,23 @@ class Consumer(LeaseKeeper):
                 self.settle_wakeup.unpark()
                 return
 
-    async def _reconcile(self) -> None:
-        """Release jobs in our processing list that we are not running (left by a
-        cancelled claim, or by an earlier run of this worker id)."""
+    async def _reconcile(self, *, final: bool) -> None:
+        """Release jobs in our processing list that we are not running: at start-up, those
+        an earlier run of this worker id left (they may have run: their attempts stay);
+        at the end (``final``), those of claims that never reached a handler (buffered, or
+        moved by a claim cancelled in flight) get their attempts back, and those whose
+        handlers a forced stop cut short keep theirs."""
         q = self.q
         held = await self.storage.held_jobs(q.queue, q.worker_id)
         busy = {*self.running.values(), *(s.id for s in self.pending)}
         orphans = [j for j in held if j not in busy]
         if orphans:
-            # a buffered claim never reached a handler: one started at claim time gets its
-            # attempt back; the others (moved by a cancelled claim, left by an earlier run)
-            # may have run, and keep theirs
-            buffered = {c.id for c in self.buffer}
-            unrun = [j for j in orphans if j in buffered]
+            ran = self.interrupted if final else set(orphans)
+            unrun = [j for j in orphans if j not in ran]
             if unrun:
                 await self.storage.release(q.queue, q.worker_id, unrun, refund=True)
             if len(unrun) < len(orphans):
-                await self.storage.release(q.queue, q.worker_id, [j for j in orphans if j not in buffered])
+                await self.storage.release(q.queue, q.worker_id, [j for j in orphans if j in ran])
             gone = set(orphans)
             before = len(self.buffer)
             kept = [c for c in self.buffer if c.id not in gone]
@@ -419,6 +420,7 @@ class Consumer(LeaseKeeper):
                 if buffer and not self.waking and self.work:
                     self._wake_worker()
                 self.running[token] = job_id
+                executing = False
                 try:
                     if not started:
                         if start_nowait is not None:
@@ -433,11 +435,16 @@ class Consumer(LeaseKeeper):
                             claim = None
                             continue
                     began = perf_counter() if self.observed else 0.0  # for an attempt cancel() ends
+                    executing = True
                     settlement = await executor.execute(claim, scope, attempt)
                 except Escalation as esc:
                     self.pending.append(esc.settlement)
                     self.settle_wakeup.unpark()
                     raise esc.exc from None
+                except BaseException:
+                    if executing:
+                        self.interrupted.add(job_id)  # its handler may have run in part
+                    raise
                 finally:
                     del self.running[token]
                 claim = None
