@@ -26,7 +26,8 @@ class Recorder:
 
     async def wait_until(self, predicate: Callable[[list[QueueEvent]], bool]) -> None:
         while not predicate(self.events):
-            self._changed = trio.Event()
+            if self._changed.is_set():  # (a new one only then: other tasks may wait on it)
+                self._changed = trio.Event()
             await self._changed.wait()
 
     async def wait_for(self, name: str, job_id: str | None = None, count: int = 1) -> None:

@@ -175,7 +175,7 @@ class RedisFlows:
         out = []
         for cq, cid in await self._tree_children(queue, job_id):
             c = await self.get_job(cq, cid)
-            if c is not None:
+            if c is not None and c.parent == (queue, job_id):  # (not a job of its own that took its id)
                 out.append((cq, c))
         return out
 

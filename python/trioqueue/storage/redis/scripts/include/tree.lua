@@ -26,18 +26,19 @@ end
 local TERMINAL_KIND = {completed = true, failed = true, cancelled = true}
 -- the queue of child k of the job of tree entry t, on queue q
 local function kid_q(t, k, q) return t.cq and t.cq[k] or q end
--- the registry values of the children of t (on queue q), in order
-local function kid_states(t, q)
-  local ch = t.ch or {}
-  if #ch == 0 then return {} end
-  if not t.cq then
-    use_queue(q)
-    return redis.call('HMGET', JOBS, unpack(ch))
-  end
+-- whether job c of queue cq is still a child of job p of queue q: a child cancelled or
+-- removed and then enqueued again under its id is a job of its own, outside the tree
+local function still_kid(cq, c, q, p)
+  local ct = tree_info(cq, c)
+  return ct ~= nil and ct.pa == p and (ct.pq or cq) == q
+end
+-- the registry values of the children of t (job p, on queue q), in order; false for a
+-- child that is no longer of the tree (it counts as cancelled, as a removed one)
+local function kid_states(t, q, p)
   local sts = {}
-  for k, c in ipairs(ch) do
-    use_queue(t.cq[k])
-    sts[k] = redis.call('HGET', JOBS, c)
+  for k, c in ipairs(t.ch or {}) do
+    local cq = kid_q(t, k, q)
+    sts[k] = still_kid(cq, c, q, p) and redis.call('HGET', JOBS, c) or false
   end
   return sts
 end
@@ -68,7 +69,9 @@ local function tree_cancel(q, c, now)
     end
     local t = tree_info(q, c)
     if t and t.ch then
-      for k, g in ipairs(t.ch) do tree_cancel(kid_q(t, k, q), g, now) end
+      for k, g in ipairs(t.ch) do
+        if still_kid(kid_q(t, k, q), g, q, c) then tree_cancel(kid_q(t, k, q), g, now) end
+      end
     end
   end
 end
@@ -97,7 +100,7 @@ local function tree_eval(q, p, now)
   if pk ~= 'waiting_children' and pk ~= 'processing' then return true end
   local t = tree_info(q, p) or {}
   local failures, pending = {}, {}
-  local sts = kid_states(t, q)
+  local sts = kid_states(t, q, p)
   for k, c in ipairs(t.ch or {}) do
     local kind = tree_kind(sts[k])
     if kind == 'failed' or kind == 'cancelled' then failures[#failures + 1] = {c, kind, kid_q(t, k, q)}
@@ -143,7 +146,7 @@ local function tree_note(q, note, now)
   if not t then return end
   if t.ch and #t.ch > 0 then
     local ok = kind == 'e' and tree_kind(redis.call('HGET', JOBS, id)) == 'completed'
-    local sts = kid_states(t, q)
+    local sts = kid_states(t, q, id)
     for k, c in ipairs(t.ch) do
       local st = stpart(sts[k])
       if st and TERMINAL_KIND[state_kind(st)] then
