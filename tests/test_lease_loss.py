@@ -132,6 +132,30 @@ async def test_heartbeat_says_which_claims_the_worker_lost_and_why(storage: Stor
     ]
 
 
+async def test_heartbeat_with_two_claims_of_one_job_renews_the_new_one_and_fences_the_old(
+    storage: Storage, queue_name: str
+) -> None:
+    """The job of a claim recovered while its worker lived came back to that worker: its
+    heartbeat holds the old claim (its handler still ending) and the new one of the same
+    job id. The new one is renewed; the old one is lost, ``fenced``. (PostgresStorage
+    keyed the renewed claims by job id, and so reported neither: the old handler ran on.)"""
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.enqueue(queue_name, [job("j")])
+    [old] = await storage.dequeue(queue_name, W1, 1, 0.05, LEASE)
+    await storage.heartbeat(queue_name, W1, 30.0, [("j", old.token)], 0.0)  # its lease runs out now
+    with trio.fail_after(5):
+        while not (await storage.recover_stalled(queue_name))[0]:
+            await trio.sleep(0.01)  # (until the storage's clock passed the deadline)
+    [new] = await storage.dequeue(queue_name, W1, 1, 0.05, LEASE)
+    assert new.id == "j" and new.token != old.token
+
+    reply = await storage.heartbeat(queue_name, W1, 30.0, [("j", old.token), ("j", new.token)], LEASE)
+
+    assert reply.lost == [LostClaim("j", old.token, "fenced")] and reply.cancel_requested == []
+    settled = Settlement(SettleKind.COMPLETE, "j", b"1", 60, token=new.token)
+    assert await storage.settle(queue_name, W1, [settled]) == [True]
+
+
 async def test_a_worker_that_cannot_renew_a_lease_cancels_the_handler_before_the_reaper_takes_the_job(
     storage: Storage, queue_name: str
 ) -> None:

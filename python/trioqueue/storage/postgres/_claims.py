@@ -335,12 +335,12 @@ class PostgresClaims(PostgresJobs):
             )
             if not claims:
                 return reply
-            held = {
-                r[0]: r[1]
+            held = {  # by claim: one worker may hold two claims of one job (the old one ending)
+                (r[0], r[1]): r[2]
                 for r in await conn.fetch(
                     f"""UPDATE {self._s}.jobs j SET lease_ms = $2 FROM unnest($4::text[], $5::text[]) AS u(id, claim)
                         WHERE j.queue = $1 AND j.id = u.id AND j.state = 'processing' AND j.worker = $3
-                          AND j.claim = u.claim RETURNING j.id, j.cancel_requested""",
+                          AND j.claim = u.claim RETURNING j.id, j.claim, j.cancel_requested""",
                     queue,
                     now + int(lease * 1000),
                     worker_id,
@@ -348,7 +348,7 @@ class PostgresClaims(PostgresJobs):
                     [c[1] for c in claims],
                 )
             }
-            missing = [c for c in claims if c[0] not in held]
+            missing = [c for c in claims if (c[0], c[1]) not in held]
             known = {}
             if missing:
                 known = {
@@ -361,8 +361,9 @@ class PostgresClaims(PostgresJobs):
                     )
                 }
         for job_id, token in claims:
-            if job_id in held:
-                if held[job_id]:
+            cancel = held.get((job_id, token))
+            if cancel is not None:
+                if cancel:
                     reply.cancel_requested.append(job_id)
                 continue
             kind, claim = known.get(job_id, (None, None))
