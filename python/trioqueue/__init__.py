@@ -50,7 +50,7 @@ from ._model._types import (
     UpdateTTLStatus,
 )
 from ._producers import AsyncioProducer, SyncProducer
-from ._model._outcomes import RateLimited, Retry, UnrecoverableError, WaitForChildren
+from ._model._outcomes import BatchOutcome, RateLimited, Retry, UnrecoverableError, WaitForChildren
 from ._supervision._queue import Queue
 from ._supervision._reaper import LeaderElection, Reaper
 from ._model._retry import ExponentialBackoff
@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_PRIORITY",
     "EVENT_NAMES",
     "AsyncioProducer",
+    "BatchOutcome",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "CancelResult",

@@ -1,13 +1,18 @@
 """What a handler raises to steer its job's outcome: fail for good now
 (:class:`UnrecoverableError`), retry after a delay of its own (:class:`Retry`), or go back
 without using an attempt while the whole queue holds off (:class:`RateLimited`), or
-wait for the children it added (:class:`WaitForChildren`)."""
+wait for the children it added (:class:`WaitForChildren`); and what a batch handler
+returns when its jobs end differently (:class:`BatchOutcome`)."""
 
 from __future__ import annotations
 
-from . import _validate as check
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["RateLimited", "Retry", "UnrecoverableError", "WaitForChildren"]
+from . import _validate as check
+from ._errors import ValidationError
+
+__all__ = ["BatchOutcome", "RateLimited", "Retry", "UnrecoverableError", "WaitForChildren"]
 
 
 class UnrecoverableError(Exception):
@@ -44,3 +49,50 @@ class WaitForChildren(Exception):
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or "waiting for the job's children")
+
+
+class BatchOutcome:
+    """What a batch handler (``Queue(batch_handler=...)``) returns when the jobs of its
+    batch end differently: ``results`` (job id -> result) of the jobs that completed and
+    ``errors`` (job id -> exception, as a handler raises it: :class:`Retry`,
+    :class:`UnrecoverableError`, :class:`RateLimited`... or any other) of the rest. Each
+    job is settled on its own: a failed one is retried while it has attempts left, the
+    others complete. A job of the batch in neither fails with an error saying the handler
+    gave it no outcome. Build it whole, or job by job with :meth:`complete` and
+    :meth:`fail` (which take a job or its id)."""
+
+    __slots__ = ("errors", "results")
+
+    def __init__(self, results: Mapping[str, Any] | None = None, errors: Mapping[str, BaseException] | None = None) -> None:
+        self.results: dict[str, Any] = {}
+        self.errors: dict[str, BaseException] = {}
+        for job_id, result in (results or {}).items():
+            self.complete(job_id, result)
+        for job_id, exc in (errors or {}).items():
+            self.fail(job_id, exc)
+
+    def complete(self, job: Any, result: Any = None) -> None:
+        """``job`` (a :class:`~trioqueue.Job` or its id) completed with ``result``."""
+        job_id = _job_id(job)
+        if job_id in self.errors:
+            raise ValidationError(f"job {job_id!r} has an error in this BatchOutcome already: not also a result")
+        self.results[job_id] = result
+
+    def fail(self, job: Any, exc: BaseException) -> None:
+        """``job`` (a :class:`~trioqueue.Job` or its id) failed with ``exc``."""
+        job_id = _job_id(job)
+        if not isinstance(exc, BaseException):
+            raise ValidationError(f"the error of job {job_id!r} in a BatchOutcome must be an exception, got {type(exc).__name__}")
+        if job_id in self.results:
+            raise ValidationError(f"job {job_id!r} has a result in this BatchOutcome already: not also an error")
+        self.errors[job_id] = exc
+
+    def __repr__(self) -> str:
+        return f"BatchOutcome(results={self.results!r}, errors={self.errors!r})"
+
+
+def _job_id(job: Any) -> str:
+    job_id = job if isinstance(job, str) else getattr(job, "id", None)
+    if not isinstance(job_id, str):
+        raise ValidationError(f"a BatchOutcome entry needs a job or a job id, got {type(job).__name__}")
+    return job_id

@@ -14,6 +14,7 @@ import trio
 from .._model import _validate as check
 from .._model._errors import StorageError, ValidationError
 from .._model._limits import RateLimit
+from ._batch import BatchSettings, BatchWorker
 from ._execution import Attempt, Escalation, Executor, enter_worker
 from ._leases import LeaseKeeper
 from ..storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
@@ -50,6 +51,7 @@ class ConsumerSettings:
     visibility_timeout: float
     claim_limits: ClaimLimits | None = None
     lease_margin: float | None = None  # seconds (see _leases.lease_margin); None: the default
+    batch: BatchSettings | None = None  # a batch handler's batches (see _batch)
 
 
 def claim_limits(rate_limit: Any, global_concurrency: Any) -> ClaimLimits | None:
@@ -78,7 +80,7 @@ class _StartBatch:
         self.ok: list[bool] = []
 
 
-class Consumer(LeaseKeeper):
+class Consumer(LeaseKeeper, BatchWorker):
     """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
     them in batches.
 
@@ -101,7 +103,8 @@ class Consumer(LeaseKeeper):
     in the buffer; handlers that block spread over the workers as before.
 
     Its heartbeat, the self-fencing of claims it could not renew and what a lost lease
-    does: :class:`~trioqueue._supervision._leases.LeaseKeeper`.
+    does: :class:`~trioqueue._supervision._leases.LeaseKeeper`. A batch handler's workers
+    (``settings.batch``): :class:`~trioqueue._supervision._batch.BatchWorker`.
     """
 
     def __init__(
@@ -125,8 +128,10 @@ class Consumer(LeaseKeeper):
         self.pending: list[Settlement] = []
         self.interrupted: set[str] = set()  # jobs whose handlers a forced stop cut short
         self.held = 0
-        self.limit = settings.concurrency + settings.prefetch
+        self.per_worker = settings.batch.size if settings.batch is not None else 1  # claims a worker takes
+        self.limit = settings.concurrency * self.per_worker + settings.prefetch
         self.work = trio.lowlevel.ParkingLot()  # idle workers
+        self.filled = trio.lowlevel.ParkingLot()  # batch workers waiting for the buffer to fill
         self.waking = 0  # workers woken for claims that have not run yet (0 or 1)
         # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
         self.start_nowait = self.storage.start_nowait if self.storage.supports_start_nowait else None
@@ -197,6 +202,7 @@ class Consumer(LeaseKeeper):
             self.buffer.clear()
             self.held -= await self._give_back(claims)
         self.work.unpark_all()
+        self.filled.unpark_all()
         self.settle_wakeup.unpark_all()
         await self.done.wait()
 
@@ -296,7 +302,7 @@ class Consumer(LeaseKeeper):
                 want = self.limit - self.held
                 # Workers idle now take the first claims at once: count those attempts at
                 # claim time; the rest wait in the buffer, reserved.
-                start = min(want, max(0, len(self.work) - len(self.buffer)))
+                start = min(want, max(0, len(self.work) * self.per_worker - len(self.buffer)))
                 ahead = self._pace_ahead()
                 if ahead > start:
                     start = min(want, ahead)
@@ -329,6 +335,8 @@ class Consumer(LeaseKeeper):
                     self.buffer.extend(claims)
                     self._claimed(claims, called)
                     self._wake_worker()
+                    if self.per_worker > 1:
+                        self.filled.unpark_all()
         # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
         # gives such jobs back with its final reconcile, once the running ones are settled.
 
@@ -372,8 +380,9 @@ class Consumer(LeaseKeeper):
 
     async def _worker(self) -> None:
         attempt = enter_worker(self.executor, self.leases)
+        work = self._work if self.q.batch is None else self._work_batch
         try:
-            while await self._work(attempt):
+            while await work(attempt):
                 pass  # a cancel() used the scope: the next jobs run under a new one
         finally:
             self.workers_left -= 1

@@ -62,7 +62,7 @@ class Attempt:
     are ``None`` between handlers, so a task that outlives its handler cannot report for
     the next job. ``leases`` are the worker's lease estimates (``None``: not tracked)."""
 
-    __slots__ = ("executor", "job", "leases", "thread_job", "token")
+    __slots__ = ("batch", "executor", "job", "leases", "thread_job", "token")
 
     def __init__(self, executor: Executor, leases: Leases | None = None) -> None:
         self.executor = executor
@@ -70,37 +70,50 @@ class Attempt:
         self.job: Job[Any] | None = None
         self.thread_job: Job[Any] | None = None
         self.token = ""  # the claim token of ``job``'s (or ``thread_job``'s) attempt
+        # a batch handler's jobs while it runs: job id -> (job, claim token)
+        self.batch: dict[str, tuple[Job[Any], str]] | None = None
+
+    def _find(self, job: Job[Any], current: Job[Any] | None) -> tuple[Job[Any], str] | None:
+        """``job``'s running attempt and its claim token, if this task runs it (as its
+        handler's ``current`` job, or in a batch)."""
+        if current is not None and (current is job or (current.id == job.id and current.attempts == job.attempts)):
+            return current, self.token
+        batch = self.batch
+        entry = None if batch is None else batch.get(job.id)
+        if entry is not None and entry[0].attempts == job.attempts:
+            return entry
+        return None
 
     def lease_deadline(self, job: Job[Any]) -> float | None:
         """:attr:`Job.lease_deadline`: the worker's estimate of the lease deadline of
         ``job``'s attempt (seconds since the epoch), if it is the one this task runs."""
-        current = self.job if self.job is not None else self.thread_job
-        if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
+        found = self._find(job, self.job if self.job is not None else self.thread_job)
+        if found is None or self.leases is None:
             return None
-        return None if self.leases is None else self.leases.epoch(self.token)
+        return self.leases.epoch(found[1])
 
     async def report_progress(self, job: Job[Any], value: Any) -> None:
         """:meth:`Job.report_progress`: store and announce the progress of the running
         attempt, if ``job`` is the one this task runs."""
-        current = self.job
-        if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
+        found = self._find(job, self.job)
+        if found is None:
             raise TrioQueueError(f"report_progress for job {job.id!r} called outside that job's (async) handler")
-        await self.executor.report_progress(current.id, self.token, value)
+        await self.executor.report_progress(found[0].id, found[1], value)
 
-    def _current(self, job: Job[Any], what: str) -> Job[Any]:
-        current = self.job
-        if current is None or (current is not job and (current.id != job.id or current.attempts != job.attempts)):
+    def _current(self, job: Job[Any], what: str) -> tuple[Job[Any], str]:
+        found = self._find(job, self.job)
+        if found is None:
             raise TrioQueueError(f"{what} for job {job.id!r} called outside that job's (async) handler")
-        return current
+        return found
 
     async def add_children(self, job: Job[Any], children: Sequence[Any], on_child_failure: str = "cancel") -> None:
         """:meth:`Job.add_children` of the running attempt."""
-        current = self._current(job, "add_children")
-        await self.executor.add_children(current.id, self.token, children, on_child_failure)
+        current, token = self._current(job, "add_children")
+        await self.executor.add_children(current.id, token, children, on_child_failure)
 
     async def children_outcomes(self, job: Job[Any]) -> tuple[dict[str, Any], dict[str, JobError]]:
         """:meth:`Job.children_results` and :meth:`Job.children_failures`."""
-        current = self._current(job, "children_results")
+        current, _ = self._current(job, "children_results")
         return await self.executor.children_outcomes(current.id)
 
 
@@ -268,23 +281,11 @@ class Executor:
         """
         q = self.settings
         observers = self.observers
-        claim_id, envelope, attempts, token, _ = claim
-        try:
-            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
-            options = JobOptions.decode(opts) if opts else NO_JOB_OPTIONS
-        except CodecError as exc:
-            bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
-            return self.finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
-        ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
-        try:
-            payload = q.payload_serde.loads(raw)
-        except Exception as exc:
-            # A payload that cannot be decoded never will be: fail for good, no retry.
-            bad = JobError(
-                "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
-            )
-            return self.finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
-        job: Job[Any] = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
+        prepared = self.prepare(claim)
+        if isinstance(prepared, Settlement):
+            return prepared
+        job, options, ttl, raw = prepared
+        jid, attempts, token = job.id, job.attempts, claim.token
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
         result: Any = None
@@ -296,7 +297,7 @@ class Executor:
         scopes = self.cancellations.scopes
         scopes[token] = scope  # cancelled by a cancel() of this running job
         if observers:
-            wait = time.time() - max(created_ms / 1000, options.run_at or 0.0) if attempts == 1 else None
+            wait = time.time() - max(job.created_at, options.run_at or 0.0) if attempts == 1 else None
             notify(observers, "job_started", q.queue, jid, attempts, wait)
         span = _tracing.start_job_span(q.queue, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()
@@ -350,29 +351,58 @@ class Executor:
             settlement = await self.settlement(job, token, result, raised, ttl, options)
         if observers:
             self.finished(settlement, duration)
-        if raised is not None and settlement.kind in (SettleKind.RETRY, SettleKind.FAIL):
-            retry = settlement.kind is SettleKind.RETRY
-            logger.info(
-                "job %r attempt %d/%d failed after %.3f s (%s): %s: %s",
-                jid,
-                job.attempts,
-                job.max_attempts,
-                duration,
-                f"retry in {settlement.delay:g} s" if retry else "failed for good",
-                type(raised).__qualname__,
-                raised,
-                extra={
-                    "queue": q.queue,
-                    "job_id": jid,
-                    "attempt": job.attempts,
-                    "max_attempts": job.max_attempts,
-                    "duration": round(duration, 6),
-                    "outcome": "retry" if retry else "failed",
-                },
-            )
+        if raised is not None:
+            self.log_failure(job, settlement, raised, duration)
         if escalate is not None:
             raise Escalation(settlement, escalate)
         return settlement
+
+    def prepare(self, claim: Claim) -> tuple[Job[Any], JobOptions, float, bytes] | Settlement:
+        """Decode a claim: ``(job, its options, its result TTL, its stored payload)``, or
+        the settlement that fails it for good (an unreadable envelope or payload)."""
+        q = self.settings
+        claim_id, envelope, attempts, token, _ = claim
+        try:
+            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
+            options = JobOptions.decode(opts) if opts else NO_JOB_OPTIONS
+        except CodecError as exc:
+            bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
+            return self.finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
+        ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
+        try:
+            payload = q.payload_serde.loads(raw)
+        except Exception as exc:
+            # A payload that cannot be decoded never will be: fail for good, no retry.
+            bad = JobError(
+                "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
+            )
+            return self.finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
+        job: Job[Any] = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
+        return job, options, ttl, raw
+
+    def log_failure(self, job: Job[Any], settlement: Settlement, raised: BaseException, duration: float) -> None:
+        """Log a failed attempt that is retried or failed for good."""
+        if settlement.kind not in (SettleKind.RETRY, SettleKind.FAIL):
+            return
+        retry = settlement.kind is SettleKind.RETRY
+        logger.info(
+            "job %r attempt %d/%d failed after %.3f s (%s): %s: %s",
+            job.id,
+            job.attempts,
+            job.max_attempts,
+            duration,
+            f"retry in {settlement.delay:g} s" if retry else "failed for good",
+            type(raised).__qualname__,
+            raised,
+            extra={
+                "queue": self.settings.queue,
+                "job_id": job.id,
+                "attempt": job.attempts,
+                "max_attempts": job.max_attempts,
+                "duration": round(duration, 6),
+                "outcome": "retry" if retry else "failed",
+            },
+        )
 
     def cancelled(self, claim: Claim, duration: float | None) -> Settlement:
         """The settlement of an attempt whose handler a ``cancel()`` interrupted (the

@@ -17,6 +17,7 @@ import trio
 
 from .._model import _tracing
 from .._model import _validate as check
+from ._batch import BatchSettings, batch_settings
 from ._consumer import Consumer, ConsumerSettings, claim_limits
 from .._model._errors import (
     JobCancelledError,
@@ -43,10 +44,7 @@ from ._execution import (
     check_retry_if,
     only_cancelled,
 )
-from .._model._types import (
-    EnqueueResult,
-    EnqueueStatus,
-)
+from .._model._types import EnqueueResult, EnqueueStatus, Job
 from ._observers import QueueObserver
 from ._pool import ProcessPool, check_executor, check_process_handler
 from ._reaper import LeaderElection, Reaper
@@ -111,6 +109,13 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
     payload crosses as its stored bytes and the result as the bytes of the result serde;
     ``job_timeout``, ``cancel()``, a lost lease and a forced stop kill its process; it
     cannot report progress (:meth:`Job.report_progress` raises).
+
+    ``batch_handler`` (instead of ``handler``): called with a list of up to ``batch_size``
+    jobs (waiting at most ``batch_wait`` seconds to fill a batch), it returns one result
+    per job, in order, or a :class:`BatchOutcome`; each job is settled on its own (see
+    :mod:`trioqueue._supervision._batch`). ``concurrency`` batches run at once;
+    ``prefetch`` defaults to one batch per
+    worker.
     """
 
     def __init__(
@@ -138,6 +143,9 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         lease_margin: float | None = None,
         executor: Literal["thread", "process"] = "thread",
         processes: int | None = None,
+        batch_handler: Callable[[list[Job[Any]]], Any] | None = None,
+        batch_size: int = 100,
+        batch_wait: float = 0.05,
     ) -> None:
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
@@ -157,7 +165,13 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         # A claim this worker could not renew is given up this long before its lease runs out.
         self.lease_margin = resolve_lease_margin(lease_margin, self.visibility_timeout)
         self.result_ttl = check.seconds("result_ttl", result_ttl)
-        self.prefetch = self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
+        self._batch: BatchSettings | None = None
+        if batch_handler is not None:
+            if handler is not None:
+                raise ValidationError("give a Queue a handler or a batch_handler, not both")
+            self._batch = batch_settings(batch_size, batch_wait, executor)
+        per_worker = 1 if self._batch is None else self._batch.size
+        self.prefetch = per_worker * self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
         # Queue-wide flow control, enforced by the storage at claim time (see ClaimLimits);
         # a flow-limited queue claims only for idle workers (no prefetch): its claims start
         # at once and hold no slot or token a worker is not using.
@@ -180,8 +194,8 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self._running = False
         self._handler: Handler | None = None
         self._handler_is_async = True
-        if handler is not None:
-            self.execute(handler)
+        if handler is not None or batch_handler is not None:
+            self.execute(handler or batch_handler)  # type: ignore[arg-type]
         self._use_reaper = reaper
         self._events = Emitter(self.name)
         self._waiters = Waiters()
@@ -201,7 +215,8 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         """A new (not running) Queue with this one's settings, handler and ``on()``
         callbacks, and ``changes`` (any constructor argument) applied; e.g. the worker CLI
         runs ``queue.copy(storage=from_url(url), concurrency=8)``."""
-        settings = {**self._settings, "handler": self._handler, **changes}
+        own = {"handler": self._handler} if self._batch is None else {}
+        settings = {**self._settings, **own, **changes}
         if "worker_id" not in changes:
             settings["worker_id"] = None  # a new worker: a new id
         new: Queue[P, R] = Queue(**settings)
@@ -407,6 +422,7 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
             self.visibility_timeout,
             self._claim_limits,
             self.lease_margin,
+            self._batch,
         )
         return Consumer(settings, self.storage, executor, self._events, observed=bool(self._observers))
 
