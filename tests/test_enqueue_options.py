@@ -33,11 +33,24 @@ EFFECTS: dict[str, tuple[Any, Any]] = {
     "delay": (600.0, lambda rec, env, opts: rec.state.startswith("delayed") and opts.run_at is not None),
     "at": (AT, lambda rec, env, opts: rec.state.startswith("delayed") and abs(opts.run_at - AT) < 0.01),
     "priority": (1, lambda rec, env, opts: rec.priority == 1),
+    "debounce": (600.0, lambda rec, env, opts: rec.state.startswith("delayed")),
+    # (with debounce=600, its companion): due within max_wait of its creation
+    "max_wait": (30.0, lambda rec, env, opts: int(rec.state.split(":")[2]) <= env[2] + 31_000),
+    "dedup_window": (7200.0, lambda rec, env, opts: env[5] == 7_200_000),  # its record kept that long
     # a child per job (ids are unique per storage): the job waits for it
     "children": (lambda jid: [Child(f"{jid}-child")], lambda rec, env, opts: rec.state.startswith("waiting_children")),
     # (its effect, on a tree, is tested in test_flows.py: here, that it is taken)
     "on_child_failure": ("continue", lambda rec, env, opts: rec.state.startswith("queued")),
 }
+
+
+# options that need another one
+COMPANIONS: dict[str, dict[str, Any]] = {"max_wait": {"debounce": 600.0}}
+
+
+def _options(option: str, job_id: str) -> dict[str, Any]:
+    """``option`` for job ``job_id``, with its companions."""
+    return {option: _value(option, job_id), **COMPANIONS.get(option, {})}
 
 
 def _value(option: str, job_id: str) -> Any:
@@ -70,31 +83,31 @@ async def _check_stored(storage: Storage, job_id: str, option: str) -> None:
 async def test_every_queue_method_takes_every_option(option: str) -> None:
     storage = MemoryStorage()
     async with Queue(storage, name=QUEUE, block_timeout=0.1) as q:
-        await q.enqueue("one", 1, **{option: _value(option, "one")})  # type: ignore[misc]
-        await q.enqueue_many([("many", 1)], **{option: _value(option, "many")})  # type: ignore[misc]
+        await q.enqueue("one", 1, **_options(option, "one"))
+        await q.enqueue_many([("many", 1)], **_options(option, "many"))
         async with trio.open_nursery() as nursery:  # nobody runs it: the wait times out
-            nursery.start_soon(lambda: _wait_quietly(q, option, _value(option, "wait")))
+            nursery.start_soon(lambda: _wait_quietly(q, _options(option, "wait")))
             await trio.testing.wait_all_tasks_blocked(0.05)
         for job_id in ("one", "many", "wait"):
             await _check_stored(storage, job_id, option)
 
 
-async def _wait_quietly(q: Queue[Any, Any], option: str, value: Any) -> None:
+async def _wait_quietly(q: Queue[Any, Any], options: dict[str, Any]) -> None:
     with pytest.raises(TimeoutError):
-        await q.enqueue_and_wait("wait", 1, timeout=0.2, **{option: value})  # type: ignore[misc]
+        await q.enqueue_and_wait("wait", 1, timeout=0.2, **options)
 
 
 @pytest.mark.parametrize("option", list(EFFECTS))
 async def test_the_producers_take_every_option(option: str, tmp_path: Path) -> None:
     def sync_side() -> None:
         with SyncProducer(tmp_path / "store", name=QUEUE) as producer:
-            producer.enqueue("sync", 1, **{option: _value(option, "sync")})  # type: ignore[misc]
-            producer.enqueue_many([("sync-many", 1)], **{option: _value(option, "sync-many")})  # type: ignore[misc]
+            producer.enqueue("sync", 1, **_options(option, "sync"))
+            producer.enqueue_many([("sync-many", 1)], **_options(option, "sync-many"))
 
     async def asyncio_side() -> None:
         async with AsyncioProducer(tmp_path / "store", name=QUEUE) as producer:
-            await producer.enqueue("aio", 1, **{option: _value(option, "aio")})  # type: ignore[misc]
-            await producer.enqueue_many([("aio-many", 1)], **{option: _value(option, "aio-many")})  # type: ignore[misc]
+            await producer.enqueue("aio", 1, **_options(option, "aio"))
+            await producer.enqueue_many([("aio-many", 1)], **_options(option, "aio-many"))
 
     await trio.to_thread.run_sync(sync_side)
     await trio.to_thread.run_sync(asyncio.run, asyncio_side())
@@ -106,8 +119,10 @@ async def test_the_producers_take_every_option(option: str, tmp_path: Path) -> N
 @pytest.mark.parametrize("option", list(EFFECTS))
 def test_the_command_line_takes_every_option(option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"file://{tmp_path / 'store'}"
-    flag = "--" + option.replace("_", "-")
-    code = main(["enqueue", "cli", "--payload", "1", flag, _cli_value(option, "cli"), "--storage", url, "--name", QUEUE, "--json"])
+    flags = [f"--{option.replace('_', '-')}", _cli_value(option, "cli")]
+    for other, value in COMPANIONS.get(option, {}).items():
+        flags += [f"--{other.replace('_', '-')}", str(value)]
+    code = main(["enqueue", "cli", "--payload", "1", *flags, "--storage", url, "--name", QUEUE, "--json"])
     assert code == 0, capsys.readouterr()
     assert json.loads(capsys.readouterr().out)["status"] == "queued"
 

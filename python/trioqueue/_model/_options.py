@@ -45,6 +45,14 @@ class EnqueueOptions(TypedDict, total=False):
     delay: Annotated[float | None, OptionHelp("run it S seconds from now")]
     at: Annotated[datetime | float | None, OptionHelp("run it at this time: a UNIX timestamp (an aware datetime too, from Python)", "T")]
     priority: Annotated[int, OptionHelp("0 (first) to 9 (last); default 5", "P", int)]
+    debounce: Annotated[
+        float | None,
+        OptionHelp("run it S seconds after the last enqueue of its id: a waiting job takes the new payload"),
+    ]
+    max_wait: Annotated[float | None, OptionHelp("with debounce: run it at most S seconds after the first enqueue")]
+    dedup_window: Annotated[
+        float | None, OptionHelp("enqueues of its id within S seconds after it ended are duplicates")
+    ]
     children: Annotated[
         Sequence[Child] | None,
         OptionHelp(

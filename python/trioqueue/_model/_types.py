@@ -53,6 +53,7 @@ class EnqueueStatus(StrEnum):
     QUEUED = "queued"
     DUPLICATE = "duplicate"
     COMPLETED = "completed"
+    DEBOUNCED = "debounced"  # (``debounce=``) the waiting job took this payload; its run moved
 
 
 class CancelStatus(StrEnum):

@@ -304,7 +304,7 @@ class BatchWorker:
                 try:
                     settlements = await execute_batch(self.executor, runnable, attempt)
                 except BatchEscalation as esc:
-                    self._store(runnable, esc.settlements)
+                    self._queue_settlements(runnable, esc.settlements)
                     raise esc.exc from None
             except BaseException:
                 if executing:
@@ -316,7 +316,7 @@ class BatchWorker:
                 spent = self.spent_scopes
                 if spent:
                     spent.difference_update([s for s in spent if isinstance(s, _Member)])
-            self._store(runnable, settlements)
+            self._queue_settlements(runnable, settlements)
 
     async def _begin_batch(self, claims: list[Claim]) -> list[Claim]:
         """Count the attempts of the reserved claims (one :meth:`Storage.start` for the
@@ -348,7 +348,7 @@ class BatchWorker:
                 self._unhold(1)  # the reaper took it back: not ours to run
         return runnable
 
-    def _store(self, claims: list[Claim], settlements: list[Settlement | None]) -> None:
+    def _queue_settlements(self, claims: list[Claim], settlements: list[Settlement | None]) -> None:
         """Queue the batch's settlements for the settler (a lost claim's: nothing)."""
         lost = self.lost
         pending = self.pending

@@ -20,7 +20,7 @@ from ..storage._base import EnqueueOutcome, FlowJob, JobRecord, NewJob, Storage,
 from ._execution import encode_value
 from ._observers import QueueObserver, notify
 
-__all__ = ["JobMaker", "children_counts", "with_children"]
+__all__ = ["JobMaker", "children_counts", "debounce_of", "with_children"]
 
 P = TypeVar("P")
 
@@ -64,6 +64,11 @@ class JobMaker(Generic[P]):
             retry_delay, job_timeout = options.get("retry_delay"), options.get("job_timeout")
             stored = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
             check_on_child_failure(options.get("on_child_failure"), jid)
+            window = options.get("dedup_window")
+            if window is not None:  # the id stays known (its record kept) that long after it ended
+                ttl = max(ttl, check.seconds("dedup_window", window, job=jid))
+            if debounce_of(options, jid) is not None and (run_at is not None or options.get("children") is not None):
+                raise ValidationError(f"debounce cannot be combined with delay, at or children (job {jid!r})")
         data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
@@ -115,13 +120,30 @@ class JobMaker(Generic[P]):
             raise FlowError(f"children of job {job_id!r} is empty: give at least one Child, or no children option")
         return jobs
 
-    async def _store(self, new: NewJob, tree: list[FlowJob] | None) -> EnqueueOutcome:
-        """Enqueue ``new`` alone, or as the root of ``tree``."""
+    async def _store(self, new: NewJob, tree: list[FlowJob] | None, options: EnqueueOptions) -> EnqueueOutcome:
+        """Enqueue ``new`` alone (debounced, by ``options``), or as the root of ``tree``."""
         if tree is None:
-            [outcome] = await self.storage.enqueue(self.name, [new])
+            [outcome] = await self._store_in(None, [new], options)
         else:
-            outcome = await self.storage.enqueue_flow(tree)
-        return self._enqueued([outcome])[0]
+            outcome = self._enqueued([await self.storage.enqueue_flow(tree)])[0]
+        return outcome
+
+    async def _store_in(self, transaction: object | None, new: list[NewJob], options: EnqueueOptions) -> list[EnqueueOutcome]:
+        """Enqueue ``new`` in the application's ``transaction`` (or on its own: ``None``),
+        debounced when ``options`` say so (validated by :meth:`_new_job`)."""
+        debounce = debounce_of(options, new[0].id) if options else None
+        if transaction is None:
+            if debounce is None:
+                return self._enqueued(await self.storage.enqueue(self.name, new))
+            return self._enqueued(await self.storage.debounce(self.name, new, *debounce))
+        if debounce is not None:
+            raise ValidationError(f"job {new[0].id!r}: debounce cannot be combined with transaction=")
+        if not self.storage.supports_transactions:
+            raise ValidationError(
+                f"job {new[0].id!r}: transaction= needs a storage with transactions (PostgresStorage),"
+                f" not {type(self.storage).__name__}"
+            )
+        return self._enqueued(await self.storage.enqueue_in_transaction(self.name, new, transaction))
 
     async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
         """The children of a job (a tree's parent, or a job that added children while it
@@ -131,6 +153,18 @@ class JobMaker(Generic[P]):
         self._check_running()
         records = await self.storage.get_children(self.name, jid)
         return {JobRef(q, r.id): self._status(r) for q, r in records}
+
+
+def debounce_of(options: EnqueueOptions, job_id: str) -> tuple[float, float | None] | None:
+    """``(delay, max_wait)`` of a debounced enqueue (``None``: not debounced), validated
+    (``ValidationError`` naming the job)."""
+    delay, max_wait = options.get("debounce"), options.get("max_wait")
+    if delay is None:
+        if max_wait is not None:
+            raise ValidationError(f"max_wait needs debounce (job {job_id!r})")
+        return None
+    delay = check.seconds("debounce", delay, job=job_id)
+    return delay, None if max_wait is None else check.seconds("max_wait", max_wait, job=job_id)
 
 
 def children_counts(records: list[tuple[str, JobRecord]]) -> dict[JobState, int]:

@@ -477,22 +477,11 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self._check_running()
         await self._listener.caught_up()
         if transaction is None:
-            return self._enqueue_result(new.id, await self._store(new, tree))
+            return self._enqueue_result(new.id, await self._store(new, tree, options))
         if tree is not None:
             raise ValidationError(f"job {new.id!r}: a tree of jobs cannot be enqueued with transaction= (not yet)")
-        [outcome] = self._enqueued(await self._store_in(transaction, [new]))
+        [outcome] = await self._store_in(transaction, [new], options)
         return self._enqueue_result(new.id, outcome)
-
-    async def _store_in(self, transaction: object | None, new: list[NewJob]) -> list[EnqueueOutcome]:
-        """Enqueue ``new`` in the application's ``transaction`` (or on its own: ``None``)."""
-        if transaction is None:
-            return await self.storage.enqueue(self.name, new)
-        if not self.storage.supports_transactions:
-            raise ValidationError(
-                f"job {new[0].id!r}: transaction= needs a storage with transactions (PostgresStorage),"
-                f" not {type(self.storage).__name__}"
-            )
-        return await self.storage.enqueue_in_transaction(self.name, new, transaction)
 
     async def enqueue_many(
         self,
@@ -514,13 +503,13 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
                 raise ValidationError(f"job {new[0].id!r}: trees of jobs cannot be enqueued with transaction= (not yet)")
             self._check_running()
             await self._listener.caught_up()
-            return [self._enqueue_result(n.id, await self._store(n, t)) for n, t in zip(new, trees, strict=True)]
+            return [self._enqueue_result(n.id, await self._store(n, t, options)) for n, t in zip(new, trees, strict=True)]
         self._check_running()
         if not new:
             await trio.lowlevel.checkpoint()
             return []
         await self._listener.caught_up()
-        outcomes = self._enqueued(await self._store_in(transaction, new))
+        outcomes = await self._store_in(transaction, new, options)
         return [self._enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
 
     async def enqueue_and_wait(
@@ -554,7 +543,7 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
                 # The terminal notices are live before we enqueue (the first waiter of a
                 # queue subscribes to them; later ones find them live).
                 await self._listener.ensure(max(NOTICES, self._listener.pending))
-                outcome = await self._store(new, tree)
+                outcome = await self._store(new, tree, options)
                 if outcome.status is EnqueueStatus.COMPLETED:
                     return self._load_result(jid, outcome.result)  # type: ignore[no-any-return]
                 if outcome.status is EnqueueStatus.DUPLICATE and outcome.state and outcome.state.startswith("failed"):

@@ -153,6 +153,23 @@ class Storage(abc.ABC):
     #: ``True`` when :meth:`enqueue_in_transaction` is implemented (PostgreSQL).
     supports_transactions = False
 
+    async def debounce(
+        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
+    ) -> list[EnqueueOutcome]:
+        """:meth:`enqueue` with a debounce, atomically for each job in order (storage time):
+
+        - if the id is waiting, ``delayed`` or ``queued`` (not claimed), the waiting job
+          takes this job's envelope (its payload and options) and max attempts and result
+          TTL, keeping its incarnation token, priority and creation time; a delayed one
+          becomes due at ``now + delay``, but never later than ``created + max_wait``
+          (``None``: no bound); a queued one (due already) stays queued. Answers
+          ``debounced``, with the state and the token. Nothing is published but a ``due``
+          notice when the due time moved earlier;
+        - otherwise as :meth:`enqueue`, the new job due at ``now + delay``.
+
+        The same id twice in one call: the second debounces the first."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement debounce()")
+
     async def enqueue_in_transaction(self, queue: str, jobs: Sequence[NewJob], transaction: object) -> list[EnqueueOutcome]:
         """:meth:`enqueue` inside the application's open ``transaction`` (made by the
         backend, e.g. ``PostgresStorage.transaction()``): the jobs exist, and claimers are

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._admin import AdminOps
 from ._claims import ClaimOps
-from ._enqueue import EnqueueOps
+from ._debounce import DebounceOps
 from ._eventlog import EventLog
 from ._flows import FileFlows
 from ._recovery import RecoveryOps
@@ -12,7 +12,7 @@ from ._recovery import RecoveryOps
 __all__ = ["FileStorage"]
 
 
-class FileStorage(FileFlows, EnqueueOps, ClaimOps, RecoveryOps, EventLog, AdminOps):
+class FileStorage(FileFlows, DebounceOps, ClaimOps, RecoveryOps, EventLog, AdminOps):
     """Durable storage in a directory shared by any number of processes on one machine.
 
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power

@@ -46,6 +46,7 @@ from .._base import QUEUED as _QUEUED
 from .._base import WAITING_CHILDREN as _WAITING
 from ._admin import MemoryAdmin, _record
 from ._control import MemoryControl
+from ._debounce import MemoryDebounce
 from ._flows import MemoryFlows
 from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter, _due_ms, _stalled_error
 
@@ -58,7 +59,7 @@ _COMPLETE = SettleKind.COMPLETE
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
 
-class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
+class MemoryStorage(MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:

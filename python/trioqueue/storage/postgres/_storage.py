@@ -22,6 +22,7 @@ from .._base import (
     wanted_kinds,
 )
 from ._claims import PostgresClaims
+from ._debounce import PostgresDebounce
 from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
 from ._conn import Notification
 from ._jobs import LIVE
@@ -31,7 +32,7 @@ from ._schema import migrate, schema_version
 __all__ = ["PostgresStorage"]
 
 
-class PostgresStorage(PostgresClaims):
+class PostgresStorage(PostgresDebounce, PostgresClaims):
     """Jobs in PostgreSQL: durable, shared by every process that reaches the database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/dbname?...``) or

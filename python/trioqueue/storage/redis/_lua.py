@@ -86,6 +86,7 @@ QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 SCRIPT_NAMES = (
     "enqueue",
     "enqueue_plain",
+    "debounce",
     "claim",
     "settle",
     "release",

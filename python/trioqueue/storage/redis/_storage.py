@@ -75,6 +75,19 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _outcome(item: Any) -> EnqueueOutcome:
+    """One job's outcome in an enqueue (or debounce) script's reply."""
+    code = item[0]
+    if code == b"q":
+        return _QUEUED_OUTCOME
+    if code == b"c":
+        token = _text(item[3]) if len(item) > 3 and item[3] is not None else None
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2], token)
+    token = _text(item[2]) if len(item) > 2 and item[2] is not None else None
+    status = EnqueueStatus.DEBOUNCED if code == b"b" else EnqueueStatus.DUPLICATE
+    return EnqueueOutcome(status, _text(item[1]), token=token)
+
+
 def open_transport(
     params: ConnParams,
     *,
@@ -230,6 +243,19 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
             co = self._coalescers[queue] = Coalescer(functools.partial(self._flush, queue))
         return await co.submit(jobs)
 
+    async def debounce(
+        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
+    ) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if queue not in self._named:
+            await self._register_name(queue)
+        head = [str(int(delay * 1000)), "" if max_wait is None else str(int(max_wait * 1000))]
+        outcomes: list[EnqueueOutcome] = []
+        for job in jobs:  # one call a job: each takes effect on its own, in order
+            [item] = await self._run_shielded("debounce", queue, [*head, self._call_token(), *enqueue_args(job)])
+            outcomes.append(_outcome(item))
+        return outcomes
+
     async def _flush(self, queue: str, batch: list[Slot]) -> None:
         all_jobs = [job for slot in batch for job in slot.jobs]
         outcomes: list[EnqueueOutcome] = []
@@ -243,16 +269,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
                     if job.priority != DEFAULT_PRIORITY:
                         script = "enqueue"
                 reply = await self._run_shielded(script, queue, args)
-                for item in reply:
-                    code = item[0]
-                    if code == b"q":
-                        outcomes.append(_QUEUED_OUTCOME)
-                    elif code == b"c":
-                        token = _text(item[3]) if len(item) > 3 and item[3] is not None else None
-                        outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2], token))
-                    else:
-                        token = _text(item[2]) if len(item) > 2 and item[2] is not None else None
-                        outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, _text(item[1]), token=token))
+                outcomes += [_outcome(item) for item in reply]
         except trio.Cancelled:
             # The carrying call was cancelled (after the shield limit): the others learn
             # that their jobs' fate is unknown, as with any interrupted write.

@@ -1,0 +1,57 @@
+"""PostgresStorage's debounced enqueue (:meth:`Storage.debounce`): one transaction per
+call, the waiting job's row locked while it is debounced."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..._model._types import EnqueueStatus
+from .._base import EnqueueOutcome, NewJob, StorageEvent
+from ._common import now_ms, state_string
+from ._jobs import PostgresJobs, _due_ms
+
+__all__ = ["PostgresDebounce"]
+
+
+class PostgresDebounce(PostgresJobs):
+    """A part of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+
+    async def debounce(
+        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
+    ) -> list[EnqueueOutcome]:
+        outcomes: list[EnqueueOutcome] = []
+        events: list[StorageEvent] = []
+        async with self.tx(queue) as conn:
+            now = now_ms()
+            delay_ms = int(delay * 1000)
+            for job in jobs:
+                found = await conn.fetchrow(
+                    f"SELECT state, run_at_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $2 FOR UPDATE", queue, job.id
+                )
+                if found is None or found[0] not in ("delayed", "queued"):  # enqueued as usual, due after the debounce
+                    first = min(delay_ms, delay_ms if max_wait is None else int(max_wait * 1000))
+                    out, evs = await self.enqueue_in(conn, queue, [job._replace(run_at=(now + first) / 1000)], now)
+                    outcomes += out
+                    events += evs
+                    continue
+                row = await conn.fetchrow(
+                    f"""UPDATE {self._s}.jobs SET envelope = $3, max_attempts = $4, result_ttl = $5,
+                            run_at_ms = CASE WHEN state = 'delayed'
+                                THEN LEAST($6::int8, COALESCE(created_ms + $7::int8, $6::int8)) ELSE run_at_ms END
+                        WHERE queue = $1 AND id = $2 RETURNING state, state_ms, run_at_ms, token""",
+                    queue,
+                    job.id,
+                    job.envelope,
+                    job.max_attempts,
+                    float(job.result_ttl),
+                    now + delay_ms,
+                    None if max_wait is None else int(max_wait * 1000),
+                )
+                assert row is not None  # (locked above)
+                before = found[1]
+                state, state_ms, run_at, token = row
+                if state == "delayed" and before is not None and run_at < before:
+                    events.append(StorageEvent("due", "", result=_due_ms(run_at)))
+                outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, state_string(state, state_ms, 0, None, run_at), token=token))
+            await self.publish(conn, queue, events, wake=bool(events))
+        return outcomes
