@@ -24,6 +24,8 @@ DUE_SLACK = 0.005  # seconds: the storages keep due times in wall-clock millisec
 # still take a job for a moment after the call raised.
 BLIND_GRACE = 0.1
 SCHEDULE = "tick"  # the name of the walk's schedule
+# the calls that may end a job (and, through its tree, its tree's other jobs)
+_ENDING = frozenset({"cancel", "settle", "release", "start", "recover_stalled"})
 
 @dataclass
 class Call:
@@ -108,8 +110,13 @@ class RecordChecks:
                 incs = self.incarnations.get(kid)
                 if not incs:
                     continue
+                # (a run of the id once it was enqueued again is not the tree's: the
+                # handler may begin before the walk learned of the new incarnation)
+                again = incs[1].since if len(incs) > 1 else math.inf
                 for run in self.runs:
-                    if run.job_id == kid and run.incarnation is incs[0] and run.ended > min(began) + DUE_SLACK:
+                    if run.job_id != kid or run.incarnation is not incs[0] or run.began >= again:
+                        continue
+                    if run.ended > min(began) + DUE_SLACK:
                         self.fail(
                             f"parent {parent} began {run.ended - min(began):.3f} s before its child {kid} "
                             f"(attempt {run.attempt} on {run.worker}) ended"
@@ -224,9 +231,18 @@ class RecordChecks:
         (record positions; see :meth:`check_priorities`)."""
         entries: list[tuple[str, Call]] = []
         takers: dict[str, list[Call]] = defaultdict(list)
+        # A job of a tree leaves the ready list when its tree says so (its parent was
+        # cancelled, or a sibling failed under "cancel"): any call that ends a job of the
+        # tree may take out every job of it.
+        tree_of = {job: [parent, *kids] for parent, kids in self.trees.items() for job in (parent, *kids)}
         for c in self.rec.record:
             if c.method == "cancel":
                 takers[c.args[1]].append(c)
+            if tree_of and c.method in _ENDING:
+                named = repr((c.args, c.result))
+                for members in {tuple(tree_of[j]) for j in tree_of if f"'{j}'" in named}:
+                    for member in members:
+                        takers[member].append(c)
             if not c.ok:
                 continue
             if c.method == "enqueue":

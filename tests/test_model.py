@@ -9,7 +9,8 @@ storage is a :class:`~trioqueue.testing.FaultyStorage` that fails, delays and ca
 calls (cancellations act as forced stops at that very call). The seed also decides whether
 the walk's consumers all share a ``rate_limit`` and/or a ``global_concurrency``, and
 whether a periodic schedule is registered, whose ticks the consumers' (leader-elected)
-reapers enqueue. Under the faulty layers a pass-through (:class:`Recording`) records every
+reapers enqueue, and whether the consumers run batch handlers (each job of a batch
+settled on its own). Under the faulty layers a pass-through (:class:`Recording`) records every
 storage call that moves a job, with what it returned. After every step and at the end it
 checks the invariants of a reliable queue:
 
@@ -53,11 +54,9 @@ A failing walk prints its seed; rerun it with ``TRIOQUEUE_FUZZ_SEED=<seed>``. A 
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,6 +66,7 @@ import trio
 
 from conftest import _make_storage
 from trioqueue import (
+    BatchOutcome,
     Child,
     Job,
     JobCancelledError,
@@ -79,6 +79,7 @@ from trioqueue import (
 )
 from trioqueue.testing import FaultPlan, FaultyStorage
 
+from model_parts import Consumer, Flow, Incarnation, Run
 from model_record import LEASE, SCHEDULE, Call, RecordChecks, Recording
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -110,46 +111,6 @@ def _examples(backend: str) -> list[int]:
     return list(range(first, first + n))
 
 
-@dataclass
-class Incarnation:
-    job_id: str
-    token: str | None
-    kind: str
-    attempts_seen: int = 0
-    cancel_requested: bool = False
-
-
-@dataclass
-class Run:
-    job_id: str
-    worker: str
-    attempt: int
-    returned: bool = False
-    incarnation: Incarnation | None = None  # the job id's latest when the handler began
-    began: float = 0.0  # wall clock
-    not_before: float | None = None  # a delayed job's due time (at the latest)
-    ended: float = math.inf  # wall clock: when the handler returned, raised or was cancelled
-
-
-@dataclass
-class Consumer:
-    queue: Queue[Any, Any]
-    faulty: FaultyStorage
-    scope: trio.CancelScope
-    done: trio.Event = field(default_factory=trio.Event)
-
-
-@dataclass(frozen=True)
-class Flow:
-    """The flow limits every consumer of a walk shares (as the README requires)."""
-
-    rate: RateLimit | None = None
-    concurrency: int | None = None
-
-    def settings(self) -> dict[str, Any]:
-        return {"rate_limit": self.rate, "global_concurrency": self.concurrency}
-
-
 class Walk(RecordChecks):
     def __init__(self, storage: Storage, seed: int, name: str) -> None:
         self.inner = storage
@@ -177,6 +138,8 @@ class Walk(RecordChecks):
             self.rec.after_claim = self.sample_processing
         self.trees: dict[str, list[str]] = {}
         self.every = self.rng.uniform(0.1, 0.3) if self.rng.random() < 0.3 else None
+        batches = random.Random(f"{seed}-batch")  # (its own draws: the other choices of a seed stay)
+        self.batch_size = batches.randint(2, 4) if batches.random() < 0.25 else 0
         self.schedule_created: float | None = None
 
     def fail(self, message: str) -> None:
@@ -184,7 +147,7 @@ class Walk(RecordChecks):
 
     # -- the handler: behaviour encoded in the payload ---------------------------------
 
-    async def handler(self, job: Job[Any]) -> int:
+    def _run_of(self, job: Job[Any]) -> Run:
         incs = self.incarnations.get(job.id)
         run = Run(
             job.id,
@@ -195,6 +158,30 @@ class Walk(RecordChecks):
             not_before=job.payload.get("due"),
         )
         self.runs.append(run)
+        return run
+
+    async def batch_handler(self, jobs: list[Job[Any]]) -> BatchOutcome:
+        """The handler's behaviour for a batch: each job settled on its own."""
+        runs = [self._run_of(job) for job in jobs]
+        outcome = BatchOutcome()
+        try:
+            if any(job.payload["kind"] == "slow" for job in jobs):
+                await trio.sleep(0.15)
+            for job, run in zip(jobs, runs, strict=True):
+                kind = job.payload["kind"]
+                if kind == "fail" or (kind == "flaky" and job.attempts == 1):
+                    outcome.fail(job, ValueError(f"{kind} job {job.id}"))
+                else:
+                    run.returned = True
+                    outcome.complete(job, int(job.payload["n"]))
+            return outcome
+        finally:
+            ended = time.time()
+            for run in runs:
+                run.ended = ended
+
+    async def handler(self, job: Job[Any]) -> int:
+        run = self._run_of(job)
         try:
             kind = job.payload["kind"]
             if kind == "slow":
@@ -209,10 +196,13 @@ class Walk(RecordChecks):
     # -- operations --------------------------------------------------------------------
 
     def _consumer_queue(self, storage: Storage, concurrency: int) -> Queue[Any, Any]:
+        handlers: dict[str, Any] = {"handler": self.handler}
+        if self.batch_size:  # batch handlers (the walk's consumers all have them)
+            handlers = {"batch_handler": self.batch_handler, "batch_size": self.batch_size, "batch_wait": 0.02}
         return Queue(
             storage,
             name=self.name,
-            handler=self.handler,
+            **handlers,
             concurrency=concurrency,
             max_attempts=3,
             retry_delay=0,
@@ -287,6 +277,7 @@ class Walk(RecordChecks):
         due: float | None = None,
         **when: Any,
     ) -> None:
+        since = time.time()  # (before the call: a new incarnation's runs begin after it)
         payload: dict[str, Any] = {"kind": kind, "n": self.next_id}
         if due is not None:
             payload["due"] = due
@@ -307,16 +298,16 @@ class Walk(RecordChecks):
 
             nursery.start_soon(waiter)
             await trio.testing.wait_all_tasks_blocked(0.01)
-            inc = await self._learn(job_id, kind)
+            inc = await self._learn(job_id, kind, since)
             self.waiters[index] = (job_id, inc, outcome)
             return
         try:
             result = await producer.enqueue(job_id, payload, **options)
         except StorageError:
-            await self._learn(job_id, kind)  # landed or not: the registry says
+            await self._learn(job_id, kind, since)  # landed or not: the registry says
             return
         if result.status.value == "queued":
-            await self._learn(job_id, kind)
+            await self._learn(job_id, kind, since)
 
     async def tree(self, producer: Queue[Any, Any]) -> None:
         """A parent with 1 to 3 children (of any kind), under a random on_child_failure."""
@@ -329,25 +320,26 @@ class Walk(RecordChecks):
             kids.append(Child(kid, {"kind": kind, "n": self.next_id}, options={"priority": self.priorities[kid]}))
         self.priorities[parent] = self.rng.randint(0, 9)
         policy = self.rng.choice(["cancel", "continue", "ignore"])
+        since = time.time()
         try:
             await producer.enqueue(
                 parent, {"kind": "ok", "n": 0}, children=kids, on_child_failure=policy, priority=self.priorities[parent]  # type: ignore[arg-type]
             )
         except StorageError:
             pass  # landed or not: the registry says
-        if await self._learn(parent, "ok") is not None:
+        if await self._learn(parent, "ok", since) is not None:
             self.trees[parent] = [k.id for k in kids]
             for k in kids:
-                await self._learn(k.id, k.payload["kind"])
+                await self._learn(k.id, k.payload["kind"], since)
 
-    async def _learn(self, job_id: str, kind: str) -> Incarnation | None:
+    async def _learn(self, job_id: str, kind: str, since: float) -> Incarnation | None:
         rec = await self.inner.get_job(self.name, job_id)
         if rec is None:
             return None
         incs = self.incarnations.setdefault(job_id, [])
         if incs and incs[-1].token == rec.token:
             return incs[-1]
-        inc = Incarnation(job_id, rec.token, kind, rec.attempts)
+        inc = Incarnation(job_id, rec.token, kind, rec.attempts, since=since)
         incs.append(inc)
         return inc
 
