@@ -313,6 +313,7 @@ async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None
         for reader in readers:
             seen: dict[str, Any] = {}
             completed: dict[str, None] = {}
+            results: dict[str, str] = {}
             kinds: dict[str, int] = {}
             with trio.fail_after(30):
                 while seen.get("completed", 0) < 40 or len(completed) < 40:
@@ -325,7 +326,10 @@ async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None
                         for kind, n in message["kinds"].items():
                             kinds[kind] = kinds.get(kind, 0) + n
                         completed.update(dict.fromkeys(message["ids"]))
+                        results.update(message["results"])
             assert kinds["enqueued"] == 40
+            # the completed events carry their results: previewed as JSON
+            assert results == {f"live-{i}": json.dumps({"n": i}) for i in range(40)}
             assert sorted(completed) == sorted(f"live-{i}" for i in range(40))
     finally:
         for reader in readers:

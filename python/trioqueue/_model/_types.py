@@ -216,6 +216,9 @@ class QueueEvent:
 
     ``name`` is one of :data:`EVENT_NAMES`; ``job_id`` is set for job events; ``data``
     carries event details (``error`` for ``error``/``failed``/``failing``, ``worker_id``...).
+    A ``completed`` event carries the job's decoded ``result`` (``None`` if it is no
+    longer stored; one the queue's ``result_serde`` cannot decode is ``None`` too, and
+    ``result_error`` says why).
     """
 
     name: str

@@ -1,0 +1,98 @@
+"""Storage conformance, Queue level (issue 26, section 4): what the peers' tests expect of
+results, statuses and errors, on every backend.
+
+- the ``completed`` event carries the decoded result (``QueueEvent.data["result"]``) for
+  ``on()`` callbacks and ``events()`` streams, large results included (read back when
+  they were too large to ride along in the storage's event);
+- ``get_statuses(ids)``: many statuses in one storage call;
+- a failed job keeps the ``data`` dict its exception offers (``JobError.data``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import (
+    Job,
+    JobFailedError,
+    JobState,
+    Queue,
+    Storage,
+    UnrecoverableError,
+    ValidationError,
+)
+from trioqueue._supervision._listener import NOTICES
+
+from queue_helpers import FAST
+from support import Recorder
+
+BIG = "x" * 100_000  # over every backend's limit for a result riding along in an event
+
+
+async def _payload(job: Job[Any]) -> Any:
+    if job.payload == "big":
+        return BIG
+    return job.payload
+
+
+class _Unreadable:
+    """A result serde whose ``loads`` always fails (an observer with the wrong serde)."""
+
+    def dumps(self, value: Any) -> bytes:
+        raise AssertionError("not used")
+
+    def loads(self, data: bytes) -> Any:
+        raise ValueError("not my format")
+
+
+# -- 1. the completed event carries the result -------------------------------------------
+
+
+async def test_completed_event_carries_the_result_for_callbacks_and_streams(storage: Storage, queue_name: str) -> None:
+    callback = Recorder()
+    async with Queue(storage, name=queue_name, **FAST) as observer:
+        observer.on("completed", callback)
+        async with observer.events("completed") as stream, Queue(
+            storage, name=queue_name, handler=_payload, **FAST
+        ) as worker:
+            await worker.enqueue_many([("small", {"n": [1, 2]}), ("big", "big"), ("none", None)])
+            streamed: dict[str | None, Any] = {}
+            with trio.fail_after(20):
+                async for event in stream:
+                    if event.name == "completed":
+                        streamed[event.job_id] = event.data["result"]
+                    if len(streamed) == 3:
+                        break
+                await callback.wait_for("completed", count=3)
+    expected = {"small": {"n": [1, 2]}, "big": BIG, "none": None}
+    assert streamed == expected
+    assert {e.job_id: e.data["result"] for e in callback.events} == expected
+    assert all("result_error" not in e.data and e.data["worker_id"] == worker.worker_id for e in callback.events)
+
+
+async def test_completed_event_with_an_undecodable_result_says_why(storage: Storage, queue_name: str) -> None:
+    callback = Recorder()
+    async with Queue(storage, name=queue_name, result_serde=_Unreadable(), **FAST) as observer:
+        observer.on("completed", callback)
+        async with Queue(storage, name=queue_name, handler=_payload, **FAST) as worker:
+            await worker.enqueue("j1", 7)
+            with trio.fail_after(20):
+                await callback.wait_for("completed", "j1")
+    [event] = callback.events
+    assert event.data["result"] is None
+    assert "'j1'" in event.data["result_error"] and "not my format" in event.data["result_error"]
+
+
+async def test_a_waiter_still_subscribes_to_the_notices_only(storage: Storage, queue_name: str) -> None:
+    """Carrying results costs a waiter nothing more: it stays on the notices route (no
+    ``enqueued``/``progress`` traffic), and gets big results too."""
+    async with Queue(storage, name=queue_name, handler=_payload, **FAST) as q:
+        with trio.fail_after(20):
+            assert await q.enqueue_and_wait("w1", {"a": 1}) == {"a": 1}
+            assert await q.enqueue_and_wait("w2", "big") == BIG
+        assert q._listener.level == NOTICES
+        q.on("completed", Recorder())  # a completed callback: notices still
+        assert q._listener.pending <= NOTICES and q._listener.level == NOTICES
