@@ -96,3 +96,62 @@ async def test_a_waiter_still_subscribes_to_the_notices_only(storage: Storage, q
         assert q._listener.level == NOTICES
         q.on("completed", Recorder())  # a completed callback: notices still
         assert q._listener.pending <= NOTICES and q._listener.level == NOTICES
+
+
+# -- 2. statuses in bulk -----------------------------------------------------------------
+
+
+async def _fail_or_echo(job: Job[Any]) -> Any:
+    if job.payload == "fail":
+        raise UnrecoverableError("no")
+    return job.payload
+
+
+async def test_get_statuses_in_order_with_none_for_unknown_ids(storage: Storage, queue_name: str) -> None:
+    done = Recorder()
+    async with Queue(storage, name=queue_name, handler=_fail_or_echo, max_attempts=1, **FAST) as q:
+        q.on("completed", done)
+        q.on("failed", done)
+        await q.enqueue_many([("ok", 1), ("bad", "fail")])
+        with trio.fail_after(20):
+            await done.wait_until(lambda evs: len(evs) == 2)
+        await q.pause()  # the next ones stay queued / delayed
+        await q.enqueue("waiting", 2)
+        await q.enqueue("later", 3, delay=60)
+        ids = ["later", "nope", "ok", "bad", "waiting", "ok"]
+        statuses = await q.get_statuses(ids)
+        singles = [await q.get_status(jid) for jid in ids]
+        assert await q.get_statuses([]) == []
+        assert await q.get_statuses(iter(["ok"])) == [singles[2]]
+    assert statuses == singles
+    got = [None if s is None else (s.id, s.state, s.result) for s in statuses]
+    assert got == [
+        ("later", JobState.DELAYED, None),
+        None,
+        ("ok", JobState.COMPLETED, 1),
+        ("bad", JobState.FAILED, None),
+        ("waiting", JobState.QUEUED, None),
+        ("ok", JobState.COMPLETED, 1),
+    ]
+    assert statuses[3] is not None and statuses[3].error is not None and statuses[3].error.message == "no"
+
+
+async def test_get_statuses_validates_every_id_first(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name, **FAST) as q:
+        with pytest.raises(ValidationError, match="job_ids"):
+            await q.get_statuses("abc")
+        with pytest.raises(ValidationError, match="job id"):
+            await q.get_statuses(["fine", ""])
+
+
+async def test_storage_get_jobs_matches_get_job(storage: Storage, queue_name: str) -> None:
+    from storage_helpers import job
+
+    await storage.enqueue(queue_name, [job("a"), job("b")])
+    await storage.cancel(queue_name, "b")
+    assert await storage.get_jobs(queue_name, ["b", "zz", "a"]) == [
+        await storage.get_job(queue_name, "b"),
+        None,
+        await storage.get_job(queue_name, "a"),
+    ]
+    assert await storage.get_jobs(queue_name, []) == []

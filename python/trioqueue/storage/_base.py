@@ -135,6 +135,13 @@ class Storage(abc.ABC):
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         """The registry entry of a job, with its result/error if terminal and cached."""
 
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        """:meth:`get_job` of many ids at once, in order (``None`` for an unknown or
+        expired id), in one round trip to the server (Redis: one script, the queue's keys
+        sharing a Cluster slot; PostgreSQL: one query) and one consistent snapshot on the
+        backends that have one. This default asks :meth:`get_job` for each id in turn."""
+        return [await self.get_job(queue, jid) for jid in job_ids]
+
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         """The envelope the job was enqueued with (its payload: ``decode_envelope``), or
         ``None`` if the id is unknown, expired, or its envelope is no longer kept (Redis

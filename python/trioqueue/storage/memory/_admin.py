@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import trio
 
@@ -150,6 +151,14 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint()
         with self._lock:
             return sorted(self._queues)
+
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:  # one snapshot
+            q = self._q(queue)
+            self._expire(q, time.time())
+            recs = [q.jobs.get(jid) for jid in job_ids]
+            return [None if rec is None else _record(rec) for rec in recs]
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         await trio.lowlevel.checkpoint()

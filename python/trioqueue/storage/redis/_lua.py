@@ -92,6 +92,7 @@ SCRIPT_NAMES = (
     "start",
     "cancel",
     "get_job",
+    "get_jobs",
     "get_envelope",
     "update_ttl",
     "heartbeat",
