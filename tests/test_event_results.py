@@ -155,3 +155,75 @@ async def test_storage_get_jobs_matches_get_job(storage: Storage, queue_name: st
         await storage.get_job(queue_name, "a"),
     ]
     assert await storage.get_jobs(queue_name, []) == []
+
+
+# -- 4. errors keep a data dict ------------------------------------------------------------
+
+
+class CodedError(Exception):
+    """An app's error with a code, offered through ``to_dict()``."""
+
+    def __init__(self, code: str, detail: Any) -> None:
+        super().__init__(f"failed with {code}")
+        self.code = code
+        self.detail = detail
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "detail": self.detail}
+
+
+class DeclaredError(Exception):
+    """An app's error declaring which attributes are its data."""
+
+    error_fields = ("status", "retry_after", "absent")
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
+        self.retry_after = 2.5
+
+
+class BrokenError(Exception):
+    def to_dict(self) -> dict[str, Any]:
+        raise RuntimeError("cannot")
+
+
+async def _raise(job: Job[Any]) -> Any:
+    kind = job.payload
+    if kind == "coded":
+        raise CodedError("E42", {"ids": [1, 2], "when": {1, 2} if job.attempts == 1 else "x"})
+    if kind == "declared":
+        raise DeclaredError(503)
+    if kind == "broken":
+        raise BrokenError("b")
+    raise ValueError("plain")
+
+
+async def test_failed_jobs_keep_the_data_their_exception_offers(storage: Storage, queue_name: str) -> None:
+    failing = Recorder()
+    async with Queue(storage, name=queue_name, handler=_raise, max_attempts=2, **FAST) as q:
+        q.on("failing", failing)
+        with trio.fail_after(20):
+            with pytest.raises(JobFailedError) as coded:
+                await q.enqueue_and_wait("c", "coded")
+            with pytest.raises(JobFailedError) as declared:
+                await q.enqueue_and_wait("d", "declared")
+            with pytest.raises(JobFailedError) as broken:
+                await q.enqueue_and_wait("b", "broken")
+            with pytest.raises(JobFailedError) as plain:
+                await q.enqueue_and_wait("p", "plain")
+        statuses = await q.get_statuses(["c", "d", "b", "p"])
+    # the first attempt's set (not JSON) was stored as its repr; the retry's error as is
+    [first] = [e for e in failing.events if e.job_id == "c"]
+    assert first.data["error"].data == {"code": "E42", "detail": {"ids": [1, 2], "when": "{1, 2}"}}
+    assert coded.value.data == {"code": "E42", "detail": {"ids": [1, 2], "when": "x"}}
+    assert coded.value.error.type == "CodedError" and coded.value.error.message == "failed with E42"
+    assert declared.value.data == {"status": 503, "retry_after": 2.5}
+    assert broken.value.data == {"repr": "to_dict() raised RuntimeError('cannot')"}
+    assert plain.value.data is None and plain.value.error.traceback  # no data: none stored
+    assert [s.error.data if s and s.error else "?" for s in statuses] == [
+        coded.value.data,
+        declared.value.data,
+        broken.value.data,
+        None,
+    ]

@@ -72,11 +72,15 @@ class UpdateTTLStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class JobError:
-    """A stored failure: the exception's type name, message and traceback text."""
+    """A stored failure: the exception's type name, message and traceback text, and the
+    ``data`` dict the exception offered (see :func:`~trioqueue.error_data`: its
+    ``to_dict()``, or the attributes its class names in ``error_fields``), ``None`` when
+    it offered none."""
 
     type: str
     message: str
     traceback: str = ""
+    data: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
 from ._leases import Leases
 from ._observers import QueueObserver, notify
 from ._pool import Encoded, HandlerProcessError, ProcessPool
-from .._model._serde import Serde, decode_error, encode_error
+from .._model._serde import Serde, decode_error, encode_error, error_data
 from ..storage._base import Claim, FlowJob, JobRecord, Settlement, SettleKind, Storage, parse_job_state
 
 if TYPE_CHECKING:
@@ -163,13 +163,15 @@ class Escalation(BaseException):
 
 
 def job_error(exc: BaseException) -> JobError:
-    """The storable form of an exception: type, message, formatted traceback."""
+    """The storable form of an exception: type, message, formatted traceback, and the
+    data it offers (:func:`~trioqueue.error_data`)."""
     if isinstance(exc, HandlerProcessError):
         return exc.error  # raised in a pool process, and not picklable: its text crossed
     return JobError(
         type(exc).__qualname__,
         str(exc),
         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        error_data(exc),
     )
 
 
