@@ -33,9 +33,16 @@ async def in_thread(fn: Callable[[], T]) -> T:
     return await trio.to_thread.run_sync(fn)
 
 
+class _CodedError(Exception):
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.args[0]}
+
+
 async def _handler(job: Job[Any]) -> Any:
     if isinstance(job.payload, dict) and job.payload.get("fail"):
         raise RuntimeError(job.payload["fail"])
+    if isinstance(job.payload, dict) and job.payload.get("code"):
+        raise _CodedError(job.payload["code"])
     return job.payload
 
 
@@ -296,6 +303,16 @@ async def test_values_are_escaped(open_dash: Served) -> None:
     assert reply.status == 200
     assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in reply.body
     assert "<script>alert" not in reply.body
+
+
+async def test_job_page_shows_the_error_data_escaped(open_dash: Served) -> None:
+    evil = "<b>E42</b>"
+    with pytest.raises(JobFailedError) as failed:
+        await open_dash.queue.enqueue_and_wait("coded", {"code": evil}, timeout=30)
+    assert failed.value.data == {"code": evil}
+    reply = await in_thread(lambda: open_dash.client().get("/job?queue=jobs&id=coded"))
+    assert reply.status == 200 and 'id="job-error-data"' in reply.body
+    assert "&lt;b&gt;E42&lt;/b&gt;" in reply.body and evil not in reply.body
 
 
 async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None:

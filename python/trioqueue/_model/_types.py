@@ -246,6 +246,7 @@ STORAGE_EVENT_NAMES = frozenset(
         "resumed",
         "removed",
         "rate_limited",
+        "cleared",
     }
 )
 EVENT_NAMES = STORAGE_EVENT_NAMES | {

@@ -224,7 +224,7 @@ class Listener:
             if waiters:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
-                elif kind == "resync":
+                elif kind == "resync" or kind == "cleared":  # re-read: a cleared job is gone
                     waiters.wake_all()
             if kind == "resync":
                 if self.on_due is not None:

@@ -35,7 +35,7 @@ logger = logging.getLogger("trioqueue.dashboard")
 HISTORY_SECONDS = 600  # the throughput chart's window
 CHART_KINDS = ("enqueued", "completed", "failed")
 _COUNT_EVENTS = frozenset(
-    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted", "resync", "removed"}
+    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted", "resync", "removed", "cleared"}
 )
 _FORWARDED = _COUNT_EVENTS | {"progress", "cancel_requested", "paused", "resumed", "removed"}
 

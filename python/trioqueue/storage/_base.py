@@ -453,6 +453,21 @@ class Storage(abc.ABC):
         ``removed``. False (nothing changed) if the id is unknown or processing."""
         raise NotImplementedError(f"{type(self).__name__} does not implement remove")
 
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        """Empty ``queue``, atomically: forget every job of it in every state (ready
+        lists, delayed set, processing lists and leases, the registry with results,
+        errors and progress, the state indexes, trees' links) and its flow-control state
+        (rate-limit log, ``RateLimited`` hold), as if none had ever been enqueued. The
+        pause flag, the worker registry and (unless ``schedules``) the schedules with
+        their last ticks are kept. A worker still running a job of the queue finds its
+        claim gone: its settlement is fenced (changes nothing, publishes ``fenced``) and
+        its heartbeat lists the claim as lost (``recovered``). Trees are not followed across
+        queues: a parent on another queue waiting for a child of this one is not told
+        (cancel or remove it). Publishes ``cleared`` (a notice: waiters re-read the
+        registry and find their job gone). Returns how many jobs were forgotten (records
+        whose TTL had run out but that were not swept yet may be counted)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement clear")
+
     async def queue_names(self) -> list[str]:
         """The names of the queues this storage knows (sorted): memory, the queues it has
         structures for; file, its queue directories; Redis, a set maintained by the

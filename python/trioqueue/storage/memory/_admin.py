@@ -9,8 +9,10 @@ from collections.abc import Sequence
 
 import trio
 
-from .._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
-from ._parts import _Q, _Rec
+from .._base import CANCELLED, CLEARED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
+from .._flowstate import FlowState
+from ._index import StateIndex
+from ._parts import _Lanes, _Q, _Rec
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
 
@@ -146,6 +148,25 @@ class MemoryAdmin:
                     self._tree_removed(rec, time.time())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
+
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            gone = list(q.jobs.values())
+            # Fresh structures: every job of the queue, whatever its state, is forgotten at
+            # once; a worker's claim finds no processing entry (its settlement is fenced).
+            q.ready, q.jobs, q.processing, q.delayed, q.expiry = _Lanes(), {}, {}, [], []
+            q.index = StateIndex()
+            q.flow = FlowState()
+            if schedules:
+                q.schedules = {}
+            self._publish(q, [StorageEvent(CLEARED, "")])
+            self._wake(q)  # claims waiting for a slot or a due job look again
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return len(gone)
 
     async def queue_names(self) -> list[str]:
         await trio.lowlevel.checkpoint()

@@ -113,6 +113,7 @@ SCRIPT_NAMES = (
     "retry",
     "purge",
     "remove",
+    "clear",
     "flow_enqueue",
     "flow_add",
     "tree_act",
