@@ -91,3 +91,76 @@ async def test_clear_forgets_every_job_in_every_state_and_keeps_schedules(storag
             with pytest.raises(ValidationError, match="schedules"):
                 await q.clear(schedules="yes")  # type: ignore[arg-type]
         assert (await other.get_status("kept")) is not None
+
+
+# -- 5. count-based retention ---------------------------------------------------------------
+
+
+async def _complete_or_fail(job: Job[Any]) -> Any:
+    if str(job.payload).startswith("f"):
+        raise UnrecoverableError(job.payload)
+    return job.payload
+
+
+async def test_keep_completed_and_keep_failed_keep_the_newest(storage: Storage, queue_name: str) -> None:
+    if hasattr(storage, "keep_every"):
+        storage.keep_every = 4  # FileStorage trims in batches: every 4 settled jobs here
+    done = [f"c{i}" for i in range(8)]
+    failed = [f"f{i}" for i in range(4)]
+    async with Queue(
+        storage, name=queue_name, handler=_complete_or_fail, keep_completed=3, keep_failed=2, max_attempts=1, **FAST
+    ) as q:
+        with trio.fail_after(30):
+            for jid in [*done, *failed]:  # one at a time: each ends after the previous one
+                try:
+                    await q.enqueue_and_wait(jid, jid)
+                except Exception:  # noqa: BLE001 - the f* jobs fail, as they should
+                    pass
+    # (once the worker has stopped, its settle calls, which trim, have all returned)
+    async with Queue(storage, name=queue_name) as q:
+        counts = await q.counts()
+        assert (counts[JobState.COMPLETED], counts[JobState.FAILED]) == (3, 2)
+        statuses = await q.get_statuses([*done, *failed])
+        kept = [s.id for s in statuses if s is not None]
+        assert kept == ["c5", "c6", "c7", "f2", "f3"]  # the newest of each
+        assert (await q.get_status("f3")).error.message == "f3"  # type: ignore[union-attr]
+        # a job counted out is forgotten: its id is free again
+        assert (await q.enqueue("c0", "again")).status.value == "queued"
+
+
+async def test_keep_zero_keeps_no_completed_job_and_result_ttl_none_keeps_failed_ones(
+    storage: Storage, queue_name: str
+) -> None:
+    from trioqueue._core import decode_envelope
+    from trioqueue._model._types import FOREVER_TTL
+
+    options: dict[str, Any] = {"keep_completed": 0, "result_ttl": None, "max_attempts": 1, **FAST}
+    async with Queue(storage, name=queue_name, handler=_complete_or_fail, **options) as q:
+        assert q.result_ttl == FOREVER_TTL
+        with trio.fail_after(30):
+            assert await q.enqueue_and_wait("c", "c") == "c"  # the waiter still gets it
+    async with Queue(storage, name=queue_name, handler=_complete_or_fail, **options) as q:
+        if not hasattr(storage, "keep_every"):  # (FileStorage: at the next batch)
+            assert await q.get_status("c") is None
+        await q.enqueue("later", "x", delay=3600)
+        envelope = await storage.get_envelope(queue_name, "later")
+        assert envelope is not None and decode_envelope(envelope)[5] == int(FOREVER_TTL * 1000)
+        with pytest.raises(Exception):
+            await q.enqueue_and_wait("f", "f")
+        await storage.recover_stalled(queue_name)  # (sweeps what expired: not it)
+        status = await q.get_status("f")
+        assert status is not None and status.state is JobState.FAILED
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "match"),
+    [
+        ("keep_completed", -1, r"keep_completed must be >= 0.*-1"),
+        ("keep_failed", True, "keep_failed must be an int"),
+        ("keep_completed", "3", "keep_completed must be an int"),
+        ("result_ttl", 0, "result_ttl must be finite and > 0"),
+    ],
+)
+def test_bad_retention_settings_are_refused(storage_free_memory: Storage, option: str, value: Any, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        Queue(storage_free_memory, **{option: value})

@@ -104,6 +104,10 @@ class CancelResult:
     status: CancelStatus
 
 
+# ``Queue(result_ttl=None)``: results and errors are kept "forever", as a TTL of 100 years
+# (every backend stores it as any TTL; Redis's expiry index holds times up to year 2527).
+FOREVER_TTL = 100 * 365.25 * 86400.0
+
 # Job priorities: a fixed range, lower runs first; jobs of one priority run in FIFO order.
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9

@@ -240,6 +240,15 @@ class Settlement(NamedTuple):
     ``data`` is the serialized result (COMPLETE) or error (FAIL, RETRY); ``ttl`` is the
     result/error TTL in seconds (COMPLETE, FAIL) and ``delay`` the retry delay (RETRY).
     ``token`` is the claim token of the attempt (:attr:`Claim.token`).
+
+    ``keep`` (COMPLETE, FAIL; ``None``: no limit) is count-based retention: at most that
+    many jobs of the queue are kept in the state the settlement enters (``completed``
+    or ``failed``), the newest; the older ones are forgotten as if their TTL had run
+    out, beside the TTL (whichever removes a job first). Memory and Redis apply it in
+    the settlement's atomic step (Redis orders terminal jobs by when they expire: by
+    when they ended, for jobs that share a TTL); PostgreSQL in the same call, right
+    after the settlement commits; the file backend in batches (see ``FileStorage``).
+    The jobs of trees of jobs are not counted out while their tree needs them.
     """
 
     kind: SettleKind
@@ -248,6 +257,7 @@ class Settlement(NamedTuple):
     ttl: float = 0.0
     delay: float = 0.0
     token: str = ""
+    keep: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._admin import AdminOps
 from ._claims import ClaimOps
-from ._clear import ClearOps
+from ._retention import RetentionOps
 from ._enqueue import EnqueueOps
 from ._eventlog import EventLog
 from ._flows import FileFlows
@@ -13,7 +13,7 @@ from ._recovery import RecoveryOps
 __all__ = ["FileStorage"]
 
 
-class FileStorage(FileFlows, EnqueueOps, ClaimOps, RecoveryOps, EventLog, AdminOps, ClearOps):
+class FileStorage(FileFlows, EnqueueOps, ClaimOps, RecoveryOps, EventLog, AdminOps, RetentionOps):
     """Durable storage in a directory shared by any number of processes on one machine.
 
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power

@@ -68,6 +68,17 @@ class MemoryAdmin:
     def _tree_removed(self, rec: _Rec, now: float) -> None:
         raise NotImplementedError
 
+    def _keep_newest(self, q: _Q, kind: str, keep: int) -> int:
+        """Count-based retention (:attr:`Settlement.keep`), lock held: forget the oldest
+        jobs of terminal state ``kind`` beyond the newest ``keep`` (jobs of trees go by
+        their TTL)."""
+
+        def forget(rec: _Rec) -> None:
+            del q.jobs[rec.id]
+            q.index.drop(rec)
+
+        return q.index.trim(kind, keep, forget, lambda rec: rec.parent is not None or rec.flow is not None)
+
     async def counts(self, queue: str) -> dict[str, int]:
         await trio.lowlevel.checkpoint()
         with self._lock:

@@ -54,6 +54,7 @@ __all__ = ["MemoryStorage"]
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
 _UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
 _COMPLETE = SettleKind.COMPLETE
+_KEPT = {SettleKind.COMPLETE: _COMPLETED, SettleKind.FAIL: _FAILED}  # Settlement.keep applies to
 # Claims and events by the thousand: built as the tuples they are, without the keyword
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
@@ -347,12 +348,15 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryAdmin, MemoryControl):
         retried = False
         now_ms = int(now * 1000)
         completed: list[_Rec] = []  # their index entries move in one batch
+        keeps: dict[str, int] = {}  # state kind -> Settlement.keep (the least asked for)
         group_at, group = math.nan, completed  # (no group yet: NaN equals nothing)
         with self._lock:
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                skind, sid, data, ttl, _, token = s
+                skind, sid, data, ttl, _, token, keep = s
+                if keep is not None and skind in _KEPT:
+                    keeps[_KEPT[skind]] = min(keep, keeps.get(_KEPT[skind], keep))
                 rec = proc.get(sid)
                 if rec is not None and rec.claim == token and skind is _COMPLETE:
                     # The common case, inline (as _set_terminal does it, but the index).
@@ -416,6 +420,8 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryAdmin, MemoryControl):
                     self._delay(q, rec, now + s.delay, events)
                     retried = True
             q.index.move(completed, _PROCESSING, _COMPLETED)
+            for kind, keep in keeps.items():  # count-based retention, in the same step
+                self._keep_newest(q, kind, keep)
             self._publish(q, events)
             if retried or (any(out) and q.flow.freed()):
                 self._wake(q)  # waiters recompute when the next retry is due

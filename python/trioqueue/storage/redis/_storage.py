@@ -431,11 +431,12 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         if not settlements:
             return []
         args: list[Any] = [worker_id, self._call_token()]
-        metas: dict[tuple[SettleKind, float, float], str] = {}  # a batch shares a few TTLs
+        metas: dict[tuple[SettleKind, float, float, int | None], str] = {}  # a batch shares a few TTLs
         for s in settlements:
-            meta = metas.get((s.kind, s.ttl, s.delay))
+            meta = metas.get((s.kind, s.ttl, s.delay, s.keep))
             if meta is None:
-                meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
+                keep = "" if s.keep is None else s.keep
+                meta = metas[s.kind, s.ttl, s.delay, s.keep] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}:{keep}"
             args += [s.id, s.data, meta, s.token]
         reply = await self._run_shielded("settle", queue, args, worker_id)
         if len(reply) > len(settlements):  # a job of a tree ended or waits: its tree next
