@@ -387,6 +387,18 @@ async def test_cancel_remove_purge_actions(open_dash: Served) -> None:
     reply = await in_thread(lambda: _action(client, csrf, action="purge", state="queued"))
     assert reply.status == 400  # only terminal states are purged
 
+    # clear: the form names the queue; every job goes
+    await queue.pause()
+    await queue.enqueue_many([("w1", {"n": 1}), ("w2", {"n": 2})])
+    page = await in_thread(lambda: client.get("/queue?name=jobs&state=queued"))
+    assert 'data-action="clear"' in page.body and 'name="confirm" value="jobs"' in page.body
+    reply = await in_thread(lambda: _action(client, csrf, action="clear"))
+    assert reply.status == 400 and "nothing was cleared" in reply.body
+    assert (await queue.counts())[JobState.QUEUED] == 2
+    reply = await in_thread(lambda: _action(client, csrf, action="clear", confirm="jobs"))
+    assert reply.headers["location"] == "/?notice=clear-ok&n=2"
+    assert set((await queue.counts()).values()) == {0}
+
 
 async def test_job_list_pages_with_a_cursor(open_dash: Served) -> None:
     queue = open_dash.queue
