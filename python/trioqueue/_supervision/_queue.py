@@ -254,8 +254,9 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
 
     def on(self, name: str, callback: EventCallback | None = None) -> Any:
         """Call ``callback(event)`` (sync or async) for each event ``name``; usable as a
-        decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``,
-        ``failed``, ``failing``, ``requeued``, ``cancelled``, ``stalled``,
+        decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``
+        (``data["result"]``: the decoded result), ``failed``, ``failing`` (``data["error"]``:
+        the :class:`JobError`), ``requeued``, ``cancelled``, ``cleared``, ``stalled``,
         ``leadership_acquired``, ``leadership_lost``, ``resync``, ``lease_lost`` (this
         worker gave up a claim: ``data`` has ``worker_id`` and ``why``, one of
         ``recovered``, ``cancelled``, ``fenced`` or ``expired``; see :data:`EVENT_NAMES`). Job events come from the

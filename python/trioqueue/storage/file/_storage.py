@@ -19,5 +19,7 @@ class FileStorage(FileFlows, EnqueueOps, ClaimOps, RecoveryOps, EventLog, AdminO
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power
     loss). ``rescan_interval`` is the safety-net period at which blocked ``dequeue`` calls
     and subscriptions re-check the files even without a notification. The event log is
-    rotated past ``event_log_max_bytes``.
+    rotated past ``event_log_max_bytes``. Count-based retention (``keep_completed``,
+    ``keep_failed``) is swept in batches of :attr:`keep_every` settled jobs per process
+    (see :mod:`trioqueue.storage.file._retention`).
     """
