@@ -164,3 +164,52 @@ async def test_keep_zero_keeps_no_completed_job_and_result_ttl_none_keeps_failed
 def test_bad_retention_settings_are_refused(storage_free_memory: Storage, option: str, value: Any, match: str) -> None:
     with pytest.raises(ValidationError, match=match):
         Queue(storage_free_memory, **{option: value})
+
+
+async def test_settlement_keep_bounds_the_state_when_the_call_returns(storage: Storage, queue_name: str) -> None:
+    """Storage level: once a settle call with ``keep`` has returned, the state holds at
+    most ``keep`` jobs (FileStorage: with its batch set to 1, every call trims), the
+    newest (a batch settled in one call shares its time: ties go by id on every backend)."""
+    from trioqueue.storage import SettleKind
+
+    from storage_helpers import W1, claim, job, settlement
+
+    if hasattr(storage, "keep_every"):
+        storage.keep_every = 1
+    q = queue_name
+    ids = [f"j{i}" for i in range(10)]
+    await storage.enqueue(q, [job(i) for i in ids])
+    await claim(storage, q, n=10)
+    done = [settlement(SettleKind.COMPLETE, q, i, b'"r"', ttl=60)._replace(keep=3) for i in ids[:8]]
+    assert await storage.settle(q, W1, done) == [True] * 8
+    assert (await storage.counts(q))["completed"] == 3
+    assert [r is not None for r in await storage.get_jobs(q, ids[:8])] == [False] * 5 + [True] * 3
+    error = b'{"type":"E","message":"m","traceback":""}'
+    bad = [settlement(SettleKind.FAIL, q, i, error, ttl=60)._replace(keep=1) for i in ids[8:]]
+    assert await storage.settle(q, W1, bad) == [True, True]
+    counts = await storage.counts(q)
+    assert (counts["completed"], counts["failed"]) == (3, 1)
+    assert await storage.get_job(q, "j8") is None and await storage.get_job(q, "j9") is not None
+    # without keep: nothing is counted out
+    await storage.enqueue(q, [job("k1"), job("k2")])
+    await claim(storage, q, n=2)
+    await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, i, b"1", ttl=60) for i in ("k1", "k2")])
+    assert (await storage.counts(q))["completed"] == 5
+
+
+async def test_keep_does_not_count_out_the_children_a_parent_still_needs(storage: Storage, queue_name: str) -> None:
+    from trioqueue import Child
+
+    if hasattr(storage, "keep_every"):
+        storage.keep_every = 1
+
+    async def handler(job: Job[Any]) -> Any:
+        if job.payload == "parent":
+            return await job.children_results()
+        return job.payload
+
+    async with Queue(storage, name=queue_name, handler=handler, keep_completed=0, concurrency=3, **FAST) as q:
+        children = [Child(f"kid-{i}", i) for i in range(3)]
+        with trio.fail_after(30):
+            result = await q.enqueue_and_wait("parent", "parent", children=children)
+    assert result == {"kid-0": 0, "kid-1": 1, "kid-2": 2}
