@@ -213,3 +213,28 @@ async def test_keep_does_not_count_out_the_children_a_parent_still_needs(storage
         with trio.fail_after(30):
             result = await q.enqueue_and_wait("parent", "parent", children=children)
     assert result == {"kid-0": 0, "kid-1": 1, "kid-2": 2}
+
+
+async def test_clearing_a_parents_queue_leaves_its_children_elsewhere_working(storage: Storage, queue_name: str) -> None:
+    """A tree across queues: the parent's queue is cleared while a child on another
+    queue waits; the child still runs and ends, and nothing crashes."""
+    from trioqueue import Child
+
+    parents, kids = f"p{{{queue_name}}}", f"k{{{queue_name}}}"  # (one Cluster slot)
+    release = trio.Event()
+
+    async def child(job: Job[Any]) -> Any:
+        await release.wait()
+        return job.payload
+
+    done = Recorder()
+    async with Queue(storage, name=kids, handler=child, **FAST) as kq, Queue(storage, name=parents, **FAST) as pq:
+        kq.on("completed", done)
+        await pq.enqueue("parent", 0, children=[Child("kid", 1, queue=kids)])
+        assert await pq.clear() == 1
+        release.set()
+        with trio.fail_after(20):
+            await done.wait_for("completed", "kid")
+        assert (await kq.get_status("kid")).state is JobState.COMPLETED  # type: ignore[union-attr]
+        assert await pq.get_status("parent") is None
+        assert (await kq.enqueue_and_wait("after", 2, timeout=20)) == 2
