@@ -227,3 +227,29 @@ async def test_failed_jobs_keep_the_data_their_exception_offers(storage: Storage
         broken.value.data,
         None,
     ]
+
+
+async def test_get_jobs_is_one_script_call_on_redis(storage: Storage, queue_name: str, backend: str) -> None:
+    """One round trip, counted by the server: the script calls of 50 look-ups."""
+    if backend not in ("redis", "redis7"):
+        pytest.skip("counts the Redis server's script calls")
+    from storage_helpers import job
+
+    ids = [f"j{i}" for i in range(50)]
+    await storage.enqueue(queue_name, [job(i) for i in ids[::2]])
+
+    async def script_calls() -> int:
+        info = await storage._transport.command(["INFO", "commandstats"])  # type: ignore[attr-defined]
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        total = 0
+        for line in text.splitlines():
+            name, _, stats = line.partition(":")
+            if name in ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_fcall_ro", "cmdstat_evalsha_ro"):
+                total += int(stats.split(",")[0].split("=")[1])
+        return total
+
+    await storage.get_jobs(queue_name, ids[:1])  # (the script is loaded: no first-use retry)
+    before = await script_calls()
+    records = await storage.get_jobs(queue_name, ids)
+    assert await script_calls() == before + 1
+    assert [r is not None for r in records] == [i % 2 == 0 for i in range(50)]
