@@ -16,7 +16,7 @@ would cost a link per transition on every hot path), so finding a state's oldest
 means reading every record of the queue, as ``counts`` does. A process trims a state
 once its settlements with a ``keep`` have added :attr:`RetentionOps.keep_every` jobs to
 it (or ``keep // 4``, if larger) since its last trim: the scan (in a worker thread,
-memory bounded by ``keep``) finds the jobs past the newest ``keep`` by the time they
+holding the newest ``keep`` and the ids to forget) finds the jobs past the newest ``keep`` by the time they
 entered the state, and unlinks them in slices under the lock, each checked again. So
 each worker process lets a state grow at most that many jobs past ``keep`` between
 trims, and the cost of a scan is spread over as many settlements.
