@@ -127,6 +127,14 @@ async def test_admin_commands(target: tuple[Cli, Callable[[], Storage]]) -> None
     assert "was already paused" in (await cli.run("pause")).stdout.decode()
     assert (await cli.json("resume"))["changed"] is True
 
+    # clear: refused without --yes (nothing cleared), then every job of every state goes
+    line = await cli.error("clear")
+    assert "--yes" in line and repr(cli.name) in line and "nothing was cleared" in line
+    assert sum((await cli.json("stats"))[cli.name]["counts"].values()) == 4
+    assert await cli.json("clear", "--yes") == {"queue": cli.name, "cleared": 4, "schedules_removed": False}
+    assert set((await cli.json("stats"))[cli.name]["counts"].values()) == {0}
+    assert "0 jobs forgotten" in (await cli.run("clear", "--yes")).stdout.decode()
+
 
 async def test_enqueue_wait_prints_the_result_or_the_failure(target: tuple[Cli, Callable[[], Storage]]) -> None:
     cli, make_storage = target
@@ -145,7 +153,7 @@ async def test_usage_errors_and_help(tmp_path: Path) -> None:
     assert proc.returncode == 2 and b"invalid choice: 'nope'" in proc.stderr
     proc = await Cli("bogus://x", "jobs").run("stats", ok=False)
     assert proc.returncode == 1 and b"bogus://x" in proc.stderr
-    for command in ("stats", "list", "show", "cancel", "retry", "remove", "purge", "pause", "resume", "enqueue"):
+    for command in ("stats", "list", "show", "cancel", "retry", "remove", "purge", "clear", "pause", "resume", "enqueue"):
         with trio.fail_after(60):
             out = (await trio.run_process([TRIOQUEUE, command, "--help"], capture_stdout=True)).stdout.decode()
         assert "--storage URL" in out and "(default:" in out, command

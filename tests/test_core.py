@@ -463,3 +463,28 @@ def test_encode_command_takes_bytes_str_and_int_and_names_anything_else() -> Non
         _core.encode_command(["SET", True])
     with pytest.raises(TypeError, match="single bytes/str"):
         _core.encode_command("SET")
+
+
+def test_error_data_round_trips_and_never_raises() -> None:
+    import math
+
+    from trioqueue import JobError, error_data
+    from trioqueue._model._serde import decode_error, encode_error
+
+    class Weird(Exception):
+        def to_dict(self) -> object:
+            return ["not", "a", "dict"]
+
+    class NaN(Exception):
+        error_fields = ("x",)
+        x = math.nan
+
+    assert error_data(ValueError("v")) is None
+    assert error_data(Weird()) == {"repr": "['not', 'a', 'dict']"}
+    assert error_data(NaN()) == {"x": "nan"}  # JSON has no NaN: its repr
+    err = JobError("E", "m", "tb", {"a": [1, "b"], "n": None})
+    assert decode_error(encode_error(err)) == err
+    assert decode_error(encode_error(JobError("E", "m"))).data is None
+    # data set by hand that JSON cannot store: kept as reprs, never a crash
+    assert decode_error(encode_error(JobError("E", "m", "", {"s": {1}}))).data == {"s": "{1}"}
+    assert decode_error(b'{"type":"E","message":"m","data":[1]}').data is None

@@ -33,9 +33,16 @@ async def in_thread(fn: Callable[[], T]) -> T:
     return await trio.to_thread.run_sync(fn)
 
 
+class _CodedError(Exception):
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.args[0]}
+
+
 async def _handler(job: Job[Any]) -> Any:
     if isinstance(job.payload, dict) and job.payload.get("fail"):
         raise RuntimeError(job.payload["fail"])
+    if isinstance(job.payload, dict) and job.payload.get("code"):
+        raise _CodedError(job.payload["code"])
     return job.payload
 
 
@@ -298,6 +305,16 @@ async def test_values_are_escaped(open_dash: Served) -> None:
     assert "<script>alert" not in reply.body
 
 
+async def test_job_page_shows_the_error_data_escaped(open_dash: Served) -> None:
+    evil = "<b>E42</b>"
+    with pytest.raises(JobFailedError) as failed:
+        await open_dash.queue.enqueue_and_wait("coded", {"code": evil}, timeout=30)
+    assert failed.value.data == {"code": evil}
+    reply = await in_thread(lambda: open_dash.client().get("/job?queue=jobs&id=coded"))
+    assert reply.status == 200 and 'id="job-error-data"' in reply.body
+    assert "&lt;b&gt;E42&lt;/b&gt;" in reply.body and evil not in reply.body
+
+
 async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None:
     base = open_dash.base
     readers = [await in_thread(lambda: EventReader(base, "/events?queue=jobs")) for _ in range(2)]
@@ -313,6 +330,7 @@ async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None
         for reader in readers:
             seen: dict[str, Any] = {}
             completed: dict[str, None] = {}
+            results: dict[str, str] = {}
             kinds: dict[str, int] = {}
             with trio.fail_after(30):
                 while seen.get("completed", 0) < 40 or len(completed) < 40:
@@ -325,7 +343,10 @@ async def test_event_stream_fans_out_one_subscription(open_dash: Served) -> None
                         for kind, n in message["kinds"].items():
                             kinds[kind] = kinds.get(kind, 0) + n
                         completed.update(dict.fromkeys(message["ids"]))
+                        results.update(message["results"])
             assert kinds["enqueued"] == 40
+            # the completed events carry their results: previewed as JSON
+            assert results == {f"live-{i}": json.dumps({"n": i}) for i in range(40)}
             assert sorted(completed) == sorted(f"live-{i}" for i in range(40))
     finally:
         for reader in readers:
@@ -365,6 +386,18 @@ async def test_cancel_remove_purge_actions(open_dash: Served) -> None:
     assert (await queue.counts())[JobState.FAILED] == 0
     reply = await in_thread(lambda: _action(client, csrf, action="purge", state="queued"))
     assert reply.status == 400  # only terminal states are purged
+
+    # clear: the form names the queue; every job goes
+    await queue.pause()
+    await queue.enqueue_many([("w1", {"n": 1}), ("w2", {"n": 2})])
+    page = await in_thread(lambda: client.get("/queue?name=jobs&state=queued"))
+    assert 'data-action="clear"' in page.body and 'name="confirm" value="jobs"' in page.body
+    reply = await in_thread(lambda: _action(client, csrf, action="clear"))
+    assert reply.status == 400 and "nothing was cleared" in reply.body
+    assert (await queue.counts())[JobState.QUEUED] == 2
+    reply = await in_thread(lambda: _action(client, csrf, action="clear", confirm="jobs"))
+    assert reply.headers["location"] == "/?notice=clear-ok&n=2"
+    assert set((await queue.counts()).values()) == {0}
 
 
 async def test_job_list_pages_with_a_cursor(open_dash: Served) -> None:

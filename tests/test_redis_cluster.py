@@ -25,6 +25,8 @@ from test_lease_loss import *  # noqa: E402,F403 - lost leases cancel their hand
 from test_pause import *  # noqa: E402,F403 - a pause that pauses
 from test_wakeups import test_the_reaper_promotes_a_delayed_job_on_time_with_no_consumer  # noqa: E402,F401
 from test_flows import *  # noqa: E402,F403 - trees of jobs (across queues: ones sharing a hash tag)
+from test_event_results import *  # noqa: E402,F403 - results in events, statuses in bulk, error data
+from test_clear_retention import *  # noqa: E402,F403 - clear, count-based retention
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

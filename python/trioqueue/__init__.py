@@ -54,7 +54,7 @@ from ._model._outcomes import BatchOutcome, RateLimited, Retry, UnrecoverableErr
 from ._supervision._queue import Queue
 from ._supervision._reaper import LeaderElection, Reaper
 from ._model._retry import ExponentialBackoff
-from ._model._serde import JsonSerde, Serde
+from ._model._serde import JsonSerde, Serde, error_data
 from .storage import MemoryStorage, Storage
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ __all__ = [
     "UnrecoverableError",
     "ValidationError",
     "WaitForChildren",
+    "error_data",
 ]
 
 

@@ -105,7 +105,7 @@ def _job_ids(method: str, args: tuple[Any, ...]) -> tuple[str, ...]:
                 job_id = getattr(item, "id", None)
                 if isinstance(job_id, str):
                     ids.append(job_id)
-                elif isinstance(item, str) and method == "release":
+                elif isinstance(item, str) and method in ("release", "get_jobs"):
                     ids.append(item)
                 elif isinstance(item, tuple) and item and isinstance(item[0], str):
                     ids.append(item[0])

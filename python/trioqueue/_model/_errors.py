@@ -33,12 +33,14 @@ class JobTimeoutError(TrioQueueError, TimeoutError):
 
 
 class JobFailedError(TrioQueueError):
-    """The job failed for good; :attr:`error` holds the stored error."""
+    """The job failed for good; :attr:`error` holds the stored error, and :attr:`data`
+    the data its exception offered (``error.data``: see :func:`~trioqueue.error_data`)."""
 
     def __init__(self, job_id: str, error: JobError) -> None:
         super().__init__(f"job {job_id!r} failed: {error.type}: {error.message}")
         self.job_id = job_id
         self.error = error
+        self.data = error.data
 
 
 class JobCancelledError(TrioQueueError):

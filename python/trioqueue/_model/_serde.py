@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._types import JobError
 
-__all__ = ["JsonSerde", "Serde", "decode_error", "encode_error"]
+__all__ = ["JsonSerde", "Serde", "decode_error", "encode_error", "error_data"]
 
 
 @runtime_checkable
@@ -83,19 +83,75 @@ class JsonSerde:
         return value
 
 
-_error_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_error_encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
+
+def _storable(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON can store it: dicts (string keys) and lists/tuples gone through,
+    any other value JSON cannot say replaced by its ``repr`` (as is, deeper than 20)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else repr(value)
+    if depth < 20 and isinstance(value, dict):
+        return {str(k): _storable(v, depth + 1) for k, v in value.items()}
+    if depth < 20 and isinstance(value, (list, tuple)):
+        return [_storable(v, depth + 1) for v in value]
+    return _repr(value)
+
+
+def error_data(exc: BaseException) -> dict[str, Any] | None:
+    """The ``data`` dict an exception offers, as stored with its error
+    (:attr:`JobError.data`): what its ``to_dict()`` method returns, or else the attributes
+    its class names in ``error_fields`` (a tuple of attribute names; one the instance
+    lacks is left out); ``None`` when it offers neither. Never raises: keys become
+    strings, a value JSON cannot store is kept as its ``repr``, a ``to_dict()`` that
+    raises or returns something else than a dict gives ``{"repr": ...}`` of what it
+    raised or returned."""
+    to_dict = getattr(exc, "to_dict", None)
+    if callable(to_dict):
+        try:
+            raw = to_dict()
+        except Exception as err:  # noqa: BLE001 - stored as text, never a crash
+            return {"repr": f"to_dict() raised {err!r}"}
+        if not isinstance(raw, dict):
+            return {"repr": _repr(raw)}
+        return {str(k): _storable(v, 1) for k, v in raw.items()}
+    fields = getattr(type(exc), "error_fields", None)
+    if isinstance(fields, (tuple, list)) and fields:
+        missing = object()
+        values = {str(f): getattr(exc, str(f), missing) for f in fields}
+        return {k: _storable(v, 1) for k, v in values.items() if v is not missing}
+    return None
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as err:  # noqa: BLE001 - a repr that raises
+        return f"<unrepresentable {type(value).__name__}: {err!r}>"
 
 
 def encode_error(error: JobError) -> bytes:
-    """Errors are always stored as JSON ``{"type", "message", "traceback"}`` so that every
-    backend (including Lua scripts, which build stalled-job errors) can write them."""
-    return _error_encoder({"type": error.type, "message": error.message, "traceback": error.traceback}).encode()
+    """Errors are always stored as JSON ``{"type", "message", "traceback"}`` (and
+    ``"data"`` when the error has some) so that every backend (including Lua scripts,
+    which build stalled-job errors) can write them."""
+    obj: dict[str, Any] = {"type": error.type, "message": error.message, "traceback": error.traceback}
+    if error.data is not None:
+        obj["data"] = _storable(error.data) if isinstance(error.data, dict) else {"repr": _repr(error.data)}
+    return _error_encoder(obj).encode()
 
 
 def decode_error(data: bytes) -> JobError:
     """Inverse of :func:`encode_error`; never raises (damage becomes a readable error)."""
     try:
         obj = json.loads(data)
-        return JobError(str(obj.get("type", "Error")), str(obj.get("message", "")), str(obj.get("traceback", "")))
+        extra = obj.get("data")
+        return JobError(
+            str(obj.get("type", "Error")),
+            str(obj.get("message", "")),
+            str(obj.get("traceback", "")),
+            extra if isinstance(extra, dict) else None,
+        )
     except (ValueError, AttributeError, UnicodeDecodeError):
         return JobError("CorruptError", f"stored error could not be decoded: {data[:200]!r}")

@@ -73,11 +73,15 @@ class UpdateTTLStatus(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class JobError:
-    """A stored failure: the exception's type name, message and traceback text."""
+    """A stored failure: the exception's type name, message and traceback text, and the
+    ``data`` dict the exception offered (see :func:`~trioqueue.error_data`: its
+    ``to_dict()``, or the attributes its class names in ``error_fields``), ``None`` when
+    it offered none."""
 
     type: str
     message: str
     traceback: str = ""
+    data: dict[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,10 @@ class CancelResult:
     id: str
     status: CancelStatus
 
+
+# ``Queue(result_ttl=None)``: results and errors are kept "forever", as a TTL of 100 years
+# (every backend stores it as any TTL; Redis's expiry index holds times up to year 2527).
+FOREVER_TTL = 100 * 365.25 * 86400.0
 
 # Job priorities: a fixed range, lower runs first; jobs of one priority run in FIFO order.
 MIN_PRIORITY = 0
@@ -217,6 +225,9 @@ class QueueEvent:
 
     ``name`` is one of :data:`EVENT_NAMES`; ``job_id`` is set for job events; ``data``
     carries event details (``error`` for ``error``/``failed``/``failing``, ``worker_id``...).
+    A ``completed`` event carries the job's decoded ``result`` (``None`` if it is no
+    longer stored; one the queue's ``result_serde`` cannot decode is ``None`` too, and
+    ``result_error`` says why).
     """
 
     name: str
@@ -240,6 +251,7 @@ STORAGE_EVENT_NAMES = frozenset(
         "resumed",
         "removed",
         "rate_limited",
+        "cleared",
     }
 )
 EVENT_NAMES = STORAGE_EVENT_NAMES | {

@@ -61,6 +61,20 @@ def positive_int(name: str, value: Any, *, job: str | None = None) -> int:
     return value
 
 
+def keep_count(name: str, value: Any) -> int | None:
+    """A count-based retention limit (``keep_completed``/``keep_failed``): ``None`` (no
+    limit) or an int >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{name} must be an int >= 0 or None, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValidationError(f"{name} must be >= 0 (the number of jobs kept), got {value}")
+    if value > 2**31:
+        raise ValidationError(f"{name} is too large: {value}")
+    return value
+
+
 def priority(value: Any, *, job: str | None = None) -> int:
     """A job priority: an int in ``MIN_PRIORITY..MAX_PRIORITY`` (0..9)."""
     if type(value) is int and MIN_PRIORITY <= value <= MAX_PRIORITY:

@@ -28,7 +28,7 @@ from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
 from ._leases import Leases
 from ._observers import QueueObserver, notify
 from ._pool import Encoded, HandlerProcessError, ProcessPool
-from .._model._serde import Serde, decode_error, encode_error
+from .._model._serde import Serde, decode_error, encode_error, error_data
 from ..storage._base import Claim, FlowJob, JobRecord, Settlement, SettleKind, Storage, parse_job_state
 
 if TYPE_CHECKING:
@@ -151,6 +151,8 @@ class ExecutionSettings:
     # the jobs of children added to a running job (queue, id, children): its Queue's
     # JobMaker._subtree (validated, encoded with the queue's payload serde)
     subtree: Callable[[str, str, Sequence[Any]], list[FlowJob]] | None = None
+    keep_completed: int | None = None  # count-based retention (Settlement.keep), None: by TTL only
+    keep_failed: int | None = None
 
 
 @dataclass(slots=True)
@@ -176,13 +178,15 @@ class Escalation(BaseException):
 
 
 def job_error(exc: BaseException) -> JobError:
-    """The storable form of an exception: type, message, formatted traceback."""
+    """The storable form of an exception: type, message, formatted traceback, and the
+    data it offers (:func:`~trioqueue.error_data`)."""
     if isinstance(exc, HandlerProcessError):
         return exc.error  # raised in a pool process, and not picklable: its text crossed
     return JobError(
         type(exc).__qualname__,
         str(exc),
         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        error_data(exc),
     )
 
 
@@ -335,7 +339,7 @@ class Executor:
             return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
         settlement = None
         if raised is None and q.after_execution is None and q.pool is not None:
-            settlement = _new(Settlement, (_COMPLETE, jid, result.data, ttl, 0.0, token))  # encoded by the pool
+            settlement = _new(Settlement, (_COMPLETE, jid, result.data, ttl, 0.0, token, q.keep_completed))  # (pool-encoded)
         elif raised is None and q.after_execution is None:  # settlement()'s common case, inline
             serde = q.result_serde
             try:
@@ -344,7 +348,7 @@ class Executor:
                 raised = encode_failure(serde, "result of job", TrioQueueError, jid, exc)
             else:
                 if type(data) is bytes or isinstance(data, bytes):
-                    settlement = _new(Settlement, (_COMPLETE, jid, data, ttl, 0.0, token))
+                    settlement = _new(Settlement, (_COMPLETE, jid, data, ttl, 0.0, token, q.keep_completed))
                 else:
                     raised = encode_failure(serde, "result of job", TrioQueueError, jid, data)
         if settlement is None:
@@ -367,7 +371,8 @@ class Executor:
             options = JobOptions.decode(opts) if opts else NO_JOB_OPTIONS
         except CodecError as exc:
             bad = JobError("CodecError", f"job {claim_id!r} has an unreadable envelope: {exc}")
-            return self.finished(Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token))
+            failed = Settlement(SettleKind.FAIL, claim_id, encode_error(bad), ttl=q.result_ttl, token=token, keep=q.keep_failed)
+            return self.finished(failed)
         ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
         try:
             payload = q.payload_serde.loads(raw)
@@ -376,7 +381,7 @@ class Executor:
             bad = JobError(
                 "PayloadDecodeError", f"payload of job {jid!r} cannot be decoded: {exc}", job_error(exc).traceback
             )
-            return self.finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token))
+            return self.finished(Settlement(SettleKind.FAIL, jid, encode_error(bad), ttl=ttl, token=token, keep=q.keep_failed))
         job: Job[Any] = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
         return job, options, ttl, raw
 
@@ -472,7 +477,7 @@ class Executor:
                     result = self.settings.result_serde.loads(result.data)
                 except Exception as exc:
                     self.events.emit("error", jid, error=exc, where="after_execution (decoding the result)")
-                    return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
+                    return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token, keep=self.settings.keep_completed)
             ctx = ExecutionContext(job, result if error is None else None, error, ttl)
             try:
                 ret = after(ctx)
@@ -484,8 +489,8 @@ class Executor:
             except Exception as exc:
                 self.events.emit("error", jid, error=exc, where="after_execution")
         if error is None:
-            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token)
-        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token)
+            return Settlement(SettleKind.COMPLETE, jid, data, ttl=ttl, token=token, keep=self.settings.keep_completed)
+        return Settlement(SettleKind.FAIL, jid, encode_error(error), ttl=ttl, token=token, keep=self.settings.keep_failed)
 
     def dump_result(self, job_id: str, result: Any) -> bytes:
         if isinstance(result, Encoded):

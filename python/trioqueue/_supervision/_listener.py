@@ -173,13 +173,47 @@ class Listener:
                 async for batch in receive:
                     if self._scope is not scope:
                         return  # superseded (the cancellation is on its way)
+                    if self.events.wants("completed"):
+                        batch = await self._with_results(batch)
                     self._dispatch(batch)
+
+    async def _with_results(self, batch: list[StorageEvent]) -> list[StorageEvent]:
+        """``batch`` with the result of each ``completed`` event that came without it
+        (too large to ride along: over 64 KiB on Redis, 7000 bytes on PostgreSQL) read
+        back from the registry, for the callbacks and streams that get the result. Only
+        then: a waiter reads it back by itself, and a batch whose events all carry their
+        results costs a scan."""
+        missing = [i for i, ev in enumerate(batch) if ev.kind == "completed" and ev.result is None and ev.job_id]
+        if not missing:
+            return batch
+        batch = list(batch)
+        for i in missing:
+            ev = batch[i]
+            try:
+                record = await self.storage.get_job(self.queue, ev.job_id)
+            except Exception:  # noqa: BLE001 - the event goes without its result
+                continue
+            if record is not None and record.result is not None and (ev.token is None or record.token == ev.token):
+                batch[i] = ev._replace(result=record.result)
+        return batch
 
     def _resync(self) -> None:
         self.waiters.wake_all()
         if self.on_due is not None:
             self.on_due(0.0)
         self.events.emit("resync")
+
+    def _add_result(self, data: dict[str, Any], ev: StorageEvent) -> None:
+        """A ``completed`` event's decoded result as ``data["result"]`` (``None`` when it
+        is no longer stored); a result the queue's ``result_serde`` cannot decode leaves
+        ``result`` ``None`` and says why in ``data["result_error"]``."""
+        data["result"] = None
+        if ev.result is None:
+            return
+        try:
+            data["result"] = self.result_serde.loads(ev.result)
+        except Exception as exc:  # noqa: BLE001 - told in the event, not raised
+            data["result_error"] = f"result of job {ev.job_id!r} cannot be decoded: {exc}"
 
     def _dispatch(self, batch: list[StorageEvent]) -> None:
         events = self.events
@@ -190,7 +224,7 @@ class Listener:
             if waiters:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
-                elif kind == "resync":
+                elif kind == "resync" or kind == "cleared":  # re-read: a cleared job is gone
                     waiters.wake_all()
             if kind == "resync":
                 if self.on_due is not None:
@@ -222,6 +256,8 @@ class Listener:
                     data: dict[str, Any] = {"worker_id": ev.worker_id}
                     if ev.error is not None:
                         data["error"] = decode_error(ev.error)
+                    if kind == "completed":
+                        self._add_result(data, ev)
                     events.emit(kind, ev.job_id or None, **data)
             elif kind == "fenced":
                 events.emit(

@@ -39,7 +39,7 @@ from typing import Any, NoReturn
 import trio
 
 from .._model._errors import TrioQueueError, ValidationError
-from .._model._serde import Serde
+from .._model._serde import Serde, error_data
 from .._model._types import Job, JobError
 
 __all__ = [
@@ -197,7 +197,7 @@ def _portable(exc: Exception) -> Exception:
             pickle.loads(pickle.dumps(chained))
         except Exception:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            return HandlerProcessError(JobError(type(exc).__qualname__, str(exc), text))
+            return HandlerProcessError(JobError(type(exc).__qualname__, str(exc), text, error_data(exc)))
         chained = chained.__cause__ or chained.__context__
     return exc
 

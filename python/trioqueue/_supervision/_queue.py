@@ -1,4 +1,6 @@
-"""The Queue: producer API, request/response, and the supervised consumer."""
+"""The Queue: its settings, lifecycle and the supervised consumer (the producer API and
+request/response are in ``_producing.py``, the registry and administration in
+``_registry.py``)."""
 
 from __future__ import annotations
 
@@ -8,31 +10,27 @@ import os
 import socket
 import uuid
 from itertools import count
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, Self, TypeVar, overload
 
 import trio
 
-from .._model import _tracing
 from .._model import _validate as check
 from ._batch import BatchSettings, batch_settings
 from ._consumer import Consumer, ConsumerSettings, claim_limits
 from .._model._errors import (
-    JobCancelledError,
-    JobTimeoutError,
-    QueueStoppedError,
     TrioQueueError,
     ValidationError,
 )
 from ._emitter import Emitter, EventCallback
-from ._listener import NOTICES, Listener, level_for
+from ._listener import Listener, level_for
 from .._model._limits import RateLimit
-from .._model._options import EnqueueOptions
 from ._flows import JobMaker
+from ._producing import QueueProducer
 from ._registry import QueueAdmin
-from ._waiters import Waiters, terminal_from_record
+from ._waiters import Waiters
 from ._leases import lease_margin as resolve_lease_margin
 from ._execution import (
     AfterExecution,
@@ -44,13 +42,14 @@ from ._execution import (
     check_retry_if,
     only_cancelled,
 )
-from .._model._types import EnqueueResult, EnqueueStatus, Job
+from .._model._types import Job
 from ._observers import QueueObserver
 from ._pool import ProcessPool, check_executor, check_process_handler
 from ._reaper import LeaderElection, Reaper
 from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
 from .._model._serde import JsonSerde, Serde
-from ..storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
+from .._model._types import FOREVER_TTL
+from ..storage._base import Storage
 
 __all__ = ["Queue"]
 
@@ -58,9 +57,6 @@ logger = logging.getLogger("trioqueue")
 
 P = TypeVar("P")
 R = TypeVar("R")
-
-
-_new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
 
 
 def default_worker_id() -> str:
@@ -79,7 +75,7 @@ def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException |
     return found
 
 
-class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
+class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
     """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
@@ -116,6 +112,14 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
     :mod:`trioqueue._supervision._batch`). ``concurrency`` batches run at once;
     ``prefetch`` defaults to one batch per
     worker.
+
+    Retention: a finished job's result (or error) and record are kept ``result_ttl``
+    seconds (``None``: for good, until purged, removed or cleared); ``keep_completed``
+    / ``keep_failed`` (``None``: no limit) also keep only the newest N completed / failed
+    jobs of the queue, whichever removes a job first. The count is applied by this
+    queue's workers as they settle jobs: on memory and Redis in the settlement's atomic
+    step (never more than N, whatever the rate), on PostgreSQL by the same call right
+    after it commits, on files in batches (see :class:`~trioqueue.storage.FileStorage`).
     """
 
     def __init__(
@@ -131,7 +135,7 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         job_timeout: float | None = None,
         block_timeout: float = 5.0,
         visibility_timeout: float = 30.0,
-        result_ttl: float = 3600.0,
+        result_ttl: float | None = 3600.0,
         payload_serde: Serde | None = None,
         result_serde: Serde | None = None,
         after_execution: AfterExecution | None = None,
@@ -146,6 +150,8 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         batch_handler: Callable[[list[Job[Any]]], Any] | None = None,
         batch_size: int = 100,
         batch_wait: float = 0.05,
+        keep_completed: int | None = None,
+        keep_failed: int | None = None,
     ) -> None:
         self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
@@ -164,7 +170,10 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
         # A claim this worker could not renew is given up this long before its lease runs out.
         self.lease_margin = resolve_lease_margin(lease_margin, self.visibility_timeout)
-        self.result_ttl = check.seconds("result_ttl", result_ttl)
+        self.result_ttl = FOREVER_TTL if result_ttl is None else check.seconds("result_ttl", result_ttl)
+        # Count-based retention, beside the TTL (Settlement.keep): None, no limit.
+        self.keep_completed = check.keep_count("keep_completed", keep_completed)
+        self.keep_failed = check.keep_count("keep_failed", keep_failed)
         self._batch: BatchSettings | None = None
         if batch_handler is not None:
             if handler is not None:
@@ -264,8 +273,9 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
 
     def on(self, name: str, callback: EventCallback | None = None) -> Any:
         """Call ``callback(event)`` (sync or async) for each event ``name``; usable as a
-        decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``,
-        ``failed``, ``failing``, ``requeued``, ``cancelled``, ``stalled``,
+        decorator. Names: ``started``, ``stopped``, ``error``, ``enqueued``, ``completed``
+        (``data["result"]``: the decoded result), ``failed``, ``failing`` (``data["error"]``:
+        the :class:`JobError`), ``requeued``, ``cancelled``, ``cleared``, ``stalled``,
         ``leadership_acquired``, ``leadership_lost``, ``resync``, ``lease_lost`` (this
         worker gave up a claim: ``data`` has ``worker_id`` and ``why``, one of
         ``recovered``, ``cancelled``, ``fenced`` or ``expired``; see :data:`EVENT_NAMES`). Job events come from the
@@ -411,6 +421,8 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
             self._after_execution,
             pool,
             self._subtree,
+            self.keep_completed,
+            self.keep_failed,
         )
         executor = Executor(execution, self.storage, self._events, self._observers, Cancellations())
         settings = ConsumerSettings(
@@ -437,147 +449,6 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
             raise TrioQueueError(
                 f"queue {self.name!r} is not running: use `async with queue:` or `await nursery.start(queue.run)`"
             )
-
-    # -- notifications -----------------------------------------------------------------
-
-    # -- producer API ------------------------------------------------------------------
-
-    async def enqueue(
-        self,
-        job_id: str,
-        payload: P,
-        *,
-        transaction: object | None = None,
-        **options: Unpack[EnqueueOptions],
-    ) -> EnqueueResult:
-        """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
-        queued/processing/failing/delayed, or failed and still cached) or ``completed``
-        with the cached result. ``options`` (:class:`~trioqueue.EnqueueOptions`), each
-        overriding the queue's setting, fixed by the first accepted enqueue:
-        ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay),
-        ``job_timeout``; ``delay`` (seconds from now) or ``at`` (a timezone-aware
-        ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until then;
-        ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first, FIFO
-        within a priority; the job keeps it through retries and recoveries.
-        ``transaction`` (PostgresStorage: ``async with storage.transaction() as tx``)
-        writes the job in the application's transaction: it exists only if that commits.
-        Raises :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for
-        an unknown option.
-
-        ``children`` (a list of :class:`~trioqueue.Child`, trees of any depth) makes it
-        the parent of a tree, written atomically (every job or none: a child id that
-        exists raises :class:`~trioqueue.FlowError`): it waits in ``waiting_children``
-        until every child is terminal, then runs. ``on_child_failure``: ``"cancel"``
-        (default) fails it with :class:`~trioqueue.ChildJobFailedError` and cancels the
-        other children as soon as one fails for good, ``"continue"`` runs it anyway
-        (:meth:`Job.children_failures`), ``"ignore"`` counts failed children as done."""
-        trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self._new_job(job_id, payload, options, trace)
-        tree = self._tree(new, options, trace)
-        self._check_running()
-        await self._listener.caught_up()
-        if transaction is None:
-            return self._enqueue_result(new.id, await self._store(new, tree, options))
-        if tree is not None:
-            raise ValidationError(f"job {new.id!r}: a tree of jobs cannot be enqueued with transaction= (not yet)")
-        [outcome] = await self._store_in(transaction, [new], options)
-        return self._enqueue_result(new.id, outcome)
-
-    async def enqueue_many(
-        self,
-        jobs: Iterable[tuple[str, P]],
-        *,
-        transaction: object | None = None,
-        **options: Unpack[EnqueueOptions],
-    ) -> list[EnqueueResult]:
-        """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
-        order), with the options of :meth:`enqueue` for all of them (``transaction``
-        too). Everything is validated first: one bad job means nothing is written."""
-        trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = [
-            self._new_job(jid, payload, options, trace) for jid, payload in jobs
-        ]
-        if options.get("children") is not None:  # one tree per job, each atomic
-            trees = [self._tree(n, options, trace) for n in new]
-            if transaction is not None and new:
-                raise ValidationError(f"job {new[0].id!r}: trees of jobs cannot be enqueued with transaction= (not yet)")
-            self._check_running()
-            await self._listener.caught_up()
-            return [self._enqueue_result(n.id, await self._store(n, t, options)) for n, t in zip(new, trees, strict=True)]
-        self._check_running()
-        if not new:
-            await trio.lowlevel.checkpoint()
-            return []
-        await self._listener.caught_up()
-        outcomes = await self._store_in(transaction, new, options)
-        return [self._enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
-
-    async def enqueue_and_wait(
-        self,
-        job_id: str,
-        payload: P,
-        *,
-        timeout: float = 30.0,
-        **options: Unpack[EnqueueOptions],
-    ) -> R:
-        """Enqueue (or join an in-flight job with the same id) and return its result.
-
-        Raises :class:`JobTimeoutError` after ``timeout`` seconds (the job keeps going),
-        :class:`JobFailedError` if it failed for good, :class:`JobCancelledError` if it is
-        cancelled meanwhile, :class:`QueueStoppedError` at once if the queue stops. A
-        completed id returns its cached result at once. Driven by the storage's event
-        stream (the wait is registered before enqueueing), never by polling; only the
-        outcome of the incarnation this call enqueued or joined counts (a job cancelled and
-        enqueued again under the same id is another incarnation). An enclosing cancel scope
-        cancels the wait, not the job.
-        """
-        timeout = check.seconds("timeout", timeout, job=job_id if isinstance(job_id, str) else None)
-        trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self._new_job(job_id, payload, options, trace)
-        tree = self._tree(new, options, trace)
-        self._check_running()
-        jid = new.id
-        waiter = self._waiters.add(jid)
-        try:
-            with trio.move_on_after(timeout):
-                # The terminal notices are live before we enqueue (the first waiter of a
-                # queue subscribes to them; later ones find them live).
-                await self._listener.ensure(max(NOTICES, self._listener.pending))
-                outcome = await self._store(new, tree, options)
-                if outcome.status is EnqueueStatus.COMPLETED:
-                    return self._load_result(jid, outcome.result)  # type: ignore[no-any-return]
-                if outcome.status is EnqueueStatus.DUPLICATE and outcome.state and outcome.state.startswith("failed"):
-                    await self._raise_stored_failure(jid, None)
-                waiter.bind(new.token if outcome.status is EnqueueStatus.QUEUED else outcome.token)
-                while True:
-                    # Flags first, then a fresh wake-up: a notice can never fall in between.
-                    if waiter.outcome is not None:
-                        return await self._waiter_outcome(jid, waiter.outcome)  # type: ignore[no-any-return]
-                    if waiter.stopped:
-                        raise QueueStoppedError(self.name, jid)
-                    if waiter.resync:  # the event stream may have lost our notice
-                        waiter.resync = False
-                        record = await self.storage.get_job(self.name, jid)
-                        if waiter.outcome is None:
-                            waiter.outcome = terminal_from_record(jid, record, waiter.token)
-                        continue
-                    waiter.event = trio.Event()
-                    await waiter.event.wait()
-            raise JobTimeoutError(jid, timeout)
-        finally:
-            self._waiters.remove(jid, waiter)
-
-    async def _waiter_outcome(self, job_id: str, outcome: StorageEvent) -> Any:
-        if outcome.kind == "completed":
-            if outcome.result is None:
-                record = await self.storage.get_job(self.name, job_id)
-                if record is None or record.result is None:
-                    raise TrioQueueError(f"job {job_id!r} completed but its result is no longer stored")
-                return self._load_result(job_id, record.result)
-            return self._load_result(job_id, outcome.result)
-        if outcome.kind == "failed":
-            await self._raise_stored_failure(job_id, outcome.error)
-        raise JobCancelledError(job_id, removed=outcome.kind == "removed")
 
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"

@@ -3,7 +3,7 @@ schedules. A mixin of :class:`~trioqueue.Queue` (kept apart to keep each module 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -211,6 +211,29 @@ class QueueAdmin(Generic[P]):
             status = with_children(status, await self.storage.get_children(self.name, jid))
         return status
 
+    async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
+        """The statuses of many jobs at once, in the order of ``job_ids`` (``None`` for an
+        unknown or expired id, as :meth:`get_status`): one storage call, one round trip
+        to the server (Redis: one script, a queue's keys sharing one Cluster slot;
+        PostgreSQL: one query), plus one per job that is a parent of a tree (its
+        children's counts). A bad id raises :class:`ValidationError` naming it, before
+        anything is read."""
+        if isinstance(job_ids, str):
+            raise ValidationError(f"job_ids must be a collection of job ids, not the string {job_ids!r}")
+        ids = [check.job_id(jid) for jid in job_ids]
+        self._check_running()
+        records = await self.storage.get_jobs(self.name, ids)
+        out: list[JobStatus | None] = []
+        for record in records:
+            if record is None:
+                out.append(None)
+                continue
+            status = self._status(record)
+            if record.children:
+                status = with_children(status, await self.storage.get_children(self.name, record.id))
+            out.append(status)
+        return out
+
     def _status(self, record: JobRecord) -> JobStatus:
         jid = record.id
         kind, ms, extra = parse_job_state(record.state)
@@ -274,6 +297,21 @@ class QueueAdmin(Generic[P]):
         self._check_running()
         await self._listener.caught_up()
         return await self.storage.remove_job(self.name, jid)
+
+    async def clear(self, *, schedules: bool = False) -> int:
+        """Empty the queue's storage entirely: every job in every state (queued, delayed,
+        running, waiting for a retry or for children, finished) with its results, errors
+        and progress, and the rate limit's state, is forgotten at once; the schedules are
+        kept unless ``schedules`` is true (the pause flag and the worker registry always
+        are). Returns how many jobs were forgotten. A worker running one of the jobs does
+        not crash: its outcome is refused (fenced, an ``error`` event) and its heartbeat
+        gives the claim up (``lease_lost``); waiters of ``enqueue_and_wait`` get
+        :class:`JobCancelledError`; every subscriber gets a ``cleared`` event."""
+        if not isinstance(schedules, bool):
+            raise ValidationError(f"schedules must be a bool, got {schedules!r}")
+        self._check_running()
+        await self._listener.caught_up()
+        return await self.storage.clear(self.name, schedules=schedules)
 
     def _new_token(self) -> str:
         raise NotImplementedError

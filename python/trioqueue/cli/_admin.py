@@ -1,5 +1,5 @@
 """The admin commands of the ``trioqueue`` command line: ``stats``, ``list``, ``show``,
-``cancel``, ``retry``, ``remove``, ``purge``, ``pause``, ``resume``, ``enqueue`` and
+``cancel``, ``retry``, ``remove``, ``purge``, ``clear``, ``pause``, ``resume``, ``enqueue`` and
 ``migrate`` (PostgreSQL schema migrations, for teams that run them themselves).
 
 Each opens the storage named by ``--storage`` (see :func:`~trioqueue.storage.from_url`)
@@ -22,7 +22,9 @@ from .._model._types import CancelStatus, JobState, JobStatus
 
 __all__ = ["ADMIN_COMMANDS", "add_admin_commands", "admin_command"]
 
-ADMIN_COMMANDS = ("stats", "list", "show", "cancel", "retry", "remove", "purge", "pause", "resume", "enqueue", "migrate")
+ADMIN_COMMANDS = (
+    "stats", "list", "show", "cancel", "retry", "remove", "purge", "clear", "pause", "resume", "enqueue", "migrate",
+)  # fmt: skip
 _STATES = [s.value for s in JobState]
 _TERMINAL = [s.value for s in JobState if s.terminal]
 
@@ -80,6 +82,9 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
     p = command("purge", "forget finished jobs of one state")
     p.add_argument("state", choices=_TERMINAL, help="terminal state to purge")
     p.add_argument("--older-than", type=_seconds, default=None, metavar="S", help="only jobs finished more than S seconds ago (default: all)")
+    p = command("clear", "forget every job of the queue, in every state (running ones included); schedules are kept")
+    p.add_argument("--yes", action="store_true", help="confirm: nothing is cleared without it")
+    p.add_argument("--schedules", action="store_true", help="remove the queue's schedules too")
     command("pause", "stop every worker of the queue from claiming jobs")
     command("resume", "let the workers of the queue claim jobs again")
     p = command("enqueue", "enqueue a job (its payload is JSON)")
@@ -127,7 +132,7 @@ def _status_json(s: JobStatus) -> dict[str, Any]:
         "result": s.result,
         "error": None
         if s.error is None
-        else {"type": s.error.type, "message": s.error.message, "traceback": s.error.traceback},
+        else {"type": s.error.type, "message": s.error.message, "traceback": s.error.traceback, "data": s.error.data},
         "parent": None if s.parent is None else {"queue": s.parent.queue, "id": s.parent.id},
         "children": None if s.children is None else {k.value: n for k, n in s.children.items() if n},
     }
@@ -259,6 +264,8 @@ async def _show(args: argparse.Namespace, queue: Any) -> int:
         lines.append(f"result:     {json.dumps(s.result, default=repr, ensure_ascii=False)}")
     if s.error is not None:
         lines.append(f"error:      {s.error.type}: {s.error.message}")
+        if s.error.data is not None:
+            lines.append(f"error data: {json.dumps(s.error.data, ensure_ascii=False)}")
         if s.error.traceback:
             lines.append(s.error.traceback.rstrip())
     _emit(args, data, "\n".join(lines))
@@ -297,6 +304,20 @@ async def _remove(args: argparse.Namespace, queue: Any) -> int:
 async def _purge(args: argparse.Namespace, queue: Any) -> int:
     n = await queue.purge(args.state, older_than=args.older_than)
     _emit(args, {"state": args.state, "purged": n}, f"purged {n} {args.state} job{'s' if n != 1 else ''}")
+    return 0
+
+
+async def _clear(args: argparse.Namespace, queue: Any) -> int:
+    if not args.yes:
+        raise ValidationError(
+            f"clear forgets every job of queue {queue.name!r} (running ones included): pass --yes to confirm;"
+            " nothing was cleared"
+        )
+    n = await queue.clear(schedules=args.schedules)
+    human = f"queue {queue.name!r} cleared: {n} job{'s' if n != 1 else ''} forgotten" + (
+        ", schedules removed" if args.schedules else ""
+    )
+    _emit(args, {"queue": queue.name, "cleared": n, "schedules_removed": args.schedules}, human)
     return 0
 
 
@@ -341,6 +362,7 @@ _COMMANDS = {
     "retry": _retry,
     "remove": _remove,
     "purge": _purge,
+    "clear": _clear,
     "pause": _pause,
     "resume": _pause,
     "enqueue": _enqueue,

@@ -33,7 +33,7 @@ STATES = [s.value for s in (
     JobState.COMPLETED,
     JobState.CANCELLED,
 )]
-ACTIONS = ("retry", "cancel", "remove", "purge", "pause", "resume")
+ACTIONS = ("retry", "cancel", "remove", "purge", "clear", "pause", "resume")
 PAGE_SIZES = (20, 50, 100)
 KEEPALIVE = 15.0
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
@@ -44,6 +44,7 @@ NOTICES = {
     "remove-ok": "Removed the job.",
     "remove-no": "Nothing removed: the job was not found.",
     "purge-ok": "Purged {n} job(s).",
+    "clear-ok": "Cleared the queue: {n} job(s) forgotten.",
     "pause-ok": "Paused: workers claim no new jobs.",
     "pause-no": "The queue was already paused.",
     "resume-ok": "Resumed.",
@@ -395,6 +396,11 @@ class DashboardApp:
                 raise HTTPError(400, f"purge: older_than must be seconds, got {older!r}") from None
             purged = await queue.purge(state, older_than=older_than)
             code, extra = "purge-ok", f"&n={purged}"
+        elif action == "clear":
+            if form.get("confirm") != name:  # the form names the queue it clears
+                raise HTTPError(400, f"clear: confirm with the queue's name ({name!r}); nothing was cleared")
+            cleared = await queue.clear()
+            code, extra = "clear-ok", f"&n={cleared}"
         elif action == "pause":
             code = "pause-ok" if await queue.pause() else "pause-no"
         else:

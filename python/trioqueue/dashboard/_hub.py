@@ -6,13 +6,15 @@ only subscribes and serves the admin calls), reads ``queue.events()``, keeps per
 throughput counters for the chart, re-reads the queue's counts (at most every
 ``counts_interval`` seconds, only after events) and sends small JSON messages to the
 subscribed browsers: ``counts``, and ``jobs`` gathering the job events of up to
-``batch_interval`` seconds (kinds counted, up to 200 ids), so a busy queue costs each
-browser a few messages a second, not one per event. A browser that falls behind loses messages and gets ``resync`` (it
+``batch_interval`` seconds (kinds counted, up to 200 ids, and the results of the
+completed ones among them, each previewed as at most 200 characters of JSON), so a busy
+queue costs each browser a few messages a second, not one per event. A browser that falls behind loses messages and gets ``resync`` (it
 reloads); memory stays bounded.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -33,7 +35,7 @@ logger = logging.getLogger("trioqueue.dashboard")
 HISTORY_SECONDS = 600  # the throughput chart's window
 CHART_KINDS = ("enqueued", "completed", "failed")
 _COUNT_EVENTS = frozenset(
-    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted", "resync", "removed"}
+    {"enqueued", "completed", "failed", "failing", "requeued", "cancelled", "stalled", "promoted", "resync", "removed", "cleared"}
 )
 _FORWARDED = _COUNT_EVENTS | {"progress", "cancel_requested", "paused", "resumed", "removed"}
 
@@ -83,21 +85,34 @@ class _Batch:
     """Job events of one queue gathered for one ``jobs`` message."""
 
     MAX_IDS = 200
+    PREVIEW = 200  # characters of a completed job's result shown
 
     def __init__(self) -> None:
         self.kinds: dict[str, int] = {}
         self.ids: dict[str, None] = {}  # an ordered set
+        self.results: dict[str, str] = {}  # completed job id -> its result's preview
         self.more = False  # ids were left out: pages interested in any job re-read
         self.ready = trio.Event()
 
-    def add(self, kind: str, job_id: str | None) -> None:
+    def add(self, kind: str, job_id: str | None, data: dict[str, Any] | None = None) -> None:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         if job_id:
             if len(self.ids) < self.MAX_IDS:
                 self.ids[job_id] = None
+                if kind == "completed" and data is not None:
+                    self.results[job_id] = preview(data.get("result"), self.PREVIEW)
             else:
                 self.more = True
         self.ready.set()
+
+
+def preview(value: Any, limit: int) -> str:
+    """``value`` as JSON (``repr`` for what JSON cannot say), cut to ``limit`` characters."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):  # (circular containers...)
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Throughput:
@@ -256,7 +271,7 @@ class Hub:
                         self.throughput[name].add(event.name, now)
                     if event.name in _COUNT_EVENTS or event.name in ("paused", "resumed"):
                         self._dirty[name].set()
-                    self._batches[name].add(event.name, event.job_id)
+                    self._batches[name].add(event.name, event.job_id, event.data)
 
     async def _jobs_loop(self, name: str) -> None:
         """One ``jobs`` message per queue every ``batch_interval`` at most, whatever the
@@ -267,7 +282,14 @@ class Hub:
             batch, self._batches[name] = self._batches[name], _Batch()
             self._broadcast(
                 "jobs",
-                {"queue": name, "t": time.time(), "kinds": batch.kinds, "ids": list(batch.ids), "more": batch.more},
+                {
+                    "queue": name,
+                    "t": time.time(),
+                    "kinds": batch.kinds,
+                    "ids": list(batch.ids),
+                    "results": batch.results,
+                    "more": batch.more,
+                },
             )
 
     async def _counts_loop(self, name: str) -> None:

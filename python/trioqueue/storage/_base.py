@@ -135,6 +135,13 @@ class Storage(abc.ABC):
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         """The registry entry of a job, with its result/error if terminal and cached."""
 
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        """:meth:`get_job` of many ids at once, in order (``None`` for an unknown or
+        expired id), in one round trip to the server (Redis: one script, the queue's keys
+        sharing a Cluster slot; PostgreSQL: one query) and one consistent snapshot on the
+        backends that have one. This default asks :meth:`get_job` for each id in turn."""
+        return [await self.get_job(queue, jid) for jid in job_ids]
+
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         """The envelope the job was enqueued with (its payload: ``decode_envelope``), or
         ``None`` if the id is unknown, expired, or its envelope is no longer kept (Redis
@@ -462,6 +469,21 @@ class Storage(abc.ABC):
         place in the ready list or delayed set (it will never run), publishing
         ``removed``. False (nothing changed) if the id is unknown or processing."""
         raise NotImplementedError(f"{type(self).__name__} does not implement remove")
+
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        """Empty ``queue``, atomically: forget every job of it in every state (ready
+        lists, delayed set, processing lists and leases, the registry with results,
+        errors and progress, the state indexes, trees' links) and its flow-control state
+        (rate-limit log, ``RateLimited`` hold), as if none had ever been enqueued. The
+        pause flag, the worker registry and (unless ``schedules``) the schedules with
+        their last ticks are kept. A worker still running a job of the queue finds its
+        claim gone: its settlement is fenced (changes nothing, publishes ``fenced``) and
+        its heartbeat lists the claim as lost (``recovered``). Trees are not followed across
+        queues: a parent on another queue waiting for a child of this one is not told
+        (cancel or remove it). Publishes ``cleared`` (a notice: waiters re-read the
+        registry and find their job gone). Returns how many jobs were forgotten (records
+        whose TTL had run out but that were not swept yet may be counted)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement clear")
 
     async def queue_names(self) -> list[str]:
         """The names of the queues this storage knows (sorted): memory, the queues it has

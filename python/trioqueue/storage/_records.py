@@ -16,6 +16,7 @@ from .._model._types import DEFAULT_PRIORITY, EnqueueStatus, JobError, UpdateTTL
 
 __all__ = [
     "CANCELLED",
+    "CLEARED",
     "COMPLETED",
     "Claim",
     "ClaimLimits",
@@ -60,6 +61,9 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 DELAYED = "delayed"
 WAITING_CHILDREN = "waiting_children"  # a parent whose children are not all terminal
+# The event of :meth:`Storage.clear`: every job of the queue was forgotten (a notice:
+# waiters re-read the registry and find their job gone).
+CLEARED = "cleared"
 
 # Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
 STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED, WAITING_CHILDREN)
@@ -71,11 +75,12 @@ TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 # storage ``error``, ``paused``/``resumed`` (workers hand back the jobs they prefetched)
 # and ``due``: a job entered the delayed set (a delayed enqueue, a retry, a rate-limited
 # put-back) due before anything else pending there (``result``: its due time, epoch ms as
-# text), so the reaper, which promotes due jobs, wakes in time. A subscription asking
+# text), so the reaper, which promotes due jobs, wakes in time; and ``cleared``
+# (:meth:`Storage.clear`: every job of the queue is gone). A subscription asking
 # for some of these only (``subscribe(queue, kinds=NOTICE_KINDS)``) gets none of the
 # per-job traffic (``enqueued``, ``progress``, ``requeued``...).
 NOTICE_KINDS = frozenset(
-    {COMPLETED, FAILED, CANCELLED, "removed", "cancel_requested", "fenced", "error", "paused", "resumed", "due"}
+    {COMPLETED, FAILED, CANCELLED, "removed", "cancel_requested", "fenced", "error", "paused", "resumed", "due", CLEARED}
 )
 
 
@@ -235,6 +240,15 @@ class Settlement(NamedTuple):
     ``data`` is the serialized result (COMPLETE) or error (FAIL, RETRY); ``ttl`` is the
     result/error TTL in seconds (COMPLETE, FAIL) and ``delay`` the retry delay (RETRY).
     ``token`` is the claim token of the attempt (:attr:`Claim.token`).
+
+    ``keep`` (COMPLETE, FAIL; ``None``: no limit) is count-based retention: at most that
+    many jobs of the queue are kept in the state the settlement enters (``completed``
+    or ``failed``), the newest; the older ones are forgotten as if their TTL had run
+    out, beside the TTL (whichever removes a job first). Memory and Redis apply it in
+    the settlement's atomic step (Redis orders terminal jobs by when they expire: by
+    when they ended, for jobs that share a TTL); PostgreSQL in the same call, right
+    after the settlement commits; the file backend in batches (see ``FileStorage``).
+    The jobs of trees of jobs are not counted out while their tree needs them.
     """
 
     kind: SettleKind
@@ -243,6 +257,7 @@ class Settlement(NamedTuple):
     ttl: float = 0.0
     delay: float = 0.0
     token: str = ""
+    keep: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

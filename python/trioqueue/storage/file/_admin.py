@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import trio
 
@@ -167,6 +167,21 @@ class AdminOps(FileBase):
         n = await trio.to_thread.run_sync(run)
         await self._finish([], {q.jobs_fd}, n > 0)
         return n
+
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        now = time.time()
+        out: list[JobRecord | None] = []
+        for jid in job_ids:
+            enc = encode_name(jid)
+            try:
+                r = read_rec(os.path.join(q.jobs, enc), enc)
+            except CorruptRecord:
+                out.append(await self.get_job(queue, jid))  # (quarantines it if still corrupt)
+                continue
+            out.append(None if r is None or (r.exp is not None and r.exp <= now) else _job_record(r))
+        return out
 
     async def queue_names(self) -> list[str]:
         return sorted(await trio.to_thread.run_sync(self._queue_dirs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -53,6 +54,10 @@ _UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attemp
 
 class ClaimOps(FileBase):
     """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+    if TYPE_CHECKING:  # RetentionOps (_retention.py)
+
+        async def _keep_newest(self, queue: str, settlements: Sequence[Settlement], settled: Sequence[bool]) -> None: ...
 
     def _claim_locked(
         self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
@@ -285,6 +290,8 @@ class ClaimOps(FileBase):
         await self._finish(fds, dirs, bool(items))
         if self._tree_dirty:
             await self._act_on_notes()
+        if items and any(s.keep is not None for s in settlements):
+            await self._keep_newest(queue, settlements, out)  # (count-based retention: _retention.py)
         return out
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import trio
 
-from .._base import CANCELLED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
-from ._parts import _Q, _Rec
+from .._base import CANCELLED, CLEARED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
+from .._flowstate import FlowState
+from ._index import StateIndex
+from ._parts import _Lanes, _Q, _Rec
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
 
@@ -64,6 +67,17 @@ class MemoryAdmin:
 
     def _tree_removed(self, rec: _Rec, now: float) -> None:
         raise NotImplementedError
+
+    def _keep_newest(self, q: _Q, kind: str, keep: int) -> int:
+        """Count-based retention (:attr:`Settlement.keep`), lock held: forget the oldest
+        jobs of terminal state ``kind`` beyond the newest ``keep`` (jobs of trees go by
+        their TTL)."""
+
+        def forget(rec: _Rec) -> None:
+            del q.jobs[rec.id]
+            q.index.drop(rec)
+
+        return q.index.trim(kind, keep, forget, lambda rec: rec.parent is not None or rec.flow is not None)
 
     async def counts(self, queue: str) -> dict[str, int]:
         await trio.lowlevel.checkpoint()
@@ -146,10 +160,37 @@ class MemoryAdmin:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            gone = list(q.jobs.values())
+            # Fresh structures: every job of the queue, whatever its state, is forgotten at
+            # once; a worker's claim finds no processing entry (its settlement is fenced).
+            q.ready, q.jobs, q.processing, q.delayed, q.expiry = _Lanes(), {}, {}, [], []
+            q.index = StateIndex()
+            q.flow = FlowState()
+            if schedules:
+                q.schedules = {}
+            self._publish(q, [StorageEvent(CLEARED, "")])
+            self._wake(q)  # claims waiting for a slot or a due job look again
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return len(gone)
+
     async def queue_names(self) -> list[str]:
         await trio.lowlevel.checkpoint()
         with self._lock:
             return sorted(self._queues)
+
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:  # one snapshot
+            q = self._q(queue)
+            self._expire(q, time.time())
+            recs = [q.jobs.get(jid) for jid in job_ids]
+            return [None if rec is None else _record(rec) for rec in recs]
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         await trio.lowlevel.checkpoint()

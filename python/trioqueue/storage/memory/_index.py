@@ -36,11 +36,12 @@ class _Indexed(Protocol):
 class _Log:
     """One state's log: ``seqs[i]`` is the sequence number of the entry of ``recs[i]``."""
 
-    __slots__ = ("seqs", "recs")
+    __slots__ = ("seqs", "recs", "head")
 
     def __init__(self) -> None:
         self.seqs = array("q")
         self.recs: list[Any] = []
+        self.head = 0  # entries before it are stale or left alone by trim(): not looked at again
 
     def __len__(self) -> int:
         return len(self.recs)
@@ -100,6 +101,7 @@ class StateIndex:
             keep = [r.iseq == s for s, r in zip(log.seqs, log.recs)]  # no tuple per entry
             log.seqs = array("q", compress(log.seqs, keep))
             log.recs = list(compress(log.recs, keep))
+            log.head = 0
 
     def page(self, kind: str, limit: int, cursor: int | None) -> tuple[list[Any], int | None]:
         """Up to ``limit`` live records of ``kind`` that entered it before ``cursor`` (a
@@ -141,3 +143,27 @@ class StateIndex:
             forget(rec)
             n += 1
         return n
+
+    def trim(self, kind: str, keep: int, forget: Callable[[Any], None], spare: Callable[[Any], bool]) -> int:
+        """Forget (``forget(rec)``, which must :meth:`drop` it) the oldest live records of
+        ``kind`` beyond the newest ``keep``, except those ``spare(rec)`` keeps (jobs of
+        trees: they go by their TTL); how many. Each entry is looked at once over the
+        log's life (a head moves past them), so trimming at every settlement costs what
+        it forgets."""
+        excess = self.live[kind] - keep
+        if excess <= 0:
+            return 0
+        log = self.logs[kind]
+        seqs, recs = log.seqs, log.recs
+        i, end = log.head, len(recs)
+        victims = []
+        while excess > 0 and i < end:
+            rec = recs[i]
+            if rec.iseq == seqs[i] and not spare(rec):
+                victims.append(rec)
+                excess -= 1
+            i += 1
+        log.head = i  # (forgetting may compact the log, which sets it back to 0)
+        for rec in victims:
+            forget(rec)
+        return len(victims)

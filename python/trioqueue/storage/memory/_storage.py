@@ -22,7 +22,6 @@ from itertools import count
 import trio
 
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
-from ..._model._serde import encode_error
 from .._base import (
     Claim,
     ClaimLimits,
@@ -48,18 +47,20 @@ from ._admin import MemoryAdmin, _record
 from ._control import MemoryControl
 from ._debounce import MemoryDebounce
 from ._flows import MemoryFlows
-from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter, _due_ms, _stalled_error
+from ._recovery import MemoryRecovery
+from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter, _due_ms
 
 __all__ = ["MemoryStorage"]
 
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
 _UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
 _COMPLETE = SettleKind.COMPLETE
+_KEPT = {SettleKind.COMPLETE: _COMPLETED, SettleKind.FAIL: _FAILED}  # Settlement.keep applies to
 # Claims and events by the thousand: built as the tuples they are, without the keyword
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
 
-class MemoryStorage(MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
+class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -348,12 +349,15 @@ class MemoryStorage(MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
         retried = False
         now_ms = int(now * 1000)
         completed: list[_Rec] = []  # their index entries move in one batch
+        keeps: dict[str, int] = {}  # state kind -> Settlement.keep (the least asked for)
         group_at, group = math.nan, completed  # (no group yet: NaN equals nothing)
         with self._lock:
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                skind, sid, data, ttl, _, token = s
+                skind, sid, data, ttl, _, token, keep = s
+                if keep is not None and skind in _KEPT:
+                    keeps[_KEPT[skind]] = min(keep, keeps.get(_KEPT[skind], keep))
                 rec = proc.get(sid)
                 if rec is not None and rec.claim == token and skind is _COMPLETE:
                     # The common case, inline (as _set_terminal does it, but the index).
@@ -417,6 +421,8 @@ class MemoryStorage(MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
                     self._delay(q, rec, now + s.delay, events)
                     retried = True
             q.index.move(completed, _PROCESSING, _COMPLETED)
+            for kind, keep in keeps.items():  # count-based retention, in the same step
+                self._keep_newest(q, kind, keep)
             self._publish(q, events)
             if retried or (any(out) and q.flow.freed()):
                 self._wake(q)  # waiters recompute when the next retry is due
@@ -495,63 +501,6 @@ class MemoryStorage(MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
             rec.started = True
             rec.attempts += 1
         return True
-
-    # -- reaper ------------------------------------------------------------------------
-
-    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
-        recovered: list[tuple[str, str]] = []
-        events: list[StorageEvent] = []
-        next_deadline = math.inf
-        requeue: list[_Rec] = []
-        with self._lock:
-            q = self._q(queue)
-            self._expire(q, now)
-            self._promote(q, now, events)
-            promoted = bool(events)
-            if q.delayed:
-                next_deadline = q.delayed[0][0]
-            for worker_id, proc in list(q.processing.items()):
-                alive_until = q.workers.get(worker_id, 0.0)
-                for job_id, rec in list(proc.items()):
-                    if rec.lease_deadline > now and alive_until > now:
-                        next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
-                        continue
-                    del proc[job_id]
-                    events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
-                    rec.worker = None
-                    rec.claim = None
-                    rec.lease_deadline = math.inf
-                    if rec.cancel_requested:
-                        self._cancel_claimed(q, rec, now, worker_id, events)
-                        recovered.append((job_id, "cancelled"))
-                    # A reserved claim never ran: it goes back at no cost.
-                    elif not rec.started or rec.attempts < rec.max_attempts:
-                        rec.kind = _QUEUED
-                        rec.ts_ms = int(now * 1000)
-                        rec.started = False
-                        requeue.append(rec)
-                        events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
-                        recovered.append((job_id, "requeued"))
-                    else:
-                        rec.error = encode_error(_stalled_error(job_id, worker_id, rec.attempts))
-                        self._set_terminal(q, rec, _FAILED, now, rec.result_ttl)
-                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error, token=rec.token))
-                        recovered.append((job_id, "failed"))
-                if not proc and alive_until <= now:
-                    del q.processing[worker_id]
-            for worker_id, alive_until in list(q.workers.items()):
-                if alive_until <= now and not q.processing.get(worker_id):
-                    del q.workers[worker_id]  # a dead worker holding nothing: forget it
-                    q.processing.pop(worker_id, None)
-            q.ready.push(requeue)
-            self._publish(q, events)
-            if recovered or promoted:
-                q.flow.freed()
-                self._wake(q)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return recovered, (None if next_deadline == math.inf else next_deadline)
 
     # -- events ------------------------------------------------------------------------
 

@@ -27,12 +27,13 @@ from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
 from ._conn import Notification
 from ._jobs import LIVE
 from ._pool import Transaction
+from ._retention import PostgresRetention
 from ._schema import migrate, schema_version
 
 __all__ = ["PostgresStorage"]
 
 
-class PostgresStorage(PostgresDebounce, PostgresClaims):
+class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
     """Jobs in PostgreSQL: durable, shared by every process that reaches the database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/dbname?...``) or

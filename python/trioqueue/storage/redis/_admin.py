@@ -1,5 +1,5 @@
 """RedisStorage's registry queries and administration (a mixin kept apart from
-``_storage.py``): counts, listing, retry, purge, remove and the queue names.
+``_storage.py``): counts, listing, retry, purge, remove, clear and the queue names.
 
 The per-state index is the zset ``{prefix:queue}:states`` (id -> kind * 2**44 + the ms
 the job entered its state; for a terminal job, the ms it is forgotten: the same member is
@@ -45,6 +45,17 @@ class RedisAdmin:
         raise NotImplementedError
 
     async def _tree_act(self, queue: str) -> None:
+        raise NotImplementedError
+
+    _scripts: dict[str, Any]
+
+    def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
+        raise NotImplementedError
+
+    def _plist(self, queue: str, worker_id: str) -> str:
+        raise NotImplementedError
+
+    def _flow_keys(self, queue: str) -> list[str]:
         raise NotImplementedError
 
     def _states_key(self, queue: str) -> str:
@@ -126,6 +137,18 @@ class RedisAdmin:
             if nxt is None:
                 return total
             offset = int(nxt)
+
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        procs_key = self._base(queue) + ":procs"
+        while True:
+            # The processing lists the script unlinks are declared in KEYS (Cluster, ACLs):
+            # read their workers first; the script refuses (-1) if one was added meanwhile.
+            workers = sorted(_text(w) for w in await self._transport.command(["SMEMBERS", procs_key]) or ())
+            keys = self._keys("clear", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
+            n = int(await self._transport.script(self._scripts["clear"], keys, ["1" if schedules else "0", *workers]))
+            if n >= 0:
+                return n
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

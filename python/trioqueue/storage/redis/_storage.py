@@ -300,24 +300,14 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         await trio.lowlevel.checkpoint_if_cancelled()
         r = await self._run("get_job", queue, [job_id])
-        if r is None:
-            return None
-        state, created, attempts, max_attempts, result, error, token, progress, priority, *rest = r
-        tree = json.loads(rest[0]) if rest and rest[0] else {}
-        return JobRecord(
-            job_id,
-            _text(state),
-            int(float(created)),
-            int(float(attempts)),
-            int(float(max_attempts)),
-            result,
-            error,
-            None if token is None else _text(token),
-            progress,
-            int(priority),
-            None if "pa" not in tree else (str(tree.get("pq", queue)), str(tree["pa"])),
-            len(tree.get("ch", ())),
-        )
+        return None if r is None else _job_record(queue, job_id, r)
+
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not job_ids:
+            return []
+        replies = await self._run("get_jobs", queue, list(job_ids))  # one script: one round trip
+        return [None if r is None else _job_record(queue, jid, r) for jid, r in zip(job_ids, replies, strict=True)]
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -458,11 +448,12 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         if not settlements:
             return []
         args: list[Any] = [worker_id, self._call_token()]
-        metas: dict[tuple[SettleKind, float, float], str] = {}  # a batch shares a few TTLs
+        metas: dict[tuple[SettleKind, float, float, int | None], str] = {}  # a batch shares a few TTLs
         for s in settlements:
-            meta = metas.get((s.kind, s.ttl, s.delay))
+            meta = metas.get((s.kind, s.ttl, s.delay, s.keep))
             if meta is None:
-                meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
+                keep = "" if s.keep is None else s.keep
+                meta = metas[s.kind, s.ttl, s.delay, s.keep] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}:{keep}"
             args += [s.id, s.data, meta, s.token]
         reply = await self._run_shielded("settle", queue, args, worker_id)
         if len(reply) > len(settlements):  # a job of a tree ended or waits: its tree next
@@ -548,3 +539,23 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         await trio.lowlevel.checkpoint_if_cancelled()
         r = await self._transport.script(self._scripts["lock_release"], [self._lock_key(name)], [owner])
         return bool(r)
+
+
+def _job_record(queue: str, job_id: str, r: Sequence[Any]) -> JobRecord:
+    """A record from the reply of the ``get_job`` script (or one item of ``get_jobs``'s)."""
+    state, created, attempts, max_attempts, result, error, token, progress, priority, *rest = r
+    tree = json.loads(rest[0]) if rest and rest[0] else {}
+    return JobRecord(
+        job_id,
+        _text(state),
+        int(float(created)),
+        int(float(attempts)),
+        int(float(max_attempts)),
+        result,
+        error,
+        None if token is None else _text(token),
+        progress,
+        int(priority),
+        None if "pa" not in tree else (str(tree.get("pq", queue)), str(tree["pa"])),
+        len(tree.get("ch", ())),
+    )

@@ -1,6 +1,7 @@
 -- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash.
--- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l>:<ttl_ms>:<delay_ms>', claim
--- token) per settlement. Returns a list of 1 (settled, or already settled by this claim)
+-- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l>:<ttl_ms>:<delay_ms>:<keep>',
+-- claim token) per settlement (keep: '' or Settlement.keep, count-based retention: the
+-- completed/failed jobs past the newest <keep> are forgotten at the end of this call). Returns a list of 1 (settled, or already settled by this claim)
 -- / 0 (fenced: the claim is not the job's current one in this worker's list).
 -- Reads the registry in one HMGET per hash and writes each hash once for the whole
 -- batch; only the processing-list removal is per job.
@@ -8,6 +9,7 @@
 --@include delay
 --@include cancel
 --@include flow_free
+--@include keep
 local P = KEYS[QK + 1]
 local W, CALL = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -29,6 +31,7 @@ local w_meta, w_jobs, w_err, l_rem, env_del = {}, {}, {}, {}, {}
 local w_rec, z_rec, m_del = {}, {}, {}  -- terminal records, their STATES scores, META fields gone
 local first_due = nil  -- the earliest due time among z_rec (SWEEP_AT)
 local specs = {}
+local keeps = {}  -- terminal kind -> the least Settlement.keep of this call's settlements
 local trees = false  -- a job of a tree of jobs ended or waits: tree_act follows
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
 for j, id in ipairs(ids) do
@@ -37,8 +40,9 @@ for j, id in ipairs(ids) do
   local spec = specs[meta]
   if not spec then
     local kind_s, rest = split(meta)
-    local ttl_s, delay_s = split(rest)
-    spec = {kind_s, tonumber(ttl_s), tonumber(delay_s)}
+    local ttl_s, rest2 = split(rest)
+    local delay_s, keep_s = split(rest2)
+    spec = {kind_s, tonumber(ttl_s), tonumber(delay_s), tonumber(keep_s)}
     specs[meta] = spec  -- a batch's settlements mostly share one
   end
   local kind, ttl, delay = spec[1], spec[2], spec[3]
@@ -56,6 +60,10 @@ for j, id in ipairs(ids) do
   else
     out[#out + 1] = 1
     freed = true
+    if spec[4] and (kind == 'c' or kind == 'f') then
+      local k = kind == 'c' and 'completed' or 'failed'
+      if not keeps[k] or spec[4] < keeps[k] then keeps[k] = spec[4] end
+    end
     if kind == 'l' or kind == 'w' then
       if m.s == 1 then m.a = m.a - 1 end  -- rate limited, or waiting: the attempt did not happen
     elseif m.s ~= 1 and kind ~= 'x' then
@@ -156,6 +164,7 @@ if wake then redis.call('RPUSH', Q, '~') end
 if hold > 0 and hold > tonumber(redis.call('HGET', FLOW, 'h') or '0') then
   redis.call('HSET', FLOW, 'h', hold)
 end
+keep_newest(keeps)  -- count-based retention, in this atomic step (include keep)
 if freed then slot_freed() end
 due_flush()
 flush()

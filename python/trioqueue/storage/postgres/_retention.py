@@ -1,0 +1,72 @@
+"""PostgresStorage's bulk look-ups, whole-queue administration and count-based retention
+(``get_jobs``, ``clear``, ``Settlement.keep``), a part kept apart from the job lifecycle
+so that each module stays small.
+
+Count-based retention runs in the settling call, as one more statement right after the
+settlement commits (not in its transaction: the fast path settles a batch in one
+statement of its own): the jobs of the state past the newest ``keep`` (by the time they
+entered it, newest first on the ``jobs_by_state`` index) are deleted. Between the two,
+another process may see ``keep`` plus this call's batch; the statement reads ``keep``
+index entries, so its cost grows with ``keep``, not with the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._base import CLEARED, JobRecord, SettleKind, Settlement, StorageEvent
+from ._claims import PostgresClaims
+from ._common import JOB_COLUMNS, now_ms, record
+from ._jobs import LIVE
+
+__all__ = ["PostgresRetention"]
+
+
+_KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
+
+
+class PostgresRetention(PostgresClaims):
+    """Part of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+
+    async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        out = await super().settle(queue, worker_id, settlements)
+        keeps: dict[str, int] = {}
+        for s, ok in zip(settlements, out, strict=True):
+            if ok and s.keep is not None and s.kind in _KEPT:
+                state = _KEPT[s.kind]
+                keeps[state] = min(s.keep, keeps.get(state, s.keep))
+        if keeps:
+            async with self.conn() as conn:
+                for state, keep in keeps.items():
+                    await conn.execute(
+                        f"""DELETE FROM {self._s}.jobs WHERE queue = $1 AND parent_id IS NULL AND nchildren = 0
+                            AND id IN (SELECT id FROM {self._s}.jobs WHERE queue = $1 AND state = $2
+                                ORDER BY state_ms DESC, id DESC OFFSET $3)""",
+                        queue,
+                        state,
+                        keep,
+                    )
+        return out
+
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        if not job_ids:
+            return []
+        async with self.conn() as conn:  # one query, one snapshot
+            rows = await conn.fetch(
+                f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}",
+                queue,
+                now_ms(),
+                list(job_ids),
+            )
+        found = {r.id: r for r in map(record, rows)}
+        return [found.get(jid) for jid in job_ids]
+
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        async with self.tx() as conn:  # one transaction: all or nothing, with its event
+            res = await conn.execute(f"DELETE FROM {self._s}.jobs WHERE queue = $1", queue)
+            await conn.execute(f"UPDATE {self._s}.queues SET flow = NULL WHERE queue = $1", queue)
+            if schedules:
+                await conn.execute(f"DELETE FROM {self._s}.schedules WHERE queue = $1", queue)
+            # (a wake-up too: claims waiting for a concurrency slot look again)
+            await self.publish(conn, queue, [StorageEvent(CLEARED, "")], wake=True)
+        return res.rowcount
