@@ -34,11 +34,11 @@ from .._model._options import JobOptions
 from .._model._outcomes import BatchOutcome
 from .._model._types import Job
 from ..storage._base import Claim, Settlement, SettleKind
-from ._execution import Attempt, Executor, only_cancelled
+from ._execution import Attempt, Executor, failure_of
 from ._observers import notify
 
 if TYPE_CHECKING:
-    from ._consumer import ConsumerSettings, _StartBatch
+    from ._consumer import ConsumerSettings
 
 __all__ = ["BatchEscalation", "BatchSettings", "BatchWorker", "batch_settings", "execute_batch"]
 
@@ -174,14 +174,8 @@ async def execute_batch(executor: Executor, claims: Sequence[Claim], attempt: At
                 with trio.move_on_after(timeout) as timer:
                     result = await _call(executor, jobs)
                 timed_out = timer.cancelled_caught
-    except Exception as exc:
-        raised = exc
     except BaseException as exc:
-        if only_cancelled(exc):
-            raise
-        raised = exc
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            escalate = exc
+        raised, escalate = failure_of(exc)
     finally:
         attempt.batch = None
         for _, claim, _, _, _ in live:
@@ -242,8 +236,6 @@ class BatchWorker:
     settle_wakeup: trio.lowlevel.ParkingLot
     lost_ended: trio.lowlevel.ParkingLot
     start_nowait: Any
-    start_batch: _StartBatch  # the reserved claims waiting for the next start()
-    start_wakeup: trio.lowlevel.ParkingLot
 
     def _wake_worker(self) -> None:
         raise NotImplementedError
@@ -252,6 +244,9 @@ class BatchWorker:
         raise NotImplementedError
 
     def _drop_lost(self, job_id: str, token: str) -> None:
+        raise NotImplementedError
+
+    async def _begin_many(self, claims: list[Claim]) -> list[bool]:
         raise NotImplementedError
 
 
@@ -328,13 +323,7 @@ class BatchWorker:
             reserved = [c for c in claims if not c.started]
             started: dict[str, bool] = {}
             if reserved:  # one start() for the batch (with other workers' claims waiting)
-                batch = self.start_batch
-                index = len(batch.claims)
-                batch.claims.extend(reserved)
-                if index == 0:
-                    self.start_wakeup.unpark()
-                await batch.done.wait()
-                started = {c.token: good for c, good in zip(reserved, batch.ok[index:], strict=False)}
+                started = dict(zip((c.token for c in reserved), await self._begin_many(reserved), strict=True))
             ok = [c.started or started.get(c.token, False) for c in claims]
         runnable = []
         for claim, good in zip(claims, ok, strict=True):

@@ -343,13 +343,17 @@ class Consumer(LeaseKeeper, BatchWorker):
     async def _begin(self, claim: Claim) -> bool:
         """Count a reserved claim's attempt before its handler runs (batched with the other
         workers' starts); False if the claim was lost meanwhile."""
+        return (await self._begin_many([claim]))[0]
+
+    async def _begin_many(self, claims: list[Claim]) -> list[bool]:
+        """:meth:`_begin` of several claims, in the same :meth:`Storage.start` call."""
         batch = self.start_batch
         index = len(batch.claims)
-        batch.claims.append(claim)
+        batch.claims.extend(claims)
         if index == 0:
             self.start_wakeup.unpark()
         await batch.done.wait()
-        return batch.ok[index]
+        return batch.ok[index : index + len(claims)]
 
     async def _start_loop(self) -> None:
         q = self.q

@@ -47,6 +47,7 @@ __all__ = [
     "encode_failure",
     "encode_value",
     "enter_worker",
+    "failure_of",
     "job_error",
     "only_cancelled",
 ]
@@ -216,6 +217,15 @@ def encode_failure(
     return error(f"{what}: {type(serde).__name__}.dumps returned {type(outcome).__name__}, not bytes")
 
 
+def failure_of(exc: BaseException) -> tuple[BaseException, BaseException | None]:
+    """What a handler's exception means: ``(the failure, the interrupt to escalate after
+    storing it, or None)``; Trio's ``Cancelled`` (alone or in a group of nothing else) is
+    raised again: it is not a failure of the job."""
+    if only_cancelled(exc):
+        raise exc
+    return exc, exc if isinstance(exc, KeyboardInterrupt | SystemExit) else None
+
+
 def only_cancelled(exc: BaseException) -> bool:
     """Trio's ``Cancelled``, or a group of nothing else."""
     if isinstance(exc, trio.Cancelled):
@@ -320,14 +330,8 @@ class Executor:
                     result = await self.call_handler(job, token, attempt, raw)
                 if timer.cancelled_caught:
                     raised = JobTimeoutError(jid, timeout)
-        except Exception as exc:
-            raised = exc
         except BaseException as exc:
-            if only_cancelled(exc):
-                raise
-            raised = exc
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                escalate = exc
+            raised, escalate = failure_of(exc)
         finally:
             scopes.pop(token, None)
             if span is not None:

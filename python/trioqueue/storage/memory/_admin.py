@@ -3,7 +3,6 @@ remove), a mixin kept apart from ``_storage.py``; every step runs under the stor
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -12,7 +11,7 @@ import trio
 from .._base import CANCELLED, CLEARED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
 from .._flowstate import FlowState
 from ._index import StateIndex
-from ._parts import _Lanes, _Q, _Rec
+from ._parts import _Lanes, _Q, _Rec, _MemoryPart
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
 
@@ -47,23 +46,8 @@ def _record(rec: _Rec) -> JobRecord:
     )
 
 
-class MemoryAdmin:
+class MemoryAdmin(_MemoryPart):
     """The admin part of :class:`~trioqueue.storage.memory.MemoryStorage`."""
-
-    _lock: threading.Lock
-    _queues: dict[str, _Q]
-
-    def _q(self, name: str) -> _Q:
-        raise NotImplementedError
-
-    def _expire(self, q: _Q, now: float) -> None:
-        raise NotImplementedError
-
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _wake(self, q: _Q) -> None:
-        raise NotImplementedError
 
     def _tree_removed(self, rec: _Rec, now: float) -> None:
         raise NotImplementedError

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -11,34 +10,14 @@ import trio
 
 from ..._model._types import EnqueueStatus
 from .._base import DELAYED, QUEUED, EnqueueOutcome, NewJob, StorageEvent
-from ._parts import _Q, _Rec
+from ._parts import _MemoryPart
 
 __all__ = ["MemoryDebounce"]
 
 
-class MemoryDebounce:
+class MemoryDebounce(_MemoryPart):
     """The debounce part of :class:`~trioqueue.storage.MemoryStorage` (which provides the
     helpers below)."""
-
-    _lock: threading.Lock
-
-    def _q(self, name: str) -> _Q:
-        raise NotImplementedError
-
-    def _expire(self, q: _Q, now: float) -> None:
-        raise NotImplementedError
-
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _wake(self, q: _Q) -> None:
-        raise NotImplementedError
-
-    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
-        raise NotImplementedError
 
     async def debounce(
         self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import heapq
 import math
-import threading
 import time
 from collections.abc import Sequence
-from itertools import count
 
 import trio
 
@@ -32,7 +30,7 @@ from .._base import (
     child_failed_error,
 )
 from ._admin import _record
-from ._parts import _QUEUED_OUTCOME, _Flow, _Q, _Rec
+from ._parts import _QUEUED_OUTCOME, _Flow, _Q, _Rec, _MemoryPart
 
 __all__ = ["MemoryFlows"]
 
@@ -40,30 +38,9 @@ _TERMINAL = (COMPLETED, FAILED, CANCELLED)
 _CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN)
 
 
-class MemoryFlows:
+class MemoryFlows(_MemoryPart):
     """The flows part of :class:`~trioqueue.storage.MemoryStorage` (which provides the
     helpers below)."""
-
-    _lock: threading.Lock
-    _seq: count[int]
-
-    def _q(self, name: str) -> _Q:
-        raise NotImplementedError
-
-    def _expire(self, q: _Q, now: float) -> None:
-        raise NotImplementedError
-
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _wake(self, q: _Q) -> None:
-        raise NotImplementedError
-
-    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
-        raise NotImplementedError
 
     # -- writing trees -------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Sequence
+from itertools import count
 
 import trio
 
@@ -262,3 +264,40 @@ def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
         f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
         f"and has used all {attempts} attempts",
     )
+
+
+class _MemoryPart:
+    """What every part (mixin) of :class:`~trioqueue.storage.MemoryStorage` may use of
+    it: the lock, the queues, and the helpers it defines (called with the lock held).
+    Declared once here; the storage class overrides each."""
+
+    _lock: threading.Lock
+    _queues: dict[str, _Q]
+    _seq: count[int]
+
+    def _q(self, name: str) -> _Q:
+        raise NotImplementedError
+
+    def _expire(self, q: _Q, now: float) -> None:
+        raise NotImplementedError
+
+    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _wake(self, q: _Q) -> None:
+        raise NotImplementedError
+
+    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
+        raise NotImplementedError
+
+    def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
+        raise NotImplementedError

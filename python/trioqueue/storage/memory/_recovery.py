@@ -4,7 +4,6 @@ mixin kept apart from ``_storage.py``); it runs under the storage's lock."""
 from __future__ import annotations
 
 import math
-import threading
 import time
 
 import trio
@@ -13,36 +12,13 @@ from ..._model._serde import encode_error
 from .._base import FAILED as _FAILED
 from .._base import QUEUED as _QUEUED
 from .._base import StorageEvent
-from ._parts import _Q, _Rec, _stalled_error
+from ._parts import _Rec, _stalled_error, _MemoryPart
 
 __all__ = ["MemoryRecovery"]
 
 
-class MemoryRecovery:
+class MemoryRecovery(_MemoryPart):
     """The reaper part of :class:`~trioqueue.storage.memory.MemoryStorage`."""
-
-    _lock: threading.Lock
-
-    def _q(self, name: str) -> _Q:
-        raise NotImplementedError
-
-    def _expire(self, q: _Q, now: float) -> None:
-        raise NotImplementedError
-
-    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
-        raise NotImplementedError
-
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _wake(self, q: _Q) -> None:
-        raise NotImplementedError
 
     # -- reaper ------------------------------------------------------------------------
 
