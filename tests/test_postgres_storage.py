@@ -321,21 +321,6 @@ async def test_large_results_and_long_ids_fit_in_notifications(pg: PostgresStora
     assert rec is not None and rec.result == b"1"
 
 
-async def test_a_tree_of_jobs_with_transaction_is_refused_naming_its_root_and_writes_nothing(
-    pg: PostgresStorage, queue_name: str
-) -> None:
-    """A parent with children cannot be enqueued in the caller's transaction: refused,
-    named, and neither it nor a child is written."""
-    from trioqueue import Child
-
-    async with Queue(pg, name=queue_name) as q:
-        async with pg.transaction() as tx:
-            with pytest.raises(ValidationError, match="'report-8'.*transaction="):
-                await q.enqueue("report-8", None, children=[Child("fetch-8-a", 1)], transaction=tx)
-        for job_id in ("report-8", "fetch-8-a"):
-            assert await q.get_status(job_id) is None
-
-
 async def test_children_ending_together_queue_their_parent_exactly_once(pg: PostgresStorage, queue_name: str) -> None:
     """Children of one parent settled concurrently (each its own transaction, on its own
     connection) serialise on the parent row: the count reaches zero once, the parent is

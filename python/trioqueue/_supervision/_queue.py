@@ -52,7 +52,7 @@ from ._pool import ProcessPool, check_executor, check_process_handler
 from ._reaper import LeaderElection, Reaper
 from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
 from .._model._serde import JsonSerde, Serde
-from ..storage._base import EnqueueOutcome, NewJob, Storage, StorageEvent
+from ..storage._base import EnqueueOutcome, FlowJob, NewJob, Storage, StorageEvent
 
 __all__ = ["Queue"]
 
@@ -462,13 +462,14 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         await self._listener.caught_up()
         if transaction is None:
             return self._enqueue_result(new.id, await self._store(new, tree))
-        if tree is not None:
-            raise ValidationError(f"job {new.id!r}: a tree of jobs cannot be enqueued with transaction= (not yet)")
-        [outcome] = self._enqueued(await self._store_in(transaction, [new]))
+        [outcome] = self._enqueued(await self._store_in(transaction, [new], tree))
         return self._enqueue_result(new.id, outcome)
 
-    async def _store_in(self, transaction: object | None, new: list[NewJob]) -> list[EnqueueOutcome]:
-        """Enqueue ``new`` in the application's ``transaction`` (or on its own: ``None``)."""
+    async def _store_in(
+        self, transaction: object | None, new: list[NewJob], tree: list[FlowJob] | None = None
+    ) -> list[EnqueueOutcome]:
+        """Enqueue ``new`` (or the ``tree`` rooted at ``new[0]``) in the application's
+        ``transaction`` (or on its own: ``None``)."""
         if transaction is None:
             return await self.storage.enqueue(self.name, new)
         if not self.storage.supports_transactions:
@@ -476,6 +477,8 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
                 f"job {new[0].id!r}: transaction= needs a storage with transactions (PostgresStorage),"
                 f" not {type(self.storage).__name__}"
             )
+        if tree is not None:
+            return [await self.storage.enqueue_flow_in_transaction(tree, transaction)]
         return await self.storage.enqueue_in_transaction(self.name, new, transaction)
 
     async def enqueue_many(
@@ -494,10 +497,13 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         ]
         if options.get("children") is not None:  # one tree per job, each atomic
             trees = [self._tree(n, options, trace) for n in new]
-            if transaction is not None and new:
-                raise ValidationError(f"job {new[0].id!r}: trees of jobs cannot be enqueued with transaction= (not yet)")
             self._check_running()
             await self._listener.caught_up()
+            if transaction is not None:
+                return [
+                    self._enqueue_result(n.id, self._enqueued(await self._store_in(transaction, [n], t))[0])
+                    for n, t in zip(new, trees, strict=True)
+                ]
             return [self._enqueue_result(n.id, await self._store(n, t)) for n, t in zip(new, trees, strict=True)]
         self._check_running()
         if not new:
