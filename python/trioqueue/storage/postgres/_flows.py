@@ -3,10 +3,13 @@ job's end does to its tree, in the transaction of that end (counted down on its 
 the parent queued once none is pending, or failed with its other children cancelled
 under ``cancel``, level by level up).
 
-Locks: a transaction ending a job of a tree first locks the job's ancestors, root first
-(:meth:`PostgresFlows.lock_ancestors`), then the job; a cascading cancel locks a parent
-before its children. Both go top-down, so concurrent ends of one tree serialise on the
-parent row (``SELECT ... FOR UPDATE``) instead of deadlocking.
+Locks: a transaction that may end a job of a tree (settle, cancel, release, remove,
+``start`` of a job with a cancel request, the reaper) first locks the job's ancestors,
+root first (:meth:`PostgresFlows.lock_ancestors`), then the job; a cascading cancel
+locks a parent before its children (in the order they were added). All go top-down, so
+concurrent ends of one tree serialise on the parent row (``SELECT ... FOR UPDATE``)
+instead of deadlocking. A heartbeat, which takes no ancestor, never waits on a row while
+holding others (``SKIP LOCKED``, then the skipped rows one at a time).
 """
 
 from __future__ import annotations
@@ -269,27 +272,23 @@ class PostgresFlows(PostgresBase):
 
     async def lock_ancestors(self, conn: Connection, queue: str, ids: Sequence[str]) -> None:
         """Lock the ancestors of ``ids`` (on ``queue``), the root first, before the
-        caller locks the jobs themselves: every end in a tree takes its locks top-down."""
-        depth: dict[tuple[str, str], int] = {}
-        level = [(queue, i) for i in ids]
-        for d in range(1, 64):
-            if not level:
-                break
-            rows = await conn.fetch(
-                f"SELECT parent_queue, parent_id FROM {self._s}.jobs WHERE {_KEYS} AND parent_id IS NOT NULL",
-                [k[0] for k in level],
-                [k[1] for k in level],
-            )
-            level = list(dict.fromkeys((r[0], r[1]) for r in rows))
-            for key in level:
-                depth[key] = d
-        for d in sorted(set(depth.values()), reverse=True):
-            keys = sorted(k for k, v in depth.items() if v == d)
-            await conn.fetch(
-                f"SELECT 1 FROM {self._s}.jobs WHERE {_KEYS} ORDER BY queue, id FOR UPDATE",
-                [k[0] for k in keys],
-                [k[1] for k in keys],
-            )
+        caller locks the jobs themselves: every transaction touching a tree takes its
+        locks top-down. One statement: the ancestors found level by level, locked
+        farthest first (then by queue and id; ``ORDER BY`` runs before the row locks)."""
+        await conn.fetch(
+            f"""WITH RECURSIVE up(queue, id, depth) AS (
+                    SELECT parent_queue, parent_id, 1 FROM {self._s}.jobs
+                    WHERE queue = $2 AND id = ANY($1::text[]) AND parent_id IS NOT NULL
+                  UNION
+                    SELECT j.parent_queue, j.parent_id, up.depth + 1 FROM up
+                    JOIN {self._s}.jobs j ON j.queue = up.queue AND j.id = up.id
+                    WHERE j.parent_id IS NOT NULL AND up.depth < 64),
+                anc AS (SELECT queue, id, max(depth) AS depth FROM up GROUP BY queue, id)
+                SELECT 1 FROM {self._s}.jobs j JOIN anc ON j.queue = anc.queue AND j.id = anc.id
+                ORDER BY anc.depth DESC, j.queue, j.id FOR UPDATE OF j""",
+            list(ids),
+            queue,
+        )
 
     async def tree_ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int) -> None:
         """Jobs of ``queue`` just became terminal (in the transaction open on ``conn``):
