@@ -135,6 +135,32 @@ class PostgresServer:
                 self.proc.kill()
                 self.proc.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster and every process of it: the server stops answering
+        (connections stay open, new ones are accepted by the kernel and never served)."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT what :meth:`freeze` stopped: the server answers again."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
+
+    def _processes(self) -> list[int]:
+        """The postmaster and its children (backends, background processes), from /proc."""
+        assert self.proc is not None and self.proc.poll() is None, "not running"
+        pids = [self.proc.pid]
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # (ended meanwhile)
+            if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                pids.append(int(entry.name))
+        return pids
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

@@ -122,6 +122,11 @@ def test_from_url_postgres_forms() -> None:
     assert fast.synchronous_commit is False and fast.url == "postgresql://u@h/db?application_name=x"  # type: ignore[attr-defined]
     with pytest.raises(ValidationError, match="synchronous_commit must be on or off"):
         from_url("postgresql://u@h/db?synchronous_commit=maybe")
+    assert from_url("postgresql://u@h/db?call_timeout=2.5").call_timeout == 2.5  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match="call_timeout must be a number of seconds, got 'soon'"):
+        from_url("postgresql://u@h/db?call_timeout=soon")
+    with pytest.raises(ValidationError, match="call_timeout must be a positive number of seconds"):
+        from_url("postgresql://u@h/db?call_timeout=0")
     with pytest.raises(ValidationError, match="schema must be.*Bad-1"):
         from_url("postgresql://u@h/db?schema=Bad-1")
 

@@ -48,6 +48,13 @@ class PostgresStorage(PostgresClaims):
     times faster per call), and a server crash may lose the last few hundred
     milliseconds of acknowledged calls (never corrupt them); a worker then runs those
     jobs again (at-least-once). Transactions of the application are not affected.
+    ``call_timeout`` (seconds, default 10) bounds each call: a server that stops
+    answering (stopped, a black-holed network) makes the call raise
+    :class:`~trioqueue.storage.postgres.CallTimeout` (a ``StorageError``: a worker backs
+    off and retries) and discards its connection, instead of hanging. It bounds the
+    wait for a free connection, a reconnect (``reconnect_timeout``, default 30 s, is
+    the limit without it) and every statement; of the application's transactions, the
+    ``BEGIN``, ``COMMIT`` and the storage's own enqueues, not the application's SQL.
 
     Cancellation: every method is one transaction; cancelled before its ``COMMIT`` it
     is rolled back (the statement in flight is cancelled on the server), after that the
@@ -81,7 +88,7 @@ class PostgresStorage(PostgresClaims):
         the block ends normally it commits (jobs and rows appear together, claimers are
         woken); when it raises or is cancelled it rolls back (neither exists).
         Cancellation: the ``COMMIT`` itself is shielded."""
-        async with self.pool.transaction(owner=self) as tx:
+        async with self.pool.transaction(owner=self, timeout=self.call_timeout) as tx:
             if not self.synchronous_commit:  # the application's commits stay durable
                 await tx.execute("SET LOCAL synchronous_commit = on")
             yield tx
@@ -93,20 +100,26 @@ class PostgresStorage(PostgresClaims):
         if not jobs:
             return []
         await self._queue_rows([queue])
-        outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
-        await self.publish(conn, queue, events, wake=bool(events))
+        with self.bounded(conn):
+            outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
+            await self.publish(conn, queue, events, wake=bool(events))
         return outcomes
 
     async def enqueue_flow_in_transaction(self, jobs: Sequence[FlowJob], transaction: object) -> EnqueueOutcome:
         conn = self._own_transaction(transaction, jobs[0].job.id)
         await self._queue_rows(list(dict.fromkeys(fj.queue for fj in jobs)))
-        now = now_ms()
+        with self.bounded(conn):
+            return await self._flow_in(conn, jobs, now_ms())
+
+    async def _flow_in(self, conn: Connection, jobs: Sequence[FlowJob], now: int) -> EnqueueOutcome:
         # a savepoint: a refused tree writes nothing and leaves the application's
         # transaction usable (a cancellation leaves it failed: the block rolls back)
         await conn.execute("SAVEPOINT trioqueue_tree")
         try:
             outcome = await self.write_flow(conn, jobs, now)
         except Exception as exc:
+            if conn.closed:  # (lost, or discarded by a timeout: the transaction is gone)
+                raise
             await conn.execute("ROLLBACK TO SAVEPOINT trioqueue_tree")
             if isinstance(exc, TreeJobTaken):  # committed meanwhile by another transaction
                 return await self.flow_taken(conn, jobs, exc, now)
