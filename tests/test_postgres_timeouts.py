@@ -98,3 +98,36 @@ def test_call_timeout_must_be_positive_seconds() -> None:
     for bad in (0, -1.0, float("inf"), "5"):
         with pytest.raises(ValidationError, match="call_timeout must be a positive number of seconds"):
             PostgresStorage("postgresql://u@h/db", call_timeout=bad)  # type: ignore[arg-type]
+
+
+async def test_a_black_holed_network_is_found_out_and_subscribers_resync(postgres_url: str, queue_name: str) -> None:
+    """Every connection of the storage goes through a proxy that black-holes them (bytes
+    swallowed, no close, no reset): calls time out instead of hanging; once the network
+    is back, the listening connection (dead for good, and silent) is found out by its
+    ping, reopened, and the subscriber gets ``resync``, then events again."""
+    from urllib.parse import urlsplit
+
+    from tcp_proxy import BlackHoleProxy
+
+    target = urlsplit(postgres_url)
+    proxy = BlackHoleProxy(target.hostname or "127.0.0.1", target.port or 5432)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        url = target._replace(netloc=f"{target.username or 'postgres'}@127.0.0.1:{proxy.port}").geturl()
+        storage = PostgresStorage(url, schema=f"t_{uuid.uuid4().hex[:12]}", call_timeout=TIMEOUT, poll_interval=0.5)
+        async with storage, storage.subscribe(queue_name) as events:
+            await storage.enqueue(queue_name, [job("before")])
+            with trio.fail_after(10):
+                assert [(e.kind, e.job_id) for e in await events.receive()] == [("enqueued", "before")]
+            proxy.black_hole()
+            for call in (lambda: storage.counts(queue_name), lambda: storage.enqueue(queue_name, [job("lost")])):
+                with trio.fail_after(TIMEOUT + SLACK), pytest.raises(CallTimeout):
+                    await call()
+            proxy.heal()
+            with trio.fail_after(20):  # the ping (every 0.5 s of quiet) times out, the listener reconnects
+                seen = [(e.kind, e.job_id) for e in await events.receive()]
+            assert seen == [("resync", "")]
+            await storage.enqueue(queue_name, [job("after")])
+            with trio.fail_after(10):
+                assert [(e.kind, e.job_id) for e in await events.receive()] == [("enqueued", "after")]
+        nursery.cancel_scope.cancel()

@@ -155,7 +155,7 @@ class PostgresBase(Storage):
             await pool.aclose()
             raise
         self._pool = pool
-        self._hub = Hub(pool, self.call_timeout)
+        self._hub = Hub(pool, self.call_timeout, ping_interval=max(self.poll_interval, 0.1))
 
     async def _disconnect(self) -> None:
         if self._hub is not None:

@@ -11,7 +11,10 @@ returns.
 
 A lost connection is reopened with the pool's backoff, every channel is listened to
 again, and every callback receives ``None``: notifications may have been missed
-(subscribers turn it into a ``resync`` event, claims re-check the table).
+(subscribers turn it into a ``resync`` event, claims re-check the table). A reader that
+hears nothing for ``ping_interval`` seconds sends ``SELECT 1`` (bounded by ``timeout``):
+a connection that died without a word (a black-holed network) is found out and reopened,
+instead of being listened to forever.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ class _Parked:
 class Hub:
     """The storage's listening connection and the callbacks of each channel."""
 
-    def __init__(self, pool: Pool, timeout: float = math.inf) -> None:
+    def __init__(self, pool: Pool, timeout: float = math.inf, ping_interval: float = math.inf) -> None:
         self._pool = pool
-        self._timeout = timeout  # bounds each LISTEN (a server that does not answer)
+        self._timeout = timeout  # bounds each LISTEN and ping (a server that does not answer)
+        self._ping_interval = ping_interval  # a reader hearing nothing that long pings the server
         self._conn: Connection | None = None
         self._callbacks: dict[str, list[Callback]] = {}
         self._listening: set[str] = set()
@@ -109,9 +113,15 @@ class Hub:
         return conn
 
     async def _listen(self, conn: Connection, channel: str) -> None:
+        await self._bounded(conn, f'LISTEN "{channel}"')
+
+    async def _ping(self, conn: Connection) -> None:
+        await self._bounded(conn, "SELECT 1")
+
+    async def _bounded(self, conn: Connection, sql: str) -> None:
         conn.deadline = trio.current_time() + self._timeout
         try:
-            await conn.execute(f'LISTEN "{channel}"')
+            await conn.execute(sql)
         finally:
             conn.deadline = math.inf
 
@@ -154,9 +164,17 @@ class Hub:
                     async with self._admin:
                         if self._closed:
                             break
-                        conn = await self._connection()
+                        try:
+                            conn = await self._connection()
+                        except ConnectionLost:
+                            continue  # unreachable for now (each attempt backs off): try again
                     try:
-                        notes = await conn.notifications()
+                        notes = None
+                        with trio.move_on_after(self._ping_interval):
+                            notes = await conn.notifications()
+                        if notes is None:  # quiet for a while: does the server still answer?
+                            await self._ping(conn)  # (a dead or black-holed one: CallTimeout)
+                            continue
                     except ConnectionLost:
                         continue  # (reopened by _connection(); closed storage: the loop ends)
                     self._dispatch(notes)
