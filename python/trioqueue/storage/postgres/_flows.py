@@ -273,12 +273,20 @@ class PostgresFlows(PostgresBase):
     async def lock_ancestors(self, conn: Connection, queue: str, ids: Sequence[str]) -> None:
         """Lock the ancestors of ``ids`` (on ``queue``), the root first, before the
         caller locks the jobs themselves: every transaction touching a tree takes its
-        locks top-down. One statement: the ancestors found level by level, locked
-        farthest first (then by queue and id; ``ORDER BY`` runs before the row locks)."""
+        locks top-down. Jobs outside trees cost one plain read; for the others one
+        statement finds the ancestors level by level and locks them farthest first
+        (then by queue and id; ``ORDER BY`` runs before the row locks)."""
+        parents = await conn.fetch(
+            f"SELECT DISTINCT parent_queue, parent_id FROM {self._s}.jobs"
+            " WHERE queue = $1 AND id = ANY($2::text[]) AND parent_id IS NOT NULL",
+            queue,
+            list(ids),
+        )
+        if not parents:
+            return
         await conn.fetch(
             f"""WITH RECURSIVE up(queue, id, depth) AS (
-                    SELECT parent_queue, parent_id, 1 FROM {self._s}.jobs
-                    WHERE queue = $2 AND id = ANY($1::text[]) AND parent_id IS NOT NULL
+                    SELECT *, 1 FROM unnest($1::text[], $2::text[])
                   UNION
                     SELECT j.parent_queue, j.parent_id, up.depth + 1 FROM up
                     JOIN {self._s}.jobs j ON j.queue = up.queue AND j.id = up.id
@@ -286,8 +294,8 @@ class PostgresFlows(PostgresBase):
                 anc AS (SELECT queue, id, max(depth) AS depth FROM up GROUP BY queue, id)
                 SELECT 1 FROM {self._s}.jobs j JOIN anc ON j.queue = anc.queue AND j.id = anc.id
                 ORDER BY anc.depth DESC, j.queue, j.id FOR UPDATE OF j""",
-            list(ids),
-            queue,
+            [p[0] for p in parents],
+            [p[1] for p in parents],
         )
 
     async def tree_ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int) -> None:
