@@ -1,7 +1,8 @@
 """What a long transaction elsewhere in the database does to PostgresStorage: the same
 jobs run through a queue twice on one server started here, once with nothing else
-running and once while another session holds a snapshot open (``BEGIN ISOLATION LEVEL
-REPEATABLE READ`` and one read: the xmin horizon stays where it was). Reports the
+running, then while another session holds a snapshot open (``BEGIN ISOLATION LEVEL
+REPEATABLE READ`` and one read: the xmin horizon stays where it was), connected to the
+queue's database, then to another database of the same server. Reports the
 throughput of each slice of jobs, the latency of one-job claims at the end, and what
 ``VACUUM`` can and cannot remove (``n_dead_tup``), and what the watch queries of the docs
 (``pg_stat_activity.backend_xmin``) show meanwhile.
@@ -61,18 +62,19 @@ async def _claim_p50(st: PostgresStorage, q: str, n: int = 200) -> float:
     return times[len(times) // 2] * 1000
 
 
-async def scenario(url: str, jobs: int, batch: int, hold: bool) -> None:
+async def scenario(url: str, jobs: int, batch: int, hold: str | None) -> None:
+    """``hold``: ``None`` (nothing else running), or the URL the holder connects to."""
     schema = f"x_{uuid.uuid4().hex[:8]}"
     async with PostgresStorage(url, schema=schema) as st, await Connection.connect(url) as admin:
         q = "q"
         for start in range(0, jobs + 1000, 1000):  # 1000 more stay queued for the claim latencies
             await st.enqueue(q, [NewJob(f"j{i}", b"x", 3, 3600.0, f"t{i}") for i in range(start, start + 1000)])
-        holder = await Connection.connect(url) if hold else None
+        holder = await Connection.connect(hold) if hold else None
         if holder is not None:
             await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             await holder.fetchval("SELECT count(*) FROM pg_class")  # the snapshot is taken: xmin held
             print(f"  backend_xmin holders (pid, state, xid age): {await _holders(admin)}")
-        label = "horizon held" if hold else "nothing else running"
+        label = "nothing else running" if hold is None else f"a snapshot held by a session of {hold.rsplit('/', 1)[-1]!r}"
         print(f"{label}: {jobs} jobs, claims of {batch}")
         per_slice = jobs // SLICES
         done = 0
@@ -95,6 +97,11 @@ async def scenario(url: str, jobs: int, batch: int, hold: bool) -> None:
             print(f"  one-job claim p50 (the next 200 jobs): {await _claim_p50(st, q):.2f} ms")
 
 
+async def _create_database(url: str, name: str) -> None:
+    async with await Connection.connect(url) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20000)
@@ -103,8 +110,11 @@ def main() -> None:
     server = PostgresServer()
     server.start()
     try:
-        trio.run(scenario, server.url, args.jobs, args.batch, False)
-        trio.run(scenario, server.url, args.jobs, args.batch, True)
+        other = server.url.rsplit("/", 1)[0] + "/other"
+        trio.run(_create_database, server.url, "other")
+        trio.run(scenario, server.url, args.jobs, args.batch, None)
+        trio.run(scenario, server.url, args.jobs, args.batch, server.url)  # the queue's own database
+        trio.run(scenario, server.url, args.jobs, args.batch, other)  # another database of the server
     finally:
         server.close()
 

@@ -90,7 +90,8 @@ class PostgresStorage(PostgresClaims):
         Cancellation: the ``COMMIT`` itself is shielded."""
         async with self.pool.transaction(owner=self, timeout=self.call_timeout) as tx:
             if not self.synchronous_commit:  # the application's commits stay durable
-                await tx.execute("SET LOCAL synchronous_commit = on")
+                with self.bounded(tx.connection):
+                    await tx.execute("SET LOCAL synchronous_commit = on")
             yield tx
 
     async def enqueue_in_transaction(
