@@ -28,18 +28,23 @@ async def _jobs_table(url: str, schema: str, queue: str) -> dict[str, str]:
     return dict(rows)
 
 
-@pytest.mark.parametrize("immediate", [False, True], ids=["fast-shutdown", "immediate-shutdown"])
+@pytest.mark.parametrize(
+    ("immediate", "down", "call_timeout"),
+    [(False, 1.0, 10.0), (True, 1.0, 10.0), (False, 4.0, 1.0)],
+    ids=["fast-shutdown", "immediate-shutdown", "down-longer-than-call-timeout"],
+)
 async def test_a_worker_rides_out_a_server_restart_and_loses_nothing(
-    private_postgres: PostgresServer, queue_name: str, immediate: bool
+    private_postgres: PostgresServer, queue_name: str, immediate: bool, down: float, call_timeout: float
 ) -> None:
     """The server stops (fast: a checkpoint; immediate: as a crash, recovered from the
     WAL at the next start) while a worker runs jobs and a producer enqueues, and starts
-    again on the same port: the producer's enqueues that raised meanwhile are retried
-    (same id: idempotent), the worker resumes on its own, every job completes, and the
-    queue's listeners get ``resync``."""
+    again on the same port ``down`` seconds later: the producer's enqueues that raised
+    meanwhile are retried (same id: idempotent), the worker resumes on its own (also
+    after an outage longer than its calls' limit, when every call and reconnect fails
+    for a while), every job completes, and the queue's listeners get ``resync``."""
     server = private_postgres
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    storage = PostgresStorage(server.url, schema=schema, reconnect_timeout=60.0)
+    storage = PostgresStorage(server.url, schema=schema, reconnect_timeout=60.0, call_timeout=call_timeout)
     ran: set[str] = set()
     resyncs: list[object] = []
     halfway = trio.Event()
@@ -69,7 +74,7 @@ async def test_a_worker_rides_out_a_server_restart_and_loses_nothing(
                 nursery.start_soon(produce)
                 await halfway.wait()
                 await trio.to_thread.run_sync(lambda: server.stop(immediate=immediate))
-                await trio.sleep(1.0)  # down for a while: calls fail, reconnects back off
+                await trio.sleep(down)  # down for a while: calls fail, reconnects back off
                 await trio.to_thread.run_sync(server.start)
             # every job completes: bounded poll of the table (the event stream may lose
             # events across the restart; resync says so)
