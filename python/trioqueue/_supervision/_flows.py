@@ -128,9 +128,12 @@ class JobMaker(Generic[P]):
             outcome = self._enqueued([await self.storage.enqueue_flow(tree)])[0]
         return outcome
 
-    async def _store_in(self, transaction: object | None, new: list[NewJob], options: EnqueueOptions) -> list[EnqueueOutcome]:
-        """Enqueue ``new`` in the application's ``transaction`` (or on its own: ``None``),
-        debounced when ``options`` say so (validated by :meth:`_new_job`)."""
+    async def _store_in(
+        self, transaction: object | None, new: list[NewJob], options: EnqueueOptions, tree: list[FlowJob] | None = None
+    ) -> list[EnqueueOutcome]:
+        """Enqueue ``new`` (or the ``tree`` rooted at ``new[0]``, in a transaction) in the
+        application's ``transaction`` (or on its own: ``None``), debounced when ``options``
+        say so (validated by :meth:`_new_job`)."""
         debounce = debounce_of(options, new[0].id) if options else None
         if transaction is None:
             if debounce is None:
@@ -143,6 +146,8 @@ class JobMaker(Generic[P]):
                 f"job {new[0].id!r}: transaction= needs a storage with transactions (PostgresStorage),"
                 f" not {type(self.storage).__name__}"
             )
+        if tree is not None:
+            return self._enqueued([await self.storage.enqueue_flow_in_transaction(tree, transaction)])
         return self._enqueued(await self.storage.enqueue_in_transaction(self.name, new, transaction))
 
     async def children(self, job_id: str) -> dict[JobRef, JobStatus]:

@@ -47,7 +47,7 @@ class QueueProducer(Generic[P, R]):
         async def _store(self, new: NewJob, tree: list[FlowJob] | None, options: EnqueueOptions) -> EnqueueOutcome: ...
 
         async def _store_in(
-            self, transaction: object | None, new: list[NewJob], options: EnqueueOptions
+            self, transaction: object | None, new: list[NewJob], options: EnqueueOptions, tree: list[FlowJob] | None = None
         ) -> list[EnqueueOutcome]: ...
 
         def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult: ...
@@ -94,9 +94,7 @@ class QueueProducer(Generic[P, R]):
         await self._listener.caught_up()
         if transaction is None:
             return self._enqueue_result(new.id, await self._store(new, tree, options))
-        if tree is not None:
-            raise ValidationError(f"job {new.id!r}: a tree of jobs cannot be enqueued with transaction= (not yet)")
-        [outcome] = await self._store_in(transaction, [new], options)
+        [outcome] = await self._store_in(transaction, [new], options, tree)
         return self._enqueue_result(new.id, outcome)
 
     async def enqueue_many(
@@ -115,10 +113,13 @@ class QueueProducer(Generic[P, R]):
         ]
         if options.get("children") is not None:  # one tree per job, each atomic
             trees = [self._tree(n, options, trace) for n in new]
-            if transaction is not None and new:
-                raise ValidationError(f"job {new[0].id!r}: trees of jobs cannot be enqueued with transaction= (not yet)")
             self._check_running()
             await self._listener.caught_up()
+            if transaction is not None:
+                return [
+                    self._enqueue_result(n.id, (await self._store_in(transaction, [n], options, t))[0])
+                    for n, t in zip(new, trees, strict=True)
+                ]
             return [self._enqueue_result(n.id, await self._store(n, t, options)) for n, t in zip(new, trees, strict=True)]
         self._check_running()
         if not new:

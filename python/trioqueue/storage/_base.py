@@ -184,6 +184,14 @@ class Storage(abc.ABC):
         Only for backends with :attr:`supports_transactions`."""
         raise NotImplementedError(f"{type(self).__name__} has no transactions (transactional enqueue needs PostgreSQL)")
 
+    async def enqueue_flow_in_transaction(self, jobs: Sequence[FlowJob], transaction: object) -> EnqueueOutcome:
+        """:meth:`enqueue_flow` inside the application's open ``transaction``: the whole
+        tree exists (and claimers of its queues are woken) only if and when that
+        transaction commits. A refused tree (:class:`~trioqueue.FlowError`) writes nothing
+        and leaves the transaction usable. Only for backends with
+        :attr:`supports_transactions`."""
+        raise NotImplementedError(f"{type(self).__name__} has no transactions (transactional enqueue needs PostgreSQL)")
+
     # -- consumers -------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -26,8 +26,9 @@ def from_url(url: str, **options: Any) -> Storage:
       ``valkey://`` / ``valkeys://`` — :class:`~trioqueue.RedisStorage`;
       ``redis+cluster://host:port`` (or ``rediss+cluster://``) for Redis Cluster;
     - ``postgresql://[user[:password]@]host[:port]/dbname[?...]`` (or ``postgres://``) —
-      :class:`~trioqueue.storage.postgres.PostgresStorage` (query parameters ``schema``
-      and ``synchronous_commit=on|off`` set those options; the others go to libpq).
+      :class:`~trioqueue.storage.postgres.PostgresStorage` (query parameters ``schema``,
+      ``synchronous_commit=on|off`` and ``call_timeout`` (seconds) set those options;
+      the others go to libpq).
 
     Raises :class:`~trioqueue.ValidationError` naming the URL for anything else.
     """
@@ -77,7 +78,14 @@ def _postgres(url: str, options: dict[str, Any]) -> Storage:
         ) from exc
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in ("schema", "synchronous_commit")}
+    ours = {k: v for k, v in query if k in ("schema", "synchronous_commit", "call_timeout")}
+    if "call_timeout" in ours:
+        try:
+            ours["call_timeout"] = float(ours["call_timeout"])  # type: ignore[assignment]
+        except ValueError:
+            raise ValidationError(
+                f"call_timeout must be a number of seconds, got {ours['call_timeout']!r} in {url!r}"
+            ) from None
     if "synchronous_commit" in ours:
         value = ours["synchronous_commit"].lower()
         if value not in ("on", "off"):

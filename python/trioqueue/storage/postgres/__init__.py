@@ -6,6 +6,7 @@ bundled libpq).
 
 from ._conn import Connection, Notification, Result
 from ._errors import (
+    CallTimeout,
     ConnectionLost,
     DeadlockDetected,
     PostgresError,
@@ -19,6 +20,7 @@ from ._storage import PostgresStorage
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CallTimeout",
     "Connection",
     "ConnectionLost",
     "DeadlockDetected",

@@ -272,11 +272,15 @@ class PostgresClaims(PostgresJobs):
             return []
         now = now_ms()
         async with self.tx() as conn:
+            # a start may cancel a job of a tree (a cancel request came before it started),
+            # which reaches its parent: its ancestors first (top-down, as cancels and ends)
+            await self.lock_ancestors(conn, queue, list(dict.fromkeys(c[0] for c in claims)))
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
                     f"SELECT id, claim, started, cancel_requested, token FROM {self._s}.jobs"
-                    f" WHERE queue = $1 AND id = ANY($4::text[]) AND {_HELD} FOR UPDATE",
+                    f" WHERE queue = $1 AND id = ANY($4::text[]) AND {_HELD} ORDER BY child_seq NULLS FIRST, id"
+                    " FOR UPDATE",
                     queue,
                     now,
                     worker_id,
@@ -335,12 +339,18 @@ class PostgresClaims(PostgresJobs):
             )
             if not claims:
                 return reply
-            held = {  # by claim: one worker may hold two claims of one job (the old one ending)
+            # SKIP LOCKED: a heartbeat never waits on a row while holding others (a
+            # transaction of a tree locks a child, then its siblings: waiting here could
+            # close a cycle); the rows skipped are extended below, one at a time. Keyed by
+            # claim: one worker may hold two claims of one job (the old one ending).
+            held = {
                 (r[0], r[1]): r[2]
                 for r in await conn.fetch(
-                    f"""UPDATE {self._s}.jobs j SET lease_ms = $2 FROM unnest($4::text[], $5::text[]) AS u(id, claim)
-                        WHERE j.queue = $1 AND j.id = u.id AND j.state = 'processing' AND j.worker = $3
-                          AND j.claim = u.claim RETURNING j.id, j.claim, j.cancel_requested""",
+                    f"""UPDATE {self._s}.jobs j SET lease_ms = $2 FROM (
+                            SELECT j.id FROM {self._s}.jobs j JOIN unnest($4::text[], $5::text[]) AS u(id, claim)
+                                ON j.queue = $1 AND j.id = u.id AND j.claim = u.claim
+                            WHERE j.state = 'processing' AND j.worker = $3 FOR NO KEY UPDATE OF j SKIP LOCKED) mine
+                        WHERE j.queue = $1 AND j.id = mine.id RETURNING j.id, j.claim, j.cancel_requested""",
                     queue,
                     now + int(lease * 1000),
                     worker_id,
@@ -348,18 +358,23 @@ class PostgresClaims(PostgresJobs):
                     [c[1] for c in claims],
                 )
             }
-            missing = [c for c in claims if (c[0], c[1]) not in held]
-            known = {}
-            if missing:
-                known = {
-                    r[0]: (r[1], r[2])
-                    for r in await conn.fetch(
-                        f"SELECT id, state, claim FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}",
+            known = await self._claim_states(conn, queue, [c[0] for c in claims if c not in held], now)
+        for job_id, token in claims:  # skipped (locked by another transaction): still ours?
+            if (job_id, token) not in held and known.get(job_id) == ("processing", token):
+                async with self.conn() as conn:  # (one row, autocommit: waits holding nothing else)
+                    requested = await conn.fetchval(
+                        f"UPDATE {self._s}.jobs SET lease_ms = $2 WHERE queue = $1 AND id = $4 AND {_HELD}"
+                        " AND claim = $5 RETURNING cancel_requested",
                         queue,
-                        now,
-                        [c[0] for c in missing],
+                        now + int(lease * 1000),
+                        worker_id,
+                        job_id,
+                        token,
                     )
-                }
+                    if requested is not None:
+                        held[job_id, token] = requested
+                    else:
+                        known.update(await self._claim_states(conn, queue, [job_id], now))
         for job_id, token in claims:
             cancel = held.get((job_id, token))
             if cancel is not None:
@@ -370,6 +385,18 @@ class PostgresClaims(PostgresJobs):
             if (why := lost_why(kind, claim, token)) is not None:
                 reply.lost.append(LostClaim(job_id, token, why))
         return reply
+
+    async def _claim_states(self, conn: Connection, queue: str, ids: list[str], now: int) -> dict[str, tuple[str, str]]:
+        """``{id: (state, claim)}`` of the jobs of ``ids`` still known."""
+        if not ids:
+            return {}
+        rows = await conn.fetch(
+            f"SELECT id, state, claim FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}",
+            queue,
+            now,
+            ids,
+        )
+        return {r[0]: (r[1], r[2]) for r in rows}
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         async with self.conn() as conn:

@@ -7,15 +7,17 @@ import base64
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import trio
 
 from ..._core import format_state
+from ..._model._errors import ValidationError
 from .._base import NOTICE_KINDS, JobRecord, Storage, StorageEvent
 from .._records import waiting_state
 from ._conn import Connection, Notification
@@ -111,8 +113,12 @@ class PostgresBase(Storage):
         poll_interval: float = 5.0,
         reconnect_timeout: float = 30.0,
         synchronous_commit: bool = True,
+        call_timeout: float = 10.0,
     ) -> None:
         super().__init__()
+        if not (isinstance(call_timeout, (int, float)) and 0 < call_timeout < math.inf):
+            raise ValidationError(f"call_timeout must be a positive number of seconds, got {call_timeout!r}")
+        self.call_timeout = float(call_timeout)
         self.url = url
         self.schema = check_schema_name(schema)
         self.auto_migrate = migrate
@@ -149,7 +155,7 @@ class PostgresBase(Storage):
             await pool.aclose()
             raise
         self._pool = pool
-        self._hub = Hub(pool)
+        self._hub = Hub(pool, self.call_timeout, ping_interval=max(self.poll_interval, 0.1))
 
     async def _disconnect(self) -> None:
         if self._hub is not None:
@@ -217,7 +223,7 @@ class PostgresBase(Storage):
         """A transaction on a pooled connection: committed (shielded: once the block is
         done, the outcome stands) when the block ends normally, rolled back when it raises
         or is cancelled. ``queue``: make sure its row in ``queues`` exists."""
-        async with self.pool.connection() as conn:
+        async with self.pool.connection(deadline=self.call_deadline()) as conn:
             await conn.execute("BEGIN")
             try:
                 if queue is not None and queue not in self._known_queues:
@@ -239,5 +245,20 @@ class PostgresBase(Storage):
     @asynccontextmanager
     async def conn(self) -> AsyncIterator[Connection]:
         """A pooled connection for a read (autocommit)."""
-        async with self.pool.connection() as conn:
+        async with self.pool.connection(deadline=self.call_deadline()) as conn:
             yield conn
+
+    def call_deadline(self) -> float:
+        """The Trio time by which a storage call starting now must be done."""
+        return trio.current_time() + self.call_timeout
+
+    @contextmanager
+    def bounded(self, conn: Connection) -> Iterator[Connection]:
+        """The block's statements on ``conn`` (the application's transaction) bounded
+        by :attr:`call_timeout` (a :class:`CallTimeout` discards the connection)."""
+        before = conn.deadline
+        conn.deadline = min(before, self.call_deadline())
+        try:
+            yield conn
+        finally:
+            conn.deadline = before

@@ -16,6 +16,7 @@ Host names are resolved with :func:`trio.socket.getaddrinfo` before ``PQconnectS
 from __future__ import annotations
 
 import collections
+import math
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,12 +28,13 @@ from psycopg import OperationalError, pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from ._errors import ConnectionLost, PostgresError, error_for
+from ._errors import CallTimeout, ConnectionLost, PostgresError, error_for
 
 __all__ = ["Connection", "Notification", "Result", "resolve_conninfo"]
 
 _DIAG = pq.DiagnosticField
 _CANCEL_TIMEOUT = 5.0
+_LATE_CANCEL_TIMEOUT = 1.0  # the cancel request sent when a statement outlives its deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +121,12 @@ class Connection:
     connection usable (an open transaction is left in the failed state, to be rolled
     back); if the cancel cannot be completed the connection is closed. A cancelled
     :meth:`connect` leaves nothing open.
+
+    :attr:`deadline` (a :func:`trio.current_time` value, ``math.inf`` by default) bounds
+    every statement: one still unanswered then is abandoned: a cancel request is sent
+    (best effort, up to 1 s), the connection is closed and :class:`CallTimeout` raised.
+    A server that stops answering (stopped, a black-holed network) costs the caller the
+    time to its deadline, not forever.
     """
 
     def __init__(self, pgconn: pq.abc.PGconn) -> None:
@@ -128,6 +136,8 @@ class Connection:
         self._tx = Transformer()
         self._notifies: collections.deque[Notification] = collections.deque()
         self._closed = False
+        #: statements unanswered at this Trio time are abandoned (:class:`CallTimeout`)
+        self.deadline = math.inf
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -318,21 +328,52 @@ class Connection:
 
     async def _wait_results(self) -> list[pq.abc.PGresult]:
         """Flush the sent statement and collect its results; on cancellation, cancel it on
-        the server and drain (shielded), closing the connection if that fails."""
-        try:
-            while True:
-                try:
-                    pending = self._pgconn.flush()
-                except OperationalError as exc:
-                    raise self._lost(exc) from None
-                if not pending:
-                    break
-                await self._wait(readable=False)
-            return await self._collect()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await self._cancel_and_drain()
-            raise
+        the server and drain (shielded), closing the connection if that fails; past
+        :attr:`deadline`, send a cancel request and close the connection."""
+        with trio.CancelScope(deadline=self.deadline) as timer:
+            try:
+                while True:
+                    try:
+                        pending = self._pgconn.flush()
+                    except OperationalError as exc:
+                        raise self._lost(exc) from None
+                    if not pending:
+                        break
+                    await self._wait(readable=False)
+                return await self._collect()
+            except trio.Cancelled:
+                if not timer.cancel_called:
+                    with trio.CancelScope(shield=True):
+                        await self._cancel_and_drain()
+                raise
+        # the deadline passed (the scope caught its own cancellation): give up on the server
+        with trio.CancelScope(shield=True):
+            try:
+                await self._send_cancel(_LATE_CANCEL_TIMEOUT)
+            except (trio.TooSlowError, PostgresError, OperationalError):
+                pass  # (best effort: a server that does not answer ignores it anyway)
+        self.close()
+        raise CallTimeout("the server did not answer in time: the connection was discarded")
+
+    async def _send_cancel(self, timeout: float) -> None:
+        """Send libpq's cancel request for the statement in flight (at most ``timeout``
+        seconds); raises :class:`ConnectionLost` (or ``trio.TooSlowError``) if it could not."""
+        with trio.fail_after(timeout):
+            cancel = self._pgconn.cancel_conn()
+            try:
+                cancel.start()
+                while True:
+                    status = cancel.poll()
+                    if status == pq.PollingStatus.OK:
+                        return
+                    if status == pq.PollingStatus.FAILED:
+                        raise ConnectionLost(cancel.get_error_message())
+                    if status == pq.PollingStatus.READING:
+                        await trio.lowlevel.wait_readable(cancel.socket)
+                    else:
+                        await trio.lowlevel.wait_writable(cancel.socket)
+            finally:
+                cancel.finish()
 
     async def _collect(self) -> list[pq.abc.PGresult]:
         results: list[pq.abc.PGresult] = []
@@ -354,21 +395,7 @@ class Connection:
             return
         try:
             with trio.fail_after(_CANCEL_TIMEOUT):
-                cancel = self._pgconn.cancel_conn()
-                try:
-                    cancel.start()
-                    while True:
-                        status = cancel.poll()
-                        if status == pq.PollingStatus.OK:
-                            break
-                        if status == pq.PollingStatus.FAILED:
-                            raise ConnectionLost(cancel.get_error_message())
-                        if status == pq.PollingStatus.READING:
-                            await trio.lowlevel.wait_readable(cancel.socket)
-                        else:
-                            await trio.lowlevel.wait_writable(cancel.socket)
-                finally:
-                    cancel.finish()
+                await self._send_cancel(_CANCEL_TIMEOUT)
                 await self._collect()
         except (trio.TooSlowError, PostgresError, OperationalError):
             self.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..._model._errors import StorageError
 
 __all__ = [
+    "CallTimeout",
     "ConnectionLost",
     "DeadlockDetected",
     "PostgresError",
@@ -44,6 +45,12 @@ class ConnectionLost(PostgresError):
     """The connection is broken (server restart, ``pg_terminate_backend``, network): it is
     closed and cannot be used again. Whether a statement in flight took effect is
     unknown, as with any lost connection."""
+
+
+class CallTimeout(ConnectionLost):
+    """The server did not answer within the call's time limit (``PostgresStorage``'s
+    ``call_timeout``): the connection was discarded (a cancel request was sent, best
+    effort). Whether the statement in flight took effect is unknown."""
 
 
 class UniqueViolation(PostgresError):

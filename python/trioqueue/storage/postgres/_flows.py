@@ -3,10 +3,13 @@ job's end does to its tree, in the transaction of that end (counted down on its 
 the parent queued once none is pending, or failed with its other children cancelled
 under ``cancel``, level by level up).
 
-Locks: a transaction ending a job of a tree first locks the job's ancestors, root first
-(:meth:`PostgresFlows.lock_ancestors`), then the job; a cascading cancel locks a parent
-before its children. Both go top-down, so concurrent ends of one tree serialise on the
-parent row (``SELECT ... FOR UPDATE``) instead of deadlocking.
+Locks: a transaction that may end a job of a tree (settle, cancel, release, remove,
+``start`` of a job with a cancel request, the reaper) first locks the job's ancestors,
+root first (:meth:`PostgresFlows.lock_ancestors`), then the job; a cascading cancel
+locks a parent before its children (in the order they were added). All go top-down, so
+concurrent ends of one tree serialise on the parent row (``SELECT ... FOR UPDATE``)
+instead of deadlocking. A heartbeat, which takes no ancestor, never waits on a row while
+holding others (``SKIP LOCKED``, then the skipped rows one at a time).
 """
 
 from __future__ import annotations
@@ -21,12 +24,29 @@ from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_fail
 from ._common import JOB_COLUMNS, TREE_RESET, PostgresBase, now_ms, record
 from ._conn import Connection
 
-__all__ = ["PostgresFlows"]
+__all__ = ["PostgresFlows", "TreeJobTaken"]
 
 _LIVE = "(expires_ms IS NULL OR expires_ms > $2)"
 _TERMINAL = ("completed", "failed", "cancelled")
 _CANCELLABLE = ("queued", "delayed", "failing", "waiting_children")
 _KEYS = "(queue, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+
+
+class TreeJobTaken(Exception):
+    """A job of a tree being written was committed by another transaction after the
+    tree's ids were checked (``key``: its queue and id): roll back, then
+    :meth:`PostgresFlows.flow_taken`."""
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        super().__init__(f"job {key[1]!r} of queue {key[0]!r} was written meanwhile")
+        self.key = key
+
+
+def _existing(row: Sequence[Any]) -> EnqueueOutcome:
+    rec = record(row)
+    if row[1] == "completed" and rec.result is not None:
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state, rec.result, rec.token)
+    return EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state, token=rec.token)
 
 
 class _Events:
@@ -50,26 +70,65 @@ class PostgresFlows(PostgresBase):
     async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
         root = jobs[0]
         now = now_ms()
-        async with self.tx(root.queue) as conn:
-            row = await conn.fetchrow(
-                f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE}"
-                " AND state <> 'cancelled'",
-                root.queue,
-                now,
-                root.job.id,
-            )
-            if row is not None:
-                rec = record(row)
-                if row[1] == "completed" and rec.result is not None:
-                    return EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state, rec.result, rec.token)
-                return EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state, token=rec.token)
-            await self._write_tree(conn, jobs, now, None)
+        try:
+            async with self.tx(root.queue) as conn:
+                outcome = await self.write_flow(conn, jobs, now)
+        except TreeJobTaken as taken:  # (rolled back) written meanwhile by another transaction
+            async with self.conn() as conn:
+                return await self.flow_taken(conn, jobs, taken, now)
+        return outcome
+
+    async def write_flow(self, conn: Connection, jobs: Sequence[FlowJob], now: int) -> EnqueueOutcome:
+        """Write the tree ``jobs`` (root first) in the transaction open on ``conn``, or
+        write nothing when the root's id is known (``duplicate``/``completed``).
+        :class:`FlowError`: a child's id is known (checked before anything is written);
+        :class:`TreeJobTaken`: a job of the tree was committed by another transaction
+        meanwhile (the caller rolls back, then asks :meth:`flow_taken`)."""
+        root = jobs[0]
+        row = await conn.fetchrow(
+            f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE}"
+            " AND state <> 'cancelled'",
+            root.queue,
+            now,
+            root.job.id,
+        )
+        if row is not None:
+            return _existing(row)
+        await self._write_tree(conn, jobs, now, None)
         return EnqueueOutcome(EnqueueStatus.QUEUED)
+
+    async def flow_taken(
+        self, conn: Connection, jobs: Sequence[FlowJob], taken: TreeJobTaken, now: int
+    ) -> EnqueueOutcome:
+        """After a rolled back :class:`TreeJobTaken`: the root taken, what :meth:`enqueue`
+        would say of it; a child taken, :class:`FlowError` naming it."""
+        root = jobs[0]
+        if taken.key != (root.queue, root.job.id):
+            raise FlowError(f"job {taken.key[1]!r} already exists on queue {taken.key[0]!r}: a tree's jobs must be new")
+        row = await conn.fetchrow(
+            f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE}",
+            root.queue,
+            now,
+            root.job.id,
+        )
+        if row is None:  # written and gone again: a duplicate of nothing known
+            return EnqueueOutcome(EnqueueStatus.DUPLICATE, None, token=None)
+        return _existing(row)
 
     async def add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
     ) -> bool:
         now = now_ms()
+        try:
+            return await self._add_children(queue, worker_id, job_id, token, children, policy, now)
+        except TreeJobTaken as taken:  # (rolled back) a child committed by another transaction meanwhile
+            raise FlowError(
+                f"job {taken.key[1]!r} already exists on queue {taken.key[0]!r}: a tree's jobs must be new"
+            ) from None
+
+    async def _add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str, now: int
+    ) -> bool:
         async with self.tx(queue) as conn:
             incarnation = await conn.fetchval(
                 f"SELECT token FROM {self._s}.jobs WHERE queue = $1 AND id = $2 AND state = 'processing'"
@@ -141,7 +200,7 @@ class PostgresFlows(PostgresBase):
             else:
                 state = "queued"
             n = counts.get(key)
-            await conn.execute(
+            written = await conn.fetchval(  # (a job committed since the check is left alone)
                 f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
                         token, envelope, max_attempts, result_ttl, parent_queue, parent_id, parent_token, child_seq,
                         policy, pending, nchildren)
@@ -153,7 +212,9 @@ class PostgresFlows(PostgresBase):
                         token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
                         max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
                         claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
-                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}""",
+                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}
+                    WHERE j.state = 'cancelled' OR j.expires_ms <= $4
+                    RETURNING true""",
                 fj.queue,
                 job.id,
                 state,
@@ -170,6 +231,8 @@ class PostgresFlows(PostgresBase):
                 fj.policy if n else None,
                 n,
             )
+            if not written:
+                raise TreeJobTaken(key)
             if n:  # (the upsert's reset cleared them on a replaced row: set them again)
                 await conn.execute(
                     f"UPDATE {self._s}.jobs SET policy = $3, pending = $4, nchildren = $4 WHERE queue = $1 AND id = $2",
@@ -209,27 +272,31 @@ class PostgresFlows(PostgresBase):
 
     async def lock_ancestors(self, conn: Connection, queue: str, ids: Sequence[str]) -> None:
         """Lock the ancestors of ``ids`` (on ``queue``), the root first, before the
-        caller locks the jobs themselves: every end in a tree takes its locks top-down."""
-        depth: dict[tuple[str, str], int] = {}
-        level = [(queue, i) for i in ids]
-        for d in range(1, 64):
-            if not level:
-                break
-            rows = await conn.fetch(
-                f"SELECT parent_queue, parent_id FROM {self._s}.jobs WHERE {_KEYS} AND parent_id IS NOT NULL",
-                [k[0] for k in level],
-                [k[1] for k in level],
-            )
-            level = list(dict.fromkeys((r[0], r[1]) for r in rows))
-            for key in level:
-                depth[key] = d
-        for d in sorted(set(depth.values()), reverse=True):
-            keys = sorted(k for k, v in depth.items() if v == d)
-            await conn.fetch(
-                f"SELECT 1 FROM {self._s}.jobs WHERE {_KEYS} ORDER BY queue, id FOR UPDATE",
-                [k[0] for k in keys],
-                [k[1] for k in keys],
-            )
+        caller locks the jobs themselves: every transaction touching a tree takes its
+        locks top-down. Jobs outside trees cost one plain read; for the others one
+        statement finds the ancestors level by level and locks them farthest first
+        (then by queue and id; ``ORDER BY`` runs before the row locks)."""
+        parents = await conn.fetch(
+            f"SELECT DISTINCT parent_queue, parent_id FROM {self._s}.jobs"
+            " WHERE queue = $1 AND id = ANY($2::text[]) AND parent_id IS NOT NULL",
+            queue,
+            list(ids),
+        )
+        if not parents:
+            return
+        await conn.fetch(
+            f"""WITH RECURSIVE up(queue, id, depth) AS (
+                    SELECT *, 1 FROM unnest($1::text[], $2::text[])
+                  UNION
+                    SELECT j.parent_queue, j.parent_id, up.depth + 1 FROM up
+                    JOIN {self._s}.jobs j ON j.queue = up.queue AND j.id = up.id
+                    WHERE j.parent_id IS NOT NULL AND up.depth < 64),
+                anc AS (SELECT queue, id, max(depth) AS depth FROM up GROUP BY queue, id)
+                SELECT 1 FROM {self._s}.jobs j JOIN anc ON j.queue = anc.queue AND j.id = anc.id
+                ORDER BY anc.depth DESC, j.queue, j.id FOR UPDATE OF j""",
+            [p[0] for p in parents],
+            [p[1] for p in parents],
+        )
 
     async def tree_ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int) -> None:
         """Jobs of ``queue`` just became terminal (in the transaction open on ``conn``):

@@ -11,7 +11,10 @@ returns.
 
 A lost connection is reopened with the pool's backoff, every channel is listened to
 again, and every callback receives ``None``: notifications may have been missed
-(subscribers turn it into a ``resync`` event, claims re-check the table).
+(subscribers turn it into a ``resync`` event, claims re-check the table). A reader that
+hears nothing for ``ping_interval`` seconds sends ``SELECT 1`` (bounded by ``timeout``):
+a connection that died without a word (a black-holed network) is found out and reopened,
+instead of being listened to forever.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 import trio
 
 from ._conn import Connection, Notification
-from ._errors import ConnectionLost
+from ._errors import CallTimeout, ConnectionLost
 from ._pool import Pool
 
 __all__ = ["Hub"]
@@ -40,8 +43,10 @@ class _Parked:
 class Hub:
     """The storage's listening connection and the callbacks of each channel."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, timeout: float = math.inf, ping_interval: float = math.inf) -> None:
         self._pool = pool
+        self._timeout = timeout  # bounds each LISTEN and ping (a server that does not answer)
+        self._ping_interval = ping_interval  # a reader hearing nothing that long pings the server
         self._conn: Connection | None = None
         self._callbacks: dict[str, list[Callback]] = {}
         self._listening: set[str] = set()
@@ -50,6 +55,7 @@ class Hub:
         self._reader_scope: trio.CancelScope | None = None
         self._parked: set[_Parked] = set()
         self._closed = False
+        self._missed = False  # the connection was lost: callbacks get None once it is back
 
     async def listen(self, channel: str, callback: Callback) -> None:
         """Call ``callback`` with every notification on ``channel`` from now on (until
@@ -65,7 +71,9 @@ class Hub:
                 if self._reader_scope is not None:
                     self._reader_scope.cancel()  # the reader lets go of the connection
                 try:
-                    await conn.execute(f'LISTEN "{channel}"')
+                    await self._listen(conn, channel)
+                except CallTimeout:
+                    raise  # (the connection is discarded: the next caller reconnects)
                 except ConnectionLost:
                     continue  # reconnected (and re-listened) by _connection()
                 self._listening.add(channel)
@@ -82,22 +90,40 @@ class Hub:
         a reconnect every callback gets ``None``. Called with ``_admin`` held."""
         if self._closed:
             raise ConnectionLost("the storage is closed", sqlstate="08003")
-        conn = self._conn
-        if conn is not None and not conn.closed:
-            return conn
-        lost = conn is not None
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        if self._conn is not None:
+            self._missed = True  # (kept across failed reconnects: the resync is owed)
         self._conn = None
-        conn = await self._pool.open_connection()
+        conn: Connection | None = None
+        with trio.move_on_after(self._timeout):
+            conn = await self._pool.open_connection()
+        if conn is None:
+            raise CallTimeout("cannot connect in time (to listen for notifications)")
         try:
             for channel in sorted(self._listening):
-                await conn.execute(f'LISTEN "{channel}"')
+                await self._listen(conn, channel)
         except BaseException:
             conn.close()
             raise
         self._conn = conn
-        if lost:
+        if self._missed:
+            self._missed = False
             self._dispatch(None)
         return conn
+
+    async def _listen(self, conn: Connection, channel: str) -> None:
+        await self._bounded(conn, f'LISTEN "{channel}"')
+
+    async def _ping(self, conn: Connection) -> None:
+        await self._bounded(conn, "SELECT 1")
+
+    async def _bounded(self, conn: Connection, sql: str) -> None:
+        conn.deadline = trio.current_time() + self._timeout
+        try:
+            await conn.execute(sql)
+        finally:
+            conn.deadline = math.inf
 
     def _dispatch(self, notes: list[Notification] | None) -> None:
         if notes is None:  # once per callback, however many channels it listens to
@@ -138,9 +164,17 @@ class Hub:
                     async with self._admin:
                         if self._closed:
                             break
-                        conn = await self._connection()
+                        try:
+                            conn = await self._connection()
+                        except ConnectionLost:
+                            continue  # unreachable for now (each attempt backs off): try again
                     try:
-                        notes = await conn.notifications()
+                        notes = None
+                        with trio.move_on_after(self._ping_interval):
+                            notes = await conn.notifications()
+                        if notes is None:  # quiet for a while: does the server still answer?
+                            await self._ping(conn)  # (a dead or black-holed one: CallTimeout)
+                            continue
                     except ConnectionLost:
                         continue  # (reopened by _connection(); closed storage: the loop ends)
                     self._dispatch(notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,7 +11,7 @@ from typing import Any, Self
 import trio
 
 from ._conn import Connection, Result
-from ._errors import ConnectionLost
+from ._errors import CallTimeout, ConnectionLost
 
 __all__ = ["Pool", "Transaction"]
 
@@ -110,8 +111,10 @@ class Pool:
                     delay = min(delay * 2, self.backoff_max)
                     continue
                 try:
+                    conn.deadline = trio.current_time() + self.connect_timeout
                     for statement in self.setup:
                         await conn.execute(statement)
+                    conn.deadline = math.inf
                 except BaseException:
                     conn.close()
                     raise
@@ -120,13 +123,22 @@ class Pool:
         raise ConnectionLost(f"cannot connect for {self.reconnect_timeout} s: {last}", sqlstate="08001")
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
+    async def connection(self, *, deadline: float = math.inf) -> AsyncIterator[Connection]:
         """Lend a connection for the block (see the class docstring). Cancellation: the
         wait for a free connection and the connect are cancellable; the connection goes
-        back to the pool (or is closed) whatever happens in the block."""
+        back to the pool (or is closed) whatever happens in the block. ``deadline`` (a
+        :func:`trio.current_time` value) bounds the wait for a connection, the connect
+        and every statement of the block (:class:`CallTimeout` past it; a statement cut
+        short discards its connection)."""
         if self._closed:
             raise ConnectionLost("the pool is closed", sqlstate="08003")
-        async with self._slots:
+        acquired = False
+        with trio.move_on_at(deadline):
+            await self._slots.acquire()
+            acquired = True
+        if not acquired:
+            raise CallTimeout("no connection of the pool came free in time")
+        try:
             conn = None
             while self._idle:
                 candidate = self._idle.pop()
@@ -134,13 +146,20 @@ class Pool:
                     conn = candidate
                     break
             if conn is None:
-                conn = await self.open_connection()
+                with trio.move_on_at(deadline):
+                    conn = await self.open_connection()
+                if conn is None:
+                    raise CallTimeout("cannot connect in time")
+            conn.deadline = deadline
             self._lent.add(conn)
             try:
                 yield conn
             finally:
                 self._lent.discard(conn)
+                conn.deadline = math.inf
                 await self._give_back(conn)
+        finally:
+            self._slots.release()
 
     async def _give_back(self, conn: Connection) -> None:
         if not conn.closed and conn.in_transaction:
@@ -157,13 +176,16 @@ class Pool:
             self._idle.append(conn)
 
     @asynccontextmanager
-    async def transaction(self, owner: object | None = None) -> AsyncIterator[Transaction]:
+    async def transaction(self, owner: object | None = None, *, timeout: float = math.inf) -> AsyncIterator[Transaction]:
         """``BEGIN`` on a pooled connection; ``COMMIT`` when the block ends normally,
         ``ROLLBACK`` when it raises (or is cancelled). A failed ``COMMIT`` raises (the
         transaction did not commit; :class:`ConnectionLost`: unknown). Cancellation: the
-        ``COMMIT`` is shielded (once the block is done, its outcome stands)."""
-        async with self.connection() as conn:
+        ``COMMIT`` is shielded (once the block is done, its outcome stands). ``timeout``
+        bounds getting the connection with its ``BEGIN``, and the ``COMMIT`` (or
+        ``ROLLBACK``), not the block's own statements."""
+        async with self.connection(deadline=trio.current_time() + timeout) as conn:
             await conn.execute("BEGIN")
+            conn.deadline = math.inf
             tx = Transaction(conn, owner)
             try:
                 yield tx
@@ -171,6 +193,7 @@ class Pool:
                 tx.active = False
                 with trio.CancelScope(shield=True):
                     if not conn.closed:
+                        conn.deadline = trio.current_time() + timeout
                         try:
                             await conn.execute("ROLLBACK")
                         except Exception:  # noqa: BLE001 - dropped by the pool
@@ -178,4 +201,5 @@ class Pool:
                 raise
             tx.active = False
             with trio.CancelScope(shield=True):
+                conn.deadline = trio.current_time() + timeout
                 await conn.execute("COMMIT")

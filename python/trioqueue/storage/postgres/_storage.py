@@ -13,6 +13,7 @@ from ..._model._errors import ValidationError
 from .._base import (
     NOTICE_KINDS,
     EnqueueOutcome,
+    FlowJob,
     JobRecord,
     NewJob,
     StorageEvent,
@@ -24,7 +25,8 @@ from .._base import (
 from ._claims import PostgresClaims
 from ._debounce import PostgresDebounce
 from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
-from ._conn import Notification
+from ._conn import Connection, Notification
+from ._flows import TreeJobTaken
 from ._jobs import LIVE
 from ._pool import Transaction
 from ._retention import PostgresRetention
@@ -48,6 +50,13 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
     times faster per call), and a server crash may lose the last few hundred
     milliseconds of acknowledged calls (never corrupt them); a worker then runs those
     jobs again (at-least-once). Transactions of the application are not affected.
+    ``call_timeout`` (seconds, default 10) bounds each call: a server that stops
+    answering (stopped, a black-holed network) makes the call raise
+    :class:`~trioqueue.storage.postgres.CallTimeout` (a ``StorageError``: a worker backs
+    off and retries) and discards its connection, instead of hanging. It bounds the
+    wait for a free connection, a reconnect (``reconnect_timeout``, default 30 s, is
+    the limit without it) and every statement; of the application's transactions, the
+    ``BEGIN``, ``COMMIT`` and the storage's own enqueues, not the application's SQL.
 
     Cancellation: every method is one transaction; cancelled before its ``COMMIT`` it
     is rolled back (the statement in flight is cancelled on the server), after that the
@@ -81,33 +90,69 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
         the block ends normally it commits (jobs and rows appear together, claimers are
         woken); when it raises or is cancelled it rolls back (neither exists).
         Cancellation: the ``COMMIT`` itself is shielded."""
-        async with self.pool.transaction(owner=self) as tx:
+        async with self.pool.transaction(owner=self, timeout=self.call_timeout) as tx:
             if not self.synchronous_commit:  # the application's commits stay durable
-                await tx.execute("SET LOCAL synchronous_commit = on")
+                with self.bounded(tx.connection):
+                    await tx.execute("SET LOCAL synchronous_commit = on")
             yield tx
 
     async def enqueue_in_transaction(
         self, queue: str, jobs: Sequence[NewJob], transaction: object
     ) -> list[EnqueueOutcome]:
-        first = jobs[0].id if jobs else None
+        conn = self._own_transaction(transaction, jobs[0].id if jobs else None)
+        if not jobs:
+            return []
+        await self._queue_rows([queue])
+        with self.bounded(conn):
+            outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
+            await self.publish(conn, queue, events, wake=bool(events))
+        return outcomes
+
+    async def enqueue_flow_in_transaction(self, jobs: Sequence[FlowJob], transaction: object) -> EnqueueOutcome:
+        conn = self._own_transaction(transaction, jobs[0].job.id)
+        await self._queue_rows(list(dict.fromkeys(fj.queue for fj in jobs)))
+        with self.bounded(conn):
+            return await self._flow_in(conn, jobs, now_ms())
+
+    async def _flow_in(self, conn: Connection, jobs: Sequence[FlowJob], now: int) -> EnqueueOutcome:
+        # a savepoint: a refused tree writes nothing and leaves the application's
+        # transaction usable (a cancellation leaves it failed: the block rolls back)
+        await conn.execute("SAVEPOINT trioqueue_tree")
+        try:
+            outcome = await self.write_flow(conn, jobs, now)
+        except Exception as exc:
+            if conn.closed:  # (lost, or discarded by a timeout: the transaction is gone)
+                raise
+            await conn.execute("ROLLBACK TO SAVEPOINT trioqueue_tree")
+            if isinstance(exc, TreeJobTaken):  # committed meanwhile by another transaction
+                return await self.flow_taken(conn, jobs, exc, now)
+            raise
+        await conn.execute("RELEASE SAVEPOINT trioqueue_tree")
+        return outcome
+
+    def _own_transaction(self, transaction: object, first: str | None) -> Connection:
+        """The connection of ``transaction``, one of this storage's, still open
+        (:class:`ValidationError` naming job ``first`` otherwise)."""
         if not isinstance(transaction, Transaction) or transaction.owner is not self:
             raise ValidationError(
                 f"job {first!r}: transaction= must come from this storage's transaction(), got {transaction!r}"
             )
         if not transaction.active or transaction.connection.closed:
             raise ValidationError(f"job {first!r}: the transaction has ended (enqueue inside its `async with` block)")
-        if not jobs:
-            return []
-        if queue not in self._known_queues:
-            # committed on its own: inserted inside the application's transaction, the
-            # queue's row would stay locked (every claim of the queue waiting) until it ends
-            async with self.conn() as own:
-                await own.execute(f"INSERT INTO {self._s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", queue)
-            self._known_queues.add(queue)
-        conn = transaction.connection
-        outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
-        await self.publish(conn, queue, events, wake=bool(events))
-        return outcomes
+        return transaction.connection
+
+    async def _queue_rows(self, queues: Sequence[str]) -> None:
+        """Make sure ``queues`` have their rows, committed on their own: inserted inside
+        the application's transaction, a queue's row would stay locked (every claim of
+        the queue waiting) until it ends."""
+        missing = [q for q in queues if q not in self._known_queues]
+        if not missing:
+            return
+        async with self.conn() as own:
+            await own.execute(
+                f"INSERT INTO {self._s}.queues (queue) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", missing
+            )
+        self._known_queues.update(missing)
 
     # -- events ------------------------------------------------------------------------
 

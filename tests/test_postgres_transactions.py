@@ -1,0 +1,179 @@
+"""Trees of jobs written in the application's transaction (``queue.enqueue(parent, ...,
+children=[...], transaction=tx)`` on PostgresStorage): the whole tree appears with the
+COMMIT (invisible and unclaimable before it, workers woken after it), nothing is left
+after a ROLLBACK, a refused tree leaves the application's transaction usable."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+import trio.testing
+
+pytest.importorskip("psycopg")
+
+from storage_helpers import LEASE, W1
+from trioqueue import Child, FlowError, Queue, ValidationError
+from trioqueue.storage import StorageEvent
+from trioqueue.storage.postgres import PostgresStorage
+
+
+@pytest.fixture
+async def pg(postgres_url: str) -> AsyncIterator[PostgresStorage]:
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}") as st:
+        yield st
+
+
+async def _orders_table(pg: PostgresStorage) -> str:
+    table = f"{pg._s}.orders"
+    async with pg.pool.connection() as conn:
+        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, total numeric NOT NULL)")
+    return table
+
+
+async def _events(receive: trio.MemoryReceiveChannel[list[StorageEvent]], n: int) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    with trio.fail_after(10):
+        while len(seen) < n:
+            seen += [(e.kind, e.job_id) for e in await receive.receive()]
+    return seen
+
+
+def _tree(side: str) -> list[Child]:
+    return [Child("fetch-a", 1), Child("fetch-b", 2, children=[Child("deep", 3)]), Child("mail", 4, queue=side)]
+
+
+async def test_a_tree_enqueued_in_a_transaction_appears_with_the_commit_and_wakes_workers(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    table = await _orders_table(pg)
+    side = f"{queue_name}-side"
+    ids = ["report", "fetch-a", "fetch-b", "deep"]
+    got: list[str] = []
+
+    async def blocked_claim(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        got.extend(c.id for c in await pg.dequeue(queue_name, W1, 5, 30.0, LEASE))
+
+    async with Queue(pg, name=queue_name, reaper=False) as q, pg.subscribe(queue_name, ["enqueued"]) as events:
+        async with trio.open_nursery() as nursery:
+            async with pg.transaction() as tx:
+                await tx.execute(f"INSERT INTO {table} (id, total) VALUES ($1, $2)", 1, 9.5)
+                result = await q.enqueue("report", None, children=_tree(side), transaction=tx)
+                assert result.status.value == "queued"
+                # inside the open transaction: no job of the tree is visible or claimable
+                for jid in ids:
+                    assert await pg.get_job(queue_name, jid) is None
+                assert await pg.get_job(side, "mail") is None
+                assert await pg.dequeue(queue_name, "other", 5, 0.05, LEASE) == []
+                assert await pg.dequeue(side, "other", 5, 0.05, LEASE) == []
+                await q.enqueue("marker", 0)  # committed on its own: its event comes first
+                assert await _events(events, 1) == [("enqueued", "marker")]
+                assert [c.id for c in await pg.dequeue(queue_name, "other", 5, 0.05, LEASE)] == ["marker"]
+                await nursery.start(blocked_claim)
+                await trio.testing.wait_all_tasks_blocked()
+                assert got == []
+            # committed: every job's event, and the blocked claim wakes and takes the leaves
+            assert sorted(await _events(events, 4)) == sorted(("enqueued", j) for j in ids)
+        assert sorted(got) == ["deep", "fetch-a"]
+        assert (await pg.get_job(queue_name, "report")).state.startswith("waiting_children:")  # type: ignore[union-attr]
+        assert (await pg.get_job(queue_name, "fetch-b")).state.startswith("waiting_children:")  # type: ignore[union-attr]
+        assert [c.id for c in await pg.dequeue(side, W1, 5, 0.05, LEASE)] == ["mail"]
+        assert [c.id for _, c in await pg.get_children(queue_name, "report")] == ["fetch-a", "fetch-b", "mail"]
+    async with pg.pool.connection() as conn:
+        assert await conn.fetch(f"SELECT id FROM {table}") == [(1,)]
+
+
+async def test_a_tree_enqueued_in_a_transaction_that_rolls_back_leaves_nothing(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    table = await _orders_table(pg)
+    side = f"{queue_name}-side"
+    async with Queue(pg, name=queue_name, reaper=False) as q:
+        with pytest.raises(RuntimeError, match="payment declined"):
+            async with pg.transaction() as tx:
+                await tx.execute(f"INSERT INTO {table} (id, total) VALUES ($1, $2)", 2, 3)
+                await q.enqueue("report", None, children=_tree(side), transaction=tx)
+                raise RuntimeError("payment declined")
+        for jid in ("report", "fetch-a", "fetch-b", "deep"):
+            assert await pg.get_job(queue_name, jid) is None
+        assert await pg.get_job(side, "mail") is None
+        assert await pg.dequeue(queue_name, W1, 5, 0.05, LEASE) == []
+        assert await pg.dequeue(side, W1, 5, 0.05, LEASE) == []
+        async with pg.pool.connection() as conn:
+            assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0
+        # enqueue_many with children: its tree in the transaction too
+        async with pg.transaction() as tx:
+            [out] = await q.enqueue_many([("r1", 1)], children=[Child("c", 0)], transaction=tx)
+            assert out.status.value == "queued"
+            assert await pg.get_job(queue_name, "c") is None
+        assert [r.id for r in await pg.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["c"]
+
+
+async def test_a_refused_tree_in_a_transaction_writes_nothing_and_leaves_the_transaction_usable(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """A child id that exists: FlowError naming it, nothing of the tree written, and the
+    application's transaction goes on (its own rows commit). A root id that exists is a
+    duplicate, as without a transaction."""
+    table = await _orders_table(pg)
+    async with Queue(pg, name=queue_name, reaper=False) as q:
+        await q.enqueue("taken", 0)
+        async with pg.transaction() as tx:
+            await tx.execute(f"INSERT INTO {table} (id, total) VALUES ($1, $2)", 3, 1)
+            with pytest.raises(FlowError, match="'taken'"):
+                await q.enqueue("report", None, children=[Child("fresh", 1), Child("taken", 2)], transaction=tx)
+            dup = await q.enqueue("taken", None, children=[Child("other", 1)], transaction=tx)
+            assert dup.status.value == "duplicate"
+            await tx.execute(f"INSERT INTO {table} (id, total) VALUES ($1, $2)", 4, 1)
+        for jid in ("report", "fresh", "other"):
+            assert await pg.get_job(queue_name, jid) is None
+        async with pg.pool.connection() as conn:
+            assert await conn.fetch(f"SELECT id FROM {table} ORDER BY id") == [(3,), (4,)]
+        # a transaction of another storage or one that ended: refused, naming the root
+        async with pg.transaction() as tx:
+            pass
+        with pytest.raises(ValidationError, match=r"job 'late'.*has ended"):
+            await q.enqueue("late", None, children=[Child("late-c", 1)], transaction=tx)
+        assert await pg.get_job(queue_name, "late") is None and await pg.get_job(queue_name, "late-c") is None
+
+
+async def test_concurrent_transactions_enqueueing_one_tree_root_write_it_once(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """Two application transactions enqueue a tree under the same root id: the second
+    waits for the first; once the first commits it is a duplicate and writes nothing of
+    its own tree (it does not overwrite the first's root)."""
+    async with Queue(pg, name=queue_name, reaper=False) as q:
+        second: list[str] = []
+
+        async def late_writer(first_committed: trio.Event) -> None:
+            async with pg.transaction() as tx2:
+                out = await q.enqueue("root", None, children=[Child("kid-2", 2)], transaction=tx2)
+                assert first_committed.is_set()  # (it waited for the first transaction)
+                second.append(out.status.value)
+
+        committed = trio.Event()
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                async with pg.transaction() as tx1:
+                    await q.enqueue("root", None, children=[Child("kid-1", 1)], transaction=tx1)
+                    nursery.start_soon(late_writer, committed)
+                    # bounded poll of the server's state: the second transaction waits on the root's row
+                    await _wait_for_lock_wait(pg)
+                committed.set()
+        assert second == ["duplicate"]
+        assert [c.id for _, c in await pg.get_children(queue_name, "root")] == ["kid-1"]
+        assert await pg.get_job(queue_name, "kid-2") is None
+        assert [c.id for c in await pg.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["kid-1"]
+
+
+async def _wait_for_lock_wait(pg: PostgresStorage) -> None:
+    async with pg.pool.connection() as conn:
+        with trio.fail_after(10):
+            while not await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ):
+                await trio.sleep(0.01)
