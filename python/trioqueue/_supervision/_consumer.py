@@ -139,7 +139,6 @@ class Consumer(LeaseKeeper, BatchWorker):
         self.settle_wakeup = trio.lowlevel.ParkingLot()
         self.start_wakeup = trio.lowlevel.ParkingLot()
         self.start_batch = _StartBatch()
-        self.fetch_scope = trio.CancelScope()
         self.pace = 0.0  # jobs settled per second over the last window (0: not known)
         self.pace_count = 0  # settled in the current window
         self.pace_since = self.pace_at = perf_counter()  # the current window's start, the last settlement
@@ -196,7 +195,10 @@ class Consumer(LeaseKeeper, BatchWorker):
     async def stop(self) -> None:
         """Graceful: stop claiming, give prefetched jobs back, let running ones finish."""
         self.draining = True
-        self.fetch_scope.cancel()
+        # The claim call in flight is let finish (its jobs go back at once, see
+        # _fetch_loop): cancelled, a call whose request the server served would leave its
+        # jobs held, unseen, until the last running handler ended.
+        self.capacity.unpark_all()
         if self.buffer:
             claims = list(self.buffer)
             self.buffer.clear()
@@ -295,50 +297,52 @@ class Consumer(LeaseKeeper, BatchWorker):
     async def _fetch_loop(self) -> None:
         q = self.q
         backoff = RETRY_BACKOFF[0]
-        with self.fetch_scope:
-            while True:
-                while self.held >= self.limit:
-                    await self.capacity.park()
-                want = self.limit - self.held
-                # Workers idle now take the first claims at once: count those attempts at
-                # claim time; the rest wait in the buffer, reserved.
-                start = min(want, max(0, len(self.work) * self.per_worker - len(self.buffer)))
-                ahead = self._pace_ahead()
-                if ahead > start:
-                    start = min(want, ahead)
-                limits = q.claim_limits
-                if limits is not None:
-                    start = want  # no prefetch: every claim has a worker
-                pauses = self.pauses
-                called = monotonic()
-                try:
-                    claims = await self.storage.dequeue(
-                        q.queue, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
-                    )
-                except Exception as exc:
-                    self.events.emit("error", error=exc, where="claiming jobs")
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, RETRY_BACKOFF[1])
-                    continue
-                backoff = RETRY_BACKOFF[0]
-                if claims and self.draining:
-                    # claimed by a call in flight when stop() came (it gave the buffer
-                    # back already): none of these will run, so they go back now, not
-                    # when the last running handler finishes
-                    self.held += len(claims) - await self._give_back(claims)
-                elif claims and self.pauses != pauses:
-                    # claimed before a pause that came while the call was in flight
-                    self.held += len(claims)
-                    await self._hand_back(claims)
-                elif claims:
-                    self.held += len(claims)
-                    self.buffer.extend(claims)
-                    self._claimed(claims, called)
-                    self._wake_worker()
-                    if self.per_worker > 1:
-                        self.filled.unpark_all()
-        # A claim cancelled mid-flight may have moved a job we never saw (Redis): run()
-        # gives such jobs back with its final reconcile, once the running ones are settled.
+        while not self.draining:
+            while self.held >= self.limit and not self.draining:
+                await self.capacity.park()
+            if self.draining:
+                break
+            want = self.limit - self.held
+            # Workers idle now take the first claims at once: count those attempts at
+            # claim time; the rest wait in the buffer, reserved.
+            start = min(want, max(0, len(self.work) * self.per_worker - len(self.buffer)))
+            ahead = self._pace_ahead()
+            if ahead > start:
+                start = min(want, ahead)
+            limits = q.claim_limits
+            if limits is not None:
+                start = want  # no prefetch: every claim has a worker
+            pauses = self.pauses
+            called = monotonic()
+            try:
+                claims = await self.storage.dequeue(
+                    q.queue, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
+                )
+            except Exception as exc:
+                self.events.emit("error", error=exc, where="claiming jobs")
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_BACKOFF[1])
+                continue
+            backoff = RETRY_BACKOFF[0]
+            if claims and self.draining:
+                # claimed by a call in flight when stop() came (it gave the buffer
+                # back already): none of these will run, so they go back now, not
+                # when the last running handler finishes
+                self.held += len(claims) - await self._give_back(claims)
+            elif claims and self.pauses != pauses:
+                # claimed before a pause that came while the call was in flight
+                self.held += len(claims)
+                await self._hand_back(claims)
+            elif claims:
+                self.held += len(claims)
+                self.buffer.extend(claims)
+                self._claimed(claims, called)
+                self._wake_worker()
+                if self.per_worker > 1:
+                    self.filled.unpark_all()
+        # A claim cancelled mid-flight (a forced stop, or the end of a graceful one while a
+        # call still blocks) may have moved jobs we never saw (a server served the
+        # request): run()'s final reconcile gives them back, their attempts refunded.
 
     async def _begin(self, claim: Claim) -> bool:
         """Count a reserved claim's attempt before its handler runs (batched with the other
