@@ -226,14 +226,15 @@ def _seconds(text: str, name: str, url: str) -> float:
     return value
 
 
-async def diagnose(params: ConnParams) -> str | None:
-    """Why the server cannot be reached, in words ("connection refused", "no answer
-    within 5 s"...); ``None`` when a TCP connection opens (the client failed for another
-    reason: TLS, a password...)."""
+async def diagnose(params: ConnParams, address: tuple[str, int] | None = None) -> str | None:
+    """Why the server (or ``address``) cannot be reached, in words ("connection refused",
+    "no answer within 5 s"...); ``None`` when a TCP connection opens (the client failed
+    for another reason: TLS, a password...)."""
     timeout = max(params.connect_timeout, 0.5)
+    host, port = address or (params.host, params.port)
 
     def probe() -> None:
-        socket.create_connection((params.host, params.port), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
 
     try:
         await trio.to_thread.run_sync(probe, abandon_on_cancel=True)
