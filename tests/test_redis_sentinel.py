@@ -7,6 +7,8 @@ the jobs lost are counted and printed (asynchronous replication may lose some)."
 
 from __future__ import annotations
 
+import json
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -79,6 +81,22 @@ async def test_a_sentinel_list_whose_first_sentinel_is_down_still_finds_the_prim
     async with storage:
         await storage.enqueue("q", [])
         assert _connected_port(storage) == deployment.primary_port()
+
+
+async def test_the_cli_takes_a_sentinel_url(deployment: SentinelSet) -> None:
+    """``--storage redis+sentinel://...``: every command opens its storage with
+    ``from_url`` (enqueue and stats stand for them)."""
+    name = f"cli-{uuid.uuid4().hex[:8]}"
+
+    async def cli(*args: str) -> str:
+        cmd = [sys.executable, "-m", "trioqueue", *args, "--storage", deployment.url, "--name", name]
+        with trio.fail_after(30):
+            proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False)
+        assert proc.returncode == 0, proc.stderr.decode()
+        return proc.stdout.decode()
+
+    await cli("enqueue", "job-1", "--payload", "1")
+    assert json.loads(await cli("stats", "--json"))[name]["counts"]["queued"] == 1
 
 
 async def test_no_sentinel_that_answers_is_reported_at_once() -> None:
@@ -181,10 +199,12 @@ async def _resync_then_events(
 
 
 @LEAN
-async def test_a_demoted_primary_is_followed_and_listeners_resync(deployment: SentinelSet, lean: bool) -> None:
+async def test_a_demoted_primary_is_followed_and_listeners_resync(
+    deployment: SentinelSet, lean: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """A failover that keeps the old primary alive, as a replica: while the storage's
-    watchdog runs (as under a running Queue) the sentinels' ``+switch-master`` moves it
-    before any command fails; without it, the next command finds the new primary (the
+    watchdog runs (as under a running Queue) it hears the sentinels' ``+switch-master``
+    and moves; without it, the next command finds the new primary (the
     demoted node answers it ``READONLY``, or has closed the connection).
     Either way the event listeners get a ``resync``, then the new primary's events, and
     no job is lost (a coordinated failover waits for the replica)."""
@@ -198,10 +218,12 @@ async def test_a_demoted_primary_is_followed_and_listeners_resync(deployment: Se
             nursery.start_soon(storage.watchdog)
             _drain(rx)
             new = await _failover(deployment)
-            with trio.fail_after(10):  # the watcher's doing: no command was sent
-                while _known(storage) != ("127.0.0.1", new):
-                    await trio.sleep(0.02)
             ids = ["a", *await _resync_then_events(storage, rx, "b")]
+            heard = f"to 127.0.0.1:{new}"
+            with trio.fail_after(5):  # the watcher logs the announcement (polled: no event for a log)
+                while not any("+switch-master" in r.getMessage() and heard in r.getMessage() for r in caplog.records):
+                    await trio.sleep(0.02)
+            assert _known(storage) == ("127.0.0.1", new)
             nursery.cancel_scope.cancel()
         assert _connected_port(storage) == new
         # no watcher now: the next command follows the failover on its own
@@ -266,7 +288,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
     options: dict[str, Any] = dict(prefix=prefix, replica_ack_timeout=ack, request_timeout=3.0, lean=lean)
     producer_storage = RedisStorage(dep.url, **options)
     worker_storage = RedisStorage(dep.url, **options)
-    acked: dict[str, float] = {}  # job id -> when its enqueue was acknowledged
+    acked: dict[str, float] = {}  # job id -> when its acknowledged enqueue was sent
     refused = 0  # enqueues that raised StorageError (not acknowledged: not counted)
     ran: dict[str, float] = {}  # job id -> when its handler first ran
     killed_at: float | None = None
@@ -276,7 +298,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         now = trio.current_time()
         ran.setdefault(job.id, now)
         if killed_at is not None and acked.get(job.id, 0.0) > killed_at:
-            resumed.set()
+            resumed.set()  # a job sent after the kill: claimed from the new primary
 
     async def produce(q: Queue[Any, Any], stop: trio.Event) -> None:
         nonlocal refused
@@ -284,13 +306,13 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         while not stop.is_set():
             ids = [f"j{n + k}" for k in range(5)]
             n += 5
+            sent = trio.current_time()
             try:
                 results = await q.enqueue_many([(i, i) for i in ids])
             except StorageError:
                 refused += 5
                 continue
-            now = trio.current_time()
-            acked.update((r.id, now) for r in results if r.status == "queued")
+            acked.update((r.id, sent) for r in results if r.status == "queued")
             await trio.sleep(0.01)  # a steady trickle, not a flood
 
     producer = Queue(producer_storage, name="load")

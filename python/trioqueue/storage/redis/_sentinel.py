@@ -87,9 +87,7 @@ class Sentinels:
             self._primary = None
 
     def moved(self, new: Address) -> None:
-        """The sentinels announced ``new`` as the primary."""
-        if self._primary != new:
-            log.warning("Redis Sentinel: the primary of %r is now %s:%d", self.service, *new)
+        """The sentinels named ``new`` as the primary."""
         self._primary = new
 
     async def ask(self) -> Address:
@@ -166,6 +164,10 @@ class Sentinels:
                         for push in await conn.receive_pushes():
                             switch = self._switch_of(push)
                             if switch is not None:
+                                log.warning(
+                                    "Redis Sentinel +switch-master: the primary of %r moved from %s:%d to %s:%d",
+                                    self.service, *switch[0], *switch[1],
+                                )  # fmt: skip
                                 await on_switch(*switch)
                 except ConnectionLost:
                     pass
