@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from redis_sentinel import SentinelSet
-from redis_server import free_port, raw_command
+from redis_server import free_port
 from trioqueue import Job, JobState, Queue, StorageError, ValidationError
 from trioqueue.storage import NewJob, StorageEvent, from_url
 from trioqueue.storage.redis import RedisStorage
@@ -25,8 +25,9 @@ from trioqueue.storage.redis import RedisStorage
 
 @pytest.fixture(scope="module")
 def deployment() -> Iterator[SentinelSet]:
-    """One deployment for the tests that do not fail it over."""
-    with SentinelSet() as dep:
+    """One deployment for the tests that do not kill a node, with a password on the data
+    nodes and another on the sentinels (percent-encoded in the URL)."""
+    with SentinelSet(password="data:pw", sentinel_password="sentinel pw") as dep:
         yield dep
 
 
@@ -75,7 +76,13 @@ async def test_a_sentinel_list_whose_first_sentinel_is_down_still_finds_the_prim
 ) -> None:
     dead = ("127.0.0.1", free_port())  # nobody listens there
     storage = RedisStorage.from_sentinels(
-        [dead, *deployment.addresses], service="mymaster", db=0, prefix=_prefix(), lean=lean
+        [dead, *deployment.addresses],
+        service="mymaster",
+        db=0,
+        password=deployment.password,
+        sentinel_password=deployment.sentinel_password,
+        prefix=_prefix(),
+        lean=lean,
     )
     await _round_trip(storage)
     async with storage:
@@ -108,7 +115,9 @@ async def test_no_sentinel_that_answers_is_reported_at_once() -> None:
 
 
 async def test_an_unknown_service_is_named(deployment: SentinelSet) -> None:
-    storage = RedisStorage.from_sentinels(deployment.addresses[:1], service="nosuch", prefix=_prefix())
+    storage = RedisStorage.from_sentinels(
+        deployment.addresses[:1], service="nosuch", sentinel_password=deployment.sentinel_password, prefix=_prefix()
+    )
     with trio.fail_after(10), pytest.raises(StorageError, match="does not monitor 'nosuch'"):
         async with storage:
             pass
@@ -153,17 +162,16 @@ async def _failover(deployment: SentinelSet) -> int:
     sentinels' INFO period), taking writes meanwhile: it lost a job acknowledged just
     before it in a run of this test."""
     old = await trio.to_thread.run_sync(deployment.primary_port)
-    command = ("SENTINEL", "FAILOVER", "mymaster", "COORDINATED")
     with trio.fail_after(15):
         # a replica demoted by the last failover is a candidate once the sentinel has its
         # INFO again (NOGOODSLAVE until then; INPROG while that failover still ends)
-        while not (reply := raw_command(deployment.sentinels[0].port, *command)).startswith(b"+OK"):
-            assert reply.startswith((b"-NOGOODSLAVE", b"-INPROG")), reply
+        while (reply := deployment.sentinel(0, "SENTINEL", "FAILOVER", "mymaster", "COORDINATED")) != "OK":
+            assert str(reply).startswith(("NOGOODSLAVE", "INPROG")), reply
             await trio.sleep(0.1)
     with trio.fail_after(15):
         while True:
             new = await trio.to_thread.run_sync(deployment.primary_port)
-            if new != old and b"role:slave" in raw_command(old, "INFO", "replication"):
+            if new != old and b"role:slave" in deployment.node(old, "INFO", "replication"):
                 return new
             await trio.sleep(0.05)
 
@@ -240,8 +248,8 @@ def _sentinel_calls(deployment: SentinelSet) -> int:
     """How many connections the sentinels have accepted (their INFO has no command
     stats; the storage opens one each time it asks, the sentinels keep theirs open)."""
     total = 0
-    for s in deployment.sentinels:
-        for line in raw_command(s.port, "INFO", "stats").decode().splitlines():
+    for i in range(len(deployment.sentinels)):
+        for line in deployment.sentinel(i, "INFO", "stats").decode().splitlines():
             if line.startswith("total_connections_received:"):
                 total += int(line.split(":")[1])
     return total - len(deployment.sentinels)  # the INFO connections themselves
@@ -343,8 +351,9 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
             while len(acked) < after + 200:
                 await trio.sleep(0.05)
         stop.set()
+        # wherever the sentinels say the primary is now (on a loaded machine they have
+        # failed over a second time, back to the old primary once it was a replica)
         new_port = await trio.to_thread.run_sync(dep.primary_port)
-        assert new_port != old_port and new_port == dep.replica.port
         assert _connected_port(worker_storage) == new_port
 
         async def state(job_id: str) -> JobState | None:

@@ -468,8 +468,6 @@ class RespClient:
         conn = RespConnection(stream, p.request_timeout, sock, self._watch)
         conn.address = address
         self._conns.add(conn)
-        if primary:
-            await self._check_primary(conn)
         hello: list[list[Any]] = []
         if p.password is not None:
             hello.append(["AUTH", p.username, p.password] if p.username else ["AUTH", p.password])
@@ -477,27 +475,28 @@ class RespClient:
             hello.append(["SELECT", p.db])
         if p.client_name:
             hello.append(["CLIENT", "SETNAME", p.client_name])
+        if primary:
+            # the node the sentinels named must say it is the primary: in the middle of a
+            # failover they may name one that is not yet, or no longer
+            hello.append(["HELLO", "2"])
         if hello:
             data = b"".join(encode_command(c) for c in hello)
-            replies = await conn.call(data, len(hello))
-            for cmd, r in zip(hello, replies if len(hello) > 1 else [replies]):
+            try:
+                replies = await conn.call(data, len(hello))
+            except ConnectionLost:
+                if primary:
+                    self._sentinels.forget(address)
+                raise
+            replies = replies if len(hello) > 1 else [replies]
+            for cmd, r in zip(hello, replies):
                 if isinstance(r, ReplyError):
                     await conn.aclose()
                     raise StorageError(f"Redis refused {cmd[0]}: {r}")
+            if primary and (role := hello_role(replies[-1])) != "master":
+                await conn.aclose()
+                self._sentinels.forget(address)
+                raise ConnectionLost(f"{p.display(address)} is not the primary (role {role})")
         return conn
-
-    async def _check_primary(self, conn: RespConnection) -> None:
-        """Sentinel mode: the node the sentinels named must say it is the primary (in the
-        middle of a failover they may name one that is not yet, or no longer)."""
-        try:
-            role = hello_role(await conn.call(encode_command(("HELLO", "2"))))
-        except ConnectionLost:
-            self._sentinels.forget(conn.address)
-            raise
-        if role != "master":
-            await conn.aclose()
-            self._sentinels.forget(conn.address)
-            raise ConnectionLost(f"{self.params.display(conn.address)} is not the primary (role {role})")
 
     async def aclose(self) -> None:
         self._closed = True
