@@ -291,13 +291,37 @@ async def test_a_killed_primary_is_followed_to_the_promoted_replica_under_load(a
         await trio.to_thread.run_sync(dep.close)
 
 
+class _Producer:
+    """Enqueues five jobs at a time, a steady trickle, until stopped; keeps the ids whose
+    enqueue was acknowledged (with when it was sent) and counts those refused."""
+
+    def __init__(self) -> None:
+        self.acked: dict[str, float] = {}  # job id -> when its acknowledged enqueue was sent
+        self.refused = 0  # enqueues that raised StorageError (not acknowledged: not counted)
+        self.stop = trio.Event()
+
+    async def run(self, q: Queue[Any, Any]) -> None:
+        n = 0
+        while not self.stop.is_set():
+            ids = [f"j{n + k}" for k in range(5)]
+            n += 5
+            sent = trio.current_time()
+            try:
+                results = await q.enqueue_many([(i, i) for i in ids])
+            except StorageError:
+                self.refused += 5
+                continue
+            self.acked.update((r.id, sent) for r in results if r.status == "queued")
+            await trio.sleep(0.01)  # a trickle, not a flood
+
+
 async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) -> None:
     prefix = _prefix()
     options: dict[str, Any] = dict(prefix=prefix, replica_ack_timeout=ack, request_timeout=3.0, lean=lean)
     producer_storage = RedisStorage(dep.url, **options)
     worker_storage = RedisStorage(dep.url, **options)
-    acked: dict[str, float] = {}  # job id -> when its acknowledged enqueue was sent
-    refused = 0  # enqueues that raised StorageError (not acknowledged: not counted)
+    load = _Producer()
+    acked = load.acked
     ran: dict[str, float] = {}  # job id -> when its handler first ran
     killed_at: float | None = None
     resumed = trio.Event()  # a job enqueued after the kill ran: claims resumed
@@ -308,27 +332,11 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         if killed_at is not None and acked.get(job.id, 0.0) > killed_at:
             resumed.set()  # a job sent after the kill: claimed from the new primary
 
-    async def produce(q: Queue[Any, Any], stop: trio.Event) -> None:
-        nonlocal refused
-        n = 0
-        while not stop.is_set():
-            ids = [f"j{n + k}" for k in range(5)]
-            n += 5
-            sent = trio.current_time()
-            try:
-                results = await q.enqueue_many([(i, i) for i in ids])
-            except StorageError:
-                refused += 5
-                continue
-            acked.update((r.id, sent) for r in results if r.status == "queued")
-            await trio.sleep(0.01)  # a steady trickle, not a flood
-
     producer = Queue(producer_storage, name="load")
     worker = Queue(worker_storage, name="load", handler=handler, concurrency=4, block_timeout=0.5,
                    visibility_timeout=5.0)  # fmt: skip
-    stop = trio.Event()
     async with producer, worker, trio.open_nursery() as nursery:
-        nursery.start_soon(produce, producer, stop)
+        nursery.start_soon(load.run, producer)
         with trio.fail_after(10):  # load before the kill
             while len(ran) < 100:
                 await trio.sleep(0.05)
@@ -350,7 +358,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         with trio.fail_after(20):  # load after the failover
             while len(acked) < after + 200:
                 await trio.sleep(0.05)
-        stop.set()
+        load.stop.set()
         # wherever the sentinels say the primary is now (on a loaded machine they have
         # failed over a second time, back to the old primary once it was a replica)
         new_port = await trio.to_thread.run_sync(dep.primary_port)
@@ -373,7 +381,53 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
     print(
         f"\nSentinel failover ({'lean' if lean else 'glide'}, {'acknowledged writes' if ack else 'asynchronous replication'}):"
         f" claims resumed {resumed_after:.2f} s after the kill; {len(acked)} enqueues acknowledged,"
-        f" {len(lost)} of them lost, {refused} refused (not acknowledged)"
+        f" {len(lost)} of them lost, {load.refused} refused (not acknowledged)"
     )
     if ack is not None:
         assert lost == [], f"{len(lost)} acknowledged jobs lost with acknowledged writes: {lost[:10]}"
+
+
+@pytest.mark.parametrize("ack", [1.0, None], ids=["acked-writes", "async-replication"])
+async def test_a_plain_failover_loses_the_writes_the_old_primary_took_unless_acknowledged(ack: float | None) -> None:
+    """A plain ``SENTINEL FAILOVER`` promotes the replica at once and demotes the old
+    primary only ~10 s later: until the sentinels announce the switch (about 1 s), the
+    producer's writes go to the old primary, which still takes them, and they are lost
+    with its demotion. With acknowledged writes, the promoted replica no longer
+    acknowledges them: they are refused, none is lost. (Counted on the new primary.)"""
+    dep = SentinelSet()
+    await trio.to_thread.run_sync(dep.start)
+    try:
+        load = _Producer()
+        storage = RedisStorage(dep.url, prefix=_prefix(), replica_ack_timeout=ack)
+        async with Queue(storage, name="load") as producer, trio.open_nursery() as nursery:
+            nursery.start_soon(load.run, producer)
+            with trio.fail_after(10):
+                while len(load.acked) < 200:
+                    await trio.sleep(0.05)
+            old = await trio.to_thread.run_sync(dep.primary_port)
+            assert dep.sentinel(0, "SENTINEL", "FAILOVER", "mymaster") == "OK"
+            with trio.fail_after(10):  # polled: the sentinels' own state
+                while (new := await trio.to_thread.run_sync(dep.primary_port)) == old:
+                    await trio.sleep(0.05)
+            with trio.fail_after(10):  # the producer writes to the new primary
+                while _known(storage) != ("127.0.0.1", new):
+                    await trio.sleep(0.05)
+                # acknowledged there; or, with acknowledged writes, refused: the new
+                # primary has no replica until the old one is demoted, ~10 s later
+                after, refused = len(load.acked), load.refused
+                while len(load.acked) < after + 50 and load.refused == refused:
+                    await trio.sleep(0.05)
+            load.stop.set()
+            nursery.cancel_scope.cancel()
+        checker = RedisStorage(dep.url, prefix=storage.prefix)  # asks the sentinels: the new primary
+        async with checker:
+            assert _connected_port(checker) == new
+            lost = [j for j in load.acked if await checker.get_job("load", j) is None]
+        print(
+            f"\nplain SENTINEL FAILOVER ({'acknowledged writes' if ack else 'asynchronous replication'}):"
+            f" {len(load.acked)} enqueues acknowledged, {len(lost)} of them lost, {load.refused} refused"
+        )
+        if ack is not None:
+            assert lost == [], f"{len(lost)} acknowledged jobs lost with acknowledged writes: {lost[:10]}"
+    finally:
+        await trio.to_thread.run_sync(dep.close)
