@@ -140,11 +140,26 @@ def test_a_malformed_sentinel_url_names_the_problem(url: str, says: str) -> None
         from_url(url)
 
 
+async def test_a_write_no_replica_acknowledges_raises(redis_url: str) -> None:
+    """Acknowledged writes on any Redis URL: the suite's standalone server has no replica,
+    so an enqueue waits ``replica_ack_timeout`` and raises; the job is on the primary
+    all the same (a failover could lose it). Reads and claims wait for nobody."""
+    storage = from_url(redis_url + "?replica_ack_timeout=0.2", prefix=_prefix())
+    async with storage:
+        with trio.fail_after(5), pytest.raises(StorageError, match="no replica acknowledged the write within 0.2 s"):
+            await storage.enqueue("q", [NewJob("x", b"1", 1, 60.0)])
+        record = await storage.get_job("q", "x")
+        assert record is not None and record.state.startswith("queued")
+        assert [c.id for c in await storage.dequeue("q", "w", 1, 0.0, 30.0)] == ["x"]
+
+
 def test_sentinel_options_that_do_not_go_together_are_refused() -> None:
     with pytest.raises(ValidationError, match="no cluster"):
         RedisStorage("redis+sentinel://h1/mymaster", cluster=True)
     with pytest.raises(ValidationError, match="client="):
         RedisStorage("redis+sentinel://h1/mymaster", client=object())
+    with pytest.raises(ValidationError, match="not supported on Redis Cluster"):
+        RedisStorage("redis://h1:7000", cluster=True, replica_ack_timeout=1.0)
     with pytest.raises(ValidationError, match="list of addresses"):
         RedisStorage.from_sentinels("h1:26379", service="mymaster")  # type: ignore[arg-type]
 

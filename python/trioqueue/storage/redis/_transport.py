@@ -195,6 +195,8 @@ def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParam
     ack = conn.replica_ack_timeout
     if ack is not None and not 0 < ack < conn.request_timeout:
         raise ValidationError(f"replica_ack_timeout must be > 0 s and less than request_timeout, got {ack!r}")
+    if ack is not None and conn.cluster:  # WAIT would have to reach the shard that wrote
+        raise ValidationError("replica_ack_timeout is not supported on Redis Cluster")
     return conn
 
 
