@@ -393,18 +393,23 @@ class _GlideSubscription(Subscription):
         self._cluster = cluster
         self._transport = transport
         self._make_config = config
+        self._address = transport._address if transport is not None else None  # where it subscribed
 
     async def run(self) -> None:
-        transport = self._transport
-        if transport is None or self._make_config is None:
+        transport, make_config = self._transport, self._make_config
+        if transport is None or make_config is None:
             await trio.sleep_forever()  # GLIDE delivers on its own
             return
         while True:
-            await transport.moved.wait()
+            if self._address == transport._address:
+                await transport.moved.wait()
+                continue
+            address = transport._address
             try:
-                new = await transport._retry(lambda: transport._create(self._make_config()))  # type: ignore[misc]
+                new = await transport._retry(lambda: transport._create(make_config()))
             except StorageError:
-                continue  # gone again: wait for the next move
+                continue  # still away after the retries: try again (or where it moved since)
+            self._address = address
             old, self._client = self._client, new
             await _close_quietly(old)
 
