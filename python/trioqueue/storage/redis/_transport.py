@@ -11,10 +11,11 @@ subscription. Two implementations, chosen once when the storage is made (``_stor
 - ``glide`` (:mod:`._glide`): valkey-glide, for Redis Cluster, an application's own
   client (``client=``) and ``lean=False``; imported only then.
 
-Shared here: the connection parameters (:class:`ConnParams`, :func:`parse_url`), the
-backoff between retries (:class:`Backoff`), which replies are worth a retry, and the
-script policy (:class:`ScriptPolicy`): each script goes as ``FCALL`` of its Redis
-Function library where the server allows it, as ``EVALSHA`` otherwise.
+Shared here: the connection parameters (:class:`ConnParams`, :func:`parse_url`, Sentinel
+URLs included), the backoff between retries (:class:`Backoff`), which replies are worth
+a retry, the script policy (:class:`ScriptPolicy`): each script goes as ``FCALL`` of its
+Redis Function library where the server allows it, as ``EVALSHA`` otherwise; and
+acknowledged writes (:class:`ReplicaAck`: ``WAIT 1`` behind each mutation).
 
 Cancellation remedies both keep (measured with valkey-glide under Trio): a blocking call
 runs on a dedicated connection that is closed when the call is cancelled, so the server
@@ -454,7 +455,8 @@ class Transport(abc.ABC):
         or script is loaded and the call sent again). ``shield`` (seconds): a mutation
         whose reply matters; once sent it is carried through a cancellation for up to
         that long (its reply is returned; the cancellation comes at the caller's next
-        checkpoint)."""
+        checkpoint). With acknowledged writes (:meth:`replica_ack`), the reply comes once
+        a replica has the write; :class:`StorageError` if none did in time."""
 
     @abc.abstractmethod
     async def blocking_move_then(
