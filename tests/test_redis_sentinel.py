@@ -153,6 +153,16 @@ async def test_a_write_no_replica_acknowledges_raises(redis_url: str) -> None:
         assert [c.id for c in await storage.dequeue("q", "w", 1, 0.0, 30.0)] == ["x"]
 
 
+def test_the_scripts_that_wait_for_no_replica_exist() -> None:
+    """Acknowledged writes wait after every script but the ones listed (reads, claims,
+    heartbeats...): a name there that no script has (renamed, removed) would make that
+    script wait after all. A new read-only script belongs in the list."""
+    from trioqueue.storage.redis import _lua
+    from trioqueue.storage.redis._transport import UNACKED_SCRIPTS
+
+    assert UNACKED_SCRIPTS <= set(_lua.SCRIPT_NAMES), UNACKED_SCRIPTS - set(_lua.SCRIPT_NAMES)
+
+
 def test_sentinel_options_that_do_not_go_together_are_refused() -> None:
     with pytest.raises(ValidationError, match="no cluster"):
         RedisStorage("redis+sentinel://h1/mymaster", cluster=True)
