@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -184,8 +184,8 @@ async def _failover(deployment: SentinelSet) -> int:
     first (it stays alive, a replica), then the replica promoted; the new primary's port
     once every node says so (polled: the servers' own state). A plain ``SENTINEL
     FAILOVER`` promotes at once and demotes the old primary only ~10 s later (the
-    sentinels' INFO period), taking writes meanwhile: it lost a job acknowledged just
-    before it in a run of this test."""
+    sentinels' INFO period), which takes writes meanwhile (see the plain failover test
+    below)."""
     old = await trio.to_thread.run_sync(deployment.primary_port)
     with trio.fail_after(15):
         # a replica demoted by the last failover is a candidate once the sentinel has its
@@ -316,14 +316,30 @@ async def test_a_killed_primary_is_followed_to_the_promoted_replica_under_load(a
         await trio.to_thread.run_sync(dep.close)
 
 
+class _Progress:
+    """Tasks wait until a condition on the test's own tallies holds; whoever changes one
+    calls :meth:`changed` (no polling of what this process does itself)."""
+
+    def __init__(self) -> None:
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def changed(self) -> None:
+        self._lot.unpark_all()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self._lot.park()
+
+
 class _Producer:
     """Enqueues five jobs at a time, a steady trickle, until stopped; keeps the ids whose
     enqueue was acknowledged (with when it was sent) and counts those refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: _Progress) -> None:
         self.acked: dict[str, float] = {}  # job id -> when its acknowledged enqueue was sent
         self.refused = 0  # enqueues that raised StorageError (not acknowledged: not counted)
         self.stop = trio.Event()
+        self.progress = progress
 
     async def run(self, q: Queue[Any, Any]) -> None:
         n = 0
@@ -335,8 +351,10 @@ class _Producer:
                 results = await q.enqueue_many([(i, i) for i in ids])
             except StorageError:
                 self.refused += 5
+                self.progress.changed()
                 continue
             self.acked.update((r.id, sent) for r in results if r.status == "queued")
+            self.progress.changed()
             await trio.sleep(0.01)  # a trickle, not a flood
 
 
@@ -345,7 +363,8 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
     options: dict[str, Any] = dict(prefix=prefix, replica_ack_timeout=ack, request_timeout=3.0, lean=lean)
     producer_storage = RedisStorage(dep.url, **options)
     worker_storage = RedisStorage(dep.url, **options)
-    load = _Producer()
+    progress = _Progress()
+    load = _Producer(progress)
     acked = load.acked
     ran: dict[str, float] = {}  # job id -> when its handler first ran
     killed_at: float | None = None
@@ -354,6 +373,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
     async def handler(job: Job[Any]) -> None:
         now = trio.current_time()
         ran.setdefault(job.id, now)
+        progress.changed()
         if killed_at is not None and acked.get(job.id, 0.0) > killed_at:
             resumed.set()  # a job sent after the kill: claimed from the new primary
 
@@ -363,8 +383,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
     async with producer, worker, trio.open_nursery() as nursery:
         nursery.start_soon(load.run, producer)
         with trio.fail_after(10):  # load before the kill
-            while len(ran) < 100:
-                await trio.sleep(0.05)
+            await progress.until(lambda: len(ran) >= 100)
         old_port = dep.primary.port
         dep.primary.kill()
         killed_at = trio.current_time()
@@ -381,8 +400,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         resumed_after = trio.current_time() - killed_at
         after = len(acked)
         with trio.fail_after(20):  # load after the failover
-            while len(acked) < after + 200:
-                await trio.sleep(0.05)
+            await progress.until(lambda: len(acked) >= after + 200)
         load.stop.set()
         # wherever the sentinels say the primary is now (on a loaded machine they have
         # failed over a second time, back to the old primary once it was a replica)
@@ -422,26 +440,25 @@ async def test_a_plain_failover_loses_the_writes_the_old_primary_took_unless_ack
     dep = SentinelSet()
     await trio.to_thread.run_sync(dep.start)
     try:
-        load = _Producer()
+        progress = _Progress()
+        load = _Producer(progress)
         storage = RedisStorage(dep.url, prefix=_prefix(), replica_ack_timeout=ack)
         async with Queue(storage, name="load") as producer, trio.open_nursery() as nursery:
             nursery.start_soon(load.run, producer)
             with trio.fail_after(10):
-                while len(load.acked) < 200:
-                    await trio.sleep(0.05)
+                await progress.until(lambda: len(load.acked) >= 200)
             old = await trio.to_thread.run_sync(dep.primary_port)
             assert dep.sentinel(0, "SENTINEL", "FAILOVER", "mymaster") == "OK"
             with trio.fail_after(10):  # polled: the sentinels' own state
                 while (new := await trio.to_thread.run_sync(dep.primary_port)) == old:
                     await trio.sleep(0.05)
             with trio.fail_after(10):  # the producer writes to the new primary
-                while _known(storage) != ("127.0.0.1", new):
+                while _known(storage) != ("127.0.0.1", new):  # polled: the storage has no event for it
                     await trio.sleep(0.05)
                 # acknowledged there; or, with acknowledged writes, refused: the new
                 # primary has no replica until the old one is demoted, ~10 s later
                 after, refused = len(load.acked), load.refused
-                while len(load.acked) < after + 50 and load.refused == refused:
-                    await trio.sleep(0.05)
+                await progress.until(lambda: len(load.acked) >= after + 50 or load.refused > refused)
             load.stop.set()
             nursery.cancel_scope.cancel()
         checker = RedisStorage(dep.url, prefix=storage.prefix)  # asks the sentinels: the new primary
