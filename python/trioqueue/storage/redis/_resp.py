@@ -488,7 +488,7 @@ class RespClient:
                     self._sentinels.forget(address)
                 raise
             replies = replies if len(hello) > 1 else [replies]
-            for cmd, r in zip(hello, replies):
+            for cmd, r in zip(hello, replies, strict=True):
                 if isinstance(r, ReplyError):
                     await conn.aclose()
                     raise StorageError(f"Redis refused {cmd[0]}: {r}")

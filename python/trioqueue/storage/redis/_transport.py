@@ -82,7 +82,7 @@ def is_readonly(reply: Any) -> bool:
 def hello_role(reply: Any) -> str | None:
     """The ``role`` of a ``HELLO 2`` reply (a flat list of names and values)."""
     if isinstance(reply, list):
-        for name, value in zip(reply[::2], reply[1::2]):
+        for name, value in zip(reply[::2], reply[1::2], strict=False):
             if name == b"role" and isinstance(value, bytes):
                 return value.decode()
     return None
