@@ -170,6 +170,12 @@ def test_sentinel_options_that_do_not_go_together_are_refused() -> None:
         RedisStorage("redis+sentinel://h1/mymaster", client=object())
     with pytest.raises(ValidationError, match="not supported on Redis Cluster"):
         RedisStorage("redis://h1:7000", cluster=True, replica_ack_timeout=1.0)
+    with pytest.raises(ValidationError, match="a sentinel address is"):
+        RedisStorage.from_sentinels([("h1", "port")], service="mymaster")
+    with pytest.raises(ValidationError, match="bad sentinel port"):
+        RedisStorage.from_sentinels(["h1:port"], service="mymaster")
+    with pytest.raises(ValidationError, match="master name"):
+        RedisStorage.from_sentinels(["h1"], service="")
     with pytest.raises(ValidationError, match="list of addresses"):
         RedisStorage.from_sentinels("h1:26379", service="mymaster")  # type: ignore[arg-type]
 

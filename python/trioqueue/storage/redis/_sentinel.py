@@ -223,8 +223,11 @@ def sentinel_url(
         if isinstance(s, str):
             hosts.append(s)
         else:
-            host, port = s
-            hosts.append(f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}")
+            try:
+                host, port = str(s[0]), int(s[1])
+            except (TypeError, ValueError, IndexError) as exc:
+                raise ValidationError(f"a sentinel address is 'host:port' or (host, port), got {s!r}") from exc
+            hosts.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     if not hosts:
         raise ValidationError("from_sentinels needs at least one sentinel address")
     if not service or "/" in service:
