@@ -406,7 +406,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         resumed_after = trio.current_time() - killed_at
         after = len(acked)
         with trio.fail_after(20):  # load after the failover
-            await progress.until(lambda: len(acked) >= after + 200)
+            await progress.until(lambda: len(acked) >= after + 100)
         load.stop.set()
         # wherever the sentinels say the primary is now (on a loaded machine they have
         # failed over a second time, back to the old primary once it was a replica)
@@ -452,7 +452,7 @@ async def test_a_plain_failover_loses_the_writes_the_old_primary_took_unless_ack
         async with Queue(storage, name="load") as producer, trio.open_nursery() as nursery:
             nursery.start_soon(load.run, producer)
             with trio.fail_after(10):
-                await progress.until(lambda: len(load.acked) >= 200)
+                await progress.until(lambda: len(load.acked) >= 100)
             old = await trio.to_thread.run_sync(dep.primary_port)
             assert dep.sentinel(0, "SENTINEL", "FAILOVER", "mymaster") == "OK"
             with trio.fail_after(10):  # polled: the sentinels' own state
