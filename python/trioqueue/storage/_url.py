@@ -12,7 +12,7 @@ __all__ = ["from_url"]
 
 _FORMS = (
     "memory://, file:///path (or a plain path), redis://, rediss://, redis+cluster://, rediss+cluster://,"
-    " postgresql://, postgres://"
+    " redis+sentinel://, rediss+sentinel://, postgresql://, postgres://"
 )
 
 
@@ -25,6 +25,10 @@ def from_url(url: str, **options: Any) -> Storage:
     - ``redis://[user[:password]@]host[:port][/db]``, ``rediss://`` (TLS), also spelled
       ``valkey://`` / ``valkeys://`` — :class:`~trioqueue.RedisStorage`;
       ``redis+cluster://host:port`` (or ``rediss+cluster://``) for Redis Cluster;
+      ``redis+sentinel://host1:26379,host2:26379/mymaster[/db]`` (or ``rediss+sentinel://``)
+      for the primary of a Redis Sentinel service (``?sentinel_password=`` for the
+      sentinels' own password; ``?replica_ack_timeout=1.0`` for acknowledged writes, on
+      any Redis URL);
     - ``postgresql://[user[:password]@]host[:port]/dbname[?...]`` (or ``postgres://``) —
       :class:`~trioqueue.storage.postgres.PostgresStorage` (query parameters ``schema``,
       ``synchronous_commit=on|off`` and ``call_timeout`` (seconds) set those options;
@@ -54,6 +58,10 @@ def from_url(url: str, **options: Any) -> Storage:
         from .file import FileStorage
 
         return FileStorage(unquote(parts.path), **options)
+    if scheme.endswith("+sentinel") and scheme[: -len("+sentinel")] in ("redis", "rediss", "valkey", "valkeys"):
+        from .redis import RedisStorage
+
+        return RedisStorage(url, **options)  # its URL parser reads the sentinels and the service
     cluster = False
     if scheme.endswith("+cluster"):
         cluster, scheme = True, scheme[: -len("+cluster")]

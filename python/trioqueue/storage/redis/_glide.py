@@ -12,6 +12,12 @@ What it keeps of GLIDE's behaviour under Trio:
   ``get_pubsub_message()`` is ever pending, let alone cancelled: nothing can be lost to a
   cancelled receive;
 - retries with backoff on connection errors/timeouts/``LOADING`` while GLIDE reconnects.
+
+On a Sentinel service (``lean=False``; valkey-glide has no Sentinel support of its own)
+the clients are made for the primary :class:`~._sentinel.Sentinels` names; after a fault
+the sentinels are asked again, and when they name another primary every client moves
+there (the command client is replaced, idle blocking clients closed, subscriptions made
+again: their listeners get a ``resync``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any
 import trio
 
 from ..._model._errors import StorageError
+from ._resp import ConnectionLost, RespClient
+from ._sentinel import Address, Sentinels
 from ._transport import (
     Backoff,
     ConnParams,
@@ -70,6 +78,12 @@ class GlideTransport(Transport):
         self._closed = False
         self._reconnect_lock: trio.Lock | None = None
         self._glide_scripts: dict[str, Any] = {}  # sha -> GLIDE's Script (EVALSHA, reloaded on NOSCRIPT)
+        # Sentinel mode: the primary the clients are made for, a lean client to check that
+        # a node says it is the primary, and an event set (then replaced) when it moves.
+        self.sentinels = Sentinels(params) if params.sentinels else None
+        self._address: Address = (params.host, params.port)
+        self._probe = RespClient(params)
+        self.moved = trio.Event()
 
     # -- configuration -------------------------------------------------------------
 
@@ -90,7 +104,7 @@ class GlideTransport(Transport):
                 raise StorageError(f"cannot read ssl_ca_certs {p.ca_certs!r}: {exc}") from exc
             adv_kwargs["tls_config"] = _g.TlsAdvancedConfiguration(root_pem_cacerts=pem)
         kwargs: dict[str, Any] = dict(
-            addresses=[_g.NodeAddress(p.host, p.port)],
+            addresses=[_g.NodeAddress(*self._address)],
             use_tls=p.tls,
             credentials=creds,
             request_timeout=int(request_timeout * 1000),
@@ -130,14 +144,19 @@ class GlideTransport(Transport):
         self._reconnect_lock = trio.Lock()
         if self._client is not None:
             return  # the application's own
-        why = await diagnose(self.params)
+        if self.sentinels is not None:
+            try:
+                self._address = await self.sentinels.verified_primary(self._probe)
+            except ConnectionLost as exc:
+                raise StorageError(f"could not connect to {self.params.display()}: {exc}") from exc
+        why = await diagnose(self.params, self._address)
         if why is None:
             try:
                 config = self._config(request_timeout=self.params.request_timeout)
                 self._client = await self._retry(lambda: self._create(config))
                 return
             except StorageError as exc:
-                why = await diagnose(self.params) or str(exc)
+                why = await diagnose(self.params, self._address) or str(exc)
                 raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
         raise StorageError(f"could not connect to {self.params.display()}: {why}")
 
@@ -168,6 +187,50 @@ class GlideTransport(Transport):
                 err = exc
             self._on_fault()
             await backoff.wait(err)
+            if self.sentinels is not None:
+                await self._follow()
+
+    async def _follow(self) -> None:
+        """Sentinel mode, after a fault: ask the sentinels again; move to the primary they
+        name if it is another one (a sentinel that cannot tell now is asked again after
+        the next fault)."""
+        self.sentinels.forget(self._address)  # type: ignore[union-attr]
+        try:
+            new = await self.sentinels.verified_primary(self._probe)  # type: ignore[union-attr]
+        except ConnectionLost:
+            return
+        await self._move_to(new)
+
+    async def _move_to(self, new: Address) -> None:
+        """Every client to the primary ``new``: the command client replaced, the idle
+        blocking clients closed, the subscriptions told (:attr:`moved`)."""
+        assert self._reconnect_lock is not None
+        async with self._reconnect_lock:
+            if new == self._address or self._closed:
+                return
+            previous, self._address = self._address, new
+            try:
+                client = await self._create(self._config(request_timeout=self.params.request_timeout))
+            except _g.GlideError:
+                self._address = previous  # not reachable yet: the next fault tries again
+                return
+            old, self._client = self._client, client
+            blockers, self._idle_blockers = self._idle_blockers, []
+            for c in (*blockers, *([old] if old is not None else [])):
+                await _close_quietly(c)
+        moved, self.moved = self.moved, trio.Event()
+        moved.set()
+
+    async def watchdog(self) -> None:
+        """On a Sentinel service: follow the sentinels' ``+switch-master``."""
+        if self.sentinels is None:
+            return
+        await self.sentinels.watch(self._switched)
+
+    async def _switched(self, old: Address | None, new: Address) -> None:
+        self.sentinels.moved(new)  # type: ignore[union-attr]
+        self._on_fault()
+        await self._move_to(new)
 
     async def _replace_client(self) -> None:
         assert self._reconnect_lock is not None
@@ -197,10 +260,28 @@ class GlideTransport(Transport):
     async def script(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
     ) -> Any:
-        call = functools.partial(self._retry, functools.partial(self._call_script, script, list(keys), list(args)))
+        call = functools.partial(self._script_acked, script, list(keys), list(args))
         return await (call() if shield is None else shielded(shield, call))
 
-    async def _call_script(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
+    async def _script_acked(self, script: Script, keys: list[Any], args: list[Any]) -> Any:
+        """The script's reply, once a replica acknowledged it where writes are
+        acknowledged: ``WAIT`` on the client that ran it (never the script again: it ran)."""
+
+        async def attempt() -> tuple[Any, Any]:
+            client = self._client
+            return client, await self._call_script(client, script, keys, args)
+
+        client, reply = await self._retry(attempt)
+        ack = self.replica_ack(script)
+        if ack is not None:
+            try:
+                acks = await client.custom_command(list(ack.args))
+            except _g.GlideError as exc:
+                raise StorageError(f"the write ran, but whether a replica has it is unknown: {exc}") from exc
+            ack.check(acks)
+        return reply
+
+    async def _call_script(self, client: Any, script: Script, keys: list[Any], args: list[Any]) -> Any:
         """FCALL of the script's Function; a server without it gets the library
         (``FUNCTION LOAD REPLACE``: on every primary of a cluster, a new one included) and
         the call again; where Functions are refused, the script goes as EVALSHA (GLIDE's
@@ -208,21 +289,21 @@ class GlideTransport(Transport):
         fn = self.scripts.function_of(script)
         if fn is not None:
             try:
-                return await self._client.fcall(fn[0], keys=keys, arguments=args)
+                return await client.fcall(fn[0], keys=keys, arguments=args)
             except _g.RequestError as exc:
                 text = str(exc)
                 if "Function not found" in text:
                     try:
-                        await self._client.function_load(fn[1], replace=True)
+                        await client.function_load(fn[1], replace=True)
                     except _g.RequestError as refused:
                         self.scripts.refused(script, str(refused))
                     else:
-                        return await self._client.fcall(fn[0], keys=keys, arguments=args)
+                        return await client.fcall(fn[0], keys=keys, arguments=args)
                 elif refuses_functions(text):
                     self.scripts.no_functions(text)
                 else:
                     raise
-        return await self._client.invoke_script(self._glide_script(script), keys=keys, args=args)
+        return await client.invoke_script(self._glide_script(script), keys=keys, args=args)
 
     def _glide_script(self, script: Script) -> Any:
         found = self._glide_scripts.get(script.sha)
@@ -281,9 +362,11 @@ class GlideTransport(Transport):
         def callback(msg: Any, _context: Any) -> None:
             on_message(msg.message)
 
-        config = self._config(request_timeout=self.params.request_timeout, pubsub=(channel, callback))
-        client = await self._retry(lambda: self._create(config))
-        sub = _GlideSubscription(client, channel, self.params.cluster)
+        def config() -> Any:
+            return self._config(request_timeout=self.params.request_timeout, pubsub=(channel, callback))
+
+        client = await self._retry(lambda: self._create(config()))
+        sub = _GlideSubscription(client, channel, self.params.cluster, self if self.sentinels else None, config)
         try:
             await sub.wait_subscribed()
         except BaseException:
@@ -294,15 +377,41 @@ class GlideTransport(Transport):
 
 class _GlideSubscription(Subscription):
     """A GLIDE client with a pub/sub configuration: GLIDE delivers its messages and
-    subscribes again after a reconnect by itself."""
+    subscribes again after a reconnect by itself. On a Sentinel service (``transport``
+    given) a new client is made whenever the primary moves."""
 
-    def __init__(self, client: Any, channel: str, cluster: bool) -> None:
+    def __init__(
+        self,
+        client: Any,
+        channel: str,
+        cluster: bool,
+        transport: GlideTransport | None = None,
+        config: Callable[[], Any] | None = None,
+    ) -> None:
         self._client = client
         self._channel = channel
         self._cluster = cluster
+        self._transport = transport
+        self._make_config = config
+        self._address = transport._address if transport is not None else None  # where it subscribed
 
     async def run(self) -> None:
-        await trio.sleep_forever()  # GLIDE delivers on its own
+        transport, make_config = self._transport, self._make_config
+        if transport is None or make_config is None:
+            await trio.sleep_forever()  # GLIDE delivers on its own
+            return
+        while True:
+            if self._address == transport._address:
+                await transport.moved.wait()
+                continue
+            address = transport._address
+            try:
+                new = await transport._retry(lambda: transport._create(make_config()))
+            except StorageError:
+                continue  # still away after the retries: try again (or where it moved since)
+            self._address = address
+            old, self._client = self._client, new
+            await _close_quietly(old)
 
     async def connection_id(self) -> int | None:
         try:

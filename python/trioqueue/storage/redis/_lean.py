@@ -1,7 +1,7 @@
 """The ``lean`` transport: the lean client of :mod:`._resp` (one Trio socket for ordinary
 commands and scripts, pipelined; a dedicated connection per blocking call; one per
-subscription). The default on a standalone server (plain or TLS); it needs no
-valkey-glide."""
+subscription). The default on a standalone server (plain or TLS) and on a Sentinel
+service (:mod:`._sentinel`); it needs no valkey-glide."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import trio
 from ..._core import encode_command
 from ..._model._errors import StorageError
 from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection, Subscriber
+from ._sentinel import Address, Sentinels
 from ._transport import (
     Backoff,
     ConnParams,
+    ReplicaAck,
     Script,
     ScriptPolicy,
     Subscription,
@@ -39,7 +41,8 @@ class LeanTransport(Transport):
 
     def __init__(self, params: ConnParams, *, retry_timeout: float, on_fault: Callable[[], None]) -> None:
         super().__init__(params, retry_timeout=retry_timeout, on_fault=on_fault)
-        self._client = RespClient(params)
+        self.sentinels = Sentinels(params) if params.sentinels else None
+        self._client = RespClient(params, self.sentinels)
         self._idle: list[RespConnection] = []  # dedicated connections of completed blocking calls
         self._closed = False
 
@@ -48,12 +51,12 @@ class LeanTransport(Transport):
         unreachable, or does not answer (connect and request timeouts) is reported at
         once. An error reply (``LOADING``...) says it is there: that one is waited for."""
         self._closed = False
-        self._client = RespClient(self.params)
+        self._client = RespClient(self.params, self.sentinels)
         try:
             if isinstance(await self._client.execute(_PING), ReplyError):
                 await self._retry(_PING)
         except (ConnectionLost, StorageError) as exc:
-            why = await diagnose(self.params) or str(exc)
+            why = (None if self.sentinels else await diagnose(self.params)) or str(exc)
             raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
 
     async def close(self) -> None:
@@ -64,8 +67,18 @@ class LeanTransport(Transport):
         await self._client.aclose()
 
     async def watchdog(self) -> None:
-        """The client's :meth:`RespClient.watchdog`: the request timeouts of its calls."""
-        await self._client.watchdog()
+        """The client's :meth:`RespClient.watchdog`: the request timeouts of its calls;
+        on a Sentinel service, also the sentinels' ``+switch-master`` announcements."""
+        if self.sentinels is None:
+            await self._client.watchdog()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._client.watchdog)
+            nursery.start_soon(self.sentinels.watch, self._switched)
+
+    async def _switched(self, old: Address | None, new: Address) -> None:
+        await self._client.primary_moved(old, new)
+        self._on_fault()
 
     # -- commands ----------------------------------------------------------------------
 
@@ -80,8 +93,13 @@ class LeanTransport(Transport):
     async def script(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
     ) -> Any:
-        call = _ScriptCall(self.scripts, script, keys, args)
-        return await self._retry(call.data(), script=call, shield=shield)
+        ack = self.replica_ack(script)
+        call = _ScriptCall(self.scripts, script, keys, args, ack)
+        if ack is None:
+            return await self._retry(call.data(), script=call, shield=shield)
+        reply, acks = await self._retry(call.data(), count=2, script=call, shield=shield)
+        ack.check(acks)
+        return reply
 
     async def _retry(
         self, data: bytes, *, count: int = 1, script: _ScriptCall | None = None, shield: float | None = None
@@ -98,7 +116,9 @@ class LeanTransport(Transport):
             first: Any = await self._client.execute(data, count, shield=shield)
         except ConnectionLost as exc:
             first = exc
-        if not isinstance(first, (ReplyError, ConnectionLost)):
+        if not isinstance(first, (ReplyError, ConnectionLost)) and not (
+            count > 1 and any(isinstance(r, ReplyError) for r in first)
+        ):
             return first
         return await shielded(shield, functools.partial(self._retry_loop, data, count, script, first))
 
@@ -164,6 +184,8 @@ class LeanTransport(Transport):
         data += _ScriptCall(self.scripts, script, keys, args).data()
         async with self._blocker("blocking claim failed") as conn:
             moved, reply = await conn.call(data, 2, timeout=timeout + 5.0)
+            if self.sentinels is not None and isinstance(moved, ReplyError) and str(moved).startswith("READONLY"):
+                await self._client.primary_moved(conn.address)  # demoted: ask the sentinels again
         if isinstance(moved, ReplyError):
             raise StorageError(f"blocking claim failed: {moved}")
         return moved, reply
@@ -180,7 +202,11 @@ class LeanTransport(Transport):
         """A dedicated connection for one blocking call: back to the idle pool if the call
         completed, closed if it failed or was cancelled (the server drops what it was
         blocked on). Faults become :class:`StorageError`."""
-        conn = self._idle.pop() if self._idle else None
+        conn = None
+        while self._idle and conn is None:
+            conn = self._idle.pop()
+            if conn.broken is not None:  # closed meanwhile (the primary moved)
+                conn = None
         ok = False
         try:
             if conn is None:
@@ -238,16 +264,24 @@ class _LeanSubscription(Subscription):
 class _ScriptCall:
     """A script call as the lean client sends it (encoded again after its form changed)."""
 
-    __slots__ = ("args", "keys", "policy", "script")
+    __slots__ = ("ack", "args", "keys", "policy", "script")
 
     def __init__(
-        self, policy: ScriptPolicy, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes]
+        self,
+        policy: ScriptPolicy,
+        script: Script,
+        keys: Sequence[str | bytes],
+        args: Sequence[str | bytes],
+        ack: ReplicaAck | None = None,
     ) -> None:
         self.policy = policy
         self.script = script
         self.keys = keys
         self.args = args
+        self.ack = ack
 
     def data(self) -> bytes:
-        """``FCALL`` (or ``EVALSHA``) of the script, as the policy says now."""
-        return encode_command(self.policy.command(self.script, self.keys), self.keys, self.args)
+        """``FCALL`` (or ``EVALSHA``) of the script, as the policy says now, with the
+        ``WAIT`` of an acknowledged write behind it."""
+        data = encode_command(self.policy.command(self.script, self.keys), self.keys, self.args)
+        return data if self.ack is None else data + self.ack.command

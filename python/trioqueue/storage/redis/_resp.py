@@ -40,6 +40,7 @@ import trio
 from ..._core import ReplyError as _ReplyError
 from ..._core import RespProtocolError, RespReader, encode_command
 from ..._model._errors import StorageError
+from ._transport import hello_role, is_readonly
 
 __all__ = ["ConnectionLost", "ReplyError", "RespClient", "RespConnection", "Subscriber"]
 
@@ -100,6 +101,7 @@ class RespConnection:
         self._writing = False
         self._reading = False
         self.broken: BaseException | None = None
+        self.address: tuple[str, int] | None = None  # the server's, as connected to
 
     async def call(self, data: bytes, count: int = 1, timeout: float | None = None, *, shield: float | None = None) -> Any:
         """Send ``data`` (``count`` encoded commands) and return the reply (a list of
@@ -345,10 +347,14 @@ def _stdlib_socket(stream: trio.SocketStream) -> socket.socket | None:
 
 class RespClient:
     """A connection to one standalone server, opened on first use and again after it
-    broke. ``params`` is the storage's :class:`~trioqueue.storage._glide.ConnParams`."""
+    broke. ``params`` is the storage's :class:`~trioqueue.storage._transport.ConnParams`.
+    With ``sentinels`` (a :class:`~trioqueue.storage.redis._sentinel.Sentinels`), the
+    server is the primary they name, checked to say so at each connection; a ``READONLY``
+    reply closes every connection to it (:meth:`primary_moved`)."""
 
-    def __init__(self, params: Any) -> None:
+    def __init__(self, params: Any, sentinels: Any = None) -> None:
         self.params = params
+        self._sentinels = sentinels
         self._conn: RespConnection | None = None
         self._lock = trio.Lock()
         self._closed = False
@@ -371,7 +377,23 @@ class RespClient:
                     await trio.lowlevel.checkpoint_if_cancelled()
                     raise ConnectionLost(f"could not reconnect within {shield:g} s")
                 conn = fresh
-        return await conn.call(data, count, shield=shield)
+        reply = await conn.call(data, count, shield=shield)
+        if self._sentinels is not None and is_readonly(reply):
+            await self.primary_moved(conn.address)  # demoted: ask the sentinels again
+        return reply
+
+    async def primary_moved(self, old: tuple[str, int] | None, new: tuple[str, int] | None = None) -> None:
+        """Sentinel mode: the primary is no longer ``old`` (it answered ``READONLY``, or the
+        sentinels announced ``new``). Forget it and close every connection to it: their
+        calls fail with :class:`ConnectionLost` (and are retried), subscribers subscribe
+        again, and the next connection goes where the sentinels say."""
+        if new is not None:
+            self._sentinels.moved(new)
+        else:
+            self._sentinels.forget(old)
+        for conn in list(self._conns):
+            if conn.address == old and conn.broken is None:
+                await conn.aclose()
 
     async def watchdog(self) -> None:
         """Enforce the request timeout of the calls on the client's connection while
@@ -396,6 +418,11 @@ class RespClient:
             raise StorageError("Redis client closed")
         return await self._open()
 
+    async def open_connection_to(self, address: tuple[str, int]) -> RespConnection:
+        """A new connection to ``address`` (not the client's server) with the client's
+        parameters (credentials, TLS, database)."""
+        return await self._open(address)
+
     async def _reconnect(self, old: RespConnection | None) -> RespConnection:
         async with self._lock:
             if self._closed:
@@ -419,20 +446,27 @@ class RespClient:
             self._ssl = ctx
         return self._ssl
 
-    async def _open(self) -> RespConnection:
+    async def _open(self, address: tuple[str, int] | None = None) -> RespConnection:
         p = self.params
+        primary = address is None and self._sentinels is not None
+        if address is None:
+            address = await self._sentinels.primary() if primary else (p.host, p.port)
+        host, port = address
         stream: trio.abc.Stream
         try:
             with trio.fail_after(p.connect_timeout):
-                tcp = await trio.open_tcp_stream(p.host, p.port)
+                tcp = await trio.open_tcp_stream(host, port)
                 stream = tcp
                 sock = None if p.tls else _stdlib_socket(tcp)
                 if p.tls:
-                    stream = trio.SSLStream(tcp, self._ssl_context(), server_hostname=p.host)
+                    stream = trio.SSLStream(tcp, self._ssl_context(), server_hostname=host)
                     await stream.do_handshake()
         except (OSError, trio.TooSlowError, trio.BrokenResourceError, ssl.SSLError) as exc:
-            raise ConnectionLost(f"could not connect to {p.display()}: {exc!r}") from exc
+            if primary:
+                self._sentinels.forget(address)
+            raise ConnectionLost(f"could not connect to {p.display(address)}: {exc!r}") from exc
         conn = RespConnection(stream, p.request_timeout, sock, self._watch)
+        conn.address = address
         self._conns.add(conn)
         hello: list[list[Any]] = []
         if p.password is not None:
@@ -441,13 +475,27 @@ class RespClient:
             hello.append(["SELECT", p.db])
         if p.client_name:
             hello.append(["CLIENT", "SETNAME", p.client_name])
+        if primary:
+            # the node the sentinels named must say it is the primary: in the middle of a
+            # failover they may name one that is not yet, or no longer
+            hello.append(["HELLO", "2"])
         if hello:
             data = b"".join(encode_command(c) for c in hello)
-            replies = await conn.call(data, len(hello))
-            for cmd, r in zip(hello, replies if len(hello) > 1 else [replies]):
+            try:
+                replies = await conn.call(data, len(hello))
+            except ConnectionLost:
+                if primary:
+                    self._sentinels.forget(address)
+                raise
+            replies = replies if len(hello) > 1 else [replies]
+            for cmd, r in zip(hello, replies, strict=True):
                 if isinstance(r, ReplyError):
                     await conn.aclose()
                     raise StorageError(f"Redis refused {cmd[0]}: {r}")
+            if primary and (role := hello_role(replies[-1])) != "master":
+                await conn.aclose()
+                self._sentinels.forget(address)
+                raise ConnectionLost(f"{p.display(address)} is not the primary (role {role})")
         return conn
 
     async def aclose(self) -> None:

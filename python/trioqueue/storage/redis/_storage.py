@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from ..._model._errors import StorageError
+from ..._model._errors import StorageError, ValidationError
 from ..._model._types import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
 from . import _lua
 from .._base import (
@@ -46,6 +46,7 @@ from .._base import (
     StorageEvent,
 )
 from ._coalesce import Coalescer, Slot
+from ._sentinel import sentinel_url
 from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
 from ._control import RedisControl, _ms, enqueue_args
@@ -110,10 +111,12 @@ def open_transport(
 
 
 class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
-    """Storage on Redis >= 7 or Valkey (standalone or cluster), via valkey-glide.
+    """Storage on Redis >= 7 or Valkey: standalone, Cluster, or a Sentinel service.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
-    ``?ssl_cert_reqs=none`` to skip certificate checks). ``prefix`` namespaces every key;
+    ``?ssl_cert_reqs=none`` to skip certificate checks); for Redis Sentinel,
+    ``redis+sentinel://host1:26379,host2:26379/mymaster[/db]`` (or :meth:`from_sentinels`):
+    the primary is the one the sentinels name, followed through failovers. ``prefix`` namespaces every key;
     each queue's keys share the hash tag ``{prefix:queue}``. ``client``: an existing GLIDE
     client to use for ordinary commands (blocking and pub/sub clients are still created
     from ``url``). ``retry_timeout``: how long an operation keeps retrying while the server
@@ -123,6 +126,12 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
     built-in lean client (a Trio socket, RESP parsed in Rust; ~2.5x cheaper per call than
     GLIDE under Trio), subscriptions included; ``False`` sends everything through GLIDE.
     Cluster always uses GLIDE.
+    ``replica_ack_timeout`` (seconds, off by default): acknowledged writes: after each
+    mutation (enqueue, settle, cancel, retry...; not claims or heartbeats), wait up to
+    that long for one replica to have it (``WAIT 1``) before acknowledging, and raise
+    :class:`~trioqueue.StorageError` when none did. Without it, replication is
+    asynchronous: a failover can lose the last acknowledged writes. Must be less than
+    ``request_timeout``.
     """
 
     def __init__(
@@ -138,13 +147,20 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         watch_interval: float = 0.5,
         client_name: str | None = None,
         lean: bool = True,
+        replica_ack_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.url = url
         self.prefix = prefix
         self._params: ConnParams = parse_url(
-            url, cluster=cluster, request_timeout=request_timeout, client_name=client_name
+            url,
+            cluster=cluster,
+            request_timeout=request_timeout,
+            client_name=client_name,
+            replica_ack_timeout=replica_ack_timeout,
         )
+        if self._params.sentinels and client is not None:
+            raise ValidationError("client= cannot be combined with Sentinel: the storage connects to the primary itself")
         self._transport: Transport = open_transport(
             self._params, client=client, lean=lean, retry_timeout=retry_timeout, on_fault=self._fault
         )
@@ -163,8 +179,42 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         self._key_cache: dict[tuple[str, str, str | None], list[str]] = {}
         self._tree_queues: dict[str, list[str]] = {}  # queue -> the queues its trees span (tree_act)
 
+    @classmethod
+    def from_sentinels(
+        cls,
+        sentinels: Sequence[str | tuple[str, int]],
+        *,
+        service: str,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        sentinel_username: str | None = None,
+        sentinel_password: str | None = None,
+        tls: bool = False,
+        **options: Any,
+    ) -> RedisStorage:
+        """A storage on the primary of the Sentinel ``service`` (its master name), as
+        ``sentinels`` name it: ``["host1:26379", ("host2", 26379)]`` (port 26379 when
+        left out), tried in turn. ``username``/``password``: the data nodes'
+        credentials; ``sentinel_username``/``sentinel_password``: the sentinels' own.
+        ``options`` are the constructor's (``prefix``, ``replica_ack_timeout``...).
+        The same as ``RedisStorage("redis+sentinel://host1:26379,host2:26379/service/db")``."""
+        url = sentinel_url(
+            sentinels,
+            service=service,
+            db=db,
+            username=username,
+            password=password,
+            sentinel_username=sentinel_username,
+            sentinel_password=sentinel_password,
+            tls=tls,
+        )
+        return cls(url, **options)
+
     def __repr__(self) -> str:
         p = self._params
+        if p.sentinels:
+            return f"RedisStorage({p.display()}, prefix={self.prefix!r})"
         return f"RedisStorage({p.host}:{p.port}/{p.db}, prefix={self.prefix!r}, cluster={p.cluster})"
 
     # -- plumbing ----------------------------------------------------------------------

@@ -11,10 +11,11 @@ subscription. Two implementations, chosen once when the storage is made (``_stor
 - ``glide`` (:mod:`._glide`): valkey-glide, for Redis Cluster, an application's own
   client (``client=``) and ``lean=False``; imported only then.
 
-Shared here: the connection parameters (:class:`ConnParams`, :func:`parse_url`), the
-backoff between retries (:class:`Backoff`), which replies are worth a retry, and the
-script policy (:class:`ScriptPolicy`): each script goes as ``FCALL`` of its Redis
-Function library where the server allows it, as ``EVALSHA`` otherwise.
+Shared here: the connection parameters (:class:`ConnParams`, :func:`parse_url`, Sentinel
+URLs included), the backoff between retries (:class:`Backoff`), which replies are worth
+a retry, the script policy (:class:`ScriptPolicy`): each script goes as ``FCALL`` of its
+Redis Function library where the server allows it, as ``EVALSHA`` otherwise; and
+acknowledged writes (:class:`ReplicaAck`: ``WAIT 1`` behind each mutation).
 
 Cancellation remedies both keep (measured with valkey-glide under Trio): a blocking call
 runs on a dedicated connection that is closed when the call is cancelled, so the server
@@ -36,16 +37,21 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
+from ..._core import ReplyError as _ReplyError
+from ..._core import encode_command
 from ..._model._errors import StorageError, ValidationError
 
 __all__ = [
     "Backoff",
     "ConnParams",
+    "ReplicaAck",
     "Script",
     "ScriptPolicy",
     "Subscription",
     "Transport",
     "diagnose",
+    "hello_role",
+    "is_readonly",
     "parse_url",
     "retryable",
     "shielded",
@@ -64,6 +70,24 @@ def retryable(text: str) -> bool:
     return any(t.lower() in text for t in RETRYABLE_TEXT)
 
 
+def is_readonly(reply: Any) -> bool:
+    """Whether a reply (or one of a batch's replies) is ``READONLY``: the node was demoted."""
+    if isinstance(reply, _ReplyError):
+        return str(reply).startswith("READONLY")
+    if isinstance(reply, list):
+        return any(isinstance(r, _ReplyError) and str(r).startswith("READONLY") for r in reply)
+    return False
+
+
+def hello_role(reply: Any) -> str | None:
+    """The ``role`` of a ``HELLO 2`` reply (a flat list of names and values)."""
+    if isinstance(reply, list):
+        for name, value in zip(reply[::2], reply[1::2], strict=False):
+            if name == b"role" and isinstance(value, bytes):
+                return value.decode()
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class ConnParams:
     host: str = "127.0.0.1"
@@ -78,46 +102,142 @@ class ConnParams:
     request_timeout: float = 5.0
     connect_timeout: float = 5.0
     client_name: str | None = None
+    # Sentinel mode: the sentinels' addresses, the service (master name) they monitor, and
+    # the sentinels' own credentials (host and port above are then unused).
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    # Acknowledged writes: wait (WAIT 1) up to this long for a replica after each mutation.
+    replica_ack_timeout: float | None = None
 
-    def display(self) -> str:
-        """The server's URL without credentials."""
+    def display(self, address: tuple[str, int] | None = None) -> str:
+        """The server's URL without credentials (``address``: a node of a sentinel
+        service instead, e.g. the primary they named)."""
         scheme = "rediss" if self.tls else "redis"
+        if address is not None:
+            return f"{scheme}://{_hostport(*address)}" + (f"/{self.db}" if self.db else "")
+        if self.sentinels:
+            where = ",".join(_hostport(h, p) for h, p in self.sentinels)
+            return f"{scheme}+sentinel://{where}/{self.service}" + (f"/{self.db}" if self.db else "")
         return f"{scheme}://{self.host}:{self.port}" + (f"/{self.db}" if self.db else "")
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
+SENTINEL_PORT = 26379
 
 
 def parse_url(url: str, *, cluster: bool = False, **overrides: Any) -> ConnParams:
     """``redis://[user[:password]@]host[:port][/db]``; ``rediss://`` for TLS, with
     ``?ssl_ca_certs=/path/ca.pem`` to trust a private CA or ``?ssl_cert_reqs=none`` to skip
-    certificate checks (testing only)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss", "valkey", "valkeys"):
-        raise ValidationError(f"unsupported URL scheme {parts.scheme!r} in {url!r} (use redis:// or rediss://)")
+    certificate checks (testing only); ``?replica_ack_timeout=<seconds>`` for
+    acknowledged writes. Sentinel:
+    ``redis+sentinel://[user[:password]@]host1[:26379],host2[:26379]/service[/db]``
+    (``rediss+sentinel://`` for TLS; the credentials are the data nodes';
+    ``?sentinel_password=`` and ``?sentinel_username=`` are the sentinels' own).
+    Raises :class:`~trioqueue.ValidationError` naming what is wrong."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    sentinel = scheme.endswith("+sentinel")
+    if sentinel:
+        scheme = scheme[: -len("+sentinel")]
+    if not sep or scheme not in _SCHEMES:
+        raise ValidationError(
+            f"unsupported URL scheme {url.partition('://')[0]!r} in {url!r}"
+            " (use redis://, rediss:// or redis+sentinel://)"
+        )
+    if sentinel:
+        if cluster:
+            raise ValidationError(f"a Sentinel URL names no cluster: {url!r}")
+        netloc, _, after = rest.partition("/")
+        userinfo = netloc.rpartition("@")[0]
+        parts = urlsplit(f"{scheme}://{userinfo + '@' if userinfo else ''}sentinels/{after}")
+        hosts = netloc.rpartition("@")[2]
+    else:
+        parts = urlsplit(url)
     query = parse_qs(parts.query)
-    db_text = parts.path.lstrip("/") or query.get("db", ["0"])[0]
+    path = [s for s in parts.path.split("/") if s]
+    service = ""
+    if sentinel:
+        if not path:
+            raise ValidationError(f"Sentinel URL without a service name (…/mymaster[/db]): {url!r}")
+        service = unquote(path.pop(0))
+    if len(path) > 1:
+        raise ValidationError(f"unexpected path {parts.path!r} in {url!r} (only a database number)")
+    db_text = (path[0] if path else "") or query.get("db", ["0"])[0]
+    if not db_text.isdigit():
+        raise ValidationError(f"database must be a number, got {db_text!r} in {url!r}")
     cert_reqs = query.get("ssl_cert_reqs", [""])[0].lower()
     params: dict[str, Any] = dict(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 6379,
-        db=int(db_text or 0),
+        db=int(db_text),
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
-        tls=parts.scheme in ("rediss", "valkeys"),
+        tls=scheme in ("rediss", "valkeys"),
         insecure_tls=cert_reqs in ("none", "cert_none"),
         ca_certs=query.get("ssl_ca_certs", [None])[0],
         cluster=cluster,
     )
+    if sentinel:
+        params.update(sentinels=_sentinel_hosts(hosts, url), service=service)
+        params.update({k: query[k][0] for k in ("sentinel_username", "sentinel_password") if k in query})
+    else:
+        try:
+            params.update(host=parts.hostname or "127.0.0.1", port=parts.port or 6379)
+        except ValueError as exc:  # a port that is not a number
+            raise ValidationError(f"{exc} in {url!r}") from exc
+    if "replica_ack_timeout" in query:
+        params["replica_ack_timeout"] = _seconds(query["replica_ack_timeout"][0], "replica_ack_timeout", url)
     params.update({k: v for k, v in overrides.items() if v is not None})
-    return ConnParams(**params)
+    conn = ConnParams(**params)
+    ack = conn.replica_ack_timeout
+    if ack is not None and not 0 < ack < conn.request_timeout:
+        raise ValidationError(f"replica_ack_timeout must be > 0 s and less than request_timeout, got {ack!r}")
+    if ack is not None and conn.cluster:  # WAIT would have to reach the shard that wrote
+        raise ValidationError("replica_ack_timeout is not supported on Redis Cluster")
+    return conn
 
 
-async def diagnose(params: ConnParams) -> str | None:
-    """Why the server cannot be reached, in words ("connection refused", "no answer
-    within 5 s"...); ``None`` when a TCP connection opens (the client failed for another
-    reason: TLS, a password...)."""
+def _sentinel_hosts(text: str, url: str) -> tuple[tuple[str, int], ...]:
+    """``host1[:port],host2[:port]`` (``[::1]:26379`` for IPv6): the sentinels."""
+    found: list[tuple[str, int]] = []
+    for item in text.split(","):
+        item = item.strip()
+        if item.startswith("["):
+            host, _, port_text = item[1:].partition("]")
+            port_text = port_text.removeprefix(":")
+        else:
+            host, _, port_text = item.partition(":")
+        if not host:
+            raise ValidationError(f"Sentinel URL with an empty sentinel address {item!r} in {url!r}")
+        if port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536):
+            raise ValidationError(f"bad sentinel port {port_text!r} in {url!r}")
+        found.append((host, int(port_text) if port_text else SENTINEL_PORT))
+    return tuple(found)
+
+
+def _seconds(text: str, name: str, url: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValidationError(f"{name} must be a number of seconds > 0, got {text!r} in {url!r}")
+    return value
+
+
+async def diagnose(params: ConnParams, address: tuple[str, int] | None = None) -> str | None:
+    """Why the server (or ``address``) cannot be reached, in words ("connection refused",
+    "no answer within 5 s"...); ``None`` when a TCP connection opens (the client failed
+    for another reason: TLS, a password...)."""
     timeout = max(params.connect_timeout, 0.5)
+    host, port = address or (params.host, params.port)
 
     def probe() -> None:
-        socket.create_connection((params.host, params.port), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
 
     try:
         await trio.to_thread.run_sync(probe, abandon_on_cancel=True)
@@ -222,6 +342,41 @@ class ScriptPolicy:
             log.info("Redis refused Functions (%s): scripts go as EVALSHA", why)
 
 
+# -- acknowledged writes -----------------------------------------------------------------
+
+# Scripts after which an acknowledged write waits for no replica: they only read, or what
+# a failover may take of their effect costs no job (a claim lost with the old primary
+# leaves its jobs queued, to run again: at least once; heartbeats are sent again; expired
+# jobs are swept again; the reaper's lock is taken again).
+UNACKED_SCRIPTS = frozenset(
+    {"get_job", "get_envelope", "counts", "list_jobs", "workers", "schedule_get",
+     "claim", "heartbeat", "sweep", "lock_acquire", "lock_release"}
+)  # fmt: skip
+
+
+class ReplicaAck:
+    """``WAIT 1 <timeout>`` sent behind a mutation on the same connection (it covers
+    every write that connection sent before it), and the check of its reply: no replica
+    acknowledged in time raises :class:`StorageError` (the write is on the primary, not
+    known to be on a replica: a failover now could lose it)."""
+
+    __slots__ = ("args", "command", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.args = ("WAIT", "1", str(max(1, round(timeout * 1000))))
+        self.command = encode_command(self.args)
+
+    def check(self, acks: Any) -> None:
+        if isinstance(acks, BaseException):
+            raise StorageError(f"Redis error waiting for a replica: {acks}")
+        if int(acks) < 1:
+            raise StorageError(
+                f"no replica acknowledged the write within {self.timeout:g} s (replica_ack_timeout):"
+                " it is on the primary but a failover now could lose it"
+            )
+
+
 # -- the interface -----------------------------------------------------------------------
 
 
@@ -260,6 +415,13 @@ class Transport(abc.ABC):
         self.retry_timeout = retry_timeout
         self._on_fault = on_fault
         self.scripts = ScriptPolicy()
+        self._ack = ReplicaAck(params.replica_ack_timeout) if params.replica_ack_timeout else None
+
+    def replica_ack(self, script: Script) -> ReplicaAck | None:
+        """The replica acknowledgement a call of ``script`` waits for, if any."""
+        if self._ack is None or script.name in UNACKED_SCRIPTS:
+            return None
+        return self._ack
 
     @abc.abstractmethod
     async def connect(self) -> None:
@@ -293,7 +455,8 @@ class Transport(abc.ABC):
         or script is loaded and the call sent again). ``shield`` (seconds): a mutation
         whose reply matters; once sent it is carried through a cancellation for up to
         that long (its reply is returned; the cancellation comes at the caller's next
-        checkpoint)."""
+        checkpoint). With acknowledged writes (:meth:`replica_ack`), the reply comes once
+        a replica has the write; :class:`StorageError` if none did in time."""
 
     @abc.abstractmethod
     async def blocking_move_then(
