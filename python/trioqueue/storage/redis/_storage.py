@@ -20,7 +20,6 @@ Events are published by the scripts; subscriptions are the :mod:`._events` mixin
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import time
@@ -29,33 +28,31 @@ from typing import Any
 
 import trio
 
-from ..._model._errors import StorageError, ValidationError
-from ..._model._types import DEFAULT_PRIORITY, CancelStatus, EnqueueStatus, UpdateTTLStatus
+from ..._model._errors import ValidationError
+from ..._model._types import CancelStatus, UpdateTTLStatus
 from . import _lua
 from .._base import (
     Claim,
     ClaimLimits,
-    EnqueueOutcome,
     HeartbeatReply,
     JobRecord,
     LostClaim,
-    NewJob,
     Settlement,
     SettleKind,
     Storage,
     StorageEvent,
 )
-from ._coalesce import Coalescer, Slot
+from ._coalesce import Coalescer
 from ._sentinel import sentinel_url
 from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
-from ._control import RedisControl, _ms, enqueue_args
+from ._control import RedisControl, _ms
 from ._events import RedisEvents, _Sub
+from ._enqueue import RedisEnqueue, _text
 from ._flows import RedisFlows
 
 __all__ = ["RedisStorage"]
 
-_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 _RESYNC = StorageEvent("resync", "")
 _KIND_CODE = {
     SettleKind.COMPLETE: "c",
@@ -67,26 +64,8 @@ _KIND_CODE = {
 }
 _FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
-_MAX_JOBS_PER_CALL = 2000
 _KEY_CACHE_SIZE = 4096  # (script, queue, worker) KEYS lists kept; cleared when full
 _SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _outcome(item: Any) -> EnqueueOutcome:
-    """One job's outcome in an enqueue (or debounce) script's reply."""
-    code = item[0]
-    if code == b"q":
-        return _QUEUED_OUTCOME
-    if code == b"c":
-        token = _text(item[3]) if len(item) > 3 and item[3] is not None else None
-        return EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2], token)
-    token = _text(item[2]) if len(item) > 2 and item[2] is not None else None
-    status = EnqueueStatus.DEBOUNCED if code == b"b" else EnqueueStatus.DUPLICATE
-    return EnqueueOutcome(status, _text(item[1]), token=token)
 
 
 def open_transport(
@@ -110,7 +89,7 @@ def open_transport(
     return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
 
 
-class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
+class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
     """Storage on Redis >= 7 or Valkey: standalone, Cluster, or a Sentinel service.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -280,64 +259,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         self._call_seq += 1
         return f"{self._call_prefix}{self._call_seq:x}"
 
-    # -- producers ---------------------------------------------------------------------
-
-    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if not jobs:
-            return []
-        if queue not in self._named:
-            await self._register_name(queue)
-        co = self._coalescers.get(queue)
-        if co is None:
-            co = self._coalescers[queue] = Coalescer(functools.partial(self._flush, queue))
-        return await co.submit(jobs)
-
-    async def debounce(
-        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
-    ) -> list[EnqueueOutcome]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if queue not in self._named:
-            await self._register_name(queue)
-        head = [str(int(delay * 1000)), "" if max_wait is None else str(int(max_wait * 1000))]
-        outcomes: list[EnqueueOutcome] = []
-        for job in jobs:  # one call a job: each takes effect on its own, in order
-            [item] = await self._run_shielded("debounce", queue, [*head, self._call_token(), *enqueue_args(job)])
-            outcomes.append(_outcome(item))
-        return outcomes
-
-    async def _flush(self, queue: str, batch: list[Slot]) -> None:
-        all_jobs = [job for slot in batch for job in slot.jobs]
-        outcomes: list[EnqueueOutcome] = []
-        try:
-            for start in range(0, len(all_jobs), _MAX_JOBS_PER_CALL):
-                chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
-                args: list[Any] = [self._call_token()]
-                script = "enqueue_plain"  # unless a job has another priority (its lane's key)
-                for job in chunk:
-                    args += enqueue_args(job)
-                    if job.priority != DEFAULT_PRIORITY:
-                        script = "enqueue"
-                reply = await self._run_shielded(script, queue, args)
-                outcomes += [_outcome(item) for item in reply]
-        except trio.Cancelled:
-            # The carrying call was cancelled (after the shield limit): the others learn
-            # that their jobs' fate is unknown, as with any interrupted write.
-            for slot in batch:
-                slot.error = StorageError("enqueue interrupted: the server did not answer in time")
-                slot.wake()
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
-            for slot in batch:
-                slot.error = exc
-                slot.wake()
-            return
-        i = 0
-        for slot in batch:
-            n = len(slot.jobs)
-            slot.result = outcomes[i : i + n]
-            i += n
-            slot.wake()
+    # -- producers (enqueue, debounce: RedisEnqueue) --------------------------------
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -349,7 +349,7 @@ class ScriptPolicy:
 # leaves its jobs queued, to run again: at least once; heartbeats are sent again; expired
 # jobs are swept again; the reaper's lock is taken again).
 UNACKED_SCRIPTS = frozenset(
-    {"get_job", "get_envelope", "counts", "list_jobs", "workers", "schedule_get",
+    {"get_job", "get_jobs", "get_envelope", "counts", "list_jobs", "workers", "schedule_get",
      "claim", "heartbeat", "sweep", "lock_acquire", "lock_release"}
 )  # fmt: skip
 
