@@ -207,6 +207,22 @@ async def _failover(deployment: SentinelSet) -> int:
             await trio.sleep(0.05)
 
 
+async def _watcher_listening(deployment: SentinelSet) -> None:
+    """Until a sentinel has a subscriber (the storage's watcher: nothing else subscribes
+    to the sentinels here). Polled: the sentinels announce nothing of the kind."""
+
+    def subscribed() -> bool:
+        return any(
+            " sub=1 " in f" {line} "
+            for i in range(len(deployment.sentinels))
+            for line in deployment.sentinel(i, "CLIENT", "LIST").decode().splitlines()
+        )
+
+    with trio.fail_after(10):
+        while not await trio.to_thread.run_sync(subscribed):
+            await trio.sleep(0.02)
+
+
 def _drain(rx: trio.MemoryReceiveChannel[list[StorageEvent]]) -> list[StorageEvent]:
     """The events already delivered (none is waited for)."""
     events: list[StorageEvent] = []
@@ -255,6 +271,7 @@ async def test_a_demoted_primary_is_followed_and_listeners_resync(
                 pass
         async with trio.open_nursery() as nursery:
             nursery.start_soon(storage.watchdog)
+            await _watcher_listening(deployment)  # (else the storage may move by a command first)
             _drain(rx)
             new = await _failover(deployment)
             ids = ["a", *await _resync_then_events(storage, rx, "b")]
