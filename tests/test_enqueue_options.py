@@ -33,6 +33,7 @@ EFFECTS: dict[str, tuple[Any, Any]] = {
     "delay": (600.0, lambda rec, env, opts: rec.state.startswith("delayed") and opts.run_at is not None),
     "at": (AT, lambda rec, env, opts: rec.state.startswith("delayed") and abs(opts.run_at - AT) < 0.01),
     "priority": (1, lambda rec, env, opts: rec.priority == 1),
+    "group": ("tenant-42", lambda rec, env, opts: rec.group == "tenant-42"),
     # a child per job (ids are unique per storage): the job waits for it
     "children": (lambda jid: [Child(f"{jid}-child")], lambda rec, env, opts: rec.state.startswith("waiting_children")),
     # (its effect, on a tree, is tested in test_flows.py: here, that it is taken)

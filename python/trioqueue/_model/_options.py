@@ -45,6 +45,10 @@ class EnqueueOptions(TypedDict, total=False):
     delay: Annotated[float | None, OptionHelp("run it S seconds from now")]
     at: Annotated[datetime | float | None, OptionHelp("run it at this time: a UNIX timestamp (an aware datetime too, from Python)", "T")]
     priority: Annotated[int, OptionHelp("0 (first) to 9 (last); default 5", "P", int)]
+    group: Annotated[
+        str | None,
+        OptionHelp("its group (e.g. a tenant): a priority's groups are claimed round-robin", "G", str),
+    ]
     children: Annotated[
         Sequence[Child] | None,
         OptionHelp(

@@ -54,19 +54,21 @@ class ConsumerSettings:
     batch: BatchSettings | None = None  # a batch handler's batches (see _batch)
 
 
-def claim_limits(rate_limit: Any, global_concurrency: Any) -> ClaimLimits | None:
-    """The storage's :class:`ClaimLimits` for a Queue's ``rate_limit`` and
-    ``global_concurrency`` (``None``: neither is set). Raises :class:`ValidationError`."""
-    if rate_limit is None and global_concurrency is None:
+def claim_limits(rate_limit: Any, global_concurrency: Any, group_concurrency: Any = None) -> ClaimLimits | None:
+    """The storage's :class:`ClaimLimits` for a Queue's ``rate_limit``,
+    ``global_concurrency`` and ``group_concurrency`` (``None``: none is set). Raises
+    :class:`ValidationError`."""
+    if rate_limit is None and global_concurrency is None and group_concurrency is None:
         return None
     if rate_limit is not None and not isinstance(rate_limit, RateLimit):
         raise ValidationError(f"rate_limit must be a trioqueue.RateLimit, got {type(rate_limit).__name__}")
     concurrency = 0 if global_concurrency is None else check.positive_int("global_concurrency", global_concurrency)
+    per_group = 0 if group_concurrency is None else check.positive_int("group_concurrency", group_concurrency)
     if rate_limit is None:
-        return ClaimLimits(concurrency=concurrency)
+        return ClaimLimits(concurrency=concurrency, group_concurrency=per_group)
     if not math.isfinite(rate_limit.per):  # pragma: no cover - validated by RateLimit
         raise ValidationError("RateLimit.per must be finite")
-    return ClaimLimits(rate_limit.limit, rate_limit.per, concurrency)
+    return ClaimLimits(rate_limit.limit, rate_limit.per, concurrency, per_group)
 
 
 class _StartBatch:

@@ -20,7 +20,6 @@ from .._model import _validate as check
 from ._batch import BatchSettings, batch_settings
 from ._consumer import Consumer, ConsumerSettings, claim_limits
 from .._model._errors import (
-    JobCancelledError,
     JobTimeoutError,
     QueueStoppedError,
     TrioQueueError,
@@ -116,6 +115,12 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
     :mod:`trioqueue._supervision._batch`). ``concurrency`` batches run at once;
     ``prefetch`` defaults to one batch per
     worker.
+
+    Groups (``enqueue(..., group="tenant-42")``): the ready jobs of one priority are
+    claimed round-robin across their groups (jobs without a group form one group), so
+    one group's backlog does not delay another's. ``group_concurrency``: at most that many
+    jobs of one group run at once across every worker process (jobs without a group are
+    not limited by it); :meth:`pause_group` stops claiming one group's jobs.
     """
 
     def __init__(
@@ -140,6 +145,7 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         retry_if: RetryIf | None = None,
         rate_limit: RateLimit | None = None,
         global_concurrency: int | None = None,
+        group_concurrency: int | None = None,
         lease_margin: float | None = None,
         executor: Literal["thread", "process"] = "thread",
         processes: int | None = None,
@@ -177,10 +183,11 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
         # at once and hold no slot or token a worker is not using.
         self.rate_limit = rate_limit
         self.global_concurrency = global_concurrency
-        self._claim_limits = claim_limits(rate_limit, global_concurrency)
+        self.group_concurrency = group_concurrency
+        self._claim_limits = claim_limits(rate_limit, global_concurrency, group_concurrency)
         if self._claim_limits is not None:
             if prefetch is not None:
-                raise ValidationError("prefetch cannot be combined with rate_limit or global_concurrency")
+                raise ValidationError("prefetch cannot be combined with rate_limit, global_concurrency or group_concurrency")
             self.prefetch = 0
         self._retry_delay = retry_policy(retry_delay)
         self.payload_serde: Serde = payload_serde or JsonSerde()
@@ -577,18 +584,6 @@ class Queue(JobMaker[P], QueueAdmin[P], Generic[P, R]):
             raise JobTimeoutError(jid, timeout)
         finally:
             self._waiters.remove(jid, waiter)
-
-    async def _waiter_outcome(self, job_id: str, outcome: StorageEvent) -> Any:
-        if outcome.kind == "completed":
-            if outcome.result is None:
-                record = await self.storage.get_job(self.name, job_id)
-                if record is None or record.result is None:
-                    raise TrioQueueError(f"job {job_id!r} completed but its result is no longer stored")
-                return self._load_result(job_id, record.result)
-            return self._load_result(job_id, outcome.result)
-        if outcome.kind == "failed":
-            await self._raise_stored_failure(job_id, outcome.error)
-        raise JobCancelledError(job_id, removed=outcome.kind == "removed")
 
     def __repr__(self) -> str:
         role = "consumer" if self._handler is not None else "producer"

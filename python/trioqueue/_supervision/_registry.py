@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._consumer import Consumer
     from ._emitter import Emitter
     from ._listener import Listener
-    from ..storage._base import JobRecord, Storage
+    from ..storage._base import JobRecord, Storage, StorageEvent
 
 _STATES = [s.value for s in JobState]
 _TERMINAL = [s.value for s in JobState if s.terminal]
@@ -197,6 +197,26 @@ class QueueAdmin(Generic[P]):
         self._check_running()
         return await self.storage.is_paused(self.name)
 
+    async def pause_group(self, group: str) -> bool:
+        """Stop every worker of this queue from claiming the jobs of ``group`` (other
+        groups' jobs are claimed as before; running jobs finish). Stored in the storage;
+        returns False if the group was already paused."""
+        g = check.group(group)
+        self._check_running()
+        return await self.storage.set_group_paused(self.name, g, True)
+
+    async def resume_group(self, group: str) -> bool:
+        """Let workers claim the jobs of ``group`` again (waiting ones wake at once);
+        False if it was not paused."""
+        g = check.group(group)
+        self._check_running()
+        return await self.storage.set_group_paused(self.name, g, False)
+
+    async def paused_groups(self) -> list[str]:
+        """The groups of this queue whose claiming is paused (sorted)."""
+        self._check_running()
+        return await self.storage.paused_groups(self.name)
+
     async def get_status(self, job_id: str) -> JobStatus | None:
         """The job's registry entry, or ``None`` if the id is unknown (or expired); a
         child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
@@ -227,6 +247,7 @@ class QueueAdmin(Generic[P]):
             progress=None if record.progress is None else self._load_result(jid, record.progress),
             priority=record.priority,
             parent=None if record.parent is None else JobRef(*record.parent),
+            group=record.group,
         )
 
     async def counts(self) -> dict[JobState, int]:
@@ -277,6 +298,18 @@ class QueueAdmin(Generic[P]):
 
     def _new_token(self) -> str:
         raise NotImplementedError
+
+    async def _waiter_outcome(self, job_id: str, outcome: StorageEvent) -> Any:
+        if outcome.kind == "completed":
+            if outcome.result is None:
+                record = await self.storage.get_job(self.name, job_id)
+                if record is None or record.result is None:
+                    raise TrioQueueError(f"job {job_id!r} completed but its result is no longer stored")
+                return self._load_result(job_id, record.result)
+            return self._load_result(job_id, outcome.result)
+        if outcome.kind == "failed":
+            await self._raise_stored_failure(job_id, outcome.error)
+        raise JobCancelledError(job_id, removed=outcome.kind == "removed")
 
     async def get_result(self, job_id: str) -> Any:
         """The cached result of a completed job. Raises :class:`JobFailedError` for a failed

@@ -4,14 +4,19 @@ the storage's lock, like everything else)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
 
 import trio
 
+from ..._model._serde import encode_error
 from .._base import EnqueueOutcome, HeartbeatReply, LostClaim, NewJob, Storage, StorageEvent, lost_why
-from ._parts import _Q
+from .._base import FAILED as _FAILED
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
+from ._parts import _Q, _Rec, _stalled_error
 
 __all__ = ["MemoryControl"]
 
@@ -33,6 +38,110 @@ class MemoryControl(Storage):
 
     def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
         raise NotImplementedError
+
+    def _expire(self, q: _Q, now: float) -> None:
+        raise NotImplementedError
+
+    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
+        raise NotImplementedError
+
+    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
+        raise NotImplementedError
+
+    # -- reaper ------------------------------------------------------------------------
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        recovered: list[tuple[str, str]] = []
+        events: list[StorageEvent] = []
+        next_deadline = math.inf
+        requeue: list[_Rec] = []
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, now)
+            self._promote(q, now, events)
+            promoted = bool(events)
+            if q.delayed:
+                next_deadline = q.delayed[0][0]
+            for worker_id, proc in list(q.processing.items()):
+                alive_until = q.workers.get(worker_id, 0.0)
+                for job_id, rec in list(proc.items()):
+                    if rec.lease_deadline > now and alive_until > now:
+                        next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
+                        continue
+                    del proc[job_id]
+                    q.group_left(rec)
+                    events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
+                    rec.worker = None
+                    rec.claim = None
+                    rec.lease_deadline = math.inf
+                    if rec.cancel_requested:
+                        self._cancel_claimed(q, rec, now, worker_id, events)
+                        recovered.append((job_id, "cancelled"))
+                    # A reserved claim never ran: it goes back at no cost.
+                    elif not rec.started or rec.attempts < rec.max_attempts:
+                        rec.kind = _QUEUED
+                        rec.ts_ms = int(now * 1000)
+                        rec.started = False
+                        requeue.append(rec)
+                        events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
+                        recovered.append((job_id, "requeued"))
+                    else:
+                        rec.error = encode_error(_stalled_error(job_id, worker_id, rec.attempts))
+                        self._set_terminal(q, rec, _FAILED, now, rec.result_ttl)
+                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error, token=rec.token))
+                        recovered.append((job_id, "failed"))
+                if not proc and alive_until <= now:
+                    del q.processing[worker_id]
+            for worker_id, alive_until in list(q.workers.items()):
+                if alive_until <= now and not q.processing.get(worker_id):
+                    del q.workers[worker_id]  # a dead worker holding nothing: forget it
+                    q.processing.pop(worker_id, None)
+            q.ready.push(requeue)
+            self._publish(q, events)
+            if recovered or promoted:
+                q.flow.freed()
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return recovered, (None if next_deadline == math.inf else next_deadline)
+
+    # -- groups ------------------------------------------------------------------------
+
+    supports_groups = True
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            changed = (group in q.paused_groups) != paused
+            if paused:
+                q.paused_groups.add(group)
+            elif changed:
+                q.paused_groups.discard(group)
+                q.ready.requeue_group(group)  # back in the rings (it left them while paused)
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return sorted(self._q(queue).paused_groups)
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        await trio.lowlevel.checkpoint()
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for rec in self._q(queue).jobs.values():
+                if rec.kind in (_QUEUED, _PROCESSING):
+                    counts = out.setdefault(rec.group or "", {_QUEUED: 0, _PROCESSING: 0})
+                    counts[rec.kind] += 1
+        return out
+
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float

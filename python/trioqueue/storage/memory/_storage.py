@@ -22,7 +22,6 @@ from itertools import count
 import trio
 
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
-from ..._model._serde import encode_error
 from .._base import (
     Claim,
     ClaimLimits,
@@ -47,7 +46,7 @@ from .._base import WAITING_CHILDREN as _WAITING
 from ._admin import MemoryAdmin, _record
 from ._control import MemoryControl
 from ._flows import MemoryFlows
-from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter, _due_ms, _stalled_error
+from ._parts import _Q, _QUEUED_OUTCOME, _Blocked, _Rec, _Subscriber, _Waiter, _due_ms
 
 __all__ = ["MemoryStorage"]
 
@@ -270,8 +269,9 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
             proc = q.processing[worker_id] = {}
         taken: list[_Rec] = []  # their index entries move in one batch
         append = claims.append
+        blocked = _Blocked(q.paused_groups, limits.group_concurrency if limits is not None else 0, q.running)
         while len(claims) < max_jobs:
-            entries = q.ready.pop(max_jobs - len(claims))
+            entries = q.ready.pop(max_jobs - len(claims), blocked)
             if not entries:
                 break
             for rec in entries:
@@ -295,6 +295,9 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
                     rec.started = False
                     append(_new(Claim, (job_id, env, rec.attempts + 1, token, False)))
         q.index.move(taken, _QUEUED, _PROCESSING)
+        if blocked.hit:
+            q.gblocked |= blocked.hit  # back in the rings when a slot of theirs is freed
+            q.flow.slot_wait = True
         q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
@@ -358,6 +361,8 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
                     # The common case, inline (as _set_terminal does it, but the index).
                     del proc[sid]
                     out.append(True)
+                    if rec.group is not None:
+                        q.group_left(rec)
                     if not rec.started:
                         rec.attempts += 1  # settled without start(): the attempt happened
                     rec.result = data
@@ -385,6 +390,7 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
                     continue
                 del proc[s.id]
                 out.append(True)
+                q.group_left(rec)
                 limited = s.kind is SettleKind.RATE_LIMITED
                 if s.kind in _UNCOUNTED:
                     rec.attempts -= rec.started  # rate limited, or waiting: the attempt did not happen
@@ -434,6 +440,7 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
                 rec = proc.pop(job_id, None)
                 if rec is None:
                     continue
+                q.group_left(rec)
                 if rec.cancel_requested:
                     self._cancel_claimed(q, rec, now, worker_id, events)
                     continue
@@ -484,73 +491,18 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
             return False
         if rec.cancel_requested and not rec.started:
             del proc[job_id]
+            q.group_left(rec)
             self._cancel_claimed(q, rec, time.time(), worker_id, events)
             return False
         if q.paused and not rec.started:
             del proc[job_id]  # paused: a prefetched job goes back, its attempt never counted
+            q.group_left(rec)
             self._requeue_front(q, [rec], worker_id, time.time(), events)
             return False
         if not rec.started:
             rec.started = True
             rec.attempts += 1
         return True
-
-    # -- reaper ------------------------------------------------------------------------
-
-    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
-        recovered: list[tuple[str, str]] = []
-        events: list[StorageEvent] = []
-        next_deadline = math.inf
-        requeue: list[_Rec] = []
-        with self._lock:
-            q = self._q(queue)
-            self._expire(q, now)
-            self._promote(q, now, events)
-            promoted = bool(events)
-            if q.delayed:
-                next_deadline = q.delayed[0][0]
-            for worker_id, proc in list(q.processing.items()):
-                alive_until = q.workers.get(worker_id, 0.0)
-                for job_id, rec in list(proc.items()):
-                    if rec.lease_deadline > now and alive_until > now:
-                        next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
-                        continue
-                    del proc[job_id]
-                    events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
-                    rec.worker = None
-                    rec.claim = None
-                    rec.lease_deadline = math.inf
-                    if rec.cancel_requested:
-                        self._cancel_claimed(q, rec, now, worker_id, events)
-                        recovered.append((job_id, "cancelled"))
-                    # A reserved claim never ran: it goes back at no cost.
-                    elif not rec.started or rec.attempts < rec.max_attempts:
-                        rec.kind = _QUEUED
-                        rec.ts_ms = int(now * 1000)
-                        rec.started = False
-                        requeue.append(rec)
-                        events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
-                        recovered.append((job_id, "requeued"))
-                    else:
-                        rec.error = encode_error(_stalled_error(job_id, worker_id, rec.attempts))
-                        self._set_terminal(q, rec, _FAILED, now, rec.result_ttl)
-                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error, token=rec.token))
-                        recovered.append((job_id, "failed"))
-                if not proc and alive_until <= now:
-                    del q.processing[worker_id]
-            for worker_id, alive_until in list(q.workers.items()):
-                if alive_until <= now and not q.processing.get(worker_id):
-                    del q.workers[worker_id]  # a dead worker holding nothing: forget it
-                    q.processing.pop(worker_id, None)
-            q.ready.push(requeue)
-            self._publish(q, events)
-            if recovered or promoted:
-                q.flow.freed()
-                self._wake(q)
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return recovered, (None if next_deadline == math.inf else next_deadline)
 
     # -- events ------------------------------------------------------------------------
 
