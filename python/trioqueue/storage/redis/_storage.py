@@ -240,7 +240,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
                 script = "enqueue_plain"  # unless a job has another priority (its lane's key)
                 for job in chunk:
                     args += enqueue_args(job)
-                    if job.priority != DEFAULT_PRIORITY:
+                    if job.priority != DEFAULT_PRIORITY or job.group is not None:
                         script = "enqueue"
                 reply = await self._run_shielded(script, queue, args)
                 for item in reply:
@@ -285,7 +285,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         r = await self._run("get_job", queue, [job_id])
         if r is None:
             return None
-        state, created, attempts, max_attempts, result, error, token, progress, priority, *rest = r
+        state, created, attempts, max_attempts, result, error, token, progress, priority, group, *rest = r
         tree = json.loads(rest[0]) if rest and rest[0] else {}
         return JobRecord(
             job_id,
@@ -300,6 +300,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
             int(priority),
             None if "pa" not in tree else (str(tree.get("pq", queue)), str(tree["pa"])),
             len(tree.get("ch", ())),
+            None if not group else _text(group),
         )
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
@@ -326,7 +327,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
         args = [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
         if limits is not None:
-            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency)]
+            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency), str(limits.group_concurrency)]
         return args
 
     def _claimed(
@@ -448,9 +449,13 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
                 meta = metas[s.kind, s.ttl, s.delay] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}"
             args += [s.id, s.data, meta, s.token]
         reply = await self._run_shielded("settle", queue, args, worker_id)
-        if len(reply) > len(settlements):  # a job of a tree ended or waits: its tree next
-            await self._tree_act(queue)
+        if len(reply) > len(settlements):
+            extra = reply[len(settlements) :]
             reply = reply[: len(settlements)]
+            if not isinstance(extra[0], list):  # 'tree': a job of a tree ended or waits: its tree next
+                await self._tree_act(queue)
+            if isinstance(extra[-1], list):  # groups whose slot was freed while full: back in the rings
+                await self._run_shielded("group_requeue", queue, extra[-1])
         return [bool(x) for x in reply]
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
