@@ -35,7 +35,7 @@ def backlog(storage: Storage) -> int:
 
 
 # The backends with groups so far (the others refuse ``group=``: see test_queue_...).
-GROUP_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster"}
+GROUP_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster", "postgres"}
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ __all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "now_ms
 # The columns read to build a JobRecord / state string, in this order.
 JOB_COLUMNS = (
     "id, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at_ms,"
-    " parent_queue, parent_id, nchildren"
+    " parent_queue, parent_id, nchildren, grp"
 )
 # an upsert's SET list forgetting an earlier incarnation's place in a tree
 TREE_RESET = (
@@ -74,6 +74,7 @@ def record(row: Sequence[Any]) -> JobRecord:
         priority,
         None if parent_id is None else (parent_queue, parent_id),
         nchildren or 0,
+        row[16] if len(row) > 16 else None,
     )
 
 

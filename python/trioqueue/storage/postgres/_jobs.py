@@ -50,7 +50,12 @@ class PostgresJobs(PostgresFlows):
             await trio.lowlevel.checkpoint()
             return []
         now = now_ms()
-        if len(jobs) == 1 and queue in self._known_queues and (jobs[0].run_at is None or jobs[0].run_at * 1000 <= now):
+        if (
+            len(jobs) == 1
+            and queue in self._known_queues
+            and (jobs[0].run_at is None or jobs[0].run_at * 1000 <= now)
+            and jobs[0].group is None
+        ):
             outcome = await self._enqueue_one(queue, jobs[0], now)
             if outcome is not None:
                 return [outcome]
@@ -139,13 +144,13 @@ class PostgresJobs(PostgresFlows):
             run_at = [math.ceil(j.run_at * 1000) if j in delayed and j.run_at is not None else None for j in new]
             rows = await conn.fetch(
                 f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
-                        token, envelope, max_attempts, result_ttl)
+                        token, envelope, max_attempts, result_ttl, grp)
                     SELECT $1, u.id, CASE WHEN u.run_at IS NULL THEN 'queued' ELSE 'delayed' END, $2, $2, u.priority,
-                        u.seq, u.run_at, u.token, u.env, u.max, u.ttl
+                        u.seq, u.run_at, u.token, u.env, u.max, u.ttl, u.grp
                     FROM unnest($3::text[], $4::int2[], $5::int8[], $6::int8[], $7::text[], $8::bytea[], $9::int4[],
-                                $10::float8[]) AS u(id, priority, seq, run_at, token, env, max, ttl)
+                                $10::float8[], $11::text[]) AS u(id, priority, seq, run_at, token, env, max, ttl, grp)
                     ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $2, created_ms = $2,
-                        priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
+                        priority = EXCLUDED.priority, grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
                         token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
                         max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
                         claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
@@ -162,6 +167,7 @@ class PostgresJobs(PostgresFlows):
                 [j.envelope for j in new],
                 [j.max_attempts for j in new],
                 [float(j.result_ttl) for j in new],
+                [j.group for j in new],
             )
             inserted = {r[0] for r in rows}
             raced = [i for i in accepted if i not in inserted]
@@ -327,25 +333,34 @@ class PostgresJobs(PostgresFlows):
                 )
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
+            grouped = await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)", queue)
+            if grouped:  # the groups' turns (see group_pick in the schema)
+                picked = f"""picked AS (
+                            SELECT j.id, j.priority, j.seq, p.pick_ord AS ord
+                            FROM {self._s}.group_pick($1, $3::int, $7::int) p JOIN {self._s}.jobs j ON j.queue = $1 AND j.id = p.pick_id),
+                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY ord) AS rn FROM picked)"""
+            else:
+                picked = f"""picked AS (
+                            SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
+                            ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
+                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)"""
             if allow:
                 rows = await conn.fetch(
-                    f"""WITH picked AS (
-                            SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
-                            ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
-                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)
+                    f"""WITH {picked}
                         UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
                             claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
                             started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
                         FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                        RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started""",
+                        RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started""",
                     queue,
                     now,
                     allow,
                     worker_id,
                     now + int(lease * 1000),
                     start,
+                    *([limits.group_concurrency if limits is not None else 0] if grouped else []),
                 )
-                rows.sort(key=lambda r: (r[0], r[1]))
+                rows.sort(key=lambda r: r[0])
                 claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
                 if claims and limits is not None and limits.rate:
                     flow.claimed(limits, now / 1000, len(claims))
@@ -375,11 +390,13 @@ class PostgresJobs(PostgresFlows):
                     FROM {self._s}.queues WHERE queue = $1),
                 due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
                         WHERE queue = $1 AND state IN ('delayed', 'failing')),
+                ring AS (SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1) AS grouped),
                 gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
                             AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
-                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
+                            AND coalesce((SELECT at FROM due), 9e18) > $2
+                            AND NOT (SELECT grouped FROM ring) AS open),
                 picked AS (
-                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
+                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
                         AND (SELECT open FROM gate)
                     ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
                 numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
@@ -389,10 +406,10 @@ class PostgresJobs(PostgresFlows):
                         started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
                     FROM numbered n WHERE j.queue = $1 AND j.id = n.id
                     RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
-                SELECT priority, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL FROM claimed
+                SELECT priority, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
-                    (SELECT paused FROM q)""",
+                    (SELECT paused FROM q), (SELECT grouped FROM ring)""",
             queue,
             now,
             max_jobs,
@@ -403,6 +420,8 @@ class PostgresJobs(PostgresFlows):
         info = rows[-1]
         due, hold, paused = info[7], info[8] or 0.0, info[9]
         claimed = [r for r in rows if r[2] is not None]
+        if info[10] and not paused:
+            return None  # groups have ready jobs: the general path takes their turns
         if claimed:
             claimed.sort(key=lambda r: (r[0], r[1]))
             return [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None
