@@ -60,7 +60,7 @@ def _unlink(path: str) -> bool:
 class GroupDisk:
     """One process's view of a queue's groups: paths, and caches of listings."""
 
-    __slots__ = ("ready", "ring", "base", "member", "paused", "run", "blocked", "rings", "lanes", "made", "last")
+    __slots__ = ("ready", "ring", "base", "member", "paused", "run", "blocked", "rings", "dry", "lanes", "made", "last")
 
     def __init__(self, path: str, ready: str) -> None:
         self.ready = ready
@@ -73,6 +73,9 @@ class GroupDisk:
         for d in (self.ring, self.member, self.paused, self.run, self.blocked):
             os.makedirs(d, exist_ok=True)
         self.rings: list[deque[str]] = [deque() for _ in range(MAX_PRIORITY + 1)]  # per priority: listed entries
+        # per priority: when a listing found its ring empty (not listed again for that long,
+        # unless this process adds an entry: another process's shows within the recheck)
+        self.dry: list[float] = [-1.0] * (MAX_PRIORITY + 1)
         self.lanes: dict[tuple[int, str], deque[str]] = {}  # (priority, group) -> listed marker names
         self.made: set[str] = set()  # group lane directories known to exist
         self.last = 0  # the last ring number this process gave
@@ -92,15 +95,21 @@ class GroupDisk:
         for n in names:
             if len(n) >= 18 and n[0].isdigit() and n[17] == "-":
                 self.rings[int(n[0])].append(n)
+        for p, r in enumerate(self.rings):
+            self.dry[p] = -1.0 if r else now
         if names:
             lane_empty.pop(_RING_LISTED, None)
         else:
             lane_empty[_RING_LISTED] = now
 
-    def may_list(self, lane_empty: dict[int, float], now: float, recheck: float) -> bool:
-        """False while the ring was found empty recently (and nothing changed since)."""
+    def may_list(self, priority: int, lane_empty: dict[int, float], now: float, recheck: float) -> bool:
+        """False while the ring of ``priority`` (or every ring) was found empty recently:
+        a listing costs O(groups), so another process's first entry in an empty ring is
+        seen within ``recheck`` (or at this process's next listing)."""
         at = lane_empty.get(_RING_LISTED)
-        return at is None or not 0 <= now - at < recheck
+        if at is not None and 0 <= now - at < recheck:
+            return False
+        return not 0 <= now - self.dry[priority] < recheck
 
     def join(self, priority: int, encg: str, lane_empty: dict[int, float]) -> None:
         """Give the group an entry at the end of ring ``priority`` unless it has one."""
@@ -110,6 +119,7 @@ class GroupDisk:
         _touch(f"{self.ring}/{priority}{self.number():016x}-{encg}")
         _touch(member)
         lane_empty.pop(_RING_LISTED, None)
+        self.dry[priority] = -1.0
 
     def rotate(self, priority: int, entry: str) -> str | None:
         """Move ring entry ``entry`` to the end of its ring: the new entry's name, or

@@ -60,7 +60,7 @@ class GroupTurns:
         q, g = self.q, self.q.grp
         ring = g.rings[lane]
         if not ring:
-            if lane in self.dry or not g.may_list(q.lane_empty, self.now, _LANE_RECHECK):
+            if lane in self.dry or not g.may_list(lane, q.lane_empty, self.now, _LANE_RECHECK):
                 return None
             g.list_rings(q.lane_empty, self.now)
             self.dry.update(p for p, r in enumerate(g.rings) if not r)
