@@ -217,6 +217,14 @@ class QueueAdmin(Generic[P]):
         self._check_running()
         return await self.storage.paused_groups(self.name)
 
+    async def group_counts(self) -> dict[str, dict[str, int]]:
+        """How many jobs of each group are ``queued`` and ``processing`` (groups with
+        any; the jobs without a group under ``""``): ``{group: {"queued": n,
+        "processing": n}}``. For inspection (``trioqueue stats --group``): it may scan the
+        queue's active jobs."""
+        self._check_running()
+        return await self.storage.group_counts(self.name)
+
     async def get_status(self, job_id: str) -> JobStatus | None:
         """The job's registry entry, or ``None`` if the id is unknown (or expired); a
         child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
