@@ -125,6 +125,7 @@ class PostgresBase(Storage):
         self._pool: Pool | None = None
         self._hub: Hub | None = None
         self._known_queues: set[str] = set()
+        self._grouped_queues: set[str] = set()  # queues whose ring had groups at the last claim
 
     @property
     def pool(self) -> Pool:

@@ -315,7 +315,16 @@ class PostgresJobs(PostgresFlows):
         of a hold, the next rate token), or ``None``."""
         now = now_ms()
         if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._known_queues:
-            fast = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now)
+            group_limit = limits.group_concurrency if limits is not None else 0
+            # Two forms: (priority, seq) order while no group has ready jobs, the groups'
+            # turns (group_pick) while some do; each says whether the ring has groups, and
+            # a queue switches form when that changes (one more round trip then).
+            grouped = queue in self._grouped_queues
+            fast, ring = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, group_limit, grouped)
+            if ring != grouped:
+                (self._grouped_queues.add if ring else self._grouped_queues.discard)(queue)
+                if ring and not (fast and fast[0]):
+                    fast, _ = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, group_limit, True)
             if fast is not None:
                 return fast
         async with self.tx(queue) as conn:
@@ -335,23 +344,21 @@ class PostgresJobs(PostgresFlows):
             claims: list[Claim] = []
             grouped = await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)", queue)
             if grouped:  # the groups' turns (see group_pick in the schema)
-                picked = f"""picked AS (
-                            SELECT j.id, j.priority, j.seq, p.pick_ord AS ord
-                            FROM {self._s}.group_pick($1, $3::int, $7::int) p JOIN {self._s}.jobs j ON j.queue = $1 AND j.id = p.pick_id),
-                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY ord) AS rn FROM picked)"""
+                sql = f"""SELECT rn, 0, id, envelope, attempts, claim, started
+                    FROM {self._s}.group_claim($1, $3::int, $7::int, $2, $4, $5, $6::int)"""
             else:
-                picked = f"""picked AS (
+                sql = f"""WITH picked AS (
                             SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
                             ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
-                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)"""
-            if allow:
-                rows = await conn.fetch(
-                    f"""WITH {picked}
+                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)
                         UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
                             claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
                             started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
                         FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                        RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started""",
+                        RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started"""
+            if allow:
+                rows = await conn.fetch(
+                    sql,
                     queue,
                     now,
                     allow,
@@ -379,11 +386,31 @@ class PostgresJobs(PostgresFlows):
         return claims, wake_at
 
     async def _claim_fast(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int
-    ) -> tuple[list[Claim], float | None] | None:
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int, group_limit: int, grouped: bool
+    ) -> tuple[tuple[list[Claim], float | None] | None, bool]:
         """A claim without rate or concurrency limits in one statement (one round trip),
         when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
-        first is the general path's work). Pause and a ``RateLimited`` hold are honoured."""
+        first is the general path's work). Pause and a ``RateLimited`` hold are honoured.
+        ``grouped``: ``group_pick`` picks in the groups' turn order (``group_limit``: the
+        group_concurrency), else jobs without a group in (priority, seq) order, and nothing
+        while groups have ready jobs. Also returns whether the queue's ring has groups."""
+        if grouped:  # (group_claim: see the schema)
+            claimed = f"""claimed AS (
+                    SELECT g.rn, 0::bigint AS seq, g.id, g.envelope, g.attempts, g.claim, g.started
+                    FROM {self._s}.group_claim($1, CASE WHEN (SELECT open FROM gate) THEN $3::int ELSE 0 END, $7::int,
+                        $2, $4, $5, $6::int) g)"""
+        else:
+            claimed = f"""picked AS (
+                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
+                        AND grp IS NULL AND (SELECT open FROM gate) AND NOT (SELECT grouped FROM ring)
+                    ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
+                numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
+                claimed AS (
+                    UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
+                        claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
+                        started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
+                    FROM numbered n WHERE j.queue = $1 AND j.id = n.id
+                    RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)"""
         rows = await self._one_statement(
             f"""WITH q AS (
                     SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
@@ -393,20 +420,9 @@ class PostgresJobs(PostgresFlows):
                 ring AS (SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1) AS grouped),
                 gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
                             AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
-                            AND coalesce((SELECT at FROM due), 9e18) > $2
-                            AND NOT (SELECT grouped FROM ring) AS open),
-                picked AS (
-                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
-                        AND (SELECT open FROM gate)
-                    ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
-                numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
-                claimed AS (
-                    UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
-                        claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
-                        started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
-                    FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                    RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
-                SELECT priority, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL FROM claimed
+                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
+                {claimed}
+                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
                     (SELECT paused FROM q), (SELECT grouped FROM ring)""",
@@ -416,19 +432,18 @@ class PostgresJobs(PostgresFlows):
             worker_id,
             now + int(lease * 1000),
             start,
+            *([group_limit] if grouped else []),
         )
         info = rows[-1]
-        due, hold, paused = info[7], info[8] or 0.0, info[9]
+        due, hold, paused, ring = info[7], info[8] or 0.0, info[9], bool(info[10])
         claimed = [r for r in rows if r[2] is not None]
-        if info[10] and not paused:
-            return None  # groups have ready jobs: the general path takes their turns
         if claimed:
-            claimed.sort(key=lambda r: (r[0], r[1]))
-            return [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None
+            claimed.sort(key=lambda r: r[0])
+            return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None), ring
         if due is not None and due <= now and not paused:
-            return None  # due jobs to promote: the general path
+            return None, ring  # due jobs to promote: the general path
         candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None) if t]
-        return [], min(candidates) if candidates else None
+        return ([], min(candidates) if candidates else None), ring
 
     async def _one_statement(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         async with self.conn() as conn:

@@ -144,6 +144,8 @@ BEGIN
             VALUES (NEW.queue, NEW.priority, NEW.grp, nextval('{s}.job_seq')) ON CONFLICT DO NOTHING;
     END IF;
     IF TG_OP = 'UPDATE' AND OLD.state = 'processing' AND NEW.state <> 'processing' THEN
+        -- (the lock a claim counting the group's slots holds: a group it marks full is seen here)
+        PERFORM pg_advisory_xact_lock(hashtextextended('trioqueue.group:' || OLD.queue || chr(10) || OLD.grp, 0));
         DELETE FROM {s}.full_groups WHERE queue = OLD.queue AND grp = OLD.grp;
         IF FOUND THEN
             PERFORM {s}.group_requeue(OLD.queue, OLD.grp);
@@ -159,7 +161,7 @@ CREATE TRIGGER jobs_group_moved AFTER INSERT OR UPDATE OF state ON {s}.jobs
 -- over paused groups and groups at glimit claimed jobs (they leave the ring), then the
 -- rest of the jobs without a group. The caller claims them (in the same transaction).
 CREATE FUNCTION {s}.group_pick(q text, want integer, glimit integer)
-    RETURNS TABLE (pick_id text, pick_ord integer) LANGUAGE plpgsql AS $$
+    RETURNS TABLE (pick_id text, pick_ord integer) LANGUAGE plpgsql ROWS 10 AS $$
 DECLARE
     p integer;
     g text;
@@ -167,6 +169,7 @@ DECLARE
     picked text[] := '{{}}';
     groups text[] := '{{}}';
     spins integer;
+    more boolean;
 BEGIN
     FOR p IN 0..9 LOOP
         EXIT WHEN cardinality(picked) >= want;
@@ -208,8 +211,15 @@ BEGIN
                     pick_ord := cardinality(picked);
                     RETURN NEXT;
                 END IF;
-                IF jid IS NOT NULL AND EXISTS (SELECT 1 FROM {s}.jobs j WHERE j.queue = q AND j.state = 'queued'
-                        AND j.priority = p AND j.grp IS NOT DISTINCT FROM nullif(g, '') AND j.id <> ALL (picked)) THEN
+                more := false;
+                IF jid IS NOT NULL AND g = '' THEN  -- (two queries, each on its own index)
+                    more := EXISTS (SELECT 1 FROM {s}.jobs j WHERE j.queue = q AND j.state = 'queued' AND j.priority = p
+                        AND j.grp IS NULL AND j.id <> ALL (picked));
+                ELSIF jid IS NOT NULL THEN
+                    more := EXISTS (SELECT 1 FROM {s}.jobs j WHERE j.queue = q AND j.state = 'queued' AND j.priority = p
+                        AND j.grp = g AND j.id <> ALL (picked));
+                END IF;
+                IF more THEN
                     UPDATE {s}.group_ring r SET turn = nextval('{s}.job_seq') WHERE r.queue = q AND r.priority = p AND r.grp = g;
                 ELSE
                     DELETE FROM {s}.group_ring r WHERE r.queue = q AND r.priority = p AND r.grp = g;
@@ -227,6 +237,25 @@ BEGIN
             END LOOP;
         END IF;
     END LOOP;
+END
+$$;
+-- Claim what group_pick picks, for worker w (the claim's writes of the one-statement
+-- claims). Two statements: the UPDATE's snapshot is taken after the picks, so it sees
+-- every row they locked (one statement's snapshot predates its functions' queries, and
+-- misses a row committed meanwhile).
+CREATE FUNCTION {s}.group_claim(q text, want integer, glimit integer, now_ms bigint, w text, lease_at bigint, start integer)
+    RETURNS TABLE (rn integer, id text, envelope bytea, attempts integer, claim text, started boolean)
+    LANGUAGE plpgsql ROWS 10 AS $$
+DECLARE
+    ids text[];
+BEGIN
+    SELECT coalesce(array_agg(p.pick_id ORDER BY p.pick_ord), '{{}}') INTO ids FROM {s}.group_pick(q, want, glimit) p;
+    RETURN QUERY
+        UPDATE {s}.jobs j SET state = 'processing', state_ms = now_ms, worker = w, lease_ms = lease_at,
+            claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
+            started = u.ord <= start, attempts = j.attempts + (u.ord <= start)::int
+        FROM unnest(ids) WITH ORDINALITY AS u(id, ord) WHERE j.queue = q AND j.id = u.id
+        RETURNING u.ord::integer, j.id, j.envelope, j.attempts, j.claim, j.started;
 END
 $$;
 """,
