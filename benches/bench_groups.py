@@ -1,7 +1,7 @@
-"""A claim's cost with 10 groups and with 10,000 groups, on every storage, in one run.
+"""A claim's cost with 10, 1,000 and 10,000 groups, on every storage, in one run.
 Writes ``results/groups.md``.
 
-For each storage and each number of groups G (10, then 10,000), the same backlog of
+For each storage and each number of groups G (10, 1,000, then 10,000), the same backlog of
 ``--jobs`` jobs is enqueued, spread evenly over G groups (enqueued group by group, so a
 FIFO without groups would serve the first group's jobs first); then ``--claims`` claims of
 one job each (``Storage.dequeue(max_jobs=1)``, the round-robin's worst case: one turn a
@@ -41,7 +41,7 @@ from trioqueue._core import encode_envelope  # noqa: E402
 from trioqueue.storage import FileStorage, MemoryStorage, NewJob, Storage  # noqa: E402
 
 RESULTS = HERE / "results"
-GROUPS = (10, 10_000)
+GROUPS = (10, 1_000, 10_000)
 
 
 def _job(job_id: str, group: str) -> NewJob:
@@ -125,10 +125,10 @@ def main() -> None:
             server.close()
         notes.append("postgres: an embedded server started by the bench (fsync and synchronous commit on)")
     lines = [
-        "# A claim's cost with 10 and with 10,000 groups",
+        "# A claim's cost with 10, 1,000 and 10,000 groups",
         "",
         "Written by `benches/bench_groups.py`: the same backlog of "
-        f"{args.jobs:,} jobs spread evenly over 10 groups, then over 10,000 groups; "
+        f"{args.jobs:,} jobs spread evenly over 10 groups, then 1,000, then 10,000 groups; "
         f"{args.claims:,} claims of one job each (`Storage.dequeue(max_jobs=1)`: one turn of",
         "the ring a call) timed, median of "
         f"{args.rounds} rounds, alternated. Ratio: cost with 10,000 groups / cost with 10.",
@@ -136,11 +136,13 @@ def main() -> None:
         f"- machine: {platform.machine()}, {os.cpu_count()} cores shared with other work, Python {platform.python_version()}",
         *(f"- {n}" for n in notes),
         "",
-        "| storage | 10 groups (us/claim) | 10,000 groups (us/claim) | ratio |",
-        "|---|---:|---:|---:|",
+        "| storage | 10 groups (us/claim) | 1,000 groups | 10,000 groups | ratio 10,000 / 10 | ratio 10,000 / 1,000 |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for storage, r in results.items():
-        lines.append(f"| {storage} | {r[10]:,.0f} | {r[10_000]:,.0f} | {r[10_000] / r[10]:.2f} |")
+        lines.append(
+            f"| {storage} | {r[10]:,.0f} | {r[1_000]:,.0f} | {r[10_000]:,.0f} | {r[10_000] / r[10]:.2f} | {r[10_000] / r[1_000]:.2f} |"
+        )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "groups.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -11,13 +11,14 @@ there cost seconds per test for nothing more.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from trioqueue import CancelStatus, Job, Queue, ValidationError
+from trioqueue import CancelStatus, Job, Queue, RateLimit, ValidationError
 from trioqueue.storage import ClaimLimits, NewJob, Settlement, SettleKind, Storage
 
 from support import Recorder
@@ -38,10 +39,17 @@ def backlog(storage: Storage) -> int:
 GROUP_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster", "postgres"}
 
 
+# The backends with group_rate (the others refuse group_rate_limit=).
+GROUP_RATE_BACKENDS = {"memory", "redis", "redis7", "redis-cluster"}
+
+
 @pytest.fixture(autouse=True)
 def _groups_supported(request: pytest.FixtureRequest) -> None:
     if "backend" in request.fixturenames and request.getfixturevalue("backend") not in GROUP_BACKENDS:
         pytest.skip("this backend has no groups yet")
+    rated = "group_rate" in request.node.name
+    if rated and "backend" in request.fixturenames and request.getfixturevalue("backend") not in GROUP_RATE_BACKENDS:
+        pytest.skip("this backend has no group_rate yet")
 
 
 async def claim_one(storage: Storage, queue: str, limits: ClaimLimits | None = None, worker: str = W1) -> str | None:
@@ -151,6 +159,21 @@ async def test_the_reaper_frees_the_group_slots_of_a_dead_worker(storage: Storag
     assert [c.id for c in await storage.dequeue(queue_name, W2, 10, 0.05, LEASE, None, limits)] == ["a1"]
 
 
+async def test_group_rate_limit_spaces_each_groups_claims(storage: Storage, queue_name: str) -> None:
+    limits = ClaimLimits(group_rate=2, group_per=0.5)
+    await storage.enqueue(queue_name, [gjob(f"a{j}", "a") for j in range(4)] + [gjob(f"b{j}", "b") for j in range(4)])
+    await storage.enqueue(queue_name, [gjob(f"u{j}", None) for j in range(3)])  # not limited
+    t0 = time.time()
+    first = await storage.dequeue(queue_name, W1, 20, 0.05, LEASE, None, limits)
+    assert sorted(c.id for c in first) == ["a0", "a1", "b0", "b1", "u0", "u1", "u2"]
+    # The next claim waits for a's and b's next tokens, due 0.5 s after their first claims
+    # (woken by time: nothing else happens meanwhile).
+    with trio.fail_after(5):
+        later = await storage.dequeue(queue_name, W2, 20, 3.0, LEASE, None, limits)
+    assert sorted(c.id for c in later) == ["a2", "a3", "b2", "b3"]
+    assert time.time() - t0 >= 0.45
+
+
 async def test_a_paused_group_is_passed_over_until_resumed(storage: Storage, queue_name: str) -> None:
     assert await storage.set_group_paused(queue_name, "a", True)
     assert not await storage.set_group_paused(queue_name, "a", True)  # already paused
@@ -209,6 +232,10 @@ def test_group_concurrency_is_validated(storage_free_memory: Storage) -> None:
         Queue(storage_free_memory, group_concurrency=0)
     with pytest.raises(ValidationError, match="prefetch cannot be combined"):
         Queue(storage_free_memory, group_concurrency=2, prefetch=4)
+    with pytest.raises(ValidationError, match="group_rate_limit must be a trioqueue.RateLimit"):
+        Queue(storage_free_memory, group_rate_limit=10)  # type: ignore[arg-type]
+    q: Queue[Any, Any] = Queue(storage_free_memory, group_rate_limit=RateLimit(10, per=2.0))
+    assert q.prefetch == 0 and q.copy().group_rate_limit == RateLimit(10, per=2.0)
 
 
 async def test_group_concurrency_one_never_runs_two_jobs_of_a_group_at_once(storage: Storage, queue_name: str) -> None:

@@ -404,6 +404,8 @@ class Storage(abc.ABC):
     #: ``True`` when the backend keeps groups (:attr:`NewJob.group`): round-robin claims,
     #: ``ClaimLimits.group_concurrency`` and :meth:`set_group_paused`.
     supports_groups = False
+    #: ``True`` when :meth:`dequeue` enforces ``ClaimLimits.group_rate``.
+    supports_group_rate = False
 
     async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
         """Pause (or resume) claiming the jobs of ``group`` on ``queue``, for every worker:

@@ -226,6 +226,10 @@ class ClaimLimits(NamedTuple):
       limit; jobs without a group are not limited by it). A group at its limit is passed
       over (the claim takes other groups' jobs); its slot comes back as a concurrency
       slot does.
+    - ``group_rate``: at most that many jobs of one group claimed per sliding window of
+      ``group_per`` seconds (0: no limit; jobs without a group are not limited by it). A
+      group over its rate is passed over until its next token is due (a claim refused
+      for it waits until then, as for the queue's rate).
 
     A claim refused by them waits (up to its timeout) until the next token is due or a
     slot is freed, never spinning. The ``RateLimited`` hold (:attr:`SettleKind.RATE_LIMITED`)
@@ -236,6 +240,8 @@ class ClaimLimits(NamedTuple):
     per: float = 1.0
     concurrency: int = 0
     group_concurrency: int = 0
+    group_rate: int = 0
+    group_per: float = 1.0
 
 
 class Settlement(NamedTuple):

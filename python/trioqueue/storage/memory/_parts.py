@@ -3,6 +3,7 @@ cross threads through each Trio run's token (all used with the storage's lock he
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections import deque
@@ -295,16 +296,24 @@ class _Lanes:
 
 
 class _Blocked:
-    """What a claim may not take: the paused groups, and the groups at their concurrency
-    limit (``running``: the queue's claimed jobs per group, counted as the claim takes)."""
+    """What a claim may not take: the paused groups, the groups at their concurrency
+    limit (``running``: the queue's claimed jobs per group, counted as the claim takes)
+    and the groups over their rate (``logs``: each group's claim times within the last
+    ``per`` seconds; ``sleeping``: ``(when its next token is due, group)`` of those)."""
 
-    __slots__ = ("paused", "limit", "running", "hit")
+    __slots__ = ("paused", "limit", "running", "hit", "rate", "per", "now", "logs", "sleeping")
 
-    def __init__(self, paused: set[str], limit: int, running: dict[str, int]) -> None:
+    def __init__(
+        self, paused: set[str], limit: int, running: dict[str, int], rate: int = 0, per: float = 1.0,
+        now: float = 0.0, logs: dict[str, deque[float]] | None = None,
+    ) -> None:  # fmt: skip
         self.paused = paused
         self.limit = limit
         self.running = running
         self.hit: set[str] = set()  # groups refused for their limit
+        self.rate, self.per, self.now = rate, per, now
+        self.logs: dict[str, deque[float]] = {} if logs is None else logs
+        self.sleeping: list[tuple[float, str]] = []
 
     def allows(self, group: str) -> bool:
         if group in self.paused:
@@ -312,10 +321,22 @@ class _Blocked:
         if self.limit and self.running.get(group, 0) >= self.limit:
             self.hit.add(group)
             return False
+        if self.rate:
+            log = self.logs.get(group)
+            while log and log[0] <= self.now - self.per:
+                log.popleft()
+            if log is not None and len(log) >= self.rate:
+                self.sleeping.append((log[0] + self.per, group))
+                return False
         return True
 
     def took(self, group: str) -> None:
         self.running[group] = self.running.get(group, 0) + 1
+        if self.rate:
+            log = self.logs.get(group)
+            if log is None:
+                log = self.logs[group] = deque()
+            log.append(self.now)
 
 
 class _Q:
@@ -337,6 +358,8 @@ class _Q:
         "paused_groups",
         "running",
         "gblocked",
+        "glogs",
+        "gsleep",
     )
 
     def __init__(self) -> None:
@@ -358,6 +381,18 @@ class _Q:
         self.paused_groups: set[str] = set()
         self.running: dict[str, int] = {}  # group -> its jobs claimed now (processing)
         self.gblocked: set[str] = set()  # groups out of the rings for their concurrency limit
+        self.glogs: dict[str, deque[float]] = {}  # group -> its claim times (group_rate)
+        self.gsleep: list[tuple[float, str]] = []  # heap (next token due, group) of groups over their rate
+
+    def wake_groups(self, now: float) -> None:
+        """Groups over their rate whose next token is due go back in the rings."""
+        while self.gsleep and self.gsleep[0][0] <= now:
+            _, group = heapq.heappop(self.gsleep)
+            self.ready.requeue_group(group)
+
+    def group_wake(self) -> float:
+        """When the first group over its rate may be claimed again (``inf``: none)."""
+        return self.gsleep[0][0] if self.gsleep else math.inf
 
     def group_left(self, rec: _Rec) -> None:
         """A claimed job of a group left processing (settled, released, recovered): its

@@ -269,7 +269,13 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
             proc = q.processing[worker_id] = {}
         taken: list[_Rec] = []  # their index entries move in one batch
         append = claims.append
-        blocked = _Blocked(q.paused_groups, limits.group_concurrency if limits is not None else 0, q.running)
+        if limits is None:
+            blocked = _Blocked(q.paused_groups, 0, q.running)
+        else:
+            q.wake_groups(now)
+            blocked = _Blocked(
+                q.paused_groups, limits.group_concurrency, q.running, limits.group_rate, limits.group_per, now, q.glogs
+            )
         while len(claims) < max_jobs:
             entries = q.ready.pop(max_jobs - len(claims), blocked)
             if not entries:
@@ -298,6 +304,8 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
         if blocked.hit:
             q.gblocked |= blocked.hit  # back in the rings when a slot of theirs is freed
             q.flow.slot_wait = True
+        for entry in blocked.sleeping:
+            heapq.heappush(q.gsleep, entry)  # back in the rings when their next token is due
         q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
@@ -324,7 +332,7 @@ class MemoryStorage(MemoryFlows, MemoryAdmin, MemoryControl):
                 if not claims:
                     waiter = _Waiter()
                     q.waiters.add(waiter)
-                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake) - now
+                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
                 # never dropped by a cancellation after the fact.

@@ -87,6 +87,8 @@ QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
     ("RING", "ring"),  # zset '<priority>:<group>' -> priority * 2**44 + turn ('<p>:': the ungrouped lane)
     ("GRUN", "grun"),  # zset (lex) <group>\0<id> of the claimed jobs of groups
     ("GPAUSED", "gpaused"),  # set of paused groups
+    ("GRATE", "grate"),  # zset (lex) <group>\0<ms: 13 hex>\0<id> of recent claims of groups (group_rate)
+    ("GSLEEP", "gsleep"),  # zset group -> ms its next token is due, of groups over their rate
 )
 QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 

@@ -328,6 +328,7 @@ class RedisStorage(RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
         args = [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
         if limits is not None:
             args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency), str(limits.group_concurrency)]
+            args += [str(limits.group_rate), str(_ms(limits.group_per))]
         return args
 
     def _claimed(

@@ -3,7 +3,8 @@
 -- the script being pipelined behind the blocking move), reconcile ('1': also claim
 -- entries of the worker's list that a blocking move put there but no claim followed),
 -- start (the first `start` claims count their attempt; the rest are reserved),
--- rate, per_ms, concurrency, group_concurrency (flow limits, 0: none; see ClaimLimits).
+-- rate, per_ms, concurrency, group_concurrency, group_rate, group_per_ms (flow limits, 0:
+-- none; see ClaimLimits).
 -- Returns {{id, envelope, attempts, claim token, started, id, ...} (five entries a claim),
 -- next due ms or false
 -- (with flow control: or the next token / end of the hold), 1 if a ready list still holds
@@ -145,6 +146,7 @@ end
 -- claim wants more; false when the ring has no member left (the lane is then claimed
 -- as without groups).
 local GLIMIT = tonumber(ARGV[10] or '0')  -- group_concurrency (0: none)
+local GRATE_N, GPER = tonumber(ARGV[11] or '0'), tonumber(ARGV[12] or '0')  -- group_rate (0: none), its window (ms)
 local function turns(p, LANE)
   local lo, hi = istr(p * GK44), istr((p + 1) * GK44 - 1)
   local first = redis.call('ZRANGEBYSCORE', RING, lo, hi, 'LIMIT', '0', '1')[1]
@@ -163,6 +165,8 @@ local function turns(p, LANE)
       entry = nil  -- paused: out of the ring until resumed
     elseif GLIMIT > 0 and group_running(g, GLIMIT, claimed) >= GLIMIT then
       redis.call('HSET', FLOW, 'b:' .. g, '1')  -- full: out of the ring until a slot of it is freed
+    elseif GRATE_N > 0 and group_rated(g, now, GRATE_N, GPER) then
+      entry = nil  -- over its rate: out of the ring until its next token (GSLEEP)
     else
       local gm = group_first(p, g)
       if gm then
@@ -178,7 +182,10 @@ local function turns(p, LANE)
     end
     if entry then
       local id = consider({entry})
-      if id and g ~= '' then redis.call('ZADD', GRUN, '0', g .. '\0' .. id) end
+      if id and g ~= '' then
+        redis.call('ZADD', GRUN, '0', g .. '\0' .. id)
+        if GRATE_N > 0 then redis.call('ZADD', GRATE, '0', g .. '\0' .. string.format('%013x', now) .. '\0' .. id) end
+      end
     end
   end
   return true
@@ -189,6 +196,7 @@ end
 -- EXISTS skips the lanes before Q, and one the lanes after it, when they are empty (the
 -- common case: every redis.call costs ~1.5 us of script time). A priority whose ring has
 -- members (groups) is served by turns first.
+if GRATE_N > 0 and not paused then groups_wake(now) end
 local grouped = redis.call('EXISTS', RING) == 1
 local QLANE = DEFAULT_PRIORITY + 1
 local lane = 1
@@ -232,4 +240,9 @@ if paused then
   local last = redis.call('XREVRANGE', CTL, '+', '-', 'COUNT', '1')
   ctl = last[1] and last[1][1] or '0-0'
 end
-return {out, flow_due(next_due()), (ready_any() == 1 or redis.call('EXISTS', RING) == 1) and 1 or 0, ctl}
+local nd = flow_due(next_due())
+if GRATE_N > 0 and nout == 0 then  -- a group over its rate may be claimed when its next token is due
+  local sl = redis.call('ZRANGE', GSLEEP, '0', '0', 'WITHSCORES')[2]
+  if sl and (not nd or tonumber(sl) < tonumber(nd)) then nd = sl end
+end
+return {out, nd, (ready_any() == 1 or redis.call('EXISTS', RING) == 1) and 1 or 0, ctl}

@@ -53,6 +53,23 @@ local function group_left(id, m, flow)
   redis.call('ZREM', GRUN, m.g .. '\0' .. id)
   if flow and redis.call('HDEL', flow, 'b:' .. m.g) == 1 then group_requeue(m.g) end
 end
+-- group_rate (claim.lua): whether group g has had rate claims in the last per ms (its
+-- older entries in GRATE dropped first); if so it sleeps in GSLEEP until its next token
+local function group_rated(g, now, rate, per)
+  local lo = '[' .. g .. '\0'
+  redis.call('ZREMRANGEBYLEX', GRATE, lo, '(' .. g .. '\0' .. string.format('%013x', now - per + 1))
+  if redis.call('ZLEXCOUNT', GRATE, lo, '(' .. g .. '\1') < rate then return false end
+  local first = redis.call('ZRANGEBYLEX', GRATE, lo, '(' .. g .. '\1', 'LIMIT', '0', '1')[1]
+  redis.call('ZADD', GSLEEP, istr(tonumber(string.sub(first, #g + 2, #g + 14), 16) + per), g)
+  return true
+end
+-- groups over their rate whose next token is due go back in the rings
+local function groups_wake(now)
+  for _, g in ipairs(redis.call('ZRANGEBYSCORE', GSLEEP, '-inf', istr(now))) do
+    redis.call('ZREM', GSLEEP, g)
+    group_requeue(g)
+  end
+end
 -- how many jobs of group g are claimed; at the limit, entries of jobs no longer
 -- processing are dropped first (but those of ids in mine: claimed by this very call)
 local function group_running(g, limit, mine)
