@@ -134,7 +134,7 @@ class ClaimOps(FileBase):
         count_claims(q, flow, limits, now, len(claims))
         self._publish(q, events)
         self._maybe_clean(q, now)
-        return claims, next_due
+        return claims, min(next_due, turns.wake_at)
 
     def _next_ready(self, q: _Q, lane: int, now: float, turns: GroupTurns) -> tuple[str, str, str] | None:
         """The next marker ``(directory, name, mk)`` of ungrouped lane ``lane`` (taken

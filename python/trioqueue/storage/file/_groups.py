@@ -17,7 +17,10 @@ In a queue directory:
   made at the claim and removed when the job leaves processing; when a group looks full
   its entries are checked against the records (so a crash never leaks a slot);
 - ``groups/blocked/<group>``: the group left the rings for its concurrency limit; the
-  first of its jobs to leave processing puts it back.
+  first of its jobs to leave processing puts it back;
+- ``groups/rate/<group>``: the group's claim times within the last window (``group_rate``,
+  JSON; a limiter, not fsynced), and ``groups/sleep/<ms>-<group>``: a group over its rate,
+  out of the rings until then (the claims put it back).
 
 Groups are encoded as ids are (``encode_name``). A process caches each ring's listing
 and each group lane's (as it does the lanes of ``ready/``): a ring's listing is consumed
@@ -26,6 +29,8 @@ once around, then listed again, so a claim costs O(1) in the number of groups.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 from collections import deque
@@ -33,7 +38,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..._model._types import MAX_PRIORITY
-from ._fsutil import encode_name
+from ._fsutil import encode_name, write_atomic
 
 __all__ = ["GroupDisk", "group_marker"]
 
@@ -60,7 +65,9 @@ def _unlink(path: str) -> bool:
 class GroupDisk:
     """One process's view of a queue's groups: paths, and caches of listings."""
 
-    __slots__ = ("ready", "ring", "base", "member", "paused", "run", "blocked", "rings", "dry", "lanes", "made", "last")
+    __slots__ = (
+        "ready", "ring", "base", "member", "paused", "run", "blocked", "rate", "sleep", "rings", "dry", "lanes", "made", "last",
+    )  # fmt: skip
 
     def __init__(self, path: str, ready: str) -> None:
         self.ready = ready
@@ -70,7 +77,9 @@ class GroupDisk:
         self.paused = os.path.join(self.base, "paused")
         self.run = os.path.join(self.base, "run")
         self.blocked = os.path.join(self.base, "blocked")
-        for d in (self.ring, self.member, self.paused, self.run, self.blocked):
+        self.rate = os.path.join(self.base, "rate")
+        self.sleep = os.path.join(self.base, "sleep")
+        for d in (self.ring, self.member, self.paused, self.run, self.blocked, self.rate, self.sleep):
             os.makedirs(d, exist_ok=True)
         self.rings: list[deque[str]] = [deque() for _ in range(MAX_PRIORITY + 1)]  # per priority: listed entries
         # per priority: when a listing found its ring empty (not listed again for that long,
@@ -216,6 +225,35 @@ class GroupDisk:
         for enc, r in recs:
             if r.group is not None:
                 self.left(r.group, enc, lane_empty)
+
+    # -- group_rate --------------------------------------------------------------------------
+
+    def rate_log(self, encg: str, now: float, per: float) -> list[float]:
+        """The group's claim times within the last ``per`` seconds."""
+        try:
+            with open(f"{self.rate}/{encg}", "rb") as f:
+                times = json.loads(f.read())
+        except (FileNotFoundError, ValueError):
+            return []
+        return [t for t in times if isinstance(t, int | float) and t > now - per]
+
+    def rate_took(self, encg: str, log: list[float], now: float) -> None:
+        log.append(now)
+        write_atomic(self.rate, encg, json.dumps(log).encode(), False)
+
+    def rest(self, encg: str, until: float) -> None:
+        """The group (over its rate) is out of the rings until ``until``."""
+        _touch(f"{self.sleep}/{int(until * 1000):016x}-{encg}")
+
+    def wake(self, now: float, lane_empty: dict[int, float]) -> float:
+        """Groups whose rest is over go back in the rings; when the next one's is (inf: none)."""
+        for name in sorted(n for n in os.listdir(self.sleep) if not n.startswith(".")):
+            at = int(name[:16], 16) / 1000
+            if at > now:
+                return at
+            if _unlink(f"{self.sleep}/{name}"):
+                self.requeue(name[17:], lane_empty)
+        return math.inf
 
     def block(self, encg: str) -> None:
         _touch(f"{self.blocked}/{encg}")

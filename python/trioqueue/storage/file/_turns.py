@@ -8,6 +8,7 @@ ring), and it lists the ungrouped lanes as the claim did before groups (once per
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ _SKIP = ("", "", "")  # a turn that yields no marker
 
 
 class GroupTurns:
-    __slots__ = ("q", "limit", "now", "read", "listed", "dry", "joined", "counts", "mine")
+    __slots__ = ("q", "limit", "now", "read", "listed", "dry", "joined", "counts", "mine", "rate", "per", "logs", "wake_at")
 
     def __init__(self, q: _Q, limits: ClaimLimits | None, now: float, read: Callable[[_Q, str], Rec | None]) -> None:
         self.q = q
@@ -35,6 +36,11 @@ class GroupTurns:
         self.joined: set[int] = set()  # priorities whose ungrouped lane was checked for the ring
         self.counts: dict[str, int] = {}  # group -> its claimed jobs (as far as looked up)
         self.mine: set[str] = set()  # jobs this claim took (their records are written at its end)
+        self.rate = limits.group_rate if limits is not None else 0
+        self.per = limits.group_per if limits is not None else 1.0
+        self.logs: dict[str, list[float]] = {}  # group -> its recent claim times (as far as read)
+        # when a group over its rate may be claimed again (inf: none), once woken ones are back
+        self.wake_at = q.grp.wake(now, q.lane_empty) if self.rate else math.inf
 
     def list_lane(self, lane: int, now: float) -> bool:
         """List ungrouped lane ``lane`` into its cache (once per claim, and not while it
@@ -98,12 +104,12 @@ class GroupTurns:
         if g.is_paused(encg):
             return True
         if not self.limit:
-            return False
+            return self._over_rate(encg)
         n = self.counts.get(encg)
         if n is None:
             n = self.counts[encg] = len(g.running(encg))
         if n < self.limit:
-            return False
+            return self._over_rate(encg)
         for enc in g.running(encg):  # full: drop the entries of jobs no longer claimed
             if enc in self.mine:
                 continue
@@ -112,13 +118,32 @@ class GroupTurns:
                 _unlink(f"{g.run}/{encg}/{enc}")
         n = self.counts[encg] = len(g.running(encg))
         if n < self.limit:
-            return False
+            return self._over_rate(encg)
         g.block(encg)
+        return True
+
+    def _over_rate(self, encg: str) -> bool:
+        """Whether the group had ``rate`` claims in the last window (then it rests)."""
+        if not self.rate:
+            return False
+        log = self.logs.get(encg)
+        if log is None:
+            log = self.logs[encg] = self.q.grp.rate_log(encg, self.now, self.per)
+        if len(log) < self.rate:
+            return False
+        until = min(log) + self.per
+        self.q.grp.rest(encg, until)
+        self.wake_at = min(self.wake_at, until)
         return True
 
     def took(self, group: str, enc: str) -> None:
         encg = encode_name(group)
         self.q.grp.took(encg, enc)
         self.mine.add(enc)
+        if self.rate:
+            log = self.logs.get(encg)
+            if log is None:
+                log = self.logs[encg] = self.q.grp.rate_log(encg, self.now, self.per)
+            self.q.grp.rate_took(encg, log, self.now)
         if encg in self.counts:
             self.counts[encg] += 1
