@@ -40,7 +40,7 @@ GROUP_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster", "postgre
 
 
 # The backends with group_rate (the others refuse group_rate_limit=).
-GROUP_RATE_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster"}
+GROUP_RATE_BACKENDS = {"memory", "file", "redis", "redis7", "redis-cluster", "postgres"}
 
 
 @pytest.fixture(autouse=True)

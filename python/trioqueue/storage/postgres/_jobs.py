@@ -36,6 +36,13 @@ LIVE = "(expires_ms IS NULL OR expires_ms > $2)"  # with $2 = now (ms): rows not
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
 
 
+def _group_args(limits: ClaimLimits | None) -> list[int]:
+    """group_claim's group_concurrency, group_rate and its window (ms)."""
+    if limits is None:
+        return [0, 0, 1000]
+    return [limits.group_concurrency, limits.group_rate, max(1, math.ceil(limits.group_per * 1000))]
+
+
 def _due_ms(at_ms: int) -> bytes:
     return b"%d" % at_ms
 
@@ -315,16 +322,15 @@ class PostgresJobs(PostgresFlows):
         of a hold, the next rate token), or ``None``."""
         now = now_ms()
         if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._known_queues:
-            group_limit = limits.group_concurrency if limits is not None else 0
             # Two forms: (priority, seq) order while no group has ready jobs, the groups'
             # turns (group_pick) while some do; each says whether the ring has groups, and
             # a queue switches form when that changes (one more round trip then).
             grouped = queue in self._grouped_queues
-            fast, ring = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, group_limit, grouped)
+            fast, ring = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, limits, grouped)
             if ring != grouped:
                 (self._grouped_queues.add if ring else self._grouped_queues.discard)(queue)
                 if ring and not (fast and fast[0]):
-                    fast, _ = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, group_limit, True)
+                    fast, _ = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, limits, True)
             if fast is not None:
                 return fast
         async with self.tx(queue) as conn:
@@ -342,10 +348,15 @@ class PostgresJobs(PostgresFlows):
                 )
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
-            grouped = await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)", queue)
+            grouped = await conn.fetchval(
+                f"""SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)
+                    OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2)""",
+                queue,
+                now,
+            )
             if grouped:  # the groups' turns (see group_pick in the schema)
                 sql = f"""SELECT rn, 0, id, envelope, attempts, claim, started
-                    FROM {self._s}.group_claim($1, $3::int, $7::int, $2, $4, $5, $6::int)"""
+                    FROM {self._s}.group_claim($1, $3::int, $7::int, $2, $4, $5, $6::int, $8::int, $9::int8)"""
             else:
                 sql = f"""WITH picked AS (
                             SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
@@ -365,7 +376,7 @@ class PostgresJobs(PostgresFlows):
                     worker_id,
                     now + int(lease * 1000),
                     start,
-                    *([limits.group_concurrency if limits is not None else 0] if grouped else []),
+                    *(_group_args(limits) if grouped else []),
                 )
                 rows.sort(key=lambda r: r[0])
                 claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
@@ -381,24 +392,30 @@ class PostgresJobs(PostgresFlows):
                     f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')",
                     queue,
                 )
-                candidates = [t for t in (flow.wake, None if due is None else due / 1000) if t is not None and t != math.inf]
+                rest = await conn.fetchval(f"SELECT min(due_ms) FROM {self._s}.group_sleep WHERE queue = $1", queue)
+                candidates = [
+                    t
+                    for t in (flow.wake, None if due is None else due / 1000, None if rest is None else rest / 1000)
+                    if t is not None and t != math.inf
+                ]
                 wake_at = min(candidates) if candidates else None
         return claims, wake_at
 
     async def _claim_fast(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int, group_limit: int, grouped: bool
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int, limits: ClaimLimits | None,
+        grouped: bool,
     ) -> tuple[tuple[list[Claim], float | None] | None, bool]:
         """A claim without rate or concurrency limits in one statement (one round trip),
         when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
         first is the general path's work). Pause and a ``RateLimited`` hold are honoured.
-        ``grouped``: ``group_pick`` picks in the groups' turn order (``group_limit``: the
-        group_concurrency), else jobs without a group in (priority, seq) order, and nothing
+        ``grouped``: ``group_pick`` picks in the groups' turn order (with the group limits
+        of ``limits``), else jobs without a group in (priority, seq) order, and nothing
         while groups have ready jobs. Also returns whether the queue's ring has groups."""
         if grouped:  # (group_claim: see the schema)
             claimed = f"""claimed AS (
                     SELECT g.rn, 0::bigint AS seq, g.id, g.envelope, g.attempts, g.claim, g.started
                     FROM {self._s}.group_claim($1, CASE WHEN (SELECT open FROM gate) THEN $3::int ELSE 0 END, $7::int,
-                        $2, $4, $5, $6::int) g)"""
+                        $2, $4, $5, $6::int, $8::int, $9::int8) g)"""
         else:
             claimed = f"""picked AS (
                     SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
@@ -417,22 +434,24 @@ class PostgresJobs(PostgresFlows):
                     FROM {self._s}.queues WHERE queue = $1),
                 due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
                         WHERE queue = $1 AND state IN ('delayed', 'failing')),
-                ring AS (SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1) AS grouped),
+                ring AS (SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)
+                    OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2) AS grouped),
                 gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
                             AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
                             AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
                 {claimed}
-                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL FROM claimed
+                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
-                    (SELECT paused FROM q), (SELECT grouped FROM ring)""",
+                    (SELECT paused FROM q), (SELECT grouped FROM ring),
+                    (SELECT min(due_ms) FROM {self._s}.group_sleep WHERE queue = $1)""",
             queue,
             now,
             max_jobs,
             worker_id,
             now + int(lease * 1000),
             start,
-            *([group_limit] if grouped else []),
+            *(_group_args(limits) if grouped else []),
         )
         info = rows[-1]
         due, hold, paused, ring = info[7], info[8] or 0.0, info[9], bool(info[10])
@@ -442,7 +461,8 @@ class PostgresJobs(PostgresFlows):
             return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None), ring
         if due is not None and due <= now and not paused:
             return None, ring  # due jobs to promote: the general path
-        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None) if t]
+        rest = None if info[11] is None else info[11] / 1000  # a group over its rate may be claimed then
+        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None, rest) if t]
         return ([], min(candidates) if candidates else None), ring
 
     async def _one_statement(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -163,6 +163,7 @@ class PostgresStorage(PostgresClaims):
     # -- groups (the ring and its triggers: migration 3 of _schema.py) ---------------------
 
     supports_groups = True
+    supports_group_rate = True
 
     async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
         async with self.tx(queue) as conn:
