@@ -91,12 +91,12 @@ class GroupTurns:
         if self._refuses(encg):
             g.leave(lane, new, encg)  # back when resumed, or when a slot of it is freed
             return _SKIP
-        name = g.next_marker(lane, encg)
-        if name is None:
+        marker = g.next_marker(lane, encg)
+        if marker is None:
             g.leave(lane, new, encg)
             return _SKIP
         g.drop_marker(lane, encg)
-        return g.lane_dir(lane, encg), name, f"g/{encg}/p{lane}/{name}"
+        return g.lane_dir(lane, encg), marker, f"g/{encg}/p{lane}/{marker}"
 
     def _refuses(self, encg: str) -> bool:
         """Whether the group is paused, or at its concurrency limit (then marked blocked)."""

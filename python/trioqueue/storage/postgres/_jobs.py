@@ -412,12 +412,12 @@ class PostgresJobs(PostgresFlows):
         of ``limits``), else jobs without a group in (priority, seq) order, and nothing
         while groups have ready jobs. Also returns whether the queue's ring has groups."""
         if grouped:  # (group_claim: see the schema)
-            claimed = f"""claimed AS (
+            claim_sql = f"""claimed AS (
                     SELECT g.rn, 0::bigint AS seq, g.id, g.envelope, g.attempts, g.claim, g.started
                     FROM {self._s}.group_claim($1, CASE WHEN (SELECT open FROM gate) THEN $3::int ELSE 0 END, $7::int,
                         $2, $4, $5, $6::int, $8::int, $9::int8) g)"""
         else:
-            claimed = f"""picked AS (
+            claim_sql = f"""picked AS (
                     SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
                         AND grp IS NULL AND (SELECT open FROM gate) AND NOT (SELECT grouped FROM ring)
                     ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
@@ -439,7 +439,7 @@ class PostgresJobs(PostgresFlows):
                 gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
                             AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
                             AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
-                {claimed}
+                {claim_sql}
                 SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
