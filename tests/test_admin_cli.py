@@ -157,3 +157,26 @@ async def test_usage_errors_and_help(tmp_path: Path) -> None:
         with trio.fail_after(60):
             out = (await trio.run_process([TRIOQUEUE, command, "--help"], capture_stdout=True)).stdout.decode()
         assert "--storage URL" in out and "(default:" in out, command
+
+
+async def test_stats_by_group(target: tuple[Cli, Callable[[], Storage]]) -> None:
+    cli, make_storage = target
+    async with Queue(make_storage(), name=cli.name) as q:
+        await q.enqueue_many([(f"a{i}", i) for i in range(3)], group="tenant-a")
+        await q.enqueue("b0", 0, group="tenant-b")
+        await q.enqueue("plain", 0)
+        assert await q.pause_group("tenant-c")
+        [claim] = await q.storage.dequeue(q.name, "w", 1, 1.0, 60.0)
+    assert claim.id == "a0"  # the first turn: tenant-a's first job
+    stats = await cli.json("stats", "--group")
+    groups = stats[cli.name]["groups"]
+    assert groups == {
+        "": {"queued": 1, "processing": 0, "paused": False},
+        "tenant-a": {"queued": 2, "processing": 1, "paused": False},
+        "tenant-b": {"queued": 1, "processing": 0, "paused": False},
+        "tenant-c": {"queued": 0, "processing": 0, "paused": True},
+    }
+    table = (await cli.run("stats", "--group")).stdout.decode()
+    assert "(no group)" in table and "tenant-c" in table
+    shown = (await cli.run("show", "b0")).stdout.decode()
+    assert "group:      tenant-b" in shown

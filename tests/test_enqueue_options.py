@@ -37,6 +37,7 @@ EFFECTS: dict[str, tuple[Any, Any]] = {
     # (with debounce=600, its companion): due within max_wait of its creation
     "max_wait": (30.0, lambda rec, env, opts: int(rec.state.split(":")[2]) <= env[2] + 31_000),
     "dedup_window": (7200.0, lambda rec, env, opts: env[5] == 7_200_000),  # its record kept that long
+    "group": ("tenant-42", lambda rec, env, opts: rec.group == "tenant-42"),
     # a child per job (ids are unique per storage): the job waits for it
     "children": (lambda jid: [Child(f"{jid}-child")], lambda rec, env, opts: rec.state.startswith("waiting_children")),
     # (its effect, on a tree, is tested in test_flows.py: here, that it is taken)

@@ -1,7 +1,7 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
 The tests are the ones of tests/test_storage*.py, test_priorities.py, test_lease_loss.py,
-test_pause.py, test_flows.py and more, imported here; this module's ``storage`` fixture overrides the
+test_pause.py, test_flows.py, test_groups.py and more, imported here; this module's ``storage`` fixture overrides the
 parametrised one so they run once, on the cluster.
 """
 
@@ -27,6 +27,7 @@ from test_wakeups import test_the_reaper_promotes_a_delayed_job_on_time_with_no_
 from test_flows import *  # noqa: E402,F403 - trees of jobs (across queues: ones sharing a hash tag)
 from test_event_results import *  # noqa: E402,F403 - results in events, statuses in bulk, error data
 from test_clear_retention import *  # noqa: E402,F403 - clear, count-based retention
+from test_groups import *  # noqa: E402,F403 - groups (fair queuing): a queue's group keys share its slot
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

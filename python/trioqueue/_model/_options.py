@@ -53,6 +53,10 @@ class EnqueueOptions(TypedDict, total=False):
     dedup_window: Annotated[
         float | None, OptionHelp("enqueues of its id within S seconds after it ended are duplicates")
     ]
+    group: Annotated[
+        str | None,
+        OptionHelp("its group (e.g. a tenant): a priority's groups are claimed round-robin", "G", str),
+    ]
     children: Annotated[
         Sequence[Child] | None,
         OptionHelp(

@@ -132,6 +132,7 @@ class JobStatus:
     priority: int = DEFAULT_PRIORITY  # 0 (first) .. 9 (last)
     parent: JobRef | None = None  # a child job: its parent (queue and id)
     children: dict[JobState, int] | None = None  # a parent: its children's counts by state
+    group: str | None = None  # its group (``enqueue(..., group=)``), ``None`` without one
 
 
 class JobPage(NamedTuple):

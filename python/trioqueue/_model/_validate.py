@@ -28,6 +28,26 @@ def job_id(value: Any, what: str = "job id") -> str:
     return value
 
 
+def group(value: Any, *, job: str | None = None) -> str:
+    """A job's group: a non-empty str of at most 1 KiB of UTF-8 (the rules of a job id)."""
+    if type(value) is str and 0 < len(value) <= MAX_ID_BYTES and value.isascii() and "\0" not in value:
+        return value  # the common case, before any message is built
+    where = f" (job {job!r})" if job is not None else ""
+    if not isinstance(value, str):
+        raise ValidationError(f"group must be a str, got {type(value).__name__}: {value!r:.80}{where}")
+    if not value:
+        raise ValidationError(f"group must not be empty{where}")
+    if "\0" in value:
+        raise ValidationError(f"group must not contain NUL characters: {value!r:.80}{where}")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise ValidationError(f"group is over {MAX_ID_BYTES} bytes (UTF-8): {value[:40]!r}...{where}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValidationError(f"group {value!r:.80} is not valid Unicode (lone surrogate){where}") from None
+    return value
+
+
 def seconds(name: str, value: Any, *, job: str | None = None) -> float:
     """A duration: a finite number > 0."""
     where = f" (job {job!r})" if job is not None else ""

@@ -3,7 +3,6 @@ tasks, and settles in batches, with no Trio task, lock or round trip per job."""
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from time import monotonic, perf_counter
@@ -54,19 +53,22 @@ class ConsumerSettings:
     batch: BatchSettings | None = None  # a batch handler's batches (see _batch)
 
 
-def claim_limits(rate_limit: Any, global_concurrency: Any) -> ClaimLimits | None:
-    """The storage's :class:`ClaimLimits` for a Queue's ``rate_limit`` and
-    ``global_concurrency`` (``None``: neither is set). Raises :class:`ValidationError`."""
-    if rate_limit is None and global_concurrency is None:
+def claim_limits(
+    rate_limit: Any, global_concurrency: Any, group_concurrency: Any = None, group_rate_limit: Any = None
+) -> ClaimLimits | None:
+    """The storage's :class:`ClaimLimits` for a Queue's ``rate_limit``,
+    ``global_concurrency``, ``group_concurrency`` and ``group_rate_limit`` (``None``: none
+    is set). Raises :class:`ValidationError`."""
+    if rate_limit is None and global_concurrency is None and group_concurrency is None and group_rate_limit is None:
         return None
-    if rate_limit is not None and not isinstance(rate_limit, RateLimit):
-        raise ValidationError(f"rate_limit must be a trioqueue.RateLimit, got {type(rate_limit).__name__}")
+    for name, value in (("rate_limit", rate_limit), ("group_rate_limit", group_rate_limit)):
+        if value is not None and not isinstance(value, RateLimit):
+            raise ValidationError(f"{name} must be a trioqueue.RateLimit, got {type(value).__name__}")
     concurrency = 0 if global_concurrency is None else check.positive_int("global_concurrency", global_concurrency)
-    if rate_limit is None:
-        return ClaimLimits(concurrency=concurrency)
-    if not math.isfinite(rate_limit.per):  # pragma: no cover - validated by RateLimit
-        raise ValidationError("RateLimit.per must be finite")
-    return ClaimLimits(rate_limit.limit, rate_limit.per, concurrency)
+    per_group = 0 if group_concurrency is None else check.positive_int("group_concurrency", group_concurrency)
+    rate, per = (0, 1.0) if rate_limit is None else (rate_limit.limit, rate_limit.per)
+    group_rate, group_per = (0, 1.0) if group_rate_limit is None else (group_rate_limit.limit, group_rate_limit.per)
+    return ClaimLimits(rate, per, concurrency, per_group, group_rate, group_per)
 
 
 class _StartBatch:

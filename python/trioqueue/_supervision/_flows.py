@@ -52,12 +52,17 @@ class JobMaker(Generic[P]):
         """A validated job to enqueue (``ValidationError`` naming the problem and the job)."""
         jid = check.job_id(job_id)
         if not options:  # the common case: the queue's settings
-            run_at, prio, attempts, ttl = None, DEFAULT_PRIORITY, self.max_attempts, self.result_ttl
+            run_at, prio, attempts, ttl, group = None, DEFAULT_PRIORITY, self.max_attempts, self.result_ttl, None
             stored = JobOptions.build(jid, None, None, trace=trace) if trace else None
         else:
             check_enqueue_options(dict(options), jid)
             run_at = check.run_at(options.get("delay"), options.get("at"), job=jid)
             prio = check.priority(options.get("priority", DEFAULT_PRIORITY), job=jid)
+            group = options.get("group")
+            if group is not None:
+                group = check.group(group, job=jid)
+                if not self.storage.supports_groups:
+                    raise ValidationError(f"job {jid!r}: {type(self.storage).__name__} has no groups (group=)")
             max_attempts, result_ttl = options.get("max_attempts"), options.get("result_ttl")
             attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
             ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
@@ -73,7 +78,7 @@ class JobMaker(Generic[P]):
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
         )
-        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio))  # (all fields)
+        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio, group))  # (all fields)
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"

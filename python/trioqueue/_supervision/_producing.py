@@ -11,7 +11,7 @@ import trio
 
 from .._model import _tracing
 from .._model import _validate as check
-from .._model._errors import JobCancelledError, JobTimeoutError, QueueStoppedError, TrioQueueError, ValidationError
+from .._model._errors import JobCancelledError, JobTimeoutError, QueueStoppedError, TrioQueueError
 from .._model._options import EnqueueOptions
 from .._model._types import EnqueueResult, EnqueueStatus
 from ..storage._base import EnqueueOutcome, FlowJob, NewJob, Storage, StorageEvent

@@ -120,6 +120,13 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
     queue's workers as they settle jobs: on memory and Redis in the settlement's atomic
     step (never more than N, whatever the rate), on PostgreSQL by the same call right
     after it commits, on files in batches (see :class:`~trioqueue.storage.FileStorage`).
+
+    Groups (``enqueue(..., group="tenant-42")``): the ready jobs of one priority are
+    claimed round-robin across their groups (jobs without a group form one group), so
+    one group's backlog does not delay another's. ``group_concurrency``: at most that many
+    jobs of one group run at once across every worker process, ``group_rate_limit``: at
+    most that many start per window, per group (jobs without a group are limited by
+    neither); :meth:`pause_group` stops claiming one group's jobs.
     """
 
     def __init__(
@@ -144,6 +151,8 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         retry_if: RetryIf | None = None,
         rate_limit: RateLimit | None = None,
         global_concurrency: int | None = None,
+        group_concurrency: int | None = None,
+        group_rate_limit: RateLimit | None = None,
         lease_margin: float | None = None,
         executor: Literal["thread", "process"] = "thread",
         processes: int | None = None,
@@ -186,10 +195,13 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         # at once and hold no slot or token a worker is not using.
         self.rate_limit = rate_limit
         self.global_concurrency = global_concurrency
-        self._claim_limits = claim_limits(rate_limit, global_concurrency)
+        self.group_concurrency, self.group_rate_limit = group_concurrency, group_rate_limit
+        if group_rate_limit is not None and not storage.supports_group_rate:
+            raise ValidationError(f"group_rate_limit needs a storage that keeps it, not {type(storage).__name__}")
+        self._claim_limits = claim_limits(rate_limit, global_concurrency, group_concurrency, group_rate_limit)
         if self._claim_limits is not None:
             if prefetch is not None:
-                raise ValidationError("prefetch cannot be combined with rate_limit or global_concurrency")
+                raise ValidationError("prefetch cannot be combined with rate_limit, global_concurrency or group limits")
             self.prefetch = 0
         self._retry_delay = retry_policy(retry_delay)
         self.payload_serde: Serde = payload_serde or JsonSerde()

@@ -197,6 +197,34 @@ class QueueAdmin(Generic[P]):
         self._check_running()
         return await self.storage.is_paused(self.name)
 
+    async def pause_group(self, group: str) -> bool:
+        """Stop every worker of this queue from claiming the jobs of ``group`` (other
+        groups' jobs are claimed as before; running jobs finish). Stored in the storage;
+        returns False if the group was already paused."""
+        g = check.group(group)
+        self._check_running()
+        return await self.storage.set_group_paused(self.name, g, True)
+
+    async def resume_group(self, group: str) -> bool:
+        """Let workers claim the jobs of ``group`` again (waiting ones wake at once);
+        False if it was not paused."""
+        g = check.group(group)
+        self._check_running()
+        return await self.storage.set_group_paused(self.name, g, False)
+
+    async def paused_groups(self) -> list[str]:
+        """The groups of this queue whose claiming is paused (sorted)."""
+        self._check_running()
+        return await self.storage.paused_groups(self.name)
+
+    async def group_counts(self) -> dict[str, dict[str, int]]:
+        """How many jobs of each group are ``queued`` and ``processing`` (groups with
+        any; the jobs without a group under ``""``): ``{group: {"queued": n,
+        "processing": n}}``. For inspection (``trioqueue stats --group``): it may scan the
+        queue's active jobs."""
+        self._check_running()
+        return await self.storage.group_counts(self.name)
+
     async def get_status(self, job_id: str) -> JobStatus | None:
         """The job's registry entry, or ``None`` if the id is unknown (or expired); a
         child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
@@ -250,6 +278,7 @@ class QueueAdmin(Generic[P]):
             progress=None if record.progress is None else self._load_result(jid, record.progress),
             priority=record.priority,
             parent=None if record.parent is None else JobRef(*record.parent),
+            group=record.group,
         )
 
     async def counts(self) -> dict[JobState, int]:

@@ -66,7 +66,8 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
         return p
 
-    command("stats", "number of jobs in each state, and whether the queue is paused", all_queues=True)
+    p = command("stats", "number of jobs in each state, and whether the queue is paused", all_queues=True)
+    p.add_argument("--group", action="store_true", help="also the queued and running jobs of each group, and paused groups")
     p = command("list", "jobs in one state, newest first, a page at a time")
     p.add_argument("state", choices=_STATES, help="state to list")
     p.add_argument("--limit", type=_limit, default=20, help="jobs per page")
@@ -134,6 +135,7 @@ def _status_json(s: JobStatus) -> dict[str, Any]:
         if s.error is None
         else {"type": s.error.type, "message": s.error.message, "traceback": s.error.traceback, "data": s.error.data},
         "parent": None if s.parent is None else {"queue": s.parent.queue, "id": s.parent.id},
+        "group": s.group,
         "children": None if s.children is None else {k.value: n for k, n in s.children.items() if n},
     }
 
@@ -205,10 +207,29 @@ async def _stats(args: argparse.Namespace, queues: list[Any]) -> int:
         async with queue:
             counts = await queue.counts()
             data[queue.name] = {"counts": {k.value: v for k, v in counts.items()}, "paused": await queue.is_paused()}
+            if args.group:
+                data[queue.name]["groups"] = await _group_stats(queue)
     rows = [["queue", *_STATES, "paused"]]
     rows += [[n, *(str(d["counts"][s]) for s in _STATES), "yes" if d["paused"] else "no"] for n, d in data.items()]
-    _emit(args, data, _table(rows) if data else "no queues")
+    human = _table(rows) if data else "no queues"
+    for n, d in data.items() if args.group else ():
+        grows = [["group", "queued", "processing", "paused"]]
+        grows += [[g or "(no group)", str(c["queued"]), str(c["processing"]), "yes" if c["paused"] else "no"] for g, c in d["groups"].items()]
+        human += f"\n\nqueue {n}: " + ("\n" + _table(grows) if len(grows) > 1 else "no groups")
+    _emit(args, data, human)
     return 0
+
+
+async def _group_stats(queue: Any) -> dict[str, dict[str, Any]]:
+    """Per group (``""``: the jobs without one): its queued and processing jobs and
+    whether it is paused, sorted by name."""
+    counts = await queue.group_counts()
+    paused = set(await queue.paused_groups())
+    groups = sorted(set(counts) | paused)
+    return {
+        g: {"queued": counts.get(g, {}).get("queued", 0), "processing": counts.get(g, {}).get("processing", 0), "paused": g in paused}
+        for g in groups
+    }
 
 
 async def _list(args: argparse.Namespace, queue: Any) -> int:
@@ -253,6 +274,8 @@ async def _show(args: argparse.Namespace, queue: Any) -> int:
         lines.append(f"progress:   {_one_line(s.progress, 200)}")
     if s.parent is not None:
         lines.append(f"parent:     {s.parent.id} (queue {s.parent.queue})")
+    if s.group is not None:
+        lines.append(f"group:      {s.group}")
     data = _status_json(s)
     if s.children is not None:
         kids = await queue.children(s.id)

@@ -205,9 +205,14 @@ class Storage(abc.ABC):
         start: int | None = None,
         limits: ClaimLimits | None = None,
     ) -> list[Claim]:
-        """Claim up to ``max_jobs`` jobs in priority order (FIFO within a priority), waiting
+        """Claim up to ``max_jobs`` jobs in priority order, waiting
         up to ``timeout`` seconds for the first one (a job of any priority wakes the wait at
-        once); return ``[]`` on timeout.
+        once); return ``[]`` on timeout. Within a priority, the groups that have ready jobs
+        (:attr:`NewJob.group`; jobs without a group form one group) are served
+        round-robin, one job per turn, FIFO within a group: a ring of the groups with ready
+        jobs, rotated on each claim, so a claim costs the same whatever the number of
+        groups. A paused group (:meth:`set_group_paused`), and one at its
+        ``group_concurrency``, leave the ring until resumed or a slot of theirs is freed.
 
         Each claim atomically moves the job from the ready list to ``worker_id``'s
         processing list, sets its state to ``processing:<now>:<worker_id>``, its lease
@@ -425,6 +430,31 @@ class Storage(abc.ABC):
     async def is_paused(self, queue: str) -> bool:
         """Whether claiming on ``queue`` is paused."""
         raise NotImplementedError(f"{type(self).__name__} does not implement pause/resume")
+
+    # -- groups (fair queuing) ----------------------------------------------------------
+
+    #: ``True`` when the backend keeps groups (:attr:`NewJob.group`): round-robin claims,
+    #: ``ClaimLimits.group_concurrency`` and :meth:`set_group_paused`.
+    supports_groups = False
+    #: ``True`` when :meth:`dequeue` enforces ``ClaimLimits.group_rate``.
+    supports_group_rate = False
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        """Pause (or resume) claiming the jobs of ``group`` on ``queue``, for every worker:
+        while paused, :meth:`dequeue` passes over the group's ready jobs (other groups'
+        are claimed as usual); resuming puts them back in the round-robin and wakes
+        waiting claims. Returns whether the flag changed."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement groups")
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        """The paused groups of ``queue``, sorted."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement groups")
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        """The number of ``queued`` and ``processing`` jobs of each group with any
+        (``group -> {"queued": n, "processing": n}``; jobs without a group under ``""``).
+        For the admin CLI (``stats --group``): it may scan the queue's active jobs."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement groups")
 
     # -- job registry queries and administration ---------------------------------------
     #

@@ -116,7 +116,9 @@ class NewJob(NamedTuple):
     ``token`` names this incarnation of the id (unique; made by the producer); ``run_at``
     (seconds since the epoch) delays the job until then (``None`` or past: ready now).
     ``priority`` (0..9, lower first) picks the job's lane of the ready list; the job keeps
-    it for life (retries, releases, recoveries and promotions return it to that lane)."""
+    it for life (retries, releases, recoveries and promotions return it to that lane).
+    ``group`` (``None``: no group) puts it in that group's lane of its priority: claims
+    take the groups of a priority round-robin (see :meth:`Storage.dequeue`)."""
 
     id: str
     envelope: bytes
@@ -125,6 +127,7 @@ class NewJob(NamedTuple):
     token: str = ""
     run_at: float | None = None
     priority: int = DEFAULT_PRIORITY
+    group: str | None = None
 
 
 class EnqueueOutcome(NamedTuple):
@@ -224,7 +227,16 @@ class ClaimLimits(NamedTuple):
       (0: no limit). A claim holds its slot until it is settled, released, or recovered
       by the reaper (a dead worker's slots come back with its jobs).
 
-    A claim refused by either waits (up to its timeout) until the next token is due or a
+    - ``group_concurrency``: at most that many jobs of one group claimed at once (0: no
+      limit; jobs without a group are not limited by it). A group at its limit is passed
+      over (the claim takes other groups' jobs); its slot comes back as a concurrency
+      slot does.
+    - ``group_rate``: at most that many jobs of one group claimed per sliding window of
+      ``group_per`` seconds (0: no limit; jobs without a group are not limited by it). A
+      group over its rate is passed over until its next token is due (a claim refused
+      for it waits until then, as for the queue's rate).
+
+    A claim refused by them waits (up to its timeout) until the next token is due or a
     slot is freed, never spinning. The ``RateLimited`` hold (:attr:`SettleKind.RATE_LIMITED`)
     applies to every claim, with or without limits.
     """
@@ -232,6 +244,9 @@ class ClaimLimits(NamedTuple):
     rate: int = 0
     per: float = 1.0
     concurrency: int = 0
+    group_concurrency: int = 0
+    group_rate: int = 0
+    group_per: float = 1.0
 
 
 class Settlement(NamedTuple):
@@ -276,6 +291,7 @@ class JobRecord:
     priority: int = DEFAULT_PRIORITY
     parent: tuple[str, str] | None = None  # a child of a tree: its parent ``(queue, id)``
     children: int = 0  # a parent: how many children it has (see ``Storage.get_children``)
+    group: str | None = None  # its group (``NewJob.group``), ``None`` without one
 
 
 class StorageEvent(NamedTuple):

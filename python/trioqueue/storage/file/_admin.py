@@ -23,7 +23,7 @@ from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, check_state_kind
 from .._cursor import decode_cursor, encode_cursor
-from ._fsutil import CorruptRecord, Rec, encode_name, read_rec
+from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, tmp_name, write_atomic
 from ._base import FileBase
 from ._layout import _Q, _close_on_error, _job_record, _ready_name, _unlink
 
@@ -105,10 +105,11 @@ class AdminOps(FileBase):
                     nxt, front = q.counters()
                     now_ms = int(now * 1000)
                     lane = old.priority
-                    mk = _ready_name(nxt, enc, lane)  # in its own priority's lane
+                    mk = _ready_name(nxt, enc, lane, old.group)  # in its own priority's (and group's) lane
                     r = Rec(job_id, _QUEUED, now_ms, 0, old.max_attempts, old.result_ttl, now_ms, old.envelope, mk)
                     r.token = token
                     r.priority = lane
+                    r.group = old.group
                     lane_fd = q.lane_fds[lane]
                     self._commit(q, {enc: r}, fds)
                     self._link_marker(q, enc, q.ready, mk)
@@ -197,3 +198,54 @@ class AdminOps(FileBase):
         if r is None or (r.exp is not None and r.exp <= time.time()):
             return None
         return bytes(r.envelope)
+
+    # -- groups ---------------------------------------------------------------------------
+
+    supports_groups = True
+    supports_group_rate = True
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._q(queue)
+        encg = encode_name(group)
+        path = os.path.join(q.grp.paused, encg)
+        async with self._alock(q):
+            changed = os.path.exists(path) != paused
+            if changed and paused:
+                write_atomic(q.grp.paused, encg, group.encode("utf-8", "surrogatepass"), False)
+            elif changed:
+                _unlink(path)
+                q.bump()
+                q.grp.requeue(encg, q.lane_empty)  # back in the rings: claimers see the entries
+                wake = os.path.join(q.ready, tmp_name())  # (and wake, as a resume of the queue does)
+                os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                _unlink(wake)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        q = self._q(queue)
+        out = []
+        for name in os.listdir(q.grp.paused):
+            if name.startswith("."):
+                continue
+            try:
+                with open(os.path.join(q.grp.paused, name), "rb") as f:
+                    out.append(f.read().decode("utf-8", "surrogatepass"))
+            except FileNotFoundError:
+                pass
+        return sorted(out)
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        q = self._q(queue)
+
+        def scan() -> dict[str, dict[str, int]]:
+            out: dict[str, dict[str, int]] = {}
+            for _, r in self._records(q, time.time()):
+                if r.kind in (_QUEUED, _PROCESSING):
+                    counts = out.setdefault(r.group or "", {_QUEUED: 0, _PROCESSING: 0})
+                    counts[r.kind] += 1
+            return out
+
+        return await trio.to_thread.run_sync(scan)

@@ -525,7 +525,7 @@ class FileBase(Storage):
                 continue
             if nxt < 0:
                 nxt, front = q.counters()
-            mk = _ready_name(nxt, enc, r.priority)
+            mk = _ready_name(nxt, enc, r.priority, r.group)
             nxt += 1
             events.append(StorageEvent("requeued" if r.kind == _FAILING else "promoted", r.id, token=r.token))
             r.kind = _QUEUED

@@ -34,6 +34,7 @@ from ._fsutil import (
 )
 from ._base import FileBase
 from ._limits import claim_allowance, count_claims, hold_claims, slot_freed
+from ._turns import GroupTurns
 from ._layout import (
     _LANE_RECHECK,
     due_event,
@@ -81,6 +82,7 @@ class ClaimOps(FileBase):
         if front != q.cache_front:
             for cache in q.cache:
                 cache.clear()
+            q.grp.forget_lanes()
             q.cache_front = front  # a release put jobs before the cached names
         # Lane by lane (priority 0 first). Each lane's sorted listing is cached: later
         # markers of a lane always sort after it (releases, which go before, reset the
@@ -89,29 +91,20 @@ class ClaimOps(FileBase):
         # generation last changed (any process's enqueue, release, promotion... bumps it
         # before adding a marker; this process's own markers forget it directly), and
         # less than _LANE_RECHECK ago (writers of the older code bump no generation).
+        # A priority whose ring (see _groups) has entries serves its groups in turn.
         lane = 0
-        listed = False
         items: dict[str, Rec] = {}
-        empty = q.lane_empty
+        turns = GroupTurns(q, limits, now, self._read)
         while len(claims) < max_jobs and lane < len(q.lanes):
-            cache = q.cache[lane]
-            if not cache:
-                if listed or (lane in empty and 0 <= now - empty[lane] < _LANE_RECHECK):
-                    lane += 1
-                    listed = False
-                    continue
-                listed = True
-                names = os.listdir(q.lanes[lane])
-                if lane == DEFAULT_PRIORITY:
-                    names = [n for n in names if not _is_lane_dir(n)]
-                if names:
-                    empty.pop(lane, None)
-                    cache.extend(sorted(names))
-                else:
-                    empty[lane] = now
+            picked = turns.pick(lane)
+            if picked is None:
+                picked = self._next_ready(q, lane, now, turns)
+            if picked is None:
+                lane += 1
                 continue
-            name = cache.popleft()
-            directory = q.lanes[lane]
+            directory, name, mk = picked
+            if not name:
+                continue  # a turn used without a job (a stale ring entry, a paused group...)
             parsed = self._marker(q, directory, name)
             if parsed is None:
                 continue
@@ -122,7 +115,7 @@ class ClaimOps(FileBase):
             except FileNotFoundError:
                 continue  # claimed by someone else, or cancelled
             r = self._read(q, enc)
-            if r is None or r.kind != _QUEUED or r.mk != (name if lane == DEFAULT_PRIORITY else f"p{lane}/{name}"):
+            if r is None or r.kind != _QUEUED or r.mk != mk:
                 _unlink(target)  # stale marker (cancelled job, or an old copy)
                 continue
             r.kind = _PROCESSING
@@ -136,6 +129,8 @@ class ClaimOps(FileBase):
             r.mk = None
             r.lease = deadline
             items[enc] = r
+            if r.group is not None:
+                turns.took(r.group, enc)
             claims.append(Claim(r.id, r.envelope, r.attempts + (not r.started), r.claim, r.started))
         # The renames above are the claims; then one segment of processing records
         # (attempts, worker, lease). A crash between leaves proc entries whose record is
@@ -144,7 +139,19 @@ class ClaimOps(FileBase):
         count_claims(q, flow, limits, now, len(claims))
         self._publish(q, events)
         self._maybe_clean(q, now)
-        return claims, next_due
+        return claims, min(next_due, turns.wake_at)
+
+    def _next_ready(self, q: _Q, lane: int, now: float, turns: GroupTurns) -> tuple[str, str, str] | None:
+        """The next marker ``(directory, name, mk)`` of ungrouped lane ``lane`` (taken
+        from its cache, listing it if need be), ``(directory, "", "")`` for a cached name
+        to skip, or ``None`` when the lane has nothing (for this claim)."""
+        cache = q.cache[lane]
+        if not cache and not turns.list_lane(lane, now):
+            return None
+        if not cache:
+            return None
+        name = cache.popleft()
+        return q.lanes[lane], name, (name if lane == DEFAULT_PRIORITY else f"p{lane}/{name}")
 
     async def _claim(
         self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
@@ -283,6 +290,7 @@ class ClaimOps(FileBase):
                 self._publish(q, events)
                 for enc in items:
                     _unlink(pdir + "/" + enc)
+                q.grp.left_all(items.items(), q.lane_empty)
                 if hold:
                     hold_claims(q, hold)
                 if items:
@@ -331,6 +339,7 @@ class ClaimOps(FileBase):
             for enc in cancelled:
                 _unlink(os.path.join(pdir, enc))
             n = self._requeue_markers(q, todo, worker_id, events)
+            q.grp.left_all(items.items(), q.lane_empty)
             if todo:
                 q.set_counters(nxt, front)
             if items:
@@ -359,7 +368,7 @@ class ClaimOps(FileBase):
                 r.attempts -= r.started  # never ran: the attempt did not happen
             r.started = False
             r.claim = None
-            r.mk = _ready_name(front + 1 + i, enc, r.priority)
+            r.mk = _ready_name(front + 1 + i, enc, r.priority, r.group)
             items[enc] = r
         return front
 
@@ -440,6 +449,7 @@ class ClaimOps(FileBase):
                 self._publish(q, events)  # before the proc entries go (see settle)
                 for enc in gone:
                     _unlink(os.path.join(pdir, enc))
+                q.grp.left_all([(enc, items[enc]) for enc in gone] + [(enc, r) for enc, _, r in back], q.lane_empty)
         await self._finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
         if self._tree_dirty:
             await self._act_on_notes()

@@ -200,11 +200,12 @@ class EnqueueOps(FileBase):
                     if job.run_at is not None and job.run_at > now:
                         kind, mk = _DELAYED, _seq_name(int(job.run_at * 1000), enc)
                     else:
-                        kind, mk = _QUEUED, _ready_name(nxt, enc, job.priority)
+                        kind, mk = _QUEUED, _ready_name(nxt, enc, job.priority, job.group)
                         nxt += 1
                     r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                     r.token = job.token
                     r.priority = job.priority
+                    r.group = job.group
                     items[enc] = r
                     seen[enc] = r
                     outcomes.append(_QUEUED_OUTCOME)

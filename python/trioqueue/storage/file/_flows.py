@@ -236,7 +236,7 @@ class FileFlows(FileBase):
         nxt, front = q.counters()
         r.kind = QUEUED
         r.ts = int(now * 1000)
-        r.mk = _ready_name(nxt, enc, r.priority)
+        r.mk = _ready_name(nxt, enc, r.priority, r.group)
         q.set_counters(nxt + 1, front)
         self._commit(q, {enc: r}, fds)
         self._link_marker(q, enc, q.ready, r.mk)
@@ -328,10 +328,10 @@ class FileFlows(FileBase):
                     kind, mk = DELAYED, _seq_name(int(job.run_at * 1000), enc)
                 else:
                     nxt, front = counters[fj.queue]
-                    kind, mk = QUEUED, _ready_name(nxt, enc, job.priority)
+                    kind, mk = QUEUED, _ready_name(nxt, enc, job.priority, job.group)
                     counters[fj.queue] = (nxt + 1, front)
                 r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
-                r.token, r.priority = job.token, job.priority
+                r.token, r.priority, r.group = job.token, job.priority, job.group
                 if kind == WAITING_CHILDREN:
                     r.children, r.policy = [], fj.policy
                 if fj.parent is not None:

@@ -92,6 +92,7 @@ class Rec:
         "parent",
         "children",
         "policy",
+        "group",
     )
 
     def __init__(
@@ -135,6 +136,7 @@ class Rec:
         self.parent: tuple[str, str] | None = None  # a child of a tree: (queue, id) of its parent
         self.children: list[tuple[str, str]] | None = None  # a parent: (queue, id) of its children
         self.policy = "cancel"  # a parent's on_child_failure
+        self.group: str | None = None  # its group (its ready markers are in that group's lane)
 
     def copy(self) -> Rec:
         """A shallow copy (the bytes fields are immutable): what a cache hands out, so
@@ -178,6 +180,8 @@ def _extras(r: Rec) -> dict[str, object]:
     if r.children is not None:
         x["ch"] = [list(c) for c in r.children]
         x["po"] = r.policy
+    if r.group is not None:
+        x["gr"] = r.group
     return x
 
 
@@ -198,6 +202,8 @@ def _set_extras(r: Rec, x: object) -> None:
     ch = x.get("ch")
     r.children = None if ch is None else [(str(c[0]), str(c[1])) for c in ch]
     r.policy = str(x.get("po", "cancel"))
+    gr = x.get("gr")
+    r.group = None if gr is None else str(gr)
     if not MIN_PRIORITY <= r.priority <= MAX_PRIORITY:
         raise CorruptRecord(f"bad priority {r.priority!r}")
 

@@ -26,6 +26,7 @@ from .._base import (
     waiting_state,
 )
 from ._fsutil import Rec
+from ._groups import GroupDisk, group_marker
 from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
 
 log = logging.getLogger("trioqueue.storage.file")
@@ -68,20 +69,26 @@ def due_event(delayed: list[tuple[str, str]]) -> StorageEvent:
     return StorageEvent("due", "", result=b"%d" % int(min(mk for _, mk in delayed)[:16], 16))
 
 
-def _ready_name(seq: int, enc_id: str, priority: int) -> str:
+def _ready_name(seq: int, enc_id: str, priority: int, group: str | None = None) -> str:
     """A ready marker's name, relative to ``ready/``: the default priority's lane is
-    ``ready/`` itself (the layout before priorities), the others ``ready/p<n>/``."""
+    ``ready/`` itself (the layout before priorities), the others ``ready/p<n>/``; a
+    job of a group is in its group's lane (``ready/g/<group>/p<n>/``, see ``_groups``)."""
     name = _seq_name(seq, enc_id)
+    if group is not None:
+        return group_marker(name, priority, group)
     return name if priority == DEFAULT_PRIORITY else f"p{priority}/{name}"
 
 
 def _split_ready(mk: str) -> tuple[int, str] | None:
     """``(number, encoded id)`` of a ready marker name made by :func:`_ready_name`."""
+    if mk[:2] == "g/":
+        return _split_marker(mk.rsplit("/", 1)[-1])
     return _split_marker(mk[3:] if mk[:1] == "p" and mk[2:3] == "/" else mk)
 
 
 def _is_lane_dir(name: str) -> bool:
-    return len(name) == 2 and name[0] == "p" and name[1].isdigit()
+    """A directory of ``ready/``: a priority's lane, the group lanes or the rings."""
+    return (len(name) == 2 and name[0] == "p" and name[1].isdigit()) or name in ("g", "ring")
 
 
 def _split_marker(name: str) -> tuple[int, str] | None:
@@ -110,7 +117,7 @@ def _job_record(r: Rec) -> JobRecord:
     """The storage-interface view of a record."""
     return JobRecord(
         r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority,
-        r.parent, 0 if r.children is None else len(r.children),
+        r.parent, 0 if r.children is None else len(r.children), r.group,
     )  # fmt: skip
 
 
@@ -238,6 +245,7 @@ class _Q:
         "hit",
         "events_ino",
         "head",
+        "grp",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -322,6 +330,7 @@ class _Q:
         # would send to everyone watching the queue directory for events (mmap writes
         # send none). The older code's pread/pwrite of the counters see the same pages.
         self.head: mmap.mmap | None = None
+        self.grp = GroupDisk(path, self.ready)  # groups: rings, group lanes (see _groups)
 
     # -- the locked section (call with the lock held) -----------------------------------
 
@@ -403,7 +412,9 @@ class _Q:
 
     def lane_filled(self, mk: str) -> None:
         """This process adds the ready marker ``mk``: its lane is not empty any more."""
-        if self.lane_empty:
+        if mk[:2] == "g/":
+            self.grp.filled(mk, self.lane_empty)
+        elif self.lane_empty:
             self.lane_empty.pop(int(mk[1]) if mk[:1] == "p" and mk[2:3] == "/" else DEFAULT_PRIORITY, None)
 
     def trio_lock(self) -> trio.Lock:
@@ -420,7 +431,7 @@ class _Q:
         w = self.watches.get(key)
         if w is None:
             if what == "ready":
-                w = Watch([*self.lanes, self.delayed], IN_CREATE | IN_MOVED_TO)
+                w = Watch([*self.lanes, self.delayed, self.grp.ring], IN_CREATE | IN_MOVED_TO)
             else:
                 w = Watch([self.path], IN_MODIFY | IN_CREATE | IN_MOVED_TO)
             self.watches[key] = w

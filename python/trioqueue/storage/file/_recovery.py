@@ -119,7 +119,7 @@ class RecoveryOps(FileBase):
                             recovered.append((r.id, "cancelled"))
                         elif not r.started or r.attempts < r.max_attempts:
                             # A reserved claim never ran: it goes back at no cost.
-                            mk = _ready_name(nxt, enc, r.priority)
+                            mk = _ready_name(nxt, enc, r.priority, r.group)
                             nxt += 1
                             r.kind = _QUEUED
                             r.started = False
@@ -154,6 +154,7 @@ class RecoveryOps(FileBase):
                 events = []
                 for marker in drop + stale:
                     _unlink(marker)
+                q.grp.left_all(items.items(), q.lane_empty)
                 for enc_w in dead:
                     try:
                         os.rmdir(os.path.join(q.proc, enc_w))
@@ -279,7 +280,7 @@ class RecoveryOps(FileBase):
                     if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
                         delayed.append((enc, r.mk))
             for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):
-                r.mk = _ready_name(nxt, enc, r.priority)
+                r.mk = _ready_name(nxt, enc, r.priority, r.group)
                 nxt += 1
             # New records (naming the new markers) first, then the markers: links to them.
             fds: list[int] = []

@@ -43,6 +43,7 @@ def _record(rec: _Rec) -> JobRecord:
         rec.priority,
         None if rec.parent is None else (rec.parent[0], rec.parent[1].id),
         0 if rec.flow is None else len(rec.flow.children),
+        rec.group,
     )
 
 
@@ -101,7 +102,7 @@ class MemoryAdmin(_MemoryPart):
                 q.index.drop(old)
                 # A new record: the old one may still sit in the ready list (a cancelled
                 # job), where claims skip it (cancelled, and forgotten by the index).
-                again = NewJob(job_id, old.envelope, old.max_attempts, old.result_ttl, token, None, old.priority)
+                again = NewJob(job_id, old.envelope, old.max_attempts, old.result_ttl, token, None, old.priority, old.group)
                 rec = q.jobs[job_id] = _Rec(again, int(now * 1000), q.index)
                 q.ready.push([rec])  # its own priority's lane
                 self._publish(q, [StorageEvent("enqueued", job_id, token=token)])

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import trio
 
 from .._base import EnqueueOutcome, HeartbeatReply, LostClaim, NewJob, Storage, StorageEvent, lost_why
+from .._base import PROCESSING as _PROCESSING
+from .._base import QUEUED as _QUEUED
 from ._parts import _Q
 
 __all__ = ["MemoryControl"]
@@ -33,6 +35,44 @@ class MemoryControl(Storage):
 
     def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
         raise NotImplementedError
+
+    def _expire(self, q: _Q, now: float) -> None:
+        raise NotImplementedError
+
+    # -- groups ------------------------------------------------------------------------
+
+    supports_groups = True
+    supports_group_rate = True
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            changed = (group in q.paused_groups) != paused
+            if paused:
+                q.paused_groups.add(group)
+            elif changed:
+                q.paused_groups.discard(group)
+                q.ready.requeue_group(group)  # back in the rings (it left them while paused)
+                self._wake(q)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return sorted(self._q(queue).paused_groups)
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        await trio.lowlevel.checkpoint()
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for rec in self._q(queue).jobs.values():
+                if rec.kind in (_QUEUED, _PROCESSING):
+                    counts = out.setdefault(rec.group or "", {_QUEUED: 0, _PROCESSING: 0})
+                    counts[rec.kind] += 1
+        return out
+
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float

@@ -3,6 +3,7 @@ cross threads through each Trio run's token (all used with the storage's lock he
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 from collections import deque
@@ -52,6 +53,7 @@ class _Rec:
         "priority",
         "parent",
         "flow",
+        "group",
     )
 
     def __init__(self, job: NewJob, now_ms: int, index: StateIndex) -> None:
@@ -80,6 +82,7 @@ class _Rec:
         self.priority = job.priority  # its lane of the ready list, for life
         self.parent: tuple[str, _Rec] | None = None  # a child of a tree: (queue, parent)
         self.flow: _Flow | None = None  # a parent: its children
+        self.group = job.group  # its group's lane of its priority (None: the ungrouped lane)
         index.enter(self, None, _QUEUED)
 
     @property
@@ -168,17 +171,29 @@ def _send_quietly(send: trio.MemorySendChannel[list[StorageEvent]], events: list
 
 
 class _Lanes:
-    """The ready list: one lock-free FIFO per priority (0 first), each with a front deque
-    of released jobs claimed before it. A claim scans the 10 lanes: O(1) in the number of
-    queued jobs. Entries are the job records themselves (no id to parse, no table to look
-    up at claim time); a stale one (its job cancelled, or forgotten: ``iseq`` 0) is
-    skipped at claim time."""
+    """The ready list: per priority (0 first), the lane of the jobs without a group (a
+    lock-free FIFO with a front deque of released jobs claimed before it) and one deque
+    per group with ready jobs; and per priority the *ring* of the groups with ready jobs
+    (``None``: the ungrouped lane), served round-robin: a claim takes one job of the
+    ring's first group and moves the group to the end. A priority whose ring is empty has
+    only ungrouped jobs: claims take them in batches as before groups existed. A claim
+    costs O(1) in the number of queued jobs and of groups. Entries are the job records
+    themselves; a stale one (its job cancelled, or forgotten: ``iseq`` 0) is skipped at
+    claim time."""
 
-    __slots__ = ("lanes", "fronts")
+    __slots__ = ("lanes", "fronts", "glanes", "rings", "ringed")
 
     def __init__(self) -> None:
         self.lanes: list[ObjectQueue[_Rec]] = [ObjectQueue() for _ in range(MAX_PRIORITY + 1)]
         self.fronts: list[deque[_Rec]] = [deque() for _ in range(MAX_PRIORITY + 1)]
+        self.glanes: dict[tuple[int, str], deque[_Rec]] = {}  # (priority, group) -> its ready jobs
+        self.rings: list[deque[str | None]] = [deque() for _ in range(MAX_PRIORITY + 1)]
+        self.ringed: list[set[str | None]] = [set() for _ in range(MAX_PRIORITY + 1)]  # the rings' members
+
+    def _ring(self, p: int, group: str | None) -> None:
+        if group not in self.ringed[p]:
+            self.ringed[p].add(group)
+            self.rings[p].append(group)
 
     def push(self, recs: list[_Rec]) -> None:
         """Append the jobs to their lanes, in order (batch calls: where the Rust queue
@@ -186,35 +201,144 @@ class _Lanes:
         if not recs:
             return
         first = recs[0].priority
-        if all(r.priority == first for r in recs):
+        if all(r.priority == first and r.group is None for r in recs):
             self.lanes[first].push_many(recs)
             return
         by: dict[int, list[_Rec]] = {}
         for r in recs:
-            by.setdefault(r.priority, []).append(r)
+            if r.group is None:
+                by.setdefault(r.priority, []).append(r)
+            else:
+                self._gpush(r, False)
         for p, part in by.items():
             self.lanes[p].push_many(part)
+
+    def _gpush(self, r: _Rec, front: bool) -> None:
+        key = (r.priority, r.group)
+        lane = self.glanes.get(key)  # type: ignore[arg-type]
+        if lane is None:
+            lane = self.glanes[key] = deque()  # type: ignore[index]
+        if front:
+            lane.appendleft(r)
+        else:
+            lane.append(r)
+        self._ring(r.priority, r.group)
 
     def push_front(self, recs: list[_Rec]) -> None:
         """Put the jobs before everything else of their lanes, in the order given."""
         for r in reversed(recs):
-            self.fronts[r.priority].appendleft(r)
+            if r.group is None:
+                self.fronts[r.priority].appendleft(r)
+            else:
+                self._gpush(r, True)
 
-    def pop(self, want: int) -> list[_Rec]:
-        """Up to ``want`` entries: lane 0 first, each lane's front before its FIFO."""
+    def requeue_group(self, group: str) -> None:
+        """Put ``group`` back in the ring of each priority where it has ready jobs (it left
+        them while paused or at its concurrency limit)."""
+        for p in range(MAX_PRIORITY + 1):
+            if self.glanes.get((p, group)):
+                self._ring(p, group)
+
+    def pop(self, want: int, blocked: _Blocked | None = None) -> list[_Rec]:
+        """Up to ``want`` entries: priority 0 first; within a priority, round-robin across
+        its ring (see the class docstring), each lane's front before its FIFO. Entries of
+        a group ``blocked`` refuses leave the ring (not taken)."""
         out: list[_Rec] = []
         for p in range(MAX_PRIORITY + 1):
-            front = self.fronts[p]
-            while front and len(out) < want:
-                out.append(front.popleft())
-            if len(out) < want:
-                out.extend(self.lanes[p].pop_many(want - len(out)))
+            if self.rings[p]:
+                self._pop_ring(p, want, out, blocked)
+            else:
+                front = self.fronts[p]
+                while front and len(out) < want:
+                    out.append(front.popleft())
+                if len(out) < want:
+                    out.extend(self.lanes[p].pop_many(want - len(out)))
             if len(out) >= want:
                 break
         return out
 
+    def _pop_ring(self, p: int, want: int, out: list[_Rec], blocked: _Blocked | None) -> None:
+        ring, ringed, front, lane = self.rings[p], self.ringed[p], self.fronts[p], self.lanes[p]
+        if None not in ringed and (front or len(lane)):
+            ringed.add(None)  # ungrouped jobs arrived while groups were ready: their turn comes
+            ring.append(None)
+        while ring and len(out) < want:
+            group = ring.popleft()
+            if group is None:
+                while True:
+                    rec = front.popleft() if front else next(iter(lane.pop_many(1)), None)
+                    if rec is None or (rec._kind == _QUEUED and rec.iseq):
+                        break  # (stale entries are dropped without using the turn)
+                if rec is not None:
+                    out.append(rec)
+                if rec is not None and (front or len(lane)):
+                    ring.append(None)
+                else:
+                    ringed.discard(None)
+                continue
+            if blocked is not None and not blocked.allows(group):
+                ringed.discard(group)  # back when resumed, or when a slot of it is freed
+                continue
+            glane = self.glanes[(p, group)]
+            while glane:
+                rec = glane.popleft()
+                if rec._kind == _QUEUED and rec.iseq:
+                    out.append(rec)
+                    if blocked is not None:
+                        blocked.took(group)
+                    break
+            if glane:
+                ring.append(group)
+            else:
+                ringed.discard(group)
+                del self.glanes[(p, group)]
+
     def __len__(self) -> int:
-        return sum(len(x) for x in self.lanes) + sum(len(f) for f in self.fronts)
+        return sum(len(x) for x in self.lanes) + sum(len(f) for f in self.fronts) + sum(map(len, self.glanes.values()))
+
+
+class _Blocked:
+    """What a claim may not take: the paused groups, the groups at their concurrency
+    limit (``running``: the queue's claimed jobs per group, counted as the claim takes)
+    and the groups over their rate (``logs``: each group's claim times within the last
+    ``per`` seconds; ``sleeping``: ``(when its next token is due, group)`` of those)."""
+
+    __slots__ = ("paused", "limit", "running", "hit", "rate", "per", "now", "logs", "sleeping")
+
+    def __init__(
+        self, paused: set[str], limit: int, running: dict[str, int], rate: int = 0, per: float = 1.0,
+        now: float = 0.0, logs: dict[str, deque[float]] | None = None,
+    ) -> None:  # fmt: skip
+        self.paused = paused
+        self.limit = limit
+        self.running = running
+        self.hit: set[str] = set()  # groups refused for their limit
+        self.rate, self.per, self.now = rate, per, now
+        self.logs: dict[str, deque[float]] = {} if logs is None else logs
+        self.sleeping: list[tuple[float, str]] = []
+
+    def allows(self, group: str) -> bool:
+        if group in self.paused:
+            return False
+        if self.limit and self.running.get(group, 0) >= self.limit:
+            self.hit.add(group)
+            return False
+        if self.rate:
+            log = self.logs.get(group)
+            while log and log[0] <= self.now - self.per:
+                log.popleft()
+            if log is not None and len(log) >= self.rate:
+                self.sleeping.append((log[0] + self.per, group))
+                return False
+        return True
+
+    def took(self, group: str) -> None:
+        self.running[group] = self.running.get(group, 0) + 1
+        if self.rate:
+            log = self.logs.get(group)
+            if log is None:
+                log = self.logs[group] = deque()
+            log.append(self.now)
 
 
 class _Q:
@@ -233,6 +357,11 @@ class _Q:
         "schedules",
         "index",
         "flow",
+        "paused_groups",
+        "running",
+        "gblocked",
+        "glogs",
+        "gsleep",
     )
 
     def __init__(self) -> None:
@@ -251,6 +380,37 @@ class _Q:
         self.schedules: dict[str, tuple[bytes, float | None]] = {}
         self.index = StateIndex()
         self.flow = FlowState()  # rate limit log, RateLimited hold, slot waiters
+        self.paused_groups: set[str] = set()
+        self.running: dict[str, int] = {}  # group -> its jobs claimed now (processing)
+        self.gblocked: set[str] = set()  # groups out of the rings for their concurrency limit
+        self.glogs: dict[str, deque[float]] = {}  # group -> its claim times (group_rate)
+        self.gsleep: list[tuple[float, str]] = []  # heap (next token due, group) of groups over their rate
+
+    def wake_groups(self, now: float) -> None:
+        """Groups over their rate whose next token is due go back in the rings."""
+        while self.gsleep and self.gsleep[0][0] <= now:
+            _, group = heapq.heappop(self.gsleep)
+            self.ready.requeue_group(group)
+
+    def group_wake(self) -> float:
+        """When the first group over its rate may be claimed again (``inf``: none)."""
+        return self.gsleep[0][0] if self.gsleep else math.inf
+
+    def group_left(self, rec: _Rec) -> None:
+        """A claimed job of a group left processing (settled, released, recovered): its
+        slot is free, and a group that was out of the rings for its limit is back."""
+        group = rec.group
+        if group is None:
+            return
+        n = self.running.get(group, 0) - 1
+        if n > 0:
+            self.running[group] = n
+        else:
+            self.running.pop(group, None)
+        if group in self.gblocked:
+            self.gblocked.discard(group)
+            self.ready.requeue_group(group)
+            self.flow.slot_wait = True  # (the caller's freed() wakes the claimers)
 
 
 def _due_ms(at: float) -> bytes:

@@ -43,6 +43,7 @@ class MemoryRecovery(_MemoryPart):
                         next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
                         continue
                     del proc[job_id]
+                    q.group_left(rec)
                     events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
                     rec.worker = None
                     rec.claim = None

@@ -48,7 +48,7 @@ from ._control import MemoryControl
 from ._debounce import MemoryDebounce
 from ._flows import MemoryFlows
 from ._recovery import MemoryRecovery
-from ._parts import _Q, _QUEUED_OUTCOME, _Rec, _Subscriber, _Waiter, _due_ms
+from ._parts import _Q, _QUEUED_OUTCOME, _Blocked, _Rec, _Subscriber, _Waiter, _due_ms
 
 __all__ = ["MemoryStorage"]
 
@@ -272,8 +272,15 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
             proc = q.processing[worker_id] = {}
         taken: list[_Rec] = []  # their index entries move in one batch
         append = claims.append
+        if limits is None:
+            blocked = _Blocked(q.paused_groups, 0, q.running)
+        else:
+            q.wake_groups(now)
+            blocked = _Blocked(
+                q.paused_groups, limits.group_concurrency, q.running, limits.group_rate, limits.group_per, now, q.glogs
+            )
         while len(claims) < max_jobs:
-            entries = q.ready.pop(max_jobs - len(claims))
+            entries = q.ready.pop(max_jobs - len(claims), blocked)
             if not entries:
                 break
             for rec in entries:
@@ -297,6 +304,11 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                     rec.started = False
                     append(_new(Claim, (job_id, env, rec.attempts + 1, token, False)))
         q.index.move(taken, _QUEUED, _PROCESSING)
+        if blocked.hit:
+            q.gblocked |= blocked.hit  # back in the rings when a slot of theirs is freed
+            q.flow.slot_wait = True
+        for entry in blocked.sleeping:
+            heapq.heappush(q.gsleep, entry)  # back in the rings when their next token is due
         q.flow.claimed(limits, now, len(claims))
         self._publish(q, events)
         return claims
@@ -323,7 +335,7 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                 if not claims:
                     waiter = _Waiter()
                     q.waiters.add(waiter)
-                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake) - now
+                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
                 # never dropped by a cancellation after the fact.
@@ -363,6 +375,8 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                     # The common case, inline (as _set_terminal does it, but the index).
                     del proc[sid]
                     out.append(True)
+                    if rec.group is not None:
+                        q.group_left(rec)
                     if not rec.started:
                         rec.attempts += 1  # settled without start(): the attempt happened
                     rec.result = data
@@ -390,6 +404,7 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                     continue
                 del proc[s.id]
                 out.append(True)
+                q.group_left(rec)
                 limited = s.kind is SettleKind.RATE_LIMITED
                 if s.kind in _UNCOUNTED:
                     rec.attempts -= rec.started  # rate limited, or waiting: the attempt did not happen
@@ -441,6 +456,7 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                 rec = proc.pop(job_id, None)
                 if rec is None:
                     continue
+                q.group_left(rec)
                 if rec.cancel_requested:
                     self._cancel_claimed(q, rec, now, worker_id, events)
                     continue
@@ -491,10 +507,12 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
             return False
         if rec.cancel_requested and not rec.started:
             del proc[job_id]
+            q.group_left(rec)
             self._cancel_claimed(q, rec, time.time(), worker_id, events)
             return False
         if q.paused and not rec.started:
             del proc[job_id]  # paused: a prefetched job goes back, its attempt never counted
+            q.group_left(rec)
             self._requeue_front(q, [rec], worker_id, time.time(), events)
             return False
         if not rec.started:

@@ -30,7 +30,7 @@ __all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "now_ms
 # The columns read to build a JobRecord / state string, in this order.
 JOB_COLUMNS = (
     "id, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at_ms,"
-    " parent_queue, parent_id, nchildren"
+    " parent_queue, parent_id, nchildren, grp"
 )
 # an upsert's SET list forgetting an earlier incarnation's place in a tree
 TREE_RESET = (
@@ -76,6 +76,7 @@ def record(row: Sequence[Any]) -> JobRecord:
         priority,
         None if parent_id is None else (parent_queue, parent_id),
         nchildren or 0,
+        row[16] if len(row) > 16 else None,
     )
 
 
@@ -130,6 +131,7 @@ class PostgresBase(Storage):
         self._pool: Pool | None = None
         self._hub: Hub | None = None
         self._known_queues: set[str] = set()
+        self._grouped_queues: set[str] = set()  # queues whose ring had groups at the last claim
 
     @property
     def pool(self) -> Pool:

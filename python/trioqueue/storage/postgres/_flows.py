@@ -203,12 +203,12 @@ class PostgresFlows(PostgresBase):
             written = await conn.fetchval(  # (a job committed since the check is left alone)
                 f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
                         token, envelope, max_attempts, result_ttl, parent_queue, parent_id, parent_token, child_seq,
-                        policy, pending, nchildren)
+                        policy, pending, nchildren, grp)
                     VALUES ($1, $2, $3, $4, $4, $5, nextval('{self.schema}.job_seq'), $6, $7, $8, $9, $10, $11, $12,
                         $13, CASE WHEN $12::text IS NULL THEN NULL ELSE nextval('{self.schema}.job_seq') END,
-                        $14, $15, coalesce($15, 0))
+                        $14, $15, coalesce($15, 0), $16)
                     ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $4, created_ms = $4,
-                        priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
+                        priority = EXCLUDED.priority, grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
                         token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
                         max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
                         claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
@@ -230,6 +230,7 @@ class PostgresFlows(PostgresBase):
                 None if fj.parent is None else tokens[fj.parent],
                 fj.policy if n else None,
                 n,
+                job.group,
             )
             if not written:
                 raise TreeJobTaken(key)

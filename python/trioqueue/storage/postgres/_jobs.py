@@ -36,6 +36,13 @@ LIVE = "(expires_ms IS NULL OR expires_ms > $2)"  # with $2 = now (ms): rows not
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
 
 
+def _group_args(limits: ClaimLimits | None) -> list[int]:
+    """group_claim's group_concurrency, group_rate and its window (ms)."""
+    if limits is None:
+        return [0, 0, 1000]
+    return [limits.group_concurrency, limits.group_rate, max(1, math.ceil(limits.group_per * 1000))]
+
+
 def _due_ms(at_ms: int) -> bytes:
     return b"%d" % at_ms
 
@@ -50,7 +57,12 @@ class PostgresJobs(PostgresFlows):
             await trio.lowlevel.checkpoint()
             return []
         now = now_ms()
-        if len(jobs) == 1 and queue in self._known_queues and (jobs[0].run_at is None or jobs[0].run_at * 1000 <= now):
+        if (
+            len(jobs) == 1
+            and queue in self._known_queues
+            and (jobs[0].run_at is None or jobs[0].run_at * 1000 <= now)
+            and jobs[0].group is None
+        ):
             outcome = await self._enqueue_one(queue, jobs[0], now)
             if outcome is not None:
                 return [outcome]
@@ -139,13 +151,13 @@ class PostgresJobs(PostgresFlows):
             run_at = [math.ceil(j.run_at * 1000) if j in delayed and j.run_at is not None else None for j in new]
             rows = await conn.fetch(
                 f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
-                        token, envelope, max_attempts, result_ttl)
+                        token, envelope, max_attempts, result_ttl, grp)
                     SELECT $1, u.id, CASE WHEN u.run_at IS NULL THEN 'queued' ELSE 'delayed' END, $2, $2, u.priority,
-                        u.seq, u.run_at, u.token, u.env, u.max, u.ttl
+                        u.seq, u.run_at, u.token, u.env, u.max, u.ttl, u.grp
                     FROM unnest($3::text[], $4::int2[], $5::int8[], $6::int8[], $7::text[], $8::bytea[], $9::int4[],
-                                $10::float8[]) AS u(id, priority, seq, run_at, token, env, max, ttl)
+                                $10::float8[], $11::text[]) AS u(id, priority, seq, run_at, token, env, max, ttl, grp)
                     ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $2, created_ms = $2,
-                        priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
+                        priority = EXCLUDED.priority, grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
                         token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
                         max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
                         claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
@@ -162,6 +174,7 @@ class PostgresJobs(PostgresFlows):
                 [j.envelope for j in new],
                 [j.max_attempts for j in new],
                 [float(j.result_ttl) for j in new],
+                [j.group for j in new],
             )
             inserted = {r[0] for r in rows}
             raced = [i for i in accepted if i not in inserted]
@@ -309,7 +322,15 @@ class PostgresJobs(PostgresFlows):
         of a hold, the next rate token), or ``None``."""
         now = now_ms()
         if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._known_queues:
-            fast = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now)
+            # Two forms: (priority, seq) order while no group has ready jobs, the groups'
+            # turns (group_pick) while some do; each says whether the ring has groups, and
+            # a queue switches form when that changes (one more round trip then).
+            grouped = queue in self._grouped_queues
+            fast, ring = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, limits, grouped)
+            if ring != grouped:
+                (self._grouped_queues.add if ring else self._grouped_queues.discard)(queue)
+                if ring and not (fast and fast[0]):
+                    fast, _ = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, limits, True)
             if fast is not None:
                 return fast
         async with self.tx(queue) as conn:
@@ -327,25 +348,37 @@ class PostgresJobs(PostgresFlows):
                 )
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
-            if allow:
-                rows = await conn.fetch(
-                    f"""WITH picked AS (
-                            SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
+            grouped = await conn.fetchval(
+                f"""SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)
+                    OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2)""",
+                queue,
+                now,
+            )
+            if grouped:  # the groups' turns (see group_pick in the schema)
+                sql = f"""SELECT rn, 0, id, envelope, attempts, claim, started
+                    FROM {self._s}.group_claim($1, $3::int, $7::int, $2, $4, $5, $6::int, $8::int, $9::int8)"""
+            else:
+                sql = f"""WITH picked AS (
+                            SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
                             ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
                         numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)
                         UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
                             claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
                             started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
                         FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                        RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started""",
+                        RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started"""
+            if allow:
+                rows = await conn.fetch(
+                    sql,
                     queue,
                     now,
                     allow,
                     worker_id,
                     now + int(lease * 1000),
                     start,
+                    *(_group_args(limits) if grouped else []),
                 )
-                rows.sort(key=lambda r: (r[0], r[1]))
+                rows.sort(key=lambda r: r[0])
                 claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
                 if claims and limits is not None and limits.rate:
                     flow.claimed(limits, now / 1000, len(claims))
@@ -359,28 +392,34 @@ class PostgresJobs(PostgresFlows):
                     f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')",
                     queue,
                 )
-                candidates = [t for t in (flow.wake, None if due is None else due / 1000) if t is not None and t != math.inf]
+                rest = await conn.fetchval(f"SELECT min(due_ms) FROM {self._s}.group_sleep WHERE queue = $1", queue)
+                candidates = [
+                    t
+                    for t in (flow.wake, None if due is None else due / 1000, None if rest is None else rest / 1000)
+                    if t is not None and t != math.inf
+                ]
                 wake_at = min(candidates) if candidates else None
         return claims, wake_at
 
     async def _claim_fast(
-        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int
-    ) -> tuple[list[Claim], float | None] | None:
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int, limits: ClaimLimits | None,
+        grouped: bool,
+    ) -> tuple[tuple[list[Claim], float | None] | None, bool]:
         """A claim without rate or concurrency limits in one statement (one round trip),
         when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
-        first is the general path's work). Pause and a ``RateLimited`` hold are honoured."""
-        rows = await self._one_statement(
-            f"""WITH q AS (
-                    SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
-                    FROM {self._s}.queues WHERE queue = $1),
-                due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
-                        WHERE queue = $1 AND state IN ('delayed', 'failing')),
-                gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
-                            AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
-                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
-                picked AS (
+        first is the general path's work). Pause and a ``RateLimited`` hold are honoured.
+        ``grouped``: ``group_pick`` picks in the groups' turn order (with the group limits
+        of ``limits``), else jobs without a group in (priority, seq) order, and nothing
+        while groups have ready jobs. Also returns whether the queue's ring has groups."""
+        if grouped:  # (group_claim: see the schema)
+            claim_sql = f"""claimed AS (
+                    SELECT g.rn, 0::bigint AS seq, g.id, g.envelope, g.attempts, g.claim, g.started
+                    FROM {self._s}.group_claim($1, CASE WHEN (SELECT open FROM gate) THEN $3::int ELSE 0 END, $7::int,
+                        $2, $4, $5, $6::int, $8::int, $9::int8) g)"""
+        else:
+            claim_sql = f"""picked AS (
                     SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
-                        AND (SELECT open FROM gate)
+                        AND grp IS NULL AND (SELECT open FROM gate) AND NOT (SELECT grouped FROM ring)
                     ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
                 numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
                 claimed AS (
@@ -388,28 +427,43 @@ class PostgresJobs(PostgresFlows):
                         claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
                         started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
                     FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                    RETURNING n.priority, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
-                SELECT priority, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL FROM claimed
+                    RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)"""
+        rows = await self._one_statement(
+            f"""WITH q AS (
+                    SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
+                    FROM {self._s}.queues WHERE queue = $1),
+                due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
+                        WHERE queue = $1 AND state IN ('delayed', 'failing')),
+                ring AS (SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)
+                    OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2) AS grouped),
+                gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
+                            AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
+                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
+                {claim_sql}
+                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
-                    (SELECT paused FROM q)""",
+                    (SELECT paused FROM q), (SELECT grouped FROM ring),
+                    (SELECT min(due_ms) FROM {self._s}.group_sleep WHERE queue = $1)""",
             queue,
             now,
             max_jobs,
             worker_id,
             now + int(lease * 1000),
             start,
+            *(_group_args(limits) if grouped else []),
         )
         info = rows[-1]
-        due, hold, paused = info[7], info[8] or 0.0, info[9]
+        due, hold, paused, ring = info[7], info[8] or 0.0, info[9], bool(info[10])
         claimed = [r for r in rows if r[2] is not None]
         if claimed:
-            claimed.sort(key=lambda r: (r[0], r[1]))
-            return [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None
+            claimed.sort(key=lambda r: r[0])
+            return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None), ring
         if due is not None and due <= now and not paused:
-            return None  # due jobs to promote: the general path
-        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None) if t]
-        return [], min(candidates) if candidates else None
+            return None, ring  # due jobs to promote: the general path
+        rest = None if info[11] is None else info[11] / 1000  # a group over its rate may be claimed then
+        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None, rest) if t]
+        return ([], min(candidates) if candidates else None), ring
 
     async def _one_statement(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         async with self.conn() as conn:

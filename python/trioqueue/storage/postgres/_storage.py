@@ -207,6 +207,43 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
         async with self.conn() as conn:
             return bool(await conn.fetchval(f"SELECT paused FROM {self._s}.queues WHERE queue = $1", queue))
 
+    # -- groups (the ring and its triggers: migration 3 of _schema.py) ---------------------
+
+    supports_groups = True
+    supports_group_rate = True
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        async with self.tx(queue) as conn:
+            if paused:
+                changed = await conn.fetchval(
+                    f"INSERT INTO {self._s}.paused_groups VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING true", queue, group
+                )
+            else:
+                changed = await conn.fetchval(
+                    f"DELETE FROM {self._s}.paused_groups WHERE queue = $1 AND grp = $2 RETURNING true", queue, group
+                )
+                if changed:  # back in the rings (it left them while paused), and claimers wake
+                    await conn.execute(f"SELECT {self._s}.group_requeue($1, $2)", queue, group)
+                    await self.publish(conn, queue, [], wake=True)
+        return bool(changed)
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(f"SELECT grp FROM {self._s}.paused_groups WHERE queue = $1 ORDER BY grp", queue)
+        return [r[0] for r in rows]
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        async with self.conn() as conn:
+            rows = await conn.fetch(
+                f"""SELECT coalesce(grp, ''), state, count(*) FROM {self._s}.jobs
+                    WHERE queue = $1 AND state IN ('queued', 'processing') GROUP BY 1, 2""",
+                queue,
+            )
+        out: dict[str, dict[str, int]] = {}
+        for group, state, n in rows:
+            out.setdefault(group, {"queued": 0, "processing": 0})[state] = int(n)
+        return out
+
     # -- leader locks ------------------------------------------------------------------
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:

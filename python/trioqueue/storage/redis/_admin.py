@@ -112,6 +112,7 @@ class RedisAdmin:
                 None if r[7] is None else _text(r[7]),
                 r[8],
                 int(r[9]),
+                group=None if not r[10] else _text(r[10]),
             )
             for r in recs
         ]

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,8 +27,10 @@ def enqueue_args(job: NewJob) -> list[Any]:
     """The five ARGV fields of ``job`` in ``enqueue.lua`` (and ``schedule_tick.lua``)."""
     run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
     limits = f"{job.max_attempts}:{_ms(job.result_ttl)}"
-    if job.priority != DEFAULT_PRIORITY:
+    if job.priority != DEFAULT_PRIORITY or job.group is not None:
         limits += f":{job.priority}"
+    if job.group is not None:
+        limits += f":{job.group}"
     return [job.id, job.envelope, limits, job.token, run_at]
 
 
@@ -66,6 +70,37 @@ class RedisControl:
     async def set_paused(self, queue: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         return bool(await self._run("pause", queue, ["1" if paused else "0"]))
+
+    supports_groups = True
+    supports_group_rate = True
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._run("group_pause", queue, [group, "1" if paused else "0"]))
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        names = await self._transport.command(["SMEMBERS", self._base(queue) + ":gpaused"])
+        return sorted(n.decode("utf-8", "surrogatepass") for n in names or ())
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        """Scans the queue's active jobs' metadata (HSCAN, a page at a time)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        base = self._base(queue)
+        out: dict[str, dict[str, int]] = {}
+        cursor = b"0"
+        while True:
+            cursor, flat = await self._transport.command(["HSCAN", base + ":meta", cursor, "COUNT", "1000"])
+            ids, metas = flat[0::2], flat[1::2]
+            states = await self._transport.command(["HMGET", base + ":jobs", *ids]) if ids else []
+            for raw, st in zip(metas, states, strict=True):
+                kind = (st or b"").split(b":", 1)[0].decode()
+                if kind in ("queued", "processing"):
+                    group = json.loads(raw).get("g") or ""
+                    counts = out.setdefault(group, {"queued": 0, "processing": 0})
+                    counts[kind] += 1
+            if cursor in (b"0", 0, "0"):
+                return out
 
     async def is_paused(self, queue: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -89,7 +89,7 @@ class RedisEnqueue:
                 script = "enqueue_plain"  # unless a job has another priority (its lane's key)
                 for job in chunk:
                     args += enqueue_args(job)
-                    if job.priority != DEFAULT_PRIORITY:
+                    if job.priority != DEFAULT_PRIORITY or job.group is not None:
                         script = "enqueue"
                 reply = await self._run_shielded(script, queue, args)
                 outcomes += [_outcome(item) for item in reply]

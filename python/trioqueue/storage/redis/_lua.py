@@ -80,6 +80,15 @@ QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
     ("TREE", "tree"),  # hash id -> JSON of a tree's job: pa parent, ch children, po on_child_failure, t result TTL (ms)
     ("TNOTES", "tree_notes"),  # set of notes of trees' jobs to act on (include tree: tree_note)
     ("TQS", "tree_queues"),  # set: the queues trees with a job on this queue span (absent: this one only)
+    # groups (include groups): ready entries of grouped jobs, rings of groups, claimed jobs
+    # per group, paused groups (groups out of the rings for their limit: fields b:<group>
+    # of the flow hash)
+    ("GREADY", "gready"),  # zset (lex) <priority><group>\0<order><entry> of grouped ready jobs
+    ("RING", "ring"),  # zset '<priority>:<group>' -> priority * 2**44 + turn ('<p>:': the ungrouped lane)
+    ("GRUN", "grun"),  # zset (lex) <group>\0<id> of the claimed jobs of groups
+    ("GPAUSED", "gpaused"),  # set of paused groups
+    ("GRATE", "grate"),  # zset (lex) <group>\0<ms: 13 hex>\0<id> of recent claims of groups (group_rate)
+    ("GSLEEP", "gsleep"),  # zset group -> ms its next token is due, of groups over their rate
 )
 QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 
@@ -118,6 +127,8 @@ SCRIPT_NAMES = (
     "flow_enqueue",
     "flow_add",
     "tree_act",
+    "group_pause",
+    "group_requeue",
 )
 
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)

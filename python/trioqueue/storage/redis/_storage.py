@@ -305,7 +305,8 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
         reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
         args = [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
         if limits is not None:
-            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency)]
+            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency), str(limits.group_concurrency)]
+            args += [str(limits.group_rate), str(_ms(limits.group_per))]
         return args
 
     def _claimed(
@@ -428,9 +429,13 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
                 meta = metas[s.kind, s.ttl, s.delay, s.keep] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}:{keep}"
             args += [s.id, s.data, meta, s.token]
         reply = await self._run_shielded("settle", queue, args, worker_id)
-        if len(reply) > len(settlements):  # a job of a tree ended or waits: its tree next
-            await self._tree_act(queue)
+        if len(reply) > len(settlements):
+            extra = reply[len(settlements) :]
             reply = reply[: len(settlements)]
+            if not isinstance(extra[0], list):  # 'tree': a job of a tree ended or waits: its tree next
+                await self._tree_act(queue)
+            if isinstance(extra[-1], list):  # groups whose slot was freed while full: back in the rings
+                await self._run_shielded("group_requeue", queue, extra[-1])
         return [bool(x) for x in reply]
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
@@ -515,7 +520,7 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
 
 def _job_record(queue: str, job_id: str, r: Sequence[Any]) -> JobRecord:
     """A record from the reply of the ``get_job`` script (or one item of ``get_jobs``'s)."""
-    state, created, attempts, max_attempts, result, error, token, progress, priority, *rest = r
+    state, created, attempts, max_attempts, result, error, token, progress, priority, group, *rest = r
     tree = json.loads(rest[0]) if rest and rest[0] else {}
     return JobRecord(
         job_id,
@@ -530,4 +535,5 @@ def _job_record(queue: str, job_id: str, r: Sequence[Any]) -> JobRecord:
         int(priority),
         None if "pa" not in tree else (str(tree.get("pq", queue)), str(tree["pa"])),
         len(tree.get("ch", ())),
+        None if not group else _text(group),
     )

@@ -3,6 +3,7 @@
 -- Returns per job {'q'} | {'d', state, token} | {'c', state, result, token}.
 -- The work is the fragment enqueue's (schedule_tick.lua runs it too).
 --@include prelude
+--@include groups
 --@include delay
 local A = 1  -- the call token's position in ARGV
 --@include enqueue

@@ -7,6 +7,7 @@
 -- first); then the jobs as for enqueue. Returns {'lost'} (the claim is not held: nothing
 -- written), {'exists', id} or {'ok'}.
 --@include prelude
+--@include groups
 --@include delay
 --@include queues
 set_queues(cjson.decode(ARGV[7]))  -- (a statement first: the locals below are the call's own)

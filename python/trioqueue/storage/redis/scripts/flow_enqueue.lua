@@ -8,6 +8,7 @@
 -- {'exists', id} (a child's id is known: nothing written) or {'ok'}. Parents enter
 -- 'waiting_children' (their ready-list entries go stale: a new one when they are queued).
 --@include prelude
+--@include groups
 --@include delay
 --@include queues
 set_queues(cjson.decode(ARGV[3]))  -- (a statement first: the locals below are the call's own)

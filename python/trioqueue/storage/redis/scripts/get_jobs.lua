@@ -7,7 +7,7 @@ for i = 1, #ARGV do
   local id = ARGV[i]
   expired(id, now)
   local r = report(id)
-  if r then r[10] = redis.call('HGET', TREE, id) or false end
+  if r then r[11] = redis.call('HGET', TREE, id) or false end
   out[i] = r or false
 end
 return out

@@ -36,11 +36,11 @@ for i = 1, #got, 2 do
   if score < lo then break end
   if #recs == limit then
     local last = recs[#recs]
-    nxt_ms, nxt_id = last[11], last[1]
+    nxt_ms, nxt_id = last[12], last[1]
     break
   end
-  local r = report(id) or {'', '0', '0', '0', false, false, false, false, DEFAULT_PRIORITY}
-  recs[#recs + 1] = {id, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tostring(r[9]), istr(score - lo)}
+  local r = report(id) or {'', '0', '0', '0', false, false, false, false, DEFAULT_PRIORITY, false}
+  recs[#recs + 1] = {id, r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tostring(r[9]), r[10], istr(score - lo)}
 end
-for _, r in ipairs(recs) do r[11] = nil end
+for _, r in ipairs(recs) do r[12] = nil end
 return {recs, nxt_ms, nxt_id}

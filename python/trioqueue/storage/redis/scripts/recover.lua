@@ -4,6 +4,7 @@
 -- Returns {{id, 'requeued'|'failed'|'cancelled'}..., next deadline ms or false, how many
 -- notes of trees of jobs TNOTES holds (the caller runs tree_act: a crash may have left some)}.
 --@include prelude
+--@include groups
 --@include promote
 --@include cancel
 --@include flow_free
@@ -14,6 +15,7 @@ for i = 1, #ARGV do lists[ARGV[i]] = KEYS[QK + i] end
 promote(now)
 local function recover(id, m, W)
   redis.call('ZREM', L, id)
+  group_left(id, m, FLOW)
   ev('stalled', id, W, nil, nil, m.i)
   m.w = nil
   m.l = nil
@@ -25,9 +27,7 @@ local function recover(id, m, W)
     m.s = nil
     setm(id, m)
     setst(id, 'queued:' .. now)
-    local LANE = lane_of(m)
-    redis.call('RPUSH', LANE, m.k .. ':' .. id)
-    pushed_to(m)
+    push_ready(m, m.k .. ':' .. id, false)
     ev('requeued', id, W, nil, nil, m.i)
     rec[#rec + 1] = {id, 'requeued'}
   else
@@ -76,9 +76,7 @@ for W, P in pairs(lists) do
       end
     end
     for i = #back, 1, -1 do
-      local LANE = lane_of(back[i][2])
-      redis.call('LPUSH', LANE, back[i][1])
-      pushed_to(back[i][2])
+      push_ready(back[i][2], back[i][1], true)
     end
     -- a dead worker holding nothing leaves the registry
     if alive then redis.call('ZREM', WK, W) end

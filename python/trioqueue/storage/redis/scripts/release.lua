@@ -6,6 +6,7 @@
 -- Returns how many went back ({n, 'tree'} if a job of a tree of jobs ended: the caller
 -- runs tree_act).
 --@include prelude
+--@include groups
 --@include cancel
 --@include front
 --@include flow_free
@@ -35,6 +36,7 @@ for i = 3, #ARGV do
       if m and tok == tostring(m.k) then
         if starts(st, 'processing:') and m.w == W then
           redis.call('ZREM', L, id)
+          group_left(id, m, FLOW)
           if m.x == 1 then
             cancel_claimed(id, m, now, W)
           else

@@ -4,6 +4,7 @@
 -- job exactly as enqueue.lua does (the same fragment), then record the tick; returns 1.
 -- Otherwise changes nothing; returns 0.
 --@include prelude
+--@include groups
 --@include delay
 if redis.call('HEXISTS', SCHED, ARGV[1]) == 0 then return 0 end
 local last = redis.call('HGET', SCHED_LAST, ARGV[1])

@@ -1,8 +1,10 @@
 -- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash.
 -- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l>:<ttl_ms>:<delay_ms>:<keep>',
 -- claim token) per settlement (keep: '' or Settlement.keep, count-based retention: the
--- completed/failed jobs past the newest <keep> are forgotten at the end of this call). Returns a list of 1 (settled, or already settled by this claim)
--- / 0 (fenced: the claim is not the job's current one in this worker's list).
+-- completed/failed jobs past the newest <keep> are forgotten at the end of this call).
+-- Returns a list of 1 (settled, or already settled by this claim) / 0 (fenced: the claim
+-- is not the job's current one in this worker's list), then 'tree' if a job of a tree
+-- ended, then the groups to put back in the rings if any.
 -- Reads the registry in one HMGET per hash and writes each hash once for the whole
 -- batch; only the processing-list removal is per job.
 --@include prelude
@@ -18,6 +20,7 @@ local out = {}
 local wake = false
 local hold = 0  -- RateLimited: no claim before this (ms)
 local freed = false
+local regroup = {}  -- groups whose slot this call freed while they were full (include groups)
 local ids = {}
 for i = 3, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
 local sts, metas = {}, {}
@@ -64,6 +67,7 @@ for j, id in ipairs(ids) do
       local k = kind == 'c' and 'completed' or 'failed'
       if not keeps[k] or spec[4] < keeps[k] then keeps[k] = spec[4] end
     end
+    if m.g and redis.call('HDEL', FLOW, 'b:' .. m.g) == 1 then regroup[#regroup + 1] = m.g end
     if kind == 'l' or kind == 'w' then
       if m.s == 1 then m.a = m.a - 1 end  -- rate limited, or waiting: the attempt did not happen
     elseif m.s ~= 1 and kind ~= 'x' then
@@ -169,4 +173,5 @@ if freed then slot_freed() end
 due_flush()
 flush()
 if trees then out[#out + 1] = 'tree' end  -- (the caller runs tree_act)
+if #regroup > 0 then out[#out + 1] = regroup end  -- (the caller runs group_requeue)
 return out

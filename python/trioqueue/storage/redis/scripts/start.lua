@@ -4,6 +4,7 @@
 -- (its attempt never counted). A last 'tree' if a job of a tree of jobs ended (cancelled):
 -- the caller runs tree_act.
 --@include prelude
+--@include groups
 --@include cancel
 --@include front
 local P = KEYS[QK + 1]
@@ -20,6 +21,7 @@ for i = 2, #ARGV, 2 do
   elseif m.x == 1 and m.s ~= 1 then
     redis.call('LREM', P, '1', m.k .. ':' .. id)
     redis.call('ZREM', L, id)
+    group_left(id, m, nil)  -- (no prefetch under group_concurrency: no group is marked full)
     cancel_claimed(id, m, now, W)
     out[#out + 1] = 0
   else
@@ -28,6 +30,7 @@ for i = 2, #ARGV, 2 do
       local e = m.k .. ':' .. id
       redis.call('LREM', P, '1', e)
       redis.call('ZREM', L, id)
+      group_left(id, m, nil)
       requeue_front(id, m, e, now, W)
       out[#out + 1] = 0
     else

@@ -4,6 +4,7 @@
 -- (trees with a job on these queues span those too: nothing done, call again with them
 -- declared) or 1.
 --@include prelude
+--@include groups
 --@include queues
 --@include tree
 set_queues(ARGV)

@@ -1,6 +1,6 @@
 -- The body of enqueue.lua, shared with schedule_tick.lua (include delay first) (a tick's job is enqueued
 -- exactly as an enqueue call's). Needs A: the position in ARGV of the call token,
--- followed by (id, envelope, '<max_attempts>:<result_ttl_ms>[:<priority>]',
+-- followed by (id, envelope, '<max_attempts>:<result_ttl_ms>[:<priority>[:<group>]]',
 -- incarnation token, run-at ms or '') per job. Leaves the outcomes in out (see
 -- enqueue.lua). Reads the registry in one HMGET and writes each hash in one HSET per
 -- 500 jobs: a redis.call per job and hash would cost more than the work itself.
@@ -16,6 +16,7 @@ local out = {}
 local seen = {}
 local fresh = {}  -- entries for Q (the default priority)
 local lanes = {}  -- priority -> entries for the other lanes
+local grouped = {}  -- {metadata, entry} of the jobs of groups
 local w_env, w_meta, w_jobs = {}, {}, {}
 local call_json = cjson.encode(call)
 -- One INCRBY reserves an entry token per job of the batch (unused ones are skipped).
@@ -36,6 +37,11 @@ for j = 1, n do
     local mx, ttl = split(ARGV[i + 2])
     local ttl2, prio = split(ttl)
     if prio then ttl = ttl2 end
+    local grp = nil
+    if prio then
+      local p2, g2 = split(prio)
+      if p2 then prio, grp = p2, g2 end
+    end
     prio = tonumber(prio) or DEFAULT_PRIORITY
     local run_at = tonumber(ARGV[i + 4])
     w_env[#w_env + 1] = id
@@ -43,13 +49,16 @@ for j = 1, n do
     w_meta[#w_meta + 1] = id
     w_meta[#w_meta + 1] = '{"a":0,"m":' .. mx .. ',"t":' .. ttl .. ',"k":"' .. tokstr .. '","c":"' .. nows .. '"' ..
       ',"q":' .. call_json .. ',"i":' .. cjson.encode(ARGV[i + 3]) ..
-      (prio ~= DEFAULT_PRIORITY and (',"p":' .. istr(prio) .. '}') or '}')
+      (prio ~= DEFAULT_PRIORITY and (',"p":' .. istr(prio)) or '') ..
+      (grp and (',"g":' .. cjson.encode(grp) .. '}') or '}')
     if run_at and run_at > now then
       st = 'delayed:' .. nows .. ':' .. istr(run_at)
       to_delayed(id, run_at)
     else
       st = 'queued:' .. nows
-      if prio == DEFAULT_PRIORITY then
+      if grp then
+        grouped[#grouped + 1] = {{p = prio, g = grp}, tokstr .. ':' .. id}
+      elseif prio == DEFAULT_PRIORITY then
         fresh[#fresh + 1] = tokstr .. ':' .. id
       else
         if not lanes[prio] then lanes[prio] = {} end
@@ -93,6 +102,21 @@ for p, entries in pairs(lanes) do
   for i = 1, #entries, 1000 do
     redis.call('RPUSH', LANE, unpack(entries, i, math.min(i + 999, #entries)))
   end
+end
+if #grouped > 0 then  -- (push_ready's writes, batched: one INCRBY, a ZADD per 500)
+  local n0 = redis.call('INCRBY', SEQ, #grouped) - #grouped
+  local z, joins, seen_g = {}, {}, {}
+  for k, ge in ipairs(grouped) do
+    local pre = istr(ge[1].p) .. ge[1].g
+    z[#z + 1] = '0'
+    z[#z + 1] = pre .. '\0' .. string.format('%013x', GBASE + n0 + k) .. ge[2]
+    if not seen_g[pre] then
+      seen_g[pre] = true
+      joins[#joins + 1] = ge[1]
+    end
+  end
+  for i = 1, #z, 1000 do redis.call('ZADD', GREADY, unpack(z, i, math.min(i + 999, #z))) end
+  for _, m in ipairs(joins) do ring_join(m.p, m.g) end
 end
 due_flush()
 flush()

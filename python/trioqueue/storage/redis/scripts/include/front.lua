@@ -14,8 +14,6 @@ end
 -- push what requeue_front (or a caller, for entries never claimed) put in FRONT
 local function push_front()
   for i = #FRONT, 1, -1 do
-    local LANE = lane_of(FRONT[i][2])
-    redis.call('LPUSH', LANE, FRONT[i][1])
-    pushed_to(FRONT[i][2])
+    push_ready(FRONT[i][2], FRONT[i][1], true)
   end
 end

@@ -112,7 +112,8 @@ local function starts(s, p) return s and string.sub(s, 1, #p) == p end
 -- a job's metadata: a attempts, m max_attempts, t result TTL (ms), k ready-list entry
 -- token, c created (ms), w worker holding it, q enqueue-call token, i incarnation token,
 -- l claim token (i .. '.' .. n, or absent), n claims, s started (1: attempt counted),
--- x cancel requested (1), p priority (absent: the default). n, s and x are left out
+-- x cancel requested (1), p priority (absent: the default), g group (absent: none; a
+-- terminal record keeps it after its call token, see record). n, s and x are left out
 -- while 0 (older versions wrote them: both read the same): every number costs cjson a
 -- '%.14g' printf to write and a strtod to read. k and c are kept as JSON
 -- strings of digits (older entries: numbers; both read the same through tostring and
@@ -152,7 +153,14 @@ local function unrec(rec)
   local m = {a = tonumber(f[1]), m = tonumber(f[2]), t = tonumber(f[3]), c = ms - tonumber(f[4]),
     n = math.abs(n), p = tonumber(f[6]), i = i}
   if n > 0 then m.l = i .. '.' .. istr(n) end
-  if f[7] ~= '' then m.q = f[7] end
+  if f[7] ~= '' then
+    local bar = string.find(f[7], '|', 1, true)  -- '<call token>|<group as hex>' (groups)
+    if bar then
+      m.g = string.gsub(string.sub(f[7], bar + 1), '%x%x', function(h) return string.char(tonumber(h, 16)) end)
+      f[7] = string.sub(f[7], 1, bar - 1)
+    end
+    if f[7] ~= '' then m.q = f[7] end
+  end
   return st, m, string.sub(rec, c + ilen + 1)
 end
 -- a registry value as the state string callers see
@@ -177,7 +185,8 @@ local function record(st, m, payload)
   -- concatenated, not string.format: its '%d' and '%s' each cost a sprintf call
   return head[1] .. istr(m.a or 0) .. ',' .. istr(m.m or 1) .. ',' .. (head[3] and '' or istr(m.t or 0)) .. ',' ..
     istr(ms - (m.c or ms)) .. ',' .. istr((m.l and n > 0) and n or -n) .. ',' .. (m.p and istr(m.p) or '') .. ',' ..
-    (m.q or '') .. ',' .. istr(#i) .. ':' .. i .. (payload or '')
+    (m.q or '') .. (m.g and ('|' .. string.gsub(m.g, '.', function(ch) return string.format('%02x', string.byte(ch)) end)) or '') ..
+    ',' .. istr(#i) .. ':' .. i .. (payload or '')
 end
 -- metadata from a META value or, failing that, from a terminal record
 local function meta_of(raw, v)
@@ -297,7 +306,7 @@ local function terminal(id, m, now, ttl, st, payload)
   lower_sweep_at(now + ttl)
 end
 -- what get_job and list_jobs report of a job: false, or {state, created_ms, attempts,
--- max_attempts, result, error, token, progress, priority}
+-- max_attempts, result, error, token, progress, priority, group or false}
 local function report(id)
   local v = redis.call('HGET', JOBS, id)
   if not v then return false end
@@ -309,6 +318,6 @@ local function report(id)
     m = getm(id) or {}
   end
   return {st, tostring(m.c or 0), tostring(m.a or 0), tostring(m.m or 0), result,
-    redis.call('HGET', ERRORS, id), m.i or false, redis.call('HGET', PROGRESS, id), m.p or DEFAULT_PRIORITY}
+    redis.call('HGET', ERRORS, id), m.i or false, redis.call('HGET', PROGRESS, id), m.p or DEFAULT_PRIORITY, m.g or false}
 end
 local function state_kind(st) return string.sub(st, 1, (string.find(st, ':', 1, true) or 0) - 1) end

@@ -10,9 +10,7 @@ local function promote(now)
       m.k = istr(tok)
       setm(id, m)
       setst(id, 'queued:' .. istr(now))
-      local LANE = lane_of(m)
-      redis.call('RPUSH', LANE, m.k .. ':' .. id)
-      pushed_to(m)
+      push_ready(m, m.k .. ':' .. id, false)
       ev(starts(st, 'failing:') and 'requeued' or 'promoted', id, nil, nil, nil, m.i)
     end
   end

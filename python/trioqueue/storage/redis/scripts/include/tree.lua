@@ -126,9 +126,7 @@ local function tree_eval(q, p, now)
     m.k = istr(redis.call('INCR', SEQ))
     setm(p, m)
     setst(p, 'queued:' .. istr(now))
-    local LANE = lane_of(m)
-    redis.call('RPUSH', LANE, m.k .. ':' .. p)
-    pushed_to(m)
+    push_ready(m, m.k .. ':' .. p, false)
     ev('promoted', p, nil, nil, nil, m.i)
   end
   return true
