@@ -20,9 +20,11 @@ local out = {}
 local wake = false
 local hold = 0  -- RateLimited: no claim before this (ms)
 local freed = false
-local regroup = {}  -- groups whose slot this call freed while they were full (include groups)
 local ids = {}
 for i = 3, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+-- (after the first statement: a local of the Function's body, not one of its upvalues,
+-- which Lua caps at 60; see _lua.library)
+local regroup = {}  -- groups whose slot this call freed while they were full (include groups)
 local sts, metas = {}, {}
 for i = 1, #ids, 1000 do
   local s = redis.call('HMGET', JOBS, unpack(ids, i, math.min(i + 999, #ids)))
