@@ -1,6 +1,6 @@
 """The model walk's records of what it did (the incarnations it enqueued, the handler
-runs it saw, its consumers) and the flow limits its consumers share, for
-``test_model.py``."""
+runs it saw, its consumers), the flow limits its consumers share, and how many tasks
+run, for ``test_model.py``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class Run:
     attempt: int
     returned: bool = False
     incarnation: Incarnation | None = None  # the job id's latest when the handler began
+    group: str | None = None  # the job's group (fair queuing), from its payload
     began: float = 0.0  # wall clock
     not_before: float | None = None  # a delayed job's due time (at the latest)
     ended: float = math.inf  # wall clock: when the handler returned, raised or was cancelled
@@ -50,6 +51,20 @@ class Flow:
 
     rate: RateLimit | None = None
     concurrency: int | None = None
+    group_concurrency: int | None = None
 
     def settings(self) -> dict[str, Any]:
-        return {"rate_limit": self.rate, "global_concurrency": self.concurrency}
+        return {"rate_limit": self.rate, "global_concurrency": self.concurrency, "group_concurrency": self.group_concurrency}
+
+
+def live_tasks() -> int:
+    """Tasks started under the current one (a client library's own system tasks, such as
+    valkey-glide's, are not ours to judge)."""
+    count = 0
+    todo = [trio.lowlevel.current_task()]
+    while todo:
+        task = todo.pop()
+        count += 1
+        for nursery in task.child_nurseries:
+            todo.extend(nursery.child_tasks)
+    return count

@@ -155,6 +155,25 @@ class RecordChecks:
                         f"before attempt {a.attempt} on {a.worker} ended"
                     )
 
+    def check_group_overlaps(self) -> None:
+        """``group_concurrency=1``: two handlers of one group never run at the same time
+        (a group's slot comes back only when its job is settled, released or recovered,
+        and a worker cancels a handler before its lease can be recovered)."""
+        if self.flow.group_concurrency != 1:
+            return
+        by_group: dict[str, list[Run]] = {}
+        for run in self.runs:
+            if run.group is not None:
+                by_group.setdefault(run.group, []).append(run)
+        for group, runs in by_group.items():
+            runs.sort(key=lambda r: r.began)
+            for a, b in zip(runs, runs[1:]):
+                if b.began < a.ended - DUE_SLACK:
+                    self.fail(
+                        f"group {group}: {b.job_id} (attempt {b.attempt} on {b.worker}) began "
+                        f"{a.ended - b.began:.3f} s before {a.job_id} (attempt {a.attempt} on {a.worker}) ended"
+                    )
+
     def check_due(self) -> None:
         for run in self.runs:
             if run.not_before is not None and run.began < run.not_before - DUE_SLACK:

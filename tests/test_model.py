@@ -9,8 +9,9 @@ storage is a :class:`~trioqueue.testing.FaultyStorage` that fails, delays and ca
 calls (cancellations act as forced stops at that very call). The seed also decides whether
 the walk's consumers all share a ``rate_limit`` and/or a ``global_concurrency``, and
 whether a periodic schedule is registered, whose ticks the consumers' (leader-elected)
-reapers enqueue, and whether the consumers run batch handlers (each job of a batch
-settled on its own). Under the faulty layers a pass-through (:class:`Recording`) records every
+reapers enqueue, whether the consumers run batch handlers (each job of a batch settled
+on its own), and whether jobs have groups (fair queuing), at most one of a group
+running at a time in some walks. Under the faulty layers a pass-through (:class:`Recording`) records every
 storage call that moves a job, with what it returned. After every step and at the end it
 checks the invariants of a reliable queue:
 
@@ -25,7 +26,8 @@ checks the invariants of a reliable queue:
 - no handler run of a delayed job begins before its due time (a few ms of clock
   granularity aside);
 - two handlers of one job id never run at the same time (a worker that lost its lease,
-  or could not renew it in time, cancelled its handler first);
+  or could not renew it in time, cancelled its handler first); with
+  ``group_concurrency=1``, two handlers of one group neither;
 - priorities: the claims of one ``dequeue`` come in priority order, and no ``dequeue``
   claims a job while a job of a lower priority number was surely in the ready list from
   before the call began until after it ended (see :meth:`Walk.check_priorities` for what
@@ -79,7 +81,7 @@ from trioqueue import (
 )
 from trioqueue.testing import FaultPlan, FaultyStorage
 
-from model_parts import Consumer, Flow, Incarnation, Run
+from model_parts import Consumer, Flow, Incarnation, Run, live_tasks
 from model_record import LEASE, SCHEDULE, Call, RecordChecks, Recording
 
 TERMINAL = ("completed", "failed", "cancelled")
@@ -132,7 +134,11 @@ class Walk(RecordChecks):
         # What this walk exercises (decided by the seed).
         rate = RateLimit(self.rng.randint(2, 4), per=self.rng.uniform(0.1, 0.3)) if self.rng.random() < 0.3 else None
         concurrency = self.rng.randint(1, 3) if self.rng.random() < 0.3 else None
-        self.flow = Flow(rate, concurrency)
+        # Groups: their own draws (every seed's other choices stay): jobs in a few groups,
+        # and in some walks at most one job of a group at a time
+        self.grng = random.Random(f"{seed}-groups")
+        self.grouped = self.grng.random() < 0.4
+        self.flow = Flow(rate, concurrency, 1 if self.grouped and self.grng.random() < 0.5 else None)
         self.over_cap: list[int] = []
         if concurrency is not None:
             self.rec.after_claim = self.sample_processing
@@ -154,6 +160,7 @@ class Walk(RecordChecks):
             job.worker_id,
             job.attempts,
             incarnation=incs[-1] if incs else None,
+            group=job.payload.get("g"),
             began=time.time(),
             not_before=job.payload.get("due"),
         )
@@ -282,6 +289,8 @@ class Walk(RecordChecks):
         if due is not None:
             payload["due"] = due
         options = {"priority": self.priorities[job_id], **when}
+        if self.grouped and (group := self.grng.choice(["g1", "g2", "g3", None])) is not None:
+            payload["g"] = options["group"] = group
         if wait:
             outcome: list[Any] = []
             self.waiters.append((job_id, None, outcome))
@@ -465,23 +474,10 @@ class Walk(RecordChecks):
                 self.fail(f"waiter of {job_id} ({inc.token}) got {what}, its incarnation ended {final}")
 
 
-def _live_tasks() -> int:
-    """Tasks started under the current one (a client library's own system tasks, such as
-    valkey-glide's, are not ours to judge)."""
-    count = 0
-    todo = [trio.lowlevel.current_task()]
-    while todo:
-        task = todo.pop()
-        count += 1
-        for nursery in task.child_nurseries:
-            todo.extend(nursery.child_tasks)
-    return count
-
-
 async def _walk(storage: Storage, seed: int) -> None:
     name = f"model-{seed}"
     walk = Walk(storage, seed, name)
-    baseline = _live_tasks()
+    baseline = live_tasks()
     async with storage, trio.open_nursery() as nursery:
         producer_storage = FaultyStorage(walk.rec, PRODUCER_FAULTS, seed=seed)
         producer: Queue[Any, Any] = Queue(producer_storage, name=name, result_ttl=TTL)
@@ -562,11 +558,12 @@ async def _walk(storage: Storage, seed: int) -> None:
         while walk.consumers:
             await walk.stop_consumer("graceful")
         producer.stop()
-    if _live_tasks() > baseline:
-        walk.fail(f"{_live_tasks() - baseline} task(s) left running after the queues exited")
+    if live_tasks() > baseline:
+        walk.fail(f"{live_tasks() - baseline} task(s) left running after the queues exited")
     walk.check_due()
     walk.check_priorities()
     walk.check_overlaps()
+    walk.check_group_overlaps()
     walk.check_trees()
     walk.check_pause()
     walk.check_flow()

@@ -127,6 +127,10 @@ class _FaultyBase(Storage):
         self.enabled = True  # False: a transparent wrapper
         self.dead = False  # True: every call fails before reaching the backend (a lost server)
         self.cancel_scope: trio.CancelScope | None = None  # what cancellation faults cancel
+        # What the wrapped storage can do, it can (its calls pass through).
+        self.supports_groups = inner.supports_groups
+        self.supports_group_rate = inner.supports_group_rate
+        self.supports_transactions = inner.supports_transactions
 
     def __repr__(self) -> str:
         return f"FaultyStorage({self.inner!r}, calls={self.calls}, faults={len(self.log)})"
