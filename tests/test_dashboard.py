@@ -209,3 +209,29 @@ async def test_dashboard_in_a_real_browser(browser: WebDriver, storages: tuple[S
         assert await in_browser(page.no_alert)
 
         dashboard.stop()
+
+
+async def test_the_queue_page_shows_groups_and_pauses_one(browser: WebDriver, storages: tuple[Storage, Storage]) -> None:
+    """Groups (fair queuing) on the queue page: each group's queued and running jobs, and
+    a pause/resume button per group that stops and restarts the claiming of its jobs."""
+    producer_storage, dashboard_storage = storages
+    async with Queue(producer_storage, name="shop") as producer, trio.open_nursery() as nursery:
+        await producer.enqueue_many([(f"a{i}", i) for i in range(3)], group="acme")
+        await producer.enqueue("z0", 0, group="zeta")
+        await producer.enqueue("plain", 0)
+        dashboard = Dashboard(dashboard_storage, port=0)
+        [base] = await nursery.start(dashboard.run)
+        page = Page(browser, base)
+        await in_browser(lambda: page.open("/queue?name=shop&state=queued"))
+        assert (await in_browser(lambda: page.text('tr[data-group="acme"]'))).split()[:3] == ["acme", "3", "0"]
+        assert (await in_browser(lambda: page.text('tr[data-group="zeta"]'))).split()[:3] == ["zeta", "1", "0"]
+
+        await in_browser(lambda: page.click('tr[data-group="acme"] button[data-action="pause_group"]'))
+        await in_browser(lambda: page.until(lambda d: page.text("#notice").startswith("Group paused")))
+        await in_browser(lambda: page.until(lambda d: d.find_elements(By.CSS_SELECTOR, '[data-group-paused="acme"]')))
+        assert await producer.paused_groups() == ["acme"]
+
+        await in_browser(lambda: page.click('tr[data-group="acme"] button[data-action="resume_group"]'))
+        await in_browser(lambda: page.until(lambda d: page.text("#notice").startswith("Group resumed")))
+        assert await producer.paused_groups() == []
+        dashboard.stop()

@@ -33,7 +33,7 @@ STATES = [s.value for s in (
     JobState.COMPLETED,
     JobState.CANCELLED,
 )]
-ACTIONS = ("retry", "cancel", "remove", "purge", "clear", "pause", "resume")
+ACTIONS = ("retry", "cancel", "remove", "purge", "clear", "pause", "resume", "pause_group", "resume_group")
 PAGE_SIZES = (20, 50, 100)
 KEEPALIVE = 15.0
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
@@ -49,6 +49,10 @@ NOTICES = {
     "pause-no": "The queue was already paused.",
     "resume-ok": "Resumed.",
     "resume-no": "The queue was not paused.",
+    "pause-group-ok": "Group paused: its jobs are not claimed until it is resumed.",
+    "pause-group-no": "The group was already paused.",
+    "resume-group-ok": "Group resumed.",
+    "resume-group-no": "The group was not paused.",
 }
 
 
@@ -258,6 +262,7 @@ class DashboardApp:
             page_sizes=PAGE_SIZES,
             counts=self.hub.counts.get(queue.name, {}),
             paused=self.hub.paused.get(queue.name, False),
+            groups=await _groups(queue),
         )
 
     async def _job_detail(self, request: Request, session: str) -> Response:
@@ -401,6 +406,13 @@ class DashboardApp:
                 raise HTTPError(400, f"clear: confirm with the queue's name ({name!r}); nothing was cleared")
             cleared = await queue.clear()
             code, extra = "clear-ok", f"&n={cleared}"
+        elif action in ("pause_group", "resume_group"):
+            group = form.get("group", "")
+            try:
+                done = await (queue.pause_group(group) if action == "pause_group" else queue.resume_group(group))
+            except ValidationError as exc:
+                raise HTTPError(400, f"{action}: {exc}") from None
+            code = action.replace("_", "-") + ("-ok" if done else "-no")
         elif action == "pause":
             code = "pause-ok" if await queue.pause() else "pause-no"
         else:
@@ -454,6 +466,17 @@ class DashboardApp:
 
 def _quote(text: str) -> str:
     return quote(text, safe="/")
+
+
+async def _groups(queue: Any) -> list[tuple[str, int, int, bool]]:
+    """The queue page's groups: ``(group, queued, processing, paused)``, by name (none
+    where the storage has no groups). For a page load: it may scan the active jobs."""
+    if not queue.storage.supports_groups:
+        return []
+    counts = await queue.group_counts()
+    paused = set(await queue.paused_groups())
+    names = sorted((set(counts) - {""}) | paused)
+    return [(g, counts.get(g, {}).get("queued", 0), counts.get(g, {}).get("processing", 0), g in paused) for g in names]
 
 
 def _without_notice(request: Request) -> str:
