@@ -96,6 +96,7 @@ class RecordChecks:
     incarnations: dict[str, list[Any]]
     faulty_by_worker: dict[str, Any]
     trees: dict[str, list[str]]  # a tree's parent id -> its children's ids
+    job_groups: dict[str, str]  # a job id -> its group (jobs with one)
 
     def check_trees(self) -> None:
         """A parent never begins before every child of it has ended: no run of the
@@ -221,7 +222,8 @@ class RecordChecks:
 
         Not covered: a job whose enqueue raised (it may or may not be there), delayed jobs
         and retries (promoted at a time no call reports), jobs a ``start()`` refused and put
-        back (while paused), and FIFO order within a priority."""
+        back (while paused), jobs of groups under ``group_concurrency`` (passed over while
+        their group's slots are taken), and FIFO order within a priority."""
         prio = self._priority()
         dequeues = self.calls("dequeue")
         for c in dequeues:
@@ -230,12 +232,14 @@ class RecordChecks:
                 if [p for _, p in batch] != sorted(p for _, p in batch):
                     self.fail(f"one claim took jobs out of priority order: {batch} (worker {c.args[1]})")
         ready = self._ready_spans()
+        # with group_concurrency, a job of a group whose slots are all taken is passed over
+        capped = set(self.job_groups) if self.flow.group_concurrency else set()
         for c in dequeues:
             if not (c.ok and c.result):
                 continue
             worst = max(c.result, key=lambda claim: prio[claim.id])
             for job_id, spans in ready.items():
-                if prio[job_id] >= prio[worst.id]:
+                if prio[job_id] >= prio[worst.id] or job_id in capped:
                     continue
                 for since, until, e in spans:
                     if since < c.begin and until > c.end:

@@ -138,6 +138,7 @@ class Walk(RecordChecks):
         # and in some walks at most one job of a group at a time
         self.grng = random.Random(f"{seed}-groups")
         self.grouped = self.grng.random() < 0.4
+        self.job_groups: dict[str, str] = {}
         self.flow = Flow(rate, concurrency, 1 if self.grouped and self.grng.random() < 0.5 else None)
         self.over_cap: list[int] = []
         if concurrency is not None:
@@ -290,7 +291,7 @@ class Walk(RecordChecks):
             payload["due"] = due
         options = {"priority": self.priorities[job_id], **when}
         if self.grouped and (group := self.grng.choice(["g1", "g2", "g3", None])) is not None:
-            payload["g"] = options["group"] = group
+            payload["g"] = options["group"] = self.job_groups[job_id] = group
         if wait:
             outcome: list[Any] = []
             self.waiters.append((job_id, None, outcome))
