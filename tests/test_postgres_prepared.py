@@ -75,3 +75,16 @@ async def test_the_storage_option_reaches_every_connection(postgres_url: str) ->
             assert conn.prepare is False
     with pytest.raises(ValueError, match="prepared_statements must be on or off"):
         from_url("postgresql://u@h/db?prepared_statements=maybe")
+
+
+async def test_a_statement_with_a_long_array_runs_unprepared(postgres_url: str) -> None:
+    """A batch (an array parameter of more than a few items) is planned for its size."""
+    async with await Connection.connect(postgres_url) as conn:
+        sql = "SELECT cardinality($1::int[])"
+        for _ in range(3):
+            assert await conn.fetchval(sql, list(range(20))) == 20
+        assert await conn.fetchval(_COUNT) == 0
+        for _ in range(3):
+            assert await conn.fetchval(sql, [1, 2]) == 2
+        assert await conn.fetchval(_COUNT) == 1
+        assert await conn.fetchval(sql, list(range(20))) == 20  # (still unprepared: its own plan)
