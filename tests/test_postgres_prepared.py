@@ -70,9 +70,8 @@ async def test_the_storage_option_reaches_every_connection(postgres_url: str) ->
     assert from_url("postgresql://u@h/db").prepared_statements is True  # type: ignore[attr-defined]
     off = from_url(f"{postgres_url}?prepared_statements=off&schema=t_prep_off")
     assert off.prepared_statements is False  # type: ignore[attr-defined]
-    async with off:
-        async with off.pool.connection() as conn:  # type: ignore[attr-defined]
-            assert conn.prepare is False
+    async with off, off.pool.connection() as conn:  # type: ignore[attr-defined]
+        assert conn.prepare is False
     with pytest.raises(ValueError, match="prepared_statements must be on or off"):
         from_url("postgresql://u@h/db?prepared_statements=maybe")
 
