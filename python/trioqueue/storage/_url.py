@@ -31,8 +31,8 @@ def from_url(url: str, **options: Any) -> Storage:
       any Redis URL);
     - ``postgresql://[user[:password]@]host[:port]/dbname[?...]`` (or ``postgres://``) —
       :class:`~trioqueue.storage.postgres.PostgresStorage` (query parameters ``schema``,
-      ``synchronous_commit=on|off`` and ``call_timeout`` (seconds) set those options;
-      the others go to libpq).
+      ``synchronous_commit=on|off``, ``prepared_statements=on|off`` and ``call_timeout``
+      (seconds) set those options; the others go to libpq).
 
     Raises :class:`~trioqueue.ValidationError` naming the URL for anything else.
     """
@@ -86,7 +86,7 @@ def _postgres(url: str, options: dict[str, Any]) -> Storage:
         ) from exc
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in ("schema", "synchronous_commit", "call_timeout")}
+    ours = {k: v for k, v in query if k in ("schema", "synchronous_commit", "prepared_statements", "call_timeout")}
     if "call_timeout" in ours:
         try:
             ours["call_timeout"] = float(ours["call_timeout"])  # type: ignore[assignment]
@@ -94,11 +94,12 @@ def _postgres(url: str, options: dict[str, Any]) -> Storage:
             raise ValidationError(
                 f"call_timeout must be a number of seconds, got {ours['call_timeout']!r} in {url!r}"
             ) from None
-    if "synchronous_commit" in ours:
-        value = ours["synchronous_commit"].lower()
-        if value not in ("on", "off"):
-            raise ValidationError(f"synchronous_commit must be on or off, got {value!r} in {url!r}")
-        ours["synchronous_commit"] = value == "on"  # type: ignore[assignment]
+    for flag in ("synchronous_commit", "prepared_statements"):
+        if flag in ours:
+            value = ours[flag].lower()
+            if value not in ("on", "off"):
+                raise ValidationError(f"{flag} must be on or off, got {value!r} in {url!r}")
+            ours[flag] = value == "on"  # type: ignore[assignment]
     if ours:
         options = {**ours, **options}
         parts = parts._replace(query=urlencode([(k, v) for k, v in query if k not in ours]))

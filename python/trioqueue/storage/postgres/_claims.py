@@ -95,7 +95,7 @@ class PostgresClaims(PostgresJobs):
                         CASE WHEN octet_length(p.full) < 8000 THEN p.full
                              WHEN octet_length(p.slim) < 8000 THEN p.slim ELSE p.resync END)
                     FROM (SELECT * FROM payloads ORDER BY ord) p),
-                woke AS (SELECT pg_notify($12, '') FROM (SELECT 1 FROM upd LIMIT 1) x)
+                woke AS (SELECT pg_notify($12, 's') FROM (SELECT 1 FROM upd LIMIT 1) x)  -- 's': slots freed
                 SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM upd""",
             queue,
             now_ms(),

