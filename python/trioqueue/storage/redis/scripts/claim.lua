@@ -29,8 +29,11 @@ end
 local took = {}  -- entries claimed from the ready list, appended to P in one RPUSH
 local back = {}  -- entries a blocking move took while claiming is paused: they go back
 -- A job the blocking move took from Q (the default priority's lane) yields to queued
--- jobs of the lanes before Q: it goes back to the head of Q, and the lanes are scanned.
-local function urgent() return lanes_hold(1, DEFAULT_PRIORITY) end
+-- jobs of the lanes before Q, grouped ones included (a ring of a priority before it):
+-- it goes back to the head of Q, and the lanes are scanned.
+local function urgent()
+  return lanes_hold(1, DEFAULT_PRIORITY) or redis.call('ZCOUNT', RING, '0', istr(DEFAULT_PRIORITY * GK44 - 1)) > 0
+end
 local yield = false
 -- 'claim' | 'held' (already claimed by W: leave it) | 'stale' | 'back' | 'front'
 local function try(entry)
