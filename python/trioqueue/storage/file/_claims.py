@@ -36,11 +36,9 @@ from ._base import FileBase
 from ._limits import claim_allowance, count_claims, hold_claims, slot_freed
 from ._turns import GroupTurns
 from ._layout import (
-    _LANE_RECHECK,
     due_event,
     _Q,
     _close_on_error,
-    _is_lane_dir,
     _mtime,
     _ready_name,
     _seq_name,

@@ -552,3 +552,12 @@ __all__ += [
     "tmp_name",
     "write_segment",
 ]
+
+
+def _unlink(path: str) -> bool:
+    """Remove ``path``; False if it was not there."""
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..._model._types import MAX_PRIORITY
-from ._fsutil import encode_name, write_atomic
+from ._fsutil import _unlink, encode_name, write_atomic
 
 __all__ = ["GroupDisk", "group_marker"]
 
@@ -52,14 +52,6 @@ def group_marker(name: str, priority: int, group: str) -> str:
 
 def _touch(path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 class GroupDisk:

@@ -26,6 +26,7 @@ from .._base import (
     waiting_state,
 )
 from ._fsutil import Rec
+from ._fsutil import _unlink as _unlink  # re-exported: the parts import it from here
 from ._groups import GroupDisk, group_marker
 from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
 
@@ -119,14 +120,6 @@ def _job_record(r: Rec) -> JobRecord:
         r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority,
         r.parent, 0 if r.children is None else len(r.children), r.group,
     )  # fmt: skip
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _mtime(path: str) -> float | None:
