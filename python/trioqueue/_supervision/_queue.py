@@ -110,8 +110,7 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
     jobs (waiting at most ``batch_wait`` seconds to fill a batch), it returns one result
     per job, in order, or a :class:`BatchOutcome`; each job is settled on its own (see
     :mod:`trioqueue._supervision._batch`). ``concurrency`` batches run at once;
-    ``prefetch`` defaults to one batch per
-    worker.
+    ``prefetch`` defaults to one batch per worker.
 
     Retention: a finished job's result (or error) and record are kept ``result_ttl``
     seconds (``None``: for good, until purged, removed or cleared); ``keep_completed``
