@@ -78,6 +78,17 @@ async def test_cancelled_jobs_of_a_group_are_skipped(storage: Storage, queue_nam
     assert sorted(c for c in claimed if c) == ["a1", "b0"] and claimed[2] is None
 
 
+async def test_a_cancelled_grouped_job_enqueued_again_without_a_group_has_none(storage: Storage, queue_name: str) -> None:
+    """A new incarnation takes nothing of the cancelled one's group: it is claimed as a
+    job without a group, and its record says so."""
+    await storage.enqueue(queue_name, [gjob("x", "g")])
+    assert await storage.cancel(queue_name, "x") is CancelStatus.CANCELLED
+    await storage.enqueue(queue_name, [job("x")])
+    rec = await storage.get_job(queue_name, "x")
+    assert rec is not None and rec.group is None
+    assert await claim_one(storage, queue_name) == "x"
+
+
 async def test_the_record_has_the_group(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [gjob("g", "tenant-42"), gjob("n", None)])
     rec, plain = await storage.get_job(queue_name, "g"), await storage.get_job(queue_name, "n")

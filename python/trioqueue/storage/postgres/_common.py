@@ -25,7 +25,7 @@ from ._listen import Hub
 from ._pool import Pool
 from ._schema import check_schema_name, migrate
 
-__all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "now_ms", "record", "state_string"]
+__all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "new_incarnation", "now_ms", "record", "state_string"]
 
 # The columns read to build a JobRecord / state string, in this order.
 JOB_COLUMNS = (
@@ -37,6 +37,27 @@ TREE_RESET = (
     "parent_queue = NULL, parent_id = NULL, parent_token = NULL, child_seq = NULL, policy = NULL, pending = NULL,"
     " nchildren = 0, failed_ids = NULL, failed_errors = NULL"
 )
+# ... or taking the inserted row's place in its tree
+_TREE_TAKEN = (
+    "parent_queue = EXCLUDED.parent_queue, parent_id = EXCLUDED.parent_id, parent_token = EXCLUDED.parent_token,"
+    " child_seq = EXCLUDED.child_seq, policy = EXCLUDED.policy, pending = EXCLUDED.pending,"
+    " nchildren = EXCLUDED.nchildren, failed_ids = NULL, failed_errors = NULL"
+)
+
+
+def new_incarnation(now: str, *, tree: bool = False) -> str:
+    """An enqueue's ``ON CONFLICT (queue, id) DO UPDATE SET`` list: the row of a cancelled
+    or forgotten incarnation becomes the inserted one, every field from ``EXCLUDED`` or
+    reset (``now``: the parameter holding the call's time; ``tree``: the inserted row's
+    place in a tree too, else none)."""
+    return (
+        f"state = EXCLUDED.state, state_ms = {now}, created_ms = {now}, priority = EXCLUDED.priority,"
+        " grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms, token = EXCLUDED.token,"
+        " envelope = EXCLUDED.envelope, attempts = 0, max_attempts = EXCLUDED.max_attempts,"
+        " result_ttl = EXCLUDED.result_ttl, worker = NULL, claim = NULL, claims = 0, started = false,"
+        " lease_ms = NULL, cancel_requested = false, result = NULL, error = NULL, progress = NULL,"
+        f" expires_ms = NULL, {_TREE_TAKEN if tree else TREE_RESET}"
+    )
 
 _PAYLOAD_MAX = 7000  # NOTIFY payloads must stay under 8000 bytes
 _nonce = itertools.count()

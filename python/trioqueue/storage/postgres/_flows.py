@@ -21,7 +21,7 @@ from typing import Any
 from ..._model._errors import FlowError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_failed_error
-from ._common import JOB_COLUMNS, TREE_RESET, PostgresBase, now_ms, record
+from ._common import JOB_COLUMNS, PostgresBase, new_incarnation, now_ms, record
 from ._conn import Connection
 
 __all__ = ["PostgresFlows", "TreeJobTaken"]
@@ -200,19 +200,15 @@ class PostgresFlows(PostgresBase):
             else:
                 state = "queued"
             n = counts.get(key)
-            written = await conn.fetchval(  # (a job committed since the check is left alone)
+            # (a job committed since the check is left alone; a replaced row takes its place in the tree)
+            written = await conn.fetchval(
                 f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
                         token, envelope, max_attempts, result_ttl, parent_queue, parent_id, parent_token, child_seq,
                         policy, pending, nchildren, grp)
                     VALUES ($1, $2, $3, $4, $4, $5, nextval('{self.schema}.job_seq'), $6, $7, $8, $9, $10, $11, $12,
                         $13, CASE WHEN $12::text IS NULL THEN NULL ELSE nextval('{self.schema}.job_seq') END,
                         $14, $15, coalesce($15, 0), $16)
-                    ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $4, created_ms = $4,
-                        priority = EXCLUDED.priority, grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
-                        token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
-                        max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
-                        claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
-                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}
+                    ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$4', tree=True)}
                     WHERE j.state = 'cancelled' OR j.expires_ms <= $4
                     RETURNING true""",
                 fj.queue,
@@ -234,24 +230,6 @@ class PostgresFlows(PostgresBase):
             )
             if not written:
                 raise TreeJobTaken(key)
-            if n:  # (the upsert's reset cleared them on a replaced row: set them again)
-                await conn.execute(
-                    f"UPDATE {self._s}.jobs SET policy = $3, pending = $4, nchildren = $4 WHERE queue = $1 AND id = $2",
-                    fj.queue,
-                    job.id,
-                    fj.policy,
-                    n,
-                )
-            if fj.parent is not None:
-                await conn.execute(
-                    f"UPDATE {self._s}.jobs SET parent_queue = $3, parent_id = $4, parent_token = $5,"
-                    f" child_seq = coalesce(child_seq, nextval('{self.schema}.job_seq')) WHERE queue = $1 AND id = $2",
-                    fj.queue,
-                    job.id,
-                    fj.parent[0],
-                    fj.parent[1],
-                    tokens[fj.parent],
-                )
             events.add(fj.queue, StorageEvent("enqueued", job.id, token=job.token), wake=state == "queued")
             if run_at is not None:
                 events.add(fj.queue, StorageEvent("due", "", result=b"%d" % run_at))

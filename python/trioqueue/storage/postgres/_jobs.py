@@ -26,7 +26,7 @@ from .._base import (
     ttl_update_status,
 )
 from .._flowstate import FlowState
-from ._common import JOB_COLUMNS, TREE_RESET, now_ms, record, state_string
+from ._common import JOB_COLUMNS, new_incarnation, now_ms, record, state_string
 from ._conn import Connection, Notification
 from ._flows import PostgresFlows
 
@@ -83,12 +83,7 @@ class PostgresJobs(PostgresFlows):
                         INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq,
                             token, envelope, max_attempts, result_ttl)
                         VALUES ($1, $3, 'queued', $2, $2, $4, nextval('{self.schema}.job_seq'), $5, $6, $7, $8)
-                        ON CONFLICT (queue, id) DO UPDATE SET state = 'queued', state_ms = $2, created_ms = $2,
-                            priority = EXCLUDED.priority, seq = EXCLUDED.seq, run_at_ms = NULL,
-                            token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
-                            max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
-                            claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
-                            result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}
+                        ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$2')}
                         WHERE j.state = 'cancelled' OR j.expires_ms <= $2
                         RETURNING id),
                     sent AS (SELECT {notify} FROM ins)  -- (volatile: materialized, so evaluated)
@@ -156,12 +151,7 @@ class PostgresJobs(PostgresFlows):
                         u.seq, u.run_at, u.token, u.env, u.max, u.ttl, u.grp
                     FROM unnest($3::text[], $4::int2[], $5::int8[], $6::int8[], $7::text[], $8::bytea[], $9::int4[],
                                 $10::float8[], $11::text[]) AS u(id, priority, seq, run_at, token, env, max, ttl, grp)
-                    ON CONFLICT (queue, id) DO UPDATE SET state = EXCLUDED.state, state_ms = $2, created_ms = $2,
-                        priority = EXCLUDED.priority, grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms,
-                        token = EXCLUDED.token, envelope = EXCLUDED.envelope, attempts = 0,
-                        max_attempts = EXCLUDED.max_attempts, result_ttl = EXCLUDED.result_ttl, worker = NULL,
-                        claim = NULL, claims = 0, started = false, lease_ms = NULL, cancel_requested = false,
-                        result = NULL, error = NULL, progress = NULL, expires_ms = NULL, {TREE_RESET}
+                    ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$2')}
                     WHERE j.state = 'cancelled' OR j.expires_ms <= $2
                     RETURNING id""",
                 queue,
