@@ -24,15 +24,7 @@ for _, job in ipairs(tree) do
   local st = stpart(redis.call('HGET', JOBS, job.id))
   if st and not starts(st, 'cancelled:') then return {'exists', job.id} end
 end
-local groups = {}
-for j, job in ipairs(tree) do
-  local g = groups[job.q]
-  if not g then
-    g = {ARGV[6]}
-    groups[job.q] = g
-  end
-  for k = 1, 5 do g[#g + 1] = ARGV[7 + (j - 1) * 5 + k] end
-end
+local groups = tree_argv(tree, ARGV, ARGV[6], 7)
 for qi = 1, #QN do
   if groups[qi] then
     use_queue(QN[qi])

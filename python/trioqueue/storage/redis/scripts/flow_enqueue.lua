@@ -24,15 +24,7 @@ for j, job in ipairs(tree) do
   end
 end
 -- each queue's jobs as one enqueue call's
-local groups = {}
-for j, job in ipairs(tree) do
-  local g = groups[job.q]
-  if not g then
-    g = {ARGV[2]}
-    groups[job.q] = g
-  end
-  for k = 1, 5 do g[#g + 1] = ARGV[3 + (j - 1) * 5 + k] end
-end
+local groups = tree_argv(tree, ARGV, ARGV[2], 3)
 for qi = 1, #QN do
   use_queue(QN[qi])
   local ARGV = groups[qi]

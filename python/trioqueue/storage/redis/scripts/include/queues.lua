@@ -48,3 +48,17 @@ local function link_queues(qs)
     redis.call('SADD', TQS, unpack(qs))
   end
 end
+-- the jobs of a tree, by the index of their queue: each queue's as one enqueue call's ARGV
+-- (the call token, then the five fields of each job; the tree's jobs follow argv[first])
+local function tree_argv(tree, argv, token, first)
+  local groups = {}
+  for j, job in ipairs(tree) do
+    local g = groups[job.q]
+    if not g then
+      g = {token}
+      groups[job.q] = g
+    end
+    for k = 1, 5 do g[#g + 1] = argv[first + (j - 1) * 5 + k] end
+  end
+  return groups
+end
