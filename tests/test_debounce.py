@@ -166,3 +166,19 @@ async def test_debounce_options_are_validated_and_nothing_is_written(
             await q.enqueue("x", 1, **options)
         assert await q.get_status("x") is None
 
+
+
+async def test_a_debounced_job_of_a_group_runs_in_its_group(storage: Storage, queue_name: str) -> None:
+    """Debounce and groups together: the debounced job enters its group's lane when due
+    (Redis: the debounce script lacked the groups' fragment, and failed on a group)."""
+    handler, runs = runner()
+    events = Recorder()
+    async with Queue(storage, name=queue_name, handler=handler, **FAST) as q:
+        q.on("completed", events)
+        with trio.fail_after(10):
+            assert (await q.enqueue("d", 1, debounce=0.2, group="tenant")).status is EnqueueStatus.QUEUED
+            assert (await q.enqueue("d", 2, debounce=0.2, group="tenant")).status is EnqueueStatus.DEBOUNCED
+            await events.wait_for("completed", "d")
+        status = await q.get_status("d")
+        assert status is not None and status.group == "tenant" and status.result == 2
+        assert [payload for _, payload, _ in runs] == [2]

@@ -6,6 +6,7 @@
 -- max_wait. Returns {{'b', state, token}}; for any other id, what enqueue.lua returns,
 -- the job due at now + debounce (server time).
 --@include prelude
+--@include groups
 --@include delay
 local A = 3  -- the call token's position in ARGV
 do

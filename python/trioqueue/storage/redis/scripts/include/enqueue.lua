@@ -103,20 +103,6 @@ for p, entries in pairs(lanes) do
     redis.call('RPUSH', LANE, unpack(entries, i, math.min(i + 999, #entries)))
   end
 end
-if #grouped > 0 then  -- (push_ready's writes, batched: one INCRBY, a ZADD per 500)
-  local n0 = redis.call('INCRBY', SEQ, #grouped) - #grouped
-  local z, joins, seen_g = {}, {}, {}
-  for k, ge in ipairs(grouped) do
-    local pre = istr(ge[1].p) .. ge[1].g
-    z[#z + 1] = '0'
-    z[#z + 1] = pre .. '\0' .. string.format('%013x', GBASE + n0 + k) .. ge[2]
-    if not seen_g[pre] then
-      seen_g[pre] = true
-      joins[#joins + 1] = ge[1]
-    end
-  end
-  for i = 1, #z, 1000 do redis.call('ZADD', GREADY, unpack(z, i, math.min(i + 999, #z))) end
-  for _, m in ipairs(joins) do ring_join(m.p, m.g) end
-end
+push_grouped(grouped)
 due_flush()
 flush()
