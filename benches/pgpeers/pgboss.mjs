@@ -7,11 +7,16 @@
 // - every queue is created with `notify: true` and the instance with `useListenNotify`, so a
 //   worker is woken by NOTIFY when a job is created (its fastest documented setup for latency);
 // - A-batch: `insert(name, jobs)`, 1000 a call;
-// - B: one `work()` with `batchSize` = --concurrency (100 jobs in flight, handed to the handler
-//   as one array and completed together) and `burstWhenBatchFull` (fetch again at once while
-//   batches come back full): pg-boss's high-throughput setup. (The other reading of
-//   "concurrency 100", `localConcurrency: 100` pollers of one job each, did not finish 2000
-//   jobs in 200 s here: each poller waits out its polling interval between fetches.)
+// - B: one `work()` with `localConcurrency` = --concurrency workers of one job each
+//   (`batchSize: 1`), the same shape as trioqueue's B (--concurrency handlers of one job).
+//   pg-boss fetches again at once only in burst mode, and at `batchSize: 1` only
+//   `burstWhenReadyExceeds` turns it on (from the queue's ready count, cached by the
+//   instance); so the instance refreshes its stats every second (the least it accepts) and
+//   the workers burst while more than one job is ready, else poll every 0.5 s (the least).
+// - B-batch: one `work()` with `batchSize` = --concurrency (100 jobs in flight, handed to the
+//   handler as one array and completed together) and `burstWhenBatchFull` (fetch again at
+//   once while batches come back full): pg-boss's high-throughput setup, beside trioqueue's
+//   `batch_handler` with `batch_size` = --concurrency.
 // - C-1 / C-50: pg-boss has no request/response call. The caller `send`s, learns in-process
 //   that the handler ran (a hook this process owns: no database round trip) and then reads the
 //   job (`getJobById`) every millisecond until it is stored completed. This favours pg-boss
@@ -24,7 +29,15 @@ const VERSION = JSON.parse(readFileSync(new URL("./node_modules/pg-boss/package.
 const args = parseArgs(process.argv.slice(2));
 const payload = payloadOf(args.payloadBytes);
 const runId = newRunId();
-const boss = new PgBoss({ connectionString: args.url, useListenNotify: true, schedule: false });
+const boss = new PgBoss({
+  connectionString: args.url,
+  useListenNotify: true,
+  schedule: false,
+  // (B's burst mode reads the ready count from these stats: refreshed as often as allowed)
+  superviseIntervalSeconds: 1,
+  monitorIntervalSeconds: 1,
+  queueCacheIntervalSeconds: 1,
+});
 boss.on("error", (e) => {
   console.error(`pg-boss error: ${e.stack ?? e}`);
   process.exit(1);
@@ -61,6 +74,11 @@ async function completedCount(q) {
   return r.rows[0].n;
 }
 
+const PROCESSING = {
+  B: { localConcurrency: args.concurrency, batchSize: 1, burstWhenReadyExceeds: 1, pollingIntervalSeconds: 0.5, notifyPollingIntervalSeconds: 0.5 },
+  "B-batch": { batchSize: args.concurrency, burstWhenBatchFull: true, pollingIntervalSeconds: 0.5 },
+};
+
 async function processing(w) {
   const q = await queueOf(w);
   const n = args.jobs;
@@ -68,7 +86,7 @@ async function processing(w) {
     await boss.insert(q, Array.from({ length: Math.min(1000, n - s) }, () => ({ data: payload })));
   }
   let handled = 0;
-  const opts = { batchSize: args.concurrency, burstWhenBatchFull: true, pollingIntervalSeconds: 0.5 };
+  const opts = PROCESSING[w];
   const t0 = now();
   await boss.work(q, opts, async (jobs) => {
     handled += jobs.length;
@@ -78,7 +96,7 @@ async function processing(w) {
   while ((await completedCount(q)) < n) await sleep(5); // the last batch's completion is stored
   const s = now() - t0;
   await boss.offWork(q);
-  return { workload: w, jobs: n, seconds: s, rate: n / s, extra: { concurrency: args.concurrency, mode: "batchSize" } };
+  return { workload: w, jobs: n, seconds: s, rate: n / s, extra: { concurrency: args.concurrency, mode: w === "B" ? "localConcurrency" : "batchSize" } };
 }
 
 async function requestResponse(w, callers) {
@@ -110,6 +128,7 @@ const RUN = {
   "A-seq": enqueueSeq,
   "A-batch": () => enqueueBatch(),
   B: () => processing("B"),
+  "B-batch": () => processing("B-batch"),
   "C-1": () => requestResponse("C-1", 1),
   "C-50": () => requestResponse("C-50", 50),
 };

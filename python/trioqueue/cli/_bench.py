@@ -9,6 +9,8 @@ queues), so that a figure here and one from ``benches/bullmq/bench.mjs`` mean th
 - ``B``       one worker (this process) at ``--concurrency``, noop handler: jobs enqueued
   first, then the time until every one is stored completed;
 - ``B-1ms``   the same with a handler that awaits 1 ms;
+- ``B-batch`` the same with a noop ``batch_handler`` taking ``--concurrency`` jobs a call
+  (how pg-boss's ``work()`` with ``batchSize`` runs its B);
 - ``C-1``     ``enqueue_and_wait`` from one caller (p50/p99 latency);
 - ``C-50``    ``enqueue_and_wait`` from 50 callers at once (requests/s).
 
@@ -39,7 +41,7 @@ from ..storage import Storage, from_url
 
 __all__ = ["WORKLOADS", "BenchResult", "run_bench", "bench_command", "payload_of_size"]
 
-WORKLOADS = ("A-seq", "A-100", "A-batch", "B", "B-1ms", "C-1", "C-50")
+WORKLOADS = ("A-seq", "A-100", "A-batch", "B", "B-1ms", "B-batch", "C-1", "C-50")
 _RESULT_TTL = 120.0  # seconds the benchmark's finished jobs are kept
 
 
@@ -70,6 +72,10 @@ async def _noop(job: Job[Any]) -> None:
 
 async def _sleep_1ms(job: Job[Any]) -> None:
     await trio.sleep(0.001)
+
+
+async def _noop_batch(jobs: list[Job[Any]]) -> list[None]:
+    return [None] * len(jobs)
 
 
 class _Bench:
@@ -151,7 +157,9 @@ class _Bench:
             seconds = await self._tracked("A-batch", self.jobs, body)
         return BenchResult("A-batch", self.jobs, seconds, self.jobs / seconds)
 
-    async def processing(self, workload: str, handler: Callable[[Job[Any]], Awaitable[Any]]) -> BenchResult:
+    async def processing(
+        self, workload: str, handler: Callable[[Job[Any]], Awaitable[Any]] | None, **consumer_kw: Any
+    ) -> BenchResult:
         n = self.jobs
         async with self._queue(workload) as producer:
             items = [(f"p{i}", self.payload) for i in range(n)]
@@ -159,7 +167,9 @@ class _Bench:
                 await producer.enqueue_many(items[s : s + 1000])
         finished = trio.Event()
         counter = [0]
-        consumer = self._queue(workload, handler, concurrency=self.concurrency, reaper=False)
+        # B-batch: one batch of ``concurrency`` jobs at a time (``concurrency`` jobs in flight)
+        concurrency = 1 if consumer_kw.pop("batch_concurrency", False) else self.concurrency
+        consumer = self._queue(workload, handler, concurrency=concurrency, reaper=False, **consumer_kw)
 
         def completed(_: object) -> None:
             counter[0] += 1
@@ -219,6 +229,10 @@ class _Bench:
             return await self.processing("B", _noop)
         if workload == "B-1ms":
             return await self.processing("B-1ms", _sleep_1ms)
+        if workload == "B-batch":
+            return await self.processing(
+                "B-batch", None, batch_handler=_noop_batch, batch_size=self.concurrency, batch_concurrency=True
+            )
         if workload == "C-1":
             return await self.request_response("C-1", 1)
         if workload == "C-50":
