@@ -13,6 +13,7 @@ import math
 
 import trio
 
+from trioqueue import CancelStatus
 from trioqueue._model._serde import decode_error
 from trioqueue.storage import Settlement, SettleKind, Storage
 
@@ -180,3 +181,24 @@ async def test_release_with_refund_takes_back_the_attempts_of_claims_that_never_
     # A job at max_attempts=1 handed back with a refund runs its one attempt in full.
     again = {c.id: c for c in await claim(storage, queue_name, W2, 3)}
     assert again["s"].attempts == 1 and again["r"].attempts == 1 and again["other"].attempts == 2
+
+
+async def test_one_start_of_several_reserved_claims_answers_each_on_its_own(storage: Storage, queue_name: str) -> None:
+    """A start() mixing claims to start, one started already, one with a cancel request
+    and one forged: each gets its own answer, and only the first kind count an attempt."""
+    await storage.enqueue(queue_name, [job(i) for i in ("a", "b", "done", "gone", "forged")])
+    claims = {c.id: c for c in await claim(storage, queue_name, W1, 5, start=0)}
+    assert await storage.start(queue_name, W1, [("done", claims["done"].token)]) == [True]
+    assert await storage.cancel(queue_name, "gone") is CancelStatus.CANCELLED
+    asked = [
+        ("a", claims["a"].token),
+        ("done", claims["done"].token),
+        ("gone", claims["gone"].token),
+        ("forged", "forged"),
+        ("b", claims["b"].token),
+    ]
+    assert await storage.start(queue_name, W1, asked) == [True, True, False, False, True]
+    records = {i: await storage.get_job(queue_name, i) for i in claims}
+    assert {i: r.attempts for i, r in records.items() if r} == {"a": 1, "b": 1, "done": 1, "gone": 0, "forged": 0}
+    assert kind(records["gone"].state) == "cancelled"  # type: ignore[union-attr]
+    assert sorted(await storage.held_jobs(queue_name, W1)) == ["a", "b", "done", "forged"]
