@@ -326,6 +326,31 @@ async def test_large_results_and_long_ids_fit_in_notifications(pg: PostgresStora
     assert rec is not None and rec.result == b"1"
 
 
+async def test_completions_settled_together_are_packed_in_order_into_few_notifications(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """One settlement of 300 jobs sends their events several to a NOTIFY payload (each
+    under 8000 bytes), in the order settled, each with its result; with one result over
+    half a payload among them, one event a payload, in order still."""
+    from trioqueue.storage import Settlement, SettleKind
+
+    for rnd, big in enumerate((None, 150)):
+        ids = [f"r{rnd}-{i}" for i in range(300)]
+        await pg.enqueue(queue_name, [job(i) for i in ids])
+        claims = {c.id: c for c in await pg.dequeue(queue_name, W1, 300, 0.05, LEASE)}
+        results = {i: (b"y" * 2900 if n == big else b'"%d"' % n) for n, i in enumerate(ids)}
+        async with pg.subscribe(queue_name, ["completed"]) as events:
+            done = [Settlement(SettleKind.COMPLETE, i, results[i], 60, token=claims[i].token) for i in ids]
+            assert await pg.settle(queue_name, W1, done) == [True] * 300
+            notes: list[list[StorageEvent]] = []
+            with trio.fail_after(10):
+                while sum(map(len, notes)) < 300:
+                    notes.append(await events.receive())
+        assert [e.job_id for n in notes for e in n] == ids
+        assert all(e.result == results[e.job_id] for n in notes for e in n)
+        assert len(notes) == (300 if big is not None else pytest.approx(10, abs=8))
+
+
 async def test_children_ending_together_queue_their_parent_exactly_once(pg: PostgresStorage, queue_name: str) -> None:
     """Children of one parent settled concurrently (each its own transaction, on its own
     connection) serialise on the parent row: the count reaches zero once, the parent is

@@ -54,9 +54,11 @@ class PostgresClaims(PostgresJobs):
 
     async def _settle_final(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> set[str]:
         """Completions and failures held under their claims, in one statement (one round
-        trip) with their events and a wake-up; the ids settled. An event whose payload
-        would pass NOTIFY's 8000-byte limit goes without its result/error (the waiter
-        reads the record), or, if even that is too long, as a ``resync``."""
+        trip) with their events and a wake-up; the ids settled. The events go out packed,
+        in order, several to a NOTIFY payload (at most about 7.6 KB each; one event a
+        payload when one of them is over half that). An event that would pass NOTIFY's
+        8000-byte limit goes without its result/error (the waiter reads the record), or,
+        if even that is too long, as a ``resync``."""
         ttl = [float(s.ttl) for s in settlements]
         rows = await self._one_statement(
             f"""WITH s AS (
@@ -71,31 +73,28 @@ class PostgresClaims(PostgresJobs):
                     FROM s WHERE j.queue = $1 AND j.id = s.id AND j.state = 'processing' AND j.worker = $8
                         AND j.claim = s.claim AND j.parent_id IS NULL AND j.policy IS NULL  -- (trees: the general path)
                     RETURNING j.id, j.token, s.kind, s.data, s.ord),
-                payloads AS (
-                    SELECT upd.ord, upd.kind,
-                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
-                            upd.kind, upd.id, $8,
-                            CASE WHEN upd.kind = 'completed' THEN encode(upd.data, 'base64') END,
-                            CASE WHEN upd.kind = 'failed' THEN encode(upd.data, 'base64') END,
-                            upd.token)))::text AS full,
-                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
-                            upd.kind, upd.id, $8, NULL, NULL, upd.token)))::text AS slim,
-                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
-                            'resync', '', NULL, NULL, NULL, NULL)))::text AS resync
-                    FROM upd WHERE length(upd.data) <= 6000
-                    UNION ALL
-                    SELECT upd.ord, upd.kind, NULL,
-                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
-                            upd.kind, upd.id, $8, NULL, NULL, upd.token)))::text,
-                        json_build_object('n', $11 || '.' || upd.ord, 'e', json_build_array(json_build_array(
-                            'resync', '', NULL, NULL, NULL, NULL)))::text
-                    FROM upd WHERE length(upd.data) > 6000),
+                events AS (  -- each event's entry: with its result/error if it fits, else without, else a resync
+                    SELECT e.ord, CASE WHEN octet_length(e.full) < 7900 THEN e.full
+                                       WHEN octet_length(e.slim) < 7900 THEN e.slim
+                                       ELSE '["resync","",null,null,null,null]' END AS entry
+                    FROM (SELECT upd.ord,
+                            CASE WHEN length(upd.data) <= 6000 THEN json_build_array(upd.kind, upd.id, $8,
+                                CASE WHEN upd.kind = 'completed' THEN encode(upd.data, 'base64') END,
+                                CASE WHEN upd.kind = 'failed' THEN encode(upd.data, 'base64') END,
+                                upd.token)::text END AS full,
+                            json_build_array(upd.kind, upd.id, $8, NULL, NULL, upd.token)::text AS slim
+                          FROM upd) e),
+                packed AS (  -- consecutive entries, up to 3,800 bytes of them from the first on
+                    SELECT ord, entry, CASE WHEN (SELECT max(octet_length(entry)) FROM events) > 3800 THEN ord
+                        ELSE sum(octet_length(entry)) OVER (ORDER BY ord) / 3800 END AS chunk
+                    FROM events),
+                notes AS (
+                    SELECT min(ord) AS first, '{{"n":"' || $9 || '.' || min(ord) || '","e":['
+                        || string_agg(entry, ',' ORDER BY ord) || ']}}' AS payload
+                    FROM packed GROUP BY chunk),
                 sent AS (  -- (volatile: materialized, so evaluated, in order)
-                    SELECT pg_notify(CASE WHEN p.kind = 'completed' THEN $9 ELSE $10 END,
-                        CASE WHEN octet_length(p.full) < 8000 THEN p.full
-                             WHEN octet_length(p.slim) < 8000 THEN p.slim ELSE p.resync END)
-                    FROM (SELECT * FROM payloads ORDER BY ord) p),
-                woke AS (SELECT pg_notify($12, 's') FROM (SELECT 1 FROM upd LIMIT 1) x)  -- 's': slots freed
+                    SELECT pg_notify($10, n.payload) FROM (SELECT * FROM notes ORDER BY first) n),
+                woke AS (SELECT pg_notify($11, 's') FROM (SELECT 1 FROM upd LIMIT 1) x)  -- 's': slots freed
                 SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM upd""",
             queue,
             now_ms(),
@@ -105,9 +104,8 @@ class PostgresClaims(PostgresJobs):
             ttl,
             ["completed" if s.kind is SettleKind.COMPLETE else "failed" for s in settlements],
             worker_id,
-            self.channel(queue, "n"),
-            self.channel(queue, "n"),
             self.nonce(),
+            self.channel(queue, "n"),
             self.channel(queue, "w"),
         )
         return {r[0] for r in rows}
