@@ -44,6 +44,26 @@ async def test_typed_parameters_and_results(postgres_url: str) -> None:
         assert res.status == "UPDATE 2" and res.rowcount == 2
 
 
+async def test_array_parameters_keep_every_value(postgres_url: str) -> None:
+    """Lists of str, bytes and float (the storage's batches, encoded as binary arrays)
+    come back as they went, NULLs, escapes, NULs in bytes and non-finite floats too;
+    other lists (ints, mixed, empty) still go through psycopg; each in an unnest."""
+    texts = ["it's", 'a\\b"{,}', "", None, "héllo ✓", "NULL"]
+    blobs = [b"\x00\xff", None, b"", b'{"a":1}' * 300]
+    floats = [1.5, None, float("inf"), -0.0, 1e-300]
+    async with await Connection.connect(postgres_url) as conn:
+        for _ in range(3):  # (the second run prepares the statement)
+            row = await conn.fetchrow("SELECT $1::text[], $2::bytea[], $3::float8[], $4::int[], $5::text[]", texts, blobs, floats, [1, None, 2**31 - 1], [])
+            assert row == (texts, blobs, floats, [1, None, 2**31 - 1], [])
+        nan = await conn.fetchval("SELECT $1::float8[]", [float("nan")])
+        assert nan[0] != nan[0]
+        rows = await conn.fetch("SELECT * FROM unnest($1::text[], $2::float8[]) WITH ORDINALITY", ["a", "b"], [0.5, 2.0])
+        assert rows == [("a", 0.5, 1), ("b", 2.0, 2)]
+        with pytest.raises(PostgresError):  # a str that is not text: the server says so, the connection stays
+            await conn.fetchval("SELECT $1::text[]", ["nul\x00byte"])
+        assert await conn.fetchval("SELECT $1::text[]", ["ok"]) == ["ok"]
+
+
 async def test_host_names_resolved_through_trio(postgres_url: str) -> None:
     url = postgres_url.replace("127.0.0.1", "localhost")
     async with await Connection.connect(url) as conn:

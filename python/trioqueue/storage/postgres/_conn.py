@@ -7,7 +7,8 @@ be driven from any event loop. This module uses libpq's non-blocking calls
 with :func:`trio.lowlevel.wait_readable` / :func:`trio.lowlevel.wait_writable`. Values
 are converted by psycopg's adapters (:class:`psycopg.adapt.Transformer`), so parameters
 are typed as psycopg types them (``int``, ``str``, ``bytes``, ``float``, ``bool``,
-``None``, lists, ``datetime``, ...), results come back as Python values.
+``None``, lists, ``datetime``, ...), results come back as Python values; lists of
+``str``, ``bytes`` or ``float`` go as binary arrays encoded by :mod:`._arrays`.
 
 Host names are resolved with :func:`trio.socket.getaddrinfo` before ``PQconnectStart``
 (which would otherwise resolve them with a blocking call) and passed as ``hostaddr``.
@@ -26,9 +27,10 @@ from typing import Any, Self
 
 import trio
 from psycopg import OperationalError, pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg.adapt import PyFormat
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from ._arrays import encode_arrays, transformer
 from ._errors import CallTimeout, ConnectionLost, PostgresError, error_for
 
 __all__ = ["Connection", "Notification", "Result", "resolve_conninfo"]
@@ -141,7 +143,7 @@ class Connection:
         self._pgconn = pgconn
         self._fd = pgconn.socket
         self._lock = trio.StrictFIFOLock()
-        self._tx = Transformer()
+        self._tx = transformer()
         self._notifies: collections.deque[Notification] = collections.deque()
         self._closed = False
         #: statements unanswered at this Trio time are abandoned (:class:`CallTimeout`)
@@ -249,11 +251,13 @@ class Connection:
         async with self._locked():
             self._check_open()
             if params:
+                batch = any(isinstance(p, list) and len(p) > _PREPARED_ARRAY_MAX for p in params)
+                params = encode_arrays(params)
                 values = self._tx.dump_sequence(params, [_format(p) for p in params])
                 types, formats = self._tx.types, self._tx.formats
                 key = (sql, tuple(types or ()))
                 name = None
-                if not any(isinstance(p, list) and len(p) > _PREPARED_ARRAY_MAX for p in params):
+                if not batch:
                     name = self._prepared.get(key) or (await self._prepare(key) if self._due(key) else None)
                 if name is not None:
                     self._pgconn.send_query_prepared(name, values, formats, pq.Format.BINARY)

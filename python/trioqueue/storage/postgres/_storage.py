@@ -23,9 +23,9 @@ from .._base import (
     wanted_kinds,
 )
 from ._claims import PostgresClaims
-from ._debounce import PostgresDebounce
 from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
 from ._conn import Connection, Notification
+from ._debounce import PostgresDebounce
 from ._flows import TreeJobTaken
 from ._jobs import LIVE
 from ._pool import Transaction
