@@ -39,6 +39,17 @@ async def test_enqueue_registers_and_dedups(storage: Storage, queue_name: str) -
     assert claims[0].envelope == job("a").envelope
 
 
+async def test_a_large_batch_is_claimed_in_the_order_it_was_enqueued(storage: Storage, queue_name: str) -> None:
+    """One enqueue of 2,000 jobs whose ids do not sort in the batch's order: claims take
+    them in the batch's order."""
+    ids = [f"j{(i * 7919) % 2000}" for i in range(2000)]
+    await storage.enqueue(queue_name, [job(i) for i in ids])
+    got: list[str] = []
+    while len(got) < len(ids):
+        got += [c.id for c in await claim(storage, queue_name, n=500)]
+    assert got == ids
+
+
 async def test_dequeue_is_fifo_and_marks_processing(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job(f"j{i}") for i in range(5)])
     first = await claim(storage, queue_name, n=2)

@@ -4,6 +4,7 @@ events over NOTIFY, and job rows as :class:`JobRecord`."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import itertools
 import json
@@ -60,6 +61,7 @@ def new_incarnation(now: str, *, tree: bool = False) -> str:
     )
 
 _PAYLOAD_MAX = 7000  # NOTIFY payloads must stay under 8000 bytes
+_EVENTS_MAX = 80  # events a payload at most (fewer when they are longer: halved to fit)
 _nonce = itertools.count()
 _PROCESS = os.urandom(4).hex()
 
@@ -120,6 +122,12 @@ def _encode(events: Sequence[StorageEvent], *, slim: bool = False) -> str:
 def decode_events(note: Notification) -> list[StorageEvent]:
     rows = json.loads(note.payload)["e"]
     return [StorageEvent(k, j, w, _unb64(r), _unb64(e), t) for k, j, w, r, e, t in rows]
+
+
+@functools.lru_cache(maxsize=4096)
+def _channel(schema: str, queue: str, kind: str) -> str:
+    digest = hashlib.md5(f"{schema}\0{queue}".encode(), usedforsecurity=False).hexdigest()[:24]
+    return f"tq_{kind}_{digest}"
 
 
 class PostgresBase(Storage):
@@ -213,8 +221,7 @@ class PostgresBase(Storage):
     def channel(self, queue: str, kind: str) -> str:
         """The NOTIFY channel of ``queue``: ``e`` (events), ``n`` (notice kinds), ``w``
         (wake-ups of claims)."""
-        digest = hashlib.md5(f"{self.schema}\0{queue}".encode(), usedforsecurity=False).hexdigest()[:24]
-        return f"tq_{kind}_{digest}"
+        return _channel(self.schema, queue, kind)
 
     def _notifications(self, queue: str, events: Sequence[StorageEvent], wake: bool) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
@@ -222,7 +229,7 @@ class PostgresBase(Storage):
         run_channel = ""
         for ev in events:
             ch = self.channel(queue, "n" if ev.kind in NOTICE_KINDS else "e")
-            if run and (ch != run_channel or len(run) >= 20):
+            if run and (ch != run_channel or len(run) >= _EVENTS_MAX):
                 out.extend(self._chunks(run_channel, run))
                 run = []
             run_channel = ch

@@ -140,17 +140,15 @@ class PostgresJobs(PostgresFlows):
                 first_due = await conn.fetchval(
                     f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')", queue
                 )
-            seqs = [
-                s for (s,) in await conn.fetch(f"SELECT nextval('{self.schema}.job_seq') FROM generate_series(1, $1)", len(new))
-            ]
             run_at = [math.ceil(j.run_at * 1000) if j in delayed and j.run_at is not None else None for j in new]
             rows = await conn.fetch(
                 f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
                         token, envelope, max_attempts, result_ttl, grp)
                     SELECT $1, u.id, CASE WHEN u.run_at IS NULL THEN 'queued' ELSE 'delayed' END, $2, $2, u.priority,
-                        u.seq, u.run_at, u.token, u.env, u.max, u.ttl, u.grp
-                    FROM unnest($3::text[], $4::int2[], $5::int8[], $6::int8[], $7::text[], $8::bytea[], $9::int4[],
-                                $10::float8[], $11::text[]) AS u(id, priority, seq, run_at, token, env, max, ttl, grp)
+                        nextval('{self.schema}.job_seq'), u.run_at, u.token, u.env, u.max, u.ttl, u.grp
+                    FROM unnest($3::text[], $4::int2[], $5::int8[], $6::text[], $7::bytea[], $8::int4[],
+                                $9::float8[], $10::text[]) WITH ORDINALITY AS u(id, priority, run_at, token, env, max, ttl, grp, ord)
+                    ORDER BY u.ord  -- (seq in the batch's order: nextval runs after the sort)
                     ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$2')}
                     WHERE j.state = 'cancelled' OR j.expires_ms <= $2
                     RETURNING id""",
@@ -158,7 +156,6 @@ class PostgresJobs(PostgresFlows):
                 now,
                 [j.id for j in new],
                 [j.priority for j in new],
-                seqs,
                 run_at,
                 [j.token for j in new],
                 [j.envelope for j in new],
