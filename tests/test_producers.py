@@ -183,12 +183,16 @@ async def test_sync_producer_shared_by_threads(file_worker: Path) -> None:
             t.start()
         for t in threads:
             t.join()
+        statuses.extend(producer.get_statuses([f"t{n}-4" for n in range(8)] + ["never"]))
         producer.close()
 
+    statuses: list[Any] = []
     with trio.fail_after(60):
         await trio.to_thread.run_sync(clients)
     assert not errors
     assert results == {k: 2 * k for k in results} and len(results) == 40
+    assert [(s.id, s.state, s.result) for s in statuses[:8]] == [(f"t{n}-4", JobState.COMPLETED, 2 * (n * 10 + 4)) for n in range(8)]
+    assert statuses[8] is None
     assert not _producer_threads()
 
 
@@ -252,6 +256,12 @@ async def test_asyncio_producer_errors_and_cancellation(file_worker: Path) -> No
             out["calls_left"] = calls
             out["cancel"] = (await producer.cancel("late")).status.value
             out["after"] = await producer.enqueue_and_wait("ok", 4)
+            statuses = await producer.get_statuses(i for i in ("ok", "nobody", "late"))
+            out["statuses"] = [None if st is None else (st.id, st.state.value) for st in statuses]
+            try:
+                await producer.get_statuses("ok")
+            except ValidationError as exc:
+                out["one_string"] = str(exc)
         try:
             await producer.get_status("ok")
         except TrioQueueError as exc:
@@ -264,6 +274,8 @@ async def test_asyncio_producer_errors_and_cancellation(file_worker: Path) -> No
     assert "payload of job 'bad'" in out["invalid"]
     assert out["timed_out"] is True and out["calls_left"] == 0
     assert out["cancel"] == "cancelled" and out["after"] == 8
+    assert out["statuses"] == [("ok", "completed"), None, ("late", "cancelled")]
+    assert "not the string 'ok'" in out["one_string"]
     assert "is closed" in out["closed"]
     assert not _producer_threads()
 

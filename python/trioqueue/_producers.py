@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future, InvalidStateError
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, Unpack
@@ -185,6 +186,12 @@ class _Bridge:
         return TrioQueueError(f"producer of queue {self.name!r} was closed while {method} was in flight")
 
 
+def _ids(job_ids: Iterable[str]) -> list[str] | str:
+    """``job_ids`` as a list, read in the caller's thread (a generator is not shared with
+    the Trio thread); a string stays one, for :meth:`Queue.get_statuses` to refuse."""
+    return job_ids if isinstance(job_ids, str) else list(job_ids)
+
+
 class SyncProducer(Generic[P, R]):
     """Enqueue and look up jobs from synchronous code (WSGI apps, scripts, threads).
 
@@ -243,6 +250,10 @@ class SyncProducer(Generic[P, R]):
     def get_status(self, job_id: str) -> JobStatus | None:
         """:meth:`Queue.get_status`, blocking."""
         return self._call("get_status", job_id)  # type: ignore[no-any-return]
+
+    def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
+        """:meth:`Queue.get_statuses` (many jobs, one round trip), blocking."""
+        return self._call("get_statuses", _ids(job_ids))  # type: ignore[no-any-return]
 
     def get_result(self, job_id: str) -> R:
         """:meth:`Queue.get_result`, blocking."""
@@ -323,6 +334,10 @@ class AsyncioProducer(Generic[P, R]):
     async def get_status(self, job_id: str) -> JobStatus | None:
         """:meth:`Queue.get_status`."""
         return await self._call("get_status", job_id)  # type: ignore[no-any-return]
+
+    async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
+        """:meth:`Queue.get_statuses` (many jobs, one round trip)."""
+        return await self._call("get_statuses", _ids(job_ids))  # type: ignore[no-any-return]
 
     async def get_result(self, job_id: str) -> R:
         """:meth:`Queue.get_result`."""
