@@ -300,15 +300,19 @@ $$;
         4,
         """
 -- group_pick, the same turns at a cost that does not grow with the number of groups.
--- Version 3 moved a group to the end of its ring (or out of it) with an UPDATE/DELETE by
--- (queue, priority, grp), and the planner may serve that from group_ring_turn (queue,
--- priority) filtering on grp: always while the table has no statistics, for the life of
--- a session's cached plan. That read the whole ring, and a claim cost O(groups) (10,000
--- groups: ~270 buffers a claim for that statement, 9 with 10). The ring row a turn takes
--- is now changed through its ctid (locked FOR UPDATE by this transaction, so it stays put).
--- And a claim goes straight to the next priority with groups in the ring or jobs without
--- a group (one probe of each of their indexes) instead of two queries for each priority
--- from 0 on.
+-- Version 3 moved a group to the end of its ring (or out of it) by (queue, priority, grp);
+-- while the statistics do not know the queue (a new table, a new queue: every index on
+-- queue then looks like one row) the planner ran that on group_ring_turn (queue, priority)
+-- filtering on grp, a scan of the whole ring kept in the session's plan: 270 buffers a
+-- claim with 10,000 groups, 9 with 10. The same trap ran the lookup of a group's next job
+-- on jobs_ready (queue, priority, seq) filtering on grp. Now: the ring row a turn took is
+-- changed through its ctid (locked FOR UPDATE by this transaction, so it stays put); the
+-- statements plan generically (estimates from the number of queues, not from a queue
+-- value); jobs_ready, which no query uses since jobs_ready_plain and jobs_ready_group, is
+-- dropped; a claim goes straight to the next priority with groups in the ring (asked in
+-- primary-key order, which group_ring_turn cannot give: its front is the dead entries the
+-- turns left since the last VACUUM) or with jobs without a group, instead of two queries
+-- for each priority from 0.
 DROP INDEX {s}.jobs_ready;
 CREATE OR REPLACE FUNCTION {s}.group_pick(q text, want integer, glimit integer, grate integer, gper bigint, now_ms bigint)
     RETURNS TABLE (pick_id text, pick_ord integer) LANGUAGE plpgsql ROWS 10 SET plan_cache_mode = force_generic_plan AS $$
@@ -333,7 +337,7 @@ BEGIN
         EXIT WHEN cardinality(picked) >= want;
         -- the next priority with groups in its ring or jobs without a group (in claim order)
         rp := (SELECT r.priority FROM {s}.group_ring r WHERE r.queue = q AND r.priority > p
-            ORDER BY r.queue, r.priority, r.grp LIMIT 1);  -- (the primary key: see below)
+            ORDER BY r.queue, r.priority, r.grp LIMIT 1);  -- (the primary key: see above)
         pp := (SELECT min(j.priority) FROM {s}.jobs j WHERE j.queue = q AND j.state = 'queued' AND j.grp IS NULL AND j.priority > p);
         p := least(rp, pp);
         EXIT WHEN p IS NULL OR p > 9;
