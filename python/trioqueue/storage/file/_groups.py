@@ -14,8 +14,9 @@ In a queue directory:
   entry, removed before it: a crash leaves at worst a second entry, which costs a turn);
 - ``groups/paused/<group>``: claiming the group is paused;
 - ``groups/run/<group>/<id>``: the group's claimed jobs (``group_concurrency``), each
-  made at the claim and removed when the job leaves processing; when a group looks full
-  its entries are checked against the records (so a crash never leaks a slot);
+  made at the claim and removed when the job leaves processing (the directory is made with
+  the group's lane, when a process first adds a ready marker of the group); when a group
+  looks full its entries are checked against the records (so a crash never leaks a slot);
 - ``groups/blocked/<group>``: the group left the rings for its concurrency limit; the
   first of its jobs to leave processing puts it back;
 - ``groups/rate/<group>``: the group's claim times within the last window (``group_rate``,
@@ -76,7 +77,8 @@ class GroupDisk:
             os.makedirs(d, exist_ok=True)
         self.rings: list[deque[str]] = [deque() for _ in range(MAX_PRIORITY + 1)]  # per priority: listed entries
         # per priority: when a listing found its ring empty (not listed again for that long,
-        # unless this process adds an entry: another process's shows within the recheck)
+        # nor after it until another process changes the queue: see may_list; an entry this
+        # process adds forgets it)
         self.dry: list[float] = [-1.0] * (MAX_PRIORITY + 1)
         # other processes' changes seen (the generation moved, the watch of ready/ fired),
         # and their count at the last listing: see may_list
