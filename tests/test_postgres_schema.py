@@ -103,3 +103,44 @@ async def test_newer_schema_is_refused(postgres_url: str) -> None:
             assert await other.fetchval(
                 "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", f"trioqueue.migrate:{schema}"
             )
+
+
+
+_IDS = ["a0", "a1", "a2", "a3", "b0", "b1", "u0", "h0"]
+
+
+async def _enqueue_and_claim(url: str, schema: str, n: int, *, enqueue: bool) -> list[str]:
+    """(Groups a and b, a job without a group, one of priority 2.) ``n`` claims of one
+    job each, through a PostgresStorage that migrates the schema on open."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage.postgres import PostgresStorage
+
+    async with PostgresStorage(url, schema=schema) as storage:
+        if enqueue:
+            jobs = [job(f"a{i}")._replace(group="a") for i in range(4)]
+            jobs += [job(f"b{i}")._replace(group="b") for i in range(2)]
+            jobs += [job("u0"), job("h0")._replace(group="b", priority=2)]
+            await storage.enqueue("q", jobs)
+        return [c.id for _ in range(n) for c in await storage.dequeue("q", W1, 1, 0.0, LEASE)]
+
+
+async def test_a_version_3_schema_upgrades_and_its_rings_go_on(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 4 (group_pick replaced, jobs_ready dropped) on a schema at version 3 with
+    groups in its rings: the claims go on in the same turns as on a schema made at the
+    latest version."""
+    from trioqueue.storage.postgres import _schema as module
+
+    old, fresh = _schema(), _schema()
+    expected = await _enqueue_and_claim(postgres_url, fresh, 8, enqueue=True)
+    assert sorted(expected) == sorted(_IDS) and expected[0] == "h0"  # (priority 2 first)
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 3])
+        m.setattr(module, "SCHEMA_VERSION", 3)
+        before = await _enqueue_and_claim(postgres_url, old, 3, enqueue=True)
+        async with await Connection.connect(postgres_url) as conn:
+            assert await schema_version(conn, old) == 3
+    after = await _enqueue_and_claim(postgres_url, old, 5, enqueue=False)
+    assert before + after == expected
+    async with await Connection.connect(postgres_url) as conn:
+        assert await schema_version(conn, old) == SCHEMA_VERSION
+        assert await conn.fetchval("SELECT to_regclass($1) IS NULL", f'"{old}".jobs_ready')

@@ -186,6 +186,7 @@ class ClaimOps(FileBase):
             await watch.wait(gen, min(left, self._rescan, max(next_due - time.time(), 0.0) + 0.001))
             if watch.gen != gen:
                 q.lane_empty.clear()  # a marker appeared (inotify sees every writer's)
+                q.grp.changes += 1
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         """One segment for the whole call. Order: segment -> expiry entry -> ``jobs/<id>``

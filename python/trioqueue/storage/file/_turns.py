@@ -40,7 +40,7 @@ class GroupTurns:
         self.per = limits.group_per if limits is not None else 1.0
         self.logs: dict[str, list[float]] = {}  # group -> its recent claim times (as far as read)
         # when a group over its rate may be claimed again (inf: none), once woken ones are back
-        self.wake_at = q.grp.wake(now, q.lane_empty) if self.rate else math.inf
+        self.wake_at = q.grp.wake(now, q.lane_empty, q.bump) if self.rate else math.inf
 
     def list_lane(self, lane: int, now: float) -> bool:
         """List ungrouped lane ``lane`` into its cache (once per claim, and not while it

@@ -43,6 +43,14 @@ def _group_args(limits: ClaimLimits | None) -> list[int]:
     return [limits.group_concurrency, limits.group_rate, max(1, math.ceil(limits.group_per * 1000))]
 
 
+def _ring_has(s: str) -> str:
+    """Whether queue $1's ring has groups, through group_ring's primary key: ``EXISTS``
+    may be planned as a sequential scan (through other queues' rows) or on group_ring_turn,
+    whose front is the dead entries the turns left since the last VACUUM (many pages with
+    thousands of groups); no other index gives this order."""
+    return f"(SELECT true FROM {s}.group_ring WHERE queue = $1 ORDER BY queue, priority, grp LIMIT 1) IS NOT NULL"
+
+
 def _due_ms(at_ms: int) -> bytes:
     return b"%d" % at_ms
 
@@ -336,7 +344,7 @@ class PostgresJobs(PostgresFlows):
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
             grouped = await conn.fetchval(
-                f"""SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)
+                f"""SELECT {_ring_has(self._s)}
                     OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2)""",
                 queue,
                 now,
@@ -421,7 +429,7 @@ class PostgresJobs(PostgresFlows):
                     FROM {self._s}.queues WHERE queue = $1),
                 due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
                         WHERE queue = $1 AND state IN ('delayed', 'failing')),
-                ring AS (SELECT EXISTS (SELECT 1 FROM {self._s}.group_ring WHERE queue = $1)
+                ring AS (SELECT {_ring_has(self._s)}
                     OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2) AS grouped),
                 gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
                             AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
