@@ -93,7 +93,7 @@ class LeanTransport(Transport):
     async def script(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
     ) -> Any:
-        ack = self.replica_ack(script)
+        ack = None if self._ack is None else self.replica_ack(script)  # (no call without acks)
         call = _ScriptCall(self.scripts, script, keys, args, ack)
         if ack is None:
             return await self._retry(call.data(), script=call, shield=shield)
