@@ -23,6 +23,7 @@ Each subscriber still sees its events in publication order.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["ALL", "NONE", "NOTICES", "CompletedData", "Listener", "level_for"]
 
 NONE, NOTICES, ALL = 0, 1, 2
+_RESULT = attrgetter("result")
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
 # Queue event names fed by the storage's event stream (the others are the queue's own:
 # started, stopped, leadership_*, and error/resync, which need no subscription by
@@ -257,6 +259,8 @@ class Listener:
         back from the registry, for the callbacks and streams that get the result. Only
         then: a waiter reads it back by itself, and a batch whose events all carry their
         results costs a scan."""
+        if None not in map(_RESULT, batch):  # (a scan in C: the common case costs no bytecode an event)
+            return batch
         missing = [i for i, ev in enumerate(batch) if ev.result is None and ev.kind == "completed" and ev.job_id]
         if not missing:
             return batch
