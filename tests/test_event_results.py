@@ -10,6 +10,7 @@ results, statuses and errors, on every backend.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -84,6 +85,37 @@ async def test_completed_event_with_an_undecodable_result_says_why(storage: Stor
     [event] = callback.events
     assert event.data["result"] is None
     assert "'j1'" in event.data["result_error"] and "not my format" in event.data["result_error"]
+
+
+class _Counting:
+    """JSON, counting the results it decodes."""
+
+    def __init__(self) -> None:
+        self.loads_calls = 0
+
+    def dumps(self, value: Any) -> bytes:
+        return json.dumps(value).encode()
+
+    def loads(self, data: bytes) -> Any:
+        self.loads_calls += 1
+        return json.loads(data)
+
+
+async def test_completed_event_decodes_its_result_only_when_read(storage: Storage, queue_name: str) -> None:
+    """A callback that only counts completions costs no decoding (the bench's B does that);
+    the first read of ``data`` decodes, once."""
+    serde, callback = _Counting(), Recorder()
+    async with Queue(storage, name=queue_name, result_serde=serde, **FAST) as observer:
+        observer.on("completed", callback)
+        async with Queue(storage, name=queue_name, handler=_payload, **FAST) as worker:
+            await worker.enqueue_many([("a", {"n": 1}), ("b", [2])])
+            with trio.fail_after(20):
+                await callback.wait_for("completed", count=2)
+    assert serde.loads_calls == 0
+    first, second = sorted(callback.events, key=lambda e: e.job_id or "")
+    assert first.data == {"worker_id": worker.worker_id, "result": {"n": 1}} and serde.loads_calls == 1
+    assert second.data["result"] == [2] and second.data["result"] == [2] and serde.loads_calls == 2
+    assert dict(first.data) == {"worker_id": worker.worker_id, "result": {"n": 1}}
 
 
 async def test_a_waiter_still_subscribes_to_the_notices_only(storage: Storage, queue_name: str) -> None:

@@ -348,8 +348,15 @@ class Consumer(LeaseKeeper, BatchWorker):
 
     async def _begin(self, claim: Claim) -> bool:
         """Count a reserved claim's attempt before its handler runs (batched with the other
-        workers' starts); False if the claim was lost meanwhile."""
-        return (await self._begin_many([claim]))[0]
+        workers' starts); False if the claim was lost meanwhile. (:meth:`_begin_many`
+        for one claim, without its lists: this is the per-job path.)"""
+        batch = self.start_batch
+        index = len(batch.claims)
+        batch.claims.append(claim)
+        if index == 0:
+            self.start_wakeup.unpark()
+        await batch.done.wait()
+        return batch.ok[index]
 
     async def _begin_many(self, claims: list[Claim]) -> list[bool]:
         """:meth:`_begin` of several claims, in the same :meth:`Storage.start` call."""

@@ -63,6 +63,12 @@ class Emitter:
         return bool(streams) and any(s.wants(name) for s in streams)
 
     def emit(self, name: str, job_id: str | None = None, **data: Any) -> None:
+        if self.streams or name in self._callbacks or name == "error":
+            self.emit_data(name, job_id, data)
+
+    def emit_data(self, name: str, job_id: str | None, data: dict[str, Any]) -> None:
+        """:meth:`emit` of the event's ``data`` dict as it is (not copied: the listener's
+        lazily decoded ``completed`` data)."""
         if self.streams:
             event = QueueEvent(name, self.queue, job_id, data)
             for stream in self.streams:

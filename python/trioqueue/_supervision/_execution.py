@@ -295,11 +295,22 @@ class Executor:
         """
         q = self.settings
         observers = self.observers
-        prepared = self.prepare(claim)
-        if isinstance(prepared, Settlement):
-            return prepared
-        job, options, ttl, raw = prepared
-        jid, attempts, token = job.id, job.attempts, claim.token
+        # prepare()'s decoding, inline (the per-job path); a failure goes to prepare(),
+        # which says it in the settlement
+        _, envelope, attempts, token, _ = claim
+        try:
+            jid, raw, created_ms, _, max_attempts, ttl_ms, corr, opts = decode_envelope(envelope)
+            options = JobOptions.decode(opts) if opts else NO_JOB_OPTIONS
+            payload = q.payload_serde.loads(raw)
+        except Exception:  # noqa: BLE001 - told by prepare()
+            prepared = self.prepare(claim)
+            if isinstance(prepared, Settlement):
+                return prepared
+            job, options, ttl, raw = prepared
+        else:
+            ttl = ttl_ms / 1000 if ttl_ms else q.result_ttl
+            job = _new(Job, (jid, payload, attempts, max_attempts, created_ms / 1000, q.worker_id, corr))
+        jid = job.id
         timeout = q.job_timeout if options.job_timeout is None else options.job_timeout
         raised: BaseException | None = None
         result: Any = None

@@ -127,7 +127,9 @@ class JobMaker(Generic[P]):
 
     async def _store(self, new: NewJob, tree: list[FlowJob] | None, options: EnqueueOptions) -> EnqueueOutcome:
         """Enqueue ``new`` alone (debounced, by ``options``), or as the root of ``tree``."""
-        if tree is None:
+        if tree is None and not options:  # the common case (no debounce): straight to the storage
+            [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
+        elif tree is None:
             [outcome] = await self._store_in(None, [new], options)
         else:
             outcome = self._enqueued([await self.storage.enqueue_flow(tree)])[0]

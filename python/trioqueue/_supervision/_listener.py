@@ -23,6 +23,7 @@ Each subscriber still sees its events in publication order.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -36,14 +37,89 @@ if TYPE_CHECKING:
     from ._consumer import Consumer
     from ._emitter import Emitter
 
-__all__ = ["ALL", "NONE", "NOTICES", "Listener", "level_for"]
+__all__ = ["ALL", "NONE", "NOTICES", "CompletedData", "Listener", "level_for"]
 
 NONE, NOTICES, ALL = 0, 1, 2
+_RESULT = attrgetter("result")
 _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
 # Queue event names fed by the storage's event stream (the others are the queue's own:
 # started, stopped, leadership_*, and error/resync, which need no subscription by
 # themselves: a queue that subscribes to nothing loses no event).
 _STORAGE_FED = STORAGE_EVENT_NAMES | {"progress", "cancel_requested"}
+
+
+class CompletedData(dict[str, Any]):
+    """The ``data`` of a ``completed`` event: ``worker_id``, and, filled when it is first
+    read, not before (a callback that only counts completions never decodes a result),
+    ``error`` if the event has one and the job's ``result`` decoded by the queue's
+    ``result_serde`` (``None`` when it is no longer stored; one that cannot be decoded is
+    ``None`` too, and ``result_error`` says why). Reads and writes see it filled; a copy
+    or a pickle is a plain dict."""
+
+    __slots__ = ("_pending",)
+    _pending: tuple[StorageEvent, Serde] | None
+
+    @staticmethod
+    def of(ev: StorageEvent, serde: Serde) -> CompletedData:
+        """The data of ``ev`` (a ``completed`` event), its result to decode by ``serde``."""
+        # worker_id now (by dict's own __init__: no frame), the rest when first read;
+        # never empty, so that json.dumps (which skips an empty dict's items()) fills it
+        data = CompletedData(worker_id=ev.worker_id)
+        data._pending = (ev, serde)
+        return data
+
+    def _fill(self) -> None:
+        try:
+            pending = self._pending
+        except AttributeError:  # made empty, not by of()
+            pending = None
+        if pending is None:
+            return
+        self._pending = None
+        ev, serde = pending
+        put = dict.__setitem__
+        if ev.error is not None:
+            put(self, "error", decode_error(ev.error))
+        put(self, "result", None)
+        if ev.result is not None:
+            try:
+                put(self, "result", serde.loads(ev.result))
+            except Exception as exc:  # noqa: BLE001 - told in the event, not raised
+                put(self, "result_error", f"result of job {ev.job_id!r} cannot be decoded: {exc}")
+
+    def __eq__(self, other: object) -> bool:
+        self._fill()
+        if isinstance(other, CompletedData):
+            other._fill()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        self._fill()
+        return (dict, (dict(self.items()),))
+
+
+def _filling(name: str) -> Any:
+    method = getattr(dict, name)
+
+    def filled(self: CompletedData, *args: Any, **kwargs: Any) -> Any:
+        self._fill()
+        return method(self, *args, **kwargs)
+
+    filled.__name__ = filled.__qualname__ = name
+    return filled
+
+
+for _name in (
+    "__contains__", "__delitem__", "__getitem__", "__ior__", "__iter__", "__len__", "__or__", "__repr__",
+    "__reversed__", "__ror__", "__setitem__", "clear", "copy", "get", "items", "keys", "pop", "popitem",
+    "setdefault", "update", "values",
+):
+    setattr(CompletedData, _name, _filling(_name))
 
 
 def level_for(kinds: Collection[str] | None) -> int:
@@ -183,7 +259,9 @@ class Listener:
         back from the registry, for the callbacks and streams that get the result. Only
         then: a waiter reads it back by itself, and a batch whose events all carry their
         results costs a scan."""
-        missing = [i for i, ev in enumerate(batch) if ev.kind == "completed" and ev.result is None and ev.job_id]
+        if None not in map(_RESULT, batch):  # (a scan in C: the common case costs no bytecode an event)
+            return batch
+        missing = [i for i, ev in enumerate(batch) if ev.result is None and ev.kind == "completed" and ev.job_id]
         if not missing:
             return batch
         batch = list(batch)
@@ -202,18 +280,6 @@ class Listener:
         if self.on_due is not None:
             self.on_due(0.0)
         self.events.emit("resync")
-
-    def _add_result(self, data: dict[str, Any], ev: StorageEvent) -> None:
-        """A ``completed`` event's decoded result as ``data["result"]`` (``None`` when it
-        is no longer stored); a result the queue's ``result_serde`` cannot decode leaves
-        ``result`` ``None`` and says why in ``data["result_error"]``."""
-        data["result"] = None
-        if ev.result is None:
-            return
-        try:
-            data["result"] = self.result_serde.loads(ev.result)
-        except Exception as exc:  # noqa: BLE001 - told in the event, not raised
-            data["result_error"] = f"result of job {ev.job_id!r} cannot be decoded: {exc}"
 
     def _dispatch(self, batch: list[StorageEvent]) -> None:
         events = self.events
@@ -253,11 +319,14 @@ class Listener:
                 continue
             if kind in STORAGE_EVENT_NAMES:
                 if events.wants(kind):
+                    if kind == "completed":  # its result is decoded when a callback reads it
+                        completed = CompletedData(worker_id=ev.worker_id)  # (CompletedData.of, inline)
+                        completed._pending = (ev, self.result_serde)
+                        events.emit_data(kind, ev.job_id or None, completed)
+                        continue
                     data: dict[str, Any] = {"worker_id": ev.worker_id}
                     if ev.error is not None:
                         data["error"] = decode_error(ev.error)
-                    if kind == "completed":
-                        self._add_result(data, ev)
                     events.emit(kind, ev.job_id or None, **data)
             elif kind == "fenced":
                 events.emit(

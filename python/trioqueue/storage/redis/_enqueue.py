@@ -92,7 +92,8 @@ class RedisEnqueue:
                     if job.priority != DEFAULT_PRIORITY or job.group is not None:
                         script = "enqueue"
                 reply = await self._run_shielded(script, queue, args)
-                outcomes += [_outcome(item) for item in reply]
+                for item in reply:  # (a queued job's outcome inline: the per-job path)
+                    outcomes.append(_QUEUED_OUTCOME if item[0] == b"q" else _outcome(item))
         except trio.Cancelled:
             # The carrying call was cancelled (after the shield limit): the others learn
             # that their jobs' fate is unknown, as with any interrupted write.

@@ -93,10 +93,20 @@ class LeanTransport(Transport):
     async def script(
         self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes], *, shield: float | None = None
     ) -> Any:
+        if self._ack is not None:  # acknowledged writes (one check a call without them)
+            return await self._acked_script(script, keys, args, shield)
+        call = _ScriptCall(self.scripts, script, keys, args)
+        return await self._retry(call.data(), script=call, shield=shield)
+
+    async def _acked_script(
+        self, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes], shield: float | None
+    ) -> Any:
         ack = self.replica_ack(script)
-        call = _ScriptCall(self.scripts, script, keys, args, ack)
-        if ack is None:
+        if ack is None:  # a script whose writes need no acknowledgement
+            call = _ScriptCall(self.scripts, script, keys, args)
             return await self._retry(call.data(), script=call, shield=shield)
+        call = _AckedScriptCall(self.scripts, script, keys, args)
+        call.ack = ack
         reply, acks = await self._retry(call.data(), count=2, script=call, shield=shield)
         ack.check(acks)
         return reply
@@ -264,24 +274,27 @@ class _LeanSubscription(Subscription):
 class _ScriptCall:
     """A script call as the lean client sends it (encoded again after its form changed)."""
 
-    __slots__ = ("ack", "args", "keys", "policy", "script")
+    __slots__ = ("args", "keys", "policy", "script")
 
     def __init__(
-        self,
-        policy: ScriptPolicy,
-        script: Script,
-        keys: Sequence[str | bytes],
-        args: Sequence[str | bytes],
-        ack: ReplicaAck | None = None,
+        self, policy: ScriptPolicy, script: Script, keys: Sequence[str | bytes], args: Sequence[str | bytes]
     ) -> None:
         self.policy = policy
         self.script = script
         self.keys = keys
         self.args = args
-        self.ack = ack
 
     def data(self) -> bytes:
-        """``FCALL`` (or ``EVALSHA``) of the script, as the policy says now, with the
-        ``WAIT`` of an acknowledged write behind it."""
-        data = encode_command(self.policy.command(self.script, self.keys), self.keys, self.args)
-        return data if self.ack is None else data + self.ack.command
+        """``FCALL`` (or ``EVALSHA``) of the script, as the policy says now."""
+        return encode_command(self.policy.command(self.script, self.keys), self.keys, self.args)
+
+
+class _AckedScriptCall(_ScriptCall):
+    """An acknowledged write's script call: the ``WAIT`` of its ``ack`` goes behind it (a
+    class of its own, so that a call without acks pays nothing for them)."""
+
+    __slots__ = ("ack",)
+    ack: ReplicaAck
+
+    def data(self) -> bytes:
+        return super().data() + self.ack.command

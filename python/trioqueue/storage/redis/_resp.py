@@ -94,6 +94,10 @@ class RespConnection:
         self._sock = sock
         self._last_read = 0  # replies the last read brought
         self._sent_now = False  # _send_now wrote and nobody has read since
+        # _recv_now's buffer, made at its first read and kept: a recv() of _RECV_SIZE
+        # bytes maps a fresh buffer, shrinks it and unmaps it on every reply (three
+        # system calls for a 15-byte reply)
+        self._rbuf: bytearray | None = None
         self._timeout = timeout
         self._reader = RespReader()
         self._pending: deque[_Call] = deque()
@@ -258,7 +262,7 @@ class RespConnection:
                 if c.event is not None:
                     c.event.set()
 
-    async def _recv_now(self) -> bytes:
+    async def _recv_now(self) -> bytearray:
         """Receive on the socket directly: a call yields once, while it waits for its
         reply (and once more if the reply was there before it looked, so that every call
         is a schedule point)."""
@@ -270,16 +274,19 @@ class RespConnection:
             self._sent_now = False
             await trio.lowlevel.wait_readable(self._sock)
             waited = True
+        buf = self._rbuf
+        if buf is None:
+            buf = self._rbuf = bytearray(_RECV_SIZE)
         while True:
             try:
-                data = self._sock.recv(_RECV_SIZE)
+                n = self._sock.recv_into(buf)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self._sock)
                 waited = True
                 continue
             if not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
+            return buf[:n]
 
     def _hand_over_reading(self) -> None:
         """Wake the oldest caller still waiting, to read in our place."""
