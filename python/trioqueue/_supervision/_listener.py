@@ -96,7 +96,7 @@ class CompletedData(dict[str, Any]):
     def __ne__(self, other: object) -> bool:
         return not self == other
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         self._fill()

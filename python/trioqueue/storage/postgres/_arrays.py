@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from psycopg import postgres, pq
+from psycopg import abc, postgres, pq
 from psycopg.adapt import AdaptersMap, Dumper, Transformer
 
 __all__ = ["encode_arrays", "transformer"]
@@ -66,9 +66,9 @@ class _Context:
     connection = None
 
 
-def transformer() -> Transformer:
+def transformer() -> abc.Transformer:
     """A psycopg :class:`Transformer` that knows the arrays encoded here."""
-    return Transformer(_Context())  # type: ignore[arg-type]
+    return Transformer(_Context())
 
 
 def _pack(element: int, items: list[bytes | None], nulls: bool) -> bytes:
