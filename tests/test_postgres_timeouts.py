@@ -77,7 +77,11 @@ async def test_a_worker_is_not_hung_by_a_server_that_stops_answering(
         await trio.sleep(0.01)
         return job.payload
 
-    async with Queue(storage, name=queue_name, handler=handler, concurrency=5, block_timeout=0.5) as q:
+    # (a claim that timed out may still have been served: its jobs come back when their
+    # lease runs out, hence a short one)
+    async with Queue(
+        storage, name=queue_name, handler=handler, concurrency=5, block_timeout=0.5, visibility_timeout=3.0
+    ) as q:
         q.on("error", on_error)
         await q.enqueue_many([(f"j{i}", i) for i in range(100)])
         with trio.fail_after(30):
