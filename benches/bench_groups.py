@@ -113,6 +113,23 @@ async def measure(
     return {g: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for g, v in out.items()}
 
 
+
+def _table(title: str, results: dict, k: int) -> list[str]:
+    """A table of measure ``k`` (0: elapsed, 1: CPU) of each storage, with the ratios."""
+    lines = [
+        title,
+        "",
+        "| storage | 10 groups | 1,000 groups | 10,000 groups | ratio 10,000 / 10 | ratio 10,000 / 1,000 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for storage, r in results.items():
+        m = {g: v[k] for g, v in r.items()}
+        lines.append(
+            f"| {storage} | {m[10]:,.0f} | {m[1_000]:,.0f} | {m[10_000]:,.0f} | {m[10_000] / m[10]:.2f} | {m[10_000] / m[1_000]:.2f} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=20_000)
@@ -226,28 +243,9 @@ def main() -> None:
         "  group's index and heap pages, where with 10 groups each group's front in",
         "  `jobs_ready_group` gathers the dead entries of its claimed jobs instead.",
         "",
-        "Elapsed (us a claim):",
-        "",
-        "| storage | 10 groups | 1,000 groups | 10,000 groups | ratio 10,000 / 10 | ratio 10,000 / 1,000 |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
-    for storage, r in results.items():
-        w = {g: v[0] for g, v in r.items()}
-        lines.append(
-            f"| {storage} | {w[10]:,.0f} | {w[1_000]:,.0f} | {w[10_000]:,.0f} | {w[10_000] / w[10]:.2f} | {w[10_000] / w[1_000]:.2f} |"
-        )
-    lines += [
-        "",
-        "CPU time, this process and the server (us a claim):",
-        "",
-        "| storage | 10 groups | 1,000 groups | 10,000 groups | ratio 10,000 / 10 | ratio 10,000 / 1,000 |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for storage, r in results.items():
-        c = {g: v[1] for g, v in r.items()}
-        lines.append(
-            f"| {storage} | {c[10]:,.0f} | {c[1_000]:,.0f} | {c[10_000]:,.0f} | {c[10_000] / c[10]:.2f} | {c[10_000] / c[1_000]:.2f} |"
-        )
+    lines += _table("Elapsed (us a claim):", results, 0)
+    lines += [""] + _table("CPU time, this process and the server (us a claim):", results, 1)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "groups.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
