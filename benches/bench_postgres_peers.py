@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,8 @@ RESULTS = HERE / "results"
 NODE = HERE / "pgpeers"
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from postgres_server import PostgresServer
+from bench_vs_bullmq import _medians, _run  # noqa: E402
+from postgres_server import PostgresServer  # noqa: E402
 
 WORKLOADS = ["A-seq", "A-batch", "B", "B-batch", "C-1", "C-50"]
 # what a tool has no equivalent of
@@ -86,23 +86,6 @@ def _command(tool: str, url: str, args: argparse.Namespace, out: Path) -> list[s
         return [sys.executable, str(NODE / "procrastinate_bench.py"), "--url", url, *common]
     script = {"pgboss": "pgboss.mjs", "platformatic": "platformatic_pg.mjs"}[tool]
     return ["node", str(NODE / script), "--url", url, *common]
-
-
-def _run(cmd: list[str], out: Path) -> dict:
-    proc = subprocess.run(cmd, timeout=1200, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
-
-
-def _medians(docs: list[dict]) -> dict[str, dict[str, float]]:
-    by: dict[str, dict[str, list[float]]] = {}
-    for doc in docs:
-        for r in doc["results"]:
-            for key in ("rate", "p50_ms", "p99_ms"):
-                if r.get(key) is not None:
-                    by.setdefault(r["workload"], {}).setdefault(key, []).append(r[key])
-    return {w: {k: statistics.median(v) for k, v in d.items()} for w, d in by.items()}
 
 
 def _cell(m: dict[str, float] | None, latency: bool) -> str:

@@ -23,8 +23,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,3 +200,20 @@ def postgres_url() -> Iterator[str]:
         yield server.url
     finally:
         server.close()
+
+
+@pytest.fixture
+async def pg(postgres_url: str) -> AsyncIterator[Any]:
+    """A PostgresStorage on the suite's server, in a fresh schema of its own."""
+    from trioqueue.storage.postgres import PostgresStorage
+
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}") as st:
+        yield st
+
+
+async def orders_table(pg: Any) -> str:
+    """An application table ``orders (id, total)`` in ``pg``'s schema (for transactions)."""
+    table = f"{pg._s}.orders"
+    async with pg.pool.connection() as conn:
+        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, total numeric NOT NULL)")
+    return table

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +16,12 @@ import trio.testing
 pytest.importorskip("psycopg")
 
 from storage_helpers import LEASE, W1, job
+from postgres_server import orders_table
 from trioqueue import MemoryStorage, Queue, ValidationError
 from trioqueue.storage import StorageEvent, from_url
 from trioqueue.storage.postgres import Connection, ConnectionLost, PostgresStorage
 
 TRIOQUEUE = str(Path(sys.executable).parent / "trioqueue")
-
-
-@pytest.fixture
-async def pg(postgres_url: str) -> AsyncIterator[PostgresStorage]:
-    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}") as st:
-        yield st
-
-
-async def _orders_table(pg: PostgresStorage) -> str:
-    table = f"{pg._s}.orders"
-    async with pg.pool.connection() as conn:
-        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, total numeric NOT NULL)")
-    return table
 
 
 async def _next_events(receive: trio.MemoryReceiveChannel[list[StorageEvent]]) -> list[tuple[str, str]]:
@@ -43,7 +30,7 @@ async def _next_events(receive: trio.MemoryReceiveChannel[list[StorageEvent]]) -
 
 
 async def test_transactional_enqueue_commits_with_the_application_rows(pg: PostgresStorage, queue_name: str) -> None:
-    table = await _orders_table(pg)
+    table = await orders_table(pg)
     got: list[str] = []
 
     async def blocked_claim(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -73,7 +60,7 @@ async def test_transactional_enqueue_commits_with_the_application_rows(pg: Postg
 
 
 async def test_transactional_enqueue_rolls_back_with_the_application(pg: PostgresStorage, queue_name: str) -> None:
-    table = await _orders_table(pg)
+    table = await orders_table(pg)
     async with Queue(pg, name=queue_name, reaper=False) as q:
         with pytest.raises(RuntimeError, match="payment declined"):
             async with pg.transaction() as tx:

@@ -5,8 +5,6 @@ after a ROLLBACK, a refused tree leaves the application's transaction usable."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -15,22 +13,10 @@ import trio.testing
 pytest.importorskip("psycopg")
 
 from storage_helpers import LEASE, W1
+from postgres_server import orders_table
 from trioqueue import Child, FlowError, Queue, ValidationError
 from trioqueue.storage import StorageEvent
 from trioqueue.storage.postgres import PostgresStorage
-
-
-@pytest.fixture
-async def pg(postgres_url: str) -> AsyncIterator[PostgresStorage]:
-    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}") as st:
-        yield st
-
-
-async def _orders_table(pg: PostgresStorage) -> str:
-    table = f"{pg._s}.orders"
-    async with pg.pool.connection() as conn:
-        await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, total numeric NOT NULL)")
-    return table
 
 
 async def _events(receive: trio.MemoryReceiveChannel[list[StorageEvent]], n: int) -> list[tuple[str, str]]:
@@ -48,7 +34,7 @@ def _tree(side: str) -> list[Child]:
 async def test_a_tree_enqueued_in_a_transaction_appears_with_the_commit_and_wakes_workers(
     pg: PostgresStorage, queue_name: str
 ) -> None:
-    table = await _orders_table(pg)
+    table = await orders_table(pg)
     side = f"{queue_name}-side"
     ids = ["report", "fetch-a", "fetch-b", "deep"]
     got: list[str] = []
@@ -89,7 +75,7 @@ async def test_a_tree_enqueued_in_a_transaction_appears_with_the_commit_and_wake
 async def test_a_tree_enqueued_in_a_transaction_that_rolls_back_leaves_nothing(
     pg: PostgresStorage, queue_name: str
 ) -> None:
-    table = await _orders_table(pg)
+    table = await orders_table(pg)
     side = f"{queue_name}-side"
     async with Queue(pg, name=queue_name, reaper=False) as q:
         with pytest.raises(RuntimeError, match="payment declined"):
@@ -118,7 +104,7 @@ async def test_a_refused_tree_in_a_transaction_writes_nothing_and_leaves_the_tra
     """A child id that exists: FlowError naming it, nothing of the tree written, and the
     application's transaction goes on (its own rows commit). A root id that exists is a
     duplicate, as without a transaction."""
-    table = await _orders_table(pg)
+    table = await orders_table(pg)
     async with Queue(pg, name=queue_name, reaper=False) as q:
         await q.enqueue("taken", 0)
         async with pg.transaction() as tx:

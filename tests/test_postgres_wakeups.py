@@ -4,8 +4,6 @@ the others (an unlimited claim would only run an empty claim statement)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,12 +15,6 @@ pytest.importorskip("psycopg")
 from storage_helpers import LEASE, W1, W2, job
 from trioqueue.storage import ClaimLimits, SettleKind, Settlement
 from trioqueue.storage.postgres import PostgresStorage
-
-
-@pytest.fixture
-async def pg(postgres_url: str) -> AsyncIterator[PostgresStorage]:
-    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}") as st:
-        yield st
 
 
 def _count_claims(pg: PostgresStorage) -> list[int]:
