@@ -144,3 +144,70 @@ async def test_after_a_cancelled_job_the_same_worker_runs_the_next_jobs_normally
                 assert status is not None and status.state is JobState.CANCELLED
     assert outcomes == {"blocked": "cancelled", "shielded": "returned"}
     assert results == ["ok-after-2", "ok-after-3", "ok-after-4"]
+
+
+async def test_a_cancel_during_a_reserved_claims_start_does_not_reach_the_next_incarnation(
+    storage: Storage, queue_name: str
+) -> None:
+    """A prefetched (reserved) job is cancelled while its worker's start call is under
+    way: it ends cancelled (the storage refuses the start), and the request stays with
+    that claim: the same id enqueued again, and claimed by the worker before the refusal
+    reaches it, runs. (The start is held by wrapping the storage's own; MemoryStorage,
+    which counts a start without I/O where there is no such moment, is made to take the
+    batched start() too.)"""
+    storage.supports_start_nowait = False  # type: ignore[misc]  # (an instance attribute: this storage only)
+    real_dequeue, real_start = storage.dequeue, storage.start
+    reserved = [trio.Event(), trio.Event()]  # r's first and second incarnations claimed, reserved
+    starting, go, reply = trio.Event(), trio.Event(), trio.Event()
+
+    async def dequeue(*args: Any, **kwargs: Any) -> Any:
+        claims = await real_dequeue(*args, **kwargs)
+        if any(c.id == "r" and not c.started for c in claims):
+            (reserved[1] if reserved[0].is_set() else reserved[0]).set()
+        return claims
+
+    async def start(queue: str, worker_id: str, claims: Any) -> list[bool]:
+        if any(job_id == "r" for job_id, _ in claims) and not go.is_set():
+            starting.set()
+            await go.wait()
+            out = await real_start(queue, worker_id, claims)
+            await reply.wait()
+            return out
+        return await real_start(queue, worker_id, claims)
+
+    storage.dequeue = dequeue  # type: ignore[method-assign]
+    storage.start = start  # type: ignore[method-assign]
+    release = trio.Event()
+    ran: list[str] = []
+
+    async def handler(job: Job[Any]) -> str:
+        if job.id == "busy":
+            await release.wait()
+        ran.append(job.id)
+        return f"ok-{job.id}"
+
+    async with Queue(storage, name=queue_name, handler=handler, concurrency=1, prefetch=1, **FAST) as q:
+        seen = Recorder()
+        for name in ("cancel_requested", "cancelled", "completed"):
+            q.on(name, seen)
+        with trio.fail_after(20):
+            await q.enqueue("busy", None)  # the only worker runs it...
+            await q.enqueue("r", None)  # ... so r is claimed reserved, in the buffer
+            await reserved[0].wait()
+            release.set()
+            await starting.wait()  # the worker's start call for r is under way
+            assert (await q.cancel("r")).status is CancelStatus.CANCELLED
+            await seen.wait_for("cancel_requested", "r")  # the worker has the request
+            go.set()
+            await seen.wait_for("cancelled", "r")  # the storage refused the start: cancelled
+            status = await q.get_status("r")
+            assert status is not None and status.state is JobState.CANCELLED
+            # the same id again, a new incarnation: the worker claims it (reserved) before
+            # the refusal reaches it; the old request must not touch it
+            assert (await q.enqueue("r", None)).status.value == "queued"
+            await reserved[1].wait()
+            reply.set()
+            await seen.wait_until(lambda evs: len([e for e in evs if e.job_id == "r" and e.name != "cancel_requested"]) > 1)
+            assert [e.name for e in seen.events if e.job_id == "r"] == ["cancel_requested", "cancelled", "completed"]
+            assert await q.get_result("r") == "ok-r"
+    assert ran == ["busy", "r"]

@@ -215,6 +215,33 @@ async def test_keep_does_not_count_out_the_children_a_parent_still_needs(storage
     assert result == {"kid-0": 0, "kid-1": 1, "kid-2": 2}
 
 
+async def test_keep_forgets_older_jobs_never_the_one_that_just_completed(storage: Storage, queue_name: str) -> None:
+    """A tree of three jobs (kept by their TTL), then three plain jobs, ``keep_completed=2``:
+    the count forgets the oldest plain job, never the newest (its id would be free again:
+    a producer's retried enqueue would run it twice)."""
+    from trioqueue import Child
+
+    if hasattr(storage, "keep_every"):
+        storage.keep_every = 1
+
+    async def handler(job: Job[Any]) -> Any:
+        if job.payload == "parent":
+            return await job.children_results()
+        return job.payload
+
+    async with Queue(storage, name=queue_name, handler=handler, keep_completed=2, **FAST) as q:
+        with trio.fail_after(30):
+            await q.enqueue_and_wait("parent", "parent", children=[Child("kid-0", 0), Child("kid-1", 1)])
+            for jid in ("p1", "p2", "p3"):  # one at a time: each ends after the previous one
+                assert await q.enqueue_and_wait(jid, jid) == jid
+                status = await q.get_status(jid)
+                assert status is not None and status.state is JobState.COMPLETED  # the job just completed: kept
+                assert (await q.enqueue(jid, "again")).status.value == "completed"  # not run twice
+    async with Queue(storage, name=queue_name) as q:
+        statuses = await q.get_statuses(["parent", "kid-0", "kid-1", "p1", "p2", "p3"])
+        assert [s is not None for s in statuses] == [True, True, True, False, True, True]
+
+
 async def test_clearing_a_parents_queue_leaves_its_children_elsewhere_working(storage: Storage, queue_name: str) -> None:
     """A tree across queues: the parent's queue is cleared while a child on another
     queue waits; the child still runs and ends, and nothing crashes."""

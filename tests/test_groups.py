@@ -216,6 +216,34 @@ async def test_a_paused_group_is_passed_over_until_resumed(storage: Storage, que
     assert not await storage.set_group_paused(queue_name, "a", False)
 
 
+async def test_clear_frees_the_group_slot_of_a_running_job(storage: Storage, queue_name: str) -> None:
+    """``clear`` forgets every job of the queue, a claimed one too: it no longer holds its
+    group's slot (``group_concurrency=1``), and its settlement, fenced, frees nothing."""
+    limits = ClaimLimits(group_concurrency=1)
+    await storage.enqueue(queue_name, [gjob("a0", "a")])
+    [held] = await storage.dequeue(queue_name, W1, 10, 0.05, LEASE, None, limits)
+    assert await storage.clear(queue_name) == 1
+    await storage.enqueue(queue_name, [gjob("a1", "a"), gjob("a2", "a")])
+    assert [c.id for c in await storage.dequeue(queue_name, W2, 10, 0.05, LEASE, None, limits)] == ["a1"]
+    done = Settlement(SettleKind.COMPLETE, "a0", b"1", ttl=60, token=held.token)
+    assert await storage.settle(queue_name, W1, [done]) == [False]  # the cleared claim: fenced
+    assert await storage.dequeue(queue_name, W1, 10, 0.0, LEASE, None, limits) == []  # a1 holds the slot
+
+
+async def test_clear_forgets_the_group_rate_limit_state(storage: Storage, queue_name: str) -> None:
+    """A group that used its ``group_rate`` in the window, then ``clear``: the group's next
+    job is claimed at once, not when the old window ends (4 s: a claim that does not wait
+    cannot get it before)."""
+    limits = ClaimLimits(group_rate=2, group_per=4.0)
+    await storage.enqueue(queue_name, [gjob("a0", "a"), gjob("a1", "a"), gjob("a2", "a")])
+    held = await storage.dequeue(queue_name, W1, 10, 0.05, LEASE, None, limits)
+    assert [c.id for c in held] == ["a0", "a1"]
+    assert await storage.dequeue(queue_name, W1, 10, 0.0, LEASE, None, limits) == []  # over its rate
+    await storage.clear(queue_name)
+    await storage.enqueue(queue_name, [gjob("b0", "a")])
+    assert [c.id for c in await storage.dequeue(queue_name, W2, 10, 0.0, LEASE, None, limits)] == ["b0"]
+
+
 # -- through Queues -------------------------------------------------------------------
 
 

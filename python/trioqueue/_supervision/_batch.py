@@ -139,8 +139,8 @@ async def execute_batch(executor: Executor, claims: Sequence[Claim], attempt: At
             out[i] = prepared
             continue
         job, options, ttl, _ = prepared
-        if job.id in requests:  # cancel() came before the handler started
-            requests.discard(job.id)
+        if claim.token in requests:  # cancel() came before the handler started
+            requests.discard(claim.token)
             out[i] = executor.finished(Settlement(SettleKind.CANCEL, job.id, b"", ttl=ttl, token=claim.token))
             continue
         live.append((i, claim, job, options, ttl))
@@ -194,8 +194,8 @@ async def execute_batch(executor: Executor, claims: Sequence[Claim], attempt: At
     else:
         outcomes = _outcomes(jobs, result, raised)
     for (i, claim, job, options, ttl), (res, error) in zip(live, outcomes, strict=True):
-        if job.id in requests:  # cancelled while the batch ran: whatever its outcome
-            requests.discard(job.id)
+        if claim.token in requests:  # cancelled while the batch ran: whatever its outcome
+            requests.discard(claim.token)
             out[i] = executor.finished(Settlement(SettleKind.CANCEL, job.id, b"", ttl=ttl, token=claim.token), duration)
             continue
         settlement = executor.finished(await executor.settlement(job, claim.token, res, error, ttl, options), duration)
@@ -244,6 +244,9 @@ class BatchWorker:
         raise NotImplementedError
 
     def _drop_lost(self, job_id: str, token: str) -> None:
+        raise NotImplementedError
+
+    def _cancel_spent(self, token: str) -> None:
         raise NotImplementedError
 
     async def _begin_many(self, claims: list[Claim]) -> list[bool]:
@@ -334,7 +337,8 @@ class BatchWorker:
             if claim.token in self.lost:
                 self._drop_lost(claim.id, claim.token)
             else:
-                self._unhold(1)  # the reaper took it back: not ours to run
+                self._unhold(1)  # cancelled, or the reaper took it back: not ours to run
+                self._cancel_spent(claim.token)
         return runnable
 
     def _queue_settlements(self, claims: list[Claim], settlements: list[Settlement | None]) -> None:

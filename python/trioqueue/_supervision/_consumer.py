@@ -253,11 +253,13 @@ class Consumer(LeaseKeeper, BatchWorker):
     def request_cancel(self, job_id: str) -> None:
         """``cancel()`` reached a job this worker holds: cancel its handler if it runs, or
         settle it as cancelled if it waits in the buffer; a job about to start checks
-        ``cancel_requests``. A job already finished settles as it finished."""
+        ``cancel_requests``, which hold the claims the request reached (never a later
+        claim: a later incarnation of the id). A job already finished settles as it
+        finished."""
         running = [token for token, jid in self.running.items() if jid == job_id]
         if not running and not any(c.id == job_id for c in self.buffer):
             return
-        self.cancel_requests.add(job_id)
+        self.cancel_requests.update(running)
         scopes = [scope for token in running if (scope := self.scopes.get(token)) is not None]
         for scope in scopes:
             scope.cancel()
@@ -267,7 +269,6 @@ class Consumer(LeaseKeeper, BatchWorker):
         for claim in self.buffer:
             if claim.id == job_id:
                 self.buffer.remove(claim)
-                self.cancel_requests.discard(job_id)
                 self.pending.append(self.executor.finished(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token)))
                 self.settle_wakeup.unpark()
                 return
@@ -457,7 +458,8 @@ class Consumer(LeaseKeeper, BatchWorker):
                             if lost and token in lost:
                                 self._drop_lost(job_id, token)
                             else:
-                                self._unhold(1)  # the reaper took it back: not ours to run
+                                self._unhold(1)  # cancelled, or the reaper took it back: not ours to run
+                                self._cancel_spent(token)
                             claim = None
                             continue
                     began = perf_counter() if self.observed else 0.0  # for an attempt cancel() ends

@@ -159,9 +159,10 @@ class ExecutionSettings:
 @dataclass(slots=True)
 class Cancellations:
     """The ``cancel()`` requests a worker received for jobs it holds, shared by its
-    consumer (which receives them) and its executor (which honours them): ``requested``
-    ids (not to run; settled as cancelled), and the cancel scope of each running handler,
-    by its claim token."""
+    consumer (which receives them) and its executor (which honours them): ``requested``,
+    the claim tokens of the claims not to run (settled as cancelled: by claim, so that a
+    request never reaches a later incarnation of the job's id), and the cancel scope of
+    each running handler, by its claim token."""
 
     requested: set[str] = field(default_factory=set)
     scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
@@ -316,8 +317,8 @@ class Executor:
         result: Any = None
         escalate: BaseException | None = None
         requests = self.cancellations.requested
-        if jid in requests:  # cancel() came before the handler started
-            requests.discard(jid)
+        if token in requests:  # cancel() came before the handler started
+            requests.discard(token)
             return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token))
         scopes = self.cancellations.scopes
         scopes[token] = scope  # cancelled by a cancel() of this running job
@@ -349,8 +350,8 @@ class Executor:
                 _tracing.end_job_span(span, raised)
         # (only observers and the failure log use the duration)
         duration = time.perf_counter() - began if observers or raised is not None else 0.0
-        if jid in requests:
-            requests.discard(jid)
+        if token in requests:
+            requests.discard(token)
             return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
         settlement = None
         if raised is None and q.after_execution is None and q.pool is not None:
@@ -427,7 +428,7 @@ class Executor:
     def cancelled(self, claim: Claim, duration: float | None) -> Settlement:
         """The settlement of an attempt whose handler a ``cancel()`` interrupted (the
         ``Cancelled`` escaped :meth:`execute` and the worker's scope caught it)."""
-        self.cancellations.requested.discard(claim.id)
+        self.cancellations.requested.discard(claim.token)
         try:
             ttl_ms = decode_envelope(claim.envelope)[5]
         except CodecError:

@@ -130,7 +130,7 @@ class LeaseKeeper:
     pending: list[Settlement]
     scopes: dict[str, trio.CancelScope]
     spent_scopes: set[trio.CancelScope]
-    cancel_requests: set[str]
+    cancel_requests: set[str]  # claim tokens (see Cancellations.requested)
     limit: int
 
     def init_leases(self, settings: ConsumerSettings) -> None:
@@ -257,6 +257,10 @@ class LeaseKeeper:
         self.lost.discard(token)
         self.lost_ended.unpark_all()
         self._unhold(1)
-        if job_id in self.cancel_requests and job_id not in self.running.values():
-            if not any(c.id == job_id for c in self.buffer):
-                self.cancel_requests.discard(job_id)
+        self._cancel_spent(token)
+
+    def _cancel_spent(self, token: str) -> None:
+        """Claim ``token`` ends without its handler running (given up, or its start
+        refused: the storage ended it, cancelled if a ``cancel()`` reached it): a cancel
+        request for it is spent."""
+        self.cancel_requests.discard(token)

@@ -330,9 +330,10 @@ class QueueAdmin(Generic[P]):
     async def clear(self, *, schedules: bool = False) -> int:
         """Empty the queue's storage entirely: every job in every state (queued, delayed,
         running, waiting for a retry or for children, finished) with its results, errors
-        and progress, and the rate limit's state, is forgotten at once; the schedules are
-        kept unless ``schedules`` is true (the pause flag and the worker registry always
-        are). Returns how many jobs were forgotten. A worker running one of the jobs does
+        and progress, and the rate limits' state (the groups' too: their claimed slots and
+        ``group_rate_limit`` windows), is forgotten at once; the schedules are kept unless
+        ``schedules`` is true (the pause flag, the paused groups and the worker registry
+        always are). Returns how many jobs were forgotten. A worker running one of the jobs does
         not crash: its outcome is refused (fenced, an ``error`` event) and its heartbeat
         gives the claim up (``lease_lost``); waiters of ``enqueue_and_wait`` get
         :class:`JobCancelledError`; every subscriber gets a ``cleared`` event."""

@@ -512,9 +512,10 @@ class Storage(abc.ABC):
         """Empty ``queue``, atomically: forget every job of it in every state (ready
         lists, delayed set, processing lists and leases, the registry with results,
         errors and progress, the state indexes, trees' links) and its flow-control state
-        (rate-limit log, ``RateLimited`` hold), as if none had ever been enqueued. The
-        pause flag, the worker registry and (unless ``schedules``) the schedules with
-        their last ticks are kept. A worker still running a job of the queue finds its
+        (rate-limit log, ``RateLimited`` hold, and the groups': rings, claimed slots,
+        ``group_rate`` logs), as if none had ever been enqueued. The pause flag, the paused
+        groups, the worker registry and (unless ``schedules``) the schedules with their
+        last ticks are kept. A worker still running a job of the queue finds its
         claim gone: its settlement is fenced (changes nothing, publishes ``fenced``) and
         its heartbeat lists the claim as lost (``recovered``). Trees are not followed across
         queues: a parent on another queue waiting for a child of this one is not told

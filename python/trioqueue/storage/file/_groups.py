@@ -51,6 +51,14 @@ def group_marker(name: str, priority: int, group: str) -> str:
     return f"g/{encode_name(group)}/p{priority}/{name}"
 
 
+def _listdir(path: str) -> list[str]:
+    """The names in directory ``path`` but dot names (none if it does not exist)."""
+    try:
+        return [n for n in os.listdir(path) if not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
 def _touch(path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
@@ -202,6 +210,23 @@ class GroupDisk:
     def forget_lanes(self) -> None:
         """Released markers went before the cached names: list the group lanes again."""
         self.lanes.clear()
+
+    def clear(self, unlink_entries: Callable[[str], int]) -> None:
+        """Forget every group's state but the paused groups (``clear``, queue lock held):
+        the rings and their memberships, the group lanes' ready markers, the claimed slots,
+        the groups blocked for their limit, the group_rate logs and rests (membership
+        before the ring entry, as :meth:`leave` does); and this process's listings."""
+        for d in (self.member, self.ring, self.blocked, self.rate, self.sleep):
+            unlink_entries(d)
+        for encg in _listdir(self.run):
+            unlink_entries(f"{self.run}/{encg}")
+        for encg in _listdir(f"{self.ready}/g"):
+            for pn in _listdir(f"{self.ready}/g/{encg}"):
+                unlink_entries(f"{self.ready}/g/{encg}/{pn}")
+        for r in self.rings:
+            r.clear()
+        self.lanes.clear()
+        self.dry = [-1.0] * (MAX_PRIORITY + 1)
 
     # -- paused groups, claimed slots ------------------------------------------------------
 

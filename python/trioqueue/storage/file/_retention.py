@@ -136,6 +136,7 @@ class RetentionOps(FileBase):
                 n = _unlink_entries(q.jobs)
                 _unlink_entries(q.expiry)
                 _unlink_entries(os.path.join(q.path, "flow"))
+                q.grp.clear(_unlink_entries)  # the groups' state (not the paused groups)
                 if schedules:
                     _unlink_entries(q.schedules)
                 q.forget()

@@ -157,6 +157,10 @@ class MemoryAdmin(_MemoryPart):
             q.ready, q.jobs, q.processing, q.delayed, q.expiry = _Lanes(), {}, {}, [], []
             q.index = StateIndex()
             q.flow = FlowState()
+            # ... and its groups' state: the cleared claims' slots, the groups out of the
+            # rings for their limit, the claim logs of group_rate (paused groups are kept,
+            # as the pause flag is)
+            q.running, q.gblocked, q.glogs, q.gsleep = {}, set(), {}, []
             if schedules:
                 q.schedules = {}
             self._publish(q, [StorageEvent(CLEARED, "")])

@@ -36,12 +36,13 @@ class _Indexed(Protocol):
 class _Log:
     """One state's log: ``seqs[i]`` is the sequence number of the entry of ``recs[i]``."""
 
-    __slots__ = ("seqs", "recs", "head")
+    __slots__ = ("seqs", "recs", "head", "spared")
 
     def __init__(self) -> None:
         self.seqs = array("q")
         self.recs: list[Any] = []
         self.head = 0  # entries before it are stale or left alone by trim(): not looked at again
+        self.spared = 0  # the live entries before the head (all left alone by trim())
 
     def __len__(self) -> int:
         return len(self.recs)
@@ -60,6 +61,8 @@ class StateIndex:
     def enter(self, rec: _Indexed, old: str | None, new: str) -> None:
         """``rec`` moves from state ``old`` (``None``: a new record) into ``new``."""
         if old is not None:
+            if rec.iseq:
+                self._left(old, rec.iseq)
             self.live[old] -= 1
             self._maybe_compact(old)
         self.seq += 1
@@ -75,6 +78,9 @@ class StateIndex:
         :meth:`enter`, for records whose kinds the caller has already set)."""
         if not recs:
             return
+        if self.logs[old].spared:
+            for rec in recs:
+                self._left(old, rec.iseq)
         first = self.seq + 1
         seq = self.seq = self.seq + len(recs)
         for s, rec in zip(range(first, seq + 1), recs):
@@ -91,9 +97,17 @@ class StateIndex:
     def drop(self, rec: _Indexed) -> None:
         """``rec`` is forgotten (expired, purged, removed or replaced)."""
         if rec.iseq > 0:
+            self._left(rec.kind, rec.iseq)
             rec.iseq = 0
             self.live[rec.kind] -= 1
             self._maybe_compact(rec.kind)
+
+    def _left(self, kind: str, seq: int) -> None:
+        """The live entry ``seq`` of ``kind``'s log goes stale: one spared entry fewer
+        before the head if it is one of them."""
+        log = self.logs[kind]
+        if log.spared and (log.head >= len(log.seqs) or seq < log.seqs[log.head]):
+            log.spared -= 1
 
     def _maybe_compact(self, kind: str) -> None:
         log = self.logs[kind]
@@ -101,7 +115,7 @@ class StateIndex:
             keep = [r.iseq == s for s, r in zip(log.seqs, log.recs)]  # no tuple per entry
             log.seqs = array("q", compress(log.seqs, keep))
             log.recs = list(compress(log.recs, keep))
-            log.head = 0
+            log.head = log.spared = 0
 
     def page(self, kind: str, limit: int, cursor: int | None) -> tuple[list[Any], int | None]:
         """Up to ``limit`` live records of ``kind`` that entered it before ``cursor`` (a
@@ -145,25 +159,32 @@ class StateIndex:
         return n
 
     def trim(self, kind: str, keep: int, forget: Callable[[Any], None], spare: Callable[[Any], bool]) -> int:
-        """Forget (``forget(rec)``, which must :meth:`drop` it) the oldest live records of
-        ``kind`` beyond the newest ``keep``, except those ``spare(rec)`` keeps (jobs of
-        trees: they go by their TTL); how many. Each entry is looked at once over the
-        log's life (a head moves past them), so trimming at every settlement costs what
-        it forgets."""
-        excess = self.live[kind] - keep
+        """Forget (``forget(rec)``, which must :meth:`drop` it) the live records of
+        ``kind`` older than the newest ``keep``, except those ``spare(rec)`` keeps (jobs of
+        trees: they go by their TTL, and count among the newest ``keep`` while they are),
+        so the newest ``keep`` are never forgotten; how many. Each entry is looked at once
+        over the log's life (a head moves past them; the spared ones it passed are
+        counted), so trimming at every settlement costs what it forgets."""
+        log = self.logs[kind]
+        excess = self.live[kind] - keep - log.spared  # (the live entries before the head are older)
         if excess <= 0:
             return 0
-        log = self.logs[kind]
         seqs, recs = log.seqs, log.recs
         i, end = log.head, len(recs)
         victims = []
+        spared = 0
         while excess > 0 and i < end:
             rec = recs[i]
-            if rec.iseq == seqs[i] and not spare(rec):
-                victims.append(rec)
+            if rec.iseq == seqs[i]:
                 excess -= 1
+                if spare(rec):
+                    spared += 1
+                else:
+                    victims.append(rec)
             i += 1
-        log.head = i  # (forgetting may compact the log, which sets it back to 0)
-        for rec in victims:
+        for rec in victims:  # (before the head moves: they are not counted as spared)
             forget(rec)
+        if log.seqs is seqs:  # (forgetting may compact the log, which sets the head back to 0)
+            log.head = i
+            log.spared += spared
         return len(victims)

@@ -65,6 +65,8 @@ class PostgresRetention(PostgresClaims):
         async with self.tx() as conn:  # one transaction: all or nothing, with its event
             res = await conn.execute(f"DELETE FROM {self._s}.jobs WHERE queue = $1", queue)
             await conn.execute(f"UPDATE {self._s}.queues SET flow = NULL WHERE queue = $1", queue)
+            for table in ("group_ring", "full_groups", "group_claims", "group_sleep"):  # (paused groups are kept)
+                await conn.execute(f"DELETE FROM {self._s}.{table} WHERE queue = $1", queue)
             if schedules:
                 await conn.execute(f"DELETE FROM {self._s}.schedules WHERE queue = $1", queue)
             # (a wake-up too: claims waiting for a concurrency slot look again)

@@ -2,7 +2,8 @@
 -- PROCS the caller read just before); the last two KEYS: the rate log and the flow hash.
 -- ARGV[1]: '1' to remove the schedules too. Forgets every job of the queue, in every
 -- state, at once (UNLINK: the memory is freed in the background), and the flow-control
--- state; keeps the pause flag, the workers, the entry counter and (unless asked) the
+-- state (the groups' too: ready entries, rings, claimed slots, group_rate logs); keeps the
+-- pause flag, the paused groups, the workers, the entry counter and (unless asked) the
 -- schedules. Returns how many jobs it forgot, or -1 (nothing changed) when PROCS names a
 -- worker the caller did not pass: it reads PROCS again and retries.
 --@include prelude
@@ -16,6 +17,8 @@ local n = redis.call('HLEN', JOBS)
 redis.call('UNLINK', JOBS, META, ENV, ERRORS, PROGRESS, D, L, SWEEP_AT, STATES, TREE, TNOTES, TQS, PROCS)
 redis.call('UNLINK', unpack(LANES))
 redis.call('UNLINK', RATE_LOG, FLOW)
+-- the groups' ready entries, rings, claimed slots and group_rate logs (not GPAUSED)
+redis.call('UNLINK', GREADY, RING, GRUN, GRATE, GSLEEP)
 for _, P in pairs(lists) do redis.call('UNLINK', P) end
 if ARGV[1] == '1' then redis.call('UNLINK', SCHED, SCHED_LAST) end
 ev('cleared', '', nil, nil, nil, nil)
