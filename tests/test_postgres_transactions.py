@@ -13,7 +13,7 @@ import trio.testing
 pytest.importorskip("psycopg")
 
 from storage_helpers import LEASE, W1
-from postgres_server import orders_table
+from postgres_server import orders_table, wait_for_lock_wait
 from trioqueue import Child, FlowError, Queue, ValidationError
 from trioqueue.storage import StorageEvent
 from trioqueue.storage.postgres import PostgresStorage
@@ -148,21 +148,13 @@ async def test_concurrent_transactions_enqueueing_one_tree_root_write_it_once(
                     await q.enqueue("root", None, children=[Child("kid-1", 1)], transaction=tx1)
                     nursery.start_soon(late_writer, committed)
                     # bounded poll of the server's state: the second transaction waits on the root's row
-                    await _wait_for_lock_wait(pg)
+                    await wait_for_lock_wait(pg)
                 committed.set()
         assert second == ["duplicate"]
         assert [c.id for _, c in await pg.get_children(queue_name, "root")] == ["kid-1"]
         assert await pg.get_job(queue_name, "kid-2") is None
         assert [c.id for c in await pg.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["kid-1"]
 
-
-async def _wait_for_lock_wait(pg: PostgresStorage) -> None:
-    async with pg.pool.connection() as conn:
-        with trio.fail_after(10):
-            while not await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            ):
-                await trio.sleep(0.01)
 
 
 async def test_a_job_enqueued_in_an_open_transaction_holds_up_nothing_of_its_group(
