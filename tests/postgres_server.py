@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 __all__ = ["PostgresServer", "free_port"]
 
@@ -217,3 +218,14 @@ async def orders_table(pg: Any) -> str:
     async with pg.pool.connection() as conn:
         await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, total numeric NOT NULL)")
     return table
+
+
+async def wait_for_lock_wait(pg: Any) -> None:
+    """Until some session of the server waits on a lock (a bounded poll of the server's
+    state: a statement of another transaction blocked behind the test's open one)."""
+    async with pg.pool.connection() as conn:
+        with trio.fail_after(10):
+            while not await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            ):
+                await trio.sleep(0.01)

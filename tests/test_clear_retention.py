@@ -152,6 +152,29 @@ async def test_keep_zero_keeps_no_completed_job_and_result_ttl_none_keeps_failed
         assert status is not None and status.state is JobState.FAILED
 
 
+async def test_keep_completed_zero_still_delivers_a_large_result_to_the_waiter(storage: Storage, queue_name: str) -> None:
+    """A result too large to ride along in the event (over 64 KiB on Redis, 7000 bytes on
+    PostgreSQL) still reaches ``enqueue_and_wait`` when ``keep_completed=0``: the record
+    is not forgotten before its result has been delivered."""
+    big = "x" * 100_000
+
+    async def handler(job: Job[Any]) -> Any:
+        return job.payload * 100_000
+
+    async with Queue(storage, name=queue_name, handler=handler, keep_completed=0, concurrency=4, **FAST) as q:
+        with trio.fail_after(30):
+            assert await q.enqueue_and_wait("big", "x") == big
+            results = []
+
+            async def wait_one(i: int) -> None:
+                results.append(await q.enqueue_and_wait(f"big-{i}", "y"))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(wait_one, i)
+        assert results == ["y" * 100_000] * 6
+
+
 @pytest.mark.parametrize(
     ("option", "value", "match"),
     [

@@ -182,3 +182,54 @@ async def test_a_debounced_job_of_a_group_runs_in_its_group(storage: Storage, qu
         status = await q.get_status("d")
         assert status is not None and status.group == "tenant" and status.result == 2
         assert [payload for _, payload, _ in runs] == [2]
+
+
+async def test_concurrent_debounces_of_a_new_id_create_it_once_and_debounce_it(storage: Storage, queue_name: str) -> None:
+    """Storage level: producers debouncing the same new id at the same moment (their
+    calls in flight together, on connections of their own where the backend has them):
+    one creates the job, every other debounces it (none is told ``duplicate``: its
+    payload would be dropped), and the job keeps one of their payloads."""
+    from storage_helpers import job
+
+    for r in range(4):
+        jid = f"n{r}"
+        outs: list[Any] = []
+
+        async def debounce(i: int, jid: str = jid, outs: list[Any] = outs) -> None:
+            (out,) = await storage.debounce(queue_name, [job(jid, b'{"v":%d}' % i, token=f"t{i}")], 30.0, None)
+            outs.append(out)
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(debounce, i)
+        statuses = sorted(o.status.value for o in outs)
+        assert statuses == ["debounced"] * 5 + ["queued"], (jid, statuses)
+        rec = await storage.get_job(queue_name, jid)
+        assert rec is not None and rec.state.startswith("delayed:")
+        assert {o.token for o in outs if o.status is EnqueueStatus.DEBOUNCED} == {rec.token}
+
+
+async def test_a_debounce_racing_an_uncommitted_insert_of_its_id_debounces_it(pg: Any, queue_name: str) -> None:
+    """PostgreSQL, the race made certain: another transaction has inserted the id, not yet
+    committed, when a debounce of it starts. The debounce waits for it and, once it
+    commits, debounces the job it created (its payload kept), instead of answering
+    ``duplicate`` and dropping its payload."""
+    from postgres_server import wait_for_lock_wait
+    from storage_helpers import job
+
+    outs: list[Any] = []
+
+    async def debounce() -> None:
+        outs.extend(await pg.debounce(queue_name, [job("d", b'{"v":"second"}', token="t2")], 30.0, None))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            async with pg.transaction() as tx:
+                first = job("d", b'{"v":"first"}', token="t1")._replace(run_at=time.time() + 30)
+                await pg.enqueue_in_transaction(queue_name, [first], tx)
+                nursery.start_soon(debounce)
+                await wait_for_lock_wait(pg)  # (the debounce waits on the uncommitted row)
+    assert [o.status for o in outs] == [EnqueueStatus.DEBOUNCED] and outs[0].token == "t1"
+    envelope = await pg.get_envelope(queue_name, "d")
+    assert envelope is not None and b'"second"' in envelope

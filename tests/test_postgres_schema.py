@@ -144,3 +144,30 @@ async def test_a_version_3_schema_upgrades_and_its_rings_go_on(postgres_url: str
     async with await Connection.connect(postgres_url) as conn:
         assert await schema_version(conn, old) == SCHEMA_VERSION
         assert await conn.fetchval("SELECT to_regclass($1) IS NULL", f'"{old}".jobs_ready')
+
+
+async def test_a_version_4_schema_upgrades_and_a_transactional_enqueue_holds_up_nothing_of_its_group(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 5 (the group trigger deferrable) on a schema at version 4 with groups in
+    its rings: the rings go on, and a job of a group enqueued in an open application
+    transaction does not hold up another producer's enqueue of that group."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 4])
+        m.setattr(module, "SCHEMA_VERSION", 4)
+        async with PostgresStorage(postgres_url, schema=old) as storage:
+            await storage.enqueue("q", [job(f"a{i}")._replace(group="a") for i in range(2)])
+            assert await storage.schema_version() == 4
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        async with storage.transaction() as tx:
+            await storage.enqueue_in_transaction("q", [job("c0")._replace(group="c")], tx)
+            with trio.fail_after(10):  # (a guard: on version 4 it waits for the transaction)
+                await storage.enqueue("q", [job("c1")._replace(group="c")])
+        got = [c.id for _ in range(5) for c in await storage.dequeue("q", W1, 1, 0.0, LEASE)]
+    assert sorted(got) == ["a0", "a1", "c0", "c1"] and got.index("a0") < got.index("a1")

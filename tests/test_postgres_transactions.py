@@ -13,7 +13,7 @@ import trio.testing
 pytest.importorskip("psycopg")
 
 from storage_helpers import LEASE, W1
-from postgres_server import orders_table
+from postgres_server import orders_table, wait_for_lock_wait
 from trioqueue import Child, FlowError, Queue, ValidationError
 from trioqueue.storage import StorageEvent
 from trioqueue.storage.postgres import PostgresStorage
@@ -148,7 +148,7 @@ async def test_concurrent_transactions_enqueueing_one_tree_root_write_it_once(
                     await q.enqueue("root", None, children=[Child("kid-1", 1)], transaction=tx1)
                     nursery.start_soon(late_writer, committed)
                     # bounded poll of the server's state: the second transaction waits on the root's row
-                    await _wait_for_lock_wait(pg)
+                    await wait_for_lock_wait(pg)
                 committed.set()
         assert second == ["duplicate"]
         assert [c.id for _, c in await pg.get_children(queue_name, "root")] == ["kid-1"]
@@ -156,10 +156,30 @@ async def test_concurrent_transactions_enqueueing_one_tree_root_write_it_once(
         assert [c.id for c in await pg.dequeue(queue_name, W1, 5, 0.05, LEASE)] == ["kid-1"]
 
 
-async def _wait_for_lock_wait(pg: PostgresStorage) -> None:
-    async with pg.pool.connection() as conn:
-        with trio.fail_after(10):
-            while not await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            ):
-                await trio.sleep(0.01)
+
+async def test_a_job_enqueued_in_an_open_transaction_holds_up_nothing_of_its_group(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """While an application transaction that enqueued a job of group G stays open (the
+    job invisible), another producer's enqueue of a job of G and a worker's settlement of
+    G's running job (which frees G's slot: G back in the rings) go through; once the
+    transaction commits, G's jobs are claimed in turn."""
+    from storage_helpers import job
+    from trioqueue.storage import ClaimLimits, Settlement, SettleKind
+
+    q = queue_name
+    one = ClaimLimits(group_concurrency=1)
+    await pg.enqueue(q, [job(i)._replace(group="g") for i in ("run", "next")])
+    claims = await pg.dequeue(q, W1, 5, 0.05, LEASE, limits=one)  # "run"; g is full: out of the ring
+    assert [c.id for c in claims] == ["run"]
+    done = Settlement(SettleKind.COMPLETE, "run", b"1", ttl=60.0, token=claims[0].token)
+    async with pg.transaction() as tx:
+        assert [o.status.value for o in await pg.enqueue_in_transaction(q, [job("tx-job")._replace(group="g")], tx)] == [
+            "queued"
+        ]
+        with trio.fail_after(10):  # (a guard: on the old schema both wait for the transaction)
+            assert [o.status.value for o in await pg.enqueue(q, [job("other")._replace(group="g")])] == ["queued"]
+            assert await pg.settle(q, W1, [done]) == [True]
+        assert await pg.get_job(q, "tx-job") is None
+    got = [c.id for _ in range(4) for c in await pg.dequeue(q, W1, 1, 0.05, LEASE, limits=ClaimLimits())]
+    assert got == ["next", "tx-job", "other"]

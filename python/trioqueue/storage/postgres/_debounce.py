@@ -1,5 +1,7 @@
 """PostgresStorage's debounced enqueue (:meth:`Storage.debounce`): one transaction per
-call, the waiting job's row locked while it is debounced."""
+call, the waiting job's row locked while it is debounced. Two producers debouncing the
+same new id together: the second's insert waits for the first's and, once that commits,
+it debounces the job the first created (it is never a ``duplicate`` of a waiting job)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Sequence
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, NewJob, StorageEvent
 from ._common import now_ms, state_string
+from ._conn import Connection
 from ._jobs import PostgresJobs, _due_ms
 
 __all__ = ["PostgresDebounce"]
@@ -25,15 +28,21 @@ class PostgresDebounce(PostgresJobs):
             now = now_ms()
             delay_ms = int(delay * 1000)
             for job in jobs:
-                found = await conn.fetchrow(
-                    f"SELECT state, run_at_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $2 FOR UPDATE", queue, job.id
-                )
-                if found is None or found[0] not in ("delayed", "queued"):  # enqueued as usual, due after the debounce
+                found = await self._waiting(conn, queue, job.id)
+                if found is None:  # enqueued as usual, due after the debounce
                     first = min(delay_ms, delay_ms if max_wait is None else int(max_wait * 1000))
                     out, evs = await self.enqueue_in(conn, queue, [job._replace(run_at=(now + first) / 1000)], now)
-                    outcomes += out
                     events += evs
-                    continue
+                    if out[0].status is not EnqueueStatus.DUPLICATE:
+                        outcomes += out
+                        continue
+                    # Another producer's insert of the id, uncommitted at our look, committed
+                    # meanwhile (ours waited for it): a debounce of the job it created, if
+                    # that still waits (this statement sees it: a new snapshot).
+                    found = await self._waiting(conn, queue, job.id)
+                    if found is None:
+                        outcomes += out
+                        continue
                 row = await conn.fetchrow(
                     f"""UPDATE {self._s}.jobs SET envelope = $3, max_attempts = $4, result_ttl = $5,
                             run_at_ms = CASE WHEN state = 'delayed'
@@ -55,3 +64,13 @@ class PostgresDebounce(PostgresJobs):
                 outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, state_string(state, state_ms, 0, None, run_at), token=token))
             await self.publish(conn, queue, events, wake=bool(events))
         return outcomes
+
+    async def _waiting(self, conn: Connection, queue: str, job_id: str) -> tuple[str, int | None] | None:
+        """The state and due time of ``job_id`` if it waits (``delayed``/``queued``), its
+        row locked until the transaction ends; ``None`` if it is not there or not waiting."""
+        found = await conn.fetchrow(
+            f"SELECT state, run_at_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $2 FOR UPDATE", queue, job_id
+        )
+        if found is None or found[0] not in ("delayed", "queued"):
+            return None
+        return found[0], found[1]

@@ -7,7 +7,9 @@ settlement commits (not in its transaction: the fast path settles a batch in one
 statement of its own): the jobs of the state past the newest ``keep`` (by the time they
 entered it, newest first on the ``jobs_by_state`` index) are deleted. Between the two,
 another process may see ``keep`` plus this call's batch; the statement reads ``keep``
-index entries, so its cost grows with ``keep``, not with the queue.
+index entries, so its cost grows with ``keep``, not with the queue. A job whose result or
+error was too large for its event (over 4 KiB) is not forgotten before a grace of
+``READ_BACK_GRACE_MS`` (60 s) from when it ended: its waiter reads the record back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ __all__ = ["PostgresRetention"]
 
 
 _KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
+# A result/error up to this size rides along in its event (NOTIFY's 8000-byte payloads,
+# base64: an event carries up to about 5 KB of it, whichever path settled it); a larger
+# one is read back from the record by its waiter, so count-based retention leaves the
+# record that long after the job ended (then it runs out, as if its TTL had).
+_RIDES_ALONG = 4096
+READ_BACK_GRACE_MS = 60_000
 
 
 class PostgresRetention(PostgresClaims):
@@ -36,15 +44,31 @@ class PostgresRetention(PostgresClaims):
                 state = _KEPT[s.kind]
                 keeps[state] = min(s.keep, keeps.get(state, s.keep))
         if keeps:
+            now = now_ms()
             async with self.conn() as conn:
                 for state, keep in keeps.items():
+                    # Past the newest ``keep``: forgotten now if the result/error rode along
+                    # in the event or the job ended over READ_BACK_GRACE ago; else it runs
+                    # out READ_BACK_GRACE after it ended (its waiter reads it back).
                     await conn.execute(
-                        f"""DELETE FROM {self._s}.jobs WHERE queue = $1 AND parent_id IS NULL AND nchildren = 0
-                            AND id IN (SELECT id FROM {self._s}.jobs WHERE queue = $1 AND state = $2
-                                ORDER BY state_ms DESC, id DESC OFFSET $3)""",
+                        f"""WITH past AS (
+                                SELECT id, state_ms, coalesce(octet_length(
+                                    CASE WHEN state = 'completed' THEN result ELSE error END), 0) AS size
+                                FROM {self._s}.jobs WHERE queue = $1 AND state = $2
+                                ORDER BY state_ms DESC, id DESC OFFSET $3),
+                            gone AS (
+                                DELETE FROM {self._s}.jobs j USING past p
+                                WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL AND j.nchildren = 0
+                                    AND (p.size <= $4 OR p.state_ms <= $5 - $6))
+                            UPDATE {self._s}.jobs j SET expires_ms = least(j.expires_ms, p.state_ms + $6)
+                            FROM past p WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL
+                                AND j.nchildren = 0 AND p.size > $4 AND p.state_ms > $5 - $6""",
                         queue,
                         state,
                         keep,
+                        _RIDES_ALONG,
+                        now,
+                        READ_BACK_GRACE_MS,
                     )
         return out
 

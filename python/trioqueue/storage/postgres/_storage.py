@@ -108,6 +108,8 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
             return []
         await self._queue_rows([queue])
         with self.bounded(conn):
+            if any(j.group is not None for j in jobs):
+                await self._defer_group_entries(conn)
             outcomes, events = await self.enqueue_in(conn, queue, jobs, now_ms())
             await self.publish(conn, queue, events, wake=bool(events))
         return outcomes
@@ -116,6 +118,8 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
         conn = self._own_transaction(transaction, jobs[0].job.id)
         await self._queue_rows(list(dict.fromkeys(fj.queue for fj in jobs)))
         with self.bounded(conn):
+            if any(fj.job.group is not None for fj in jobs):
+                await self._defer_group_entries(conn)
             return await self._flow_in(conn, jobs, now_ms())
 
     async def _flow_in(self, conn: Connection, jobs: Sequence[FlowJob], now: int) -> EnqueueOutcome:
@@ -133,6 +137,13 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
             raise
         await conn.execute("RELEASE SAVEPOINT trioqueue_tree")
         return outcome
+
+    async def _defer_group_entries(self, conn: Connection) -> None:
+        """Put the groups of the jobs this transaction enqueues in the rings at its COMMIT
+        (schema version 5), not at once: an uncommitted ring entry would hold up every
+        other enqueue of the group and every settlement putting it back in the rings
+        until the application's transaction ends."""
+        await conn.execute(f"SET CONSTRAINTS {self._s}.jobs_group_moved DEFERRED")
 
     def _own_transaction(self, transaction: object, first: str | None) -> Connection:
         """The connection of ``transaction``, one of this storage's, still open

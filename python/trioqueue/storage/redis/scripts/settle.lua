@@ -39,6 +39,7 @@ local specs = {}
 local keeps = {}  -- terminal kind -> the least Settlement.keep of this call's settlements
 local trees = false  -- a job of a tree of jobs ended or waits: tree_act follows
 local function put(list, a, b) list[#list + 1] = a; list[#list + 1] = b end
+local function whole(s) return s end
 for j, id in ipairs(ids) do
   local i = 3 + (j - 1) * 4
   local data, meta, claim = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
@@ -51,6 +52,9 @@ for j, id in ipairs(ids) do
     specs[meta] = spec  -- a batch's settlements mostly share one
   end
   local kind, ttl, delay = spec[1], spec[2], spec[3]
+  -- A job that count-based retention may forget (Settlement.keep) cannot be read back
+  -- once another settlement counted it out: its result or error rides along whole.
+  local carried = spec[4] and whole or small
   local st = cur_st[id] or sts[j]
   local m = cur_m[id] or meta_of(metas[j], sts[j])
   local held = m and starts(st, 'processing:') and m.w == W and m.l == claim
@@ -80,11 +84,11 @@ for j, id in ipairs(ids) do
       if m.tr then trees = true end
       redis.call('ZREM', L, id)
       if kind == 'c' then
-        ev('completed', id, W, small(data), nil, m.i)
+        ev('completed', id, W, carried(data), nil, m.i)
         terminal(id, m, now, ttl, 'completed:' .. nows, data)
         redis.call('HDEL', ENV, id)
       elseif kind == 'f' then
-        ev('failed', id, W, nil, small(data), m.i)
+        ev('failed', id, W, nil, carried(data), m.i)
         redis.call('HSET', ERRORS, id, data)  -- (a tree's job: kept; ttl <= 0: purged below)
         terminal(id, m, now, ttl, 'failed:' .. nows, '')
       elseif kind == 'l' and m.x ~= 1 then
@@ -124,11 +128,11 @@ for j, id in ipairs(ids) do
       m.w = nil
       if kind == 'c' then
         put(w_rec, id, record(st, m, data))
-        ev('completed', id, W, small(data), nil, m.i)
+        ev('completed', id, W, carried(data), nil, m.i)
       else
         put(w_rec, id, record(st, m, ''))
         put(w_err, id, data)
-        ev('failed', id, W, nil, small(data), m.i)
+        ev('failed', id, W, nil, carried(data), m.i)
       end
       put(z_rec, xidx(st, now + ttl), id)
       if not first_due or now + ttl < first_due then first_due = now + ttl end
