@@ -90,6 +90,10 @@ def progress(job: Job[Any]) -> None:
     job.report_progress(0.5)
 
 
+def unencodable(job: Job[Any]) -> set[int]:
+    return {1, 2}  # not JSON
+
+
 # -- the test's side ------------------------------------------------------------------------
 
 

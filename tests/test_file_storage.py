@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,47 @@ async def test_events_and_wakeups_cross_processes(tmp_path: Path) -> None:
 
 
 StorageEventKey = tuple[str, str]
+
+
+@pytest.mark.parametrize("group", ["tenant-1", None], ids=["grouped", "ungrouped"])
+async def test_a_job_another_process_enqueues_wakes_the_waiting_worker_at_once(tmp_path: Path, group: str | None) -> None:
+    """A producer process enqueueing jobs one at a time, each after the worker (this
+    process, a Queue) started the one before: each starts through inotify, not when
+    the safety-net rescan comes round (here an hour: never within the test's guard)."""
+    from trioqueue import Job, Queue
+
+    d = str(tmp_path / "store")
+    started: dict[str, trio.Event] = {f"j-{i}": trio.Event() for i in range(4)}
+
+    async def handler(job: Job[Any]) -> None:
+        started[job.id].set()
+
+    storage = FileStorage(d, rescan_interval=3600.0)
+    async with Queue(storage, name="q", handler=handler, block_timeout=3600.0):
+        p = subprocess.Popen(
+            [sys.executable, HELPER, "produce-from-stdin", d, "q", group or "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_env(),
+            start_new_session=True,
+        )
+        assert p.stdin is not None
+        try:
+            with trio.fail_after(30):
+                assert await read_line(p) == b"READY\n"
+            for jid, event in started.items():
+                p.stdin.write(f"{jid}\n".encode())
+                p.stdin.flush()
+                with trio.fail_after(30):
+                    assert await read_line(p) == f"ENQUEUED {jid}\n".encode()
+                with trio.fail_after(5):  # (the rescan: an hour)
+                    await event.wait()
+        finally:
+            p.stdin.close()
+            await trio.to_thread.run_sync(p.wait)
+            assert p.returncode == 0
+
+
 
 
 async def test_leader_lock_across_instances(tmp_path: Path) -> None:

@@ -115,6 +115,50 @@ async def test_a_child_on_another_queue_of_the_same_storage(storage: Storage, qu
         assert set(await q.children("parent")) == {JobRef(other, "c1"), JobRef(queue_name, "c2")}
 
 
+async def test_a_child_on_another_queue_follows_that_queues_settings(storage: Storage, queue_name: str) -> None:
+    """A child enqueued to queue B is B's job: its ``max_attempts`` and ``result_ttl`` are
+    those of B's Queue when one is made in this process (on the same storage), else the
+    library's defaults; never the parent queue's. Its own options still win, and a child
+    on the parent's queue keeps the parent queue's settings."""
+    from trioqueue._core import decode_envelope
+
+    known, unknown = tagged(queue_name, "known", "unknown")
+    parent_queue = f"{queue_name}-{{{queue_name}}}"
+    b_queue = Queue(storage, name=known, max_attempts=5, result_ttl=77.0)  # B's settings (not running)
+    async with Queue(storage, name=parent_queue, max_attempts=1, result_ttl=11.0, **FAST) as q:
+        await q.enqueue(
+            "parent",
+            None,
+            children=[
+                Child("b", queue=known, children=[Child("b-kid")]),  # on ``known`` too
+                Child("c", queue=unknown),
+                Child("own", queue=known, options={"max_attempts": 2, "result_ttl": 9.0}),
+                Child("same"),
+            ],
+        )
+        expected = {
+            (known, "b"): (5, 77.0),
+            (known, "b-kid"): (5, 77.0),
+            (unknown, "c"): (3, 3600.0),
+            (known, "own"): (2, 9.0),
+            (parent_queue, "same"): (1, 11.0),
+        }
+        found = {}
+        for where, jid in expected:
+            record = await storage.get_job(where, jid)
+            assert record is not None, (where, jid)
+            found[where, jid] = record.max_attempts
+        claims = [c for where in (known, unknown, parent_queue) for c in await storage.dequeue(where, "w", 10, 0.0, 30.0)]
+        ttls = {}
+        for claim in claims:
+            envelope = decode_envelope(claim.envelope)
+            ttls[envelope[0]] = envelope[5] / 1000
+        assert found == {key: attempts for key, (attempts, _) in expected.items()}
+        # (b waits for b-kid: not claimable)
+        assert ttls == {jid: ttl for (_, jid), (_, ttl) in expected.items() if jid != "b"}
+    del b_queue
+
+
 def tagged(queue_name: str, *names: str) -> list[str]:
     """Queues sharing the hash tag ``{queue_name}`` (one Redis Cluster slot; elsewhere
     just names): a tree across them is possible on every backend."""

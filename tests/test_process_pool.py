@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from process_support import Listener, alive, crunch, fail, fail_unpicklable, progress, spin, until_closed
+from process_support import Listener, alive, crunch, fail, fail_unpicklable, progress, spin, unencodable, until_closed
 from support import Recorder
 from trioqueue import JobFailedError, JobState, MemoryStorage, Queue, ValidationError
 
@@ -61,6 +61,16 @@ async def test_errors_cross_with_their_type_message_and_traceback() -> None:
                     await reporting.enqueue_and_wait("progress", None)
                 assert failed.value.error.type == "TrioQueueError"
                 assert "not available in a handler running in a process pool" in failed.value.error.message
+
+
+async def test_a_result_the_serde_cannot_encode_in_the_pool_process_fails_the_job_at_once() -> None:
+    async with Queue(MemoryStorage(), handler=unencodable, executor="process", max_attempts=3, **FAST) as queue:
+        with trio.fail_after(30), pytest.raises(JobFailedError) as failed:
+            await queue.enqueue_and_wait("set", None)
+        error = failed.value.error
+        assert error.type == "ResultEncodeError"
+        assert "result of job 'set' (a set) cannot be encoded by JsonSerde" in error.message
+        assert (await queue.get_status("set")).attempts == 1
 
 
 async def test_job_timeout_kills_a_handler_that_loops_forever() -> None:

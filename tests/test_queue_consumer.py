@@ -216,14 +216,37 @@ async def test_undecodable_payload_fails_without_retry(storage: Storage, queue_n
         assert (await q.get_status("garbled")).attempts == 1
 
 
-async def test_unserializable_result_fails_the_attempt(storage: Storage, queue_name: str) -> None:
-    async def bad_result(job: Job[Any]) -> Any:
+async def test_a_result_the_serde_cannot_encode_fails_the_job_at_once(storage: Storage, queue_name: str) -> None:
+    """It would never encode: no retry, whatever attempts are left; the error names the
+    job and the type of the result (a sync handler's, in a thread, too; and a serde that
+    returns something other than bytes)."""
+
+    class NotBytes:
+        def dumps(self, value: Any) -> Any:
+            return "text"
+
+        def loads(self, data: bytes) -> Any:
+            return data
+
+    def sync_bad_result(job: Job[Any]) -> Any:
         return {1, 2}  # not JSON
 
-    async with Queue(storage, name=queue_name, handler=bad_result, max_attempts=1, **FAST) as q:
+    async with (
+        Queue(storage, name=queue_name, handler=sync_bad_result, max_attempts=3, **FAST) as q,
+        Queue(storage, name=f"{queue_name}-s", handler=echo, result_serde=NotBytes(), max_attempts=3, **FAST) as s,
+    ):
         with trio.fail_after(10), pytest.raises(JobFailedError) as info:
             await q.enqueue_and_wait("r", None)
-        assert "result of job 'r' cannot be encoded by JsonSerde" in info.value.error.message
+        error = info.value.error
+        assert error.type == "ResultEncodeError"
+        assert "result of job 'r' (a set) cannot be encoded by JsonSerde" in error.message
+        assert (await q.get_status("r")).attempts == 1
+        with trio.fail_after(10), pytest.raises(JobFailedError) as info:
+            await s.enqueue_and_wait("n", None)
+        error = info.value.error
+        assert error.type == "ResultEncodeError"
+        assert "result of job 'n' (a dict): NotBytes.dumps returned str, not bytes" in error.message
+        assert (await s.get_status("n")).attempts == 1
 
 
 async def test_custom_serde(storage: Storage, queue_name: str) -> None:

@@ -292,6 +292,53 @@ async def test_a_demoted_primary_is_followed_and_listeners_resync(
         assert sorted(c.id for c in claimed) == sorted(ids)
 
 
+class _AfterFirstStep(trio.abc.Instrument):
+    """Calls ``action`` once, when ``task`` has run its first step (up to its first
+    checkpoint) and before it runs again."""
+
+    def __init__(self, task_name: str, action: Callable[[], None]) -> None:
+        self.task_name = task_name
+        self.action: Callable[[], None] | None = action
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.task_name and self.action is not None:
+            action, self.action = self.action, None
+            action()
+
+
+async def test_a_primary_forgotten_while_asked_for_is_never_answered_as_none(deployment: SentinelSet) -> None:
+    """``Sentinels.primary()`` with a primary known checkpoints before it answers: a
+    ``forget()`` (a failed connection elsewhere) that lands then must not make it answer
+    ``None`` (its caller then failed with a TypeError): it asks the sentinels again.
+    (The instrument makes the forget land exactly there, on every run.)"""
+    from trioqueue.storage.redis._sentinel import Sentinels
+    from trioqueue.storage.redis._transport import ConnParams
+
+    sentinels = Sentinels(
+        ConnParams(
+            sentinels=tuple(deployment.addresses),
+            service="mymaster",
+            sentinel_password=deployment.sentinel_password,
+        )
+    )
+    with trio.fail_after(10):
+        first = await sentinels.primary()
+        answers: list[Any] = []
+
+        async def ask() -> None:
+            answers.append(await sentinels.primary())
+
+        instrument = _AfterFirstStep("asker", lambda: sentinels.forget(first))
+        trio.lowlevel.add_instrument(instrument)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ask, name="asker")
+        finally:
+            trio.lowlevel.remove_instrument(instrument)
+    assert instrument.action is None  # the forget landed
+    assert answers == [("127.0.0.1", deployment.primary_port())]
+
+
 def _sentinel_calls(deployment: SentinelSet) -> int:
     """How many connections the sentinels have accepted (their INFO has no command
     stats; the storage opens one each time it asks, the sentinels keep theirs open)."""

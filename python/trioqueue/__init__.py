@@ -50,7 +50,7 @@ from ._model._types import (
     UpdateTTLStatus,
 )
 from ._producers import AsyncioProducer, SyncProducer
-from ._model._outcomes import BatchOutcome, RateLimited, Retry, UnrecoverableError, WaitForChildren
+from ._model._outcomes import BatchOutcome, RateLimited, ResultEncodeError, Retry, UnrecoverableError, WaitForChildren
 from ._supervision._queue import Queue
 from ._supervision._reaper import LeaderElection, Reaper
 from ._model._retry import ExponentialBackoff
@@ -100,6 +100,7 @@ __all__ = [
     "QueueStoppedError",
     "RateLimit",
     "RateLimited",
+    "ResultEncodeError",
     "Retry",
     "Reaper",
     "PostgresStorage",

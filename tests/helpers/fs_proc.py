@@ -3,6 +3,7 @@
     python fs_proc.py consume-and-hang DIR QUEUE WORKER LEASE TTL
     python fs_proc.py produce-forever DIR QUEUE PREFIX
     python fs_proc.py produce DIR QUEUE PREFIX COUNT BATCH
+    python fs_proc.py produce-from-stdin DIR QUEUE GROUP
     python fs_proc.py consume DIR QUEUE WORKER DONE_FLAG
     python fs_proc.py crash SCENARIO DIR QUEUE
 
@@ -22,9 +23,9 @@ from trioqueue._core import encode_envelope
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
 
 
-def job(job_id: str) -> NewJob:
+def job(job_id: str, group: str | None = None) -> NewJob:
     env = encode_envelope(job_id, b"{}", int(time.time() * 1000), 0, 3, 60_000)
-    return NewJob(job_id, env, 3, 60.0, f"t-{job_id}")
+    return NewJob(job_id, env, 3, 60.0, f"t-{job_id}", group=group)
 
 
 async def consume_and_hang(directory: str, queue: str, worker: str, lease: float, ttl: float) -> None:
@@ -53,6 +54,17 @@ async def produce(directory: str, queue: str, prefix: str, count: int, batch: in
             ids = [f"{prefix}-{i}" for i in range(start, min(count, start + batch))]
             out = await st.enqueue(queue, [job(i) for i in ids])
             assert all(o.status == "queued" for o in out), out
+
+
+async def produce_from_stdin(directory: str, queue: str, group: str) -> None:
+    """One job per id read from stdin (in ``group``; ``-``: none), one enqueue each."""
+    async with FileStorage(directory) as st:
+        print("READY", flush=True)
+        while line := await trio.to_thread.run_sync(sys.stdin.readline):
+            jid = line.strip()
+            [out] = await st.enqueue(queue, [job(jid, None if group == "-" else group)])
+            assert out.status == "queued", out
+            print("ENQUEUED", jid, flush=True)
 
 
 async def consume(directory: str, queue: str, worker: str, done_flag: str) -> None:
@@ -180,6 +192,8 @@ def main() -> None:
         trio.run(produce_forever, *args)
     elif cmd == "produce":
         trio.run(produce, args[0], args[1], args[2], int(args[3]), int(args[4]))
+    elif cmd == "produce-from-stdin":
+        trio.run(produce_from_stdin, *args)
     elif cmd == "consume":
         trio.run(consume, *args)
     elif cmd == "crash":

@@ -45,7 +45,12 @@ class Child:
     storage; on Redis Cluster queues sharing a hash tag). ``children`` makes it a parent
     in turn (trees of any depth), with its own ``on_child_failure``. ``options`` are its
     enqueue options (:class:`~trioqueue.EnqueueOptions`: ``max_attempts``, ``priority``,
-    ``delay``...). The job's payload is encoded by the enqueueing queue's serde."""
+    ``delay``...). The job's payload is encoded by the enqueueing queue's serde.
+
+    A child on another queue is that queue's job: the ``max_attempts`` and ``result_ttl``
+    its options do not give are those of the last :class:`~trioqueue.Queue` made for that
+    queue on the same storage object in this process, else the library's defaults (3
+    attempts, 3600 s): never the parent queue's."""
 
     id: str
     payload: Any = None

@@ -10,14 +10,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _validate as check
-from ._errors import ValidationError
+from ._errors import TrioQueueError, ValidationError
 
-__all__ = ["BatchOutcome", "RateLimited", "Retry", "UnrecoverableError", "WaitForChildren"]
+__all__ = ["BatchOutcome", "RateLimited", "ResultEncodeError", "Retry", "UnrecoverableError", "WaitForChildren"]
 
 
 class UnrecoverableError(Exception):
     """Raise it (or a subclass) from a handler to fail the job for good at once: no retry,
     whatever attempts are left. The error is stored like any other."""
+
+
+class ResultEncodeError(TrioQueueError, UnrecoverableError):
+    """The value a handler returned cannot be encoded by the queue's ``result_serde`` (it
+    raised, or returned something other than bytes): the job fails for good at once, as
+    another attempt would return a value that does not encode either. The stored error
+    (type ``ResultEncodeError``) names the job and the type of the value."""
 
 
 class Retry(Exception):

@@ -109,6 +109,11 @@ class CancelResult:
 # (every backend stores it as any TTL; Redis's expiry index holds times up to year 2527).
 FOREVER_TTL = 100 * 365.25 * 86400.0
 
+# The library's defaults of ``Queue(max_attempts=, result_ttl=)``: also those of a child job
+# enqueued to a queue no Queue object of this process is made for (see ``Child``).
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_RESULT_TTL = 3600.0
+
 # Job priorities: a fixed range, lower runs first; jobs of one priority run in FIFO order.
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9

@@ -21,7 +21,7 @@ from .._model import _tracing
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
 from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
-from .._model._outcomes import RateLimited, Retry, UnrecoverableError, WaitForChildren
+from .._model._outcomes import RateLimited, ResultEncodeError, Retry, UnrecoverableError, WaitForChildren
 from .._model._flows import check_on_child_failure as check_policy
 from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
@@ -50,6 +50,7 @@ __all__ = [
     "failure_of",
     "job_error",
     "only_cancelled",
+    "result_failure",
 ]
 
 
@@ -218,6 +219,15 @@ def encode_failure(
     return error(f"{what}: {type(serde).__name__}.dumps returned {type(outcome).__name__}, not bytes")
 
 
+def result_failure(serde: Serde, job_id: str, result: object, outcome: object) -> ResultEncodeError:
+    """The :class:`ResultEncodeError` of job ``job_id`` whose ``result`` ``serde.dumps``
+    could not encode (``outcome``: what it raised or returned): it fails the job for good."""
+    what = f"result of job {job_id!r} (a {type(result).__qualname__})"
+    failure = encode_failure(serde, what, ResultEncodeError, None, outcome)
+    assert isinstance(failure, ResultEncodeError)
+    return failure
+
+
 def failure_of(exc: BaseException) -> tuple[BaseException, BaseException | None]:
     """What a handler's exception means: ``(the failure, the interrupt to escalate after
     storing it, or None)``; Trio's ``Cancelled`` (alone or in a group of nothing else) is
@@ -361,12 +371,12 @@ class Executor:
             try:
                 data = serde.dumps(result)
             except Exception as exc:
-                raised = encode_failure(serde, "result of job", TrioQueueError, jid, exc)
+                raised = result_failure(serde, jid, result, exc)
             else:
                 if type(data) is bytes or isinstance(data, bytes):
                     settlement = _new(Settlement, (_COMPLETE, jid, data, ttl, 0.0, token, q.keep_completed))
                 else:
-                    raised = encode_failure(serde, "result of job", TrioQueueError, jid, data)
+                    raised = result_failure(serde, jid, result, data)
         if settlement is None:
             settlement = await self.settlement(job, token, result, raised, ttl, options)
         if observers:
@@ -511,7 +521,14 @@ class Executor:
     def dump_result(self, job_id: str, result: Any) -> bytes:
         if isinstance(result, Encoded):
             return result.data
-        return encode_value(self.settings.result_serde, result, "result of job", TrioQueueError, job_id)
+        serde = self.settings.result_serde
+        try:
+            data = serde.dumps(result)
+        except Exception as exc:
+            raise result_failure(serde, job_id, result, exc) from exc
+        if not isinstance(data, bytes):
+            raise result_failure(serde, job_id, result, data)
+        return data
 
     async def report_progress(self, job_id: str, token: str, value: Any) -> None:
         """Store and announce ``value`` as the progress of the attempt of claim ``token``."""

@@ -4,6 +4,7 @@ as trees (``children=``), and reading a job's children (:meth:`JobMaker.children
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import count
@@ -15,16 +16,45 @@ from .._model._errors import FlowError, ValidationError
 from .._model._flows import Child, JobRef, check_on_child_failure, walk_tree
 from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
 from .._model._serde import Serde
-from .._model._types import DEFAULT_PRIORITY, EnqueueResult, EnqueueStatus, JobState, JobStatus
+from .._model._types import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY,
+    DEFAULT_RESULT_TTL,
+    EnqueueResult,
+    EnqueueStatus,
+    JobState,
+    JobStatus,
+)
 from ..storage._base import EnqueueOutcome, FlowJob, JobRecord, NewJob, Storage, parse_job_state
 from ._execution import encode_value
 from ._observers import QueueObserver, notify
 
-__all__ = ["JobMaker", "children_counts", "debounce_of", "with_children"]
+__all__ = ["JobMaker", "children_counts", "debounce_of", "queue_defaults", "remember_queue", "with_children"]
 
 P = TypeVar("P")
 
 _new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
+
+
+# The Queue objects of this process, by (storage, queue name): the last one made for a name
+# gives the settings of the children other queues enqueue to it (held weakly: a Queue no
+# longer referenced gives none).
+_QUEUES: weakref.WeakValueDictionary[tuple[int, str], JobMaker[Any]] = weakref.WeakValueDictionary()
+
+
+def remember_queue(maker: JobMaker[Any]) -> None:
+    """Note ``maker`` (a new Queue) as the one whose settings its queue's children take."""
+    _QUEUES[id(maker.storage), maker.name] = maker
+
+
+def queue_defaults(storage: Storage, queue: str) -> tuple[int, float]:
+    """``(max_attempts, result_ttl)`` of a job enqueued to ``queue`` of ``storage``
+    without options of its own: those of the last Queue made for it in this process (on
+    that very storage object), else the library's defaults."""
+    maker = _QUEUES.get((id(storage), queue))
+    if maker is not None and maker.storage is storage:
+        return maker.max_attempts, maker.result_ttl
+    return DEFAULT_MAX_ATTEMPTS, DEFAULT_RESULT_TTL
 
 
 class JobMaker(Generic[P]):
@@ -48,11 +78,21 @@ class JobMaker(Generic[P]):
 
         def _check_running(self) -> None: ...
 
-    def _new_job(self, job_id: Any, payload: Any, options: EnqueueOptions, trace: dict[str, str] | None) -> NewJob:
-        """A validated job to enqueue (``ValidationError`` naming the problem and the job)."""
+    def _new_job(
+        self,
+        job_id: Any,
+        payload: Any,
+        options: EnqueueOptions,
+        trace: dict[str, str] | None,
+        defaults: tuple[int, float] | None = None,
+    ) -> NewJob:
+        """A validated job to enqueue (``ValidationError`` naming the problem and the job),
+        with ``defaults`` (``(max_attempts, result_ttl)``, ``None``: this queue's) where
+        ``options`` give none."""
         jid = check.job_id(job_id)
+        default_attempts, default_ttl = (self.max_attempts, self.result_ttl) if defaults is None else defaults
         if not options:  # the common case: the queue's settings
-            run_at, prio, attempts, ttl, group = None, DEFAULT_PRIORITY, self.max_attempts, self.result_ttl, None
+            run_at, prio, attempts, ttl, group = None, DEFAULT_PRIORITY, default_attempts, default_ttl, None
             stored = JobOptions.build(jid, None, None, trace=trace) if trace else None
         else:
             check_enqueue_options(dict(options), jid)
@@ -64,8 +104,8 @@ class JobMaker(Generic[P]):
                 if not self.storage.supports_groups:
                     raise ValidationError(f"job {jid!r}: {type(self.storage).__name__} has no groups (group=)")
             max_attempts, result_ttl = options.get("max_attempts"), options.get("result_ttl")
-            attempts = self.max_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
-            ttl = self.result_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
+            attempts = default_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
+            ttl = default_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
             retry_delay, job_timeout = options.get("retry_delay"), options.get("job_timeout")
             stored = JobOptions.build(jid, retry_delay, job_timeout, run_at=run_at, trace=trace)
             check_on_child_failure(options.get("on_child_failure"), jid)
@@ -119,8 +159,11 @@ class JobMaker(Generic[P]):
                 raise FlowError(f"give a Child's children and on_child_failure as its fields, not options (job {child.id!r})")
             if child.queue is not None:
                 check.job_id(child.queue, "queue")
-            new = self._new_job(child.id, child.payload, options, trace)  # type: ignore[arg-type]
-            jobs.append(FlowJob(child.queue or parent.queue, new, (parent.queue, parent.id), child.on_child_failure))
+            where = child.queue or parent.queue
+            # a job of queue ``where``: its settings, not this queue's (see Child)
+            defaults = None if where == self.name else queue_defaults(self.storage, where)
+            new = self._new_job(child.id, child.payload, options, trace, defaults)  # type: ignore[arg-type]
+            jobs.append(FlowJob(where, new, (parent.queue, parent.id), child.on_child_failure))
         if not jobs:
             raise FlowError(f"children of job {job_id!r} is empty: give at least one Child, or no children option")
         return jobs

@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 import trio
 
 from .._model._errors import TrioQueueError, ValidationError
+from .._model._outcomes import ResultEncodeError
 from .._model._serde import Serde, error_data
 from .._model._types import Job, JobError
 
@@ -174,11 +175,13 @@ def run_job(fields: tuple[str, int, int, float, str, str | None], payload: bytes
             if inspect.iscoroutine(result):
                 result.close()
             raise TypeError(f"handler {_name(handler)} returned an awaitable: a process handler must be sync")
-        data = result_serde.dumps(result)
+        what = f"result of job {jid!r} (a {type(result).__qualname__})"
+        try:
+            data = result_serde.dumps(result)
+        except Exception as exc:  # the message says it all (an unpicklable cause would not cross)
+            raise ResultEncodeError(f"{what} cannot be encoded by {type(result_serde).__name__}: {exc}") from None
         if not isinstance(data, bytes):
-            raise TrioQueueError(
-                f"result of job {jid!r}: {type(result_serde).__name__}.dumps returned {type(data).__name__}, not bytes"
-            )
+            raise ResultEncodeError(f"{what}: {type(result_serde).__name__}.dumps returned {type(data).__name__}, not bytes")
     except Exception as exc:
         failure = exc
     else:

@@ -40,7 +40,14 @@ class QueueProducer(Generic[P, R]):
 
         def _check_running(self) -> None: ...
 
-        def _new_job(self, job_id: Any, payload: Any, options: EnqueueOptions, trace: dict[str, str] | None) -> NewJob: ...
+        def _new_job(
+            self,
+            job_id: Any,
+            payload: Any,
+            options: EnqueueOptions,
+            trace: dict[str, str] | None,
+            defaults: tuple[int, float] | None = None,
+        ) -> NewJob: ...
 
         def _tree(self, new: NewJob, options: EnqueueOptions, trace: dict[str, str] | None) -> list[FlowJob] | None: ...
 

@@ -27,7 +27,7 @@ from .._model._errors import (
 from ._emitter import Emitter, EventCallback
 from ._listener import Listener, level_for
 from .._model._limits import RateLimit
-from ._flows import JobMaker
+from ._flows import JobMaker, remember_queue
 from ._producing import QueueProducer
 from ._registry import QueueAdmin
 from ._waiters import Waiters
@@ -136,7 +136,7 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         handler: Handler | None = None,
         concurrency: int = 1,
         worker_id: str | None = None,
-        max_attempts: int = 3,
+        max_attempts: int = 3,  # (DEFAULT_MAX_ATTEMPTS, as result_ttl's is DEFAULT_RESULT_TTL)
         retry_delay: RetryDelay = ExponentialBackoff(),
         job_timeout: float | None = None,
         block_timeout: float = 5.0,
@@ -228,6 +228,7 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self._consumer: Consumer | None = None
         self._cm_nursery: trio.Nursery | None = None
         self._cm: Any = None
+        remember_queue(self)  # its settings, for children other queues enqueue to it
 
     # -- configuration -----------------------------------------------------------------
 

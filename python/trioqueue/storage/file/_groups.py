@@ -85,11 +85,11 @@ class GroupDisk:
             os.makedirs(d, exist_ok=True)
         self.rings: list[deque[str]] = [deque() for _ in range(MAX_PRIORITY + 1)]  # per priority: listed entries
         # per priority: when a listing found its ring empty (not listed again for that long,
-        # nor after it until another process changes the queue: see may_list; an entry this
+        # nor after it until another process changes the queue: see list_at; an entry this
         # process adds forgets it)
         self.dry: list[float] = [-1.0] * (MAX_PRIORITY + 1)
         # other processes' changes seen (the generation moved, the watch of ready/ fired),
-        # and their count at the last listing: see may_list
+        # and their count at the last listing: see list_at
         self.changes = 0
         self.listed_at = 0
         self.lanes: dict[tuple[int, str], deque[str]] = {}  # (priority, group) -> listed marker names
@@ -119,21 +119,27 @@ class GroupDisk:
         else:
             lane_empty[_RING_LISTED] = now
 
-    def may_list(self, priority: int, lane_empty: dict[int, float], now: float, recheck: float) -> bool:
-        """False while the ring of ``priority`` (or every ring) was found empty recently,
-        or since, with no change by another process: a listing costs O(groups) (every
-        ring's entries), so a claim of priority 5 that looked at the empty rings 0-4 again
-        every ``recheck`` listed 10,000 entries every 50 ms with 10,000 groups. Every
-        writer of a ring entry bumps the generation (enqueues, settlements, resumes, a
-        rest's end: see GroupTurns), so another process's first entry in an empty ring is
-        seen within ``recheck`` of that (or at this process's next listing)."""
-        at = lane_empty.get(_RING_LISTED)
-        if at is not None and 0 <= now - at < recheck:
-            return False
+    def list_at(self, priority: int, lane_empty: dict[int, float], now: float, recheck: float) -> float:
+        """When the ring of ``priority`` may be listed: ``now`` (list it), a later time, or
+        ``inf``. A listing costs O(groups) (every ring's entries), so a claim of priority 5
+        that looked at the empty rings 0-4 again every ``recheck`` listed 10,000 entries
+        every 50 ms with 10,000 groups: a ring (or every ring) found empty is not listed
+        again until another process changes the queue (``inf`` till then), nor less than
+        ``recheck`` after that listing (then: the end of that window, which the caller
+        waits for no longer than, as a change seen in the window, the inotify wake-up of
+        another process's enqueue, gives no second wake-up). Every writer of a ring entry
+        bumps the generation (enqueues, settlements, resumes, a rest's end: see
+        GroupTurns), and a blocked claim's watch of ``ready/ring/`` sees its new entries,
+        so another process's first entry in an empty ring is seen within ``recheck`` of
+        that (or at this process's next listing)."""
         dry = self.dry[priority]
-        if dry < 0:
-            return True
-        return not 0 <= now - dry < recheck and self.changes != self.listed_at
+        if dry >= 0 and self.changes == self.listed_at:
+            return math.inf
+        until = now
+        for found_empty in (lane_empty.get(_RING_LISTED), dry if dry >= 0 else None):
+            if found_empty is not None and 0 <= now - found_empty < recheck:
+                until = max(until, found_empty + recheck)
+        return until
 
     def join(self, priority: int, encg: str, lane_empty: dict[int, float]) -> None:
         """Give the group an entry at the end of ring ``priority`` unless it has one."""
@@ -282,7 +288,7 @@ class GroupDisk:
 
     def wake(self, now: float, lane_empty: dict[int, float], bump: Callable[[], None]) -> float:
         """Groups whose rest is over go back in the rings (``bump``: the generation first,
-        see may_list); when the next one's is (inf: none)."""
+        see list_at); when the next one's is (inf: none)."""
         for name in sorted(n for n in os.listdir(self.sleep) if not n.startswith(".")):
             at = int(name[:16], 16) / 1000
             if at > now:

@@ -383,7 +383,7 @@ class _Q:
         self.recs.clear()
         self.recs_bytes = 0
         self.lane_empty.clear()
-        self.grp.changes += 1  # (rings found empty may be listed again: see GroupDisk.may_list)
+        self.grp.changes += 1  # (rings found empty may be listed again: see GroupDisk.list_at)
 
     def remember(self, enc: str, r: Rec, ino: int, size: int, mtime_ns: int) -> None:
         """Cache a copy of a record this process just wrote (segment ``ino``...)."""

@@ -39,7 +39,8 @@ class GroupTurns:
         self.rate = limits.group_rate if limits is not None else 0
         self.per = limits.group_per if limits is not None else 1.0
         self.logs: dict[str, list[float]] = {}  # group -> its recent claim times (as far as read)
-        # when a group over its rate may be claimed again (inf: none), once woken ones are back
+        # when a group over its rate may be claimed again, once woken ones are back, or a ring
+        # found empty just before a change may be listed again (inf: none)
         self.wake_at = q.grp.wake(now, q.lane_empty, q.bump) if self.rate else math.inf
 
     def list_lane(self, lane: int, now: float) -> bool:
@@ -66,7 +67,11 @@ class GroupTurns:
         q, g = self.q, self.q.grp
         ring = g.rings[lane]
         if not ring:
-            if lane in self.dry or not g.may_list(lane, q.lane_empty, self.now, _LANE_RECHECK):
+            if lane in self.dry:
+                return None
+            when = g.list_at(lane, q.lane_empty, self.now, _LANE_RECHECK)
+            if when > self.now:  # (a blocked claim comes back then: see list_at)
+                self.wake_at = min(self.wake_at, when)
                 return None
             g.list_rings(q.lane_empty, self.now)
             self.dry.update(p for p, r in enumerate(g.rings) if not r)

@@ -72,10 +72,13 @@ class Sentinels:
     async def primary(self) -> Address:
         """The primary's address: the one known, else the sentinels' answer.
         :class:`ConnectionLost` when no sentinel names one (the caller backs off and
-        asks again)."""
+        asks again). Never ``None``: a :meth:`forget` that lands while this checkpoints
+        makes it ask the sentinels."""
         if self._primary is not None:
             await trio.lowlevel.checkpoint()
-            return self._primary
+            known = self._primary  # read after the checkpoint: forgotten meanwhile, or moved
+            if known is not None:
+                return known
         async with self._lock:  # one question at a time: the others take its answer
             if self._primary is None:
                 self._primary = await self.ask()
