@@ -124,3 +124,87 @@ async def test_a_dynamic_parent_that_raised_after_add_children_fails_by_its_fail
         assert "bad broke" in str(outcome["error"])
         status = await q.get_status("slow")
         assert status is not None and status.state is JobState.CANCELLED
+
+
+def _tree(q: str) -> list[FlowJob]:
+    """root (cancel) -> mid -> leaf, and root -> sib (one attempt)."""
+    return [
+        FlowJob(q, job("root")),
+        FlowJob(q, job("mid"), (q, "root")),
+        FlowJob(q, job("leaf"), (q, "mid")),
+        FlowJob(q, job("sib", max_attempts=1), (q, "root")),
+    ]
+
+
+async def _mid_outcome(storage: Storage, q: str, settle_in_order: Any) -> list[tuple[str, str]]:
+    """Run ``settle_in_order`` (leaf and sib claimed by W1); the tree's events until mid's
+    and root's ends, ``[(kind, job id)]`` in order."""
+    await storage.enqueue_flow(_tree(q))
+    assert sorted(c.id for c in await claim(storage, q)) == ["leaf", "sib"]
+    seen: list[tuple[str, str]] = []
+    async with storage.subscribe(q) as events:
+        await settle_in_order()
+        with trio.fail_after(10):
+            async for batch in events:
+                seen += [(e.kind, e.job_id) for e in batch if e.kind in ("promoted", "cancelled", "failed")]
+                if ("cancelled", "mid") in seen and ("failed", "root") in seen:
+                    break
+    return seen
+
+
+@pytest.mark.parametrize("first", ["sib-fails", "leaf-completes"])
+async def test_a_parent_whose_last_child_ends_as_a_sibling_fails_the_root_is_cancelled_not_run(
+    storage: Storage, queue_name: str, first: str
+) -> None:
+    """root (cancel) has mid (waiting for leaf) and sib. sib fails (the root fails and
+    cancels its tree) and leaf completes (mid's last child: it would release mid), one
+    right after the other, either way round: mid ends cancelled, and is never released
+    after the root failed (never claimable then)."""
+    q = queue_name
+
+    async def sib_fails() -> None:
+        assert await storage.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
+
+    async def leaf_completes() -> None:
+        assert await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "leaf", b'"leaf"', ttl=60)]) == [True]
+
+    async def settle_in_order() -> None:
+        for step in (sib_fails, leaf_completes) if first == "sib-fails" else (leaf_completes, sib_fails):
+            await step()
+
+    seen = await _mid_outcome(storage, q, settle_in_order)
+    assert ("failed", "root") in seen
+    promoted_after_root_failed = ("promoted", "mid") in seen[seen.index(("failed", "root")) :]
+    assert not promoted_after_root_failed, seen
+    mid = await storage.get_job(q, "mid")
+    assert mid is not None and kind(mid.state) == "cancelled", mid
+    assert await claim(storage, q) == []
+
+
+async def test_file_a_parent_released_in_the_pass_that_fails_its_root_is_cancelled_instead(
+    tmp_path: Any, queue_name: str
+) -> None:
+    """FileStorage: the process that settled sib (failed) died before it acted on its
+    tree's notes (kill -9); the next step that acts on them (leaf's settle) fails the
+    root and, in the same pass, finds mid's last child ended: mid must not be released
+    (claimable, in that pass and the next, before the root's cascade reaches it)."""
+    from trioqueue.storage import FileStorage
+
+    q = queue_name
+    async with FileStorage(tmp_path / "store") as st:
+
+        async def killed_after_settle(queue: str | None = None) -> None:
+            await trio.lowlevel.checkpoint()  # (the notes stay, as a crash leaves them)
+
+        async def settle_in_order() -> None:
+            st._act_on_notes = killed_after_settle  # type: ignore[method-assign]
+            try:
+                assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
+            finally:
+                del st._act_on_notes
+            assert await st.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "leaf", b'"leaf"', ttl=60)]) == [True]
+
+        seen = await _mid_outcome(st, q, settle_in_order)
+        assert ("failed", "root") in seen and ("promoted", "mid") not in seen, seen
+        mid = await st.get_job(q, "mid")
+        assert mid is not None and kind(mid.state) == "cancelled", mid

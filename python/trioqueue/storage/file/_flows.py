@@ -11,7 +11,10 @@ carried by **notes**: empty files in the queue directory's ``tree/`` folder, cre
 *before* the step that ends a job writes its record, and removed once acted on:
 
 - ``f-<parent>``: re-evaluate the parent from its children's records (all terminal: it
-  is queued; one failed under ``cancel``: it fails with ``ChildJobFailedError``, waiting
+  is queued, unless an ancestor failed or was cancelled: then it is cancelled, as the
+  cascade on its way would (the cascade goes level by level, a step each, and the
+  release must not fall in between); one failed under ``cancel``: it fails with
+  ``ChildJobFailedError``, waiting
   or back in the queue for a run of its own (one running fails when it settles); a
   parent that ended other than completed cancels its children; one that ended releases
   its children's kept records); ``p-<parent>``, left by a child that completed, does
@@ -258,6 +261,18 @@ class FileFlows(FileBase):
             return True
         if pending:
             return False
+        if self._ancestor_ended(q, r):
+            # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
+            # each a step of its own) is on its way to r. Released now, r could be claimed
+            # and complete after its root's cancel: it is cancelled now instead, in this
+            # step (the one that would release it), as the cascade would.
+            r.kind = CANCELLED
+            r.ts = int(now * 1000)
+            r.exp = now + r.result_ttl
+            self._tree_ended(q, r)
+            self._commit(q, {enc: r}, fds)
+            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+            return True
         nxt, front = q.counters()
         r.kind = QUEUED
         r.ts = int(now * 1000)
@@ -267,6 +282,22 @@ class FileFlows(FileBase):
         self._link_marker(q, enc, q.ready, r.mk)
         self._publish(q, [StorageEvent("promoted", r.id, token=r.token)])
         return True
+
+    def _ancestor_ended(self, q: _Q, r: Rec) -> bool:
+        """Whether an ancestor of ``r`` failed or was cancelled (lock of ``q`` held; the
+        others' records are read as they are written: a record file is replaced
+        atomically, and an ancestor's end is written before the notes that cascade it)."""
+        seen = {(q.name, r.id)}
+        parent = r.parent
+        while parent is not None and tuple(parent) not in seen:
+            seen.add(tuple(parent))
+            p = self._peek(q, parent[0], parent[1])
+            if p is None or p.kind == COMPLETED:  # (a completed one cancels nothing below it)
+                return False
+            if p.kind in (FAILED, CANCELLED):
+                return True
+            parent = p.parent
+        return False
 
     def _cascade_cancel(self, q: _Q, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
         """A ``c-`` note: cancel ``r`` because an ancestor ended (lock of ``q`` held)."""
