@@ -289,8 +289,8 @@ class FileFlows(FileBase):
         atomically, and an ancestor's end is written before the notes that cascade it)."""
         seen = {(q.name, r.id)}
         parent = r.parent
-        while parent is not None and tuple(parent) not in seen:
-            seen.add(tuple(parent))
+        while parent is not None and (parent[0], parent[1]) not in seen:  # (a list, as read)
+            seen.add((parent[0], parent[1]))
             p = self._peek(q, parent[0], parent[1])
             if p is None or p.kind == COMPLETED:  # (a completed one cancels nothing below it)
                 return False
