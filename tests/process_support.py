@@ -72,6 +72,16 @@ def spin(job: Job[Any]) -> None:
         busy(1.0)
 
 
+def write_late(job: Job[Any]) -> None:
+    """Report to the test's listener (``job.payload["port"]``), work for
+    ``job.payload["seconds"]``, then write the file ``job.payload["path"]``."""
+    conn = report(job.payload["port"])
+    busy(job.payload["seconds"])
+    with open(job.payload["path"], "w") as f:
+        f.write(str(os.getpid()))
+    conn.close()
+
+
 def fail(job: Job[Any]) -> None:
     raise ValueError(f"cannot handle {job.payload!r}")
 

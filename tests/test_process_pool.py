@@ -14,7 +14,18 @@ from typing import Any
 import pytest
 import trio
 
-from process_support import Listener, alive, crunch, fail, fail_unpicklable, progress, spin, unencodable, until_closed
+from process_support import (
+    Listener,
+    alive,
+    crunch,
+    fail,
+    fail_unpicklable,
+    progress,
+    spin,
+    unencodable,
+    until_closed,
+    write_late,
+)
 from support import Recorder
 from trioqueue import JobFailedError, JobState, MemoryStorage, Queue, ValidationError
 
@@ -131,6 +142,30 @@ async def test_a_forced_stop_leaves_no_pool_process_alive() -> None:
             status = await producer.get_status(job_id)
             assert status is not None and status.state is JobState.QUEUED
     await storage.aclose()
+    await listener.aclose()
+
+
+async def test_a_pool_process_stops_its_handler_at_the_lease_deadline_while_its_worker_is_frozen(tmp_path: Any) -> None:
+    """The worker is frozen (here its Trio thread blocks, as in a GC pause, a debugger or
+    SIGSTOP): no heartbeat renews the lease, and its lease watch cannot cancel the
+    handler. The pool process knows the lease deadline and stops the handler itself by
+    then: the file the handler writes well after the deadline (1 s lease, 3 s of work) is
+    never written, whoever takes the job next."""
+    listener = await Listener.open()
+    late = tmp_path / "late"
+    async with Queue(
+        MemoryStorage(), handler=write_late, executor="process", visibility_timeout=1.0, max_attempts=1, **FAST
+    ) as queue:
+        with trio.fail_after(30):
+            await queue.enqueue("slow", {"port": listener.port, "path": str(late), "seconds": 3.0})
+            pid, conn = await listener.accept()
+        # Frozen: until the pool process is gone (stopped at its deadline), or the handler
+        # wrote its file (it ran on past it); 10 s at most.
+        frozen_until = time.monotonic() + 10.0
+        while alive(pid) and not late.exists() and time.monotonic() < frozen_until:
+            time.sleep(0.05)
+        assert not late.exists(), "the handler ran on past its lease deadline"
+        assert not alive(pid)
     await listener.aclose()
 
 

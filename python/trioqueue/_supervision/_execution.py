@@ -279,7 +279,7 @@ class Executor:
             finally:
                 attempt.job = None
         if q.pool is not None:
-            return await q.pool.run(job, payload)
+            return await q.pool.run(job, payload, attempt.leases, token)
         attempt.thread_job, attempt.token = job, token
         try:
             result = await trio.to_thread.run_sync(handler, job, abandon_on_cancel=True)

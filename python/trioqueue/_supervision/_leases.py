@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -69,13 +69,16 @@ class Leases:
     """The worker's estimate of the lease deadline of each claim it holds, by claim token,
     on :func:`time.monotonic` (see the module docstring). ``lease`` is the queue's
     ``visibility_timeout``. Entries are added per claim batch and pruned in bulk (see
-    :meth:`prune`), never per settled job."""
+    :meth:`prune`), never per settled job. ``shared``: claims whose deadline is also
+    kept elsewhere (a pool process running the handler, see
+    :class:`~._pool.LeaseDeadline`), told of each renewal."""
 
-    __slots__ = ("deadlines", "lease")
+    __slots__ = ("deadlines", "lease", "shared")
 
     def __init__(self, lease: float) -> None:
         self.lease = lease
         self.deadlines: dict[str, float] = {}
+        self.shared: dict[str, Callable[[float], None]] = {}
 
     def claimed(self, claims: Sequence[Claim], at: float) -> float:
         """Claims made at ``at`` (monotonic): returns their deadline."""
@@ -90,9 +93,12 @@ class Leases:
         tracked are left out)."""
         deadline = at + self.lease
         deadlines = self.deadlines
+        shared = self.shared
         for token in tokens:
             if token in deadlines:
                 deadlines[token] = deadline
+                if shared and token in shared:
+                    shared[token](deadline)
 
     def prune(self, keep: Collection[str]) -> None:
         """Forget every claim but those of ``keep`` (the ones still held)."""

@@ -15,6 +15,13 @@ job stores as they were.
 
 Cancelling an attempt (``job_timeout``, ``queue.cancel(id)``, a lost lease, a forced stop)
 kills its pool process (SIGKILL: ``kill_on_cancel``); the next attempt starts a new one.
+A pool process also stops a handler by its lease deadline on its own, without its
+worker's help (a worker frozen by SIGSTOP, a long GC pause or a debugger can neither
+renew the lease nor cancel the handler, and the job may run elsewhere meanwhile): the
+worker shares the claim's deadline with it (:class:`LeaseDeadline`, a small file holding
+it on the machine's monotonic clock, rewritten by every renewal), and a thread of the pool
+process ends the process once the deadline passes (the worker's own lease watch gives the
+claim up ``lease_margin`` earlier, so a live worker always comes first).
 Each running queue has its own pool (a trio-parallel worker context), closed when the
 queue stops. A pool process whose worker died (``kill -9``) notices within a quarter of a
 second and exits: its parent is checked by a thread (``PR_SET_PDEATHSIG`` would fire when
@@ -28,6 +35,8 @@ import inspect
 import logging
 import os
 import pickle
+import struct
+import tempfile
 import threading
 import time
 import traceback
@@ -42,11 +51,13 @@ from .._model._errors import TrioQueueError, ValidationError
 from .._model._outcomes import ResultEncodeError
 from .._model._serde import Serde, error_data
 from .._model._types import Job, JobError
+from ._leases import Leases
 
 __all__ = [
     "EXECUTORS",
     "Encoded",
     "HandlerProcessError",
+    "LeaseDeadline",
     "ProcessJob",
     "ProcessPool",
     "check_executor",
@@ -58,6 +69,8 @@ logger = logging.getLogger("trioqueue")
 EXECUTORS = ("thread", "process")
 GRACE_PERIOD = 5.0  # seconds an idle pool process has to exit when its queue stops (then killed)
 PARENT_CHECK_INTERVAL = 0.25  # seconds between a pool process's checks of its parent
+LEASE_EXIT = 75  # the exit status of a pool process that stopped a handler at its lease deadline
+_DEADLINE = struct.Struct("d")
 
 
 def check_executor(executor: Any, processes: Any) -> int | None:
@@ -148,12 +161,56 @@ class ProcessJob(Job[Any]):
 _installed: tuple[Callable[[Job[Any]], Any], Serde, Serde] | None = None
 
 
+class _LeaseWatch:
+    """A pool process's watch of the running attempt's lease deadline (a thread): the
+    process exits (:data:`LEASE_EXIT`) once the deadline in the attempt's
+    :class:`LeaseDeadline` file has passed; renewals rewrite it, and it is read again
+    whenever the deadline it knew comes."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._fd: int | None = None
+
+    def begin(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with self._cond:
+            self._fd = fd
+            self._cond.notify()
+
+    def end(self) -> None:
+        with self._cond:
+            fd, self._fd = self._fd, None
+            self._cond.notify()
+        if fd is not None:
+            os.close(fd)
+
+    def run(self) -> None:
+        with self._cond:
+            while True:
+                if self._fd is None:
+                    self._cond.wait()
+                    continue
+                try:
+                    (deadline,) = _DEADLINE.unpack(os.pread(self._fd, _DEADLINE.size, 0))
+                except (OSError, struct.error):
+                    deadline = float("inf")  # unreadable: left to the worker
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    os._exit(LEASE_EXIT)  # its lease ran out: the job may run elsewhere now
+                self._cond.wait(min(left, 3600.0))
+
+
+_lease_watch: _LeaseWatch | None = None
+
+
 def enter_pool_process(handler: Callable[[Job[Any]], Any], payload_serde: Serde, result_serde: Serde, parent: int) -> None:
     """trio-parallel's ``init`` of a pool process: keep the queue's handler and serdes,
-    and exit when ``parent`` (the worker) is gone."""
-    global _installed
+    exit when ``parent`` (the worker) is gone, and watch the running attempt's lease."""
+    global _installed, _lease_watch
     _installed = (handler, payload_serde, result_serde)
     threading.Thread(target=_watch_parent, args=(parent,), name="trioqueue-parent-check", daemon=True).start()
+    _lease_watch = _LeaseWatch()
+    threading.Thread(target=_lease_watch.run, name="trioqueue-lease-watch", daemon=True).start()
 
 
 def _watch_parent(parent: int) -> None:
@@ -162,11 +219,25 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)  # the worker is gone: no one will take this attempt's outcome
 
 
-def run_job(fields: tuple[str, int, int, float, str, str | None], payload: bytes) -> bytes:
-    """One attempt, in a pool process: the result encoded by the result serde."""
+def run_job(fields: tuple[str, int, int, float, str, str | None], payload: bytes, lease: str | None = None) -> bytes:
+    """One attempt, in a pool process: the result encoded by the result serde.
+    ``lease``: the path of the attempt's :class:`LeaseDeadline` (``None``: not tracked)."""
     if _installed is None:
         raise TrioQueueError("this pool process was not set up by trioqueue")
-    handler, payload_serde, result_serde = _installed
+    watch = _lease_watch if lease is not None else None
+    if watch is not None and lease is not None:
+        watch.begin(lease)
+    try:
+        return _run_job(_installed, fields, payload)
+    finally:
+        if watch is not None:
+            watch.end()
+
+
+def _run_job(
+    installed: tuple[Callable[[Job[Any]], Any], Serde, Serde], fields: tuple[str, int, int, float, str, str | None], payload: bytes
+) -> bytes:
+    handler, payload_serde, result_serde = installed
     jid, attempts, max_attempts, created_at, worker_id, correlation_id = fields
     job = ProcessJob(jid, payload_serde.loads(payload), attempts, max_attempts, created_at, worker_id, correlation_id)
     try:
@@ -208,6 +279,29 @@ def _portable(exc: Exception) -> Exception:
 # -- in the worker ----------------------------------------------------------------------
 
 
+class LeaseDeadline:
+    """A claim's lease deadline (the worker's estimate, on :func:`time.monotonic`, which
+    is the machine's: the pool process reads the same clock) shared with the pool
+    process running its handler: a small temporary file, rewritten by :meth:`set` (each
+    renewal), removed by :meth:`close`."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, deadline: float) -> None:
+        self.fd, self.path = tempfile.mkstemp(prefix="trioqueue-lease-")
+        self.set(deadline)
+
+    def set(self, deadline: float) -> None:
+        os.pwrite(self.fd, _DEADLINE.pack(deadline), 0)  # (8 bytes at offset 0: read whole)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
 class ProcessPool:
     """The pool of a running queue: a trio-parallel worker context (its processes start
     on demand, one per attempt running at once, at most ``processes``) open while the
@@ -237,12 +331,34 @@ class ProcessPool:
             except trio_parallel.BrokenWorkerError as exc:
                 logger.warning("process pool closed uncleanly: %s", exc)
 
-    async def run(self, job: Job[Any], payload: bytes) -> Encoded:
+    async def run(self, job: Job[Any], payload: bytes, leases: Leases | None = None, token: str | None = None) -> Encoded:
         """Run one attempt of ``job`` (its payload as stored) in a pool process; its
-        result, encoded. A cancellation kills the process."""
+        result, encoded. A cancellation kills the process. ``leases`` and ``token``: the
+        worker's lease estimates and the attempt's claim, whose deadline (and renewals)
+        the pool process gets: it stops the handler by then on its own."""
+        import trio_parallel
+
         context = self._context
         if context is None:
             raise TrioQueueError("the process pool is not open (the queue is not running)")
         fields = (job.id, job.attempts, job.max_attempts, job.created_at, job.worker_id, job.correlation_id)
-        data = await context.run_sync(run_job, fields, payload, kill_on_cancel=True, limiter=self._limiter)
+        deadline = None if leases is None or token is None else leases.deadlines.get(token)
+        if deadline is None:
+            data = await context.run_sync(run_job, fields, payload, kill_on_cancel=True, limiter=self._limiter)
+            return Encoded(data)
+        assert leases is not None and token is not None
+        shared = LeaseDeadline(deadline)
+        leases.shared[token] = shared.set
+        try:
+            data = await context.run_sync(run_job, fields, payload, shared.path, kill_on_cancel=True, limiter=self._limiter)
+        except trio_parallel.BrokenWorkerError as exc:
+            if _DEADLINE.unpack(os.pread(shared.fd, _DEADLINE.size, 0))[0] <= time.monotonic():
+                raise TrioQueueError(
+                    f"job {job.id!r}: its pool process stopped the handler at the lease deadline (the lease was not"
+                    " renewed in time: the worker was frozen or could not reach the storage)"
+                ) from exc
+            raise
+        finally:
+            leases.shared.pop(token, None)
+            shared.close()
         return Encoded(data)

@@ -379,7 +379,12 @@ class Storage(abc.ABC):
         tree (``FlowError`` for a known id, writing nothing). ``False`` (nothing written)
         when the claim is no longer held. ``policy`` is the job's ``on_child_failure`` when
         these are its first children. The job is then settled with
-        :attr:`SettleKind.WAIT_CHILDREN` to wait for them."""
+        :attr:`SettleKind.WAIT_CHILDREN` to wait for them. Under ``cancel``, once one of
+        them failed for good (or was cancelled), any later settlement of the job's runs
+        that would complete it or put it back (``COMPLETE``, ``RETRY``, ``RATE_LIMITED``:
+        a run cut short before it stored ``WAIT_CHILDREN`` runs again, and finds its
+        children ended) fails it as ``WAIT_CHILDREN`` would (``ChildJobFailedError``); a
+        job queued, failing or delayed again then is failed at once by the failure."""
         raise NotImplementedError(
             f"{type(self).__name__} does not implement trees of jobs (children added to job {job_id!r}): nothing was written"
         )

@@ -564,6 +564,10 @@ class FileBase(Storage):
     async def _act_on_notes(self, queue: str | None = None) -> None:
         """Act on the notes the steps left (trees of jobs)."""
 
+    def _failed_by_children(self, q: _Q, r: Rec) -> bool:
+        """Whether a child of the held parent ``r`` failed under ``cancel`` (lock held)."""
+        return False
+
     def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
         enc = encode_name(job_id)

@@ -49,6 +49,8 @@ __all__ = ["ClaimOps"]
 
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
 _UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
+# the ends of a run that a child failed under ``cancel`` turns into the parent's failure
+_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
 
 
 class ClaimOps(FileBase):
@@ -240,23 +242,26 @@ class ClaimOps(FileBase):
                     r.ts = now_ms
                     r.worker = None
                     r.lease = None
-                    if s.kind is SettleKind.CANCEL or (s.kind in _BACK and r.cancel_requested):
+                    kind = s.kind
+                    if r.children and kind in _ENDS_BY_CHILDREN and self._failed_by_children(q, r):
+                        kind = SettleKind.WAIT_CHILDREN  # a child failed under cancel: it fails (see there)
+                    if kind is SettleKind.CANCEL or (kind in _BACK and r.cancel_requested):
                         self._cancel_claimed(q, r, now, worker_id, events)
-                    elif s.kind is SettleKind.COMPLETE:
+                    elif kind is SettleKind.COMPLETE:
                         r.kind = _COMPLETED
                         r.result = s.data
                         r.exp = now + s.ttl
                         if r.parent is not None or r.children is not None:
                             self._tree_ended(q, r)
                         events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=r.token))
-                    elif s.kind is SettleKind.FAIL:
+                    elif kind is SettleKind.FAIL:
                         r.kind = _FAILED
                         r.error = s.data
                         r.exp = now + s.ttl
                         if r.parent is not None or r.children is not None:
                             self._tree_ended(q, r)
                         events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=r.token))
-                    elif s.kind is SettleKind.WAIT_CHILDREN:
+                    elif kind is SettleKind.WAIT_CHILDREN:
                         r.kind = WAITING_CHILDREN
                         r.started = False
                         r.mk = None

@@ -11,7 +11,11 @@ carried by **notes**: empty files in the queue directory's ``tree/`` folder, cre
 *before* the step that ends a job writes its record, and removed once acted on:
 
 - ``f-<parent>``: re-evaluate the parent from its children's records (all terminal: it
-  is queued; one failed under ``cancel``: it fails with ``ChildJobFailedError``; a
+  is queued, unless an ancestor failed or was cancelled: then it is cancelled, as the
+  cascade on its way would (the cascade goes level by level, a step each, and the
+  release must not fall in between); one failed under ``cancel``: it fails with
+  ``ChildJobFailedError``, waiting
+  or back in the queue for a run of its own (one running fails when it settles); a
   parent that ended other than completed cancels its children; one that ended releases
   its children's kept records); ``p-<parent>``, left by a child that completed, does
   the same once no child is pending (a quick look until then);
@@ -176,6 +180,19 @@ class FileFlows(FileBase):
             return None
         return c
 
+    def _failed_by_children(self, q: _Q, r: Rec) -> bool:
+        """Whether a child of the held job ``r`` failed (or was cancelled) under ``cancel`` (lock of ``q`` held): then whatever its run ends with (but a
+        failure of its own, or a cancel) fails it with ``ChildJobFailedError``, as waiting
+        for them would. A run cut short after ``add_children`` (a crash, a forced stop)
+        runs again once its children ended: it must not complete."""
+        if r.policy != "cancel" or not r.children:
+            return False
+        for cq, cid in r.children:
+            c = self._child(q, cq, cid, r.id)
+            if c is not None and c.kind in (FAILED, CANCELLED):
+                return True
+        return False
+
     def _act(self, q: _Q, kind: str, enc: str, now: float, fds: list[int], kept: dict[str, Rec]) -> bool:
         """Act on one note (lock of ``q`` held); whether a record was written. Kept
         records that get their TTL go to ``kept`` (the caller writes them)."""
@@ -220,19 +237,42 @@ class FileFlows(FileBase):
                 for cq, cid in pending:
                     self._note(cq, "c", cid)
             return False
-        if r.kind != WAITING_CHILDREN:
+        marker = None
+        if r.kind in (QUEUED, FAILING, DELAYED):
+            # Back for another run of its own (the run that added the children was cut
+            # short): a child that failed (not one that is gone: removed after the run
+            # that found them ended) fails it at once, as it would one that waits.
+            if not (r.policy == "cancel" and any(c is not None and c.kind in (FAILED, CANCELLED) for _, _, c in children)):
+                return False
+            marker = os.path.join(q.ready if r.kind == QUEUED else q.delayed, r.mk) if r.mk else None
+        elif r.kind != WAITING_CHILDREN:
             return False
         if failing:
             r.kind = FAILED
             r.ts = int(now * 1000)
             r.error = child_failed_error(r.id, failures)
             r.exp = now + r.result_ttl
+            r.mk = None
             self._tree_ended(q, r)  # its children are cancelled, its parent re-evaluated
             self._commit(q, {enc: r}, fds)
+            if marker:
+                _unlink(marker)
             self._publish(q, [StorageEvent("failed", r.id, error=r.error, token=r.token)])
             return True
         if pending:
             return False
+        if self._ancestor_ended(q, r):
+            # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
+            # each a step of its own) is on its way to r. Released now, r could be claimed
+            # and complete after its root's cancel: it is cancelled now instead, in this
+            # step (the one that would release it), as the cascade would.
+            r.kind = CANCELLED
+            r.ts = int(now * 1000)
+            r.exp = now + r.result_ttl
+            self._tree_ended(q, r)
+            self._commit(q, {enc: r}, fds)
+            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+            return True
         nxt, front = q.counters()
         r.kind = QUEUED
         r.ts = int(now * 1000)
@@ -242,6 +282,22 @@ class FileFlows(FileBase):
         self._link_marker(q, enc, q.ready, r.mk)
         self._publish(q, [StorageEvent("promoted", r.id, token=r.token)])
         return True
+
+    def _ancestor_ended(self, q: _Q, r: Rec) -> bool:
+        """Whether an ancestor of ``r`` failed or was cancelled (lock of ``q`` held; the
+        others' records are read as they are written: a record file is replaced
+        atomically, and an ancestor's end is written before the notes that cascade it)."""
+        seen = {(q.name, r.id)}
+        parent = r.parent
+        while parent is not None and (parent[0], parent[1]) not in seen:  # (a list, as read)
+            seen.add((parent[0], parent[1]))
+            p = self._peek(q, parent[0], parent[1])
+            if p is None or p.kind == COMPLETED:  # (a completed one cancels nothing below it)
+                return False
+            if p.kind in (FAILED, CANCELLED):
+                return True
+            parent = p.parent
+        return False
 
     def _cascade_cancel(self, q: _Q, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
         """A ``c-`` note: cancel ``r`` because an ancestor ended (lock of ``q`` held)."""

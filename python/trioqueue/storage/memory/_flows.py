@@ -218,6 +218,16 @@ class MemoryFlows(_MemoryPart):
                     child.cancel_requested = True
                     self._publish(cq, [StorageEvent("cancel_requested", child.id, child.worker, token=child.token)])
 
+    @staticmethod
+    def _failed_by_children(rec: _Rec) -> bool:
+        """Whether a child of ``rec`` failed (or was cancelled) under ``cancel``: then
+        whatever its run ends with (but a failure of its own, or a cancel) fails it with
+        ``ChildJobFailedError``, as waiting for them would. A run cut short after
+        ``add_children`` (a crash, a forced stop) runs again once its children ended: it
+        must not complete."""
+        flow = rec.flow
+        return flow is not None and bool(flow.failures) and flow.policy == "cancel"
+
     def _wait_children(self, q: _Q, rec: _Rec, now: float) -> None:
         """A processing job (out of its processing list) settled WAIT_CHILDREN."""
         rec.worker = None

@@ -55,6 +55,8 @@ __all__ = ["MemoryStorage"]
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
 _UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
 _COMPLETE = SettleKind.COMPLETE
+# the ends of a run that a child failed under ``cancel`` turns into the parent's failure
+_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
 _KEPT = {SettleKind.COMPLETE: _COMPLETED, SettleKind.FAIL: _FAILED}  # Settlement.keep applies to
 # Claims and events by the thousand: built as the tuples they are, without the keyword
 # handling of a NamedTuple's constructor.
@@ -371,7 +373,7 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                 if keep is not None and skind in _KEPT:
                     keeps[_KEPT[skind]] = min(keep, keeps.get(_KEPT[skind], keep))
                 rec = proc.get(sid)
-                if rec is not None and rec.claim == token and skind is _COMPLETE:
+                if rec is not None and rec.claim == token and skind is _COMPLETE and rec.flow is None:
                     # The common case, inline (as _set_terminal does it, but the index).
                     del proc[sid]
                     out.append(True)
@@ -410,17 +412,19 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
                     rec.attempts -= rec.started  # rate limited, or waiting: the attempt did not happen
                 elif not rec.started and s.kind is not SettleKind.CANCEL:
                     rec.attempts += 1  # settled without start(): the attempt happened
-                if s.kind is SettleKind.CANCEL or (s.kind in _BACK and rec.cancel_requested):
+                if skind in _ENDS_BY_CHILDREN and self._failed_by_children(rec):
+                    skind = SettleKind.WAIT_CHILDREN  # a child failed under cancel: it fails (see there)
+                if skind is SettleKind.CANCEL or (skind in _BACK and rec.cancel_requested):
                     self._cancel_claimed(q, rec, now, worker_id, events)
-                elif s.kind is SettleKind.COMPLETE:
+                elif skind is SettleKind.COMPLETE:
                     rec.result = s.data
                     self._set_terminal(q, rec, _COMPLETED, now, s.ttl)
                     events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=rec.token))
-                elif s.kind is SettleKind.FAIL:
+                elif skind is SettleKind.FAIL:
                     rec.error = s.data
                     self._set_terminal(q, rec, _FAILED, now, s.ttl)
                     events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=rec.token))
-                elif s.kind is SettleKind.WAIT_CHILDREN:
+                elif skind is SettleKind.WAIT_CHILDREN:
                     self._wait_children(q, rec, now)
                 else:
                     rec.kind = _DELAYED if limited else _FAILING

@@ -24,6 +24,8 @@ __all__ = ["PostgresClaims"]
 
 _HELD = "state = 'processing' AND worker = $3"
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # cancelled instead if requested
+# the ends of a run that a child failed under ``cancel`` turns into the parent's failure
+_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
 _ENDS = ("completed", "failed", "cancelled")
 
 
@@ -117,7 +119,8 @@ class PostgresClaims(PostgresJobs):
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
-                    f"SELECT id, state, worker, claim, started, cancel_requested, token, result_ttl FROM {self._s}.jobs"
+                    f"SELECT id, state, worker, claim, started, cancel_requested, token, result_ttl,"
+                    f" coalesce(policy = 'cancel' AND cardinality(failed_ids) > 0, false) FROM {self._s}.jobs"
                     f" WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE} FOR UPDATE",
                     queue,
                     now,
@@ -145,20 +148,25 @@ class PostgresClaims(PostgresJobs):
                     continue
                 settled.add(s.id)
                 out.append(True)
-                _, _, _, _, started, requested, token, result_ttl = row
+                _, _, _, _, started, requested, token, result_ttl, failed_by_children = row
                 limited = s.kind is SettleKind.RATE_LIMITED
                 uncounted = limited or s.kind is SettleKind.WAIT_CHILDREN  # the attempt did not happen
                 delta = -int(started) if uncounted else (0 if started or s.kind is SettleKind.CANCEL else 1)
-                if s.kind is SettleKind.CANCEL or (s.kind in _BACK and requested):
+                kind = s.kind
+                if failed_by_children and kind in _ENDS_BY_CHILDREN:
+                    # A child failed under cancel (a run cut short after add_children runs
+                    # again once its children ended): it fails, as waiting for them would.
+                    kind = SettleKind.WAIT_CHILDREN
+                if kind is SettleKind.CANCEL or (kind in _BACK and requested):
                     updates.append((s.id, "cancelled", delta, False, False, None, now + int(result_ttl * 1000), None))
                     events.append(StorageEvent("cancelled", s.id, worker_id, token=token))
-                elif s.kind is SettleKind.COMPLETE:
+                elif kind is SettleKind.COMPLETE:
                     updates.append((s.id, "completed", delta, True, False, s.data, now + int(s.ttl * 1000), None))
                     events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=token))
-                elif s.kind is SettleKind.FAIL:
+                elif kind is SettleKind.FAIL:
                     updates.append((s.id, "failed", delta, False, True, s.data, now + int(s.ttl * 1000), None))
                     events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=token))
-                elif s.kind is SettleKind.WAIT_CHILDREN:
+                elif kind is SettleKind.WAIT_CHILDREN:
                     updates.append((s.id, "waiting_children", delta, False, False, None, None, None))
                     waiting.append(s.id)
                 else:

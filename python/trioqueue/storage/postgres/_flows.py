@@ -393,7 +393,50 @@ class PostgresFlows(PostgresBase):
                 f"UPDATE {self._s}.jobs SET pending = pending - 1 WHERE queue = $1 AND id = $2 RETURNING pending", pq, pid
             )
         if pending == 0 and pstate == "waiting_children":
-            await self._children_done(conn, pq, pid, now, events)
+            if await self._ancestor_ended(conn, pq, pid):
+                await self._cancel_waiting(conn, pq, pid, now, events)
+            else:
+                await self._children_done(conn, pq, pid, now, events)
+
+    async def _ancestor_ended(self, conn: Connection, queue: str, job_id: str) -> bool:
+        """Whether an ancestor of the job failed or was cancelled (stopping at a completed
+        one, which cancels nothing below it). The ancestors are locked by this transaction
+        (:meth:`lock_ancestors`, root first): a cascade from one of them is in this
+        transaction, or committed before it, or comes after it; a parent whose last child
+        ended is released only when none is on its way."""
+        row = await conn.fetchrow(
+            f"SELECT parent_queue, parent_id, parent_token FROM {self._s}.jobs WHERE queue = $1 AND id = $2", queue, job_id
+        )
+        for _ in range(64):  # (as lock_ancestors' depth)
+            if row is None or row[1] is None:
+                return False
+            pq, pid, ptok = row
+            prow = await conn.fetchrow(
+                f"SELECT state, token, parent_queue, parent_id, parent_token FROM {self._s}.jobs"
+                " WHERE queue = $1 AND id = $2",
+                pq,
+                pid,
+            )
+            if prow is None or prow[1] != ptok or prow[0] == "completed":
+                return False
+            if prow[0] in ("failed", "cancelled"):
+                return True
+            row = prow[2:]
+        return False
+
+    async def _cancel_waiting(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
+        """Cancel a waiting parent (locked) whose ancestor's cancel cascade is on its way."""
+        token = await conn.fetchval(
+            f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $3, run_at_ms = NULL, worker = NULL,"
+            " lease_ms = NULL, expires_ms = $3 + (result_ttl * 1000)::bigint"
+            " WHERE queue = $1 AND id = $2 AND state = 'waiting_children' RETURNING token",
+            queue,
+            job_id,
+            now,
+        )
+        if token is not None:
+            events.add(queue, StorageEvent("cancelled", job_id, token=token))
+            await self._ended(conn, queue, [job_id], now, events)
 
     async def _fail_parent(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         row = await conn.fetchrow(

@@ -79,6 +79,12 @@ for j, id in ipairs(ids) do
     elseif m.s ~= 1 and kind ~= 'x' then
       m.a = m.a + 1  -- settled without start()
     end
+    if m.cf == 1 and (kind == 'c' or kind == 'r' or kind == 'l') then
+      -- a child failed under 'cancel' (include tree): whatever this run ends with (but a
+      -- failure of its own, or a cancel) fails it, as waiting for its children does; a
+      -- run cut short after add_children runs again once they ended: it must not complete
+      kind = 'w'
+    end
     if kind == 'x' or kind == 'l' or kind == 'w' or m.tr or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
       -- the rare paths, one call at a time
       if m.tr then trees = true end

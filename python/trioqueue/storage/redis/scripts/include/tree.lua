@@ -10,7 +10,8 @@
 -- child of that parent was removed). tree_settle(now) acts on every note of every
 -- declared queue: a parent is queued once no child is pending, failed
 -- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
--- cancelled), a parent that ended other than completed cancels its children, and a kept
+-- cancelled; waiting, or back in the queue for a run of its own; a running one gets
+-- m.cf = 1 and settle fails its run whatever it ends with), a parent that ended other than completed cancels its children, and a kept
 -- child gets its own TTL back once its parent has ended.
 local function tree_info(q, id)
   use_queue(q)
@@ -97,26 +98,40 @@ local function tree_eval(q, p, now)
   use_queue(q)
   local pk = tree_kind(redis.call('HGET', JOBS, p))
   if TERMINAL_KIND[pk] then return false end
-  if pk ~= 'waiting_children' and pk ~= 'processing' then return true end
+  -- back for a run of its own: the run that added its children was cut short
+  local back = pk == 'queued' or pk == 'failing' or pk == 'delayed'
+  if pk ~= 'waiting_children' and pk ~= 'processing' and not back then return true end
   local t = tree_info(q, p) or {}
   local failures, pending = {}, {}
+  local present = false  -- a failure of a child still there (not one removed)
   local sts = kid_states(t, q, p)
   for k, c in ipairs(t.ch or {}) do
     local kind = tree_kind(sts[k])
-    if kind == 'failed' or kind == 'cancelled' then failures[#failures + 1] = {c, kind, kid_q(t, k, q)}
+    if kind == 'failed' or kind == 'cancelled' then
+      failures[#failures + 1] = {c, kind, kid_q(t, k, q)}
+      if sts[k] then present = true end
     elseif kind ~= 'completed' then pending[#pending + 1] = {c, kid_q(t, k, q)} end
   end
   local failing = #failures > 0 and (t.po or 'cancel') == 'cancel'
   if pk == 'processing' then
     if failing then
+      -- its run fails whatever it ends with (settle), as waiting for them would
+      use_queue(q)
+      local m = getm(p)
+      if m and m.cf ~= 1 then m.cf = 1; setm(p, m) end
       for _, c in ipairs(pending) do tree_cancel(c[2], c[1], now) end
     end
     return true
   end
+  if back and not (failing and present) then return true end
   if failing then
     local err = tree_error(p, failures)
     use_queue(q)
     local m = getm(p)
+    if back then  -- out of its lane (the entry left there is skipped) or the delayed set
+      m.k = -1
+      redis.call('ZREM', D, p)
+    end
     redis.call('HSET', ERRORS, p, err)
     ev('failed', p, nil, nil, small(err), m.i)
     terminal(p, m, now, m.t or 0, 'failed:' .. istr(now), '')

@@ -1,0 +1,210 @@
+"""Trees of jobs whose steps are interrupted or interleaved, every backend: a dynamic
+parent whose run was cut short (a ``kill -9``, a forced stop, an exception) after
+``add_children`` and before its ``WaitForChildren`` was stored, and a parent released by
+its last child while a sibling fails the root (the cancel cascade and the release of a
+waiting parent are one atomic step with respect to each other)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from storage_helpers import W1, W2, claim, job, kind, settlement
+from support import Recorder
+from trioqueue import Child, ChildJobFailedError, Job, JobState, Queue, Storage
+from trioqueue._model._serde import decode_error
+from trioqueue.storage import SettleKind
+from trioqueue.storage._base import FlowJob
+
+_ERR = b'{"type":"UnrecoverableError","message":"bad broke","traceback":""}'
+
+
+async def _failed_by_children(storage: Storage, q: str, job_id: str) -> None:
+    rec = await storage.get_job(q, job_id)
+    assert rec is not None and kind(rec.state) == "failed", rec
+    assert rec.error is not None
+    error = decode_error(rec.error)
+    assert error.type == "ChildJobFailedError", error
+    assert "bad broke" in error.message, error
+
+
+@pytest.mark.parametrize("when", ["while-it-ran", "after-it-was-released"])
+async def test_a_parent_cut_short_after_add_children_ends_failed_when_a_child_failed(
+    storage: Storage, queue_name: str, when: str
+) -> None:
+    """The parent's run adds children, then is cut short (released, as a forced stop
+    does; the reaper's recovery after a kill -9 puts it back the same way) before it
+    stores ``WaitForChildren``. A child fails for good under ``cancel`` (while the cut
+    run still held the parent, or after): the parent's next run, which finds its
+    children ended and returns, must end failed (``ChildJobFailedError``), not
+    completed."""
+    q = queue_name
+    await storage.enqueue(q, [job("p")])
+    [run] = await claim(storage, q)
+    kids = f"{q}-kids"  # (the parent alone on its queue: the children are claimed apart)
+    children = [FlowJob(kids, job("bad", max_attempts=1), (q, "p")), FlowJob(kids, job("slow"), (q, "p"))]
+    assert await storage.add_children(q, W1, "p", run.token, children, "cancel")
+    if when == "after-it-was-released":
+        assert await storage.release(q, W1, ["p"]) == 1
+    [bad] = await claim(storage, kids, W2, n=1)
+    assert bad.id == "bad"
+    assert await storage.settle(kids, W2, [settlement(SettleKind.FAIL, kids, "bad", _ERR, ttl=60)]) == [True]
+    if when == "while-it-ran":
+        assert await storage.release(q, W1, ["p"]) == 1
+    slow = await storage.get_job(kids, "slow")
+    assert slow is not None and kind(slow.state) == "cancelled", slow
+    # Its next run, if it has one (a storage may fail it at once instead): the handler
+    # finds its children ended and returns.
+    for again in await claim(storage, q):
+        assert again.id == "p"
+        assert await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "p", b'"done"', ttl=60)]) == [True]
+    await _failed_by_children(storage, q, "p")
+
+
+@pytest.mark.parametrize("settle_as", [SettleKind.RETRY, SettleKind.RATE_LIMITED])
+async def test_a_parent_whose_child_failed_is_not_put_back_by_its_run(
+    storage: Storage, queue_name: str, settle_as: SettleKind
+) -> None:
+    """The run of a parent whose child failed under ``cancel`` ends with a retry (the
+    handler raised) or ``RateLimited``: the parent ends failed by its children instead
+    of running again."""
+    q = queue_name
+    await storage.enqueue(q, [job("p")])
+    [run] = await claim(storage, q)
+    assert await storage.add_children(q, W1, "p", run.token, [FlowJob(q, job("bad", max_attempts=1), (q, "p"))])
+    [bad] = await claim(storage, q, W2, n=1)
+    assert await storage.settle(q, W2, [settlement(SettleKind.FAIL, q, "bad", _ERR, ttl=60)]) == [True]
+    err = b'{"type":"RuntimeError","message":"interrupted","traceback":""}'
+    assert await storage.settle(q, W1, [settlement(settle_as, q, "p", err, delay=0)]) == [True]
+    await _failed_by_children(storage, q, "p")
+
+
+async def test_a_dynamic_parent_that_raised_after_add_children_fails_by_its_failed_child(
+    storage: Storage, queue_name: str
+) -> None:
+    """Through a Queue: the parent adds children, a child fails for good, and the parent
+    raises before ``WaitForChildren`` (as a run cut short does); it is retried, finds its
+    children ended and would return: it ends failed with ``ChildJobFailedError``."""
+    runs: list[int] = []
+    bad_failed = trio.Event()
+
+    async def handler(job: Job[Any]) -> Any:
+        if job.id == "bad":
+            raise RuntimeError("bad broke")
+        if job.id == "slow":
+            await trio.sleep_forever()
+        runs.append(job.attempts)
+        if len(runs) == 1:
+            await job.add_children([Child("bad", options={"max_attempts": 1}), Child("slow")])
+            await bad_failed.wait()
+            raise RuntimeError("interrupted before WaitForChildren")
+        return "parent done"
+
+    async with Queue(storage, name=queue_name, handler=handler, concurrency=3, retry_delay=0, block_timeout=0.5) as q:
+        failed = Recorder()
+        q.on("failed", failed)
+        q.on("cancelled", failed)
+        outcome: dict[str, Any] = {}
+
+        async def wait_for_parent() -> None:
+            try:
+                outcome["result"] = await q.enqueue_and_wait("parent", None, max_attempts=3)
+            except ChildJobFailedError as exc:
+                outcome["error"] = exc
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_for_parent)
+                await failed.wait_for("failed", "bad")
+                bad_failed.set()
+            await failed.wait_for("cancelled", "slow")  # (running: cancelled in its worker)
+        assert "result" not in outcome, outcome
+        assert "bad broke" in str(outcome["error"])
+        status = await q.get_status("slow")
+        assert status is not None and status.state is JobState.CANCELLED
+
+
+def _tree(q: str) -> list[FlowJob]:
+    """root (cancel) -> mid -> leaf, and root -> sib (one attempt)."""
+    return [
+        FlowJob(q, job("root")),
+        FlowJob(q, job("mid"), (q, "root")),
+        FlowJob(q, job("leaf"), (q, "mid")),
+        FlowJob(q, job("sib", max_attempts=1), (q, "root")),
+    ]
+
+
+async def _mid_outcome(storage: Storage, q: str, settle_in_order: Any) -> list[tuple[str, str]]:
+    """Run ``settle_in_order`` (leaf and sib claimed by W1); the tree's events until mid's
+    and root's ends, ``[(kind, job id)]`` in order."""
+    await storage.enqueue_flow(_tree(q))
+    assert sorted(c.id for c in await claim(storage, q)) == ["leaf", "sib"]
+    seen: list[tuple[str, str]] = []
+    async with storage.subscribe(q) as events:
+        await settle_in_order()
+        with trio.fail_after(10):
+            async for batch in events:
+                seen += [(e.kind, e.job_id) for e in batch if e.kind in ("promoted", "cancelled", "failed")]
+                if ("cancelled", "mid") in seen and ("failed", "root") in seen:
+                    break
+    return seen
+
+
+@pytest.mark.parametrize("first", ["sib-fails", "leaf-completes"])
+async def test_a_parent_whose_last_child_ends_as_a_sibling_fails_the_root_is_cancelled_not_run(
+    storage: Storage, queue_name: str, first: str
+) -> None:
+    """root (cancel) has mid (waiting for leaf) and sib. sib fails (the root fails and
+    cancels its tree) and leaf completes (mid's last child: it would release mid), one
+    right after the other, either way round: mid ends cancelled, and is never released
+    after the root failed (never claimable then)."""
+    q = queue_name
+
+    async def sib_fails() -> None:
+        assert await storage.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
+
+    async def leaf_completes() -> None:
+        assert await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "leaf", b'"leaf"', ttl=60)]) == [True]
+
+    async def settle_in_order() -> None:
+        for step in (sib_fails, leaf_completes) if first == "sib-fails" else (leaf_completes, sib_fails):
+            await step()
+
+    seen = await _mid_outcome(storage, q, settle_in_order)
+    assert ("failed", "root") in seen
+    promoted_after_root_failed = ("promoted", "mid") in seen[seen.index(("failed", "root")) :]
+    assert not promoted_after_root_failed, seen
+    mid = await storage.get_job(q, "mid")
+    assert mid is not None and kind(mid.state) == "cancelled", mid
+    assert await claim(storage, q) == []
+
+
+async def test_file_a_parent_released_in_the_pass_that_fails_its_root_is_cancelled_instead(
+    tmp_path: Any, queue_name: str
+) -> None:
+    """FileStorage: the process that settled sib (failed) died before it acted on its
+    tree's notes (kill -9); the next step that acts on them (leaf's settle) fails the
+    root and, in the same pass, finds mid's last child ended: mid must not be released
+    (claimable, in that pass and the next, before the root's cascade reaches it)."""
+    from trioqueue.storage import FileStorage
+
+    q = queue_name
+    async with FileStorage(tmp_path / "store") as st:
+
+        async def killed_after_settle(queue: str | None = None) -> None:
+            await trio.lowlevel.checkpoint()  # (the notes stay, as a crash leaves them)
+
+        async def settle_in_order() -> None:
+            st._act_on_notes = killed_after_settle  # type: ignore[method-assign]
+            try:
+                assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
+            finally:
+                del st._act_on_notes
+            assert await st.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "leaf", b'"leaf"', ttl=60)]) == [True]
+
+        seen = await _mid_outcome(st, q, settle_in_order)
+        assert ("failed", "root") in seen and ("promoted", "mid") not in seen, seen
+        mid = await st.get_job(q, "mid")
+        assert mid is not None and kind(mid.state) == "cancelled", mid
