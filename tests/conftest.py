@@ -39,6 +39,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     (CLI commands, workers killed and restarted) then load it instead of compiling every
     module again, which they do when bytecode is not written (PYTHONDONTWRITEBYTECODE, a
     fresh checkout): about a third of a CLI command's start-up."""
+    if hasattr(session.config, "workerinput"):
+        return  # a pytest-xdist worker: the controller compiled it before starting them
     compileall.compile_dir(Path(trioqueue.__file__).parent, quiet=1)
 
 
