@@ -216,6 +216,41 @@ def server_version(binary: str) -> str:
     return f"{Path(binary).name} {version}"
 
 
+def all_completed(total: int, *queues: Any) -> Any:
+    """A ``trio.Event`` set once ``total`` jobs have completed on ``queues`` (counted by
+    their ``completed`` events)."""
+    import trio
+
+    done = trio.Event()
+    count = [0]
+
+    def completed(_: object) -> None:
+        count[0] += 1
+        if count[0] >= total:
+            done.set()
+
+    for q in queues:
+        q.on("completed", completed)
+    return done
+
+
+@contextlib.contextmanager
+def figure(path: Path, *subplots: int, size: tuple[float, float] = (6, 4)) -> Iterator[tuple[Any, Any]]:
+    """A matplotlib figure and its axes (``subplots``: rows, columns), saved as ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(*subplots, figsize=size)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+
+
 # ---------------------------------------------------- trioqueue bench as a subprocess
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 import _harness as h
-from trioqueue import Job, Queue, QueueEvent, Storage
+from trioqueue import Job, Queue, Storage
 
 BATCH_SIZE = 100
 SINGLE_CONCURRENCY = (1, 8)
@@ -58,20 +58,11 @@ class Rows:
 async def one_run(storage: Storage, rows: Rows, jobs: int, mode: str) -> float:
     """Jobs/s from the first enqueue to the last completion."""
     name = f"b-{uuid.uuid4().hex[:8]}"
-    done = trio.Event()
-    completed = 0
-
-    def on_completed(event: QueueEvent) -> None:
-        nonlocal completed
-        completed += 1
-        if completed == jobs:
-            done.set()
-
     if mode == "batch":
         queue: Queue[Any, Any] = Queue(storage, name=name, batch_handler=rows.many, batch_size=BATCH_SIZE, block_timeout=1.0)
     else:
         queue = Queue(storage, name=name, handler=rows.one, concurrency=int(mode.split("-")[1]), block_timeout=1.0)
-    queue.on("completed", on_completed)
+    done = h.all_completed(jobs, queue)
     async with queue:
         t0 = time.perf_counter()
         for start in range(0, jobs, 1000):

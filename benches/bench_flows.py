@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 import _harness as h
-from trioqueue import Child, Job, Queue, QueueEvent, Storage
+from trioqueue import Child, Job, Queue, Storage
 
 SHAPES = {"1x100": (1, 100), "1000x10": (1000, 10)}
 CONCURRENCY = 32
@@ -37,18 +37,8 @@ async def _noop(job: Job[Any]) -> None:
 async def one_run(storage: Storage, parents: int, children: int, tree: bool) -> float:
     """Seconds from the first enqueue to the last completion (every job of the shape)."""
     name = f"b-{uuid.uuid4().hex[:8]}"
-    total = parents * (children + 1)
-    done = trio.Event()
-    completed = 0
-
-    def on_completed(event: QueueEvent) -> None:
-        nonlocal completed
-        completed += 1
-        if completed == total:
-            done.set()
-
     async with Queue(storage, name=name, handler=_noop, concurrency=CONCURRENCY, block_timeout=1.0) as q:
-        q.on("completed", on_completed)
+        done = h.all_completed(parents * (children + 1), q)
         t0 = time.perf_counter()
         for p in range(parents):
             kids = [f"c{p}-{c}" for c in range(children)]

@@ -67,19 +67,12 @@ async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs
     trioqueue = str(Path(sys.executable).with_name("trioqueue"))
     storage = from_url(url, prefix=prefix)
     producers = [Queue(storage, name=q) for q in queues]
-    done = trio.Event()
-    count = [0]
     per_queue = jobs // len(queues)
     total = per_queue * len(queues)  # what is enqueued (``jobs`` may not divide evenly)
-
-    def completed(_: object) -> None:
-        count[0] += 1
-        if count[0] >= total:
-            done.set()
+    done = h.all_completed(total, *producers)
 
     async with storage, AsyncExitStack() as stack:
         for p in producers:
-            p.on("completed", completed)
             await stack.enter_async_context(p)
             await p.pause()
         workers = []
@@ -123,16 +116,8 @@ async def _memory_per_job(url: str, port: int, n: int, breakdown: dict[str, floa
 
     storage = from_url(url, prefix=f"mem-{uuid.uuid4().hex[:6]}")
     before = used()
-    done = trio.Event()
-    count = [0]
-
-    def completed(_: object) -> None:
-        count[0] += 1
-        if count[0] >= n:
-            done.set()
-
     async with Queue(storage, name="mem", handler=handler, concurrency=100, result_ttl=3600) as q:
-        q.on("completed", completed)
+        done = h.all_completed(n, q)
         items = [(f"m{i}", {"n": i}) for i in range(n)]
         for s in range(0, n, 1000):
             await q.enqueue_many(items[s : s + 1000])
@@ -186,22 +171,14 @@ async def memory_only(args: argparse.Namespace) -> None:
 
 
 def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with h.figure(path, 1, 1) as (_, ax):
+        for name, points in series.items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
 
 
 async def measure(args: argparse.Namespace) -> None:

@@ -147,31 +147,23 @@ def _depth_rows(depth: dict[int, dict[str, Any]]) -> list[str]:
 def _plot_depth(path: Path, series: dict[str, dict[int, dict[str, Any]]]) -> None:
     """Claim cost against queue depth, as ratios to each storage's smallest depth: the
     single-job claim's latency (left) and 100-job claims' throughput (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, depth in series.items():
-        if not depth:
-            continue
-        xs = sorted(depth)
-        base = depth[xs[0]]
-        left.plot(xs, [depth[x]["latency_s"] / base["latency_s"] for x in xs], marker="o", label=name)
-        right.plot(xs, [depth[x]["claims_per_s"] / base["claims_per_s"] for x in xs], marker="o", label=name)
-    for ax, title in ((left, "single-job claim latency (vs smallest depth)"),
-                      (right, "100-job claims, jobs/s (vs smallest depth)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("queued jobs")
-        ax.set_title(title, fontsize=10)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_ylim(0, 2)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with h.figure(path, 1, 2, size=(10, 4)) as (_, (left, right)):
+        for name, depth in series.items():
+            if not depth:
+                continue
+            xs = sorted(depth)
+            base = depth[xs[0]]
+            left.plot(xs, [depth[x]["latency_s"] / base["latency_s"] for x in xs], marker="o", label=name)
+            right.plot(xs, [depth[x]["claims_per_s"] / base["claims_per_s"] for x in xs], marker="o", label=name)
+        for ax, title in ((left, "single-job claim latency (vs smallest depth)"),
+                          (right, "100-job claims, jobs/s (vs smallest depth)")):
+            ax.set_xscale("log")
+            ax.set_xlabel("queued jobs")
+            ax.set_title(title, fontsize=10)
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+            ax.set_ylim(0, 2)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
 
 
 def main() -> None:
