@@ -70,8 +70,7 @@ def parser(
         p.add_argument("--storages", type=_storages, default=list(storages),
                        help=f"comma-separated, from {','.join(STORAGES)} (default {','.join(storages)})")
     if out is not None:
-        p.add_argument("--out", type=Path, default=RESULTS / out, help="result file (default results/%(default)s)".replace(
-            "%(default)s", out))
+        p.add_argument("--out", type=Path, default=RESULTS / out, help=f"result file (default: results/{out})")
         p.add_argument("--no-write", action="store_true", help="print the result, write no file")
     return p
 
@@ -328,7 +327,7 @@ def commit() -> str:
     """The working tree's commit, ``+ changes`` when ``python/``, ``rust/`` or ``benches/``
     differ from it."""
     try:
-        sha = git("rev-parse", "--short", "HEAD").strip()
+        sha: str = git("rev-parse", "--short", "HEAD").strip()
         dirty = git("status", "--porcelain", "--", "python", "rust", "benches/*.py").strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -84,7 +84,7 @@ def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
 
 def _table(tools: list[str], med: dict[str, dict[str, dict[str, h.Spread]]]) -> list[str]:
     peers = [t for t in tools if t != "trioqueue"]
-    head = "| workload | " + " | ".join(TOOLS[t] for t in tools) + " | " + " | ".join(f"× {TOOLS[p]}" for p in peers) + " |"
+    head = "| " + " | ".join(["workload", *(TOOLS[t] for t in tools), *(f"× {TOOLS[p]}" for p in peers)]) + " |"
     lines = [head, "|---|" + "---:|" * (len(tools) + len(peers))]
     for w in WORKLOADS:
         latency = w == "C-1"

@@ -62,8 +62,8 @@ def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
 
 def _table(peers: list[str], tq: dict[str, dict[str, h.Spread]], med: dict[str, dict[str, dict[str, h.Spread]]]) -> list[str]:
     titles = [PEERS[p][0] for p in peers]
-    lines = ["| workload | trioqueue | " + " | ".join(titles) + " | " + " | ".join(f"× {t}" for t in titles)
-             + " | target | met |", "|---|" + "---:|" * (1 + 2 * len(peers)) + "---|:-:|"]
+    head = ["workload", "trioqueue", *titles, *(f"× {t}" for t in titles), "target", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (1 + 2 * len(peers)) + "---|:-:|"]
     for w in [w for w in TARGETS if w in tq]:
         key, want, against = TARGETS[w]
         ratios = {p: tq[w][key] / med[p][w][key] if med[p].get(w, {}).get(key) else None for p in peers}
