@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from trioqueue import _core
 
-from core_timing import Table, best_ops
+from core_timing import Table, ops_per_s
 
 
 # ---------------------------------------------------------------- envelope
@@ -69,7 +69,7 @@ def py_envelope_with_attempts(data: bytes, attempts: int) -> bytes:
     return json.dumps(d).encode()
 
 
-def bench_envelope(t: Table, repeat: int, n: int) -> None:
+def bench_envelope(t: Table, rounds: int, n: int) -> None:
     rs_data = _core.encode_envelope(*FIELDS)
     py_data = py_encode_envelope(*FIELDS)
     assert _core.decode_envelope(rs_data) == py_decode_envelope(py_data) == FIELDS
@@ -93,21 +93,21 @@ def bench_envelope(t: Table, repeat: int, n: int) -> None:
 
         return run
 
-    t.add("envelope", "encode", best_ops(enc(_core.encode_envelope), repeat), "json+base64 dumps", best_ops(enc(py_encode_envelope), repeat))
-    t.add("envelope", "decode", best_ops(one_arg(_core.decode_envelope, rs_data), repeat), "json+base64 loads", best_ops(one_arg(py_decode_envelope, py_data), repeat))
+    t.add("envelope", "encode", ops_per_s(enc(_core.encode_envelope), rounds), "json+base64 dumps", ops_per_s(enc(py_encode_envelope), rounds))
+    t.add("envelope", "decode", ops_per_s(one_arg(_core.decode_envelope, rs_data), rounds), "json+base64 loads", ops_per_s(one_arg(py_decode_envelope, py_data), rounds))
     t.add(
         "envelope",
         "envelope_id (peek id)",
-        best_ops(one_arg(_core.envelope_id, rs_data), repeat),
+        ops_per_s(one_arg(_core.envelope_id, rs_data), rounds),
         'json.loads(data)["id"]',
-        best_ops(one_arg(lambda d: json.loads(d)["id"], py_data), repeat),
+        ops_per_s(one_arg(lambda d: json.loads(d)["id"], py_data), rounds),
     )
     t.add(
         "envelope",
         "envelope_with_attempts",
-        best_ops(one_arg(_core.envelope_with_attempts, rs_data, 2), repeat),
+        ops_per_s(one_arg(_core.envelope_with_attempts, rs_data, 2), rounds),
         "json loads+dumps",
-        best_ops(one_arg(py_envelope_with_attempts, py_data, 2), repeat),
+        ops_per_s(one_arg(py_envelope_with_attempts, py_data, 2), rounds),
     )
     print(f"          (envelope sizes: rust {len(rs_data)} bytes, json {len(py_data)} bytes)")
 
@@ -160,18 +160,18 @@ def py_format_state(kind: str, ms: int, extra: str | int | None = None) -> str:
     raise ValueError(f"unknown kind {kind!r}")
 
 
-def bench_state(t: Table, repeat: int, n: int) -> None:
+def bench_state(t: Table, rounds: int, n: int) -> None:
     parsed = [py_parse_state(s) for s in STATES]
     assert [_core.parse_state(s) for s in STATES] == parsed
     assert [_core.format_state(*p) for p in parsed] == [py_format_state(*p) for p in parsed] == STATES
-    rounds = range(n // len(STATES))
-    count = len(rounds) * len(STATES)
+    loops = range(n // len(STATES))
+    count = len(loops) * len(STATES)
 
     def parse(f: Callable[[str], object]) -> Callable[[], int]:
         s0, s1, s2, s3, s4 = STATES
 
         def run() -> int:
-            for _ in rounds:
+            for _ in loops:
                 f(s0)
                 f(s1)
                 f(s2)
@@ -185,7 +185,7 @@ def bench_state(t: Table, repeat: int, n: int) -> None:
         p0, p1, p2, p3, p4 = parsed
 
         def run() -> int:
-            for _ in rounds:
+            for _ in loops:
                 f(*p0)
                 f(*p1)
                 f(*p2)
@@ -195,8 +195,8 @@ def bench_state(t: Table, repeat: int, n: int) -> None:
 
         return run
 
-    t.add("state", "parse_state (mix of 5 kinds)", best_ops(parse(_core.parse_state), repeat), "str.split + int()", best_ops(parse(py_parse_state), repeat))
-    t.add("state", "format_state (mix of 5 kinds)", best_ops(format_(_core.format_state), repeat), "f-string + checks", best_ops(format_(py_format_state), repeat))
+    t.add("state", "parse_state (mix of 5 kinds)", ops_per_s(parse(_core.parse_state), rounds), "str.split + int()", ops_per_s(parse(py_parse_state), rounds))
+    t.add("state", "format_state (mix of 5 kinds)", ops_per_s(format_(_core.format_state), rounds), "f-string + checks", ops_per_s(format_(py_format_state), rounds))
 
 
 # ------------------------------------------------------------------ events
@@ -241,24 +241,24 @@ def _event_message(count: int) -> bytes:
     return b"".join(parts)
 
 
-def bench_events(t: Table, repeat: int, n: int) -> None:
+def bench_events(t: Table, rounds: int, n: int) -> None:
     for size in (1, 100):
         msg = _event_message(size)
         assert _core.decode_events(msg) == py_decode_events(msg)
-        rounds = range(max(1, n // size))
+        loops = range(max(1, n // size))
 
         def run(f: Callable[[bytes], object]) -> Callable[[], int]:
             def go() -> int:
-                for _ in rounds:
+                for _ in loops:
                     f(msg)
-                return len(rounds) * size
+                return len(loops) * size
 
             return go
 
         t.add(
             "events",
             f"decode_events, {size} event(s) per message",
-            best_ops(run(_core.decode_events), repeat),
+            ops_per_s(run(_core.decode_events), rounds),
             "index/slice/int/decode loop",
-            best_ops(run(py_decode_events), repeat),
+            ops_per_s(run(py_decode_events), rounds),
         )

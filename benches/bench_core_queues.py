@@ -18,10 +18,11 @@ import trio
 
 from trioqueue import _core
 
-from core_timing import Table, best_ops, fmt
+from _harness import Spread
+from core_timing import Table, fmt, ops_per_s
 
 
-def bench_queue_single(t: Table, repeat: int, n: int) -> None:
+def bench_queue_single(t: Table, rounds: int, n: int) -> None:
     items = [b"job-%d" % i for i in range(n)]
     rng = range(n)
 
@@ -64,10 +65,10 @@ def bench_queue_single(t: Table, repeat: int, n: int) -> None:
         trio.run(main)
         return n
 
-    rust = best_ops(rust_each, repeat)
-    t.add("queue", "push+pop per item (1 thread)", rust, "collections.deque", best_ops(deque_each, repeat))
-    t.add("queue", "push+pop per item (1 thread)", rust, "queue.Queue *_nowait", best_ops(queue_each, repeat))
-    t.add("queue", "push+pop per item (1 thread)", rust, "trio memory channel *_nowait", best_ops(trio_each, repeat))
+    rust = ops_per_s(rust_each, rounds)
+    t.add("queue", "push+pop per item (1 thread)", rust, "collections.deque", ops_per_s(deque_each, rounds))
+    t.add("queue", "push+pop per item (1 thread)", rust, "queue.Queue *_nowait", ops_per_s(queue_each, rounds))
+    t.add("queue", "push+pop per item (1 thread)", rust, "trio memory channel *_nowait", ops_per_s(trio_each, rounds))
 
     batch = 100
     batches = [items[i : i + batch] for i in range(0, n, batch)]
@@ -121,13 +122,13 @@ def bench_queue_single(t: Table, repeat: int, n: int) -> None:
             [pop() for _ in inner]
         return n
 
-    t.add("queue", "push_many+pop_many, batch 100 (1 thread)", best_ops(rust_batch, repeat), "deque.extend + popleft loop", best_ops(deque_batch, repeat))
+    t.add("queue", "push_many+pop_many, batch 100 (1 thread)", ops_per_s(rust_batch, rounds), "deque.extend + popleft loop", ops_per_s(deque_batch, rounds))
     t.add(
         "queue",
         "push_many then pop_many, batch 100, hot",
-        best_ops(rust_batch_interleaved, repeat),
+        ops_per_s(rust_batch_interleaved, rounds),
         "deque.extend + popleft loop, hot",
-        best_ops(deque_batch_interleaved, repeat),
+        ops_per_s(deque_batch_interleaved, rounds),
     )
 
     # ObjectQueue: the same batch calls for any objects (MemoryStorage's lanes of records).
@@ -140,9 +141,9 @@ def bench_queue_single(t: Table, repeat: int, n: int) -> None:
     t.add(
         "queue",
         "ObjectQueue push_many+pop_many, batch 100 (1 thread)",
-        best_ops(objects_rust_batch, repeat),
+        ops_per_s(objects_rust_batch, rounds),
         "deque.extend + popleft loop",
-        best_ops(objects_deque_batch, repeat),
+        ops_per_s(objects_deque_batch, rounds),
     )
 
 
@@ -157,21 +158,21 @@ def run_threads(producer: Callable[[int], None], consumer: Callable[[], None]) -
     return time.perf_counter() - t0
 
 
-def bench_queue_threads(t: Table, repeat: int, n: int) -> None:
+def bench_queue_threads(t: Table, rounds: int, n: int) -> None:
     """2 producer threads + 2 consumer threads moving ``n`` items in total."""
     half = n // 2
     total = half * 2
     parts = [[b"p%d-%d" % (p, i) for i in range(half)] for p in range(2)]
     sleep = time.sleep
 
-    def measure(make: Callable[[], tuple[Callable[[int], None], Callable[[], None], Callable[[], int]]]) -> float:
-        best = 0.0
-        for _ in range(repeat):
+    def measure(make: Callable[[], tuple[Callable[[int], None], Callable[[], None], Callable[[], int]]]) -> Spread:
+        rates = []
+        for _ in range(rounds):
             producer, consumer, check = make()
             dt = run_threads(producer, consumer)
             assert check() == total, "items lost or duplicated"
-            best = max(best, total / dt)
-        return best
+            rates.append(total / dt)
+        return Spread.of(rates)
 
     def polling(push_one: Callable[[bytes], None], pop_one: Callable[[], bytes | None]) -> tuple:
         """Consumers poll; on empty they publish their count and yield the GIL."""
@@ -215,11 +216,11 @@ def bench_queue_threads(t: Table, repeat: int, n: int) -> None:
 
         return polling(push_one, pop_one)
 
-    def queue_measure() -> float:
+    def queue_measure() -> Spread:
         # queue.Queue consumers block in get(); stop them with sentinels once
         # producers are done (the sentinel put is inside the timed region).
-        best = 0.0
-        for _ in range(repeat):
+        rates = []
+        for _ in range(rounds):
             q: queue.Queue[bytes | None] = queue.Queue()
             done = [0]
             lock = threading.Lock()
@@ -250,8 +251,8 @@ def bench_queue_threads(t: Table, repeat: int, n: int) -> None:
                 th.join()
             dt = time.perf_counter() - t0
             assert done[0] == total
-            best = max(best, total / dt)
-        return best
+            rates.append(total / dt)
+        return Spread.of(rates)
 
     def rust_batch_make() -> tuple:
         q = _core.MpmcQueue()

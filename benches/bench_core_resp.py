@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from trioqueue import _core
 
-from core_timing import Table, best_ops
+from core_timing import Table, ops_per_s
 
 
 def py_encode_command(args: list[bytes | str]) -> bytes:
@@ -88,22 +88,22 @@ def _claim_reply(jobs: int) -> bytes:
     return b"*%d\r\n" % (jobs * 4) + b"".join(items)
 
 
-def bench_resp(t: Table, repeat: int, n: int) -> None:
+def bench_resp(t: Table, rounds: int, n: int) -> None:
     keys = [f"{{trioqueue:q}}:k{i}" for i in range(28)]
     args = ["EVALSHA", "a" * 40, "28", *keys, "job-1", "\x01" + "x" * 63, "tok", "3", "60000"]
     assert _core.encode_command(args) == py_encode_command(args)
-    rounds = range(max(1, n // 4))
+    loops = range(max(1, n // 4))
 
     def enc(f: Callable[[list], bytes]) -> Callable[[], int]:
         def go() -> int:
-            for _ in rounds:
+            for _ in loops:
                 f(args)
-            return len(rounds)
+            return len(loops)
 
         return go
 
-    t.add("resp", "encode_command, a 36-argument EVALSHA", best_ops(enc(_core.encode_command), repeat),
-          "bytes formatting + join", best_ops(enc(py_encode_command), repeat))
+    t.add("resp", "encode_command, a 36-argument EVALSHA", ops_per_s(enc(_core.encode_command), rounds),
+          "bytes formatting + join", ops_per_s(enc(py_encode_command), rounds))
     for label, data in (("an integer reply", b":1\r\n"), ("a 100-job claim reply", _claim_reply(100))):
         r, p = _core.RespReader(), PyRespReader()
         r.feed(data)
@@ -121,5 +121,5 @@ def bench_resp(t: Table, repeat: int, n: int) -> None:
 
             return go
 
-        t.add("resp", f"RespReader feed + pop_all, {label}", best_ops(dec(_core.RespReader), repeat),
-              "find/slice/int recursive parser", best_ops(dec(PyRespReader), repeat))
+        t.add("resp", f"RespReader feed + pop_all, {label}", ops_per_s(dec(_core.RespReader), rounds),
+              "find/slice/int recursive parser", ops_per_s(dec(PyRespReader), rounds))

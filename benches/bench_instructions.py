@@ -27,29 +27,21 @@ writes ``benches/results/instructions.md``. Needs valgrind; takes a few minutes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import glob
 import json
 import os
-import platform
 import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench_ab import _checkout  # noqa: E402
-from redis_server import RedisServer, redis_server_binary, valkey_server_binary  # noqa: E402
+import _harness as h
+from redis_server import RedisServer, redis_server_binary, valkey_server_binary
 
 _CLIENT = """
 import os, sys, trio
@@ -293,18 +285,17 @@ _NOOP_LIBRARY = ("trioqueue_instr_noop", "#!lua name=trioqueue_instr_noop\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = h.parser(__doc__, out="instructions.md", rounds=None)
     parser.add_argument("--base", default="HEAD", help="git revision to compare with (default: HEAD)")
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args()
     binary = redis_server_binary() or valkey_server_binary()
     if binary is None:
         sys.exit("no redis-server / valkey-server found")
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="trioqueue-instr-") as tmp, RedisServer(binary) as plain:
-        with _checkout(args.base) as base:
-            for label, tree in (("base", base), ("tree", ROOT)):
+        with h.checkout(args.base) as base:
+            for label, tree in (("base", base), ("tree", h.ROOT)):
                 source, keys, library = _tree_script(tree, "enqueue_plain|enqueue")
                 rows[label] = {
                     "client": client_instructions(tree, plain.url, args.calls, tmp),
@@ -322,14 +313,11 @@ def main() -> None:
                 rows[label]["mem_a"] = client_instructions(tree, "", args.calls, tmp, _MEMORY_A)
                 rows[label]["mem_b"] = client_instructions(tree, "", args.calls * 2, tmp, _MEMORY_B)
                 print(label, {k: round(v) for k, v in rows[label].items()}, file=sys.stderr)
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], capture_output=True,
-                         text=True).stdout.strip()
+    rev = h.git("rev-parse", "--short", args.base).strip()
     b, t = rows["base"], rows["tree"]
     lines = [
-        "# Instructions per job: Redis client and server, and MemoryStorage end to end",
-        "",
-        f"{time.strftime('%Y-%m-%d')}, `python benches/bench_instructions.py --base {args.base}` ({rev}), "
-        f"{args.calls} calls, callgrind (valgrind), redis-server {version}, Python {platform.python_version()}. "
+        f"The working tree against {rev} (`{args.base}`), {args.calls} calls, callgrind (valgrind), "
+        f"{h.server_version(binary)}. "
         "Instruction counts do not depend on the machine's load (they vary by about 2 % from run to "
         "run: hash seeds, whether a reply is already there when looked for); the client columns "
         "count user space only (the kernel's send and receive are not in them).",
@@ -358,9 +346,7 @@ def main() -> None:
                        ("mem_b", "MemoryStorage, B: per job, `enqueue_many` by 100, then a worker (concurrency 10, "
                                  "noop handler) claiming, running and completing it")):
         lines.append(f"| {title} | {b[key]:,.0f} | {t[key]:,.0f} | {t[key] / b[key]:.2f}× |")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "instructions.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    h.write(args, "Instructions per job: Redis client and server, and MemoryStorage end to end", lines)
 
 
 if __name__ == "__main__":

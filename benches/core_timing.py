@@ -5,43 +5,48 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from _harness import Spread
 
-def best_ops(run: Callable[[], int], repeat: int) -> float:
-    """Best ops/s over ``repeat`` runs; ``run`` returns its operation count."""
-    best = 0.0
-    for _ in range(repeat):
+
+def ops_per_s(run: Callable[[], int], rounds: int) -> Spread:
+    """Ops/s over ``rounds`` runs (median, min–max); ``run`` returns its operation count."""
+    rates = []
+    for _ in range(rounds):
         t0 = time.perf_counter()
         n = run()
-        dt = time.perf_counter() - t0
-        best = max(best, n / dt)
-    return best
+        rates.append(n / (time.perf_counter() - t0))
+    return Spread.of(rates)
 
 
 class Table:
     def __init__(self) -> None:
-        self.rows: list[tuple[str, str, float, str, float]] = []
+        self.rows: list[tuple[str, str, Spread, str, Spread]] = []
 
-    def add(self, group: str, case: str, rust: float, twin: str, python: float) -> None:
+    def add(self, group: str, case: str, rust: Spread, twin: str, python: Spread) -> None:
         self.rows.append((group, case, rust, twin, python))
         print(
-            f"{group:9} {case:44} rust {fmt(rust):>9}/s  {twin:32} {fmt(python):>9}/s  "
+            f"{group:9} {case:44} rust {fmt(rust.median):>9}/s  {twin:32} {fmt(python.median):>9}/s  "
             f"ratio {rust / python:6.2f}x",
             flush=True,
         )
 
-    def markdown(self, header: str) -> str:
+    def markdown(self) -> list[str]:
         lines = [
-            header,
-            "",
             "| area | case | rust ops/s | python twin | python ops/s | ratio rust/python |",
             "| --- | --- | ---: | --- | ---: | ---: |",
         ]
         for group, case, rust, twin, python in self.rows:
             lines.append(
-                f"| {group} | {case} | {fmt(rust)} | {twin} | {fmt(python)} | "
-                f"**{rust / python:.2f}x** |"
+                f"| {group} | {case} | {spread(rust)} | {twin} | {spread(python)} | **{rust / python:.2f}x** |"
             )
-        return "\n".join(lines) + "\n"
+        return lines
+
+
+def spread(s: Spread) -> str:
+    """``1.20M (1.10M–1.30M)``."""
+    if len(s.values) < 2:
+        return fmt(s.median)
+    return f"{fmt(s.median)} ({fmt(s.lo)}–{fmt(s.hi)})"
 
 
 def fmt(x: float) -> str:
