@@ -118,7 +118,7 @@ async def test_factory_and_storage_url_override(app: Path) -> None:
         (["app:missing"], 1, "trioqueue: error: 'app' has no attribute 'missing' (from 'app:missing')"),
         (["app"], 1, "trioqueue: error: expected module:attribute (like myapp.tasks:queue), got 'app'"),
         (["app:queue", "app:make", "--name", "x"], 2, "trioqueue worker: error: --name applies to one QUEUE"),
-        (["app:queue", "--storage", "ftp://x"], 1, "trioqueue: error: unsupported storage URL scheme 'ftp'"),
+        (["app:queue", "--storage", "ftp://x"], 2, "trioqueue worker: error: argument --storage: unsupported storage URL scheme 'ftp'"),
     ],
 )
 def test_worker_errors_are_one_line(app: Path, args: list[str], code: int, message: str) -> None:

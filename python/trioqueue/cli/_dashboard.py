@@ -23,7 +23,9 @@ def add_dashboard_command(sub: Any, parser_class: type[argparse.ArgumentParser])
         "--auth-token. SIGINT/SIGTERM stops it.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    dash.add_argument("--storage", required=True, help="storage URL (redis://..., file:///path, ...)")
+    from ._run import storage_url
+
+    dash.add_argument("--storage", type=storage_url, required=True, help="storage URL (redis://..., file:///path, ...)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind")
     dash.add_argument("--port", type=int, default=8181, help="port to bind (0: any free port)")
     dash.add_argument(

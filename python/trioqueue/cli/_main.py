@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from ._run import EXIT_USAGE, Parser, positive_int, run_command, until_interrupted
+from ._run import EXIT_USAGE, Parser, positive_int, run_command, storage_url, until_interrupted
 
 __all__ = ["main"]
 
@@ -42,7 +42,7 @@ def _parser() -> Parser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     worker.add_argument("queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue")
-    worker.add_argument("--storage", default=None, help="storage URL replacing the Queues' own")
+    worker.add_argument("--storage", type=storage_url, default=None, help="storage URL replacing the Queues' own")
     worker.add_argument("--concurrency", type=positive_int, default=None, help="handlers at once, per queue")
     worker.add_argument("--name", default=None, help="queue name replacing the Queue's own (one QUEUE only)")
     worker.add_argument(
