@@ -156,9 +156,10 @@ class GlideTransport(Transport):
                 self._client = await self._retry(lambda: self._create(config))
                 return
             except StorageError as exc:
-                why = await diagnose(self.params, self._address) or str(exc)
-                raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
-        raise StorageError(f"could not connect to {self.params.display()}: {why}")
+                why = await diagnose(self.params, self._address)
+                if why is None:
+                    raise StorageError(f"could not connect to {self.params.display()}: {exc}") from exc
+        raise StorageError(f"could not connect to {self.params.display()}: {why}") from None
 
     async def close(self) -> None:
         self._closed = True
