@@ -36,6 +36,7 @@ APP = textwrap.dedent(
         return job.payload * 2
 
     queue = Queue(FileStorage(os.environ["APP_STORE"]), name="jobs", handler=handle, block_timeout=0.5)
+    NUMBER = 42
 
     async def make() -> Queue[object, object]:  # an async factory, on a storage the CLI replaces
         return Queue(MemoryStorage(), name="jobs", handler=handle, block_timeout=0.5)
@@ -117,6 +118,13 @@ async def test_factory_and_storage_url_override(app: Path) -> None:
         (["nope_module:queue"], 1, "trioqueue: error: cannot import 'nope_module' (from 'nope_module:queue')"),
         (["app:missing"], 1, "trioqueue: error: 'app' has no attribute 'missing' (from 'app:missing')"),
         (["app"], 1, "trioqueue: error: expected module:attribute (like myapp.tasks:queue), got 'app'"),
+        (
+            ["app:handle"],
+            1,
+            "trioqueue: error: 'app:handle' is a function taking arguments (job), not a Queue: QUEUE must be a"
+            " Queue, or a factory returning one (called with no arguments)",
+        ),
+        (["app:NUMBER"], 1, "trioqueue: error: 'app:NUMBER' is not a trioqueue Queue (nor a factory returning one): 42"),
         (["app:queue", "app:make", "--name", "x"], 2, "trioqueue worker: error: --name applies to one QUEUE"),
         (["app:queue", "--storage", "ftp://x"], 2, "trioqueue worker: error: argument --storage: unsupported storage URL scheme 'ftp'"),
     ],

@@ -41,7 +41,9 @@ def _parser() -> Parser:
         "supervisor runs N worker processes, restarts one that dies and forwards the signals.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    worker.add_argument("queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue")
+    worker.add_argument(
+        "queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue, or of a factory returning one"
+    )
     worker.add_argument("--storage", type=storage_url, default=None, help="storage URL replacing the Queues' own")
     worker.add_argument("--concurrency", type=positive_int, default=None, help="handlers at once, per queue")
     worker.add_argument("--name", default=None, help="queue name replacing the Queue's own (one QUEUE only)")

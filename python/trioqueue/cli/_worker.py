@@ -45,12 +45,34 @@ async def load_queue(spec: str) -> Queue[Any, Any]:
         except AttributeError:
             raise TrioQueueError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
     if not isinstance(target, Queue) and callable(target):
+        _check_factory(spec, target)
         target = target()
         if inspect.isawaitable(target):
             target = await target
     if not isinstance(target, Queue):
         raise TrioQueueError(f"{spec!r} is not a trioqueue Queue (nor a factory returning one): {target!r}")
     return target
+
+
+def _check_factory(spec: str, target: Any) -> None:
+    """Raise ``TrioQueueError`` if ``target`` cannot be called with no arguments (a job
+    handler named instead of its Queue, say)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # (a builtin without a signature: let the call say)
+    needed = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if needed:
+        what = "a class" if inspect.isclass(target) else "a function"
+        raise TrioQueueError(
+            f"{spec!r} is {what} taking arguments ({', '.join(needed)}), not a Queue: QUEUE must be a Queue, or a"
+            " factory returning one (called with no arguments), e.g. queue = Queue(storage, handler=handle) in the"
+            " module, named as module:queue"
+        )
 
 
 class MetricsServer:
