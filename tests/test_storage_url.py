@@ -65,3 +65,43 @@ def test_a_mistyped_storage_url_is_a_one_line_usage_error_of_the_cli(command: li
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"trioqueue {command[0]}: error: argument --storage: ") and "'redis:/127.0.0.1:6395'" in lines[0]
     assert list(tmp_path.iterdir()) == []
+
+
+MISSING_EXTRAS = """
+import sys
+for name in ("psycopg", "trio_parallel", "prometheus_client"):
+    sys.modules[name] = None  # as if the extra were not installed: importing it fails
+from trioqueue import MemoryStorage, Queue, TrioQueueError, ValidationError
+from trioqueue.storage import from_url
+
+try:
+    from_url("postgresql://u@h/db")
+except ValidationError as exc:
+    print(exc)
+try:
+    Queue(MemoryStorage(), executor="process")
+except TrioQueueError as exc:
+    print(exc)
+try:
+    import trioqueue.metrics
+except ImportError as exc:
+    print(exc)
+"""
+
+
+def test_a_missing_extra_names_the_command_that_installs_it() -> None:
+    """Every hint about a missing optional dependency names the command that works for a
+    clone (trioqueue is not on the package index), in the same words."""
+    proc = subprocess.run([sys.executable, "-c", MISSING_EXTRAS], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith(
+        "'postgresql://u@h/db' needs psycopg, the 'postgres' extra: pip install -e '.[postgres]' in the trioqueue checkout"
+    )
+    assert lines[1] == (
+        "executor='process' needs trio-parallel, the 'process' extra: pip install -e '.[process]' in the trioqueue checkout"
+    )
+    assert lines[2] == (
+        "trioqueue.metrics needs prometheus-client, the 'metrics' extra: pip install -e '.[metrics]' in the trioqueue checkout"
+    )

@@ -148,3 +148,22 @@ def test_version_and_help_show_defaults() -> None:
     assert out.returncode == 0 and out.stdout.startswith("trioqueue ")
     out = subprocess.run([sys.executable, "-m", "trioqueue", "demo", "--help"], capture_output=True, text=True, timeout=60)
     assert "(default: 5000)" in out.stdout
+
+
+def test_metrics_port_without_prometheus_client_names_the_extra(app: Path) -> None:
+    """Without prometheus_client (an import blocked in the child), --metrics-port is one
+    line naming the extra to install, not a bare ModuleNotFoundError."""
+    blocked = "import sys; sys.modules['prometheus_client'] = None; from trioqueue.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", blocked, "worker", "app:queue", "--metrics-port", "0"],
+        cwd=app,
+        env={**os.environ, "APP_STORE": str(app / "store")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "trioqueue: error: --metrics-port needs prometheus-client, the 'metrics' extra:"
+        " pip install -e '.[metrics]' in the trioqueue checkout"
+    ]

@@ -53,14 +53,14 @@ def add_dashboard_command(sub: Any, parser_class: type[argparse.ArgumentParser])
 def dashboard_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trioqueue dashboard`` until SIGINT/SIGTERM; the exit code."""
     from ._run import EXIT_ERROR, EXIT_USAGE, run_command
-    from .._model._errors import ValidationError
+    from .._model._errors import ValidationError, install_hint
     from ._worker import configure_logging
     from ..storage import from_url
 
     try:
         from ..dashboard import Dashboard, run_dashboard
     except ImportError as exc:
-        parser.exit(EXIT_ERROR, f"trioqueue dashboard: error: {exc}; install the extra: pip install 'trioqueue[dashboard]'\n")
+        parser.exit(EXIT_ERROR, f"trioqueue dashboard: error: the dashboard {install_hint('dashboard', 'Hypercorn and Jinja2')} ({exc})\n")
     configure_logging(args.log_level, "text")
     try:
         dashboard = Dashboard(

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import trio
 
-from .._model._errors import TrioQueueError, ValidationError
+from .._model._errors import TrioQueueError, ValidationError, install_hint
 from .._supervision._queue import Queue
 
 __all__ = ["JsonFormatter", "MetricsServer", "SupervisorLink", "configure_logging", "load_queue", "serve"]
@@ -80,7 +80,10 @@ class MetricsServer:
     served over HTTP on ``host:port`` by :meth:`run` (``port`` 0: any free port)."""
 
     def __init__(self, queues: Sequence[Queue[Any, Any]], host: str, port: int, *, refresh_interval: float = 5.0) -> None:
-        from prometheus_client import CollectorRegistry
+        try:
+            from prometheus_client import CollectorRegistry
+        except ImportError:
+            raise TrioQueueError(f"--metrics-port {install_hint('metrics', 'prometheus-client')}") from None
 
         from ..metrics import QueueMetrics
 

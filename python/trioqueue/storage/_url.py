@@ -6,7 +6,7 @@ import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .._model._errors import ValidationError
+from .._model._errors import ValidationError, install_hint
 from ._base import Storage
 
 __all__ = ["check_storage_url", "from_url"]
@@ -130,7 +130,7 @@ def _postgres(url: str, options: dict[str, Any]) -> Storage:
         from .postgres import PostgresStorage
     except ImportError as exc:  # psycopg is the ``postgres`` extra
         raise ValidationError(
-            f"{url!r} needs PostgreSQL support: pip install 'trioqueue[postgres]' ({exc})"
+            f"{url!r} {install_hint('postgres', 'psycopg')} ({exc})"
         ) from exc
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from ..._model._errors import StorageError
+from ..._model._errors import StorageError, install_hint
 from ._resp import ConnectionLost, RespClient
 from ._sentinel import Address, Sentinels
 from ._transport import (
@@ -48,8 +48,7 @@ try:
     import glide as _g
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "RedisStorage on Redis Cluster, with client= or with lean=False needs valkey-glide: "
-        "pip install 'trioqueue[redis]'"
+        f"RedisStorage on Redis Cluster, with client= or with lean=False {install_hint('redis', 'valkey-glide')}"
     ) from exc
 
 __all__ = ["GlideTransport"]
