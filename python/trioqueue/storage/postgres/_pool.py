@@ -110,10 +110,10 @@ class Pool:
             while True:
                 try:
                     conn = await Connection.connect(self.conninfo, timeout=self.connect_timeout)
-                except ConnectionLost as exc:
+                except (ConnectionLost, OSError) as exc:
                     if self.connects == 0:
                         raise
-                    last = exc
+                    last = exc if isinstance(exc, ConnectionLost) else ConnectionLost(f"cannot connect: {exc}")
                     await trio.sleep(delay * (0.5 + random.random() / 2))
                     delay = min(delay * 2, self.backoff_max)
                     continue
