@@ -152,7 +152,7 @@ async def test_usage_errors_and_help(tmp_path: Path) -> None:
     proc = await cli.run("list", "nope", ok=False)
     assert proc.returncode == 2 and b"invalid choice: 'nope'" in proc.stderr
     proc = await Cli("bogus://x", "jobs").run("stats", ok=False)
-    assert proc.returncode == 1 and b"bogus://x" in proc.stderr
+    assert proc.returncode == 2 and b"bogus://x" in proc.stderr  # a bad --storage is a usage error
     for command in ("stats", "list", "show", "cancel", "retry", "remove", "purge", "clear", "pause", "resume", "enqueue"):
         with trio.fail_after(60):
             out = (await trio.run_process([TRIOQUEUE, command, "--help"], capture_stdout=True)).stdout.decode()

@@ -6,6 +6,7 @@ import io
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,25 @@ def test_ctrl_c_cancels_the_command_instead_of_raising_inside_it() -> None:
         trio.run(_until_interrupted, command, None)
     assert seen == ["cancelled"]
     assert not lock.locked()
+
+
+def test_demo_runs_on_postgres(postgres_url: str) -> None:
+    schema = f"t_demo_{uuid.uuid4().hex[:8]}"
+    proc = _cli("demo", "--storage", "postgres", "--location", f"{postgres_url}?schema={schema}", "--jobs", "200", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "200 jobs on PostgresStorage" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        ([], "--storage postgres needs --location postgresql://user@host:port/dbname"),
+        (["--location", "redis://127.0.0.1:1"], "--storage postgres needs --location postgresql://user@host:port/dbname"),
+        (["--location", "postgresql:/u@h/db"], "argument --location: 'postgresql:/u@h/db' is not a storage URL"),
+    ],
+)
+def test_demo_on_postgres_needs_its_url(args: list[str], complaint: str) -> None:
+    proc = _cli("demo", "--storage", "postgres", *args, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"trioqueue demo: error: {complaint}"), line

@@ -373,3 +373,24 @@ async def test_children_ending_together_queue_their_parent_exactly_once(pg: Post
             f"SELECT count(*) FROM {pg._s}.jobs WHERE queue = $1 AND parent_id = 'root' AND expires_ms IS NULL",
             queue_name,
         ) == len(kids)
+
+
+@pytest.mark.parametrize("where", ["refused", "unknown-host"])
+async def test_a_missing_server_is_reported_at_once_naming_host_and_port(where: str) -> None:
+    """A port nobody listens on, or a host name that does not resolve: opening a Queue on
+    it raises one ConnectionLost naming the server (the SQLSTATE once), without the 30 s
+    of reconnect retries meant for a server lost while running (the guard only stops a
+    hang)."""
+    from postgres_server import free_port
+
+    host, port = ("127.0.0.1", free_port()) if where == "refused" else ("no-such-host.invalid", 5432)
+    storage = PostgresStorage(f"postgresql://u@{host}:{port}/db", schema="t_missing")
+    with trio.fail_after(15), pytest.raises(Exception) as info:
+        async with Queue(storage, name="jobs"):
+            pass
+    exc = info.value
+    assert isinstance(exc, ConnectionLost), repr(exc)
+    message = str(exc)
+    assert message.startswith(f"cannot connect to PostgreSQL at {host}:{port}: "), message
+    assert message.count("SQLSTATE") == 1, message
+    assert ("refused" if where == "refused" else "resolve") in message, message

@@ -196,3 +196,16 @@ def test_executor_options_are_validated() -> None:
     assert Queue(storage).processes is None and Queue(storage).executor == "thread"
     assert Queue(storage, executor="process", concurrency=4).processes == 4
 
+
+
+def test_concurrency_follows_processes_unless_given() -> None:
+    """``executor="process", processes=4`` ran one job at a time (concurrency 1) while
+    three processes idled: concurrency now defaults to ``processes``."""
+    storage = MemoryStorage()
+    queue = Queue(storage, executor="process", processes=4)
+    assert (queue.concurrency, queue.processes, queue.prefetch) == (4, 4, 4)
+    assert Queue(storage, executor="process", processes=4, concurrency=2).concurrency == 2
+    assert Queue(storage, executor="process").concurrency == 1  # and processes follows it
+    assert Queue(storage).concurrency == 1
+    assert queue.copy(processes=6).concurrency == 6
+    assert queue.copy(concurrency=3).processes == 4

@@ -7,9 +7,11 @@ holding the lock). Every backend.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
+import pytest
 import trio
 
 from trioqueue import Job, LeaderElection, Queue, QueueEvent, Reaper, Storage
@@ -41,6 +43,22 @@ async def test_reaper_recovers_job_of_dead_worker(storage: Storage, queue_name: 
         assert result["attempt"] == 2
     stalled = stalled.events  # type: ignore[assignment]
     assert stalled[0].job_id == "orphan" and stalled[0].data["worker_id"] == "dead-worker"
+
+
+async def test_the_reaper_logs_the_jobs_it_recovers(storage: Storage, queue_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker recovering expired jobs says so in its log: how many, of which queue."""
+    caplog.set_level(logging.INFO, logger="trioqueue")
+    await storage.heartbeat(queue_name, "dead-worker", 0.3, [], 0.3)
+    await storage.enqueue(queue_name, [_raw_job("orphan")])
+    await storage.dequeue(queue_name, "dead-worker", 1, 1.0, 0.3)
+    async with Queue(storage, name=queue_name, handler=echo, visibility_timeout=1.0, **FAST) as q:
+        with trio.fail_after(15):
+            await q.enqueue_and_wait("orphan", None)
+    [record] = [r for r in caplog.records if "stalled" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"recovered 1 stalled job of queue {queue_name!r} (a lease or a worker's heartbeat expired): 1 requeued"
+    )
 
 
 async def test_long_job_of_live_worker_is_not_recovered(storage: Storage, queue_name: str) -> None:

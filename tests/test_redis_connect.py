@@ -215,7 +215,7 @@ async def main(url):
             from trioqueue.storage.redis import RedisStorage
             RedisStorage(url2.replace("redis+cluster://", "redis://"), cluster="cluster" in url2, **options)
         except ImportError as exc:
-            assert "trioqueue[redis]" in str(exc), exc
+            assert "needs valkey-glide, the 'redis' extra: pip install -e '.[redis]' in the trioqueue checkout" in str(exc), exc
         else:
             raise AssertionError("the GLIDE transport without valkey-glide")
     print("ok")
@@ -230,3 +230,18 @@ def test_a_standalone_server_needs_no_valkey_glide(redis_url: str) -> None:
     proc = subprocess.run([sys.executable, "-c", NO_GLIDE, redis_url], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+async def test_a_refused_server_is_one_error_from_a_queue() -> None:
+    """From the Python API: one StorageError naming the server, not a traceback of 60
+    lines around an exception group of the connect attempts."""
+    import traceback
+
+    port = free_port()
+    with trio.fail_after(15), pytest.raises(Exception) as info:
+        async with Queue(RedisStorage(f"redis://127.0.0.1:{port}", prefix="x"), name="jobs"):
+            pass
+    assert type(info.value) is StorageError, repr(info.value)
+    assert str(info.value) == f"could not connect to redis://127.0.0.1:{port}: connection refused"
+    printed = "".join(traceback.format_exception(info.value))
+    assert "ExceptionGroup" not in printed and "direct cause" not in printed, printed

@@ -220,20 +220,41 @@ async def test_workers_of_a_killed_supervisor_stop(start: Any, app: Path) -> Non
     assert not any(alive(pid) for pid in workers)
 
 
-async def test_a_worker_that_cannot_start_makes_the_supervisor_give_up(start: Any) -> None:
-    sup = await start("app:missing", "--processes", "2")
-    with trio.fail_after(60):
-        record = await sup.wait_log("exited before serving its queues 3 times in a row")
-        assert record["level"] == "ERROR"
-        assert await sup.process.wait() == 1
-        lines = []
+async def _give_up_lines(sup: Supervisor) -> list[str]:
+    """The supervisor's output to its end, once it exited 1, giving up."""
+    lines = []
+    with trio.fail_after(60):  # a hang guard
         try:
             while True:
                 lines.append(await sup.lines.readline())
         except EOFError:
             pass
-    assert lines[-1].startswith("trioqueue: error: worker process ")
-    assert lines[-1].endswith("exited before serving its queues 3 times in a row (last: exit code 1); giving up")
+        assert await sup.process.wait() == 1
+    return lines
+
+
+@pytest.mark.parametrize("target", ["app", "postgres"])
+async def test_a_fleet_that_cannot_start_reports_the_error_once_and_gives_up(start: Any, target: str) -> None:
+    """Worker 0 starts first, the others once it serves: a broken application or a
+    storage that is not there makes it exit before serving, and the supervisor gives up
+    at once, the worker's error printed once (it used to be restarted three times, each
+    of the N workers printing the error each time: 20 lines and 95 s for PostgreSQL)."""
+    from postgres_server import free_port
+
+    url = f"postgresql://u@127.0.0.1:{free_port()}/db"
+    args = ["app:missing"] if target == "app" else ["app:queue", "--storage", url]
+    sup = await start(*args, "--processes", "2")
+    lines = await _give_up_lines(sup)
+    error = (
+        "trioqueue: error: 'app' has no attribute 'missing'"
+        if target == "app"
+        else f"trioqueue: error: cannot connect to PostgreSQL at {url.split('@')[1].split('/')[0]}: "
+    )
+    assert [line for line in lines if line.startswith(error)] != [], lines
+    assert len([line for line in lines if "error: " in line and ("missing" in line or "PostgreSQL" in line)]) == 1, lines
+    assert lines[-1] == "trioqueue: error: worker process 0 exited before serving its queues (exit code 1); giving up"
+    assert sum('worker process 1 started' in line for line in lines) == 0, lines
+    assert len(lines) <= 6, lines
 
 
 def test_help_shows_processes() -> None:

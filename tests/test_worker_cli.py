@@ -36,6 +36,7 @@ APP = textwrap.dedent(
         return job.payload * 2
 
     queue = Queue(FileStorage(os.environ["APP_STORE"]), name="jobs", handler=handle, block_timeout=0.5)
+    NUMBER = 42
 
     async def make() -> Queue[object, object]:  # an async factory, on a storage the CLI replaces
         return Queue(MemoryStorage(), name="jobs", handler=handle, block_timeout=0.5)
@@ -117,8 +118,15 @@ async def test_factory_and_storage_url_override(app: Path) -> None:
         (["nope_module:queue"], 1, "trioqueue: error: cannot import 'nope_module' (from 'nope_module:queue')"),
         (["app:missing"], 1, "trioqueue: error: 'app' has no attribute 'missing' (from 'app:missing')"),
         (["app"], 1, "trioqueue: error: expected module:attribute (like myapp.tasks:queue), got 'app'"),
+        (
+            ["app:handle"],
+            1,
+            "trioqueue: error: 'app:handle' is a function taking arguments (job), not a Queue: QUEUE must be a"
+            " Queue, or a factory returning one (called with no arguments)",
+        ),
+        (["app:NUMBER"], 1, "trioqueue: error: 'app:NUMBER' is not a trioqueue Queue (nor a factory returning one): 42"),
         (["app:queue", "app:make", "--name", "x"], 2, "trioqueue worker: error: --name applies to one QUEUE"),
-        (["app:queue", "--storage", "ftp://x"], 1, "trioqueue: error: unsupported storage URL scheme 'ftp'"),
+        (["app:queue", "--storage", "ftp://x"], 2, "trioqueue worker: error: argument --storage: unsupported storage URL scheme 'ftp'"),
     ],
 )
 def test_worker_errors_are_one_line(app: Path, args: list[str], code: int, message: str) -> None:
@@ -140,3 +148,22 @@ def test_version_and_help_show_defaults() -> None:
     assert out.returncode == 0 and out.stdout.startswith("trioqueue ")
     out = subprocess.run([sys.executable, "-m", "trioqueue", "demo", "--help"], capture_output=True, text=True, timeout=60)
     assert "(default: 5000)" in out.stdout
+
+
+def test_metrics_port_without_prometheus_client_names_the_extra(app: Path) -> None:
+    """Without prometheus_client (an import blocked in the child), --metrics-port is one
+    line naming the extra to install, not a bare ModuleNotFoundError."""
+    blocked = "import sys; sys.modules['prometheus_client'] = None; from trioqueue.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", blocked, "worker", "app:queue", "--metrics-port", "0"],
+        cwd=app,
+        env={**os.environ, "APP_STORE": str(app / "store")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "trioqueue: error: --metrics-port needs prometheus-client, the 'metrics' extra:"
+        " pip install -e '.[metrics]' in the trioqueue checkout"
+    ]

@@ -1,4 +1,5 @@
-"""Prometheus metrics for trioqueue Queues (``pip install 'trioqueue[metrics]'``).
+"""Prometheus metrics for trioqueue Queues (the ``metrics`` extra: ``pip install -e
+'.[metrics]'`` in the checkout).
 
 ::
 
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ._model import _validate as check
+from ._model._errors import install_hint
 from ._supervision._observers import QueueObserver
 from .storage._base import SettleKind
 
@@ -55,7 +57,7 @@ try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
     from prometheus_client.core import GaugeMetricFamily, Metric
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("trioqueue.metrics needs prometheus-client: pip install 'trioqueue[metrics]'") from exc
+    raise ImportError(f"trioqueue.metrics {install_hint('metrics', 'prometheus-client')}") from exc
 
 if TYPE_CHECKING:
     from ._supervision._queue import Queue

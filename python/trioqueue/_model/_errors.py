@@ -10,6 +10,13 @@ if TYPE_CHECKING:
     from ._types import JobError
 
 
+def install_hint(extra: str, needs: str) -> str:
+    """The end of an error message about a missing optional dependency: what it is and
+    the command that installs it (trioqueue is installed from its checkout, not from an
+    index: ``pip install -e '.[extra]'`` there)."""
+    return f"needs {needs}, the {extra!r} extra: pip install -e '.[{extra}]' in the trioqueue checkout"
+
+
 class TrioQueueError(Exception):
     """Base class of every error raised by trioqueue."""
 

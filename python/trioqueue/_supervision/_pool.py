@@ -47,7 +47,7 @@ from typing import Any, NoReturn
 
 import trio
 
-from .._model._errors import TrioQueueError, ValidationError
+from .._model._errors import TrioQueueError, ValidationError, install_hint
 from .._model._outcomes import ResultEncodeError
 from .._model._serde import Serde, error_data
 from .._model._types import Job, JobError
@@ -87,9 +87,7 @@ def check_executor(executor: Any, processes: Any) -> int | None:
     try:
         import trio_parallel  # noqa: F401
     except ImportError:
-        raise TrioQueueError(
-            "executor='process' needs trio-parallel: pip install 'trioqueue[process]'"
-        ) from None
+        raise TrioQueueError(f"executor='process' {install_hint('process', 'trio-parallel')}") from None
     if processes is None:
         return None
     if isinstance(processes, bool) or not isinstance(processes, int):

@@ -100,7 +100,8 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
 
     ``executor``: where a sync handler runs, ``"thread"`` (a worker thread) or
     ``"process"``: a pool of ``processes`` processes of its own (default: ``concurrency``),
-    for CPU-bound handlers. A process handler needs ``trioqueue[process]`` (trio-parallel),
+    for CPU-bound handlers; ``concurrency`` (handlers at once) defaults to ``processes``
+    when that is given, else to 1. A process handler needs ``trioqueue[process]`` (trio-parallel),
     must be a module-level function (it crosses by reference), with picklable serdes; the
     payload crosses as its stored bytes and the result as the bytes of the result serde;
     ``job_timeout``, ``cancel()``, a lost lease and a forced stop kill its process; it
@@ -134,7 +135,7 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         *,
         name: str | None = None,
         handler: Handler | None = None,
-        concurrency: int = 1,
+        concurrency: int | None = None,
         worker_id: str | None = None,
         max_attempts: int = 3,  # (DEFAULT_MAX_ATTEMPTS, as result_ttl's is DEFAULT_RESULT_TTL)
         retry_delay: RetryDelay = ExponentialBackoff(),
@@ -166,8 +167,9 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
             raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
         self.storage = storage
         self.name = check.job_id(name, "name") if name is not None else "default"
-        self.concurrency = check.positive_int("concurrency", concurrency)
         processes = check_executor(executor, processes)
+        # (default: 1, or the pool's size when one is given: each handler needs a process)
+        self.concurrency = check.positive_int("concurrency", concurrency if concurrency is not None else processes or 1)
         self.executor = executor
         # the size of the process pool (executor="process"), else None
         self.processes = None if executor == "thread" else processes or self.concurrency

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
@@ -19,6 +21,8 @@ from ._scheduler import Scheduler
 from ..storage._base import Storage, StorageEvent
 
 __all__ = ["LeaderElection", "Reaper"]
+
+logger = logging.getLogger("trioqueue")
 
 _DUE_KINDS = frozenset({"due"})
 _DUE_SLACK = 0.005  # seconds: a scan for a due time comes this much after it
@@ -200,9 +204,22 @@ class Reaper:
     async def reap_once(self) -> list[tuple[str, str]]:
         """One scan: recover every stalled job now. Returns ``[(job_id, outcome), ...]``."""
         recovered, _ = await self.storage.recover_stalled(self.name)
+        self._report(recovered)
+        return recovered
+
+    def _report(self, recovered: list[tuple[str, str]]) -> None:
+        """Log and emit the recoveries of one scan."""
+        if recovered:
+            outcomes = Counter(outcome for _, outcome in recovered)
+            logger.warning(
+                "recovered %d stalled job%s of queue %r (a lease or a worker's heartbeat expired): %s",
+                len(recovered),
+                "" if len(recovered) == 1 else "s",
+                self.name,
+                ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items())),
+            )
         for job_id, outcome in recovered:
             self._emit_recovery(job_id, outcome)
-        return recovered
 
     def _emit_recovery(self, job_id: str, outcome: str) -> None:
         # The storage publishes ``stalled`` on the queue's event stream (which a Queue
@@ -251,8 +268,7 @@ class Reaper:
             except Exception as exc:
                 self._events.emit("error", error=exc, where="recovering stalled jobs")
                 recovered, next_deadline = [], None
-            for job_id, outcome in recovered:
-                self._emit_recovery(job_id, outcome)
+            self._report(recovered)
             wake = time.time() + self.scan_interval
             if next_deadline is not None:
                 wake = min(wake, next_deadline + _DUE_SLACK)

@@ -139,7 +139,8 @@ class QueueAdmin(Generic[P]):
                 return schedule
 
     async def schedules(self) -> list[Schedule]:
-        """The queue's schedules, by name."""
+        """The queue's schedules, a list sorted by name (each with its ``name``, ``cron`` or
+        ``every``, ``tz``, ``missed``, ``last_tick``...)."""
         self._check_running()
         return await Scheduler(self.storage, self.name, self._events).load()
 

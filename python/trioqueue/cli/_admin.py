@@ -55,8 +55,10 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
 
     def command(name: str, help: str, *, all_queues: bool = False) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, formatter_class=fmt)
+        from ._run import storage_url
+
         p.add_argument(
-            "--storage", required=True, metavar="URL", help="storage URL (redis://..., postgresql://..., file:///dir, a path)"
+            "--storage", type=storage_url, required=True, metavar="URL", help="storage URL (redis://..., postgresql://..., file:///dir, a path)"
         )
         if all_queues:
             p.add_argument("--name", default=None, help="queue name (when not given: every queue the storage knows)")

@@ -36,6 +36,7 @@ import trio
 from .._model._errors import ValidationError
 from .._model._types import Job
 from ._progress import Progress, percentile
+from ._run import storage_url
 from .._supervision._queue import Queue
 from ..storage import Storage, from_url
 
@@ -332,7 +333,7 @@ def add_parser(sub: Any, positive_int: Callable[[str], int]) -> None:
         description=__doc__.split("\n\n")[1] if __doc__ else None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--storage", default="memory://", help="storage URL (memory://, file:///dir, redis://host:port)")
+    p.add_argument("--storage", type=storage_url, default="memory://", help="storage URL (memory://, file:///dir, redis://host:port)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads to run")
     p.add_argument("--jobs", type=positive_int, default=20_000, help="jobs per throughput workload")
     p.add_argument("--concurrency", type=positive_int, default=100, help="worker concurrency (B, C)")

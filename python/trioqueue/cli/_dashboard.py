@@ -23,7 +23,9 @@ def add_dashboard_command(sub: Any, parser_class: type[argparse.ArgumentParser])
         "--auth-token. SIGINT/SIGTERM stops it.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    dash.add_argument("--storage", required=True, help="storage URL (redis://..., file:///path, ...)")
+    from ._run import storage_url
+
+    dash.add_argument("--storage", type=storage_url, required=True, help="storage URL (redis://..., file:///path, ...)")
     dash.add_argument("--host", default="127.0.0.1", help="address to bind")
     dash.add_argument("--port", type=int, default=8181, help="port to bind (0: any free port)")
     dash.add_argument(
@@ -51,14 +53,14 @@ def add_dashboard_command(sub: Any, parser_class: type[argparse.ArgumentParser])
 def dashboard_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``trioqueue dashboard`` until SIGINT/SIGTERM; the exit code."""
     from ._run import EXIT_ERROR, EXIT_USAGE, run_command
-    from .._model._errors import ValidationError
+    from .._model._errors import ValidationError, install_hint
     from ._worker import configure_logging
     from ..storage import from_url
 
     try:
         from ..dashboard import Dashboard, run_dashboard
     except ImportError as exc:
-        parser.exit(EXIT_ERROR, f"trioqueue dashboard: error: {exc}; install the extra: pip install 'trioqueue[dashboard]'\n")
+        parser.exit(EXIT_ERROR, f"trioqueue dashboard: error: the dashboard {install_hint('dashboard', 'Hypercorn and Jinja2')} ({exc})\n")
     configure_logging(args.log_level, "text")
     try:
         dashboard = Dashboard(

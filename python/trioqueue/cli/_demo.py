@@ -195,6 +195,13 @@ def _make_storage(kind: str, location: str | None) -> tuple[Storage, tempfile.Te
         from ..storage.redis import RedisStorage
 
         return RedisStorage(location or "redis://127.0.0.1:6379/0", prefix="trioqueue-demo"), None
+    if kind == "postgres" and location is not None:
+        from urllib.parse import parse_qs, urlsplit
+
+        from ..storage import from_url
+
+        named = "schema" in parse_qs(urlsplit(location).query)
+        return from_url(location, **({} if named else {"schema": "trioqueue_demo"})), None
     raise ValidationError(f"unknown storage {kind!r}")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from ._run import EXIT_USAGE, Parser, positive_int, run_command, until_interrupted
+from ._run import EXIT_USAGE, Parser, positive_int, run_command, storage_url, until_interrupted
 
 __all__ = ["main"]
 
@@ -41,8 +41,10 @@ def _parser() -> Parser:
         "supervisor runs N worker processes, restarts one that dies and forwards the signals.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    worker.add_argument("queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue")
-    worker.add_argument("--storage", default=None, help="storage URL replacing the Queues' own")
+    worker.add_argument(
+        "queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue, or of a factory returning one"
+    )
+    worker.add_argument("--storage", type=storage_url, default=None, help="storage URL replacing the Queues' own")
     worker.add_argument("--concurrency", type=positive_int, default=None, help="handlers at once, per queue")
     worker.add_argument("--name", default=None, help="queue name replacing the Queue's own (one QUEUE only)")
     worker.add_argument(
@@ -77,11 +79,13 @@ def _parser() -> Parser:
     )
     demo.add_argument("--jobs", type=positive_int, default=5000, help="number of jobs")
     demo.add_argument("--concurrency", type=positive_int, default=50, help="handlers at once")
-    demo.add_argument("--storage", choices=["memory", "file", "redis"], default="file", help="the backend")
+    demo.add_argument("--storage", choices=["memory", "file", "redis", "postgres"], default="file", help="the backend")
     demo.add_argument(
         "--location",
+        type=storage_url,
         default=None,
-        help="directory (file; default: a temporary one) or URL (redis; default: redis://127.0.0.1:6379/0)",
+        help="directory (file; default: a temporary one) or URL (redis; default: redis://127.0.0.1:6379/0; "
+        "postgres: postgresql://user@host:port/dbname, required; the schema trioqueue_demo unless ?schema= says)",
     )
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
@@ -103,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from ._demo import demo_command
 
+        if args.storage == "postgres" and not (args.location or "").lower().startswith(("postgresql://", "postgres://")):
+            parser.exit(
+                EXIT_USAGE,
+                "trioqueue demo: error: --storage postgres needs --location postgresql://user@host:port/dbname"
+                f"{'' if args.location is None else f', got {args.location!r}'} (see --help)\n",
+            )
         return run_command(lambda: trio.run(until_interrupted, demo_command, args), debug=args.debug)
     if args.command == "bench":
         from ._bench import bench_command

@@ -27,6 +27,7 @@ __all__ = [
     "Parser",
     "positive_int",
     "run_command",
+    "storage_url",
     "until_interrupted",
 ]
 
@@ -48,6 +49,19 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def storage_url(text: str) -> str:
+    """An argparse type: a storage URL :func:`~trioqueue.storage.from_url` accepts (a
+    mistyped one is a usage error, before anything is created)."""
+    from .._model._errors import ValidationError
+    from ..storage._url import check_storage_url
+
+    try:
+        check_storage_url(text)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _interrupted(exc: BaseException) -> bool:

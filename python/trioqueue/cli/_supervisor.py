@@ -12,10 +12,12 @@ A worker that exits by itself (a crash, ``kill -9``) is started again after a ba
 a worker ran :data:`RESET_AFTER` seconds); each restart is logged with the exit status. A
 worker that exits before it serves its queues :data:`START_ATTEMPTS` times in a row means
 a broken application or an unreachable storage: the supervisor stops the others and exits 1.
+Worker 0 starts first, the others once it serves: if it exits before serving, the
+supervisor gives up at once (its error, printed by the worker, is printed once).
 
 Each worker's stdin is one end of a socket pair whose other end only the supervisor holds
 (:class:`ParentLink`, the worker's side). The worker writes a line on it once it serves
-(the supervisor reads it when the worker exits: did it ever start?). The supervisor writes
+(the supervisor notices it, and reads it when the worker exits: did it ever start?). The supervisor writes
 a line per forwarded signal (``stop SIGTERM``, ``force SIGINT``): two signals sent at once
 to a process can arrive as one, lines cannot. And the worker notices the supervisor's death
 by the end of the socket (EOF), which the kernel delivers however the supervisor ended,
@@ -132,6 +134,7 @@ class _Fleet:
         self.processes: dict[int, trio.Process] = {}
         self.links: dict[int, socket.socket] = {}  # the supervisor's end of each live worker's link
         self.stopping = trio.Event()
+        self.served = trio.Event()  # a worker served its queues (the application and storage work)
         self.forced = False
         self.failure: str | None = None
 
@@ -165,6 +168,11 @@ class _Fleet:
                 logger.info("worker process %d (pid %d) stopped (%s)", index, pid, _status(code))
                 return
             failures = 0 if served else failures + 1
+            if not self.served.is_set():  # none ever served: a broken application or storage
+                self.failure = f"worker process {index} exited before serving its queues ({_status(code)}); giving up"
+                logger.error("%s", self.failure)
+                self.stop(signal.SIGTERM)
+                return
             if failures >= START_ATTEMPTS:
                 self.failure = (
                     f"worker process {index} exited before serving its queues {failures} times in a row "
@@ -204,7 +212,10 @@ class _Fleet:
             if self.stopping.is_set():  # the stop came while it started
                 self._request(index, signal.SIGTERM)
             try:
-                code = await process.wait()
+                async with trio.open_nursery() as watching:
+                    watching.start_soon(self._notice_ready, ours)
+                    code = await process.wait()
+                    watching.cancel_scope.cancel()
             finally:
                 del self.links[index]
                 if process.returncode is None:
@@ -216,6 +227,16 @@ class _Fleet:
             except OSError:  # nothing written: BlockingIOError
                 served = False
         return process.pid, code, served
+
+    async def _notice_ready(self, link: socket.socket) -> None:
+        """Set :attr:`served` when the worker at the other end of ``link`` says it serves
+        (the line stays on the link, read again once it exits)."""
+        await trio.lowlevel.wait_readable(link)
+        try:
+            if READY in link.recv(len(READY), socket.MSG_PEEK):
+                self.served.set()
+        except OSError:
+            pass
 
     async def watch(self, signals: AsyncIterator[int], nursery: trio.Nursery) -> None:
         """Forward signals: the first stops gracefully, the second forces (and kills after
@@ -252,6 +273,17 @@ class _Fleet:
             logger.warning("killing the %d worker processes still running %g s after the forced stop", len(self.live()), delay)
             self.kill()
 
+    async def first_outcome(self) -> None:
+        """Wait until a worker serves or the fleet stops."""
+        async with trio.open_nursery() as nursery:
+
+            async def wait(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait, self.served)
+            nursery.start_soon(wait, self.stopping)
+
     def kill(self) -> None:
         for process in self.live():
             process.kill()
@@ -267,8 +299,13 @@ async def supervise(commands: Sequence[Sequence[str]]) -> int:
             outer.start_soon(fleet.watch, signals, outer)
             logger.info("supervisor starting %d worker processes", len(commands))
             async with trio.open_nursery() as slots:
-                for index in range(len(commands)):
-                    slots.start_soon(fleet.keep_running, index)
+                # worker 0 alone first: one that cannot start (a broken application, a
+                # storage that is not there) is reported once, not by every worker
+                slots.start_soon(fleet.keep_running, 0)
+                await fleet.first_outcome()
+                for index in range(1, len(commands)):
+                    if not fleet.stopping.is_set():
+                        slots.start_soon(fleet.keep_running, index)
             outer.cancel_scope.cancel()
     if fleet.failure is not None:
         raise TrioQueueError(fleet.failure)

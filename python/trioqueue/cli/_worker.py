@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import trio
 
-from .._model._errors import TrioQueueError, ValidationError
+from .._model._errors import TrioQueueError, ValidationError, install_hint
 from .._supervision._queue import Queue
 
 __all__ = ["JsonFormatter", "MetricsServer", "SupervisorLink", "configure_logging", "load_queue", "serve"]
@@ -45,6 +45,7 @@ async def load_queue(spec: str) -> Queue[Any, Any]:
         except AttributeError:
             raise TrioQueueError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
     if not isinstance(target, Queue) and callable(target):
+        _check_factory(spec, target)
         target = target()
         if inspect.isawaitable(target):
             target = await target
@@ -53,12 +54,36 @@ async def load_queue(spec: str) -> Queue[Any, Any]:
     return target
 
 
+def _check_factory(spec: str, target: Any) -> None:
+    """Raise ``TrioQueueError`` if ``target`` cannot be called with no arguments (a job
+    handler named instead of its Queue, say)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # (a builtin without a signature: let the call say)
+    needed = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    if needed:
+        what = "a class" if inspect.isclass(target) else "a function"
+        raise TrioQueueError(
+            f"{spec!r} is {what} taking arguments ({', '.join(needed)}), not a Queue: QUEUE must be a Queue, or a"
+            " factory returning one (called with no arguments), e.g. queue = Queue(storage, handler=handle) in the"
+            " module, named as module:queue"
+        )
+
+
 class MetricsServer:
     """Prometheus metrics of ``queues`` (instrumented at once, in a registry of their own)
     served over HTTP on ``host:port`` by :meth:`run` (``port`` 0: any free port)."""
 
     def __init__(self, queues: Sequence[Queue[Any, Any]], host: str, port: int, *, refresh_interval: float = 5.0) -> None:
-        from prometheus_client import CollectorRegistry
+        try:
+            from prometheus_client import CollectorRegistry
+        except ImportError:
+            raise TrioQueueError(f"--metrics-port {install_hint('metrics', 'prometheus-client')}") from None
 
         from ..metrics import QueueMetrics
 

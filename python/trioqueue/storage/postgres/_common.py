@@ -192,8 +192,9 @@ class PostgresBase(Storage):
             prepare=self.prepared_statements,
         )
         try:
-            if self.auto_migrate:
-                async with pool.connection() as conn:
+            # the first connection: a server that is not there is reported at once (no retry)
+            async with pool.connection() as conn:
+                if self.auto_migrate:
                     await migrate(conn, self.schema)
         except BaseException:
             await pool.aclose()

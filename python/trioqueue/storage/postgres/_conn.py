@@ -104,12 +104,44 @@ _PERMANENT = (
 )
 
 
-def _connect_error(message: str) -> PostgresError:
+def _where(conninfo: str) -> str:
+    """The server(s) ``conninfo`` names, for messages: ``host:port`` (several: joined by
+    commas; a Unix-socket directory: its socket file)."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except Exception:  # noqa: BLE001 - libpq reports a malformed conninfo itself
+        return "?"
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    out = []
+    for i, host in enumerate(hosts):
+        port = (ports[i] if len(ports) > 1 else ports[0]) or "5432"
+        if not host or host.startswith(("/", "@")):
+            out.append(f"{host or 'the default socket directory'}/.s.PGSQL.{port}")
+        else:
+            out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return ", ".join(out)
+
+
+def _connect_error(where: str, message: str) -> PostgresError:
+    # libpq: 'connection to server at "h" (addr), port p failed: why\n\thint' once per address tried
+    reasons: list[str] = []
+    for line in message.strip().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        _, sep, why = line.partition(" failed: ")
+        text = why if sep else line
+        if len(text) > 1 and text[0].isupper() and text[1].islower():  # "Connection refused"
+            text = text[0].lower() + text[1:]
+        if text and text not in reasons:
+            reasons.append(text)
+    text = f"cannot connect to PostgreSQL at {where}: {'; '.join(reasons) or 'unknown error'}"
     if "does not exist" in message or "authentication failed" in message or "pg_hba.conf" in message:
         for needle, sqlstate in _PERMANENT:
             if needle in message:
-                return PostgresError(f"cannot connect: {message.strip()}", sqlstate=sqlstate)
-    return ConnectionLost(f"cannot connect: {message.strip()}", sqlstate="08001")
+                return PostgresError(text, sqlstate=sqlstate)
+    return ConnectionLost(text, sqlstate="08001")
 
 
 def _format(value: Any) -> PyFormat:
@@ -158,28 +190,40 @@ class Connection:
     # -- lifecycle --------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, conninfo: str, *, timeout: float = 10.0) -> Self:
+    async def connect(cls, conninfo: str, *, timeout: float = 5.0) -> Self:
         """Connect to ``conninfo`` (``postgresql://...`` or ``key=value``), waiting at most
-        ``timeout`` seconds (:class:`ConnectionLost` then, or on any failure)."""
-        resolved = await resolve_conninfo(conninfo)
-        pgconn = pq.PGconn.connect_start(resolved.encode())
+        ``timeout`` seconds, the host names' resolution included (:class:`ConnectionLost`
+        then, or on any failure; :class:`PostgresError` for a refusal no retry cures: a
+        wrong password, an unknown role or database). The message names the server
+        (``cannot connect to PostgreSQL at host:port: why``)."""
+        where = _where(conninfo)
+        pgconn = None
         try:
             with trio.move_on_after(timeout) as scope:
+                try:
+                    resolved = await resolve_conninfo(conninfo)
+                except OSError as exc:  # socket.gaierror: an unknown host
+                    raise ConnectionLost(
+                        f"cannot connect to PostgreSQL at {where}: cannot resolve the host name ({exc.strerror or exc})",
+                        sqlstate="08001",
+                    ) from None
+                pgconn = pq.PGconn.connect_start(resolved.encode())
                 while True:
                     status = pgconn.connect_poll()
                     if status == pq.PollingStatus.OK:
                         break
                     if status == pq.PollingStatus.FAILED:
-                        raise _connect_error(pgconn.get_error_message())
+                        raise _connect_error(where, pgconn.get_error_message())
                     if status == pq.PollingStatus.READING:
                         await trio.lowlevel.wait_readable(pgconn.socket)
                     else:
                         await trio.lowlevel.wait_writable(pgconn.socket)
-            if scope.cancelled_caught:
-                raise ConnectionLost(f"cannot connect within {timeout} s", sqlstate="08001")
+            if scope.cancelled_caught or pgconn is None:
+                raise ConnectionLost(f"cannot connect to PostgreSQL at {where} within {timeout:g} s", sqlstate="08001")
             pgconn.nonblocking = 1
         except BaseException:
-            pgconn.finish()
+            if pgconn is not None:
+                pgconn.finish()
             raise
         return cls(pgconn)
 

@@ -48,7 +48,9 @@ class Pool:
     (``backoff_min`` doubling up to ``backoff_max`` seconds, with jitter) for up to
     ``reconnect_timeout`` seconds before :class:`ConnectionLost` is raised, so a server
     restart or a ``pg_terminate_backend`` costs the statement in flight (which raises
-    ``ConnectionLost``), not the pool.
+    ``ConnectionLost``), not the pool. Until a first connection succeeded, a failed
+    connect raises at once (one attempt of at most ``connect_timeout`` seconds): a server
+    that is not there, a mistyped host or port, is reported, not retried.
 
     A connection handed back inside a transaction (a statement failed or was cancelled
     inside ``BEGIN``) is rolled back first (shielded; closed if that fails).
@@ -60,7 +62,7 @@ class Pool:
         conninfo: str,
         *,
         size: int = 4,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
         reconnect_timeout: float = 30.0,
         backoff_min: float = 0.05,
         backoff_max: float = 2.0,
@@ -100,15 +102,18 @@ class Pool:
 
     async def open_connection(self) -> Connection:
         """A new connection (not pooled; the caller closes it), opened with the pool's
-        backoff. Cancellation: nothing is left open."""
+        backoff (once one connection succeeded; the first attempt's failure is raised).
+        Cancellation: nothing is left open."""
         delay = self.backoff_min
-        last: Exception | None = None
+        last: ConnectionLost | None = None
         with trio.move_on_after(self.reconnect_timeout):
             while True:
                 try:
                     conn = await Connection.connect(self.conninfo, timeout=self.connect_timeout)
                 except (ConnectionLost, OSError) as exc:
-                    last = exc
+                    if self.connects == 0:
+                        raise
+                    last = exc if isinstance(exc, ConnectionLost) else ConnectionLost(f"cannot connect: {exc}")
                     await trio.sleep(delay * (0.5 + random.random() / 2))
                     delay = min(delay * 2, self.backoff_max)
                     continue
@@ -123,7 +128,8 @@ class Pool:
                     raise
                 self.connects += 1
                 return conn
-        raise ConnectionLost(f"cannot connect for {self.reconnect_timeout} s: {last}", sqlstate="08001")
+        why = last.message if last is not None else "cannot connect"
+        raise ConnectionLost(f"{why} (for {self.reconnect_timeout:g} s)", sqlstate="08001")
 
     @asynccontextmanager
     async def connection(self, *, deadline: float = math.inf) -> AsyncIterator[Connection]:

@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from ..._model._errors import StorageError
+from ..._model._errors import StorageError, install_hint
 from ._resp import ConnectionLost, RespClient
 from ._sentinel import Address, Sentinels
 from ._transport import (
@@ -48,8 +48,7 @@ try:
     import glide as _g
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "RedisStorage on Redis Cluster, with client= or with lean=False needs valkey-glide: "
-        "pip install 'trioqueue[redis]'"
+        f"RedisStorage on Redis Cluster, with client= or with lean=False {install_hint('redis', 'valkey-glide')}"
     ) from exc
 
 __all__ = ["GlideTransport"]
@@ -156,9 +155,10 @@ class GlideTransport(Transport):
                 self._client = await self._retry(lambda: self._create(config))
                 return
             except StorageError as exc:
-                why = await diagnose(self.params, self._address) or str(exc)
-                raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
-        raise StorageError(f"could not connect to {self.params.display()}: {why}")
+                why = await diagnose(self.params, self._address)
+                if why is None:
+                    raise StorageError(f"could not connect to {self.params.display()}: {exc}") from exc
+        raise StorageError(f"could not connect to {self.params.display()}: {why}") from None
 
     async def close(self) -> None:
         self._closed = True

@@ -56,8 +56,14 @@ class LeanTransport(Transport):
             if isinstance(await self._client.execute(_PING), ReplyError):
                 await self._retry(_PING)
         except (ConnectionLost, StorageError) as exc:
-            why = (None if self.sentinels else await diagnose(self.params)) or str(exc)
-            raise StorageError(f"could not connect to {self.params.display()}: {why}") from exc
+            why = None if self.sentinels else await diagnose(self.params)
+            if why is None:
+                raise StorageError(f"could not connect to {self.params.display()}: {exc}") from exc
+        else:
+            return
+        # the server is not there: the reason says all (the client's chain of causes held
+        # an exception group of the connect attempts: a traceback of 60 lines for one fact)
+        raise StorageError(f"could not connect to {self.params.display()}: {why}") from None
 
     async def close(self) -> None:
         self._closed = True
