@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import compileall
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,18 @@ import pytest
 
 import trioqueue
 from trioqueue import MemoryStorage, Storage
+
+# The suite's folders mirror the layers (see docs/development.md): conformance/ (every
+# backend, through the Storage interface and the Queue), supervision/, crashes/ (real
+# processes killed), interfaces/ (CLI, dashboard, producers, docs, typing), backends/<name>/
+# (what only one backend does), model/ (seeded walks) and core/ (the Rust extension). A few
+# test modules reuse another folder's tests or fixtures by module name (the Redis Cluster
+# run of the conformance suite, the crash tests' worker fleet): every folder is on sys.path,
+# as this one is (its helper modules: support, queue_helpers, the server plugins...).
+_HERE = Path(__file__).resolve().parent
+for _folder in sorted(p.parent for p in _HERE.glob("**/test_*.py")):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 pytest_plugins: list[str] = ["redis_server", "postgres_server"]
 

@@ -1,4 +1,4 @@
-"""Helpers of the Queue-level conformance tests (tests/test_queue*.py): ``FAST``, Queue
+"""Helpers of the Queue-level conformance tests (tests/supervision/test_queue*.py): ``FAST``, Queue
 options that keep the tests quick (no retry delay, short blocking claims), and ``echo``, a
 handler that returns its job's payload and attempt."""
 

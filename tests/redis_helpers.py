@@ -1,4 +1,4 @@
-"""Helpers of the RedisStorage-specific tests (tests/test_redis_*.py): unique key
+"""Helpers of the RedisStorage-specific tests (tests/backends/redis/test_redis_*.py): unique key
 prefixes, raw jobs and their settlements, a plain socket to the server (it survives
 CLIENT KILL), and readings of the server's INFO (blocked clients, command counts)."""
 

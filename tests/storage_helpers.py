@@ -1,4 +1,4 @@
-"""Helpers of the storage conformance suite (tests/test_storage*.py), also imported by the
+"""Helpers of the storage conformance suite (tests/conformance/test_storage*.py), also imported by the
 other storage-level tests.
 
 ``W1`` and ``W2`` are worker ids, ``LEASE`` a claim's lease; ``job`` makes a NewJob;

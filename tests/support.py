@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import trio
 
@@ -58,3 +59,10 @@ class ProcessLines:
         while not (line := await self.readline()).startswith(prefix):
             pass
         return line
+
+
+TESTS = Path(__file__).resolve().parent
+"""The suite's root folder (``tests/``): its helper modules are importable from every test
+folder (``conftest.py`` puts the folders on ``sys.path``)."""
+HELPERS = TESTS / "helpers"
+"""The programs the tests run as separate processes."""

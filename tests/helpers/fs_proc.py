@@ -1,4 +1,4 @@
-"""Subprocess entry points for tests/test_file_storage.py (raw FileStorage API).
+"""Subprocess entry points for tests/backends/file/test_file_storage.py (raw FileStorage API).
 
     python fs_proc.py consume-and-hang DIR QUEUE WORKER LEASE TTL
     python fs_proc.py produce-forever DIR QUEUE PREFIX

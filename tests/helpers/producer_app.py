@@ -1,4 +1,4 @@
-"""A producer process for tests/test_producers.py: a sync or an asyncio program that uses
+"""A producer process for tests/interfaces/test_producers.py: a sync or an asyncio program that uses
 trioqueue only through SyncProducer / AsyncioProducer (no Trio in its own code).
 
     python producer_app.py sync|asyncio STORAGE_URL QUEUE TAG

@@ -1,4 +1,4 @@
-"""A real worker process for the crash tests (tests/test_processes.py).
+"""A real worker process for the crash tests (tests/crashes/test_processes.py).
 
     python queue_worker.py worker SPEC_JSON
     python queue_worker.py reaper SPEC_JSON

@@ -1,4 +1,4 @@
-"""Subprocess worker for tests/test_redis_resilience.py (raw RedisStorage API).
+"""Subprocess worker for tests/backends/redis/test_redis_resilience.py (raw RedisStorage API).
 
     python redis_worker.py claim-and-hang URL PREFIX QUEUE WORKER LEASE TTL
 

@@ -21,10 +21,10 @@ import pytest
 import trio
 
 from conftest import BACKENDS, _make_storage
-from support import ProcessLines, Recorder
+from support import HELPERS, ProcessLines, Recorder
 from trioqueue import Job, JobState, Queue, Storage
 
-HELPER = str(Path(__file__).parent / "helpers" / "queue_worker.py")
+HELPER = str(HELPERS / "queue_worker.py")
 SHARED_BACKENDS = [b for b in BACKENDS if b != "memory"]  # memory cannot span processes
 
 

@@ -38,7 +38,7 @@ from trioqueue.storage import from_url
 
 from support import ProcessLines
 
-HELPERS = Path(__file__).parent / "helpers"
+from support import HELPERS
 
 WORKER_APP = textwrap.dedent(
     """

@@ -1,6 +1,6 @@
 """Storage conformance suite, part 3: job registry queries and administration (counts,
 listing with cursors, retry of failed jobs, purge, remove), on every backend, through the
-Storage interface and the Queue API. tests/test_redis_cluster.py runs them on a cluster."""
+Storage interface and the Queue API. tests/backends/redis/test_redis_cluster.py runs them on a cluster."""
 
 from __future__ import annotations
 

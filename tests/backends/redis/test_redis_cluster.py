@@ -1,6 +1,6 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
-The tests are the ones of tests/test_storage*.py, test_priorities.py, test_lease_loss.py,
+The tests are the ones of tests/conformance/test_storage*.py, test_priorities.py, test_lease_loss.py,
 test_pause.py, test_flows.py, test_groups.py and more, imported here; this module's ``storage`` fixture overrides the
 parametrised one so they run once, on the cluster.
 """

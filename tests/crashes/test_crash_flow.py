@@ -6,7 +6,7 @@ the middle (FileStorage and RedisStorage: memory cannot span processes).
 - rate-limited claims: a worker of a rate-limited queue dies mid-run.
 
 Nothing may be lost, no schedule tick may run twice, and the rate limit holds across the
-restart. The workers are tests/helpers/queue_worker.py (see tests/test_processes.py).
+restart. The workers are tests/helpers/queue_worker.py (see tests/crashes/test_processes.py).
 """
 
 from __future__ import annotations

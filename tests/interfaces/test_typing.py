@@ -7,8 +7,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from support import TESTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
 
 
 def _mypy(*args: str) -> subprocess.CompletedProcess[str]:

@@ -8,8 +8,9 @@ import tokenize
 from pathlib import Path
 
 import trioqueue
+from support import TESTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if not p.name.startswith("_"))]
 
 

@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from process_support import Listener, alive, children_of, until_closed
-from support import ProcessLines
+from support import TESTS, ProcessLines
 from trioqueue import FileStorage, JobState, Queue, RedisStorage, Storage
 
 APP = textwrap.dedent(
@@ -121,7 +121,7 @@ async def start(app: Path) -> AsyncIterator[Any]:
 
 def _pythonpath() -> str:
     """The parent's path, and this directory (the app imports ``process_support``)."""
-    here = str(Path(__file__).parent)
+    here = str(TESTS)
     return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), here) if p)
 
 

@@ -20,6 +20,7 @@ from redis_server import RedisServer, free_port
 
 from trioqueue.storage import Settlement, SettleKind
 from trioqueue.storage.redis import RedisStorage
+from support import HELPERS
 
 
 @pytest.fixture
@@ -152,7 +153,7 @@ async def _gt(value, n: int) -> bool:
     return value() > n
 
 
-HELPER = __import__("pathlib").Path(__file__).parent / "helpers" / "redis_worker.py"
+HELPER = HELPERS / "redis_worker.py"
 
 
 async def test_sigkilled_worker_process_job_is_recovered(redis_url: str) -> None:

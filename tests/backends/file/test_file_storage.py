@@ -1,5 +1,5 @@
 """FileStorage-specific tests: real processes, crashes (SIGKILL), multi-process runs,
-damaged files and id encoding. The storage conformance suite (tests/test_storage.py) runs
+damaged files and id encoding. The storage conformance suite (tests/conformance/test_storage.py) runs
 against FileStorage through the ``storage`` fixture."""
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from trioqueue._core import encode_envelope
 from trioqueue import CancelStatus
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind, StorageEvent
 from trioqueue.storage.file._fsutil import encode_name, read_rec
+from support import HELPERS, TESTS
 
-HELPER = str(Path(__file__).parent / "helpers" / "fs_proc.py")
+HELPER = str(HELPERS / "fs_proc.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
 
 
@@ -46,7 +47,7 @@ def job(job_id: str, max_attempts: int = 3) -> NewJob:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    src = str(Path(__file__).parent.parent / "python")
+    src = str(TESTS.parent / "python")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
