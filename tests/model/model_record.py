@@ -135,8 +135,13 @@ class RecordChecks:
                 continue  # enqueued again after a cancel: a new incarnation may run again
             first = returned[0]
             excused = self.faulty_by_worker.get(first.worker)
+            # (a heartbeat that failed about the job let its lease run out: a settlement
+            # that arrives after the reaper recovered it is refused, and it runs again)
             if excused is None or not (
-                excused.faults_on(job_id, "settle") or excused.faults_on(job_id, "start") or excused.dead
+                excused.faults_on(job_id, "settle")
+                or excused.faults_on(job_id, "start")
+                or excused.faults_on(job_id, "heartbeat")
+                or excused.dead
             ):
                 self.fail(f"job {job_id} ran again after its handler returned, with no failed settlement: {runs}")
 

@@ -193,13 +193,13 @@ async def _failover(deployment: SentinelSet) -> int:
     sentinels' INFO period), which takes writes meanwhile (see the plain failover test
     below)."""
     old = await trio.to_thread.run_sync(deployment.primary_port)
-    with trio.fail_after(15):
+    with trio.fail_after(30):
         # a replica demoted by the last failover is a candidate once the sentinel has its
         # INFO again (NOGOODSLAVE until then; INPROG while that failover still ends)
         while (reply := deployment.sentinel(0, "SENTINEL", "FAILOVER", "mymaster", "COORDINATED")) != "OK":
             assert str(reply).startswith(("NOGOODSLAVE", "INPROG")), reply
             await trio.sleep(0.1)
-    with trio.fail_after(15):
+    with trio.fail_after(30):
         while True:
             new = await trio.to_thread.run_sync(deployment.primary_port)
             if new != old and b"role:slave" in deployment.node(old, "INFO", "replication"):
@@ -460,7 +460,7 @@ async def _failover_under_load(dep: SentinelSet, ack: float | None, lean: bool) 
         if ack is not None:
             # The promoted replica has no replica of its own: bring the old primary back
             # as its replica once the sentinels promoted it (polled: another process's state).
-            with trio.fail_after(15):
+            with trio.fail_after(30):
                 while (new_port := await trio.to_thread.run_sync(dep.primary_port)) == old_port:
                     await trio.sleep(0.05)
             dep.primary.extra += ["--replicaof", "127.0.0.1", str(new_port)]
