@@ -52,6 +52,7 @@ from ._model import _validate as check
 from ._model._errors import install_hint
 from ._supervision._observers import QueueObserver
 from .storage._base import SettleKind
+from .storage._capabilities import Administration
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -189,7 +190,8 @@ class QueueMetrics(QueueObserver):
                 continue
             try:
                 counts = await queue.counts()
-                oldest = await queue.storage.oldest(queue.name, "queued")
+                storage = queue.storage
+                oldest = await storage.oldest(queue.name, "queued") if isinstance(storage, Administration) else None
                 workers = await queue.storage.workers(queue.name)
             except Exception as exc:
                 logger.warning("metrics of queue %r not refreshed: %s", queue.name, exc)

@@ -47,7 +47,8 @@ from .._model import _validate as check
 from .._core import encode_envelope
 from .._model._errors import ValidationError
 from ._emitter import Emitter
-from ..storage._base import NewJob, Storage
+from ..storage._base import NewJob
+from ..storage._capabilities import Schedules
 
 __all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "REFRESH", "Missed", "Schedule", "Scheduler"]
 
@@ -199,7 +200,7 @@ class Schedule:
 class Scheduler:
     """The scheduler loop of one queue (run by its active reaper)."""
 
-    def __init__(self, storage: Storage, queue: str, events: Emitter) -> None:
+    def __init__(self, storage: Schedules, queue: str, events: Emitter) -> None:
         self.storage = storage
         self.queue = queue
         self._events = events
