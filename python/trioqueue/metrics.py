@@ -25,7 +25,7 @@ What is measured, all labelled by ``queue``:
 - gauges of the queue as the storage sees it (the same in every process: aggregate them
   with ``max``): ``trioqueue_jobs{queue,state}`` (jobs per state, from
   :meth:`Queue.counts`), ``trioqueue_oldest_job_age_seconds`` (how long the oldest queued
-  job has waited, from :meth:`Storage.oldest`; computed at scrape time from the cached
+  job has waited, from :meth:`Administration.oldest <trioqueue.storage.Administration.oldest>`; computed at scrape time from the cached
   entry time), ``trioqueue_workers`` (live registered workers) and
   ``trioqueue_metrics_refreshed_timestamp_seconds``.
 
