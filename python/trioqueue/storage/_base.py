@@ -205,7 +205,7 @@ class Storage(abc.ABC):
         (:attr:`NewJob.group`; jobs without a group form one group) are served
         round-robin, one job per turn, FIFO within a group: a ring of the groups with ready
         jobs, rotated on each claim, so a claim costs the same whatever the number of
-        groups. A paused group (:meth:`set_group_paused`), and one at its
+        groups. A paused group (:meth:`Groups.set_group_paused`), and one at its
         ``group_concurrency``, leave the ring until resumed or a slot of theirs is freed.
 
         Each claim atomically moves the job from the ready list to ``worker_id``'s
