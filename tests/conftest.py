@@ -2,8 +2,13 @@
 
 ``storage`` is parametrised over every backend: a test that takes it is part of the
 storage conformance suite and runs once per backend. A backend joins by adding its name to
-``BACKENDS`` and a branch to ``_make_storage`` (servers it needs are session fixtures in
-their own plugin module, listed in ``pytest_plugins``).
+``BACKENDS`` and a branch to ``_storage_class`` and ``_make_storage`` (servers it needs are
+session fixtures in their own plugin module, listed in ``pytest_plugins``).
+
+A test of a capability (``trioqueue.storage.Groups``, ``Trees``, ...) says so with
+``@pytest.mark.capability("Groups")`` (or a module's ``pytestmark``; several marks or
+arguments: all are needed): it runs on every backend whose storage has it and is skipped,
+with the reason, on the others (before any server is started for it).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from pathlib import Path
 import pytest
 
 import trioqueue
+import trioqueue.storage
 from trioqueue import MemoryStorage, Storage
+from trioqueue.storage._capabilities import CAPABILITIES
 
 # The suite's folders mirror the layers (see docs/development.md): conformance/ (every
 # backend, through the Storage interface and the Queue), supervision/, crashes/ (real
@@ -47,6 +54,14 @@ if shutil.which("redis-server"):
 BACKENDS.append("postgres")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "capability(*names): the test needs these storage capabilities (\"Groups\": trioqueue.storage.Groups, ...);"
+        " skipped on the backends that lack one",
+    )
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile the package's bytecode once: the many Python processes the suite starts
     (CLI commands, workers killed and restarted) then load it instead of compiling every
@@ -59,7 +74,43 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
+    skip_without_capabilities(request.node, _storage_class(request.param), request.param)
     return request.param
+
+
+def skip_without_capabilities(node: pytest.Item, storage: type[Storage] | Storage, backend: str | None = None) -> None:
+    """Skip the test ``node`` when ``storage`` (a backend's class, or a storage) lacks a
+    capability its ``capability`` marks name (by name: ``"Groups"``; a mark given the
+    class alone would decorate it instead)."""
+    cls = storage if isinstance(storage, type) else type(storage)
+    missing = []
+    for mark in node.iter_markers("capability"):
+        for name in mark.args:
+            cap = getattr(trioqueue.storage, name, None) if isinstance(name, str) else None
+            if cap not in CAPABILITIES:
+                raise pytest.UsageError(f"{node.nodeid}: capability({name!r}): not a capability of trioqueue.storage")
+            if not issubclass(cls, cap):
+                missing.append(name)
+    if missing:
+        pytest.skip(f"{backend or cls.__name__}: {cls.__name__} has no {', '.join(missing)} (capability)")
+
+
+def _storage_class(backend: str) -> type[Storage]:
+    if backend == "memory":
+        return MemoryStorage
+    if backend == "file":
+        from trioqueue.storage import FileStorage
+
+        return FileStorage
+    if backend in ("redis", "redis7"):
+        from trioqueue.storage import RedisStorage
+
+        return RedisStorage
+    if backend == "postgres":
+        from trioqueue.storage.postgres import PostgresStorage
+
+        return PostgresStorage
+    raise AssertionError(f"unknown backend {backend}")
 
 
 @pytest.fixture

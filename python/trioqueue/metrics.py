@@ -25,7 +25,7 @@ What is measured, all labelled by ``queue``:
 - gauges of the queue as the storage sees it (the same in every process: aggregate them
   with ``max``): ``trioqueue_jobs{queue,state}`` (jobs per state, from
   :meth:`Queue.counts`), ``trioqueue_oldest_job_age_seconds`` (how long the oldest queued
-  job has waited, from :meth:`Storage.oldest`; computed at scrape time from the cached
+  job has waited, from :meth:`Administration.oldest <trioqueue.storage.Administration.oldest>`; computed at scrape time from the cached
   entry time), ``trioqueue_workers`` (live registered workers) and
   ``trioqueue_metrics_refreshed_timestamp_seconds``.
 
@@ -52,6 +52,7 @@ from ._model import _validate as check
 from ._model._errors import install_hint
 from ._supervision._observers import QueueObserver
 from .storage._base import SettleKind
+from .storage._capabilities import Administration
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -189,7 +190,8 @@ class QueueMetrics(QueueObserver):
                 continue
             try:
                 counts = await queue.counts()
-                oldest = await queue.storage.oldest(queue.name, "queued")
+                storage = queue.storage
+                oldest = await storage.oldest(queue.name, "queued") if isinstance(storage, Administration) else None
                 workers = await queue.storage.workers(queue.name)
             except Exception as exc:
                 logger.warning("metrics of queue %r not refreshed: %s", queue.name, exc)

@@ -8,25 +8,36 @@ seed and the same sequence of calls give the same faults; :attr:`FaultyStorage.l
 which were injected, so a failing run can be replayed and explained.
 
 Every storage method of the interface is wrapped generically (a method added to
-:class:`~trioqueue.Storage` later is covered without edits), except the lifecycle (which
-is delegated untouched) and :meth:`~trioqueue.Storage.subscribe` (events only).
+:class:`~trioqueue.Storage` or to a capability later is covered without edits), except the
+lifecycle (which is delegated untouched) and :meth:`~trioqueue.Storage.subscribe` (events
+only).
+
+A :class:`FaultyStorage` has exactly the capabilities of the storage it wraps
+(``isinstance(FaultyStorage(PostgresStorage(...)), Transactions)`` holds, and
+``isinstance(FaultyStorage(MemoryStorage()), Transactions)`` does not), each capability's
+calls wrapped as the core's are; ``Transactions.transaction`` is delegated untouched. One
+exception: :class:`~trioqueue.storage.NonBlockingStart` is withheld, because its
+``start_nowait`` is a plain call that no fault can delay or cancel: a Queue on a
+FaultyStorage counts every attempt with the faulted :meth:`~trioqueue.Storage.start`.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import random
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Self, cast
 
 import trio
 
 from ._model._errors import StorageError, ValidationError
 from .storage._base import FlowJob, NewJob, Storage, StorageEvent
+from .storage._capabilities import CAPABILITIES, NonBlockingStart, Transactions, capabilities_of
 
 __all__ = ["Fault", "FaultPlan", "FaultyStorage", "InjectedFault", "STORAGE_METHODS"]
 
@@ -40,16 +51,23 @@ class Fault(StrEnum):
     DROP_EVENTS = "drop_events"  # an event batch of a subscription is lost (resync instead)
 
 
-# The storage calls that are wrapped: every public coroutine method of the interface.
-STORAGE_METHODS: tuple[str, ...] = tuple(
-    sorted(
-        name
-        for name, fn in vars(Storage).items()
-        if not name.startswith("_")
-        and inspect.iscoroutinefunction(fn)
-        and name not in ("open", "aclose", "watchdog")  # lifecycle, not calls
+def _calls_of(interface: type) -> tuple[str, ...]:
+    """The storage calls ``interface`` declares itself: its public coroutine methods."""
+    return tuple(
+        sorted(
+            name
+            for name, fn in vars(interface).items()
+            if not name.startswith("_")
+            and inspect.iscoroutinefunction(fn)
+            and name not in ("open", "aclose", "watchdog")  # lifecycle, not calls
+        )
     )
-)
+
+
+# The storage calls that are wrapped: every public coroutine method of the core interface
+# and of every capability (a wrapper has those of the capabilities its storage has).
+_INTERFACES: tuple[type, ...] = (Storage, *CAPABILITIES)
+STORAGE_METHODS: tuple[str, ...] = tuple(sorted({name for i in _INTERFACES for name in _calls_of(i)}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +145,6 @@ class _FaultyBase(Storage):
         self.enabled = True  # False: a transparent wrapper
         self.dead = False  # True: every call fails before reaching the backend (a lost server)
         self.cancel_scope: trio.CancelScope | None = None  # what cancellation faults cancel
-        # What the wrapped storage can do, it can (its calls pass through).
-        self.supports_groups = inner.supports_groups
-        self.supports_group_rate = inner.supports_group_rate
-        self.supports_transactions = inner.supports_transactions
 
     def __repr__(self) -> str:
         return f"FaultyStorage({self.inner!r}, calls={self.calls}, faults={len(self.log)})"
@@ -224,12 +238,12 @@ class _FaultyBase(Storage):
         return [f for f in self.log if job_id in f.job_ids and (method is None or f.method == method)]
 
 
-def _wrap(name: str) -> Callable[..., Any]:
+def _wrap(interface: type, name: str) -> Callable[..., Any]:
     async def method(self: _FaultyBase, *args: Any, **kwargs: Any) -> Any:
         return await self._call(name, args, kwargs)
 
     method.__name__ = method.__qualname__ = name
-    method.__doc__ = getattr(Storage, name).__doc__
+    method.__doc__ = getattr(interface, name).__doc__
     return method
 
 
@@ -237,12 +251,46 @@ class FaultyStorage(_FaultyBase):
     """A :class:`~trioqueue.Storage` that injects faults into the calls it passes to
     ``inner`` (see the module docstring). ``plan`` gives the probabilities, ``seed`` makes
     the run reproducible; set :attr:`cancel_scope` to enable cancellation faults, flip
-    :attr:`enabled` off for a clean phase, or :attr:`dead` on to simulate a lost server."""
+    :attr:`enabled` off for a clean phase, or :attr:`dead` on to simulate a lost server.
+
+    It has the capabilities of ``inner`` (but :class:`~trioqueue.storage.NonBlockingStart`):
+    the object made is of a subclass of this class (or of the subclass of it being
+    instantiated) that also derives from those capabilities."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        inner = args[0] if args else kwargs.get("inner")
+        if isinstance(inner, Storage) and "_capabilities" not in cls.__dict__:
+            caps = tuple(c for c in capabilities_of(inner) if c is not NonBlockingStart)
+            return cast(Self, super().__new__(_with_capabilities(cls, caps)))
+        return super().__new__(cls)
 
     def __init__(self, inner: Storage, plan: FaultPlan | None = None, *, seed: int = 0) -> None:
         super().__init__(inner, plan or FaultPlan(), seed=seed)
 
 
-for _name in STORAGE_METHODS:
-    setattr(FaultyStorage, _name, _wrap(_name))
+for _name in _calls_of(Storage):
+    setattr(FaultyStorage, _name, _wrap(Storage, _name))
 FaultyStorage.__abstractmethods__ = frozenset()
+
+
+def _transaction(self: _FaultyBase) -> AbstractAsyncContextManager[object]:
+    assert isinstance(self.inner, Transactions)
+    return self.inner.transaction()
+
+
+@functools.cache
+def _faulty(capability: type[Storage]) -> type[Storage]:
+    """The capability with its calls wrapped as :class:`FaultyStorage` wraps the core's."""
+    namespace: dict[str, Any] = {name: _wrap(capability, name) for name in _calls_of(capability)}
+    if capability is Transactions:
+        namespace["transaction"] = _transaction
+    namespace["__module__"] = __name__
+    return type(f"Faulty{capability.__name__}", (capability,), namespace)
+
+
+@functools.cache
+def _with_capabilities(cls: type[FaultyStorage], caps: tuple[type[Storage], ...]) -> type[FaultyStorage]:
+    """``cls`` that also has ``caps`` (each wrapped; ``cls``'s own methods come first)."""
+    made = type(cls.__name__, (cls, *(_faulty(c) for c in caps)), {"_capabilities": caps})
+    made.__qualname__, made.__module__ = cls.__qualname__, cls.__module__
+    return made

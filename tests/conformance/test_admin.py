@@ -114,6 +114,7 @@ async def test_list_jobs_of_terminal_states_carry_outcomes(storage: Storage, que
     assert (bad.id, bad.error, bad.token) == ("bad", ERR, "t-bad")
 
 
+@pytest.mark.capability("Administration")
 async def test_retry_job_enqueues_a_failed_job_again(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("f", b'{"n":1}'), job("c")])
     await storage.cancel(queue_name, "c")
@@ -137,6 +138,7 @@ async def test_retry_job_enqueues_a_failed_job_again(storage: Storage, queue_nam
     assert (await storage.counts(queue_name))["processing"] == 2
 
 
+@pytest.mark.capability("Administration")
 async def test_purge_by_age(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("old1"), job("old2"), job("new"), job("other")])
     await claim(storage, queue_name)
@@ -187,6 +189,7 @@ async def test_expired_jobs_leave_listings_counts_and_lookups(storage: Storage, 
     assert rec is not None and rec.result == b"1" and rec.token == "t-keep" and rec.attempts == 1
 
 
+@pytest.mark.capability("Administration")
 async def test_purge_by_age_with_mixed_ttls(storage: Storage, queue_name: str) -> None:
     """An older job that is kept longer than a newer one is still the one purged by age."""
     await storage.enqueue(queue_name, [job("old"), job("new")])
@@ -200,6 +203,7 @@ async def test_purge_by_age_with_mixed_ttls(storage: Storage, queue_name: str) -
     assert await storage.get_job(queue_name, "old") is None and await storage.get_job(queue_name, "new") is not None
 
 
+@pytest.mark.capability("Administration")
 async def test_purge_many_in_slices(storage: Storage, queue_name: str) -> None:
     n = 1200
     await storage.enqueue(queue_name, [job(f"p{i}") for i in range(n)])
@@ -210,6 +214,7 @@ async def test_purge_many_in_slices(storage: Storage, queue_name: str) -> None:
     assert await storage.list_jobs(queue_name, "completed") == ([], None)
 
 
+@pytest.mark.capability("Administration")
 async def test_remove_job(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name, [job("q1"), job("q2"), job("run"), job("retry"), delayed("later")])
     assert await storage.remove_job(queue_name, "q1") is True
@@ -236,6 +241,7 @@ async def test_remove_job(storage: Storage, queue_name: str) -> None:
     assert again.status == "queued"
 
 
+@pytest.mark.capability("Administration")
 async def test_queue_names(storage: Storage, queue_name: str) -> None:
     await storage.enqueue(queue_name + "-a", [job("x")])
     await storage.enqueue(queue_name + "-b", [job("x")])
@@ -247,6 +253,7 @@ async def test_queue_names(storage: Storage, queue_name: str) -> None:
 # -- the Queue API -------------------------------------------------------------------------
 
 
+@pytest.mark.capability("Administration")
 async def test_queue_retry_reruns_a_failed_job_end_to_end(storage: Storage, queue_name: str) -> None:
     runs: list[int] = []
 
@@ -280,6 +287,7 @@ async def test_queue_retry_reruns_a_failed_job_end_to_end(storage: Storage, queu
         assert await q.get_status("j") is None
 
 
+@pytest.mark.capability("Administration")
 async def test_queue_list_remove_and_validation(storage: Storage, queue_name: str) -> None:
     async with Queue(storage, name=queue_name) as q:  # a producer: nothing runs
         for i in range(5):
@@ -334,6 +342,7 @@ async def test_memory_state_index_stays_proportional_to_live_jobs() -> None:
         assert all(len(log) <= _SLACK for log in index.logs.values()), {k: len(v) for k, v in index.logs.items()}
 
 
+@pytest.mark.capability("Administration")
 async def test_removing_a_waited_job_wakes_its_waiter(storage: Storage, queue_name: str) -> None:
     """``enqueue_and_wait`` on a job that is then removed must not wait out its timeout: the
     job will never run, so the waiter hears so at once (JobCancelledError saying removed)."""

@@ -27,6 +27,7 @@ from support import Recorder
 # -- 3. clear ----------------------------------------------------------------------------
 
 
+@pytest.mark.capability("Administration", "Schedules")
 async def test_clear_forgets_every_job_in_every_state_and_keeps_schedules(storage: Storage, queue_name: str) -> None:
     started = trio.Event()
     release = trio.Event()
@@ -220,6 +221,7 @@ async def test_settlement_keep_bounds_the_state_when_the_call_returns(storage: S
     assert (await storage.counts(q))["completed"] == 5
 
 
+@pytest.mark.capability("Trees")
 async def test_keep_does_not_count_out_the_children_a_parent_still_needs(storage: Storage, queue_name: str) -> None:
     from trioqueue import Child
 
@@ -265,6 +267,7 @@ async def test_keep_forgets_older_jobs_never_the_one_that_just_completed(storage
         assert [s is not None for s in statuses] == [True, True, True, False, True, True]
 
 
+@pytest.mark.capability("Administration", "Trees")
 async def test_clearing_a_parents_queue_leaves_its_children_elsewhere_working(storage: Storage, queue_name: str) -> None:
     """A tree across queues: the parent's queue is cleared while a child on another
     queue waits; the child still runs and ends, and nothing crashes."""

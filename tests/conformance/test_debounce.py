@@ -29,6 +29,7 @@ def runner() -> tuple[Any, list[tuple[str, Any, float]]]:
     return handler, runs
 
 
+@pytest.mark.capability("Debounce")
 async def test_a_burst_of_enqueues_runs_once_with_the_last_payload_after_the_last_enqueue(
     storage: Storage, queue_name: str
 ) -> None:
@@ -50,6 +51,7 @@ async def test_a_burst_of_enqueues_runs_once_with_the_last_payload_after_the_las
         assert status.attempts == 1
 
 
+@pytest.mark.capability("Debounce")
 async def test_max_wait_bounds_how_long_a_debounced_job_waits(storage: Storage, queue_name: str) -> None:
     handler, runs = runner()
     events = Recorder()
@@ -71,6 +73,7 @@ async def test_max_wait_bounds_how_long_a_debounced_job_waits(storage: Storage, 
         assert runs[0][1] >= 4  # it took the payloads enqueued until it was due
 
 
+@pytest.mark.capability("Debounce")
 async def test_a_debounced_enqueue_of_a_queued_job_replaces_its_payload(storage: Storage, queue_name: str) -> None:
     """Due already (no worker yet): the waiting job takes the new payload and stays
     queued; a job that is running is not waiting: the enqueue is a duplicate."""
@@ -98,6 +101,7 @@ async def test_a_debounced_enqueue_of_a_queued_job_replaces_its_payload(storage:
         assert status is not None and status.result == "second"
 
 
+@pytest.mark.capability("Debounce")
 async def test_enqueue_and_wait_with_debounce_joins_the_waiting_job(storage: Storage, queue_name: str) -> None:
     handler, runs = runner()
     async with Queue(storage, name=queue_name, handler=handler, **FAST) as q:
@@ -116,6 +120,7 @@ async def test_enqueue_and_wait_with_debounce_joins_the_waiting_job(storage: Sto
         assert results == ["last"] and [payload for _, payload, _ in runs] == ["last"]
 
 
+@pytest.mark.capability("Debounce")
 async def test_the_storage_debounces_each_job_of_a_batch_in_order(storage: Storage, queue_name: str) -> None:
     """Storage level: the same id twice in one call, the second debounces the first."""
     from storage_helpers import job
@@ -148,6 +153,7 @@ async def test_an_id_stays_a_duplicate_for_its_dedup_window_after_it_ended(stora
             await events.wait_for("completed", "u", count=2)
 
 
+@pytest.mark.capability("Debounce")
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -168,6 +174,7 @@ async def test_debounce_options_are_validated_and_nothing_is_written(
 
 
 
+@pytest.mark.capability("Debounce", "Groups")
 async def test_a_debounced_job_of_a_group_runs_in_its_group(storage: Storage, queue_name: str) -> None:
     """Debounce and groups together: the debounced job enters its group's lane when due
     (Redis: the debounce script lacked the groups' fragment, and failed on a group)."""
@@ -184,6 +191,7 @@ async def test_a_debounced_job_of_a_group_runs_in_its_group(storage: Storage, qu
         assert [payload for _, payload, _ in runs] == [2]
 
 
+@pytest.mark.capability("Debounce")
 async def test_concurrent_debounces_of_a_new_id_create_it_once_and_debounce_it(storage: Storage, queue_name: str) -> None:
     """Storage level: producers debouncing the same new id at the same moment (their
     calls in flight together, on connections of their own where the backend has them):
@@ -210,6 +218,7 @@ async def test_concurrent_debounces_of_a_new_id_create_it_once_and_debounce_it(s
         assert {o.token for o in outs if o.status is EnqueueStatus.DEBOUNCED} == {rec.token}
 
 
+@pytest.mark.capability("Debounce")
 async def test_a_debounce_racing_an_uncommitted_insert_of_its_id_debounces_it(pg: Any, queue_name: str) -> None:
     """PostgreSQL, the race made certain: another transaction has inserted the id, not yet
     committed, when a debounce of it starts. The debounce waits for it and, once it

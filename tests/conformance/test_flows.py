@@ -26,6 +26,8 @@ from trioqueue import (
 
 from support import Recorder
 
+pytestmark = pytest.mark.capability("Trees")
+
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
 

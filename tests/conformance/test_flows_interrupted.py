@@ -18,6 +18,8 @@ from trioqueue._model._serde import decode_error
 from trioqueue.storage import SettleKind
 from trioqueue.storage._base import FlowJob
 
+pytestmark = pytest.mark.capability("Trees")
+
 _ERR = b'{"type":"UnrecoverableError","message":"bad broke","traceback":""}'
 
 

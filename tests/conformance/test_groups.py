@@ -24,6 +24,8 @@ from trioqueue.storage import ClaimLimits, NewJob, Settlement, SettleKind, Stora
 from support import Recorder
 from storage_helpers import LEASE, W1, W2, job
 
+pytestmark = pytest.mark.capability("Groups")
+
 
 def gjob(job_id: str, group: str | None, priority: int = 5) -> NewJob:
     return job(job_id)._replace(group=group, priority=priority)
@@ -216,6 +218,7 @@ async def test_a_paused_group_is_passed_over_until_resumed(storage: Storage, que
     assert not await storage.set_group_paused(queue_name, "a", False)
 
 
+@pytest.mark.capability("Administration")
 async def test_clear_frees_the_group_slot_of_a_running_job(storage: Storage, queue_name: str) -> None:
     """``clear`` forgets every job of the queue, a claimed one too: it no longer holds its
     group's slot (``group_concurrency=1``), and its settlement, fenced, frees nothing."""
@@ -230,6 +233,7 @@ async def test_clear_frees_the_group_slot_of_a_running_job(storage: Storage, que
     assert await storage.dequeue(queue_name, W1, 10, 0.0, LEASE, None, limits) == []  # a1 holds the slot
 
 
+@pytest.mark.capability("Administration")
 async def test_clear_forgets_the_group_rate_limit_state(storage: Storage, queue_name: str) -> None:
     """A group that used its ``group_rate`` in the window, then ``clear``: the group's next
     job is claimed at once, not when the old window ends (4 s: a claim that does not wait

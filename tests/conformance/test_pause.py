@@ -12,6 +12,8 @@ from trioqueue import Job, JobState, Queue, Storage
 
 from support import Recorder
 
+pytestmark = pytest.mark.capability("Administration")
+
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
 

@@ -16,6 +16,8 @@ from trioqueue.storage import StorageEvent
 
 from storage_helpers import job
 
+pytestmark = pytest.mark.capability("Schedules")
+
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
 

@@ -86,6 +86,7 @@ async def test_reaper_promotes_due_jobs_without_consumers(storage: Storage, queu
 # -- pause / resume ------------------------------------------------------------------------
 
 
+@pytest.mark.capability("Administration")
 async def test_paused_queue_claims_nothing_until_resumed(storage: Storage, queue_name: str) -> None:
     other = queue_name + "-other"
     await storage.enqueue(queue_name, [job("a"), job("b")])
@@ -193,6 +194,7 @@ async def test_a_cancel_requested_job_ends_cancelled_unless_it_finished_first(
 # -- schedules -----------------------------------------------------------------------------
 
 
+@pytest.mark.capability("Schedules")
 async def test_schedules_are_stored_replaced_ticked_and_removed(storage: Storage, queue_name: str) -> None:
     assert await storage.get_schedules(queue_name) == {}
     assert await storage.put_schedule(queue_name, "nightly", b"spec-1", None)

@@ -17,6 +17,8 @@ from trioqueue.dashboard import Dashboard
 
 from dashboard_client import Client
 
+pytestmark = pytest.mark.capability("Trees")
+
 T = TypeVar("T")
 QUEUE = "tree"
 

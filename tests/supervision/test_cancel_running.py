@@ -10,6 +10,8 @@ import pytest
 import trio
 
 from trioqueue import CancelStatus, Job, JobCancelledError, JobState, Queue, Storage
+from trioqueue.storage import NonBlockingStart
+from trioqueue.testing import FaultyStorage
 
 from support import Recorder
 
@@ -154,29 +156,33 @@ async def test_a_cancel_during_a_reserved_claims_start_does_not_reach_the_next_i
     that claim: the same id enqueued again, and claimed by the worker before the refusal
     reaches it, runs. (The start is held by wrapping the storage's own; MemoryStorage,
     which counts a start without I/O where there is no such moment, is made to take the
-    batched start() too.)"""
-    storage.supports_start_nowait = False  # type: ignore[misc]  # (an instance attribute: this storage only)
-    real_dequeue, real_start = storage.dequeue, storage.start
+    batched start() too: the storage is wrapped in a FaultyStorage, which withholds
+    NonBlockingStart.)"""
     reserved = [trio.Event(), trio.Event()]  # r's first and second incarnations claimed, reserved
     starting, go, reply = trio.Event(), trio.Event(), trio.Event()
 
-    async def dequeue(*args: Any, **kwargs: Any) -> Any:
-        claims = await real_dequeue(*args, **kwargs)
-        if any(c.id == "r" and not c.started for c in claims):
-            (reserved[1] if reserved[0].is_set() else reserved[0]).set()
-        return claims
+    class Held(FaultyStorage):
+        """A pass-through (no faults planned) that holds r's start. Like every
+        FaultyStorage it has no start_nowait (NonBlockingStart): a Queue on it takes the
+        batched start() whatever it wraps."""
 
-    async def start(queue: str, worker_id: str, claims: Any) -> list[bool]:
-        if any(job_id == "r" for job_id, _ in claims) and not go.is_set():
-            starting.set()
-            await go.wait()
-            out = await real_start(queue, worker_id, claims)
-            await reply.wait()
-            return out
-        return await real_start(queue, worker_id, claims)
+        async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+            claims = await super().dequeue(*args, **kwargs)
+            if any(c.id == "r" and not c.started for c in claims):
+                (reserved[1] if reserved[0].is_set() else reserved[0]).set()
+            return claims
 
-    storage.dequeue = dequeue  # type: ignore[method-assign]
-    storage.start = start  # type: ignore[method-assign]
+        async def start(self, queue: str, worker_id: str, claims: Any) -> list[bool]:
+            if any(job_id == "r" for job_id, _ in claims) and not go.is_set():
+                starting.set()
+                await go.wait()
+                out: list[bool] = await super().start(queue, worker_id, claims)
+                await reply.wait()
+                return out
+            return await super().start(queue, worker_id, claims)  # type: ignore[no-any-return]
+
+    held = Held(storage)
+    assert not isinstance(held, NonBlockingStart)
     release = trio.Event()
     ran: list[str] = []
 
@@ -186,7 +192,7 @@ async def test_a_cancel_during_a_reserved_claims_start_does_not_reach_the_next_i
         ran.append(job.id)
         return f"ok-{job.id}"
 
-    async with Queue(storage, name=queue_name, handler=handler, concurrency=1, prefetch=1, **FAST) as q:
+    async with Queue(held, name=queue_name, handler=handler, concurrency=1, prefetch=1, **FAST) as q:
         seen = Recorder()
         for name in ("cancel_requested", "cancelled", "completed"):
             q.on(name, seen)

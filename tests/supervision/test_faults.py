@@ -9,6 +9,8 @@ import pytest
 import trio
 
 from trioqueue import Job, MemoryStorage, Queue, Storage, StorageError, ValidationError
+from trioqueue.storage import Groups, NonBlockingStart, Transactions
+from trioqueue.storage._capabilities import CAPABILITIES, require
 from trioqueue.testing import STORAGE_METHODS, Fault, FaultPlan, FaultyStorage
 
 from storage_helpers import job
@@ -18,10 +20,32 @@ def test_every_storage_method_is_wrapped() -> None:
     assert {"enqueue", "dequeue", "settle", "start", "heartbeat", "set_progress", "tick_schedule"} <= set(
         STORAGE_METHODS
     )
-    for name in STORAGE_METHODS:
-        assert getattr(FaultyStorage, name).__name__ == name
+    # every call of the core and of every capability memory has (all but transactions)
+    faulty = FaultyStorage(MemoryStorage())
+    for name in set(STORAGE_METHODS) - {"enqueue_in_transaction", "enqueue_flow_in_transaction"}:
+        assert getattr(type(faulty), name).__name__ == name
     with pytest.raises(ValidationError, match=r"FaultPlan.fail_after must be a probability in \[0, 1\], got 2"):
         FaultPlan(fail_after=2)
+
+
+async def test_a_faulty_storage_has_exactly_the_capabilities_of_the_storage_it_wraps(storage: Storage) -> None:
+    """isinstance checks stay truthful through the wrapper (and through a subclass of it):
+    it has the capabilities of its storage and no other, but NonBlockingStart (its
+    start_nowait could not be faulted). A capability's calls are faulted like the core's."""
+
+    class Sub(FaultyStorage):
+        pass
+
+    expected = {c for c in CAPABILITIES if isinstance(storage, c)} - {NonBlockingStart}
+    for faulty in (FaultyStorage(storage), Sub(storage)):
+        assert {c for c in CAPABILITIES if isinstance(faulty, c)} == expected
+        assert isinstance(faulty, FaultyStorage)
+    assert isinstance(Sub(storage), Sub)
+    assert isinstance(storage, Transactions) == hasattr(FaultyStorage(storage), "enqueue_in_transaction")
+    dead = FaultyStorage(storage)
+    dead.dead = True
+    with pytest.raises(StorageError, match=r"storage unreachable \(group_counts\)"):
+        await require(dead, Groups, "test").group_counts("q")
 
 
 async def _calls(st: FaultyStorage) -> list[tuple[int, str, Fault]]:

@@ -314,3 +314,66 @@ async def test_enqueue_many_mixed_outcomes(storage: Storage, queue_name: str) ->
         ]
         assert results[1].result == {"echo": 0, "attempt": 1}
         assert await q.enqueue_many([]) == []
+
+
+# -- a storage with the core interface only ------------------------------------------------
+
+
+def _core_only() -> Storage:
+    """A storage with the core interface and no capability: each core call goes to a
+    MemoryStorage (its capabilities unreachable)."""
+    from trioqueue import MemoryStorage
+
+    def delegate(name: str) -> Any:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.inner, name)(*args, **kwargs)
+
+        method.__name__ = name
+        return method
+
+    def __init__(self: Any) -> None:
+        Storage.__init__(self)
+        self.inner = MemoryStorage()
+
+    async def _connect(self: Any) -> None:
+        await self.inner.open()
+
+    async def _disconnect(self: Any) -> None:
+        await self.inner.aclose()
+
+    namespace = {name: delegate(name) for name in Storage.__abstractmethods__}
+    core_only = type("CoreOnly", (Storage,), {**namespace, "__init__": __init__, "_connect": _connect, "_disconnect": _disconnect})
+    return core_only()  # type: ignore[no-any-return]
+
+
+async def test_a_storage_with_only_the_core_runs_jobs_and_names_each_missing_capability() -> None:
+    """A backend needs the core alone: a Queue on it runs jobs (worker, reaper, waiters,
+    status, listing). What needs a capability it lacks is refused with a ValidationError
+    naming the capability and the backend, writing nothing; look-ups of what it cannot
+    have answer empty."""
+    from trioqueue import Child
+    from trioqueue.storage._capabilities import capabilities_of
+
+    storage = _core_only()
+    assert capabilities_of(storage) == ()
+    with pytest.raises(ValidationError, match=r"^group_concurrency needs a storage with groups \(the Groups capability\), not CoreOnly$"):
+        Queue(storage, group_concurrency=1)
+    async with Queue(storage, name="q", handler=echo, **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("a", 2) == {"echo": 2, "attempt": 1}
+        assert (await q.list_jobs("completed")).jobs[0].id == "a"
+        refused: list[tuple[Any, str]] = [
+            (lambda: q.enqueue("g", 1, group="x"), "Groups"),
+            (lambda: q.enqueue("t", 1, children=[Child("c", 1)]), "Trees"),
+            (lambda: q.enqueue("d", 1, debounce=1.0), "Debounce"),
+            (lambda: q.schedule("s", every=60), "Schedules"),
+            (lambda: q.pause(), "Administration"),
+            (lambda: q.purge("completed"), "Administration"),
+            (lambda: q.pause_group("x"), "Groups"),
+        ]
+        for call, capability in refused:
+            with pytest.raises(ValidationError, match=rf"needs a storage with .* \(the {capability} capability\), not CoreOnly"):
+                await call()
+        assert [await q.get_status(jid) for jid in ("g", "t", "c", "d")] == [None] * 4
+        assert await q.schedules() == [] and not await q.is_paused() and await q.paused_groups() == []
+        assert await q.children("a") == {}

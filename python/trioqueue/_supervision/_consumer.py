@@ -17,6 +17,7 @@ from ._batch import BatchSettings, BatchWorker
 from ._execution import Attempt, Escalation, Executor, enter_worker
 from ._leases import LeaseKeeper
 from ..storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
+from ..storage._capabilities import NonBlockingStart
 
 if TYPE_CHECKING:
     from ._emitter import Emitter
@@ -91,7 +92,7 @@ class Consumer(LeaseKeeper, BatchWorker):
     (a worker has it: starting or running), ``pending`` (finished, settlement not stored
     yet). Claims fetched for idle workers are started at claim time; the rest (prefetch)
     are reserved, and their attempt is counted just before their handler runs (by a
-    batched :meth:`Storage.start`, or :meth:`Storage.start_nowait` where the storage
+    batched :meth:`Storage.start`, or :meth:`NonBlockingStart.start_nowait` where the storage
     needs no I/O for it), so a crash costs a prefetched job nothing.
 
     Where the workers have lately been settling jobs fast enough that a new claim will
@@ -136,7 +137,7 @@ class Consumer(LeaseKeeper, BatchWorker):
         self.filled = trio.lowlevel.ParkingLot()  # batch workers waiting for the buffer to fill
         self.waking = 0  # workers woken for claims that have not run yet (0 or 1)
         # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
-        self.start_nowait = self.storage.start_nowait if self.storage.supports_start_nowait else None
+        self.start_nowait = self.storage.start_nowait if isinstance(self.storage, NonBlockingStart) else None
         self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
         self.settle_wakeup = trio.lowlevel.ParkingLot()
         self.start_wakeup = trio.lowlevel.ParkingLot()

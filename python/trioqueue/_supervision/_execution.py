@@ -30,6 +30,7 @@ from ._observers import QueueObserver, notify
 from ._pool import Encoded, HandlerProcessError, ProcessPool
 from .._model._serde import Serde, decode_error, encode_error, error_data
 from ..storage._base import Claim, FlowJob, JobRecord, Settlement, SettleKind, Storage, parse_job_state
+from ..storage._capabilities import Trees, require
 
 if TYPE_CHECKING:
     from ._emitter import Emitter
@@ -545,13 +546,15 @@ class Executor:
             raise TrioQueueError(f"add_children for job {job_id!r}: this worker cannot make jobs")
         check_policy(policy, job_id)
         jobs = q.subtree(q.queue, job_id, children)
-        if not await self.storage.add_children(q.queue, q.worker_id, job_id, token, jobs, policy):
+        trees = require(self.storage, Trees, f"add_children for job {job_id!r}")
+        if not await trees.add_children(q.queue, q.worker_id, job_id, token, jobs, policy):
             raise TrioQueueError(f"children of job {job_id!r} not added: this worker no longer holds the job")
 
     async def children_outcomes(self, job_id: str) -> tuple[dict[str, Any], dict[str, JobError]]:
         """``({id: result} of the completed children, {id: error} of the failed and
         cancelled ones)``, results decoded by the queue's result serde."""
-        records: list[tuple[str, JobRecord]] = await self.storage.get_children(self.settings.queue, job_id)
+        trees = require(self.storage, Trees, f"the children of job {job_id!r}")
+        records: list[tuple[str, JobRecord]] = await trees.get_children(self.settings.queue, job_id)
         results: dict[str, Any] = {}
         failures: dict[str, JobError] = {}
         for _, r in records:

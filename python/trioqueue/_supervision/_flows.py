@@ -26,6 +26,7 @@ from .._model._types import (
     JobStatus,
 )
 from ..storage._base import EnqueueOutcome, FlowJob, JobRecord, NewJob, Storage, parse_job_state
+from ..storage._capabilities import Debounce, Groups, Transactions, Trees, require
 from ._execution import encode_value
 from ._observers import QueueObserver, notify
 
@@ -101,8 +102,7 @@ class JobMaker(Generic[P]):
             group = options.get("group")
             if group is not None:
                 group = check.group(group, job=jid)
-                if not self.storage.supports_groups:
-                    raise ValidationError(f"job {jid!r}: {type(self.storage).__name__} has no groups (group=)")
+                require(self.storage, Groups, f"job {jid!r}: group=")
             max_attempts, result_ttl = options.get("max_attempts"), options.get("result_ttl")
             attempts = default_attempts if max_attempts is None else check.positive_int("max_attempts", max_attempts, job=jid)
             ttl = default_ttl if result_ttl is None else check.seconds("result_ttl", result_ttl, job=jid)
@@ -112,8 +112,12 @@ class JobMaker(Generic[P]):
             window = options.get("dedup_window")
             if window is not None:  # the id stays known (its record kept) that long after it ended
                 ttl = max(ttl, check.seconds("dedup_window", window, job=jid))
-            if debounce_of(options, jid) is not None and (run_at is not None or options.get("children") is not None):
-                raise ValidationError(f"debounce cannot be combined with delay, at or children (job {jid!r})")
+            if options.get("children") is not None:
+                require(self.storage, Trees, f"job {jid!r}: children=")
+            if debounce_of(options, jid) is not None:
+                if run_at is not None or options.get("children") is not None:
+                    raise ValidationError(f"debounce cannot be combined with delay, at or children (job {jid!r})")
+                require(self.storage, Debounce, f"job {jid!r}: debounce=")
         data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
@@ -175,7 +179,8 @@ class JobMaker(Generic[P]):
         elif tree is None:
             [outcome] = await self._store_in(None, [new], options)
         else:
-            outcome = self._enqueued([await self.storage.enqueue_flow(tree)])[0]
+            trees = require(self.storage, Trees, f"job {new.id!r}: children=")
+            outcome = self._enqueued([await trees.enqueue_flow(tree)])[0]
         return outcome
 
     async def _store_in(
@@ -188,17 +193,14 @@ class JobMaker(Generic[P]):
         if transaction is None:
             if debounce is None:
                 return self._enqueued(await self.storage.enqueue(self.name, new))
-            return self._enqueued(await self.storage.debounce(self.name, new, *debounce))
+            debouncing = require(self.storage, Debounce, f"job {new[0].id!r}: debounce=")
+            return self._enqueued(await debouncing.debounce(self.name, new, *debounce))
         if debounce is not None:
             raise ValidationError(f"job {new[0].id!r}: debounce cannot be combined with transaction=")
-        if not self.storage.supports_transactions:
-            raise ValidationError(
-                f"job {new[0].id!r}: transaction= needs a storage with transactions (PostgresStorage),"
-                f" not {type(self.storage).__name__}"
-            )
+        storage = require(self.storage, Transactions, f"job {new[0].id!r}: transaction=")
         if tree is not None:
-            return self._enqueued([await self.storage.enqueue_flow_in_transaction(tree, transaction)])
-        return self._enqueued(await self.storage.enqueue_in_transaction(self.name, new, transaction))
+            return self._enqueued([await storage.enqueue_flow_in_transaction(tree, transaction)])
+        return self._enqueued(await storage.enqueue_in_transaction(self.name, new, transaction))
 
     async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
         """The children of a job (a tree's parent, or a job that added children while it
@@ -206,6 +208,8 @@ class JobMaker(Generic[P]):
         decoded by this queue's result serde. ``{}`` for a job without children."""
         jid = check.job_id(job_id)
         self._check_running()
+        if not isinstance(self.storage, Trees):
+            return {}  # no trees: no children
         records = await self.storage.get_children(self.name, jid)
         return {JobRef(q, r.id): self._status(r) for q, r in records}
 

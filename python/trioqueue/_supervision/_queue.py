@@ -50,6 +50,7 @@ from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
 from .._model._serde import JsonSerde, Serde
 from .._model._types import FOREVER_TTL
 from ..storage._base import Storage
+from ..storage._capabilities import Groups, require
 
 __all__ = ["Queue"]
 
@@ -197,8 +198,10 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self.rate_limit = rate_limit
         self.global_concurrency = global_concurrency
         self.group_concurrency, self.group_rate_limit = group_concurrency, group_rate_limit
-        if group_rate_limit is not None and not storage.supports_group_rate:
-            raise ValidationError(f"group_rate_limit needs a storage that keeps it, not {type(storage).__name__}")
+        if group_rate_limit is not None:
+            require(storage, Groups, "group_rate_limit")
+        if group_concurrency is not None:
+            require(storage, Groups, "group_concurrency")
         self._claim_limits = claim_limits(rate_limit, global_concurrency, group_concurrency, group_rate_limit)
         if self._claim_limits is not None:
             if prefetch is not None:

@@ -19,6 +19,7 @@ from ._emitter import Emitter, EventCallback
 from ._observers import QueueObserver, notify
 from ._scheduler import Scheduler
 from ..storage._base import Storage, StorageEvent
+from ..storage._capabilities import Schedules
 
 __all__ = ["LeaderElection", "Reaper"]
 
@@ -96,7 +97,8 @@ class Reaper:
         self._own_events = _emitter is None
         self._events = _emitter or Emitter(self.name)
         self._observers = _observers
-        self._scheduler = Scheduler(storage, self.name, self._events) if scheduler else None
+        # A storage without schedules has none to tick (``Queue.schedule`` needs them).
+        self._scheduler = Scheduler(storage, self.name, self._events) if scheduler and isinstance(storage, Schedules) else None
         self._is_leader = False
         # ``due`` notices: from its own subscription, or (``_fed``) from its Queue's,
         # which calls :meth:`notice_due`

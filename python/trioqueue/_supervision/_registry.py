@@ -18,6 +18,7 @@ from .._model._serde import Serde, decode_error
 from ._listener import level_for
 from ._streams import EventStream, watch
 
+from ..storage._capabilities import Administration, Groups, Schedules, Trees, require
 from ..storage._records import parse_job_state
 
 if TYPE_CHECKING:
@@ -124,8 +125,9 @@ class QueueAdmin(Generic[P]):
         built = Schedule.build(
             name, data, cron=cron, every=every, tz=tz, missed=missed, max_attempts=attempts, result_ttl=ttl
         )
+        storage = require(self.storage, Schedules, f"schedule {name!r}")
         while True:  # read, merge, compare-and-set: a lost race reads the winner's
-            entry = (await self.storage.get_schedules(self.name)).get(name)
+            entry = (await storage.get_schedules(self.name)).get(name)
             stored = None
             if entry is not None:
                 try:
@@ -135,20 +137,22 @@ class QueueAdmin(Generic[P]):
             schedule = built.registered_over(stored)
             if schedule == stored:
                 return schedule  # unchanged: nothing to write
-            if await self.storage.put_schedule(self.name, name, schedule.encode(), None if entry is None else entry[0]):
+            if await storage.put_schedule(self.name, name, schedule.encode(), None if entry is None else entry[0]):
                 return schedule
 
     async def schedules(self) -> list[Schedule]:
         """The queue's schedules, a list sorted by name (each with its ``name``, ``cron`` or
         ``every``, ``tz``, ``missed``, ``last_tick``...)."""
         self._check_running()
+        if not isinstance(self.storage, Schedules):
+            return []  # no storage of schedules: none
         return await Scheduler(self.storage, self.name, self._events).load()
 
     async def unschedule(self, name: str) -> bool:
         """Remove a schedule (jobs already enqueued stay); False if there was none."""
         name = check.job_id(name, "schedule name")
         self._check_running()
-        return await self.storage.remove_schedule(self.name, name)
+        return await require(self.storage, Schedules, "Queue.unschedule").remove_schedule(self.name, name)
 
     @asynccontextmanager
     async def events(
@@ -182,7 +186,7 @@ class QueueAdmin(Generic[P]):
         paused."""
         self._check_running()
         await self._listener.caught_up()
-        changed = await self.storage.set_paused(self.name, True)
+        changed = await require(self.storage, Administration, "Queue.pause").set_paused(self.name, True)
         if self._consumer is not None:
             await self._consumer.pause()  # ours now; other workers hear the notice
         return changed
@@ -191,11 +195,13 @@ class QueueAdmin(Generic[P]):
         """Let workers claim again (waiting ones wake at once); False if it was not paused."""
         self._check_running()
         await self._listener.caught_up()
-        return await self.storage.set_paused(self.name, False)
+        return await require(self.storage, Administration, "Queue.resume").set_paused(self.name, False)
 
     async def is_paused(self) -> bool:
         """Whether claiming on this queue is paused."""
         self._check_running()
+        if not isinstance(self.storage, Administration):
+            return False  # it cannot be paused
         return await self.storage.is_paused(self.name)
 
     async def pause_group(self, group: str) -> bool:
@@ -204,18 +210,20 @@ class QueueAdmin(Generic[P]):
         returns False if the group was already paused."""
         g = check.group(group)
         self._check_running()
-        return await self.storage.set_group_paused(self.name, g, True)
+        return await require(self.storage, Groups, "Queue.pause_group").set_group_paused(self.name, g, True)
 
     async def resume_group(self, group: str) -> bool:
         """Let workers claim the jobs of ``group`` again (waiting ones wake at once);
         False if it was not paused."""
         g = check.group(group)
         self._check_running()
-        return await self.storage.set_group_paused(self.name, g, False)
+        return await require(self.storage, Groups, "Queue.resume_group").set_group_paused(self.name, g, False)
 
     async def paused_groups(self) -> list[str]:
         """The groups of this queue whose claiming is paused (sorted)."""
         self._check_running()
+        if not isinstance(self.storage, Groups):
+            return []  # no groups: none paused
         return await self.storage.paused_groups(self.name)
 
     async def group_counts(self) -> dict[str, dict[str, int]]:
@@ -224,7 +232,7 @@ class QueueAdmin(Generic[P]):
         "processing": n}}``. For inspection (``trioqueue stats --group``): it may scan the
         queue's active jobs."""
         self._check_running()
-        return await self.storage.group_counts(self.name)
+        return await require(self.storage, Groups, "Queue.group_counts").group_counts(self.name)
 
     async def get_status(self, job_id: str) -> JobStatus | None:
         """The job's registry entry, or ``None`` if the id is unknown (or expired); a
@@ -236,7 +244,7 @@ class QueueAdmin(Generic[P]):
         if record is None:
             return None
         status = self._status(record)
-        if record.children:  # a parent: its children's counts by state
+        if record.children and isinstance(self.storage, Trees):  # a parent: its children's counts by state
             status = with_children(status, await self.storage.get_children(self.name, jid))
         return status
 
@@ -258,7 +266,7 @@ class QueueAdmin(Generic[P]):
                 out.append(None)
                 continue
             status = self._status(record)
-            if record.children:
+            if record.children and isinstance(self.storage, Trees):
                 status = with_children(status, await self.storage.get_children(self.name, record.id))
             out.append(status)
         return out
@@ -309,7 +317,7 @@ class QueueAdmin(Generic[P]):
         jid = check.job_id(job_id)
         self._check_running()
         await self._listener.caught_up()
-        return await self.storage.retry_job(self.name, jid, self._new_token())
+        return await require(self.storage, Administration, "Queue.retry").retry_job(self.name, jid, self._new_token())
 
     async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
         """Forget the ``completed``, ``failed`` or ``cancelled`` jobs that entered that
@@ -318,7 +326,7 @@ class QueueAdmin(Generic[P]):
         if older_than is not None:
             older_than = check.non_negative_seconds("older_than", older_than)
         self._check_running()
-        return await self.storage.purge(self.name, kind, older_than=older_than)
+        return await require(self.storage, Administration, "Queue.purge").purge(self.name, kind, older_than=older_than)
 
     async def remove(self, job_id: str) -> bool:
         """Forget a job that is not running (a queued, delayed or failing one never runs);
@@ -326,7 +334,7 @@ class QueueAdmin(Generic[P]):
         jid = check.job_id(job_id)
         self._check_running()
         await self._listener.caught_up()
-        return await self.storage.remove_job(self.name, jid)
+        return await require(self.storage, Administration, "Queue.remove").remove_job(self.name, jid)
 
     async def clear(self, *, schedules: bool = False) -> int:
         """Empty the queue's storage entirely: every job in every state (queued, delayed,
@@ -342,7 +350,7 @@ class QueueAdmin(Generic[P]):
             raise ValidationError(f"schedules must be a bool, got {schedules!r}")
         self._check_running()
         await self._listener.caught_up()
-        return await self.storage.clear(self.name, schedules=schedules)
+        return await require(self.storage, Administration, "Queue.clear").clear(self.name, schedules=schedules)
 
     def _new_token(self) -> str:
         raise NotImplementedError

@@ -4,7 +4,7 @@ A :class:`Schedule` is stored by name in the queue's storage (so every process s
 same set, and they survive restarts). The active reaper of the queue (one per queue, by
 leader election) also runs the scheduler loop: it sleeps until the next tick of any
 schedule (or at most :data:`REFRESH` seconds, to pick up changes made elsewhere), then
-runs each due tick with :meth:`~trioqueue.storage.Storage.tick_schedule`: in one atomic
+runs each due tick with :meth:`~trioqueue.storage.Schedules.tick_schedule`: in one atomic
 step, a tick later than the schedule's recorded last tick enqueues its job, with the
 deterministic id ``<name>@<tick in UTC, ISO 8601>``, and becomes the last tick; a tick
 not later changes nothing. Two schedulers at once, or a failover at any moment, cannot
@@ -47,7 +47,8 @@ from .._model import _validate as check
 from .._core import encode_envelope
 from .._model._errors import ValidationError
 from ._emitter import Emitter
-from ..storage._base import NewJob, Storage
+from ..storage._base import NewJob
+from ..storage._capabilities import Schedules
 
 __all__ = ["MAX_CATCH_UP", "MISFIRE_GRACE", "REFRESH", "Missed", "Schedule", "Scheduler"]
 
@@ -199,7 +200,7 @@ class Schedule:
 class Scheduler:
     """The scheduler loop of one queue (run by its active reaper)."""
 
-    def __init__(self, storage: Storage, queue: str, events: Emitter) -> None:
+    def __init__(self, storage: Schedules, queue: str, events: Emitter) -> None:
         self.storage = storage
         self.queue = queue
         self._events = events

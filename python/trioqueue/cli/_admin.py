@@ -167,13 +167,17 @@ async def admin_command(args: argparse.Namespace) -> int:
     from .._model import _validate as check
     from .._supervision._queue import Queue
     from ..storage import from_url
+    from ..storage._capabilities import Administration, require
 
     if args.command == "migrate":
         return await _migrate(args)
     storage = from_url(args.storage)
     if args.command == "stats":
         async with storage:
-            names = [check.job_id(args.name, "name")] if args.name is not None else await storage.queue_names()
+            if args.name is not None:
+                names = [check.job_id(args.name, "name")]
+            else:
+                names = await require(storage, Administration, "stats of every queue (give --name)").queue_names()
             code = await _stats(args, [Queue(storage, name=n, reaper=False) for n in names])
         return code
     queue: Queue[Any, Any] = Queue(storage, name=args.name, reaper=False)

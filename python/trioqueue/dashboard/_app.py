@@ -18,6 +18,7 @@ from .._model._errors import TrioQueueError, ValidationError
 from .._model._types import JobState
 from ._http import HTTPError, Receive, Request, Response, Scope, Send, local_path, redirect
 from ._hub import Hub
+from ..storage._capabilities import Administration, Groups
 from ._security import AUTH_COOKIE, SESSION_COOKIE, Security
 
 __all__ = ["DashboardApp"]
@@ -292,10 +293,9 @@ class DashboardApp:
     async def _payload(self, queue: Any, job_id: str) -> tuple[bool, Any]:
         """``(shown, payload)``: decoded by the queue's payload serde (JSON by default;
         raw bytes when that fails); not shown when the storage cannot give it."""
-        try:
-            envelope = await queue.storage.get_envelope(queue.name, job_id)
-        except NotImplementedError:
+        if not isinstance(queue.storage, Administration):
             return False, None
+        envelope = await queue.storage.get_envelope(queue.name, job_id)
         if envelope is None:
             return False, None
         try:
@@ -471,7 +471,7 @@ def _quote(text: str) -> str:
 async def _groups(queue: Any) -> list[tuple[str, int, int, bool]]:
     """The queue page's groups: ``(group, queued, processing, paused)``, by name (none
     where the storage has no groups). For a page load: it may scan the active jobs."""
-    if not queue.storage.supports_groups:
+    if not isinstance(queue.storage, Groups):
         return []
     counts = await queue.group_counts()
     paused = set(await queue.paused_groups())

@@ -27,6 +27,7 @@ import trio
 
 from .._supervision._queue import Queue
 from ..storage._base import Storage
+from ..storage._capabilities import Administration, require
 
 __all__ = ["Hub", "Subscriber"]
 
@@ -194,7 +195,8 @@ class Hub:
         if self.fixed_names is not None:
             names = self.fixed_names
         else:
-            names = list(await self.storage.queue_names())
+            storage = require(self.storage, Administration, "the dashboard without queue names (it lists the storage's)")
+            names = list(await storage.queue_names())
         for name in names:
             await self.ensure(name)
 

@@ -1,4 +1,4 @@
-"""Storage backends and the interface they implement."""
+"""Storage backends, the core interface they implement and the capabilities they may have."""
 
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,15 @@ from ._base import (
     Storage,
     StorageEvent,
 )
+from ._capabilities import (
+    Administration,
+    Debounce,
+    Groups,
+    NonBlockingStart,
+    Schedules,
+    Transactions,
+    Trees,
+)
 from ._url import from_url
 from .file import FileStorage
 from .memory._storage import MemoryStorage
@@ -26,10 +35,13 @@ if TYPE_CHECKING:  # imported on first use below; seen by type checkers and the 
 
 __all__ = [
     "NOTICE_KINDS",
+    "Administration",
     "Claim",
     "ClaimLimits",
+    "Debounce",
     "EnqueueOutcome",
     "FileStorage",
+    "Groups",
     "HeartbeatReply",
     "JobRecord",
     "LostClaim",
@@ -37,10 +49,14 @@ __all__ = [
     "PostgresStorage",
     "RedisStorage",
     "NewJob",
+    "NonBlockingStart",
+    "Schedules",
     "Settlement",
     "SettleKind",
     "Storage",
     "StorageEvent",
+    "Transactions",
+    "Trees",
     "from_url",
 ]
 

@@ -1,4 +1,4 @@
-"""The storage interface every backend implements.
+"""The core storage interface: what every backend implements (what a job queue *is*).
 
 A backend stores, for each *queue name*, the reliable-queue structures:
 
@@ -30,11 +30,25 @@ A backend stores, for each *queue name*, the reliable-queue structures:
 
 All methods are async and are Trio checkpoints. Every mutating method is atomic: it either
 happens entirely or not at all (a Lua script on Redis, a lock-protected step in memory,
-a rename on disk, a transaction or a single statement on PostgreSQL). Times are seconds (float); state strings carry wall-clock milliseconds.
+a rename on disk, a transaction or a single statement on PostgreSQL). Times are seconds
+(float); state strings carry wall-clock milliseconds.
 
-To write a backend, subclass :class:`Storage`, implement the abstract methods, and add a
-fixture for it to ``tests/conftest.py``: the conformance suite in ``tests/test_storage*.py``
-then runs against it.
+Each method's docstring ends with its promise, written once here: **Atomic** says what is
+one indivisible step (a crash or a cancellation leaves all of it or none of it), and
+**Fenced** says what a stale caller's call cannot change. Three things fence: the *claim
+token* (unique per claim, made by :meth:`Storage.dequeue`: settle, start, heartbeat's lease
+renewal, progress, adding children), the *worker's processing list* (release), and the
+*lock owner* (leader locks). The incarnation token is not a fence: it tells which
+incarnation an outcome or an event is about.
+
+The core is :class:`Storage` (this module). What a backend may have or not (trees of jobs,
+schedules, groups, debounce, administration, transactions, a start without I/O) is a
+*capability*, an abstract class of :mod:`trioqueue.storage._capabilities` that the backend
+lists among its bases; code that needs one checks ``isinstance(storage, Capability)``.
+
+To write a backend, subclass :class:`Storage` (and the capabilities it has), implement the
+abstract methods, and add a fixture for it to ``tests/conftest.py``: the conformance suite
+then runs against it, each capability's tests only on the backends that have it.
 """
 
 from __future__ import annotations
@@ -54,7 +68,16 @@ __all__ = ["Storage", *_records]
 
 
 class Storage(abc.ABC):
-    """Abstract storage backend. See the module docstring for the data model.
+    """Abstract storage backend: the core every backend implements. See the module
+    docstring for the data model and the atomicity and fencing conventions.
+
+    The core is: enqueue, claim (:meth:`dequeue`, :meth:`start`), settle (:meth:`settle`,
+    :meth:`release`), renew (:meth:`heartbeat`), progress, recover
+    (:meth:`recover_stalled`), status (:meth:`get_job`, :meth:`get_jobs`), list
+    (:meth:`counts`, :meth:`list_jobs`), cancel, the worker registry, leader locks and
+    events (:meth:`subscribe`). The rest are capabilities (``trioqueue.storage``:
+    ``Trees``, ``Schedules``, ``Groups``, ``Debounce``, ``Administration``,
+    ``Transactions``, ``NonBlockingStart``).
 
     Lifecycle: ``async with storage:`` (or ``await storage.open()`` /
     ``await storage.aclose()``). Opening is reference-counted, so several
@@ -113,7 +136,11 @@ class Storage(abc.ABC):
         delayed set (publishing ``enqueued``; waiting claims recompute their wake-up); if
         the id is completed and its result is cached, return it; otherwise return
         ``duplicate`` with the existing state. The same id twice in one batch: the second is
-        a duplicate of the first. Outcomes other than ``queued`` carry the existing token."""
+        a duplicate of the first. Outcomes other than ``queued`` carry the existing token.
+
+        Atomic: each job's step (the check of its id, its record, its place in the ready
+        list or delayed set, its ``enqueued`` event). Fenced: no (nothing is claimed yet);
+        the id deduplicates a repeated call."""
 
     @abc.abstractmethod
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
@@ -129,68 +156,35 @@ class Storage(abc.ABC):
         (it finished first) or ``cancelled``: a retry, a release, a recovery by the reaper
         and a :meth:`start` of a reserved claim all make it ``cancelled`` (publishing
         ``cancelled``). Otherwise return ``completed``, ``failed`` or ``not_found`` and
-        change nothing."""
+        change nothing.
+
+        Atomic: the one step (the new state or cancel request, its event). Fenced: no
+        (anyone may cancel); a holder's later settlement honours the cancel request."""
 
     @abc.abstractmethod
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
-        """The registry entry of a job, with its result/error if terminal and cached."""
+        """The registry entry of a job, with its result/error if terminal and cached.
+
+        Atomic: a read of one consistent record. Fenced: no."""
 
     async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
         """:meth:`get_job` of many ids at once, in order (``None`` for an unknown or
         expired id), in one round trip to the server (Redis: one script, the queue's keys
         sharing a Cluster slot; PostgreSQL: one query) and one consistent snapshot on the
-        backends that have one. This default asks :meth:`get_job` for each id in turn."""
-        return [await self.get_job(queue, jid) for jid in job_ids]
+        backends that have one. This default asks :meth:`get_job` for each id in turn.
 
-    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
-        """The envelope the job was enqueued with (its payload: ``decode_envelope``), or
-        ``None`` if the id is unknown, expired, or its envelope is no longer kept (Redis
-        drops a completed job's envelope; every backend keeps it while the job may still
-        run, and for a failed or cancelled job, which can be retried). For inspection
-        (the dashboard's job page); never on a hot path."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement get_envelope (job payloads)")
+        Atomic: each record is consistent (all of them together where the backend reads a
+        snapshot). Fenced: no."""
+        return [await self.get_job(queue, jid) for jid in job_ids]
 
     @abc.abstractmethod
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         """Set the TTL (from now) of a terminal job's result or error, and of its registry
         entry. ``not_terminal`` if the job is not completed/failed/cancelled,
         ``missing_payload`` if the registry says completed/failed but the result/error is
-        gone."""
+        gone.
 
-    #: ``True`` when :meth:`enqueue_in_transaction` is implemented (PostgreSQL).
-    supports_transactions = False
-
-    async def debounce(
-        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
-    ) -> list[EnqueueOutcome]:
-        """:meth:`enqueue` with a debounce, atomically for each job in order (storage time):
-
-        - if the id is waiting, ``delayed`` or ``queued`` (not claimed), the waiting job
-          takes this job's envelope (its payload and options) and max attempts and result
-          TTL, keeping its incarnation token, priority and creation time; a delayed one
-          becomes due at ``now + delay``, but never later than ``created + max_wait``
-          (``None``: no bound); a queued one (due already) stays queued. Answers
-          ``debounced``, with the state and the token. Nothing is published but a ``due``
-          notice when the due time moved earlier;
-        - otherwise as :meth:`enqueue`, the new job due at ``now + delay``.
-
-        The same id twice in one call: the second debounces the first."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement debounce()")
-
-    async def enqueue_in_transaction(self, queue: str, jobs: Sequence[NewJob], transaction: object) -> list[EnqueueOutcome]:
-        """:meth:`enqueue` inside the application's open ``transaction`` (made by the
-        backend, e.g. ``PostgresStorage.transaction()``): the jobs exist, and claimers are
-        woken, only if and when that transaction commits; a rollback leaves no trace.
-        Only for backends with :attr:`supports_transactions`."""
-        raise NotImplementedError(f"{type(self).__name__} has no transactions (transactional enqueue needs PostgreSQL)")
-
-    async def enqueue_flow_in_transaction(self, jobs: Sequence[FlowJob], transaction: object) -> EnqueueOutcome:
-        """:meth:`enqueue_flow` inside the application's open ``transaction``: the whole
-        tree exists (and claimers of its queues are woken) only if and when that
-        transaction commits. A refused tree (:class:`~trioqueue.FlowError`) writes nothing
-        and leaves the transaction usable. Only for backends with
-        :attr:`supports_transactions`."""
-        raise NotImplementedError(f"{type(self).__name__} has no transactions (transactional enqueue needs PostgreSQL)")
+        Atomic: one step (both TTLs or neither). Fenced: no."""
 
     # -- consumers -------------------------------------------------------------------
 
@@ -211,7 +205,7 @@ class Storage(abc.ABC):
         (:attr:`NewJob.group`; jobs without a group form one group) are served
         round-robin, one job per turn, FIFO within a group: a ring of the groups with ready
         jobs, rotated on each claim, so a claim costs the same whatever the number of
-        groups. A paused group (:meth:`set_group_paused`), and one at its
+        groups. A paused group (:meth:`Groups.set_group_paused`), and one at its
         ``group_concurrency``, leave the ring until resumed or a slot of theirs is freed.
 
         Each claim atomically moves the job from the ready list to ``worker_id``'s
@@ -234,6 +228,14 @@ class Storage(abc.ABC):
         in a way the worker cannot see: a job claimed at the moment of cancellation either
         stays in the ready list or is in the worker's processing list (where
         :meth:`held_jobs` finds it and :meth:`release` gives it back).
+
+        Groups (:attr:`NewJob.group`, ``ClaimLimits.group_concurrency`` and
+        ``group_rate``) are kept only by a backend with the ``Groups`` capability; the
+        callers give them to no other.
+
+        Atomic: each claim (the move, the state, the lease, the new claim token, the
+        attempt of a started claim, the flow-control accounting). Fenced: no; it makes the
+        claim token that fences every later call about the claim.
         """
 
     @abc.abstractmethod
@@ -249,7 +251,12 @@ class Storage(abc.ABC):
         ``worker_id``'s processing list (the reaper recovered it, it was claimed again, or
         never claimed) changes nothing, publishes ``fenced``, and yields ``False`` at its
         index; otherwise ``True``. Idempotent: a settlement whose claim was already settled
-        (a retried call whose first try landed) yields ``True`` and changes nothing."""
+        (a retried call whose first try landed) yields ``True`` and changes nothing.
+
+        Atomic: each settlement (the outcome, the removal from the processing list, the
+        freed flow-control slot, its event; a tree's parent learns of it as
+        ``Trees.enqueue_flow`` says).
+        Fenced: by the claim token, as above."""
 
     @abc.abstractmethod
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
@@ -259,30 +266,26 @@ class Storage(abc.ABC):
         reserved claim's was never counted; with ``refund`` the holder says that none of
         these claims' handlers ran (prefetched claims handed back at shutdown), and a
         started claim's attempt is taken back. Returns how many were released. Used at
-        shutdown and when reconciling after a cancelled claim."""
+        shutdown and when reconciling after a cancelled claim.
 
+        Atomic: each job's release. Fenced: by the worker's processing list: a job that
+        ``worker_id`` no longer holds is left alone (not counted)."""
+
+    @abc.abstractmethod
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         """Count the attempts of reserved claims ``(job_id, claim_token)`` whose handlers are
         about to run: each still held by ``worker_id`` under that claim has its attempt
         counter incremented and becomes started (``True`` at its index). ``False`` (nothing
         changed) when the claim is no longer held: the worker must not run it. A started
-        claim answers ``True`` again. Backends whose :meth:`dequeue` never reserves need not
-        implement it."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement start() (reserved claims)")
+        claim answers ``True`` again (a job with a cancel request: see :meth:`cancel`).
 
-    #: ``True`` when :meth:`start_nowait` is implemented (a backend without I/O).
-    supports_start_nowait = False
-
-    def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
-        """:meth:`start` of one claim as a plain call, for a backend that needs no I/O for
-        it (memory): the consumer then counts each reserved claim's attempt right before
-        its handler, with no batch and no wait. Only called when
-        :attr:`supports_start_nowait` is set."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement start_nowait()")
+        Atomic: each claim's step. Fenced: by the claim token."""
 
     @abc.abstractmethod
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
-        """Ids in ``worker_id``'s processing list."""
+        """Ids in ``worker_id``'s processing list.
+
+        Atomic: a read. Fenced: no."""
 
     @abc.abstractmethod
     async def heartbeat(
@@ -302,17 +305,25 @@ class Storage(abc.ABC):
           else: the reaper put it back or failed it, it was released, or it is
           forgotten. A claim that itself settled the job (its settlement landed first)
           is not lost and not listed. The worker cancels the handlers of lost claims:
-          their outcome would be fenced."""
+          their outcome would be fenced.
+
+        Atomic: the whole call (the registration and every lease renewal) is one step.
+        Fenced: each lease renewal by its claim token (a lost claim is reported, not
+        renewed)."""
 
     @abc.abstractmethod
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
-        """Remove a worker from the registry (its processing list should be empty)."""
+        """Remove a worker from the registry (its processing list should be empty).
+
+        Atomic: one step. Fenced: no."""
 
     @abc.abstractmethod
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         """Live workers: ``worker_id -> heartbeat expiry`` (seconds since the epoch). With
         ``include_expired``, also the registered workers whose heartbeat expired and that
-        :meth:`recover_stalled` has not removed yet (dead, or holding jobs to recover)."""
+        :meth:`recover_stalled` has not removed yet (dead, or holding jobs to recover).
+
+        Atomic: a read. Fenced: no."""
 
     # -- reaper ----------------------------------------------------------------------
 
@@ -330,138 +341,23 @@ class Storage(abc.ABC):
 
         Returns ``([(job_id, "requeued" | "failed" | "cancelled"), ...], next_deadline)`` where
         ``next_deadline`` is the earliest lease deadline or due time still pending (seconds
-        since the epoch), or ``None``: the reaper sleeps until then."""
+        since the epoch), or ``None``: the reaper sleeps until then.
 
+        Atomic: each job's recovery (checked against its lease and its worker in that
+        step, so a recovery and a settlement racing for a claim never both happen: the
+        loser is fenced or finds nothing). Fenced: by the lease: only an expired claim or
+        the claim of a dead worker is recovered."""
+
+    @abc.abstractmethod
     async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
         """Store the serialized ``progress`` of a running job, fenced by its claim token
         (``False``, nothing changed, when ``worker_id`` no longer holds that claim), and
         publish ``progress`` (``result`` carries the value). It is kept in the record
-        (:attr:`JobRecord.progress`) until the job is enqueued again."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement progress")
+        (:attr:`JobRecord.progress`) until the job is enqueued again.
 
-    # -- trees of jobs (flows) -----------------------------------------------------------
+        Atomic: one step (the value and its event). Fenced: by the claim token."""
 
-    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
-        """Write a tree of jobs in ONE atomic step, parents before their children (the
-        root first, ``parent`` ``None``). If the root's id is known (and not cancelled),
-        write nothing and return what :meth:`enqueue` would (``duplicate``/``completed``).
-        Otherwise a job with children enters ``waiting_children:<now>`` (held nowhere: no
-        ready list, no lease), a leaf is queued (or delayed) as :meth:`enqueue` does; each
-        job records its parent, each parent its children, its ``policy`` and how many
-        children are not terminal yet. A child id already known (and not cancelled) on its
-        queue raises :class:`~trioqueue.FlowError` naming it, writing nothing; so does a tree
-        across queues the backend cannot write in one step (Redis Cluster: queues whose
-        keys are in different slots; the error names the root job and the queues).
-
-        From then on, with the transition that makes a child terminal (settle, cancel,
-        recovery: in its atomic step, or through a note that step writes and that is acted
-        on right after, and by the next ``recover_stalled`` after a crash): a completed
-        child (or a failed one under ``ignore``/``continue``) counts as done; once none is left, the parent becomes
-        ``queued`` in its lane (publishing ``promoted``, waking claims). Under ``cancel``,
-        a child failed for good or cancelled fails the parent at once
-        (``ChildJobFailedError``: :func:`child_failed_error`, publishing ``failed``),
-        cancels its queued/delayed/failing siblings and requests the cancellation of its
-        processing ones (as :meth:`cancel` does); a failed parent is a failed child of its
-        own parent, level by level. :meth:`cancel` of a parent cancels every descendant.
-        A terminal child's result and record are kept until its parent is terminal (and
-        then for its own TTL)."""
-        root = jobs[0].job.id if jobs else "?"
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement trees of jobs (job {root!r} has children): nothing was written"
-        )
-
-    async def add_children(
-        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
-    ) -> bool:
-        """Add ``children`` (a subtree list, parents before children; direct children
-        name ``(queue, job_id)`` as parent) to the processing job ``job_id`` held by
-        ``worker_id`` under claim ``token``, atomically as :meth:`enqueue_flow` writes a
-        tree (``FlowError`` for a known id, writing nothing). ``False`` (nothing written)
-        when the claim is no longer held. ``policy`` is the job's ``on_child_failure`` when
-        these are its first children. The job is then settled with
-        :attr:`SettleKind.WAIT_CHILDREN` to wait for them. Under ``cancel``, once one of
-        them failed for good (or was cancelled), any later settlement of the job's runs
-        that would complete it or put it back (``COMPLETE``, ``RETRY``, ``RATE_LIMITED``:
-        a run cut short before it stored ``WAIT_CHILDREN`` runs again, and finds its
-        children ended) fails it as ``WAIT_CHILDREN`` would (``ChildJobFailedError``); a
-        job queued, failing or delayed again then is failed at once by the failure."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not implement trees of jobs (children added to job {job_id!r}): nothing was written"
-        )
-
-    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
-        """The records of a job's children, ``(queue, record)`` in the order they were
-        added (children whose record expired or was removed are left out)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement trees of jobs")
-
-    # -- schedules (cron and periodic jobs) ----------------------------------------------
-
-    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
-        """Create or replace the schedule ``name`` of ``queue`` (``spec`` is opaque bytes
-        made by the scheduler), atomically and only if its stored spec is still
-        ``expected`` (``None``: only if there is no such schedule): a compare-and-set, so
-        that concurrent registrations never overwrite each other unseen. True if written;
-        False (nothing changed) otherwise. Replacing keeps its last tick."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
-
-    async def remove_schedule(self, queue: str, name: str) -> bool:
-        """Delete a schedule (and its last tick); False if there was none."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
-
-    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
-        """Every schedule of ``queue``: ``name -> (spec, last_tick)``, ``last_tick`` in
-        seconds since the epoch (``None`` before the first)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
-
-    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
-        """Run one tick of a schedule, in ONE atomic step: if the schedule exists and
-        ``tick`` is later than its last tick, enqueue ``job`` exactly as :meth:`enqueue`
-        does (dedup by id, ``enqueued`` event, wake-ups; ``None``: a skipped tick, nothing
-        enqueued) and set the last tick to ``tick``: True. Otherwise (``tick`` not later,
-        or the schedule is gone) change nothing: False. A tick thus runs at most once,
-        whatever its job's result TTL and whoever else ticks the schedule."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement schedules")
-
-    # -- flow control ------------------------------------------------------------------
-
-    async def set_paused(self, queue: str, paused: bool) -> bool:
-        """Pause (or resume) claiming on ``queue`` for every worker: while paused,
-        :meth:`dequeue` claims nothing (it waits, up to its timeout; running jobs are not
-        touched); resuming wakes waiting claims at once. Stored in the storage, so every
-        process sees it. Publishes ``paused``/``resumed`` when the flag changed; returns
-        whether it changed."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pause/resume")
-
-    async def is_paused(self, queue: str) -> bool:
-        """Whether claiming on ``queue`` is paused."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement pause/resume")
-
-    # -- groups (fair queuing) ----------------------------------------------------------
-
-    #: ``True`` when the backend keeps groups (:attr:`NewJob.group`): round-robin claims,
-    #: ``ClaimLimits.group_concurrency`` and :meth:`set_group_paused`.
-    supports_groups = False
-    #: ``True`` when :meth:`dequeue` enforces ``ClaimLimits.group_rate``.
-    supports_group_rate = False
-
-    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
-        """Pause (or resume) claiming the jobs of ``group`` on ``queue``, for every worker:
-        while paused, :meth:`dequeue` passes over the group's ready jobs (other groups'
-        are claimed as usual); resuming puts them back in the round-robin and wakes
-        waiting claims. Returns whether the flag changed."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement groups")
-
-    async def paused_groups(self, queue: str) -> list[str]:
-        """The paused groups of ``queue``, sorted."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement groups")
-
-    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
-        """The number of ``queued`` and ``processing`` jobs of each group with any
-        (``group -> {"queued": n, "processing": n}``; jobs without a group under ``""``).
-        For the admin CLI (``stats --group``): it may scan the queue's active jobs."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement groups")
-
-    # -- job registry queries and administration ---------------------------------------
+    # -- status and listing --------------------------------------------------------------
     #
     # Each backend keeps, per queue and per state kind (:data:`STATE_KINDS`), an index of
     # the jobs in that state ordered by when they entered it (memory: an append-only log
@@ -470,18 +366,14 @@ class Storage(abc.ABC):
     # move jobs). A job's envelope is kept until its record expires, so a failed or
     # cancelled job can be retried.
 
+    @abc.abstractmethod
     async def counts(self, queue: str) -> dict[str, int]:
         """The number of jobs of ``queue`` in each state kind: every kind of
-        :data:`STATE_KINDS` is a key (zeros included)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement job counts")
+        :data:`STATE_KINDS` is a key (zeros included).
 
-    async def oldest(self, queue: str, state: str) -> float | None:
-        """When the job that has been in the non-terminal state kind ``state`` (queued,
-        delayed, processing, failing) the longest entered it, in seconds since the epoch
-        (ms precision); ``None`` when no job is in it. ``ValueError`` for another state.
-        Feeds the oldest-job-age gauge of :mod:`trioqueue.metrics`."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement oldest-job look-ups")
+        Atomic: a read (not necessarily one snapshot of every kind). Fenced: no."""
 
+    @abc.abstractmethod
     async def list_jobs(
         self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
     ) -> tuple[list[JobRecord], str | None]:
@@ -491,58 +383,23 @@ class Storage(abc.ABC):
         opaque and stable: paging on while jobs come and go lists every job that stayed in
         the state exactly once, and not the jobs that entered it after the cursor's job.
         Memory stays bounded by ``limit`` whatever the number of jobs. A malformed cursor
-        raises ``ValueError``."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement job listing")
+        raises ``ValueError``.
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
-        """Enqueue a ``failed`` or ``cancelled`` job again with its original envelope, as a
-        new incarnation ``token`` with attempts reset (``queued:<now>``, appended to the
-        ready list, publishing ``enqueued``). False (nothing changed) if the job is not
-        failed or cancelled (or unknown)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement retry of failed jobs")
-
-    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
-        """Forget the jobs in terminal state kind ``state`` (completed, failed, cancelled)
-        that entered it more than ``older_than`` seconds ago (all when ``None``), as if
-        their TTL had run out. Returns how many. Redis works in bounded slices."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement purge")
-
-    async def remove_job(self, queue: str, job_id: str) -> bool:
-        """Forget a job that is not processing: its registry entry, result/error, and its
-        place in the ready list or delayed set (it will never run), publishing
-        ``removed``. False (nothing changed) if the id is unknown or processing."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement remove")
-
-    async def clear(self, queue: str, *, schedules: bool = False) -> int:
-        """Empty ``queue``, atomically: forget every job of it in every state (ready
-        lists, delayed set, processing lists and leases, the registry with results,
-        errors and progress, the state indexes, trees' links) and its flow-control state
-        (rate-limit log, ``RateLimited`` hold, and the groups': rings, claimed slots,
-        ``group_rate`` logs), as if none had ever been enqueued. The pause flag, the paused
-        groups, the worker registry and (unless ``schedules``) the schedules with their
-        last ticks are kept. A worker still running a job of the queue finds its
-        claim gone: its settlement is fenced (changes nothing, publishes ``fenced``) and
-        its heartbeat lists the claim as lost (``recovered``). Trees are not followed across
-        queues: a parent on another queue waiting for a child of this one is not told
-        (cancel or remove it). Publishes ``cleared`` (a notice: waiters re-read the
-        registry and find their job gone). Returns how many jobs were forgotten (records
-        whose TTL had run out but that were not swept yet may be counted)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement clear")
-
-    async def queue_names(self) -> list[str]:
-        """The names of the queues this storage knows (sorted): memory, the queues it has
-        structures for; file, its queue directories; Redis, a set maintained by the
-        producer (each process adds a queue's name once, on its first enqueue)."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement queue names")
+        Atomic: a read of each record (a page is not a snapshot: see the cursors' promise
+        above). Fenced: no."""
 
     @abc.abstractmethod
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take (or, if ``owner`` already holds it, renew) the leader lock ``name`` for
-        ``ttl`` seconds. True if ``owner`` holds it afterwards."""
+        ``ttl`` seconds. True if ``owner`` holds it afterwards.
+
+        Atomic: one compare-and-set step. Fenced: by the owner."""
 
     @abc.abstractmethod
     async def release_lock(self, name: str, owner: str) -> bool:
-        """Release the lock if ``owner`` holds it. True if it did."""
+        """Release the lock if ``owner`` holds it. True if it did.
+
+        Atomic: one compare-and-delete step. Fenced: by the owner."""
 
     # -- events ----------------------------------------------------------------------
 
@@ -560,4 +417,9 @@ class Storage(abc.ABC):
         ``kinds`` is a subset of :data:`NOTICE_KINDS`: such a subscriber (a waiter, a
         worker) must not pay for the other events (Redis publishes the notice kinds on a
         second channel, ``{prefix:queue}:notices``, and subscribes there; memory and file
-        filter before delivering). Use :func:`select_events` to filter."""
+        filter before delivering). Use :func:`select_events` to filter.
+
+        Atomic: every event is published by the atomic step of the transition it reports
+        (never for a step that did not happen; on PostgreSQL, delivered once its
+        transaction commits). A subscriber that misses events (a lost connection, a
+        slow consumer) receives ``resync`` and re-reads what it needs. Fenced: no."""

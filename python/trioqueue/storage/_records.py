@@ -61,7 +61,7 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 DELAYED = "delayed"
 WAITING_CHILDREN = "waiting_children"  # a parent whose children are not all terminal
-# The event of :meth:`Storage.clear`: every job of the queue was forgotten (a notice:
+# The event of :meth:`Administration.clear`: every job of the queue was forgotten (a notice:
 # waiters re-read the registry and find their job gone).
 CLEARED = "cleared"
 
@@ -76,7 +76,7 @@ TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 # and ``due``: a job entered the delayed set (a delayed enqueue, a retry, a rate-limited
 # put-back) due before anything else pending there (``result``: its due time, epoch ms as
 # text), so the reaper, which promotes due jobs, wakes in time; and ``cleared``
-# (:meth:`Storage.clear`: every job of the queue is gone). A subscription asking
+# (:meth:`Administration.clear`: every job of the queue is gone). A subscription asking
 # for some of these only (``subscribe(queue, kinds=NOTICE_KINDS)``) gets none of the
 # per-job traffic (``enqueued``, ``progress``, ``requeued``...).
 NOTICE_KINDS = frozenset(
@@ -290,7 +290,7 @@ class JobRecord:
     progress: bytes | None = None  # the last progress reported by the handler (serialized)
     priority: int = DEFAULT_PRIORITY
     parent: tuple[str, str] | None = None  # a child of a tree: its parent ``(queue, id)``
-    children: int = 0  # a parent: how many children it has (see ``Storage.get_children``)
+    children: int = 0  # a parent: how many children it has (see ``Trees.get_children``)
     group: str | None = None  # its group (``NewJob.group``), ``None`` without one
 
 
@@ -298,7 +298,7 @@ class StorageEvent(NamedTuple):
     """One transition, as published on a queue's event stream.
 
     ``kind`` is one of ``enqueued``, ``completed``, ``failed``, ``failing``, ``requeued``,
-    ``cancelled``, ``stalled``, ``removed`` (:meth:`Storage.remove_job`), ``fenced`` (a settlement refused because the worker no
+    ``cancelled``, ``stalled``, ``removed`` (:meth:`Administration.remove_job`), ``fenced`` (a settlement refused because the worker no
     longer owned the job) or ``resync`` (the stream may have lost events: subscribers must
     re-check what they wait for; ``job_id`` is empty). ``result``/``error`` may carry the
     serialized result or error of ``completed``/``failed`` so that a waiter need not read
@@ -330,7 +330,7 @@ def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | Non
 
 
 class FlowJob(NamedTuple):
-    """One job of a tree (:meth:`Storage.enqueue_flow`, :meth:`Storage.add_children`):
+    """One job of a tree (:meth:`Trees.enqueue_flow`, :meth:`Trees.add_children`):
     the job, the queue it lives on, its ``parent`` ``(queue, id)`` (``None`` for the root)
     and ``policy``, its own ``on_child_failure`` (``cancel``, ``continue``, ``ignore``),
     used when it has children."""

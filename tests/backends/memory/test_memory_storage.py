@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from trioqueue import Job, MemoryStorage, Queue, UpdateTTLStatus
-from trioqueue.storage import Settlement, SettleKind
+from trioqueue.storage import NonBlockingStart, Settlement, SettleKind
 
 from support import Recorder
 
@@ -98,7 +98,7 @@ async def test_start_nowait_counts_a_reserved_claim_like_start() -> None:
     from storage_helpers import W1, job
 
     storage = MemoryStorage()
-    assert storage.supports_start_nowait
+    assert isinstance(storage, NonBlockingStart)
     await storage.heartbeat("q", W1, 30.0, [], 30.0)
     await storage.enqueue("q", [job("a"), job("b"), job("c")])
     a, b, c = await storage.dequeue("q", W1, 3, 0.05, 0.2, 0)

@@ -201,9 +201,6 @@ class AdminOps(FileBase):
 
     # -- groups ---------------------------------------------------------------------------
 
-    supports_groups = True
-    supports_group_rate = True
-
     async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)

@@ -1,4 +1,4 @@
-"""FileStorage's debounced enqueue (:meth:`Storage.debounce`): one locked step per call."""
+"""FileStorage's debounced enqueue (:meth:`~trioqueue.storage.Debounce.debounce`): one locked step per call."""
 
 from __future__ import annotations
 

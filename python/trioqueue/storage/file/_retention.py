@@ -1,4 +1,4 @@
-"""FileStorage's :meth:`~trioqueue.storage.Storage.clear` and count-based retention
+"""FileStorage's :meth:`~trioqueue.storage.Administration.clear` and count-based retention
 (:attr:`~trioqueue.storage.Settlement.keep`), a mixin kept apart from ``_admin.py``.
 
 **Clear**: a queue emptied in one locked section.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._capabilities import Administration, Debounce, Groups, Schedules, Trees
 from ._admin import AdminOps
 from ._claims import ClaimOps
 from ._debounce import DebounceOps
@@ -13,7 +14,20 @@ from ._retention import RetentionOps
 __all__ = ["FileStorage"]
 
 
-class FileStorage(FileFlows, DebounceOps, ClaimOps, RecoveryOps, EventLog, AdminOps, RetentionOps):
+class FileStorage(
+    FileFlows,
+    DebounceOps,
+    ClaimOps,
+    RecoveryOps,
+    EventLog,
+    AdminOps,
+    RetentionOps,
+    Trees,
+    Schedules,
+    Groups,
+    Debounce,
+    Administration,
+):
     """Durable storage in a directory shared by any number of processes on one machine.
 
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power

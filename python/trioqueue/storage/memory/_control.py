@@ -41,9 +41,6 @@ class MemoryControl(Storage):
 
     # -- groups ------------------------------------------------------------------------
 
-    supports_groups = True
-    supports_group_rate = True
-
     async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:

@@ -1,4 +1,4 @@
-"""MemoryStorage's debounced enqueue (:meth:`Storage.debounce`), a mixin kept apart from
+"""MemoryStorage's debounced enqueue (:meth:`~trioqueue.storage.Debounce.debounce`), a mixin kept apart from
 ``_storage.py``: one locked step per call, as an enqueue."""
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import WAITING_CHILDREN as _WAITING
+from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Trees
 from ._admin import MemoryAdmin, _record
 from ._control import MemoryControl
 from ._debounce import MemoryDebounce
@@ -62,7 +63,19 @@ _KEPT = {SettleKind.COMPLETE: _COMPLETED, SettleKind.FAIL: _FAILED}  # Settlemen
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
 
-class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, MemoryControl):
+class MemoryStorage(
+    MemoryRecovery,
+    MemoryFlows,
+    MemoryDebounce,
+    MemoryAdmin,
+    MemoryControl,
+    Trees,
+    Schedules,
+    Groups,
+    Debounce,
+    Administration,
+    NonBlockingStart,
+):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -486,8 +499,6 @@ class MemoryStorage(MemoryRecovery, MemoryFlows, MemoryDebounce, MemoryAdmin, Me
             self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
-
-    supports_start_nowait = True
 
     def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
         with self._lock:

@@ -1,4 +1,4 @@
-"""PostgresStorage's debounced enqueue (:meth:`Storage.debounce`): one transaction per
+"""PostgresStorage's debounced enqueue (:meth:`~trioqueue.storage.Debounce.debounce`): one transaction per
 call, the waiting job's row locked while it is debounced. Two producers debouncing the
 same new id together: the second's insert waits for the first's and, once that commits,
 it debounces the job the first created (it is never a ``duplicate`` of a waiting job)."""

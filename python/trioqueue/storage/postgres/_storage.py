@@ -22,6 +22,7 @@ from .._base import (
     select_events,
     wanted_kinds,
 )
+from .._capabilities import Administration, Debounce, Groups, Schedules, Transactions, Trees
 from ._claims import PostgresClaims
 from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
 from ._conn import Connection, Notification
@@ -35,7 +36,17 @@ from ._schema import migrate, schema_version
 __all__ = ["PostgresStorage"]
 
 
-class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
+class PostgresStorage(
+    PostgresRetention,
+    PostgresDebounce,
+    PostgresClaims,
+    Trees,
+    Schedules,
+    Groups,
+    Debounce,
+    Administration,
+    Transactions,
+):
     """Jobs in PostgreSQL: durable, shared by every process that reaches the database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/dbname?...``) or
@@ -83,8 +94,6 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
             return await schema_version(conn, self.schema)
 
     # -- transactional enqueue ---------------------------------------------------------
-
-    supports_transactions = True
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
@@ -223,9 +232,6 @@ class PostgresStorage(PostgresRetention, PostgresDebounce, PostgresClaims):
             return bool(await conn.fetchval(f"SELECT paused FROM {self._s}.queues WHERE queue = $1", queue))
 
     # -- groups (the ring and its triggers: migration 3 of _schema.py) ---------------------
-
-    supports_groups = True
-    supports_group_rate = True
 
     async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
         async with self.tx(queue) as conn:

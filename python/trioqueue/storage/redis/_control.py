@@ -71,9 +71,6 @@ class RedisControl:
         await trio.lowlevel.checkpoint_if_cancelled()
         return bool(await self._run("pause", queue, ["1" if paused else "0"]))
 
-    supports_groups = True
-    supports_group_rate = True
-
     async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         return bool(await self._run("group_pause", queue, [group, "1" if paused else "0"]))

@@ -42,6 +42,7 @@ from .._base import (
     Storage,
     StorageEvent,
 )
+from .._capabilities import Administration, Debounce, Groups, Schedules, Trees
 from ._coalesce import Coalescer
 from ._sentinel import sentinel_url
 from ._transport import ConnParams, Script, Transport, parse_url
@@ -98,7 +99,18 @@ class _Scripts(dict[str, Script]):
         return script
 
 
-class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdmin, Storage):
+class RedisStorage(
+    RedisEnqueue,
+    RedisFlows,
+    RedisEvents,
+    RedisControl,
+    RedisAdmin,
+    Trees,
+    Schedules,
+    Groups,
+    Debounce,
+    Administration,
+):
     """Storage on Redis >= 7 or Valkey: standalone, Cluster, or a Sentinel service.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
