@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..._drivers.libpq import Connection
 from ..._model._serde import encode_error
 from ..._model._types import JobError
 from .._base import (
@@ -17,7 +18,6 @@ from .._base import (
 )
 from .._flowstate import FlowState
 from ._common import now_ms
-from ._conn import Connection
 from ._jobs import _FRONT, LIVE, PostgresJobs, _due_ms
 
 __all__ = ["PostgresClaims"]

@@ -18,12 +18,10 @@ from typing import Any
 import trio
 
 from ..._core import format_state
+from ..._drivers.libpq import Connection, Hub, Notification, Pool
 from ..._model._errors import ValidationError
 from .._base import NOTICE_KINDS, JobRecord, Storage, StorageEvent
 from .._records import waiting_state
-from ._conn import Connection, Notification
-from ._listen import Hub
-from ._pool import Pool
 from ._schema import check_schema_name, migrate
 
 __all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "new_incarnation", "now_ms", "record", "state_string"]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..._drivers.libpq import Connection
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, NewJob, StorageEvent
 from ._common import now_ms, state_string
-from ._conn import Connection
 from ._jobs import PostgresJobs, _due_ms
 
 __all__ = ["PostgresDebounce"]

@@ -18,11 +18,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..._drivers.libpq import Connection
 from ..._model._errors import FlowError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_failed_error
 from ._common import JOB_COLUMNS, PostgresBase, new_incarnation, now_ms, record
-from ._conn import Connection
 
 __all__ = ["PostgresFlows", "TreeJobTaken"]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from ..._drivers.libpq import Connection, Notification
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from .._base import (
     Claim,
@@ -27,7 +28,6 @@ from .._base import (
 )
 from .._flowstate import FlowState
 from ._common import JOB_COLUMNS, new_incarnation, now_ms, record, state_string
-from ._conn import Connection, Notification
 from ._flows import PostgresFlows
 
 __all__ = ["PostgresJobs"]

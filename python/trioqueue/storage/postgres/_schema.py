@@ -18,8 +18,7 @@ import re
 
 import trio
 
-from ._conn import Connection
-from ._errors import PostgresError
+from ..._drivers.libpq import Connection, PostgresError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema_name", "migrate", "schema_version"]
 

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from ..._drivers.libpq import Connection, Notification, Transaction
 from ..._model._errors import ValidationError
 from .._base import (
     NOTICE_KINDS,
@@ -24,11 +25,9 @@ from .._base import (
 )
 from ._claims import PostgresClaims
 from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
-from ._conn import Connection, Notification
 from ._debounce import PostgresDebounce
 from ._flows import TreeJobTaken
 from ._jobs import LIVE
-from ._pool import Transaction
 from ._retention import PostgresRetention
 from ._schema import migrate, schema_version
 

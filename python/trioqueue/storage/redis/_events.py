@@ -17,9 +17,9 @@ from contextlib import asynccontextmanager
 import trio
 
 from ..._core import decode_events as _decode_events
+from ..._drivers.resp import Subscription, Transport
 from .._base import NOTICE_KINDS, StorageEvent, select_events, wanted_kinds
 from ._control import _ms
-from ._transport import Subscription, Transport
 
 __all__ = ["RedisEvents", "decode_events"]
 

@@ -39,6 +39,7 @@ __all__ = [
     "QUEUE_KEY_NAMES",
     "SCRIPT_NAMES",
     "SMALL",
+    "UNACKED_SCRIPTS",
     "VARIANTS",
     "hash_slot",
     "keys_of",
@@ -130,6 +131,15 @@ SCRIPT_NAMES = (
     "group_pause",
     "group_requeue",
 )
+
+# Scripts after which an acknowledged write waits for no replica: they only read, or what
+# a failover may take of their effect costs no job (a claim lost with the old primary
+# leaves its jobs queued, to run again: at least once; heartbeats are sent again; expired
+# jobs are swept again; the reaper's lock is taken again).
+UNACKED_SCRIPTS = frozenset(
+    {"get_job", "get_jobs", "get_envelope", "counts", "list_jobs", "workers", "schedule_get",
+     "claim", "heartbeat", "sweep", "lock_acquire", "lock_release"}
+)  # fmt: skip
 
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 

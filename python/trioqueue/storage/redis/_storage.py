@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from ..._drivers.resp import ConnParams, Script, Transport, parse_url, sentinel_url
 from ..._model._errors import ValidationError
 from ..._model._types import CancelStatus, UpdateTTLStatus
 from . import _lua
@@ -43,8 +44,6 @@ from .._base import (
     StorageEvent,
 )
 from ._coalesce import Coalescer
-from ._sentinel import sentinel_url
-from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
 from ._control import RedisControl, _ms
 from ._events import RedisEvents, _Sub
@@ -81,10 +80,10 @@ def open_transport(
     own (``client=``, a valkey-glide client); valkey-glide on Cluster."""
     fault = on_fault or (lambda: None)
     if lean and client is None and not params.cluster:
-        from ._lean import LeanTransport
+        from ..._drivers.resp._lean import LeanTransport
 
         return LeanTransport(params, retry_timeout=retry_timeout, on_fault=fault)
-    from ._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
+    from ..._drivers.resp._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
 
     return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
 
@@ -94,7 +93,8 @@ class _Scripts(dict[str, Script]):
     of them took 0.18 s, a CLI command's whole connect, to assemble at once)."""
 
     def __missing__(self, name: str) -> Script:
-        script = self[name] = Script(name, _lua.source(name), _lua.library(name))
+        acked = name not in _lua.UNACKED_SCRIPTS  # with acknowledged writes: wait for a replica
+        script = self[name] = Script(name, _lua.source(name), _lua.library(name), acked=acked)
         return script
 
 
