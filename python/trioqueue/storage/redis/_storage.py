@@ -31,7 +31,7 @@ import trio
 from ..._drivers.resp import ConnParams, Script, Transport, parse_url, sentinel_url
 from ..._model._errors import ValidationError
 from ..._model._types import CancelStatus, UpdateTTLStatus
-from . import _lua
+from . import _keys, _lua
 from .._base import (
     Claim,
     ClaimLimits,
@@ -208,7 +208,7 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
     # -- plumbing ----------------------------------------------------------------------
 
     def _base(self, queue: str) -> str:
-        return _lua.queue_base(self.prefix, queue)
+        return _keys.queue_base(self.prefix, queue)
 
     def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
         """KEYS of queue script ``name``: the queue keys it uses, then ``extra``
@@ -219,11 +219,10 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
         """The last KEYS of the scripts that apply or free flow control (claim, settle,
         release, recover): the rate limit's log, then the flow hash (the RateLimited hold
         ``h``; ``w`` while a claimer waits for a concurrency slot)."""
-        base = self._base(queue)
-        return [base + ":rate", base + ":flow"]
+        return _keys.flow_keys(self._base(queue))
 
     def _plist(self, queue: str, worker_id: str) -> str:
-        return self._base(queue) + ":processing:" + worker_id
+        return _keys.processing_key(self._base(queue), worker_id)
 
     async def _connect(self) -> None:
         await self._transport.connect()
@@ -374,7 +373,7 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
             if claims or timeout <= 0:
                 return claims  # no cancellable checkpoint: claims are never dropped after the fact
         base = self._base(queue)
-        src, dst = base + ":queue", self._plist(queue, worker_id)
+        src, dst = _keys.queue_key(base, "queue"), self._plist(queue, worker_id)
         backoff = 0.05
         while True:
             remaining = give_up - trio.current_time()
@@ -388,7 +387,7 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
                 # which would only take jobs to put them back), then claim again.
                 try:
                     await self._transport.blocking_call(
-                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", base + ":ctl", _text(paused)], block
+                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", _keys.queue_key(base, "ctl"), _text(paused)], block
                     )
                 except Exception:  # StorageError: the server is away; retry within the timeout
                     await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
@@ -499,7 +498,7 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
         base = self._base(queue)
         # The workers whose processing lists the script may touch: declared in KEYS.
         procs, dead = await self._transport.commands(
-            [["SMEMBERS", base + ":procs"], ["ZRANGEBYSCORE", base + ":workers", "-inf", f"{time.time() * 1000:.0f}"]]
+            [["SMEMBERS", _keys.queue_key(base, "procs")], ["ZRANGEBYSCORE", _keys.queue_key(base, "workers"), "-inf", f"{time.time() * 1000:.0f}"]]
         )
         workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
         keys = self._keys("recover", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
@@ -512,7 +511,7 @@ class RedisStorage(RedisEnqueue, RedisFlows, RedisEvents, RedisControl, RedisAdm
         return [(_text(i), _text(s)) for i, s in rec], (float(nd) / 1000 if nd is not None else None)
 
     def _lock_key(self, name: str) -> str:
-        return "{" + self.prefix + ":lock:" + name + "}"
+        return _keys.lock_key(self.prefix, name)
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
