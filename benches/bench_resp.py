@@ -1,4 +1,4 @@
-"""The lean Redis client (``storage/_resp.py``, RESP in Rust) head to head with valkey-glide,
+"""The lean Redis client (``_drivers/resp/_client.py``, RESP in Rust) head to head with valkey-glide,
 under Trio, on one local valkey-server started here (free port, no persistence).
 
 Rounds are interleaved (glide, lean, lean, glide, ...), the median (min–max) of each kept;
@@ -23,8 +23,8 @@ from trioqueue import _core
 from trioqueue.cli._bench import run_bench
 from trioqueue.storage import NewJob
 from trioqueue.storage.redis import RedisStorage
-from trioqueue.storage.redis._resp import RespClient
-from trioqueue.storage.redis._transport import parse_url
+from trioqueue._drivers.resp._client import RespClient
+from trioqueue._drivers.resp._transport import parse_url
 KEYS = [f"{{bench:q}}:k{i}" for i in range(28)]  # as many KEYS as the enqueue script has
 SCRIPT = "redis.call('RPUSH', KEYS[1], ARGV[1]) return 1"
 PAYLOAD = "x" * 52
@@ -157,7 +157,7 @@ def main() -> None:
         "",
         "(For C-1 the ratio is glide's p50 / lean's p50: > 1 means the lean client is faster.)",
         "",
-        "The lean client (`python/trioqueue/storage/redis/_resp.py`) owns one Trio socket per storage,",
+        "The lean client (`python/trioqueue/_drivers/resp/_client.py`) owns one Trio socket per storage,",
         "writes commands as they come (pipelined) and matches replies in order; the caller whose",
         "reply is due reads the socket for everyone (no background task). RESP is encoded and",
         "parsed by the Rust core (`_core.encode_command`, `_core.RespReader`; 4-7x their Python",

@@ -286,7 +286,7 @@ async def test_a_batch_of_reads_waits_out_a_server_that_cannot_serve_yet(lean: b
     error replies in the list of replies, and the reaper crashed on them (TypeError: the
     AOF restart test failed about one run in five). The batch waits, as one command does."""
     from trioqueue.storage.redis._storage import open_transport
-    from trioqueue.storage.redis._transport import ConnParams
+    from trioqueue._drivers.resp._transport import ConnParams
 
     server = RedisServer()
     server.start()

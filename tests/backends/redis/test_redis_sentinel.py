@@ -158,9 +158,12 @@ def test_the_scripts_that_wait_for_no_replica_exist() -> None:
     heartbeats...): a name there that no script has (renamed, removed) would make that
     script wait after all. A new read-only script belongs in the list."""
     from trioqueue.storage.redis import _lua
-    from trioqueue.storage.redis._transport import UNACKED_SCRIPTS
+    from trioqueue.storage.redis._lua import UNACKED_SCRIPTS
 
     assert UNACKED_SCRIPTS <= set(_lua.SCRIPT_NAMES), UNACKED_SCRIPTS - set(_lua.SCRIPT_NAMES)
+    storage = RedisStorage("redis://127.0.0.1:1", replica_ack_timeout=1.0)
+    unacked = {name for name in _lua.SCRIPT_NAMES if not storage._scripts[name].acked}
+    assert unacked == UNACKED_SCRIPTS
 
 
 def test_sentinel_options_that_do_not_go_together_are_refused() -> None:
@@ -311,8 +314,8 @@ async def test_a_primary_forgotten_while_asked_for_is_never_answered_as_none(dep
     ``forget()`` (a failed connection elsewhere) that lands then must not make it answer
     ``None`` (its caller then failed with a TypeError): it asks the sentinels again.
     (The instrument makes the forget land exactly there, on every run.)"""
-    from trioqueue.storage.redis._sentinel import Sentinels
-    from trioqueue.storage.redis._transport import ConnParams
+    from trioqueue._drivers.resp._sentinel import Sentinels
+    from trioqueue._drivers.resp._transport import ConnParams
 
     sentinels = Sentinels(
         ConnParams(

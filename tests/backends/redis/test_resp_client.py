@@ -1,4 +1,4 @@
-"""The lean Redis client (``storage/_resp.py``) against a real server: replies always reach
+"""The lean Redis client (``_drivers/resp/_client.py``) against a real server: replies always reach
 their own caller (under concurrency, cancellation and timeouts), a broken connection fails
 its waiting calls and the next call opens a new one."""
 
@@ -13,8 +13,8 @@ import trio.testing
 from redis_server import raw_command
 from trioqueue import _core
 from trioqueue._model._errors import StorageError
-from trioqueue.storage.redis._transport import parse_url
-from trioqueue.storage.redis._resp import ConnectionLost, ReplyError, RespClient, Subscriber
+from trioqueue._drivers.resp._transport import parse_url
+from trioqueue._drivers.resp._client import ConnectionLost, ReplyError, RespClient, Subscriber
 
 pytestmark = pytest.mark.trio
 

@@ -1,20 +1,25 @@
-"""PostgreSQL storage: a Trio-native driver over libpq (``psycopg.pq``) and its pool.
+"""PostgreSQL storage. Its Trio-native driver over libpq (``psycopg.pq``) and its pool
+are in ``trioqueue._drivers.libpq``; the connection, pool and error classes are
+re-exported here (the application's own SQL runs on :attr:`PostgresStorage.pool`).
 
 Needs the ``postgres`` extra (``pip install -e '.[postgres]'`` in the checkout: psycopg
 with its bundled libpq).
 """
 
-from ._conn import Connection, Notification, Result
-from ._errors import (
+from ..._drivers.libpq import (
     CallTimeout,
+    Connection,
     ConnectionLost,
     DeadlockDetected,
+    Notification,
+    Pool,
     PostgresError,
     QueryCanceled,
+    Result,
     SerializationFailure,
+    Transaction,
     UniqueViolation,
 )
-from ._pool import Pool, Transaction
 from ._schema import SCHEMA_VERSION, migrate
 from ._storage import PostgresStorage
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..._drivers.libpq import Connection
 from ..._model._serde import encode_error
 from ..._model._types import JobError
 from .._base import (
@@ -17,12 +18,10 @@ from .._base import (
 )
 from .._flowstate import FlowState
 from ._common import now_ms
-from ._conn import Connection
-from ._jobs import _FRONT, LIVE, PostgresJobs, _due_ms
+from ._jobs import _FRONT, PostgresJobs, _due_ms
 
 __all__ = ["PostgresClaims"]
 
-_HELD = "state = 'processing' AND worker = $3"
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # cancelled instead if requested
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
 _ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
@@ -34,7 +33,7 @@ class PostgresClaims(PostgresJobs):
 
     async def _first_due(self, conn: Connection, queue: str) -> int | None:
         value = await conn.fetchval(
-            f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')", queue
+            self._sql["first_due"], queue
         )
         return None if value is None else int(value)
 
@@ -63,41 +62,7 @@ class PostgresClaims(PostgresJobs):
         if even that is too long, as a ``resync``."""
         ttl = [float(s.ttl) for s in settlements]
         rows = await self._one_statement(
-            f"""WITH s AS (
-                    SELECT * FROM unnest($3::text[], $4::text[], $5::bytea[], $6::float8[], $7::text[])
-                        WITH ORDINALITY AS u(id, claim, data, ttl, kind, ord)),
-                upd AS (
-                    UPDATE {self._s}.jobs j SET state = s.kind, state_ms = $2,
-                        attempts = j.attempts + (NOT j.started)::int,
-                        result = CASE WHEN s.kind = 'completed' THEN s.data ELSE j.result END,
-                        error = CASE WHEN s.kind = 'failed' THEN s.data ELSE j.error END,
-                        expires_ms = $2 + (s.ttl * 1000)::bigint, worker = NULL, lease_ms = NULL
-                    FROM s WHERE j.queue = $1 AND j.id = s.id AND j.state = 'processing' AND j.worker = $8
-                        AND j.claim = s.claim AND j.parent_id IS NULL AND j.policy IS NULL  -- (trees: the general path)
-                    RETURNING j.id, j.token, s.kind, s.data, s.ord),
-                events AS (  -- each event's entry: with its result/error if it fits, else without, else a resync
-                    SELECT e.ord, CASE WHEN octet_length(e.full) < 7900 THEN e.full
-                                       WHEN octet_length(e.slim) < 7900 THEN e.slim
-                                       ELSE '["resync","",null,null,null,null]' END AS entry
-                    FROM (SELECT upd.ord,
-                            CASE WHEN length(upd.data) <= 6000 THEN json_build_array(upd.kind, upd.id, $8,
-                                CASE WHEN upd.kind = 'completed' THEN encode(upd.data, 'base64') END,
-                                CASE WHEN upd.kind = 'failed' THEN encode(upd.data, 'base64') END,
-                                upd.token)::text END AS full,
-                            json_build_array(upd.kind, upd.id, $8, NULL, NULL, upd.token)::text AS slim
-                          FROM upd) e),
-                packed AS (  -- consecutive entries, up to 3,800 bytes of them from the first on
-                    SELECT ord, entry, CASE WHEN (SELECT max(octet_length(entry)) FROM events) > 3800 THEN ord
-                        ELSE sum(octet_length(entry)) OVER (ORDER BY ord) / 3800 END AS chunk
-                    FROM events),
-                notes AS (
-                    SELECT min(ord) AS first, '{{"n":"' || $9 || '.' || min(ord) || '","e":['
-                        || string_agg(entry, ',' ORDER BY ord) || ']}}' AS payload
-                    FROM packed GROUP BY chunk),
-                sent AS (  -- (volatile: materialized, so evaluated, in order)
-                    SELECT pg_notify($10, n.payload) FROM (SELECT * FROM notes ORDER BY first) n),
-                woke AS (SELECT pg_notify($11, 's') FROM (SELECT 1 FROM upd LIMIT 1) x)  -- 's': slots freed
-                SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM upd""",
+            self._sql["settle_final"],
             queue,
             now_ms(),
             [s.id for s in settlements],
@@ -119,9 +84,7 @@ class PostgresClaims(PostgresJobs):
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
-                    f"SELECT id, state, worker, claim, started, cancel_requested, token, result_ttl,"
-                    f" coalesce(policy = 'cancel' AND cardinality(failed_ids) > 0, false) FROM {self._s}.jobs"
-                    f" WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE} FOR UPDATE",
+                    self._sql["settle_read"],
                     queue,
                     now,
                     list({s.id for s in settlements}),
@@ -183,14 +146,7 @@ class PostgresClaims(PostgresJobs):
                         first_due = due
             if updates:
                 await conn.execute(
-                    f"""UPDATE {self._s}.jobs j SET state = u.state, state_ms = $2, attempts = j.attempts + u.delta,
-                            result = CASE WHEN u.set_result THEN u.data ELSE j.result END,
-                            error = CASE WHEN u.set_error THEN u.data ELSE j.error END,
-                            expires_ms = u.expires, run_at_ms = u.run_at, worker = NULL, lease_ms = NULL
-                        FROM unnest($3::text[], $4::text[], $5::int4[], $6::bool[], $7::bool[], $8::bytea[],
-                                    $9::int8[], $10::int8[]) AS u(id, state, delta, set_result, set_error, data,
-                                    expires, run_at)
-                        WHERE j.queue = $1 AND j.id = u.id""",
+                    self._sql["settle_jobs"],
                     queue,
                     now,
                     *(list(col) for col in zip(*updates, strict=True)),
@@ -205,11 +161,11 @@ class PostgresClaims(PostgresJobs):
 
     async def _hold(self, conn: Connection, queue: str, until_ms: int) -> None:
         """Hold off every claim of ``queue`` until then (``RateLimited``)."""
-        await conn.execute(f"INSERT INTO {self._s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", queue)
-        data = await conn.fetchval(f"SELECT flow FROM {self._s}.queues WHERE queue = $1 FOR UPDATE", queue)
+        await conn.execute(self._sql["queue_row"], queue)
+        data = await conn.fetchval(self._sql["lock_queue_flow"], queue)
         flow = FlowState.loads(data)
         flow.hold_until(until_ms / 1000)
-        await conn.execute(f"UPDATE {self._s}.queues SET flow = $2 WHERE queue = $1", queue, flow.dumps())
+        await conn.execute(self._sql["write_queue_flow"], queue, flow.dumps())
 
     async def _requeue_front(
         self, conn: Connection, queue: str, ids: list[str], now: int, *, refund: bool = False
@@ -217,13 +173,9 @@ class PostgresClaims(PostgresJobs):
         """Put held jobs back before everything else of their lanes, in order."""
         if not ids:
             return
-        base = -int(await conn.fetchval(f"SELECT nextval('{self.schema}.job_seq')")) * _FRONT
+        base = -int(await conn.fetchval(self._sql["next_seq"])) * _FRONT
         await conn.execute(
-            f"""UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, worker = NULL, lease_ms = NULL,
-                    claim = NULL, attempts = j.attempts - CASE WHEN $5 AND j.started THEN 1 ELSE 0 END,
-                    started = false, seq = $4 + u.ord
-                FROM unnest($3::text[]) WITH ORDINALITY AS u(id, ord)
-                WHERE j.queue = $1 AND j.id = u.id""",
+            self._sql["requeue_front"],
             queue,
             now,
             ids,
@@ -238,9 +190,7 @@ class PostgresClaims(PostgresJobs):
         if not ids:
             return
         await conn.execute(
-            f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $2, worker = NULL, lease_ms = NULL,"
-            " started = false, expires_ms = $2 + (result_ttl * 1000)::bigint,"
-            " claim = CASE WHEN $4 THEN NULL ELSE claim END WHERE queue = $1 AND id = ANY($3::text[])",
+            self._sql["cancel_held"],
             queue,
             now,
             ids,
@@ -254,8 +204,7 @@ class PostgresClaims(PostgresJobs):
         async with self.tx() as conn:
             await self.lock_ancestors(conn, queue, list(dict.fromkeys(job_ids)))  # (a cancel may end one)
             rows = await conn.fetch(
-                f"SELECT id, cancel_requested, token FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($4::text[])"
-                f" AND {_HELD} FOR UPDATE",
+                self._sql["release_read"],
                 queue,
                 now,
                 worker_id,
@@ -294,12 +243,7 @@ class PostgresClaims(PostgresJobs):
         or a pause committed meanwhile is seen: the row lock re-checks the job, and the
         general path reads the queue's flag the same way.)"""
         rows = await self._one_statement(
-            f"""UPDATE {self._s}.jobs j SET started = true, attempts = j.attempts + 1
-                FROM unnest($2::text[], $3::text[]) AS c(id, claim)
-                WHERE j.queue = $1 AND j.id = c.id AND j.claim = c.claim AND j.state = 'processing'
-                    AND j.worker = $4 AND NOT j.started AND NOT j.cancel_requested AND j.parent_id IS NULL
-                    AND NOT coalesce((SELECT paused FROM {self._s}.queues WHERE queue = $1), false)
-                RETURNING j.id""",
+            self._sql["start_plain"],
             queue,
             [c[0] for c in claims],
             [c[1] for c in claims],
@@ -316,16 +260,14 @@ class PostgresClaims(PostgresJobs):
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
-                    f"SELECT id, claim, started, cancel_requested, token FROM {self._s}.jobs"
-                    f" WHERE queue = $1 AND id = ANY($4::text[]) AND {_HELD} ORDER BY child_seq NULLS FIRST, id"
-                    " FOR UPDATE",
+                    self._sql["start_read"],
                     queue,
                     now,
                     worker_id,
                     [c[0] for c in claims],
                 )
             }
-            paused = bool(await conn.fetchval(f"SELECT paused FROM {self._s}.queues WHERE queue = $1", queue))
+            paused = bool(await conn.fetchval(self._sql["is_paused"], queue))
             out: list[bool] = []
             start_ids: list[str] = []
             cancel_ids: list[str] = []
@@ -351,8 +293,7 @@ class PostgresClaims(PostgresJobs):
                     out.append(True)
             if start_ids:
                 await conn.execute(
-                    f"UPDATE {self._s}.jobs SET started = true, attempts = attempts + 1"
-                    " WHERE queue = $1 AND id = ANY($2::text[])",
+                    self._sql["start_jobs"],
                     queue,
                     start_ids,
                 )
@@ -369,8 +310,7 @@ class PostgresClaims(PostgresJobs):
         reply = HeartbeatReply([], [])
         async with self.tx() as conn:
             await conn.execute(
-                f"INSERT INTO {self._s}.workers (queue, worker, expires_ms) VALUES ($1, $2, $3)"
-                " ON CONFLICT (queue, worker) DO UPDATE SET expires_ms = EXCLUDED.expires_ms",
+                self._sql["worker_heartbeat"],
                 queue,
                 worker_id,
                 now + int(ttl * 1000),
@@ -384,11 +324,7 @@ class PostgresClaims(PostgresJobs):
             held = {
                 (r[0], r[1]): r[2]
                 for r in await conn.fetch(
-                    f"""UPDATE {self._s}.jobs j SET lease_ms = $2 FROM (
-                            SELECT j.id FROM {self._s}.jobs j JOIN unnest($4::text[], $5::text[]) AS u(id, claim)
-                                ON j.queue = $1 AND j.id = u.id AND j.claim = u.claim
-                            WHERE j.state = 'processing' AND j.worker = $3 FOR NO KEY UPDATE OF j SKIP LOCKED) mine
-                        WHERE j.queue = $1 AND j.id = mine.id RETURNING j.id, j.claim, j.cancel_requested""",
+                    self._sql["renew_leases"],
                     queue,
                     now + int(lease * 1000),
                     worker_id,
@@ -401,8 +337,7 @@ class PostgresClaims(PostgresJobs):
             if (job_id, token) not in held and known.get(job_id) == ("processing", token):
                 async with self.conn() as conn:  # (one row, autocommit: waits holding nothing else)
                     requested = await conn.fetchval(
-                        f"UPDATE {self._s}.jobs SET lease_ms = $2 WHERE queue = $1 AND id = $4 AND {_HELD}"
-                        " AND claim = $5 RETURNING cancel_requested",
+                        self._sql["renew_lease"],
                         queue,
                         now + int(lease * 1000),
                         worker_id,
@@ -429,7 +364,7 @@ class PostgresClaims(PostgresJobs):
         if not ids:
             return {}
         rows = await conn.fetch(
-            f"SELECT id, state, claim FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}",
+            self._sql["claim_states"],
             queue,
             now,
             ids,
@@ -438,12 +373,12 @@ class PostgresClaims(PostgresJobs):
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         async with self.conn() as conn:
-            await conn.execute(f"DELETE FROM {self._s}.workers WHERE queue = $1 AND worker = $2", queue, worker_id)
+            await conn.execute(self._sql["unregister_worker"], queue, worker_id)
 
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         async with self.conn() as conn:
             rows = await conn.fetch(
-                f"SELECT worker, expires_ms FROM {self._s}.workers WHERE queue = $1 AND ($2 OR expires_ms > $3)",
+                self._sql["workers"],
                 queue,
                 include_expired,
                 now_ms(),
@@ -453,8 +388,7 @@ class PostgresClaims(PostgresJobs):
     async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
         async with self.tx() as conn:
             incarnation = await conn.fetchval(
-                f"UPDATE {self._s}.jobs SET progress = $5 WHERE queue = $1 AND id = $4 AND {_HELD} AND claim = $2"
-                " RETURNING token",
+                self._sql["set_progress"],
                 queue,
                 token,
                 worker_id,
@@ -474,22 +408,17 @@ class PostgresClaims(PostgresJobs):
         async with self.tx() as conn:
             # finished jobs whose TTL ran out leave the table, in bounded batches
             await conn.execute(
-                f"DELETE FROM {self._s}.jobs WHERE (queue, id) IN (SELECT queue, id FROM {self._s}.jobs"
-                " WHERE queue = $1 AND expires_ms <= $2 LIMIT 5000 FOR UPDATE SKIP LOCKED)",
+                self._sql["forget_expired"],
                 queue,
                 now,
             )
             events = await self.promote_due(conn, queue, now)
             promoted = bool(events)
-            stalled = f"""FROM {self._s}.jobs j LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
-                    WHERE j.queue = $1 AND j.state = 'processing'
-                      AND (j.lease_ms <= $2 OR w.expires_ms IS NULL OR w.expires_ms <= $2)"""
-            candidates = [r[0] for r in await conn.fetch(f"SELECT j.id {stalled}", queue, now)]
+            candidates = [r[0] for r in await conn.fetch(self._sql["stalled_ids"], queue, now)]
             if candidates:  # a recovery may end a job of a tree: its ancestors first (top-down)
                 await self.lock_ancestors(conn, queue, candidates)
             rows = await conn.fetch(
-                f"""SELECT j.id, j.worker, j.started, j.attempts, j.max_attempts, j.cancel_requested, j.token
-                    {stalled} ORDER BY j.lease_ms FOR UPDATE OF j SKIP LOCKED""",
+                self._sql["lock_stalled"],
                 queue,
                 now,
             )
@@ -520,36 +449,26 @@ class PostgresClaims(PostgresJobs):
             await self._cancel_held(conn, queue, cancel_ids, now, recovered=True)
             if back_ids:
                 await conn.execute(
-                    f"""UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, worker = NULL, lease_ms = NULL,
-                            claim = NULL, started = false, seq = nextval('{self.schema}.job_seq')
-                        FROM unnest($3::text[]) AS u(id) WHERE j.queue = $1 AND j.id = u.id""",
+                    self._sql["requeue_stalled"],
                     queue,
                     now,
                     back_ids,
                 )
             if failed:
                 await conn.execute(
-                    f"""UPDATE {self._s}.jobs j SET state = 'failed', state_ms = $2, worker = NULL, lease_ms = NULL,
-                            claim = NULL, error = u.error, expires_ms = $2 + (j.result_ttl * 1000)::bigint
-                        FROM unnest($3::text[], $4::bytea[]) AS u(id, error) WHERE j.queue = $1 AND j.id = u.id""",
+                    self._sql["fail_stalled"],
                     queue,
                     now,
                     [f[0] for f in failed],
                     [f[1] for f in failed],
                 )
             await conn.execute(
-                f"""DELETE FROM {self._s}.workers w WHERE w.queue = $1 AND w.expires_ms <= $2 AND NOT EXISTS (
-                        SELECT 1 FROM {self._s}.jobs j WHERE j.queue = $1 AND j.state = 'processing'
-                        AND j.worker = w.worker)""",
+                self._sql["forget_dead_workers"],
                 queue,
                 now,
             )
             deadline = await conn.fetchval(
-                f"""SELECT least(
-                        (SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')),
-                        (SELECT min(least(j.lease_ms, coalesce(w.expires_ms, 0))) FROM {self._s}.jobs j
-                         LEFT JOIN {self._s}.workers w ON w.queue = j.queue AND w.worker = j.worker
-                         WHERE j.queue = $1 AND j.state = 'processing'))""",
+                self._sql["next_recovery"],
                 queue,
             )
             await self.publish(conn, queue, events, wake=bool(recovered) or promoted)

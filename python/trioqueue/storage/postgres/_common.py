@@ -18,48 +18,21 @@ from typing import Any
 import trio
 
 from ..._core import format_state
+from ..._drivers.libpq import Connection, Hub, Notification, Pool
 from ..._model._errors import ValidationError
 from .._base import NOTICE_KINDS, JobRecord, Storage, StorageEvent
 from .._records import waiting_state
-from ._conn import Connection, Notification
-from ._listen import Hub
-from ._pool import Pool
 from ._schema import check_schema_name, migrate
+from ._sql import statements
 
-__all__ = ["JOB_COLUMNS", "TREE_RESET", "PostgresBase", "decode_events", "new_incarnation", "now_ms", "record", "state_string"]
+__all__ = ["JOB_COLUMNS", "PostgresBase", "decode_events", "now_ms", "record", "state_string"]
 
-# The columns read to build a JobRecord / state string, in this order.
+# The columns read to build a JobRecord / state string, in this order (the statements of
+# sql/ that read jobs name them so: test_postgres_sql checks).
 JOB_COLUMNS = (
     "id, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at_ms,"
     " parent_queue, parent_id, nchildren, grp"
 )
-# an upsert's SET list forgetting an earlier incarnation's place in a tree
-TREE_RESET = (
-    "parent_queue = NULL, parent_id = NULL, parent_token = NULL, child_seq = NULL, policy = NULL, pending = NULL,"
-    " nchildren = 0, failed_ids = NULL, failed_errors = NULL"
-)
-# ... or taking the inserted row's place in its tree
-_TREE_TAKEN = (
-    "parent_queue = EXCLUDED.parent_queue, parent_id = EXCLUDED.parent_id, parent_token = EXCLUDED.parent_token,"
-    " child_seq = EXCLUDED.child_seq, policy = EXCLUDED.policy, pending = EXCLUDED.pending,"
-    " nchildren = EXCLUDED.nchildren, failed_ids = NULL, failed_errors = NULL"
-)
-
-
-def new_incarnation(now: str, *, tree: bool = False) -> str:
-    """An enqueue's ``ON CONFLICT (queue, id) DO UPDATE SET`` list: the row of a cancelled
-    or forgotten incarnation becomes the inserted one, every field from ``EXCLUDED`` or
-    reset (``now``: the parameter holding the call's time; ``tree``: the inserted row's
-    place in a tree too, else none)."""
-    return (
-        f"state = EXCLUDED.state, state_ms = {now}, created_ms = {now}, priority = EXCLUDED.priority,"
-        " grp = EXCLUDED.grp, seq = EXCLUDED.seq, run_at_ms = EXCLUDED.run_at_ms, token = EXCLUDED.token,"
-        " envelope = EXCLUDED.envelope, attempts = 0, max_attempts = EXCLUDED.max_attempts,"
-        " result_ttl = EXCLUDED.result_ttl, worker = NULL, claim = NULL, claims = 0, started = false,"
-        " lease_ms = NULL, cancel_requested = false, result = NULL, error = NULL, progress = NULL,"
-        f" expires_ms = NULL, {_TREE_TAKEN if tree else TREE_RESET}"
-    )
-
 _PAYLOAD_MAX = 7000  # NOTIFY payloads must stay under 8000 bytes
 _EVENTS_MAX = 80  # events a payload at most (fewer when they are longer: halved to fit)
 _nonce = itertools.count()
@@ -154,7 +127,8 @@ class PostgresBase(Storage):
         self.schema = check_schema_name(schema)
         self.auto_migrate = migrate
         self.poll_interval = poll_interval
-        self._s = f'"{schema}"'
+        self._s = f'"{schema}"'  # the quoted schema name
+        self._sql = statements(self.schema)  # the statements of sql/ by name, for this schema
         self._pool_size = pool_size
         self._reconnect_timeout = reconnect_timeout
         self.synchronous_commit = synchronous_commit
@@ -275,7 +249,7 @@ class PostgresBase(Storage):
             await conn.execute("BEGIN")
             try:
                 if queue is not None and queue not in self._known_queues:
-                    await conn.execute(f"INSERT INTO {self._s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING", queue)
+                    await conn.execute(self._sql["queue_row"], queue)
                 yield conn
             except BaseException:
                 with trio.CancelScope(shield=True):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..._drivers.libpq import Connection
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, NewJob, StorageEvent
 from ._common import now_ms, state_string
-from ._conn import Connection
 from ._jobs import PostgresJobs, _due_ms
 
 __all__ = ["PostgresDebounce"]
@@ -44,10 +44,7 @@ class PostgresDebounce(PostgresJobs):
                         outcomes += out
                         continue
                 row = await conn.fetchrow(
-                    f"""UPDATE {self._s}.jobs SET envelope = $3, max_attempts = $4, result_ttl = $5,
-                            run_at_ms = CASE WHEN state = 'delayed'
-                                THEN LEAST($6::int8, COALESCE(created_ms + $7::int8, $6::int8)) ELSE run_at_ms END
-                        WHERE queue = $1 AND id = $2 RETURNING state, state_ms, run_at_ms, token""",
+                    self._sql["debounce"],
                     queue,
                     job.id,
                     job.envelope,
@@ -69,7 +66,7 @@ class PostgresDebounce(PostgresJobs):
         """The state and due time of ``job_id`` if it waits (``delayed``/``queued``), its
         row locked until the transaction ends; ``None`` if it is not there or not waiting."""
         found = await conn.fetchrow(
-            f"SELECT state, run_at_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $2 FOR UPDATE", queue, job_id
+            self._sql["waiting"], queue, job_id
         )
         if found is None or found[0] not in ("delayed", "queued"):
             return None

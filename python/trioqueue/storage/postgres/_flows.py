@@ -18,18 +18,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..._drivers.libpq import Connection
 from ..._model._errors import FlowError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_failed_error
-from ._common import JOB_COLUMNS, PostgresBase, new_incarnation, now_ms, record
-from ._conn import Connection
+from ._common import PostgresBase, now_ms, record
 
 __all__ = ["PostgresFlows", "TreeJobTaken"]
 
-_LIVE = "(expires_ms IS NULL OR expires_ms > $2)"
 _TERMINAL = ("completed", "failed", "cancelled")
 _CANCELLABLE = ("queued", "delayed", "failing", "waiting_children")
-_KEYS = "(queue, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 
 
 class TreeJobTaken(Exception):
@@ -86,8 +84,7 @@ class PostgresFlows(PostgresBase):
         meanwhile (the caller rolls back, then asks :meth:`flow_taken`)."""
         root = jobs[0]
         row = await conn.fetchrow(
-            f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE}"
-            " AND state <> 'cancelled'",
+            self._sql["write_flow"],
             root.queue,
             now,
             root.job.id,
@@ -106,7 +103,7 @@ class PostgresFlows(PostgresBase):
         if taken.key != (root.queue, root.job.id):
             raise FlowError(f"job {taken.key[1]!r} already exists on queue {taken.key[0]!r}: a tree's jobs must be new")
         row = await conn.fetchrow(
-            f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE}",
+            self._sql["get_job"],
             root.queue,
             now,
             root.job.id,
@@ -131,8 +128,7 @@ class PostgresFlows(PostgresBase):
     ) -> bool:
         async with self.tx(queue) as conn:
             incarnation = await conn.fetchval(
-                f"SELECT token FROM {self._s}.jobs WHERE queue = $1 AND id = $2 AND state = 'processing'"
-                " AND worker = $3 AND claim = $4 FOR UPDATE",
+                self._sql["add_children"],
                 queue,
                 job_id,
                 worker_id,
@@ -154,8 +150,7 @@ class PostgresFlows(PostgresBase):
         taken: set[tuple[str, str]] = set()
         if check:
             rows = await conn.fetch(
-                f"SELECT queue, id FROM {self._s}.jobs WHERE {_KEYS} AND {_LIVE.replace('$2', '$3')}"
-                " AND state <> 'cancelled'",
+                self._sql["taken_keys"],
                 [fj.queue for fj in check],
                 [fj.job.id for fj in check],
                 now,
@@ -171,7 +166,7 @@ class PostgresFlows(PostgresBase):
             seen.add(key)
         queues = list(dict.fromkeys(fj.queue for fj in jobs))
         await conn.execute(
-            f"INSERT INTO {self._s}.queues (queue) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", queues
+            self._sql["queue_rows"], queues
         )
         counts: dict[tuple[str, str], int] = {}
         for fj in jobs:
@@ -182,8 +177,7 @@ class PostgresFlows(PostgresBase):
             tokens[parent[0], parent[1]] = parent[2]
             added = counts.get((parent[0], parent[1]), 0)
             await conn.execute(
-                f"UPDATE {self._s}.jobs SET policy = coalesce(policy, $3), pending = coalesce(pending, 0) + $4,"
-                " nchildren = nchildren + $4 WHERE queue = $1 AND id = $2",
+                self._sql["add_to_parent"],
                 parent[0],
                 parent[1],
                 parent[3],
@@ -202,15 +196,7 @@ class PostgresFlows(PostgresBase):
             n = counts.get(key)
             # (a job committed since the check is left alone; a replaced row takes its place in the tree)
             written = await conn.fetchval(
-                f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
-                        token, envelope, max_attempts, result_ttl, parent_queue, parent_id, parent_token, child_seq,
-                        policy, pending, nchildren, grp)
-                    VALUES ($1, $2, $3, $4, $4, $5, nextval('{self.schema}.job_seq'), $6, $7, $8, $9, $10, $11, $12,
-                        $13, CASE WHEN $12::text IS NULL THEN NULL ELSE nextval('{self.schema}.job_seq') END,
-                        $14, $15, coalesce($15, 0), $16)
-                    ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$4', tree=True)}
-                    WHERE j.state = 'cancelled' OR j.expires_ms <= $4
-                    RETURNING true""",
+                self._sql["insert_tree_jobs"],
                 fj.queue,
                 job.id,
                 state,
@@ -238,9 +224,7 @@ class PostgresFlows(PostgresBase):
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         async with self.conn() as conn:
             rows = await conn.fetch(
-                f"""SELECT queue, {JOB_COLUMNS} FROM {self._s}.jobs WHERE parent_queue = $1 AND parent_id = $3
-                        AND parent_token = (SELECT token FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE})
-                        AND {_LIVE} ORDER BY child_seq""",
+                self._sql["get_children"],
                 queue,
                 now_ms(),
                 job_id,
@@ -256,23 +240,14 @@ class PostgresFlows(PostgresBase):
         statement finds the ancestors level by level and locks them farthest first
         (then by queue and id; ``ORDER BY`` runs before the row locks)."""
         parents = await conn.fetch(
-            f"SELECT DISTINCT parent_queue, parent_id FROM {self._s}.jobs"
-            " WHERE queue = $1 AND id = ANY($2::text[]) AND parent_id IS NOT NULL",
+            self._sql["parents_of"],
             queue,
             list(ids),
         )
         if not parents:
             return
         await conn.fetch(
-            f"""WITH RECURSIVE up(queue, id, depth) AS (
-                    SELECT *, 1 FROM unnest($1::text[], $2::text[])
-                  UNION
-                    SELECT j.parent_queue, j.parent_id, up.depth + 1 FROM up
-                    JOIN {self._s}.jobs j ON j.queue = up.queue AND j.id = up.id
-                    WHERE j.parent_id IS NOT NULL AND up.depth < 64),
-                anc AS (SELECT queue, id, max(depth) AS depth FROM up GROUP BY queue, id)
-                SELECT 1 FROM {self._s}.jobs j JOIN anc ON j.queue = anc.queue AND j.id = anc.id
-                ORDER BY anc.depth DESC, j.queue, j.id FOR UPDATE OF j""",
+            self._sql["lock_ancestors"],
             [p[0] for p in parents],
             [p[1] for p in parents],
         )
@@ -308,7 +283,7 @@ class PostgresFlows(PostgresBase):
         """A processing job settled ``WAIT_CHILDREN`` (now ``waiting_children``)."""
         events = _Events()
         row = await conn.fetchrow(
-            f"SELECT policy, pending, coalesce(cardinality(failed_ids), 0) FROM {self._s}.jobs WHERE queue = $1 AND id = $2",
+            self._sql["waited"],
             queue,
             job_id,
         )
@@ -326,8 +301,7 @@ class PostgresFlows(PostgresBase):
 
     async def _ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int, events: _Events) -> None:
         rows = await conn.fetch(
-            f"SELECT id, state, error, parent_queue, parent_id, parent_token, policy, token FROM {self._s}.jobs"
-            " WHERE queue = $1 AND id = ANY($2::text[]) AND (parent_id IS NOT NULL OR policy IS NOT NULL)",
+            self._sql["ended"],
             queue,
             list(ids),
         )
@@ -342,9 +316,7 @@ class PostgresFlows(PostgresBase):
     async def _release_results(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
         """The parent ended: its ended children's results go by their own TTLs."""
         await conn.execute(
-            f"UPDATE {self._s}.jobs SET expires_ms = $4 + (result_ttl * 1000)::bigint WHERE parent_queue = $1"
-            " AND parent_id = $2 AND parent_token = $3 AND expires_ms IS NULL"
-            " AND state IN ('completed', 'failed', 'cancelled')",
+            self._sql["release_results"],
             queue,
             job_id,
             token,
@@ -363,7 +335,7 @@ class PostgresFlows(PostgresBase):
     ) -> None:
         jid, state, error, pq, pid, ptok = child
         prow = await conn.fetchrow(
-            f"SELECT state, policy, token FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {_LIVE} FOR UPDATE",
+            self._sql["child_ended"],
             pq,
             now,
             pid,
@@ -372,11 +344,10 @@ class PostgresFlows(PostgresBase):
             return  # the parent ended first (or is gone): the child keeps its own TTL
         pstate, policy, _ = prow
         if not removed:  # kept while the parent may read it
-            await conn.execute(f"UPDATE {self._s}.jobs SET expires_ms = NULL WHERE queue = $1 AND id = $2", queue, jid)
+            await conn.execute(self._sql["keep_parent"], queue, jid)
         if state != "completed":
             pending = await conn.fetchval(
-                f"UPDATE {self._s}.jobs SET pending = pending - 1, failed_ids = array_append(failed_ids, $3),"
-                " failed_errors = array_append(failed_errors, $4) WHERE queue = $1 AND id = $2 RETURNING pending",
+                self._sql["parent_child_failed"],
                 pq,
                 pid,
                 jid,
@@ -390,7 +361,7 @@ class PostgresFlows(PostgresBase):
                 return
         else:
             pending = await conn.fetchval(
-                f"UPDATE {self._s}.jobs SET pending = pending - 1 WHERE queue = $1 AND id = $2 RETURNING pending", pq, pid
+                self._sql["parent_child_done"], pq, pid
             )
         if pending == 0 and pstate == "waiting_children":
             if await self._ancestor_ended(conn, pq, pid):
@@ -405,15 +376,14 @@ class PostgresFlows(PostgresBase):
         transaction, or committed before it, or comes after it; a parent whose last child
         ended is released only when none is on its way."""
         row = await conn.fetchrow(
-            f"SELECT parent_queue, parent_id, parent_token FROM {self._s}.jobs WHERE queue = $1 AND id = $2", queue, job_id
+            self._sql["parent_key"], queue, job_id
         )
         for _ in range(64):  # (as lock_ancestors' depth)
             if row is None or row[1] is None:
                 return False
             pq, pid, ptok = row
             prow = await conn.fetchrow(
-                f"SELECT state, token, parent_queue, parent_id, parent_token FROM {self._s}.jobs"
-                " WHERE queue = $1 AND id = $2",
+                self._sql["parent_of"],
                 pq,
                 pid,
             )
@@ -427,9 +397,7 @@ class PostgresFlows(PostgresBase):
     async def _cancel_waiting(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         """Cancel a waiting parent (locked) whose ancestor's cancel cascade is on its way."""
         token = await conn.fetchval(
-            f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $3, run_at_ms = NULL, worker = NULL,"
-            " lease_ms = NULL, expires_ms = $3 + (result_ttl * 1000)::bigint"
-            " WHERE queue = $1 AND id = $2 AND state = 'waiting_children' RETURNING token",
+            self._sql["cancel_waiting"],
             queue,
             job_id,
             now,
@@ -440,14 +408,13 @@ class PostgresFlows(PostgresBase):
 
     async def _fail_parent(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         row = await conn.fetchrow(
-            f"SELECT failed_ids, failed_errors, token FROM {self._s}.jobs WHERE queue = $1 AND id = $2", queue, job_id
+            self._sql["parent_failures"], queue, job_id
         )
         assert row is not None  # (locked by the caller)
         ids, errors, token = row
         error = child_failed_error(job_id, [(i, bytes(e or b"")) for i, e in zip(ids or [], errors or [], strict=True)])
         await conn.execute(
-            f"UPDATE {self._s}.jobs SET state = 'failed', state_ms = $3, worker = NULL, lease_ms = NULL, run_at_ms = NULL,"
-            " error = $4, expires_ms = $3 + (result_ttl * 1000)::bigint WHERE queue = $1 AND id = $2",
+            self._sql["fail_parent"],
             queue,
             job_id,
             now,
@@ -459,8 +426,7 @@ class PostgresFlows(PostgresBase):
     async def _children_done(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         """Every child of a waiting parent ended: queue it (at the back of its lane)."""
         token = await conn.fetchval(
-            f"UPDATE {self._s}.jobs SET state = 'queued', state_ms = $3, run_at_ms = NULL,"
-            f" seq = nextval('{self.schema}.job_seq') WHERE queue = $1 AND id = $2 RETURNING token",
+            self._sql["children_done"],
             queue,
             job_id,
             now,
@@ -474,18 +440,14 @@ class PostgresFlows(PostgresBase):
         their descendants): a waiting, queued, delayed or failing one at once, a
         processing one by a cancel request to its worker."""
         rows = await conn.fetch(
-            f"SELECT queue, id, policy FROM {self._s}.jobs WHERE parent_queue = $1 AND parent_id = $2"
-            " AND parent_token = $3 AND state NOT IN ('completed', 'failed', 'cancelled') ORDER BY child_seq FOR UPDATE",
+            self._sql["cancel_children"],
             queue,
             job_id,
             token,
         )
         for cq, cid, policy in rows:
             row = await conn.fetchrow(  # (a nested step may have ended it meanwhile)
-                f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $3, run_at_ms = NULL, worker = NULL,"
-                " lease_ms = NULL, expires_ms = $3 + (result_ttl * 1000)::bigint"
-                " WHERE queue = $1 AND id = $2 AND state IN ('queued', 'delayed', 'failing', 'waiting_children')"
-                " RETURNING token",
+                self._sql["cancel_child"],
                 cq,
                 cid,
                 now,
@@ -495,8 +457,7 @@ class PostgresFlows(PostgresBase):
                 await self._ended(conn, cq, [cid], now, events)
                 continue
             row = await conn.fetchrow(
-                f"SELECT token, worker, cancel_requested FROM {self._s}.jobs WHERE queue = $1 AND id = $2"
-                " AND state = 'processing'",
+                self._sql["running_child"],
                 cq,
                 cid,
             )
@@ -507,6 +468,6 @@ class PostgresFlows(PostgresBase):
                 await self._cancel_children(conn, cq, cid, ctoken, now, events)
             if not requested:
                 await conn.execute(
-                    f"UPDATE {self._s}.jobs SET cancel_requested = true WHERE queue = $1 AND id = $2", cq, cid
+                    self._sql["request_cancel"], cq, cid
                 )
                 events.add(cq, StorageEvent("cancel_requested", cid, worker, token=ctoken))

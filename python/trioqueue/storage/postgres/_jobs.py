@@ -15,6 +15,7 @@ from typing import Any
 
 import trio
 
+from ..._drivers.libpq import Connection, Notification
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from .._base import (
     Claim,
@@ -26,13 +27,11 @@ from .._base import (
     ttl_update_status,
 )
 from .._flowstate import FlowState
-from ._common import JOB_COLUMNS, new_incarnation, now_ms, record, state_string
-from ._conn import Connection, Notification
+from ._common import now_ms, record, state_string
 from ._flows import PostgresFlows
 
 __all__ = ["PostgresJobs"]
 
-LIVE = "(expires_ms IS NULL OR expires_ms > $2)"  # with $2 = now (ms): rows not yet forgotten
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
 
 
@@ -41,14 +40,6 @@ def _group_args(limits: ClaimLimits | None) -> list[int]:
     if limits is None:
         return [0, 0, 1000]
     return [limits.group_concurrency, limits.group_rate, max(1, math.ceil(limits.group_per * 1000))]
-
-
-def _ring_has(s: str) -> str:
-    """Whether queue $1's ring has groups, through group_ring's primary key: ``EXISTS``
-    may be planned as a sequential scan (through other queues' rows) or on group_ring_turn,
-    whose front is the dead entries the turns left since the last VACUUM (many pages with
-    thousands of groups); no other index gives this order."""
-    return f"(SELECT true FROM {s}.group_ring WHERE queue = $1 ORDER BY queue, priority, grp LIMIT 1) IS NOT NULL"
 
 
 def _due_ms(at_ms: int) -> bytes:
@@ -87,15 +78,7 @@ class PostgresJobs(PostgresFlows):
         notify = ", ".join(f"pg_notify(${9 + 2 * i}, ${10 + 2 * i})" for i in range(len(pairs)))
         async with self.conn() as conn:
             inserted = await conn.fetchval(
-                f"""WITH ins AS (
-                        INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq,
-                            token, envelope, max_attempts, result_ttl)
-                        VALUES ($1, $3, 'queued', $2, $2, $4, nextval('{self.schema}.job_seq'), $5, $6, $7, $8)
-                        ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$2')}
-                        WHERE j.state = 'cancelled' OR j.expires_ms <= $2
-                        RETURNING id),
-                    sent AS (SELECT {notify} FROM ins)  -- (volatile: materialized, so evaluated)
-                    SELECT (SELECT count(*) FROM ins) + 0 * (SELECT count(*) FROM sent)""",
+                self._sql["enqueue_one"].replace("{notify}", notify),  # (one pg_notify a pair)
                 queue,
                 now,
                 job.id,
@@ -109,8 +92,7 @@ class PostgresJobs(PostgresFlows):
             if inserted:
                 return EnqueueOutcome(EnqueueStatus.QUEUED)
             row = await conn.fetchrow(
-                f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}"
-                " AND state <> 'cancelled'",
+                self._sql["live_job"],
                 queue,
                 now,
                 job.id,
@@ -127,8 +109,7 @@ class PostgresJobs(PostgresFlows):
         existing = {
             row[0]: row
             for row in await conn.fetch(
-                f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}"
-                " AND state <> 'cancelled'",
+                self._sql["live_jobs"],
                 queue,
                 now,
                 ids,
@@ -146,20 +127,11 @@ class PostgresJobs(PostgresFlows):
             first_due = None
             if delayed:
                 first_due = await conn.fetchval(
-                    f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')", queue
+                    self._sql["first_due"], queue
                 )
             run_at = [math.ceil(j.run_at * 1000) if j in delayed and j.run_at is not None else None for j in new]
             rows = await conn.fetch(
-                f"""INSERT INTO {self._s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq, run_at_ms,
-                        token, envelope, max_attempts, result_ttl, grp)
-                    SELECT $1, u.id, CASE WHEN u.run_at IS NULL THEN 'queued' ELSE 'delayed' END, $2, $2, u.priority,
-                        nextval('{self.schema}.job_seq'), u.run_at, u.token, u.env, u.max, u.ttl, u.grp
-                    FROM unnest($3::text[], $4::int2[], $5::int8[], $6::text[], $7::bytea[], $8::int4[],
-                                $9::float8[], $10::text[]) WITH ORDINALITY AS u(id, priority, run_at, token, env, max, ttl, grp, ord)
-                    ORDER BY u.ord  -- (seq in the batch's order: nextval runs after the sort)
-                    ON CONFLICT (queue, id) DO UPDATE SET {new_incarnation('$2')}
-                    WHERE j.state = 'cancelled' OR j.expires_ms <= $2
-                    RETURNING id""",
+                self._sql["enqueue_rows"],
                 queue,
                 now,
                 [j.id for j in new],
@@ -175,8 +147,7 @@ class PostgresJobs(PostgresFlows):
             raced = [i for i in accepted if i not in inserted]
             if raced:  # another producer enqueued the id meanwhile: a duplicate of theirs
                 for row in await conn.fetch(
-                    f"SELECT {JOB_COLUMNS}, expires_ms FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[])"
-                    f" AND {LIVE}",
+                    self._sql["live_jobs_raced"],
                     queue,
                     now,
                     raced,
@@ -220,8 +191,7 @@ class PostgresJobs(PostgresFlows):
         async with self.tx() as conn:
             await self.lock_ancestors(conn, queue, [job_id])
             row = await conn.fetchrow(
-                f"SELECT state, worker, token, cancel_requested, result_ttl, policy FROM {self._s}.jobs"
-                f" WHERE queue = $1 AND id = $3 AND {LIVE} FOR UPDATE",
+                self._sql["cancel_read"],
                 queue,
                 now,
                 job_id,
@@ -231,8 +201,7 @@ class PostgresJobs(PostgresFlows):
             state, worker, token, requested, ttl, policy = row
             if state in ("queued", "failing", "delayed", "waiting_children"):
                 await conn.execute(
-                    f"UPDATE {self._s}.jobs SET state = 'cancelled', state_ms = $2, run_at_ms = NULL,"
-                    " expires_ms = $2 + ($4 * 1000)::bigint WHERE queue = $1 AND id = $3",
+                    self._sql["cancel_job"],
                     queue,
                     now,
                     job_id,
@@ -246,7 +215,7 @@ class PostgresJobs(PostgresFlows):
             if state == "processing":
                 if not requested:
                     await conn.execute(
-                        f"UPDATE {self._s}.jobs SET cancel_requested = true WHERE queue = $1 AND id = $2", queue, job_id
+                        self._sql["request_cancel"], queue, job_id
                     )
                     await self.publish(conn, queue, [StorageEvent("cancel_requested", job_id, worker, token=token)])
                 if policy is not None:
@@ -257,14 +226,14 @@ class PostgresJobs(PostgresFlows):
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         async with self.conn() as conn:
             row = await conn.fetchrow(
-                f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}", queue, now_ms(), job_id
+                self._sql["get_job"], queue, now_ms(), job_id
             )
         return None if row is None else record(row)
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         async with self.conn() as conn:
             env = await conn.fetchval(
-                f"SELECT envelope FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE}", queue, now_ms(), job_id
+                self._sql["get_envelope"], queue, now_ms(), job_id
             )
         return None if env is None else bytes(env)
 
@@ -272,7 +241,7 @@ class PostgresJobs(PostgresFlows):
         now = now_ms()
         async with self.tx() as conn:
             row = await conn.fetchrow(
-                f"SELECT state, result, error FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE} FOR UPDATE",
+                self._sql["update_result_ttl"],
                 queue,
                 now,
                 job_id,
@@ -281,7 +250,7 @@ class PostgresJobs(PostgresFlows):
             if refused is not None:
                 return refused
             await conn.execute(
-                f"UPDATE {self._s}.jobs SET expires_ms = $2 + ($4 * 1000)::bigint WHERE queue = $1 AND id = $3",
+                self._sql["set_expiry"],
                 queue,
                 now,
                 job_id,
@@ -295,14 +264,7 @@ class PostgresJobs(PostgresFlows):
         """Move the due jobs of the delayed set to the back of their lanes (in due order);
         the events to publish (``requeued`` for a retry, ``promoted`` for a delayed job)."""
         rows = await conn.fetch(
-            f"""WITH due AS (
-                    SELECT id, state, run_at_ms FROM {self._s}.jobs
-                    WHERE queue = $1 AND state IN ('delayed', 'failing') AND run_at_ms <= $2
-                    ORDER BY run_at_ms, seq LIMIT 1000 FOR UPDATE SKIP LOCKED)
-                UPDATE {self._s}.jobs j SET state = 'queued', state_ms = $2, run_at_ms = NULL,
-                    seq = nextval('{self.schema}.job_seq')
-                FROM due WHERE j.queue = $1 AND j.id = due.id
-                RETURNING j.id, due.state, j.token, due.run_at_ms""",
+            self._sql["promote_due"],
             queue,
             now,
         )
@@ -332,36 +294,26 @@ class PostgresJobs(PostgresFlows):
             events = await self.promote_due(conn, queue, now)
             limited = limits is not None and (limits.rate or limits.concurrency)
             row = await conn.fetchrow(
-                f"SELECT paused, flow FROM {self._s}.queues WHERE queue = $1" + (" FOR UPDATE" if limited else ""), queue
+                self._sql["queue_flow_for_update" if limited else "queue_flow"], queue
             )
             paused, flow_data = row if row is not None else (False, None)
             flow = FlowState.loads(flow_data)
             held = 0
             if limits is not None and limits.concurrency:
                 held = await conn.fetchval(
-                    f"SELECT count(*) FROM {self._s}.jobs WHERE queue = $1 AND state = 'processing'", queue
+                    self._sql["processing_count"], queue
                 )
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
             grouped = await conn.fetchval(
-                f"""SELECT {_ring_has(self._s)}
-                    OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2)""",
+                self._sql["queue_grouped"],
                 queue,
                 now,
             )
             if grouped:  # the groups' turns (see group_pick in the schema)
-                sql = f"""SELECT rn, 0, id, envelope, attempts, claim, started
-                    FROM {self._s}.group_claim($1, $3::int, $7::int, $2, $4, $5, $6::int, $8::int, $9::int8)"""
+                sql = self._sql["claim_grouped"]
             else:
-                sql = f"""WITH picked AS (
-                            SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued' AND grp IS NULL
-                            ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
-                        numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked)
-                        UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
-                            claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
-                            started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
-                        FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                        RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started"""
+                sql = self._sql["claim_plain"]
             if allow:
                 rows = await conn.fetch(
                     sql,
@@ -378,16 +330,16 @@ class PostgresJobs(PostgresFlows):
                 if claims and limits is not None and limits.rate:
                     flow.claimed(limits, now / 1000, len(claims))
                     await conn.execute(
-                        f"UPDATE {self._s}.queues SET flow = $2 WHERE queue = $1", queue, flow.dumps()
+                        self._sql["write_queue_flow"], queue, flow.dumps()
                     )
             await self.publish(conn, queue, events)
             wake_at: float | None = 0.0 if claims else None  # (claimed: not known, see dequeue)
             if not claims:
                 due = await conn.fetchval(
-                    f"SELECT min(run_at_ms) FROM {self._s}.jobs WHERE queue = $1 AND state IN ('delayed', 'failing')",
+                    self._sql["first_due"],
                     queue,
                 )
-                rest = await conn.fetchval(f"SELECT min(due_ms) FROM {self._s}.group_sleep WHERE queue = $1", queue)
+                rest = await conn.fetchval(self._sql["group_sleep_first"], queue)
                 candidates = [
                     t
                     for t in (flow.wake, None if due is None else due / 1000, None if rest is None else rest / 1000)
@@ -406,40 +358,8 @@ class PostgresJobs(PostgresFlows):
         ``grouped``: ``group_pick`` picks in the groups' turn order (with the group limits
         of ``limits``), else jobs without a group in (priority, seq) order, and nothing
         while groups have ready jobs. Also returns whether the queue's ring has groups."""
-        if grouped:  # (group_claim: see the schema)
-            claim_sql = f"""claimed AS (
-                    SELECT g.rn, 0::bigint AS seq, g.id, g.envelope, g.attempts, g.claim, g.started
-                    FROM {self._s}.group_claim($1, CASE WHEN (SELECT open FROM gate) THEN $3::int ELSE 0 END, $7::int,
-                        $2, $4, $5, $6::int, $8::int, $9::int8) g)"""
-        else:
-            claim_sql = f"""picked AS (
-                    SELECT id, priority, seq FROM {self._s}.jobs WHERE queue = $1 AND state = 'queued'
-                        AND grp IS NULL AND (SELECT open FROM gate) AND NOT (SELECT grouped FROM ring)
-                    ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
-                numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
-                claimed AS (
-                    UPDATE {self._s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
-                        claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
-                        started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
-                    FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                    RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)"""
         rows = await self._one_statement(
-            f"""WITH q AS (
-                    SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
-                    FROM {self._s}.queues WHERE queue = $1),
-                due AS (SELECT min(run_at_ms) AS at FROM {self._s}.jobs
-                        WHERE queue = $1 AND state IN ('delayed', 'failing')),
-                ring AS (SELECT {_ring_has(self._s)}
-                    OR EXISTS (SELECT 1 FROM {self._s}.group_sleep WHERE queue = $1 AND due_ms <= $2) AS grouped),
-                gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)
-                            AND coalesce((SELECT hold FROM q), 0) * 1000 <= $2
-                            AND coalesce((SELECT at FROM due), 9e18) > $2 AS open),
-                {claim_sql}
-                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
-                UNION ALL
-                SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
-                    (SELECT paused FROM q), (SELECT grouped FROM ring),
-                    (SELECT min(due_ms) FROM {self._s}.group_sleep WHERE queue = $1)""",
+            self._sql["claim_fast_grouped" if grouped else "claim_fast_plain"],  # (group_claim: see the schema)
             queue,
             now,
             max_jobs,
@@ -537,6 +457,6 @@ class PostgresJobs(PostgresFlows):
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         async with self.conn() as conn:
             rows = await conn.fetch(
-                f"SELECT id FROM {self._s}.jobs WHERE queue = $1 AND state = 'processing' AND worker = $2", queue, worker_id
+                self._sql["held_jobs"], queue, worker_id
             )
         return [r[0] for r in rows]

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 
 from .._base import CLEARED, JobRecord, SettleKind, Settlement, StorageEvent
 from ._claims import PostgresClaims
-from ._common import JOB_COLUMNS, now_ms, record
-from ._jobs import LIVE
+from ._common import now_ms, record
 
 __all__ = ["PostgresRetention"]
 
@@ -51,18 +50,7 @@ class PostgresRetention(PostgresClaims):
                     # in the event or the job ended over READ_BACK_GRACE ago; else it runs
                     # out READ_BACK_GRACE after it ended (its waiter reads it back).
                     await conn.execute(
-                        f"""WITH past AS (
-                                SELECT id, state_ms, coalesce(octet_length(
-                                    CASE WHEN state = 'completed' THEN result ELSE error END), 0) AS size
-                                FROM {self._s}.jobs WHERE queue = $1 AND state = $2
-                                ORDER BY state_ms DESC, id DESC OFFSET $3),
-                            gone AS (
-                                DELETE FROM {self._s}.jobs j USING past p
-                                WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL AND j.nchildren = 0
-                                    AND (p.size <= $4 OR p.state_ms <= $5 - $6))
-                            UPDATE {self._s}.jobs j SET expires_ms = least(j.expires_ms, p.state_ms + $6)
-                            FROM past p WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL
-                                AND j.nchildren = 0 AND p.size > $4 AND p.state_ms > $5 - $6""",
+                        self._sql["trim_retained"],
                         queue,
                         state,
                         keep,
@@ -77,7 +65,7 @@ class PostgresRetention(PostgresClaims):
             return []
         async with self.conn() as conn:  # one query, one snapshot
             rows = await conn.fetch(
-                f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND {LIVE}",
+                self._sql["get_jobs"],
                 queue,
                 now_ms(),
                 list(job_ids),
@@ -87,12 +75,13 @@ class PostgresRetention(PostgresClaims):
 
     async def clear(self, queue: str, *, schedules: bool = False) -> int:
         async with self.tx() as conn:  # one transaction: all or nothing, with its event
-            res = await conn.execute(f"DELETE FROM {self._s}.jobs WHERE queue = $1", queue)
-            await conn.execute(f"UPDATE {self._s}.queues SET flow = NULL WHERE queue = $1", queue)
-            for table in ("group_ring", "full_groups", "group_claims", "group_sleep"):  # (paused groups are kept)
-                await conn.execute(f"DELETE FROM {self._s}.{table} WHERE queue = $1", queue)
+            res = await conn.execute(self._sql["clear_jobs"], queue)
+            await conn.execute(self._sql["clear_queue_flow"], queue)
+            # the groups' rows (paused groups are kept)
+            for name in ("clear_group_ring", "clear_full_groups", "clear_group_claims", "clear_group_sleep"):
+                await conn.execute(self._sql[name], queue)
             if schedules:
-                await conn.execute(f"DELETE FROM {self._s}.schedules WHERE queue = $1", queue)
+                await conn.execute(self._sql["clear_schedules"], queue)
             # (a wake-up too: claims waiting for a concurrency slot look again)
             await self.publish(conn, queue, [StorageEvent(CLEARED, "")], wake=True)
         return res.rowcount

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from ..._drivers.libpq import Connection, Notification, Transaction
 from ..._model._errors import ValidationError
 from .._base import (
     NOTICE_KINDS,
@@ -24,12 +25,9 @@ from .._base import (
 )
 from .._capabilities import Administration, Debounce, Groups, Schedules, Transactions, Trees
 from ._claims import PostgresClaims
-from ._common import JOB_COLUMNS, TREE_RESET, decode_events, now_ms, record
-from ._conn import Connection, Notification
+from ._common import decode_events, now_ms, record
 from ._debounce import PostgresDebounce
 from ._flows import TreeJobTaken
-from ._jobs import LIVE
-from ._pool import Transaction
 from ._retention import PostgresRetention
 from ._schema import migrate, schema_version
 
@@ -152,7 +150,7 @@ class PostgresStorage(
         (schema version 5), not at once: an uncommitted ring entry would hold up every
         other enqueue of the group and every settlement putting it back in the rings
         until the application's transaction ends."""
-        await conn.execute(f"SET CONSTRAINTS {self._s}.jobs_group_moved DEFERRED")
+        await conn.execute(self._sql["defer_group_entries"])
 
     def _own_transaction(self, transaction: object, first: str | None) -> Connection:
         """The connection of ``transaction``, one of this storage's, still open
@@ -174,7 +172,7 @@ class PostgresStorage(
             return
         async with self.conn() as own:
             await own.execute(
-                f"INSERT INTO {self._s}.queues (queue) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING", missing
+                self._sql["queue_rows"], missing
             )
         self._known_queues.update(missing)
 
@@ -221,7 +219,7 @@ class PostgresStorage(
     async def set_paused(self, queue: str, paused: bool) -> bool:
         async with self.tx(queue) as conn:
             changed = await conn.fetchval(
-                f"UPDATE {self._s}.queues SET paused = $2 WHERE queue = $1 AND paused <> $2 RETURNING true", queue, paused
+                self._sql["set_paused"], queue, paused
             )
             if changed:
                 await self.publish(conn, queue, [StorageEvent("paused" if paused else "resumed", "")], wake=True)
@@ -229,7 +227,7 @@ class PostgresStorage(
 
     async def is_paused(self, queue: str) -> bool:
         async with self.conn() as conn:
-            return bool(await conn.fetchval(f"SELECT paused FROM {self._s}.queues WHERE queue = $1", queue))
+            return bool(await conn.fetchval(self._sql["is_paused"], queue))
 
     # -- groups (the ring and its triggers: migration 3 of _schema.py) ---------------------
 
@@ -237,27 +235,26 @@ class PostgresStorage(
         async with self.tx(queue) as conn:
             if paused:
                 changed = await conn.fetchval(
-                    f"INSERT INTO {self._s}.paused_groups VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING true", queue, group
+                    self._sql["pause_group"], queue, group
                 )
             else:
                 changed = await conn.fetchval(
-                    f"DELETE FROM {self._s}.paused_groups WHERE queue = $1 AND grp = $2 RETURNING true", queue, group
+                    self._sql["resume_group"], queue, group
                 )
                 if changed:  # back in the rings (it left them while paused), and claimers wake
-                    await conn.execute(f"SELECT {self._s}.group_requeue($1, $2)", queue, group)
+                    await conn.execute(self._sql["group_requeue"], queue, group)
                     await self.publish(conn, queue, [], wake=True)
         return bool(changed)
 
     async def paused_groups(self, queue: str) -> list[str]:
         async with self.conn() as conn:
-            rows = await conn.fetch(f"SELECT grp FROM {self._s}.paused_groups WHERE queue = $1 ORDER BY grp", queue)
+            rows = await conn.fetch(self._sql["paused_groups"], queue)
         return [r[0] for r in rows]
 
     async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
         async with self.conn() as conn:
             rows = await conn.fetch(
-                f"""SELECT coalesce(grp, ''), state, count(*) FROM {self._s}.jobs
-                    WHERE queue = $1 AND state IN ('queued', 'processing') GROUP BY 1, 2""",
+                self._sql["group_counts"],
                 queue,
             )
         out: dict[str, dict[str, int]] = {}
@@ -271,9 +268,7 @@ class PostgresStorage(
         now = now_ms()
         async with self.conn() as conn:
             got = await conn.fetchval(
-                f"""INSERT INTO {self._s}.locks AS l (name, owner, expires_ms) VALUES ($1, $2, $3)
-                    ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms
-                    WHERE l.owner = EXCLUDED.owner OR l.expires_ms <= $4 RETURNING true""",
+                self._sql["acquire_lock"],
                 name,
                 owner,
                 now + int(ttl * 1000),
@@ -284,7 +279,7 @@ class PostgresStorage(
     async def release_lock(self, name: str, owner: str) -> bool:
         async with self.conn() as conn:
             gone = await conn.fetchval(
-                f"DELETE FROM {self._s}.locks WHERE name = $1 AND owner = $2 AND expires_ms > $3 RETURNING true",
+                self._sql["release_lock"],
                 name,
                 owner,
                 now_ms(),
@@ -297,15 +292,14 @@ class PostgresStorage(
         async with self.tx(queue) as conn:
             if expected is None:
                 ok = await conn.fetchval(
-                    f"INSERT INTO {self._s}.schedules (queue, name, spec) VALUES ($1, $2, $3)"
-                    " ON CONFLICT DO NOTHING RETURNING true",
+                    self._sql["put_schedule"],
                     queue,
                     name,
                     spec,
                 )
             else:
                 ok = await conn.fetchval(
-                    f"UPDATE {self._s}.schedules SET spec = $3 WHERE queue = $1 AND name = $2 AND spec = $4 RETURNING true",
+                    self._sql["replace_schedule"],
                     queue,
                     name,
                     spec,
@@ -316,19 +310,19 @@ class PostgresStorage(
     async def remove_schedule(self, queue: str, name: str) -> bool:
         async with self.conn() as conn:
             gone = await conn.fetchval(
-                f"DELETE FROM {self._s}.schedules WHERE queue = $1 AND name = $2 RETURNING true", queue, name
+                self._sql["remove_schedule"], queue, name
             )
         return bool(gone)
 
     async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
         async with self.conn() as conn:
-            rows = await conn.fetch(f"SELECT name, spec, last_tick FROM {self._s}.schedules WHERE queue = $1", queue)
+            rows = await conn.fetch(self._sql["get_schedules"], queue)
         return {name: (bytes(spec), last) for name, spec, last in rows}
 
     async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
         async with self.tx(queue) as conn:
             row = await conn.fetchrow(
-                f"SELECT last_tick FROM {self._s}.schedules WHERE queue = $1 AND name = $2 FOR UPDATE", queue, name
+                self._sql["tick_schedule"], queue, name
             )
             if row is None or (row[0] is not None and tick <= row[0]):
                 return False
@@ -336,7 +330,7 @@ class PostgresStorage(
                 _, events = await self.enqueue_in(conn, queue, [job], now_ms())
                 await self.publish(conn, queue, events, wake=bool(events))
             await conn.execute(
-                f"UPDATE {self._s}.schedules SET last_tick = $3 WHERE queue = $1 AND name = $2", queue, name, float(tick)
+                self._sql["schedule_ticked"], queue, name, float(tick)
             )
         return True
 
@@ -347,7 +341,7 @@ class PostgresStorage(
 
         async with self.conn() as conn:
             rows = await conn.fetch(
-                f"SELECT state, count(*) FROM {self._s}.jobs WHERE queue = $1 AND {LIVE} GROUP BY state", queue, now_ms()
+                self._sql["counts"], queue, now_ms()
             )
         found = dict(rows)
         return {k: int(found.get(k, 0)) for k in STATE_KINDS}
@@ -356,7 +350,7 @@ class PostgresStorage(
         check_active_kind(state)
         async with self.conn() as conn:
             ms = await conn.fetchval(
-                f"SELECT min(state_ms) FROM {self._s}.jobs WHERE queue = $1 AND state = $2", queue, state
+                self._sql["oldest"], queue, state
             )
         return None if ms is None else ms / 1000
 
@@ -374,8 +368,7 @@ class PostgresStorage(
         async with self.conn() as conn:
             if after is None:
                 rows = await conn.fetch(
-                    f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND {LIVE} AND state = $3"
-                    " ORDER BY state_ms DESC, id DESC LIMIT $4",
+                    self._sql["list_jobs"],
                     queue,
                     now_ms(),
                     state,
@@ -383,8 +376,7 @@ class PostgresStorage(
                 )
             else:
                 rows = await conn.fetch(
-                    f"SELECT {JOB_COLUMNS} FROM {self._s}.jobs WHERE queue = $1 AND {LIVE} AND state = $3"
-                    " AND (state_ms, id) < ($5, $6) ORDER BY state_ms DESC, id DESC LIMIT $4",
+                    self._sql["list_jobs_after"],
                     queue,
                     now_ms(),
                     state,
@@ -403,11 +395,7 @@ class PostgresStorage(
         now = now_ms()
         async with self.tx(queue) as conn:
             done = await conn.fetchval(
-                f"""UPDATE {self._s}.jobs SET state = 'queued', state_ms = $2, token = $4, attempts = 0,
-                        seq = nextval('{self.schema}.job_seq'), claim = NULL, claims = 0, started = false,
-                        cancel_requested = false, result = NULL, error = NULL, progress = NULL, expires_ms = NULL,
-                        run_at_ms = NULL, worker = NULL, lease_ms = NULL, {TREE_RESET}
-                    WHERE queue = $1 AND id = $3 AND state IN ('failed', 'cancelled') AND {LIVE} RETURNING true""",
+                self._sql["retry_job"],
                 queue,
                 now,
                 job_id,
@@ -423,7 +411,7 @@ class PostgresStorage(
         cutoff = now if older_than is None else now - int(older_than * 1000)
         async with self.conn() as conn:
             res = await conn.execute(
-                f"DELETE FROM {self._s}.jobs WHERE queue = $1 AND state = $2 AND state_ms <= $3", queue, state, cutoff
+                self._sql["purge"], queue, state, cutoff
             )
         return res.rowcount
 
@@ -432,8 +420,7 @@ class PostgresStorage(
         async with self.tx() as conn:
             await self.lock_ancestors(conn, queue, [job_id])
             row = await conn.fetchrow(
-                f"DELETE FROM {self._s}.jobs WHERE queue = $1 AND id = $3 AND {LIVE} AND state <> 'processing'"
-                " RETURNING id, state, parent_queue, parent_id, parent_token, policy, token",
+                self._sql["remove_job"],
                 queue,
                 now,
                 job_id,
@@ -446,7 +433,7 @@ class PostgresStorage(
 
     async def queue_names(self) -> list[str]:
         async with self.conn() as conn:
-            rows = await conn.fetch(f"SELECT queue FROM {self._s}.queues ORDER BY queue")
+            rows = await conn.fetch(self._sql["queue_names"])
         return [r[0] for r in rows]
 
     def __repr__(self) -> str:

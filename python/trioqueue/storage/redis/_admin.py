@@ -20,6 +20,7 @@ import trio
 
 from .._base import STATE_KINDS, JobRecord, check_active_kind, check_state_kind
 from .._cursor import decode_cursor, encode_cursor
+from ._keys import names_key, queue_key
 
 __all__ = ["RedisAdmin"]
 
@@ -59,10 +60,10 @@ class RedisAdmin:
         raise NotImplementedError
 
     def _states_key(self, queue: str) -> str:
-        return self._base(queue) + ":states"
+        return queue_key(self._base(queue), "states")
 
     def _names_key(self) -> str:
-        return "{" + self.prefix + ":}:queues"
+        return names_key(self.prefix)
 
     async def _register_name(self, queue: str) -> None:
         """Add ``queue`` to the set of names, once per process (before its first enqueue)."""
@@ -141,7 +142,7 @@ class RedisAdmin:
 
     async def clear(self, queue: str, *, schedules: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
-        procs_key = self._base(queue) + ":procs"
+        procs_key = queue_key(self._base(queue), "procs")
         while True:
             # The processing lists the script unlinks are declared in KEYS (Cluster, ACLs):
             # read their workers first; the script refuses (-1) if one was added meanwhile.

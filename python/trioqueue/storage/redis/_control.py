@@ -15,6 +15,7 @@ import trio
 from ..._model._types import DEFAULT_PRIORITY
 from .._base import NewJob
 from ._admin import _text
+from ._keys import queue_key
 
 __all__ = ["RedisControl", "enqueue_args"]
 
@@ -77,7 +78,7 @@ class RedisControl:
 
     async def paused_groups(self, queue: str) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        names = await self._transport.command(["SMEMBERS", self._base(queue) + ":gpaused"])
+        names = await self._transport.command(["SMEMBERS", queue_key(self._base(queue), "gpaused")])
         return sorted(n.decode("utf-8", "surrogatepass") for n in names or ())
 
     async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
@@ -87,9 +88,9 @@ class RedisControl:
         out: dict[str, dict[str, int]] = {}
         cursor = b"0"
         while True:
-            cursor, flat = await self._transport.command(["HSCAN", base + ":meta", cursor, "COUNT", "1000"])
+            cursor, flat = await self._transport.command(["HSCAN", queue_key(base, "meta"), cursor, "COUNT", "1000"])
             ids, metas = flat[0::2], flat[1::2]
-            states = await self._transport.command(["HMGET", base + ":jobs", *ids]) if ids else []
+            states = await self._transport.command(["HMGET", queue_key(base, "jobs"), *ids]) if ids else []
             for raw, st in zip(metas, states, strict=True):
                 kind = (st or b"").split(b":", 1)[0].decode()
                 if kind in ("queued", "processing"):
@@ -101,7 +102,7 @@ class RedisControl:
 
     async def is_paused(self, queue: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._transport.command(["EXISTS", self._base(queue) + ":paused"]))
+        return bool(await self._transport.command(["EXISTS", queue_key(self._base(queue), "paused")]))
 
     async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

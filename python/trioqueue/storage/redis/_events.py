@@ -17,9 +17,10 @@ from contextlib import asynccontextmanager
 import trio
 
 from ..._core import decode_events as _decode_events
+from ..._drivers.resp import Subscription, Transport
 from .._base import NOTICE_KINDS, StorageEvent, select_events, wanted_kinds
 from ._control import _ms
-from ._transport import Subscription, Transport
+from ._keys import queue_key
 
 __all__ = ["RedisEvents", "decode_events"]
 
@@ -90,7 +91,7 @@ class RedisEvents:
             sub.deliver(events)
 
         # The scripts publish on the events channel only while its listening key lives.
-        listening = None if notices_only else self._base(queue) + ":listening"
+        listening = None if notices_only else queue_key(self._base(queue), "listening")
         subscription = await self._transport.subscribe(channel, on_message)
         self._subs.add(sub)
         try:

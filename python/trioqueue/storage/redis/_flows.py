@@ -12,7 +12,7 @@ remembers them all (its ``tree_queues`` set), so that ``tree_act`` called for on
 learns the others: it answers ``need`` with the queues it was not given, and is called
 again with them (known ones are kept per queue). On Redis Cluster a script's keys must
 share a slot: a tree across queues needs queues whose keys do (a common ``{tag}`` in
-their names, see :func:`~._lua.queue_base`), and is refused otherwise
+their names, see :func:`~._keys.queue_base`), and is refused otherwise
 (:class:`~trioqueue.FlowError` naming the root job and the queues, nothing written)."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import trio
 from ..._model._errors import FlowError, StorageError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, NewJob
-from . import _lua
+from . import _keys, _lua
 from ._control import _ms, enqueue_args
+from ._keys import queue_key
 
 __all__ = ["RedisFlows", "tree_of"]
 
@@ -105,7 +106,7 @@ class RedisFlows:
         """On Cluster, :class:`FlowError` unless the keys of ``names`` share a slot."""
         if not self._params.cluster or len(names) < 2:
             return
-        if len({_lua.hash_slot(self._base(q)) for q in names}) > 1:
+        if len({_keys.hash_slot(self._base(q)) for q in names}) > 1:
             raise FlowError(
                 f"the tree of job {root!r} spans queues {', '.join(map(repr, names))}, whose keys are in different "
                 "Redis Cluster slots: a tree across queues needs queues that share a hash tag (a common {tag} in "
@@ -181,7 +182,7 @@ class RedisFlows:
 
     async def _tree_children(self, queue: str, job_id: str) -> list[tuple[str, str]]:
         """``(queue, id)`` of each child of the job, in order."""
-        raw = await self._transport.command(["HGET", self._base(queue) + ":tree", job_id])
+        raw = await self._transport.command(["HGET", queue_key(self._base(queue), "tree"), job_id])
         if raw is None:
             return []
         t = json.loads(raw)

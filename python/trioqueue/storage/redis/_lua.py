@@ -1,6 +1,6 @@
 """The Lua scripts of :class:`~trioqueue.storage.redis.RedisStorage`, one ``.lua`` file per
-atomic command in ``scripts/`` (shipped as package data), BullMQ-style, and the one
-declaration of the queue's key layout (:data:`QUEUE_KEYS`).
+atomic command in ``scripts/`` (shipped as package data), BullMQ-style,  generated
+from the one declaration of the key layout (:mod:`._keys`).
 
 A line ``--@include <name>`` splices in the shared fragment ``scripts/include/<name>.lua``
 (``prelude``: the key variables, event encoding and helpers; ``enqueue``: the body of
@@ -26,7 +26,6 @@ per-call values (keys, state tables) before running the script's body.
 
 from __future__ import annotations
 
-import binascii
 import hashlib
 import re
 from functools import cache
@@ -34,11 +33,14 @@ from importlib import resources
 
 from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY
 from .._records import NOTICE_KINDS
+from ._keys import QUEUE_KEY_NAMES, QUEUE_KEYS, hash_slot, queue_base, queue_keys
 
 __all__ = [
+    "QUEUE_KEYS",
     "QUEUE_KEY_NAMES",
     "SCRIPT_NAMES",
     "SMALL",
+    "UNACKED_SCRIPTS",
     "VARIANTS",
     "hash_slot",
     "keys_of",
@@ -51,46 +53,6 @@ __all__ = [
 
 SMALL = 65536  # results/errors up to this size ride along in events (the prelude's SMALL)
 
-# The queue keys, in the KEYS order of the full layout: (the name the scripts give it, its
-# suffix after ``{prefix:queue}:``). The one declaration of the layout: the prelude's key
-# variables and its ready-list lanes are generated from it at load time (``--@layout``).
-QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
-    ("JOBS", "jobs"),  # hash id -> state string (the registry); a terminal job's: its whole record
-    ("META", "meta"),  # hash id -> JSON metadata (attempts, tokens, worker, ...) of an active job
-    ("ENV", "env"),  # hash id -> envelope (until completed; a failed/cancelled job's until forgotten: retry)
-    ("LISTENING", "listening"),  # string with a TTL, present while a subscriber listens to ``events``
-    ("ERRORS", "errors"),  # hash id -> serialized error (failing/failed, until expiry)
-    ("PROGRESS", "progress"),  # hash id -> last reported progress
-    ("Q", "queue"),  # list: the ready list of entries <entry token>:<id> (the default priority's lane)
-    ("D", "delayed"),  # zset id -> due time (ms) of failing and delayed jobs
-    ("L", "leases"),  # zset id -> lease deadline (ms)
-    ("SWEEP_AT", "sweep_at"),  # string: a lower bound of when the next kept terminal job is due
-    ("WK", "workers"),  # zset worker -> heartbeat expiry (ms)
-    ("PROCS", "procs"),  # set of workers that may have a processing list
-    ("SEQ", "seq"),  # counter of entry tokens
-    ("PAUSED", "paused"),  # present while claiming is paused
-    ("CTL", "ctl"),  # stream: resume notices (waiting claimers XREAD it)
-    ("SCHED", "schedules"),  # hash name -> schedule spec
-    ("SCHED_LAST", "schedule_ticks"),  # hash name -> last tick (seconds since the epoch)
-    ("EVENTS", "events"),  # pub/sub channel of the queue's events
-    ("STATES", "states"),  # zset id -> kind * 2**44 + ms it entered its state (terminal: it is forgotten)
-    # the ready lists of the other priorities (``queue`` is the default priority's): LANES
-    *((None, f"queue:{p}") for p in range(MAX_PRIORITY + 1) if p != DEFAULT_PRIORITY),
-    ("NOTICES", "notices"),  # pub/sub channel of the notice kinds only (``NOTICE_KINDS``: waiters, holders)
-    ("TREE", "tree"),  # hash id -> JSON of a tree's job: pa parent, ch children, po on_child_failure, t result TTL (ms)
-    ("TNOTES", "tree_notes"),  # set of notes of trees' jobs to act on (include tree: tree_note)
-    ("TQS", "tree_queues"),  # set: the queues trees with a job on this queue span (absent: this one only)
-    # groups (include groups): ready entries of grouped jobs, rings of groups, claimed jobs
-    # per group, paused groups (groups out of the rings for their limit: fields b:<group>
-    # of the flow hash)
-    ("GREADY", "gready"),  # zset (lex) <priority><group>\0<order><entry> of grouped ready jobs
-    ("RING", "ring"),  # zset '<priority>:<group>' -> priority * 2**44 + turn ('<p>:': the ungrouped lane)
-    ("GRUN", "grun"),  # zset (lex) <group>\0<id> of the claimed jobs of groups
-    ("GPAUSED", "gpaused"),  # set of paused groups
-    ("GRATE", "grate"),  # zset (lex) <group>\0<ms: 13 hex>\0<id> of recent claims of groups (group_rate)
-    ("GSLEEP", "gsleep"),  # zset group -> ms its next token is due, of groups over their rate
-)
-QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 
 SCRIPT_NAMES = (
     "enqueue",
@@ -131,6 +93,15 @@ SCRIPT_NAMES = (
     "group_requeue",
 )
 
+# Scripts after which an acknowledged write waits for no replica: they only read, or what
+# a failover may take of their effect costs no job (a claim lost with the old primary
+# leaves its jobs queued, to run again: at least once; heartbeats are sent again; expired
+# jobs are swept again; the reaper's lock is taken again).
+UNACKED_SCRIPTS = frozenset(
+    {"get_job", "get_jobs", "get_envelope", "counts", "list_jobs", "workers", "schedule_get",
+     "claim", "heartbeat", "sweep", "lock_acquire", "lock_release"}
+)  # fmt: skip
+
 _INCLUDE = re.compile(r"^--@include (\w+)$", re.MULTILINE)
 
 # Variants: another script's text with some of its fragments' definitions replaced, as
@@ -148,29 +119,6 @@ VARIANTS = {
         },
     ),
 }
-
-
-def queue_base(prefix: str, queue: str) -> str:
-    """What the keys of ``queue`` start with: ``{prefix:queue}``, so that its keys share
-    one hash tag (one Redis Cluster slot); for a queue whose name holds a ``{tag}`` part
-    (a non-empty one, the first), ``{prefix:tag}:queue``: queues with the same tag share
-    a slot (what a tree of jobs across queues needs on Cluster)."""
-    i = queue.find("{")
-    if i >= 0:
-        j = queue.find("}", i + 1)
-        if j > i + 1:
-            return "{" + prefix + ":" + queue[i + 1 : j] + "}:" + queue
-    return "{" + prefix + ":" + queue + "}"
-
-
-def hash_slot(base: str) -> int:
-    """The Redis Cluster slot of the keys starting with ``base`` (a :func:`queue_base`)."""
-    return binascii.crc_hqx(base[1 : base.index("}")].encode(), 0) % 16384
-
-
-def queue_keys(base: str) -> list[str]:
-    """All the queue keys of a queue whose keys start with ``base`` (``{prefix:queue}``)."""
-    return [f"{base}:{name}" for name in QUEUE_KEY_NAMES]
 
 
 def _read(name: str) -> str:

@@ -28,9 +28,10 @@ from typing import Any
 
 import trio
 
+from ..._drivers.resp import ConnParams, Script, Transport, parse_url, sentinel_url
 from ..._model._errors import ValidationError
 from ..._model._types import CancelStatus, UpdateTTLStatus
-from . import _lua
+from . import _keys, _lua
 from .._base import (
     Claim,
     ClaimLimits,
@@ -44,8 +45,6 @@ from .._base import (
 )
 from .._capabilities import Administration, Debounce, Groups, Schedules, Trees
 from ._coalesce import Coalescer
-from ._sentinel import sentinel_url
-from ._transport import ConnParams, Script, Transport, parse_url
 from ._admin import RedisAdmin
 from ._control import RedisControl, _ms
 from ._events import RedisEvents, _Sub
@@ -82,10 +81,10 @@ def open_transport(
     own (``client=``, a valkey-glide client); valkey-glide on Cluster."""
     fault = on_fault or (lambda: None)
     if lean and client is None and not params.cluster:
-        from ._lean import LeanTransport
+        from ..._drivers.resp._lean import LeanTransport
 
         return LeanTransport(params, retry_timeout=retry_timeout, on_fault=fault)
-    from ._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
+    from ..._drivers.resp._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
 
     return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
 
@@ -95,7 +94,8 @@ class _Scripts(dict[str, Script]):
     of them took 0.18 s, a CLI command's whole connect, to assemble at once)."""
 
     def __missing__(self, name: str) -> Script:
-        script = self[name] = Script(name, _lua.source(name), _lua.library(name))
+        acked = name not in _lua.UNACKED_SCRIPTS  # with acknowledged writes: wait for a replica
+        script = self[name] = Script(name, _lua.source(name), _lua.library(name), acked=acked)
         return script
 
 
@@ -220,7 +220,7 @@ class RedisStorage(
     # -- plumbing ----------------------------------------------------------------------
 
     def _base(self, queue: str) -> str:
-        return _lua.queue_base(self.prefix, queue)
+        return _keys.queue_base(self.prefix, queue)
 
     def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
         """KEYS of queue script ``name``: the queue keys it uses, then ``extra``
@@ -231,11 +231,10 @@ class RedisStorage(
         """The last KEYS of the scripts that apply or free flow control (claim, settle,
         release, recover): the rate limit's log, then the flow hash (the RateLimited hold
         ``h``; ``w`` while a claimer waits for a concurrency slot)."""
-        base = self._base(queue)
-        return [base + ":rate", base + ":flow"]
+        return _keys.flow_keys(self._base(queue))
 
     def _plist(self, queue: str, worker_id: str) -> str:
-        return self._base(queue) + ":processing:" + worker_id
+        return _keys.processing_key(self._base(queue), worker_id)
 
     async def _connect(self) -> None:
         await self._transport.connect()
@@ -386,7 +385,7 @@ class RedisStorage(
             if claims or timeout <= 0:
                 return claims  # no cancellable checkpoint: claims are never dropped after the fact
         base = self._base(queue)
-        src, dst = base + ":queue", self._plist(queue, worker_id)
+        src, dst = _keys.queue_key(base, "queue"), self._plist(queue, worker_id)
         backoff = 0.05
         while True:
             remaining = give_up - trio.current_time()
@@ -400,7 +399,7 @@ class RedisStorage(
                 # which would only take jobs to put them back), then claim again.
                 try:
                     await self._transport.blocking_call(
-                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", base + ":ctl", _text(paused)], block
+                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", _keys.queue_key(base, "ctl"), _text(paused)], block
                     )
                 except Exception:  # StorageError: the server is away; retry within the timeout
                     await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
@@ -511,7 +510,7 @@ class RedisStorage(
         base = self._base(queue)
         # The workers whose processing lists the script may touch: declared in KEYS.
         procs, dead = await self._transport.commands(
-            [["SMEMBERS", base + ":procs"], ["ZRANGEBYSCORE", base + ":workers", "-inf", f"{time.time() * 1000:.0f}"]]
+            [["SMEMBERS", _keys.queue_key(base, "procs")], ["ZRANGEBYSCORE", _keys.queue_key(base, "workers"), "-inf", f"{time.time() * 1000:.0f}"]]
         )
         workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
         keys = self._keys("recover", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
@@ -524,7 +523,7 @@ class RedisStorage(
         return [(_text(i), _text(s)) for i, s in rec], (float(nd) / 1000 if nd is not None else None)
 
     def _lock_key(self, name: str) -> str:
-        return "{" + self.prefix + ":lock:" + name + "}"
+        return _keys.lock_key(self.prefix, name)
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

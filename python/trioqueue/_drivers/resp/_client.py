@@ -354,8 +354,8 @@ def _stdlib_socket(stream: trio.SocketStream) -> socket.socket | None:
 
 class RespClient:
     """A connection to one standalone server, opened on first use and again after it
-    broke. ``params`` is the storage's :class:`~trioqueue.storage._transport.ConnParams`.
-    With ``sentinels`` (a :class:`~trioqueue.storage.redis._sentinel.Sentinels`), the
+    broke. ``params`` is the storage's :class:`~._transport.ConnParams`.
+    With ``sentinels`` (a :class:`~._sentinel.Sentinels`), the
     server is the primary they name, checked to say so at each connection; a ``READONLY``
     reply closes every connection to it (:meth:`primary_moved`)."""
 

@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from ..._model._errors import StorageError, install_hint
-from ._resp import ConnectionLost, RespClient
+from ._client import ConnectionLost, RespClient
 from ._sentinel import Address, Sentinels
 from ._transport import (
     Backoff,
@@ -324,10 +324,10 @@ class GlideTransport(Transport):
             options = _g.BatchOptions(timeout=int((timeout + 5.0) * 1000))
         batch.custom_command(["BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"])
         batch.custom_command([*self.scripts.command(script, keys), *keys, *args])
-        async with self._blocker(timeout, "blocking claim failed") as client:
+        async with self._blocker(timeout, "blocking move failed") as client:
             replies = await client.exec(batch, raise_on_error=False, options=options)
         if not replies or len(replies) != 2 or isinstance(replies[0], Exception):
-            raise StorageError(f"blocking claim failed: {replies!r:.200}")
+            raise StorageError(f"blocking move failed: {replies!r:.200}")
         return replies[0], replies[1]
 
     async def blocking_call(self, args: Sequence[str], timeout: float) -> Any:

@@ -1,12 +1,14 @@
-"""The one interface between :class:`~trioqueue.storage.RedisStorage` and a server, and
-what its two implementations share.
+"""The one interface between a Redis user (:class:`~trioqueue.storage.RedisStorage`) and
+a server, and what its two implementations share. Part of the RESP driver: it knows
+commands, scripts and connections, nothing of jobs.
 
 :class:`Transport` is what the storage talks to: a command, several commands in one round
 trip, a script call, a blocking call (with a script pipelined behind a blocking move), a
-subscription. Two implementations, chosen once when the storage is made (``_storage``):
+subscription. Two implementations, chosen once when the storage is made
+(``trioqueue.storage.redis._storage``):
 
 - ``lean`` (:mod:`._lean`, the default on a standalone server): the lean client of
-  :mod:`._resp`, a Trio socket with RESP parsed in Rust, about 2.5x cheaper per awaited
+  :mod:`._client`, a Trio socket with RESP parsed in Rust, about 2.5x cheaper per awaited
   call than valkey-glide under Trio (``benches/bench_resp.py``). It needs no valkey-glide.
 - ``glide`` (:mod:`._glide`): valkey-glide, for Redis Cluster, an application's own
   client (``client=``) and ``lean=False``; imported only then.
@@ -57,7 +59,7 @@ __all__ = [
     "shielded",
 ]
 
-log = logging.getLogger("trioqueue.storage.redis")
+log = logging.getLogger("trioqueue.storage.redis")  # the name applications configure
 
 # Error replies and faults worth retrying while the server restarts, fails over or loads.
 RETRYABLE_TEXT = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "connection", "Connection",
@@ -283,15 +285,18 @@ class Backoff:
 class Script:
     """A Lua script: its source (sent with ``SCRIPT LOAD`` after a ``NOSCRIPT``), its
     SHA1 (``EVALSHA``) and, where it has one, its Redis Function form ``(function name,
-    library code)`` (``FCALL``, loaded with ``FUNCTION LOAD REPLACE`` on first use)."""
+    library code)`` (``FCALL``, loaded with ``FUNCTION LOAD REPLACE`` on first use).
+    ``acked``: with acknowledged writes, a call waits for a replica (``False``: the script
+    only reads, or losing its effect to a failover costs nothing; its owner decides)."""
 
-    __slots__ = ("code", "library", "name", "sha")
+    __slots__ = ("acked", "code", "library", "name", "sha")
 
-    def __init__(self, name: str, code: str, library: tuple[str, str] | None = None) -> None:
+    def __init__(self, name: str, code: str, library: tuple[str, str] | None = None, *, acked: bool = True) -> None:
         self.name = name
         self.code = code
         self.sha = hashlib.sha1(code.encode()).hexdigest()
         self.library = library
+        self.acked = acked
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"
@@ -344,16 +349,6 @@ class ScriptPolicy:
 
 # -- acknowledged writes -----------------------------------------------------------------
 
-# Scripts after which an acknowledged write waits for no replica: they only read, or what
-# a failover may take of their effect costs no job (a claim lost with the old primary
-# leaves its jobs queued, to run again: at least once; heartbeats are sent again; expired
-# jobs are swept again; the reaper's lock is taken again).
-UNACKED_SCRIPTS = frozenset(
-    {"get_job", "get_jobs", "get_envelope", "counts", "list_jobs", "workers", "schedule_get",
-     "claim", "heartbeat", "sweep", "lock_acquire", "lock_release"}
-)  # fmt: skip
-
-
 class ReplicaAck:
     """``WAIT 1 <timeout>`` sent behind a mutation on the same connection (it covers
     every write that connection sent before it), and the check of its reply: no replica
@@ -405,7 +400,7 @@ class Subscription(abc.ABC):
 
 
 class Transport(abc.ABC):
-    """The commands RedisStorage sends, and how. Every call retries on a lost connection
+    """The commands a storage sends, and how. Every call retries on a lost connection
     and on the server's transient errors (``LOADING``...) until ``retry_timeout``, then
     raises :class:`StorageError`; ``on_fault`` is called at each fault (the storage tells
     its subscribers to resync)."""
@@ -419,7 +414,7 @@ class Transport(abc.ABC):
 
     def replica_ack(self, script: Script) -> ReplicaAck | None:
         """The replica acknowledgement a call of ``script`` waits for, if any."""
-        if self._ack is None or script.name in UNACKED_SCRIPTS:
+        if self._ack is None or not script.acked:
             return None
         return self._ack
 

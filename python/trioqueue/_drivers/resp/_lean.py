@@ -1,4 +1,4 @@
-"""The ``lean`` transport: the lean client of :mod:`._resp` (one Trio socket for ordinary
+"""The ``lean`` transport: the lean client of :mod:`._client` (one Trio socket for ordinary
 commands and scripts, pipelined; a dedicated connection per blocking call; one per
 subscription). The default on a standalone server (plain or TLS) and on a Sentinel
 service (:mod:`._sentinel`); it needs no valkey-glide."""
@@ -14,7 +14,7 @@ import trio
 
 from ..._core import encode_command
 from ..._model._errors import StorageError
-from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection, Subscriber
+from ._client import ConnectionLost, ReplyError, RespClient, RespConnection, Subscriber
 from ._sentinel import Address, Sentinels
 from ._transport import (
     Backoff,
@@ -198,12 +198,12 @@ class LeanTransport(Transport):
     ) -> tuple[bytes | None, Any]:
         data = encode_command(("BLMOVE", src, dst, "LEFT", "RIGHT", f"{max(timeout, 0.01):.3f}"))
         data += _ScriptCall(self.scripts, script, keys, args).data()
-        async with self._blocker("blocking claim failed") as conn:
+        async with self._blocker("blocking move failed") as conn:
             moved, reply = await conn.call(data, 2, timeout=timeout + 5.0)
             if self.sentinels is not None and isinstance(moved, ReplyError) and str(moved).startswith("READONLY"):
                 await self._client.primary_moved(conn.address)  # demoted: ask the sentinels again
         if isinstance(moved, ReplyError):
-            raise StorageError(f"blocking claim failed: {moved}")
+            raise StorageError(f"blocking move failed: {moved}")
         return moved, reply
 
     async def blocking_call(self, args: Sequence[str], timeout: float) -> Any:

@@ -13,7 +13,7 @@ through the storage's watchdog); the connections still open to the old primary a
 closed, so subscriptions subscribe again on the new one (their listeners get a
 ``resync``).
 
-The sentinels are reached with the lean client's connections (:mod:`._resp`), whichever
+The sentinels are reached with the lean client's connections (:mod:`._client`), whichever
 transport the storage uses.
 """
 
@@ -27,7 +27,7 @@ import trio
 
 from ..._core import encode_command
 from ..._model._errors import StorageError, ValidationError
-from ._resp import ConnectionLost, ReplyError, RespClient, RespConnection
+from ._client import ConnectionLost, ReplyError, RespClient, RespConnection
 from ._transport import ConnParams, hello_role, log
 
 __all__ = ["Address", "Sentinels", "sentinel_url"]

@@ -1,0 +1,1 @@
+UPDATE {s}.jobs SET state = 'cancelled', state_ms = $2, worker = NULL, lease_ms = NULL, started = false, expires_ms = $2 + (result_ttl * 1000)::bigint, claim = CASE WHEN $4 THEN NULL ELSE claim END WHERE queue = $1 AND id = ANY($3::text[])

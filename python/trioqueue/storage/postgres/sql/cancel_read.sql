@@ -1,0 +1,1 @@
+SELECT state, worker, token, cancel_requested, result_ttl, policy FROM {s}.jobs WHERE queue = $1 AND id = $3 AND (expires_ms IS NULL OR expires_ms > $2) FOR UPDATE

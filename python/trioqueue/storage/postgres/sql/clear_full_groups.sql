@@ -1,0 +1,1 @@
+DELETE FROM {s}.full_groups WHERE queue = $1

@@ -1,0 +1,1 @@
+DELETE FROM {s}.group_claims WHERE queue = $1

@@ -1,0 +1,1 @@
+DELETE FROM {s}.group_ring WHERE queue = $1

@@ -1,0 +1,1 @@
+DELETE FROM {s}.group_sleep WHERE queue = $1

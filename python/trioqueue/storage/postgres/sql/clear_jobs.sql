@@ -1,0 +1,1 @@
+DELETE FROM {s}.jobs WHERE queue = $1

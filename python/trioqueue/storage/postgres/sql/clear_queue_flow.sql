@@ -1,0 +1,1 @@
+UPDATE {s}.queues SET flow = NULL WHERE queue = $1

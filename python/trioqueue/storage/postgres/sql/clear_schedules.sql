@@ -1,0 +1,1 @@
+DELETE FROM {s}.schedules WHERE queue = $1

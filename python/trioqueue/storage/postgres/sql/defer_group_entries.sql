@@ -1,0 +1,1 @@
+SET CONSTRAINTS {s}.jobs_group_moved DEFERRED

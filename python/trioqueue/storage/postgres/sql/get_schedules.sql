@@ -1,0 +1,1 @@
+SELECT name, spec, last_tick FROM {s}.schedules WHERE queue = $1

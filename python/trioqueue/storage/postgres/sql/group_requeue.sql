@@ -1,0 +1,1 @@
+SELECT {s}.group_requeue($1, $2)

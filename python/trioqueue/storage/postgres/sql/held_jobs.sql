@@ -1,0 +1,1 @@
+SELECT id FROM {s}.jobs WHERE queue = $1 AND state = 'processing' AND worker = $2

@@ -1,0 +1,1 @@
+SELECT paused FROM {s}.queues WHERE queue = $1

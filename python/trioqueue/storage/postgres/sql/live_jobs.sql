@@ -1,0 +1,1 @@
+SELECT id, state, state_ms, created_ms, attempts, max_attempts, result, error, token, progress, priority, worker, run_at_ms, parent_queue, parent_id, nchildren, grp, expires_ms FROM {s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND (expires_ms IS NULL OR expires_ms > $2) AND state <> 'cancelled'

@@ -1,0 +1,1 @@
+SELECT flow FROM {s}.queues WHERE queue = $1 FOR UPDATE

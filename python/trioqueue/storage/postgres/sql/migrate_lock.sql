@@ -1,0 +1,1 @@
+SELECT pg_advisory_lock(hashtextextended($1, 0))

@@ -1,0 +1,1 @@
+SELECT nextval('{schema}.job_seq')

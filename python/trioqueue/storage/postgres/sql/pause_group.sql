@@ -1,0 +1,1 @@
+INSERT INTO {s}.paused_groups VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING true

@@ -1,0 +1,1 @@
+SELECT grp FROM {s}.paused_groups WHERE queue = $1 ORDER BY grp

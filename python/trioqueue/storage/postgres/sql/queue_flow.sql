@@ -1,0 +1,1 @@
+SELECT paused, flow FROM {s}.queues WHERE queue = $1

@@ -1,0 +1,1 @@
+SELECT queue FROM {s}.queues ORDER BY queue

@@ -1,0 +1,1 @@
+INSERT INTO {s}.queues (queue) VALUES ($1) ON CONFLICT DO NOTHING

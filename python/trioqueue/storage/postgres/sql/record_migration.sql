@@ -1,0 +1,1 @@
+INSERT INTO {s}.version (version) VALUES ($1)

@@ -1,0 +1,1 @@
+SELECT id, cancel_requested, token FROM {s}.jobs WHERE queue = $1 AND id = ANY($4::text[]) AND state = 'processing' AND worker = $3 FOR UPDATE

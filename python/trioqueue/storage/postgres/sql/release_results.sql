@@ -1,0 +1,1 @@
+UPDATE {s}.jobs SET expires_ms = $4 + (result_ttl * 1000)::bigint WHERE parent_queue = $1 AND parent_id = $2 AND parent_token = $3 AND expires_ms IS NULL AND state IN ('completed', 'failed', 'cancelled')

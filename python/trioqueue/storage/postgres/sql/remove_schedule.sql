@@ -1,0 +1,1 @@
+DELETE FROM {s}.schedules WHERE queue = $1 AND name = $2 RETURNING true

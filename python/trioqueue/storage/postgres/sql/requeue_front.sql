@@ -1,0 +1,5 @@
+UPDATE {s}.jobs j SET state = 'queued', state_ms = $2, worker = NULL, lease_ms = NULL,
+                    claim = NULL, attempts = j.attempts - CASE WHEN $5 AND j.started THEN 1 ELSE 0 END,
+                    started = false, seq = $4 + u.ord
+                FROM unnest($3::text[]) WITH ORDINALITY AS u(id, ord)
+                WHERE j.queue = $1 AND j.id = u.id

@@ -1,0 +1,1 @@
+UPDATE {s}.schedules SET last_tick = $3 WHERE queue = $1 AND name = $2

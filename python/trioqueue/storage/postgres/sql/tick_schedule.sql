@@ -1,0 +1,1 @@
+SELECT last_tick FROM {s}.schedules WHERE queue = $1 AND name = $2 FOR UPDATE

@@ -1,0 +1,1 @@
+DELETE FROM {s}.workers WHERE queue = $1 AND worker = $2

@@ -1,0 +1,1 @@
+SELECT state, run_at_ms FROM {s}.jobs WHERE queue = $1 AND id = $2 FOR UPDATE

@@ -1,0 +1,1 @@
+UPDATE {s}.queues SET flow = $2 WHERE queue = $1

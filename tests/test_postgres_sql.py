@@ -1,0 +1,89 @@
+"""PostgresStorage's SQL lives in named files (``storage/postgres/sql/<name>.sql``, one
+statement each; ``sql/migrations/<version>.sql``, one migration each), loaded once at
+import: every file is used, every name the code uses has its file, and each loads whole
+for a schema (no placeholder left)."""
+
+from __future__ import annotations
+
+import ast
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("psycopg")
+
+from trioqueue.storage.postgres import _common, _schema, _sql  # noqa: E402
+
+PACKAGE = Path(_sql.__file__).parent
+
+
+def _names(node: ast.expr, loops: dict[str, list[str]]) -> list[str]:
+    """The statement names a subscript's key can take: a string, either branch of a
+    conditional, or a loop variable over a tuple of strings."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.IfExp):
+        return _names(node.body, loops) + _names(node.orelse, loops)
+    if isinstance(node, ast.Name) and node.id in loops:
+        return loops[node.id]
+    raise AssertionError(f"a statement chosen at run time: {ast.unparse(node)!r} (name it in the code)")
+
+
+def _used() -> dict[str, list[str]]:
+    """statement name -> the modules that use it (``self._sql[...]``, ``sql[...]``)."""
+    used: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.glob("_*.py")):
+        tree = ast.parse(path.read_text())
+        loops = {
+            loop.target.id: [e.value for e in loop.iter.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            for loop in ast.walk(tree)
+            if isinstance(loop, ast.For) and isinstance(loop.target, ast.Name) and isinstance(loop.iter, ast.Tuple)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Subscript):
+                continue
+            base = node.value
+            name = base.attr if isinstance(base, ast.Attribute) else base.id if isinstance(base, ast.Name) else ""
+            if name in ("_sql", "sql"):
+                for statement in _names(node.slice, loops):
+                    used.setdefault(statement, []).append(path.name)
+    return used
+
+
+def test_every_statement_file_is_used_and_every_statement_used_has_its_file() -> None:
+    used = _used()
+    files = set(_sql.STATEMENTS)
+    assert not set(used) - files, f"used without a file in sql/: {sorted(set(used) - files)}"
+    assert not files - set(used), f"files in sql/ no code uses: {sorted(files - set(used))}"
+
+
+def test_the_statements_load_from_the_package_for_a_schema() -> None:
+    folder = resources.files("trioqueue.storage.postgres").joinpath("sql")
+    on_disk = {p.name.removesuffix(".sql") for p in folder.iterdir() if p.name.endswith(".sql")}
+    assert on_disk == set(_sql.STATEMENTS) and len(on_disk) > 100
+    texts = _sql.statements("some_schema")
+    assert set(texts) == on_disk
+    for name, text in texts.items():
+        assert text.strip() and not text.startswith("--"), name  # (the notes are not sent)
+        assert "{s}" not in text and "{schema}" not in text, name
+        assert ("{notify}" in text) == (name == "enqueue_one"), name  # (filled in by the call)
+    assert _sql.statements("some_schema") is texts  # (made once a schema)
+
+
+def test_statements_read_jobs_in_the_order_records_are_built_from() -> None:
+    """A statement reading job rows names JOB_COLUMNS as record() reads them."""
+    first = _common.JOB_COLUMNS.split(",")[0:4]
+    head = ", ".join(c.strip() for c in first)
+    readers = [n for n, t in _sql.STATEMENTS.items() if f"SELECT {head}" in " ".join(t.split())]
+    assert len(readers) >= 5
+    for name in readers:
+        assert _common.JOB_COLUMNS in _sql.STATEMENTS[name], name
+
+
+def test_the_migrations_are_one_file_each_in_version_order() -> None:
+    versions = [v for v, _ in _schema.MIGRATIONS]
+    assert versions == list(range(1, len(versions) + 1)) and _schema.SCHEMA_VERSION == versions[-1]
+    for version, text in _schema.MIGRATIONS:
+        assert "{s}" in text, version
+        text.format(s='"x"')  # (a str.format template: literal braces doubled)
