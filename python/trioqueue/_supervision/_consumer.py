@@ -113,6 +113,7 @@ class Consumer(LeaseKeeper, BatchWorker):
         self, settings: ConsumerSettings, storage: Storage, executor: Executor, events: Emitter, *, observed: bool = False
     ) -> None:
         self.q = settings
+        self.worker_id = settings.worker_id  # (the listener routes cancel requests by it)
         self.storage = storage
         self.executor = executor
         self.events = events

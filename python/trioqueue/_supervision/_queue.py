@@ -6,50 +6,32 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-import socket
 import uuid
-from itertools import count
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from itertools import count
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, overload
 
 import trio
 
 from .._model import _validate as check
-from ._batch import BatchSettings, batch_settings
-from ._consumer import Consumer, ConsumerSettings, claim_limits
-from .._model._errors import (
-    TrioQueueError,
-    ValidationError,
-)
-from ._emitter import Emitter, EventCallback
-from ._listener import Listener, level_for
+from .._model._errors import TrioQueueError, ValidationError
 from .._model._limits import RateLimit
+from .._model._retry import ExponentialBackoff, RetryDelay
+from .._model._serde import Serde
+from .._model._types import Job
+from ..storage._base import Storage
+from ._emitter import Emitter, EventCallback
+from ._execution import AfterExecution, Handler, RetryIf
 from ._flows import JobMaker, remember_queue
+from ._listener import Listener, level_for
+from ._observers import QueueObserver
 from ._producing import QueueProducer
 from ._registry import QueueAdmin
+from ._service import ServiceContext, sole_interrupt
+from ._settings import JobDefaults, WorkerSettings
 from ._waiters import Waiters
-from ._leases import lease_margin as resolve_lease_margin
-from ._execution import (
-    AfterExecution,
-    Cancellations,
-    ExecutionSettings,
-    Executor,
-    Handler,
-    RetryIf,
-    check_retry_if,
-    only_cancelled,
-)
-from .._model._types import Job
-from ._observers import QueueObserver
-from ._pool import ProcessPool, check_executor, check_process_handler
-from ._reaper import LeaderElection, Reaper
-from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
-from .._model._serde import JsonSerde, Serde
-from .._model._types import FOREVER_TTL
-from ..storage._base import Storage
+from ._worker import QueueParts, Worker
 
 __all__ = ["Queue"]
 
@@ -59,20 +41,23 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+_WORKER_ARGUMENTS = frozenset(inspect.signature(WorkerSettings.build).parameters) - {"storage", "batch"}
+
+T = TypeVar("T")
 
 
-def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The ``KeyboardInterrupt``/``SystemExit`` a group carries, when it carries nothing
-    else but cancellations: it is raised bare, as the interpreter expects."""
-    interrupts, rest = group.split((KeyboardInterrupt, SystemExit))
-    if interrupts is None or (rest is not None and not only_cancelled(rest)):
-        return None
-    found: BaseException = interrupts
-    while isinstance(found, BaseExceptionGroup):
-        found = found.exceptions[0]
-    return found
+class _Setting(Generic[T]):
+    """A read-only attribute of a Queue, read from one of its settings objects (``holder``)."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> T:
+        return getattr(getattr(obj, self.holder), self.name)  # type: ignore[no-any-return]
 
 
 class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
@@ -162,75 +147,64 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         keep_completed: int | None = None,
         keep_failed: int | None = None,
     ) -> None:
-        self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
             raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
         self.storage = storage
         self.name = check.job_id(name, "name") if name is not None else "default"
-        processes = check_executor(executor, processes)
-        # (default: 1, or the pool's size when one is given: each handler needs a process)
-        self.concurrency = check.positive_int("concurrency", concurrency if concurrency is not None else processes or 1)
-        self.executor = executor
-        # the size of the process pool (executor="process"), else None
-        self.processes = None if executor == "thread" else processes or self.concurrency
-        self.worker_id = check.job_id(worker_id, "worker_id") if worker_id is not None else default_worker_id()
-        self.max_attempts = check.positive_int("max_attempts", max_attempts)
-        self.job_timeout = None if job_timeout is None else check.seconds("job_timeout", job_timeout)
-        self.block_timeout = check.seconds("block_timeout", block_timeout)
-        self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
-        # A claim this worker could not renew is given up this long before its lease runs out.
-        self.lease_margin = resolve_lease_margin(lease_margin, self.visibility_timeout)
-        self.result_ttl = FOREVER_TTL if result_ttl is None else check.seconds("result_ttl", result_ttl)
-        # Count-based retention, beside the TTL (Settlement.keep): None, no limit.
-        self.keep_completed = check.keep_count("keep_completed", keep_completed)
-        self.keep_failed = check.keep_count("keep_failed", keep_failed)
-        self._batch: BatchSettings | None = None
-        if batch_handler is not None:
-            if handler is not None:
-                raise ValidationError("give a Queue a handler or a batch_handler, not both")
-            self._batch = batch_settings(batch_size, batch_wait, executor)
-        per_worker = 1 if self._batch is None else self._batch.size
-        self.prefetch = per_worker * self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
-        # Queue-wide flow control, enforced by the storage at claim time (see ClaimLimits);
-        # a flow-limited queue claims only for idle workers (no prefetch): its claims start
-        # at once and hold no slot or token a worker is not using.
-        self.rate_limit = rate_limit
-        self.global_concurrency = global_concurrency
-        self.group_concurrency, self.group_rate_limit = group_concurrency, group_rate_limit
-        if group_rate_limit is not None and not storage.supports_group_rate:
-            raise ValidationError(f"group_rate_limit needs a storage that keeps it, not {type(storage).__name__}")
-        self._claim_limits = claim_limits(rate_limit, global_concurrency, group_concurrency, group_rate_limit)
-        if self._claim_limits is not None:
-            if prefetch is not None:
-                raise ValidationError("prefetch cannot be combined with rate_limit, global_concurrency or group limits")
-            self.prefetch = 0
-        self._retry_delay = retry_policy(retry_delay)
-        self.payload_serde: Serde = payload_serde or JsonSerde()
-        self.result_serde: Serde = result_serde or self.payload_serde
-        for what, serde in (("payload_serde", self.payload_serde), ("result_serde", self.result_serde)):
-            if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
-                raise ValidationError(f"{what} must have dumps(value) -> bytes and loads(bytes) methods")
-        self._after_execution = after_execution
-        self._retry_if = check_retry_if(retry_if)
+        if handler is not None and batch_handler is not None:
+            raise ValidationError("give a Queue a handler or a batch_handler, not both")
+        worker_arguments = {k: v for k, v in arguments.items() if k in _WORKER_ARGUMENTS}
+        # The one-object shorthand's Worker settings (validated now, used once a handler is set).
+        self.worker_settings = WorkerSettings.build(storage, batch=batch_handler is not None, **worker_arguments)
+        self.defaults = JobDefaults.build(max_attempts, result_ttl, payload_serde, result_serde)
+        self._arguments = {k: v for k, v in arguments.items() if k not in _WORKER_ARGUMENTS}
         self._observers: list[QueueObserver] = []  # instruments (trioqueue.metrics)
         self._running = False
-        self._handler: Handler | None = None
-        self._handler_is_async = True
-        if handler is not None or batch_handler is not None:
-            self.execute(handler or batch_handler)  # type: ignore[arg-type]
-        self._use_reaper = reaper
         self._events = Emitter(self.name)
         self._waiters = Waiters()
         # the storage subscription, opened by need
-        self._listener = Listener(storage, self.name, self.worker_id, self._events, self._waiters, self.result_serde)
+        self._listener = Listener(storage, self.name, self._events, self._waiters, self.defaults.result_serde)
         # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
         self._token_prefix = uuid.uuid4().hex[:12] + "-"
         self._token_seq = count(1)
         self._stop_requested = trio.Event()
-        self._consumer: Consumer | None = None
-        self._cm_nursery: trio.Nursery | None = None
-        self._cm: Any = None
+        self._service = ServiceContext(self.run, self.stop)
+        self.parts = QueueParts(
+            storage, self.name, self.defaults, self._events, self._listener, self._observers, self._subtree
+        )
+        """What a :class:`Worker` consuming this queue attaches to (for Workers, not applications)."""
+        self._worker: Worker | None = None
+        if handler is not None or batch_handler is not None:
+            self.execute(handler or batch_handler)  # type: ignore[arg-type]
         remember_queue(self)  # its settings, for children other queues enqueue to it
+
+    # the job defaults, and the shorthand's worker settings, as attributes
+    max_attempts = _Setting[int]("defaults")
+    result_ttl = _Setting[float]("defaults")
+    payload_serde = _Setting[Serde]("defaults")
+    result_serde = _Setting[Serde]("defaults")
+    worker_id = _Setting[str]("worker_settings")
+    concurrency = _Setting[int]("worker_settings")
+    executor = _Setting[Literal["thread", "process"]]("worker_settings")
+    processes = _Setting[int | None]("worker_settings")
+    prefetch = _Setting[int]("worker_settings")
+    block_timeout = _Setting[float]("worker_settings")
+    visibility_timeout = _Setting[float]("worker_settings")
+    lease_margin = _Setting[float]("worker_settings")
+    job_timeout = _Setting[float | None]("worker_settings")
+    keep_completed = _Setting[int | None]("worker_settings")
+    keep_failed = _Setting[int | None]("worker_settings")
+    rate_limit = _Setting[RateLimit | None]("worker_settings")
+    global_concurrency = _Setting[int | None]("worker_settings")
+    group_concurrency = _Setting[int | None]("worker_settings")
+    group_rate_limit = _Setting[RateLimit | None]("worker_settings")
+
+    @property
+    def worker(self) -> Worker | None:
+        """The Worker of the one-object shorthand (a Queue given a handler), run by the
+        queue itself; ``None`` for a producer."""
+        return self._worker
 
     # -- configuration -----------------------------------------------------------------
 
@@ -238,8 +212,11 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         """A new (not running) Queue with this one's settings, handler and ``on()``
         callbacks, and ``changes`` (any constructor argument) applied; e.g. the worker CLI
         runs ``queue.copy(storage=from_url(url), concurrency=8)``."""
-        own = {"handler": self._handler} if self._batch is None else {}
-        settings = {**self._settings, **own, **changes}
+        settings = {**self._arguments, **self.worker_settings.arguments}
+        worker = self._worker
+        if worker is not None:
+            settings["batch_handler" if self.worker_settings.batch is not None else "handler"] = worker.handler
+        settings = {**settings, **changes}
         if "worker_id" not in changes:
             settings["worker_id"] = None  # a new worker: a new id
         new: Queue[P, R] = Queue(**settings)
@@ -277,12 +254,7 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
             raise ValidationError(f"handler must be callable, got {fn!r}")
         if self._running:
             raise TrioQueueError("set the handler before the queue starts")
-        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
-        )
-        if self.executor == "process":
-            check_process_handler(fn, is_async, self.payload_serde, self.result_serde)
-        self._handler, self._handler_is_async = fn, is_async
+        self._worker = Worker.with_settings(self, fn, self.worker_settings)
         return fn
 
     def on(self, name: str, callback: EventCallback | None = None) -> Any:
@@ -317,28 +289,13 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
     # -- lifecycle ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self._cm = trio.open_nursery()
-        nursery = await self._cm.__aenter__()
-        try:
-            await nursery.start(self.run)
-        except BaseException:
-            # ``run`` failed before it started: nothing runs in the nursery; close it
-            # without wrapping the error in an ExceptionGroup.
-            await self._cm.__aexit__(None, None, None)
-            raise
-        self._cm_nursery = nursery
+        await self._service.enter()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        cm, nursery, self._cm, self._cm_nursery = self._cm, self._cm_nursery, None, None
-        if exc is None:
-            self.stop()  # graceful
-        elif nursery is not None and not isinstance(exc, trio.Cancelled):
-            nursery.cancel_scope.cancel()  # the body failed: forced stop, jobs go back
-        # The body's own exception propagates as it is, not wrapped in an ExceptionGroup.
-        await cm.__aexit__(None, None, None)
+        await self._service.exit(exc)  # the body's own exception propagates as it is
         return False
 
     def stop(self) -> None:
@@ -362,48 +319,30 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         try:
             await self._run(task_status)
         except BaseExceptionGroup as group:
-            bare = _sole_interrupt(group)
+            bare = sole_interrupt(group)
             if bare is None:
                 raise
             raise bare from None
         finally:
             self._running = False
-            self._consumer = self._listener.consumer = self._listener.on_due = None
             self._wake_waiters(stopped=True)
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         await self.storage.open()
         try:
-            async with self._open_pool() as pool, trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.storage.watchdog)
                 await nursery.start(self._events.run)
-                self._listener.consumes = self._handler is not None
                 await nursery.start(self._listener.run)
-                consumer = None
-                if self._handler is not None:
-                    consumer = self._consumer = self._listener.consumer = self._new_consumer(self._handler, pool)
-                    await nursery.start(consumer.run)
-                    if self._use_reaper:
-                        reaper = Reaper(
-                            self.storage,
-                            name=self.name,
-                            visibility_timeout=self.visibility_timeout,
-                            leader_election=LeaderElection(
-                                lock_ttl=self.visibility_timeout,
-                                renewal_interval=self.visibility_timeout / 3,
-                                acquire_retry_interval=self.visibility_timeout / 3,
-                            ),
-                            _emitter=self._events,
-                            _observers=self._observers,
-                            _fed=True,
-                        )
-                        self._listener.on_due = reaper.notice_due  # the queue's notices feed it
-                        nursery.start_soon(reaper.run)
-                self._events.emit("started", worker_id=self.worker_id)
-                task_status.started()
-                await self._stop_requested.wait()
-                if consumer is not None:
-                    await consumer.stop()
+                worker = self._worker
+                async with trio.open_nursery() as serving:
+                    if worker is not None:
+                        await serving.start(worker.run)  # attaches to this running queue
+                    self._events.emit("started", worker_id=self.worker_id)
+                    task_status.started()
+                    await self._stop_requested.wait()
+                    if worker is not None:
+                        worker.stop()  # graceful: returns once its jobs are settled
                 self._events.emit("stopped", worker_id=self.worker_id)
                 self._events.close()
                 self._wake_waiters(stopped=True)
@@ -411,46 +350,6 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         finally:
             with trio.CancelScope(shield=True):
                 await self.storage.aclose()
-
-    def _open_pool(self) -> AbstractAsyncContextManager[ProcessPool | None]:
-        """The process pool of a running consumer with ``executor="process"`` (closed
-        after its handlers end), else nothing."""
-        if self.processes is None or self._handler is None:
-            return nullcontext(None)
-        return ProcessPool(self.processes, self._handler, self.payload_serde, self.result_serde).open()
-
-    def _new_consumer(self, handler: Handler, pool: ProcessPool | None) -> Consumer:
-        """The worker of a queue with a handler, with its executor."""
-        execution = ExecutionSettings(
-            self.name,
-            self.worker_id,
-            handler,
-            self._handler_is_async,
-            self.payload_serde,
-            self.result_serde,
-            self.result_ttl,
-            self.job_timeout,
-            self._retry_delay,
-            self._retry_if,
-            self._after_execution,
-            pool,
-            self._subtree,
-            self.keep_completed,
-            self.keep_failed,
-        )
-        executor = Executor(execution, self.storage, self._events, self._observers, Cancellations())
-        settings = ConsumerSettings(
-            self.name,
-            self.worker_id,
-            self.concurrency,
-            self.prefetch,
-            self.block_timeout,
-            self.visibility_timeout,
-            self._claim_limits,
-            self.lease_margin,
-            self._batch,
-        )
-        return Consumer(settings, self.storage, executor, self._events, observed=bool(self._observers))
 
     def _wake_waiters(self, *, stopped: bool = False) -> None:
         self._waiters.wake_all(stopped=stopped)
@@ -465,5 +364,5 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
             )
 
     def __repr__(self) -> str:
-        role = "consumer" if self._handler is not None else "producer"
+        role = "consumer" if self._worker is not None else "producer"
         return f"<Queue {self.name!r} {role} worker_id={self.worker_id!r} storage={self.storage!r}>"

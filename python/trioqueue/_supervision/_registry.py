@@ -21,7 +21,6 @@ from ._streams import EventStream, watch
 from ..storage._records import parse_job_state
 
 if TYPE_CHECKING:
-    from ._consumer import Consumer
     from ._emitter import Emitter
     from ._listener import Listener
     from ..storage._base import JobRecord, Storage
@@ -52,7 +51,6 @@ class QueueAdmin(Generic[P]):
     result_ttl: float
     _events: Emitter
     _listener: Listener
-    _consumer: Consumer | None
 
     def _check_running(self) -> None:
         raise NotImplementedError
@@ -183,8 +181,8 @@ class QueueAdmin(Generic[P]):
         self._check_running()
         await self._listener.caught_up()
         changed = await self.storage.set_paused(self.name, True)
-        if self._consumer is not None:
-            await self._consumer.pause()  # ours now; other workers hear the notice
+        for consumer in list(self._listener.consumers):
+            await consumer.pause()  # this process's workers now; other workers hear the notice
         return changed
 
     async def resume(self) -> bool:
