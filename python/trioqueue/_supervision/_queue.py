@@ -7,19 +7,21 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from collections.abc import Callable
-from itertools import count
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, overload
+from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
 import trio
 
 from .._model import _validate as check
 from .._model._errors import TrioQueueError, ValidationError
+from .._model._flows import JobRef
 from .._model._limits import RateLimit
+from .._model._options import EnqueueOptions
 from .._model._retry import ExponentialBackoff, RetryDelay
 from .._model._serde import Serde
-from .._model._types import Job
+from .._model._types import CancelResult, EnqueueResult, Job, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ..storage._base import Storage
 from ._emitter import Emitter, EventCallback
 from ._execution import AfterExecution, Handler, RetryIf
@@ -27,8 +29,10 @@ from ._flows import JobMaker, remember_queue
 from ._listener import Listener, level_for
 from ._observers import QueueObserver
 from ._producing import QueueProducer
-from ._registry import QueueAdmin
+from ._registry import JobReader, QueueAdmin
+from ._scheduler import Missed, Schedule
 from ._service import ServiceContext, sole_interrupt
+from ._streams import EventStream
 from ._settings import JobDefaults, WorkerSettings
 from ._waiters import Waiters
 from ._worker import QueueParts, Worker
@@ -60,7 +64,7 @@ class _Setting(Generic[T]):
         return getattr(getattr(obj, self.holder), self.name)  # type: ignore[no-any-return]
 
 
-class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
+class Queue(Generic[P, R]):
     """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
@@ -165,19 +169,24 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         self._waiters = Waiters()
         # the storage subscription, opened by need
         self._listener = Listener(storage, self.name, self._events, self._waiters, self.defaults.result_serde)
-        # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
-        self._token_prefix = uuid.uuid4().hex[:12] + "-"
-        self._token_seq = count(1)
+        reader = JobReader(storage, self.name, self.defaults.result_serde)
+        maker = self._maker = JobMaker(storage, self.name, self.defaults, self._observers, reader)
+        self._producer: QueueProducer[P, R] = QueueProducer(
+            storage, self.name, maker, reader, self._listener, self._waiters, self._check_running
+        )
+        self._admin: QueueAdmin[P] = QueueAdmin(
+            storage, self.name, self.defaults, reader, self._listener, self._events, maker.new_token, self._check_running
+        )
         self._stop_requested = trio.Event()
         self._service = ServiceContext(self.run, self.stop)
         self.parts = QueueParts(
-            storage, self.name, self.defaults, self._events, self._listener, self._observers, self._subtree
+            storage, self.name, self.defaults, self._events, self._listener, self._observers, maker.subtree
         )
         """What a :class:`Worker` consuming this queue attaches to (for Workers, not applications)."""
         self._worker: Worker | None = None
         if handler is not None or batch_handler is not None:
             self.execute(handler or batch_handler)  # type: ignore[arg-type]
-        remember_queue(self)  # its settings, for children other queues enqueue to it
+        remember_queue(maker)  # its job defaults, for children other queues enqueue to it
 
     # the job defaults, and the shorthand's worker settings, as attributes
     max_attempts = _Setting[int]("defaults")
@@ -285,6 +294,243 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         if self._running:
             self._listener.want(level_for((name,)))
         return registered
+
+    # -- producing (the QueueProducer's) ----------------------------------------------
+
+    async def enqueue(
+        self,
+        job_id: str,
+        payload: P,
+        *,
+        transaction: object | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> EnqueueResult:
+        """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
+        queued/processing/failing/delayed, or failed and still cached) or ``completed``
+        with the cached result. ``options`` (:class:`~trioqueue.EnqueueOptions`), each
+        overriding the queue's setting, fixed by the first accepted enqueue:
+        ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay),
+        ``job_timeout``; ``delay`` (seconds from now) or ``at`` (a timezone-aware
+        ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until then;
+        ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first, FIFO
+        within a priority; the job keeps it through retries and recoveries.
+        ``transaction`` (PostgresStorage: ``async with storage.transaction() as tx``)
+        writes the job in the application's transaction: it exists only if that commits.
+        Raises :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for
+        an unknown option.
+
+        ``children`` (a list of :class:`~trioqueue.Child`, trees of any depth) makes it
+        the parent of a tree, written atomically (every job or none: a child id that
+        exists raises :class:`~trioqueue.FlowError`): it waits in ``waiting_children``
+        until every child is terminal, then runs. ``on_child_failure``: ``"cancel"``
+        (default) fails it with :class:`~trioqueue.ChildJobFailedError` and cancels the
+        other children as soon as one fails for good, ``"continue"`` runs it anyway
+        (:meth:`Job.children_failures`), ``"ignore"`` counts failed children as done."""
+        return await self._producer.enqueue(job_id, payload, transaction=transaction, **options)
+
+    async def enqueue_many(
+        self,
+        jobs: Iterable[tuple[str, P]],
+        *,
+        transaction: object | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> list[EnqueueResult]:
+        """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
+        order), with the options of :meth:`enqueue` for all of them (``transaction``
+        too). Everything is validated first: one bad job means nothing is written."""
+        return await self._producer.enqueue_many(jobs, transaction=transaction, **options)
+
+    async def enqueue_and_wait(
+        self,
+        job_id: str,
+        payload: P,
+        *,
+        timeout: float = 30.0,
+        **options: Unpack[EnqueueOptions],
+    ) -> R:
+        """Enqueue (or join an in-flight job with the same id) and return its result.
+
+        Raises :class:`JobTimeoutError` after ``timeout`` seconds (the job keeps going),
+        :class:`JobFailedError` if it failed for good, :class:`JobCancelledError` if it is
+        cancelled meanwhile, :class:`QueueStoppedError` at once if the queue stops. A
+        completed id returns its cached result at once. Driven by the storage's event
+        stream (the wait is registered before enqueueing), never by polling; only the
+        outcome of the incarnation this call enqueued or joined counts (a job cancelled and
+        enqueued again under the same id is another incarnation). An enclosing cancel scope
+        cancels the wait, not the job.
+        """
+        return await self._producer.enqueue_and_wait(job_id, payload, timeout=timeout, **options)
+
+    # -- registry and administration (the QueueAdmin's) --------------------------------
+
+    async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
+        """The children of a job (a tree's parent, or a job that added children while it
+        ran), ``{JobRef(queue, id): status}`` in the order they were added; results are
+        decoded by this queue's result serde. ``{}`` for a job without children."""
+        return await self._admin.children(job_id)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel a job: a queued, delayed or failing (waiting for its retry) one will never
+        run; a running one has its handler cancelled by its worker (wherever it runs; the
+        handler may shield cleanup as Trio allows) and is not retried. Its state becomes
+        ``cancelled`` for its result TTL (enqueueing the id again starts a new incarnation)
+        and its waiters get :class:`JobCancelledError`; a running job that finishes before
+        the request reaches it keeps its outcome. Finished jobs are not touched: the status
+        says why."""
+        return await self._admin.cancel(job_id)
+
+    async def schedule(
+        self,
+        name: str,
+        payload: P | None = None,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        missed: Missed = "run_once",
+        max_attempts: int | None = None,
+        result_ttl: float | None = None,
+    ) -> Schedule:
+        """Create or update the schedule ``name``: a job with ``payload`` is enqueued on
+        every tick of ``cron`` (evaluated in the IANA timezone ``tz``) or every ``every``
+        seconds (the first tick at its first registration), with the id ``<name>@<tick in UTC>``
+        (``nightly@2026-11-23T03:00:00Z``), so a tick never runs twice. Schedules live in
+        the storage; the queue's active reaper (one per queue) enqueues the ticks.
+        ``missed``: ticks that passed while no reaper ran (found more than 60 s late) are
+        run once (``run_once``, the latest of them) or skipped (``skip``); later ones
+        found within 60 s each run.
+
+        Registering is idempotent, so a worker may declare its schedules at every
+        start-up: an unchanged schedule is not written at all, and a changed one keeps its
+        tick grid (the first registration's time, :attr:`Schedule.created_at`) and its
+        last tick (no tick runs twice, and none that was due is dropped, because of an
+        edit). Concurrent registrations agree on one grid (a compare-and-set). Returns the
+        schedule as stored."""
+        return await self._admin.schedule(name, payload, cron=cron, every=every, tz=tz, missed=missed, max_attempts=max_attempts, result_ttl=result_ttl)
+
+    async def schedules(self) -> list[Schedule]:
+        """The queue's schedules, a list sorted by name (each with its ``name``, ``cron`` or
+        ``every``, ``tz``, ``missed``, ``last_tick``...)."""
+        return await self._admin.schedules()
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove a schedule (jobs already enqueued stay); False if there was none."""
+        return await self._admin.unschedule(name)
+
+    def events(
+        self, *kinds: str, job_ids: Collection[str] | None = None, buffer: int = 1000
+    ) -> AbstractAsyncContextManager[EventStream]:
+        """``async with queue.events("completed", "failed") as stream: async for event in
+        stream:`` — the queue's events (every name :meth:`on` accepts; all when no names
+        are given), optionally only those of ``job_ids``. At most ``buffer`` events wait for
+        a slow reader; beyond that they are dropped and counted (``stream.dropped``) and
+        the reader gets one ``resync`` event marking the gap."""
+        return self._admin.events(*kinds, job_ids=job_ids, buffer=buffer)
+
+    def watch(self, job_id: str) -> AsyncIterator[JobStatus | None]:
+        """``async for status in queue.watch(id):`` the job's status, again on each change
+        of state or progress, until it is terminal (or unknown: ``None``)."""
+        return self._admin.watch(job_id)
+
+    async def pause(self) -> bool:
+        """Stop every worker of this queue (in every process) from claiming and starting
+        jobs; running jobs finish. Jobs that workers had prefetched go back to the queue:
+        none starts once this returns (a job whose attempt was counted before, at its
+        claim, is running). Stored in the storage; returns False if it was already
+        paused."""
+        return await self._admin.pause()
+
+    async def resume(self) -> bool:
+        """Let workers claim again (waiting ones wake at once); False if it was not paused."""
+        return await self._admin.resume()
+
+    async def is_paused(self) -> bool:
+        """Whether claiming on this queue is paused."""
+        return await self._admin.is_paused()
+
+    async def pause_group(self, group: str) -> bool:
+        """Stop every worker of this queue from claiming the jobs of ``group`` (other
+        groups' jobs are claimed as before; running jobs finish). Stored in the storage;
+        returns False if the group was already paused."""
+        return await self._admin.pause_group(group)
+
+    async def resume_group(self, group: str) -> bool:
+        """Let workers claim the jobs of ``group`` again (waiting ones wake at once);
+        False if it was not paused."""
+        return await self._admin.resume_group(group)
+
+    async def paused_groups(self) -> list[str]:
+        """The groups of this queue whose claiming is paused (sorted)."""
+        return await self._admin.paused_groups()
+
+    async def group_counts(self) -> dict[str, dict[str, int]]:
+        """How many jobs of each group are ``queued`` and ``processing`` (groups with
+        any; the jobs without a group under ``""``): ``{group: {"queued": n,
+        "processing": n}}``. For inspection (``trioqueue stats --group``): it may scan the
+        queue's active jobs."""
+        return await self._admin.group_counts()
+
+    async def get_status(self, job_id: str) -> JobStatus | None:
+        """The job's registry entry, or ``None`` if the id is unknown (or expired); a
+        child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
+        state (:attr:`~JobStatus.children`)."""
+        return await self._admin.get_status(job_id)
+
+    async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
+        """The statuses of many jobs at once, in the order of ``job_ids`` (``None`` for an
+        unknown or expired id, as :meth:`get_status`): one storage call, one round trip
+        to the server (Redis: one script, a queue's keys sharing one Cluster slot;
+        PostgreSQL: one query), plus one per job that is a parent of a tree (its
+        children's counts). A bad id raises :class:`ValidationError` naming it, before
+        anything is read."""
+        return await self._admin.get_statuses(job_ids)
+
+    async def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (every :class:`JobState`, zeros included)."""
+        return await self._admin.counts()
+
+    async def list_jobs(self, state: JobState | str, *, limit: int = 100, cursor: str | None = None) -> JobPage:
+        """A page of the jobs in ``state``, newest first (by when they entered it): pass
+        the returned ``cursor`` back for the next page (``None`` after the last). Paging
+        is stable while jobs come and go; memory is bounded by ``limit``."""
+        return await self._admin.list_jobs(state, limit=limit, cursor=cursor)
+
+    async def retry(self, job_id: str) -> bool:
+        """Run a ``failed`` (or ``cancelled``) job again: it is enqueued anew with its
+        original payload and its attempts reset. False if it is not failed/cancelled."""
+        return await self._admin.retry(job_id)
+
+    async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
+        """Forget the ``completed``, ``failed`` or ``cancelled`` jobs that entered that
+        state more than ``older_than`` seconds ago (all when ``None``); returns how many."""
+        return await self._admin.purge(state, older_than=older_than)
+
+    async def remove(self, job_id: str) -> bool:
+        """Forget a job that is not running (a queued, delayed or failing one never runs);
+        False if it is unknown or running."""
+        return await self._admin.remove(job_id)
+
+    async def clear(self, *, schedules: bool = False) -> int:
+        """Empty the queue's storage entirely: every job in every state (queued, delayed,
+        running, waiting for a retry or for children, finished) with its results, errors
+        and progress, and the rate limits' state (the groups' too: their claimed slots and
+        ``group_rate_limit`` windows), is forgotten at once; the schedules are kept unless
+        ``schedules`` is true (the pause flag, the paused groups and the worker registry
+        always are). Returns how many jobs were forgotten. A worker running one of the jobs does
+        not crash: its outcome is refused (fenced, an ``error`` event) and its heartbeat
+        gives the claim up (``lease_lost``); waiters of ``enqueue_and_wait`` get
+        :class:`JobCancelledError`; every subscriber gets a ``cleared`` event."""
+        return await self._admin.clear(schedules=schedules)
+
+    async def get_result(self, job_id: str) -> Any:
+        """The cached result of a completed job. Raises :class:`JobFailedError` for a failed
+        one, :class:`JobCancelledError` for a cancelled one and :class:`JobNotFinishedError`
+        for an unknown or unfinished one."""
+        return await self._admin.get_result(job_id)
+
+    async def update_result_ttl(self, job_id: str, ttl: float) -> UpdateTTLStatus:
+        """Keep a finished job's result (or error) for ``ttl`` more seconds from now."""
+        return await self._admin.update_result_ttl(job_id, ttl)
 
     # -- lifecycle ---------------------------------------------------------------------
 
