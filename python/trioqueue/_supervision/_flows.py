@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 from .._core import encode_envelope
 from .._model import _validate as check
 from .._model._errors import FlowError, ValidationError
-from .._model._flows import Child, JobRef, check_on_child_failure, walk_tree
+from .._model._flows import Child, check_on_child_failure, walk_tree
 from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
-from .._model._serde import Serde
 from .._model._types import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,

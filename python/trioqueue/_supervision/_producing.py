@@ -14,7 +14,7 @@ from .._model import _validate as check
 from .._model._errors import JobCancelledError, JobTimeoutError, QueueStoppedError, TrioQueueError
 from .._model._options import EnqueueOptions
 from .._model._types import EnqueueResult, EnqueueStatus
-from ..storage._base import EnqueueOutcome, FlowJob, NewJob, Storage, StorageEvent
+from ..storage._base import Storage, StorageEvent
 from ._listener import NOTICES
 from ._waiters import terminal_from_record
 

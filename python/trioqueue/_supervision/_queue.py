@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -60,7 +59,14 @@ class _Setting(Generic[T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj: object, owner: type | None = None) -> T:
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Setting[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | _Setting[T]:
+        if obj is None:
+            return self  # (the class's attribute: for introspection and the docs)
         return getattr(getattr(obj, self.holder), self.name)  # type: ignore[no-any-return]
 
 
