@@ -71,7 +71,17 @@ class _Setting(Generic[T]):
 
 
 class Queue(Generic[P, R]):
-    """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
+    """A job queue on a :class:`~trioqueue.Storage`: the producer and admin handle; given a
+    ``handler`` (or ``batch_handler``), also its consumer.
+
+    ``Queue(storage, name=...)`` enqueues and administers; a :class:`~trioqueue.Worker`
+    (``Worker(queue, handler=...)``) consumes it, in this process or another.
+    ``Queue(storage, name=..., handler=..., concurrency=...)`` is the one-object shorthand:
+    the Queue builds a Worker from its consumer arguments (:attr:`worker`, with
+    :attr:`worker_settings`) and runs it inside ``async with queue:``. Use the shorthand
+    for small programs and tests, a Queue and a Worker where producers and workers are
+    different processes (a web app enqueues, ``trioqueue worker`` consumes) or one worker
+    consumes several queues. The consumer arguments below are the Worker's.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
     (as far as needed: not at all for a pure producer, see :mod:`trioqueue._supervision._listener`)
