@@ -53,6 +53,8 @@ from ._producers import AsyncioProducer, SyncProducer
 from ._model._outcomes import BatchOutcome, RateLimited, ResultEncodeError, Retry, UnrecoverableError, WaitForChildren
 from ._supervision._queue import Queue
 from ._supervision._reaper import LeaderElection, Reaper
+from ._supervision._settings import JobDefaults, WorkerSettings
+from ._supervision._worker import Worker
 from ._model._retry import ExponentialBackoff
 from ._model._serde import JsonSerde, Serde, error_data
 from .storage import MemoryStorage, Storage
@@ -84,6 +86,7 @@ __all__ = [
     "FileStorage",
     "Job",
     "JobCancelledError",
+    "JobDefaults",
     "JobError",
     "JobFailedError",
     "JobNotFinishedError",
@@ -114,6 +117,8 @@ __all__ = [
     "UnrecoverableError",
     "ValidationError",
     "WaitForChildren",
+    "Worker",
+    "WorkerSettings",
     "error_data",
 ]
 

@@ -112,6 +112,42 @@ async def test_factory_and_storage_url_override(app: Path) -> None:
         assert await proc.wait() == 0
 
 
+WORKER_APP = textwrap.dedent(
+    """
+    import os
+    from trioqueue import FileStorage, Job, Queue, Worker
+
+    async def handle(job: Job[int]) -> int:
+        return job.payload + 1
+
+    def make_worker() -> Worker:  # a factory returning a Worker of two producer-only Queues
+        storage = FileStorage(os.environ["APP_STORE"])
+        return Worker([Queue(storage, name="a"), Queue(storage, name="b")], handler=handle, block_timeout=0.5)
+    """
+)
+
+
+async def test_worker_command_runs_a_worker_factory_over_two_queues(tmp_path: Path) -> None:
+    (tmp_path / "workerapp.py").write_text(WORKER_APP)
+    env = {**os.environ, "APP_STORE": str(tmp_path / "store")}
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "trioqueue", "worker", "workerapp:make_worker", "--concurrency", "2", "--log-format", "json"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    lines = ProcessLines(proc)
+    with trio.fail_after(60):
+        served = {(await _wait_log(lines, "serving queue"))["message"] for _ in range(2)}
+        assert all("concurrency 2" in m for m in served) and {"'a'" in m for m in served} == {True, False}
+        async with Queue(FileStorage(tmp_path / "store"), name="b") as producer:
+            assert await producer.enqueue_and_wait("x", 1) == 2
+        proc.send_signal(signal.SIGINT)
+        await _wait_log(lines, "received SIGINT: stopping gracefully")
+        assert await proc.wait() == 0
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +38,9 @@ from ._observers import notify
 
 if TYPE_CHECKING:
     from ._consumer import ConsumerSettings
+    from ._ledger import ClaimLedger
 
-__all__ = ["BatchEscalation", "BatchSettings", "BatchWorker", "batch_settings", "execute_batch"]
+__all__ = ["BatchEscalation", "BatchRunner", "BatchSettings", "batch_settings", "execute_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,63 +217,47 @@ async def _call(executor: Executor, jobs: list[Job[Any]]) -> Any:
     return result
 
 
-class BatchWorker:
-    """A part of :class:`~trioqueue._supervision._consumer.Consumer` (which provides the
-    attributes and methods declared here): the worker task of a batch handler."""
+class BatchRunner:
+    """The worker tasks of a batch handler (``settings.batch``): take batches from the
+    ``ledger``'s buffer, count the attempts of the reserved claims (``begin_many``, one
+    batched :meth:`Storage.start`, or ``start_nowait`` where the storage needs no I/O),
+    run them on ``executor`` and queue each job's settlement."""
 
-    q: ConsumerSettings
-    executor: Executor
-    buffer: deque[Claim]
-    running: dict[str, str]
-    pending: list[Settlement]
-    interrupted: set[str]
-    lost: set[str]
-    spent_scopes: set[trio.CancelScope]
-    draining: bool
-    waking: int
-    work: trio.lowlevel.ParkingLot
-    filled: trio.lowlevel.ParkingLot
-    settle_wakeup: trio.lowlevel.ParkingLot
-    lost_ended: trio.lowlevel.ParkingLot
-    start_nowait: Any
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        executor: Executor,
+        ledger: ClaimLedger,
+        begin_many: Callable[[list[Claim]], Awaitable[list[bool]]],
+        start_nowait: Callable[[str, str, str, str], bool] | None,
+    ) -> None:
+        self.q = settings
+        self.executor = executor
+        self.ledger = ledger
+        self.begin_many = begin_many
+        self.start_nowait = start_nowait
 
-    def _wake_worker(self) -> None:
-        raise NotImplementedError
-
-    def _unhold(self, n: int) -> None:
-        raise NotImplementedError
-
-    def _drop_lost(self, job_id: str, token: str) -> None:
-        raise NotImplementedError
-
-    def _cancel_spent(self, token: str) -> None:
-        raise NotImplementedError
-
-    async def _begin_many(self, claims: list[Claim]) -> list[bool]:
-        raise NotImplementedError
-
-
-    async def _take_batch(self, size: int, wait: float) -> list[Claim]:
+    async def take_batch(self, size: int, wait: float) -> list[Claim]:
         """Up to ``size`` claims of the buffer, waiting up to ``wait`` seconds for it to
         fill (less once draining); ``[]`` when the worker is done. A claim of a job whose
         lost claim still ends on another of our tasks stays in the buffer, as in
         :meth:`Consumer._work`."""
-        buffer = self.buffer
+        buffer = self.ledger.buffer
         while True:
             if not buffer:
-                if self.draining:
+                if self.ledger.draining:
                     return []
-                await self.work.park()
-                if self.waking:
-                    self.waking -= 1
+                await self.ledger.work.park()
+                if self.ledger.waking:
+                    self.ledger.waking -= 1
                 continue
-            if len(buffer) < size and wait > 0 and not self.draining:
+            if len(buffer) < size and wait > 0 and not self.ledger.draining:
                 with trio.move_on_after(wait):
-                    while len(buffer) < size and not self.draining:
-                        await self.filled.park()
+                    while len(buffer) < size and not self.ledger.draining:
+                        await self.ledger.filled.park()
             claims: list[Claim] = []
             held_back: list[Claim] = []
-            running = set(self.running.values()) if self.lost else ()
+            running = set(self.ledger.running.values()) if self.ledger.lost else ()
             while buffer and len(claims) < size:
                 claim = buffer.popleft()
                 (held_back if claim.id in running else claims).append(claim)
@@ -281,42 +265,42 @@ class BatchWorker:
             if claims:
                 return claims
             if held_back:
-                await self.lost_ended.park()
+                await self.ledger.lost_ended.park()
 
-    async def _work_batch(self, attempt: Attempt) -> bool:
+    async def work(self, attempt: Attempt) -> bool:
         """Run batches one after another until the worker is done (draining); returns
         ``False`` then, as :meth:`Consumer._work` does."""
         batch: BatchSettings = self.q.batch  # type: ignore[assignment]
         while True:
-            claims = await self._take_batch(batch.size, batch.wait)
+            claims = await self.take_batch(batch.size, batch.wait)
             if not claims:
                 return False
-            if self.buffer and not self.waking and self.work:
-                self._wake_worker()
+            if self.ledger.buffer and not self.ledger.waking and self.ledger.work:
+                self.ledger.wake_worker()
             for claim in claims:
-                self.running[claim.token] = claim.id
+                self.ledger.running[claim.token] = claim.id
             executing = False
             try:
-                runnable = await self._begin_batch(claims)
+                runnable = await self.begin_batch(claims)
                 executing = True
                 try:
                     settlements = await execute_batch(self.executor, runnable, attempt)
                 except BatchEscalation as esc:
-                    self._queue_settlements(runnable, esc.settlements)
+                    self.queue_settlements(runnable, esc.settlements)
                     raise esc.exc from None
             except BaseException:
                 if executing:
-                    self.interrupted.update(c.id for c in claims)  # their handler may have run in part
+                    self.ledger.interrupted.update(c.id for c in claims)  # their handler may have run in part
                 raise
             finally:
                 for claim in claims:
-                    self.running.pop(claim.token, None)
-                spent = self.spent_scopes
+                    self.ledger.running.pop(claim.token, None)
+                spent = self.ledger.spent_scopes
                 if spent:
                     spent.difference_update([s for s in spent if isinstance(s, _Member)])
-            self._queue_settlements(runnable, settlements)
+            self.queue_settlements(runnable, settlements)
 
-    async def _begin_batch(self, claims: list[Claim]) -> list[Claim]:
+    async def begin_batch(self, claims: list[Claim]) -> list[Claim]:
         """Count the attempts of the reserved claims (one :meth:`Storage.start` for the
         batch, or none where the storage needs no I/O); the claims still ours to run."""
         q = self.q
@@ -326,34 +310,34 @@ class BatchWorker:
             reserved = [c for c in claims if not c.started]
             started: dict[str, bool] = {}
             if reserved:  # one start() for the batch (with other workers' claims waiting)
-                started = dict(zip((c.token for c in reserved), await self._begin_many(reserved), strict=True))
+                started = dict(zip((c.token for c in reserved), await self.begin_many(reserved), strict=True))
             ok = [c.started or started.get(c.token, False) for c in claims]
         runnable = []
         for claim, good in zip(claims, ok, strict=True):
-            if good and claim.token not in self.lost:
+            if good and claim.token not in self.ledger.lost:
                 runnable.append(claim)
                 continue
-            self.running.pop(claim.token, None)
-            if claim.token in self.lost:
-                self._drop_lost(claim.id, claim.token)
+            self.ledger.running.pop(claim.token, None)
+            if claim.token in self.ledger.lost:
+                self.ledger.drop_lost(claim.id, claim.token)
             else:
-                self._unhold(1)  # cancelled, or the reaper took it back: not ours to run
-                self._cancel_spent(claim.token)
+                self.ledger.unhold(1)  # cancelled, or the reaper took it back: not ours to run
+                self.ledger.cancel_spent(claim.token)
         return runnable
 
-    def _queue_settlements(self, claims: list[Claim], settlements: list[Settlement | None]) -> None:
+    def queue_settlements(self, claims: list[Claim], settlements: list[Settlement | None]) -> None:
         """Queue the batch's settlements for the settler (a lost claim's: nothing)."""
-        lost = self.lost
-        pending = self.pending
+        lost = self.ledger.lost
+        pending = self.ledger.pending
         before = len(pending)
         for claim, settlement in zip(claims, settlements, strict=True):
             if claim.token in lost or settlement is None:
                 if claim.token in lost:
-                    self._drop_lost(claim.id, claim.token)
+                    self.ledger.drop_lost(claim.id, claim.token)
                 else:
-                    self._unhold(1)
+                    self.ledger.unhold(1)
                 continue
             pending.append(settlement)
         if before == 0 and pending:
-            self.settle_wakeup.unpark()
+            self.ledger.settle_wakeup.unpark()
 

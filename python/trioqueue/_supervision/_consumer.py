@@ -3,7 +3,6 @@ tasks, and settles in batches, with no Trio task, lock or round trip per job."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from time import monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
@@ -13,9 +12,10 @@ import trio
 from .._model import _validate as check
 from .._model._errors import StorageError, ValidationError
 from .._model._limits import RateLimit
-from ._batch import BatchSettings, BatchWorker
+from ._batch import BatchRunner, BatchSettings
 from ._execution import Attempt, Escalation, Executor, enter_worker
 from ._leases import LeaseKeeper
+from ._ledger import ClaimLedger
 from ..storage._base import Claim, ClaimLimits, Settlement, SettleKind, Storage
 from ..storage._capabilities import NonBlockingStart
 
@@ -83,7 +83,7 @@ class _StartBatch:
         self.ok: list[bool] = []
 
 
-class Consumer(LeaseKeeper, BatchWorker):
+class Consumer:
     """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
     them in batches.
 
@@ -105,52 +105,42 @@ class Consumer(LeaseKeeper, BatchWorker):
     (see :meth:`_work`), and wakes at most one idle worker at a time for the claims left
     in the buffer; handlers that block spread over the workers as before.
 
-    Its heartbeat, the self-fencing of claims it could not renew and what a lost lease
-    does: :class:`~trioqueue._supervision._leases.LeaseKeeper`. A batch handler's workers
-    (``settings.batch``): :class:`~trioqueue._supervision._batch.BatchWorker`.
+    Its parts, each given what it needs: the :class:`~._ledger.ClaimLedger` (the claims
+    it holds, shared by the parts), the :class:`~._leases.LeaseKeeper` (its heartbeat,
+    the self-fencing of claims it could not renew and what a lost lease does) and, for a
+    batch handler (``settings.batch``), the :class:`~._batch.BatchRunner`.
     """
 
     def __init__(
         self, settings: ConsumerSettings, storage: Storage, executor: Executor, events: Emitter, *, observed: bool = False
     ) -> None:
         self.q = settings
+        self.worker_id = settings.worker_id  # (the listener routes cancel requests by it)
         self.storage = storage
         self.executor = executor
         self.events = events
         self.observed = observed  # observers want each attempt's duration
-        self.buffer: deque[Claim] = deque()
-        # claim token -> job id: by claim, for the same worker may hold two claims of one
-        # job (its lease ran out while the handler ran, and the job came back to it)
-        self.running: dict[str, str] = {}
-        # cancel() requests (the executor honours them): the handlers' scopes by claim
-        # token, and the jobs not to run
-        self.scopes = executor.cancellations.scopes
-        self.cancel_requests = executor.cancellations.requested
-        self.spent_scopes: set[trio.CancelScope] = set()  # cancelled by request_cancel() or _lose()
-        self.init_leases(settings)
-        self.pending: list[Settlement] = []
-        self.interrupted: set[str] = set()  # jobs whose handlers a forced stop cut short
-        self.held = 0
+        ledger = self.ledger = ClaimLedger(executor.cancellations)
         self.per_worker = settings.batch.size if settings.batch is not None else 1  # claims a worker takes
         self.limit = settings.concurrency * self.per_worker + settings.prefetch
-        self.work = trio.lowlevel.ParkingLot()  # idle workers
-        self.filled = trio.lowlevel.ParkingLot()  # batch workers waiting for the buffer to fill
-        self.waking = 0  # workers woken for claims that have not run yet (0 or 1)
+        self.leases = LeaseKeeper(settings, storage, events, ledger, self.request_cancel, self.limit)
         # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
         self.start_nowait = self.storage.start_nowait if isinstance(self.storage, NonBlockingStart) else None
-        self.capacity = trio.lowlevel.ParkingLot()  # the fetcher, when ``held`` is at the limit
-        self.settle_wakeup = trio.lowlevel.ParkingLot()
         self.start_wakeup = trio.lowlevel.ParkingLot()
         self.start_batch = _StartBatch()
         self.pace = 0.0  # jobs settled per second over the last window (0: not known)
         self.pace_count = 0  # settled in the current window
         self.pace_since = self.pace_at = perf_counter()  # the current window's start, the last settlement
-        self.draining = False
         self.pauses = 0  # pause notices so far: a claim call that spans one gives its claims back
         self.nursery: trio.Nursery | None = None
         self.workers_left = settings.concurrency
         self.settled_all = trio.Event()
         self.done = trio.Event()
+        self.batches = (
+            None
+            if settings.batch is None
+            else BatchRunner(settings, executor, ledger, self._begin_many, self.start_nowait)
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         q = self.q
@@ -167,8 +157,8 @@ class Consumer(LeaseKeeper, BatchWorker):
                     backoff = min(backoff * 2, RETRY_BACKOFF[1])
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
-                nursery.start_soon(self._heartbeat_loop)
-                nursery.start_soon(self._lease_watch)
+                nursery.start_soon(self.leases.heartbeat_loop)
+                nursery.start_soon(self.leases.lease_watch)
                 nursery.start_soon(self._settle_loop)
                 nursery.start_soon(self._start_loop)
                 for _ in range(q.concurrency):
@@ -185,9 +175,9 @@ class Consumer(LeaseKeeper, BatchWorker):
             # stays in our processing list for the reaper, its attempt counted.
             with trio.CancelScope(shield=True), trio.move_on_after(CLEANUP_TIMEOUT):
                 try:
-                    if self.pending:
-                        await self.storage.settle(q.queue, q.worker_id, self.pending)
-                        self.pending = []
+                    if self.ledger.pending:
+                        await self.storage.settle(q.queue, q.worker_id, self.ledger.pending)
+                        self.ledger.pending = []
                     await self._reconcile(final=True)
                     if self.settled_all.is_set():
                         await self.storage.unregister_worker(q.queue, q.worker_id)
@@ -197,18 +187,18 @@ class Consumer(LeaseKeeper, BatchWorker):
 
     async def stop(self) -> None:
         """Graceful: stop claiming, give prefetched jobs back, let running ones finish."""
-        self.draining = True
+        self.ledger.draining = True
         # The claim call in flight is let finish (its jobs go back at once, see
         # _fetch_loop): cancelled, a call whose request the server served would leave its
         # jobs held, unseen, until the last running handler ended.
-        self.capacity.unpark_all()
-        if self.buffer:
-            claims = list(self.buffer)
-            self.buffer.clear()
-            self.held -= await self._give_back(claims)
-        self.work.unpark_all()
-        self.filled.unpark_all()
-        self.settle_wakeup.unpark_all()
+        self.ledger.capacity.unpark_all()
+        if self.ledger.buffer:
+            claims = list(self.ledger.buffer)
+            self.ledger.buffer.clear()
+            self.ledger.held -= await self._give_back(claims)
+        self.ledger.work.unpark_all()
+        self.ledger.filled.unpark_all()
+        self.ledger.settle_wakeup.unpark_all()
         await self.done.wait()
 
     def paused(self) -> None:
@@ -228,8 +218,8 @@ class Consumer(LeaseKeeper, BatchWorker):
 
     def _take_prefetched(self) -> list[Claim]:
         self.pauses += 1
-        claims = list(self.buffer)
-        self.buffer.clear()  # in place: the workers hold a reference
+        claims = list(self.ledger.buffer)
+        self.ledger.buffer.clear()  # in place: the workers hold a reference
         return claims
 
     async def _hand_back(self, claims: list[Claim]) -> None:
@@ -238,7 +228,7 @@ class Consumer(LeaseKeeper, BatchWorker):
         try:
             await self._give_back(claims)
         finally:
-            self._unhold(len(claims))
+            self.ledger.unhold(len(claims))
 
     async def _give_back(self, claims: list[Claim]) -> int:
         """Release claims that never reached a handler (a claim started at claim time
@@ -257,21 +247,21 @@ class Consumer(LeaseKeeper, BatchWorker):
         ``cancel_requests``, which hold the claims the request reached (never a later
         claim: a later incarnation of the id). A job already finished settles as it
         finished."""
-        running = [token for token, jid in self.running.items() if jid == job_id]
-        if not running and not any(c.id == job_id for c in self.buffer):
+        running = [token for token, jid in self.ledger.running.items() if jid == job_id]
+        if not running and not any(c.id == job_id for c in self.ledger.buffer):
             return
-        self.cancel_requests.update(running)
-        scopes = [scope for token in running if (scope := self.scopes.get(token)) is not None]
+        self.ledger.cancel_requests.update(running)
+        scopes = [scope for token in running if (scope := self.ledger.scopes.get(token)) is not None]
         for scope in scopes:
             scope.cancel()
-            self.spent_scopes.add(scope)
+            self.ledger.spent_scopes.add(scope)
         if scopes:
             return
-        for claim in self.buffer:
+        for claim in self.ledger.buffer:
             if claim.id == job_id:
-                self.buffer.remove(claim)
-                self.pending.append(self.executor.finished(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token)))
-                self.settle_wakeup.unpark()
+                self.ledger.buffer.remove(claim)
+                self.ledger.pending.append(self.executor.finished(Settlement(SettleKind.CANCEL, job_id, b"", token=claim.token)))
+                self.ledger.settle_wakeup.unpark()
                 return
 
     async def _reconcile(self, *, final: bool) -> None:
@@ -282,34 +272,34 @@ class Consumer(LeaseKeeper, BatchWorker):
         handlers a forced stop cut short keep theirs."""
         q = self.q
         held = await self.storage.held_jobs(q.queue, q.worker_id)
-        busy = {*self.running.values(), *(s.id for s in self.pending)}
+        busy = {*self.ledger.running.values(), *(s.id for s in self.ledger.pending)}
         orphans = [j for j in held if j not in busy]
         if orphans:
-            ran = self.interrupted if final else set(orphans)
+            ran = self.ledger.interrupted if final else set(orphans)
             unrun = [j for j in orphans if j not in ran]
             if unrun:
                 await self.storage.release(q.queue, q.worker_id, unrun, refund=True)
             if len(unrun) < len(orphans):
                 await self.storage.release(q.queue, q.worker_id, [j for j in orphans if j in ran])
             gone = set(orphans)
-            before = len(self.buffer)
-            kept = [c for c in self.buffer if c.id not in gone]
-            self.buffer.clear()  # mutate in place: the workers hold a reference
-            self.buffer.extend(kept)
-            self.held -= before - len(kept)
+            before = len(self.ledger.buffer)
+            kept = [c for c in self.ledger.buffer if c.id not in gone]
+            self.ledger.buffer.clear()  # mutate in place: the workers hold a reference
+            self.ledger.buffer.extend(kept)
+            self.ledger.held -= before - len(kept)
 
     async def _fetch_loop(self) -> None:
         q = self.q
         backoff = RETRY_BACKOFF[0]
-        while not self.draining:
-            while self.held >= self.limit and not self.draining:
-                await self.capacity.park()
-            if self.draining:
+        while not self.ledger.draining:
+            while self.ledger.held >= self.limit and not self.ledger.draining:
+                await self.ledger.capacity.park()
+            if self.ledger.draining:
                 break
-            want = self.limit - self.held
+            want = self.limit - self.ledger.held
             # Workers idle now take the first claims at once: count those attempts at
             # claim time; the rest wait in the buffer, reserved.
-            start = min(want, max(0, len(self.work) * self.per_worker - len(self.buffer)))
+            start = min(want, max(0, len(self.ledger.work) * self.per_worker - len(self.ledger.buffer)))
             ahead = self._pace_ahead()
             if ahead > start:
                 start = min(want, ahead)
@@ -328,22 +318,22 @@ class Consumer(LeaseKeeper, BatchWorker):
                 backoff = min(backoff * 2, RETRY_BACKOFF[1])
                 continue
             backoff = RETRY_BACKOFF[0]
-            if claims and self.draining:
+            if claims and self.ledger.draining:
                 # claimed by a call in flight when stop() came (it gave the buffer
                 # back already): none of these will run, so they go back now, not
                 # when the last running handler finishes
-                self.held += len(claims) - await self._give_back(claims)
+                self.ledger.held += len(claims) - await self._give_back(claims)
             elif claims and self.pauses != pauses:
                 # claimed before a pause that came while the call was in flight
-                self.held += len(claims)
+                self.ledger.held += len(claims)
                 await self._hand_back(claims)
             elif claims:
-                self.held += len(claims)
-                self.buffer.extend(claims)
-                self._claimed(claims, called)
-                self._wake_worker()
+                self.ledger.held += len(claims)
+                self.ledger.buffer.extend(claims)
+                self.leases.claimed(claims, called)
+                self.ledger.wake_worker()
                 if self.per_worker > 1:
-                    self.filled.unpark_all()
+                    self.ledger.filled.unpark_all()
         # A claim cancelled mid-flight (a forced stop, or the end of a graceful one while a
         # call still blocks) may have moved jobs we never saw (a server served the
         # request): run()'s final reconcile gives them back, their attempts refunded.
@@ -390,23 +380,16 @@ class Consumer(LeaseKeeper, BatchWorker):
             backoff = RETRY_BACKOFF[0]
             batch.done.set()
 
-    def _wake_worker(self) -> None:
-        """Wake one idle worker, unless one is waking already: a woken worker that finds
-        more claims wakes the next (a chain), so claims that one worker runs back to back
-        cost no wake-up of the others, and handlers that block still spread at once."""
-        if not self.waking and self.work.unpark():
-            self.waking += 1
-
     async def _worker(self) -> None:
-        attempt = enter_worker(self.executor, self.leases)
-        work = self._work if self.q.batch is None else self._work_batch
+        attempt = enter_worker(self.executor, self.leases.leases)
+        work = self._work if self.batches is None else self.batches.work
         try:
             while await work(attempt):
                 pass  # a cancel() used the scope: the next jobs run under a new one
         finally:
             self.workers_left -= 1
             if self.workers_left == 0:
-                self.settle_wakeup.unpark_all()
+                self.ledger.settle_wakeup.unpark_all()
 
     async def _work(self, attempt: Attempt) -> bool:
         """Run jobs one after another under one cancel scope, the scope of whichever job
@@ -416,11 +399,13 @@ class Consumer(LeaseKeeper, BatchWorker):
         ``cancel()`` or a lost lease used the scope (the caller starts a new one),
         ``False`` when the worker is done (draining)."""
         q = self.q
-        buffer = self.buffer
+        ledger = self.ledger
+        buffer = ledger.buffer
+        running = ledger.running
         executor = self.executor
         start_nowait = self.start_nowait
-        spent = self.spent_scopes
-        lost = self.lost
+        spent = ledger.spent_scopes
+        lost = ledger.lost
         claim: Claim | None = None
         began = 0.0
         with trio.CancelScope() as scope:
@@ -428,26 +413,26 @@ class Consumer(LeaseKeeper, BatchWorker):
             check_at = 0.0
             while True:
                 if not buffer:
-                    if self.draining:
+                    if ledger.draining:
                         return False
-                    await self.work.park()
-                    if self.waking:
-                        self.waking -= 1
+                    await ledger.work.park()
+                    if ledger.waking:
+                        ledger.waking -= 1
                     yield_at = perf_counter() + WORKER_SLICE
                     continue
                 claim = buffer.popleft()
                 job_id, _, _, token, started = claim
-                if lost and job_id in self.running.values():
+                if lost and job_id in running.values():
                     # A claim of this job whose lease was lost still ends on another of our
                     # tasks (its cancellation not delivered yet): the new claim waits for it,
                     # so two handlers of one job never run at once here.
                     buffer.appendleft(claim)
                     claim = None
-                    await self.lost_ended.park()
+                    await ledger.lost_ended.park()
                     continue
-                if buffer and not self.waking and self.work:
-                    self._wake_worker()
-                self.running[token] = job_id
+                if buffer and not ledger.waking and ledger.work:
+                    ledger.wake_worker()
+                running[token] = job_id
                 executing = False
                 try:
                     if not started:
@@ -457,33 +442,33 @@ class Consumer(LeaseKeeper, BatchWorker):
                             ok = await self._begin(claim) and not (lost and token in lost)
                         if not ok:
                             if lost and token in lost:
-                                self._drop_lost(job_id, token)
+                                ledger.drop_lost(job_id, token)
                             else:
-                                self._unhold(1)  # cancelled, or the reaper took it back: not ours to run
-                                self._cancel_spent(token)
+                                ledger.unhold(1)  # cancelled, or the reaper took it back: not ours to run
+                                ledger.cancel_spent(token)
                             claim = None
                             continue
                     began = perf_counter() if self.observed else 0.0  # for an attempt cancel() ends
                     executing = True
                     settlement = await executor.execute(claim, scope, attempt)
                 except Escalation as esc:
-                    self.pending.append(esc.settlement)
-                    self.settle_wakeup.unpark()
+                    ledger.pending.append(esc.settlement)
+                    ledger.settle_wakeup.unpark()
                     raise esc.exc from None
                 except BaseException:
                     if executing:
-                        self.interrupted.add(job_id)  # its handler may have run in part
+                        ledger.interrupted.add(job_id)  # its handler may have run in part
                     raise
                 finally:
-                    del self.running[token]
+                    del running[token]
                 claim = None
                 if lost and token in lost:
-                    self._drop_lost(job_id, token)  # its lease is gone: nothing is stored
+                    ledger.drop_lost(job_id, token)  # its lease is gone: nothing is stored
                 else:
-                    pending = self.pending
+                    pending = ledger.pending
                     pending.append(settlement)
                     if len(pending) == 1:  # else the settler was woken already (or runs)
-                        self.settle_wakeup.unpark()
+                        ledger.settle_wakeup.unpark()
                 if spent and scope in spent:
                     spent.discard(scope)
                     return True  # a cancel() of the job that just ended: never reuse the scope
@@ -500,10 +485,10 @@ class Consumer(LeaseKeeper, BatchWorker):
         spent.discard(scope)
         if claim is not None:
             if claim.token in lost:
-                self._drop_lost(claim.id, claim.token)
+                ledger.drop_lost(claim.id, claim.token)
             else:
-                self.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
-                self.settle_wakeup.unpark()
+                ledger.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
+                ledger.settle_wakeup.unpark()
         return True
 
     def _pace_ahead(self) -> int:
@@ -511,7 +496,7 @@ class Consumer(LeaseKeeper, BatchWorker):
         begin within :data:`PACE_HORIZON` seconds (0 when the pace is not known)."""
         if not self.pace or perf_counter() - self.pace_at > PACE_STALE:
             return 0  # nothing settled for a while: the pace is stale
-        return int(self.pace * PACE_HORIZON) - len(self.buffer)
+        return int(self.pace * PACE_HORIZON) - len(self.ledger.buffer)
 
     def _paced(self, n: int) -> None:
         """Count ``n`` settled jobs towards the pace."""
@@ -523,29 +508,25 @@ class Consumer(LeaseKeeper, BatchWorker):
             self.pace_count = 0
             self.pace_since = now
 
-    def _unhold(self, n: int) -> None:
-        self.held -= n
-        self.capacity.unpark_all()
-
     async def _settle_loop(self) -> None:
         q = self.q
         backoff = RETRY_BACKOFF[0]
         while True:
-            if not self.pending:
+            if not self.ledger.pending:
                 if self.workers_left == 0:
                     self.settled_all.set()
                     return
-                await self.settle_wakeup.park()
+                await self.ledger.settle_wakeup.park()
                 continue
-            batch, self.pending = self.pending, []
+            batch, self.ledger.pending = self.ledger.pending, []
             try:
-                with trio.CancelScope(shield=self.draining):
+                with trio.CancelScope(shield=self.ledger.draining):
                     # refusals (fenced) come back as events on the stream, reported there
                     await self.storage.settle(q.queue, q.worker_id, batch)
             except BaseException as exc:
                 # Not stored, or not known to be: keep them, for the next try or for the
                 # cleanup's shielded flush. Acknowledged work is never dropped.
-                self.pending[:0] = batch
+                self.ledger.pending[:0] = batch
                 if not isinstance(exc, Exception):
                     raise
                 self.events.emit("error", error=exc, where="storing results")
@@ -554,4 +535,4 @@ class Consumer(LeaseKeeper, BatchWorker):
                 continue
             backoff = RETRY_BACKOFF[0]
             self._paced(len(batch))
-            self._unhold(len(batch))
+            self.ledger.unhold(len(batch))

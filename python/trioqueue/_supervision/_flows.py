@@ -1,21 +1,21 @@
-"""The Queue's producing side: making the jobs it enqueues (:class:`JobMaker`), alone or
-as trees (``children=``), and reading a job's children (:meth:`JobMaker.children`)."""
+"""Making the jobs a queue enqueues (:class:`JobMaker`), alone or as trees
+(``children=``), and the children's counts of a tree's parent."""
 
 from __future__ import annotations
 
 import time
 import weakref
+import uuid
 from collections.abc import Sequence
 from dataclasses import replace
 from itertools import count
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .._core import encode_envelope
 from .._model import _validate as check
 from .._model._errors import FlowError, ValidationError
-from .._model._flows import Child, JobRef, check_on_child_failure, walk_tree
+from .._model._flows import Child, check_on_child_failure, walk_tree
 from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
-from .._model._serde import Serde
 from .._model._types import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_PRIORITY,
@@ -30,21 +30,23 @@ from ..storage._capabilities import Debounce, Groups, Transactions, Trees, requi
 from ._execution import encode_value
 from ._observers import QueueObserver, notify
 
-__all__ = ["JobMaker", "children_counts", "debounce_of", "queue_defaults", "remember_queue", "with_children"]
+if TYPE_CHECKING:
+    from ._registry import JobReader
+    from ._settings import JobDefaults
 
-P = TypeVar("P")
+__all__ = ["JobMaker", "children_counts", "debounce_of", "queue_defaults", "remember_queue", "with_children"]
 
 _new = tuple.__new__  # a NewJob per enqueued job, built as the tuple it is
 
 
-# The Queue objects of this process, by (storage, queue name): the last one made for a name
-# gives the settings of the children other queues enqueue to it (held weakly: a Queue no
-# longer referenced gives none).
-_QUEUES: weakref.WeakValueDictionary[tuple[int, str], JobMaker[Any]] = weakref.WeakValueDictionary()
+# The job makers of this process's Queues, by (storage, queue name): the last one made
+# for a name gives the settings of the children other queues enqueue to it (held weakly:
+# a Queue no longer referenced gives none).
+_QUEUES: weakref.WeakValueDictionary[tuple[int, str], JobMaker] = weakref.WeakValueDictionary()
 
 
-def remember_queue(maker: JobMaker[Any]) -> None:
-    """Note ``maker`` (a new Queue) as the one whose settings its queue's children take."""
+def remember_queue(maker: JobMaker) -> None:
+    """Note ``maker`` (a new Queue's) as the one whose defaults its queue's children take."""
     _QUEUES[id(maker.storage), maker.name] = maker
 
 
@@ -54,32 +56,28 @@ def queue_defaults(storage: Storage, queue: str) -> tuple[int, float]:
     that very storage object), else the library's defaults."""
     maker = _QUEUES.get((id(storage), queue))
     if maker is not None and maker.storage is storage:
-        return maker.max_attempts, maker.result_ttl
+        return maker.defaults.max_attempts, maker.defaults.result_ttl
     return DEFAULT_MAX_ATTEMPTS, DEFAULT_RESULT_TTL
 
 
-class JobMaker(Generic[P]):
-    """A part of :class:`~trioqueue.Queue` (which sets these attributes)."""
+class JobMaker:
+    """Makes and stores the jobs a queue enqueues: validated and encoded with the queue's
+    job ``defaults``, alone or as trees, debounced or in an application's transaction;
+    counted to its ``observers``; an enqueue's outcome read back with its ``reader``.
+    Each job gets a fresh incarnation token (a random prefix per maker, then a counter)."""
 
-    storage: Storage
-    name: str
-    payload_serde: Serde
-    result_serde: Serde
-    max_attempts: int
-    result_ttl: float
-    _observers: list[QueueObserver]
-    _token_prefix: str
-    _token_seq: count[int]
+    def __init__(
+        self, storage: Storage, name: str, defaults: JobDefaults, observers: list[QueueObserver], reader: JobReader
+    ) -> None:
+        self.storage = storage
+        self.name = name
+        self.defaults = defaults
+        self.observers = observers
+        self.reader = reader
+        self._token_prefix = uuid.uuid4().hex[:12] + "-"
+        self._token_seq = count(1)
 
-    if TYPE_CHECKING:  # provided by QueueAdmin (after this class in the Queue's bases)
-
-        def _load_result(self, job_id: str, data: bytes | None) -> Any: ...
-
-        def _status(self, record: JobRecord) -> JobStatus: ...
-
-        def _check_running(self) -> None: ...
-
-    def _new_job(
+    def new_job(
         self,
         job_id: Any,
         payload: Any,
@@ -91,7 +89,7 @@ class JobMaker(Generic[P]):
         with ``defaults`` (``(max_attempts, result_ttl)``, ``None``: this queue's) where
         ``options`` give none."""
         jid = check.job_id(job_id)
-        default_attempts, default_ttl = (self.max_attempts, self.result_ttl) if defaults is None else defaults
+        default_attempts, default_ttl = (self.defaults.max_attempts, self.defaults.result_ttl) if defaults is None else defaults
         if not options:  # the common case: the queue's settings
             run_at, prio, attempts, ttl, group = None, DEFAULT_PRIORITY, default_attempts, default_ttl, None
             stored = JobOptions.build(jid, None, None, trace=trace) if trace else None
@@ -118,41 +116,41 @@ class JobMaker(Generic[P]):
                 if run_at is not None or options.get("children") is not None:
                     raise ValidationError(f"debounce cannot be combined with delay, at or children (job {jid!r})")
                 require(self.storage, Debounce, f"job {jid!r}: debounce=")
-        data = encode_value(self.payload_serde, payload, "payload of job", ValidationError, jid)
+        data = encode_value(self.defaults.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
             jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
         )
-        return _new(NewJob, (jid, envelope, attempts, ttl, self._new_token(), run_at, prio, group))  # (all fields)
+        return _new(NewJob, (jid, envelope, attempts, ttl, self.new_token(), run_at, prio, group))  # (all fields)
 
-    def _new_token(self) -> str:
+    def new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"
 
     def _enqueued(self, outcomes: list[EnqueueOutcome]) -> list[EnqueueOutcome]:
-        if self._observers:
-            notify(self._observers, "jobs_enqueued", self.name, sum(o.status is EnqueueStatus.QUEUED for o in outcomes))
+        if self.observers:
+            notify(self.observers, "jobs_enqueued", self.name, sum(o.status is EnqueueStatus.QUEUED for o in outcomes))
         return outcomes
 
-    def _enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
+    def enqueue_result(self, job_id: str, outcome: EnqueueOutcome) -> EnqueueResult:
         status = outcome.status
         if status is EnqueueStatus.QUEUED:
             return EnqueueResult(job_id, status)
         state = JobState(parse_job_state(outcome.state)[0]) if outcome.state else None
         if status is EnqueueStatus.COMPLETED:
-            return EnqueueResult(job_id, status, state, self._load_result(job_id, outcome.result))
+            return EnqueueResult(job_id, status, state, self.reader.load_result(job_id, outcome.result))
         return EnqueueResult(job_id, status, state)
 
     # -- trees ---------------------------------------------------------------------------
 
-    def _tree(self, new: NewJob, options: EnqueueOptions, trace: dict[str, str] | None) -> list[FlowJob] | None:
+    def tree(self, new: NewJob, options: EnqueueOptions, trace: dict[str, str] | None) -> list[FlowJob] | None:
         """The jobs of the tree rooted at ``new`` (``None``: no ``children`` option), all
         validated (:class:`FlowError` naming the job on a refusal, nothing written)."""
         children = options.get("children") if options else None
         if children is None:
             return None
         policy = check_on_child_failure(options.get("on_child_failure"), new.id)
-        return [FlowJob(self.name, new, None, policy), *self._subtree(self.name, new.id, children, trace)]
+        return [FlowJob(self.name, new, None, policy), *self.subtree(self.name, new.id, children, trace)]
 
-    def _subtree(
+    def subtree(
         self, queue: str, job_id: str, children: Sequence[Child], trace: dict[str, str] | None = None
     ) -> list[FlowJob]:
         """The jobs of ``children`` (and theirs) of job ``(queue, job_id)``, parents first."""
@@ -166,24 +164,24 @@ class JobMaker(Generic[P]):
             where = child.queue or parent.queue
             # a job of queue ``where``: its settings, not this queue's (see Child)
             defaults = None if where == self.name else queue_defaults(self.storage, where)
-            new = self._new_job(child.id, child.payload, options, trace, defaults)  # type: ignore[arg-type]
+            new = self.new_job(child.id, child.payload, options, trace, defaults)  # type: ignore[arg-type]
             jobs.append(FlowJob(where, new, (parent.queue, parent.id), child.on_child_failure))
         if not jobs:
             raise FlowError(f"children of job {job_id!r} is empty: give at least one Child, or no children option")
         return jobs
 
-    async def _store(self, new: NewJob, tree: list[FlowJob] | None, options: EnqueueOptions) -> EnqueueOutcome:
+    async def store(self, new: NewJob, tree: list[FlowJob] | None, options: EnqueueOptions) -> EnqueueOutcome:
         """Enqueue ``new`` alone (debounced, by ``options``), or as the root of ``tree``."""
         if tree is None and not options:  # the common case (no debounce): straight to the storage
             [outcome] = self._enqueued(await self.storage.enqueue(self.name, [new]))
         elif tree is None:
-            [outcome] = await self._store_in(None, [new], options)
+            [outcome] = await self.store_in(None, [new], options)
         else:
             trees = require(self.storage, Trees, f"job {new.id!r}: children=")
             outcome = self._enqueued([await trees.enqueue_flow(tree)])[0]
         return outcome
 
-    async def _store_in(
+    async def store_in(
         self, transaction: object | None, new: list[NewJob], options: EnqueueOptions, tree: list[FlowJob] | None = None
     ) -> list[EnqueueOutcome]:
         """Enqueue ``new`` (or the ``tree`` rooted at ``new[0]``, in a transaction) in the
@@ -201,17 +199,6 @@ class JobMaker(Generic[P]):
         if tree is not None:
             return self._enqueued([await storage.enqueue_flow_in_transaction(tree, transaction)])
         return self._enqueued(await storage.enqueue_in_transaction(self.name, new, transaction))
-
-    async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
-        """The children of a job (a tree's parent, or a job that added children while it
-        ran), ``{JobRef(queue, id): status}`` in the order they were added; results are
-        decoded by this queue's result serde. ``{}`` for a job without children."""
-        jid = check.job_id(job_id)
-        self._check_running()
-        if not isinstance(self.storage, Trees):
-            return {}  # no trees: no children
-        records = await self.storage.get_children(self.name, jid)
-        return {JobRef(q, r.id): self._status(r) for q, r in records}
 
 
 def debounce_of(options: EnqueueOptions, job_id: str) -> tuple[float, float | None] | None:

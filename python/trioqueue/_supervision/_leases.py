@@ -1,6 +1,6 @@
 """A worker's own view of its leases: when the heartbeat runs, how long before a lease
 runs out the worker gives up the claim (self-fencing), its estimate of each claim's
-lease deadline, and the consumer's part that keeps them (:class:`LeaseKeeper`: the
+lease deadline, and the part of a consumer that keeps them (:class:`LeaseKeeper`: the
 heartbeat, the lease watch, and what a lost claim does).
 
 The storage keeps the real deadline (storage time); the worker cannot read it without a
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -27,11 +26,12 @@ import trio
 
 from .._model import _validate as check
 from .._model._errors import ValidationError
-from ..storage._base import Claim, Settlement, Storage
+from ..storage._base import Claim, Storage
 
 if TYPE_CHECKING:
     from ._consumer import ConsumerSettings
     from ._emitter import Emitter
+    from ._ledger import ClaimLedger
 
 __all__ = ["EXPIRED", "HEARTBEATS_PER_LEASE", "LeaseKeeper", "Leases", "heartbeat_interval", "lease_margin"]
 
@@ -117,9 +117,11 @@ class Leases:
 
 
 class LeaseKeeper:
-    """A part of :class:`~trioqueue._supervision._consumer.Consumer` (which provides the
-    attributes and methods declared here): its heartbeat, its lease watch (self-fencing)
-    and what a lost claim does.
+    """A worker's heartbeat, its lease watch (self-fencing) and what a lost claim does,
+    over the claims of its ``ledger``: renews them on ``storage`` for the worker of
+    ``settings``, hands the cancel requests the heartbeat brings to ``request_cancel``,
+    and emits ``lease_lost`` to ``events``; ``limit`` is how many claims the worker may
+    hold (its estimates are pruned beyond twice that).
 
     A claim whose lease is lost is given up at once: the heartbeat says the storage took
     it away (``lost`` of :meth:`Storage.heartbeat`), or the worker could not renew it and
@@ -128,36 +130,30 @@ class LeaseKeeper:
     is dropped, nothing is stored for it (the storage counted the attempt; the reaper or
     the job's next claim decides how it ends), and ``lease_lost`` is emitted."""
 
-    q: ConsumerSettings
-    storage: Storage
-    events: Emitter
-    running: dict[str, str]  # claim token -> job id
-    buffer: deque[Claim]
-    pending: list[Settlement]
-    scopes: dict[str, trio.CancelScope]
-    spent_scopes: set[trio.CancelScope]
-    cancel_requests: set[str]  # claim tokens (see Cancellations.requested)
-    limit: int
-
-    def init_leases(self, settings: ConsumerSettings) -> None:
-        """The lease state: the worker's estimate of each claim's deadline, the heartbeat
-        interval, how long before the deadline an unrenewed claim is given up, and the
-        claims given up whose handlers have not ended yet (nothing is stored for them)."""
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        storage: Storage,
+        events: Emitter,
+        ledger: ClaimLedger,
+        request_cancel: Callable[[str], None],
+        limit: int,
+    ) -> None:
+        self.q = settings
+        self.storage = storage
+        self.events = events
+        self.ledger = ledger
+        self.request_cancel = request_cancel
+        self.limit = limit
+        # the worker's estimate of each claim's deadline, the heartbeat interval, and how
+        # long before the deadline an unrenewed claim is given up
         self.leases = Leases(settings.visibility_timeout)
         self.interval = heartbeat_interval(settings.visibility_timeout)
         self.margin = lease_margin(settings.lease_margin, settings.visibility_timeout)
-        self.lost: set[str] = set()
-        self.lost_ended = trio.lowlevel.ParkingLot()  # workers waiting for a lost claim to end
         self.watch_wakeup = trio.lowlevel.ParkingLot()
         self.watch_at = math.inf  # when the lease watch wakes next
 
-    def request_cancel(self, job_id: str) -> None:
-        raise NotImplementedError
-
-    def _unhold(self, n: int) -> None:
-        raise NotImplementedError
-
-    def _claimed(self, claims: list[Claim], called: float) -> None:
+    def claimed(self, claims: list[Claim], called: float) -> None:
         """Track the leases of new claims, made during the claim call that began at
         ``called`` (monotonic): from its start when it returned within a heartbeat
         interval, else from now (a claim that waited for work was made when it came)."""
@@ -167,9 +163,9 @@ class LeaseKeeper:
         if deadline - self.margin < self.watch_at:
             self.watch_wakeup.unpark()
         if len(leases.deadlines) > 2 * self.limit + 64:  # settled claims are forgotten in bulk
-            leases.prune({*self.running, *(c.token for c in self.buffer), *(s.token for s in self.pending)})
+            leases.prune({*self.ledger.running, *(c.token for c in self.ledger.buffer), *(s.token for s in self.ledger.pending)})
 
-    async def _heartbeat_loop(self) -> None:
+    async def heartbeat_loop(self) -> None:
         """Renew the worker's registration and the leases of its claims every heartbeat
         interval (from the start of one call to the start of the next), learn the cancel
         requests and the lost claims, and move the renewed claims' deadlines to the start
@@ -185,11 +181,11 @@ class LeaseKeeper:
                 await trio.sleep(wait)
             else:
                 due -= wait  # a late call: the next ones count from now
-            lost = self.lost
+            lost = self.ledger.lost
             held = [
-                *((job_id, token) for token, job_id in self.running.items() if token not in lost),
-                *((c.id, c.token) for c in self.buffer),
-                *((s.id, s.token) for s in self.pending),
+                *((job_id, token) for token, job_id in self.ledger.running.items() if token not in lost),
+                *((c.id, c.token) for c in self.ledger.buffer),
+                *((s.id, s.token) for s in self.ledger.pending),
             ]
             began = monotonic()
             try:
@@ -204,21 +200,21 @@ class LeaseKeeper:
             for job_id in reply.cancel_requested:
                 self.request_cancel(job_id)
             for job_id, token, why in reply.lost:
-                self._lose(job_id, token, why)
+                self.lose(job_id, token, why)
 
-    async def _lease_watch(self) -> None:
+    async def lease_watch(self) -> None:
         """Self-fencing: give up each claim (running or prefetched) whose estimated lease
         deadline is within ``margin`` seconds and was not renewed, before the reaper may
         hand its job to another worker. Sleeps until the next such moment; a new claim due
-        earlier wakes it (see :meth:`_claimed`), renewals only push the moment back."""
+        earlier wakes it (see :meth:`claimed`), renewals only push the moment back."""
         margin = self.margin
         deadlines = self.leases.deadlines
         while True:
             now = monotonic()
-            lost = self.lost
+            lost = self.ledger.lost
             soonest = math.inf
             expired: list[tuple[str, str]] = []
-            held = [*((jid, token) for token, jid in self.running.items()), *((c.id, c.token) for c in self.buffer)]
+            held = [*((jid, token) for token, jid in self.ledger.running.items()), *((c.id, c.token) for c in self.ledger.buffer)]
             for job_id, token in held:
                 deadline = deadlines.get(token)
                 if deadline is None or token in lost:
@@ -228,45 +224,31 @@ class LeaseKeeper:
                 elif deadline - margin < soonest:
                     soonest = deadline - margin
             for job_id, token in expired:
-                self._lose(job_id, token, EXPIRED)
+                self.lose(job_id, token, EXPIRED)
             self.watch_at = soonest
             with trio.move_on_after(max(0.0, soonest - monotonic())):
                 await self.watch_wakeup.park()
 
-    def _lose(self, job_id: str, token: str, why: str) -> None:
+    def lose(self, job_id: str, token: str, why: str) -> None:
         """The lease of claim ``token`` is lost (``why``: ``recovered``, ``cancelled``,
         ``fenced`` or ``expired``): cancel its handler if it runs (its outcome will not be
         stored), drop it if it waits in the buffer; a claim that finished already is left
         to its settlement (fenced, if stale). Emits ``lease_lost``."""
-        if token in self.lost:
+        if token in self.ledger.lost:
             return
-        if token in self.running:
-            self.lost.add(token)
-            scope = self.scopes.get(token)
+        if token in self.ledger.running:
+            self.ledger.lost.add(token)
+            scope = self.ledger.scopes.get(token)
             if scope is not None:
                 scope.cancel()
-                self.spent_scopes.add(scope)
+                self.ledger.spent_scopes.add(scope)
             # else not started yet (or its handler is over): _work stores nothing for it
         else:
-            for claim in self.buffer:
+            for claim in self.ledger.buffer:
                 if claim.token == token:
-                    self.buffer.remove(claim)
-                    self._unhold(1)
+                    self.ledger.buffer.remove(claim)
+                    self.ledger.unhold(1)
                     break
             else:
                 return
         self.events.emit("lease_lost", job_id, worker_id=self.q.worker_id, why=why)
-
-    def _drop_lost(self, job_id: str, token: str) -> None:
-        """A claim given up by :meth:`_lose` is no longer running: nothing is stored for it
-        (the storage counted its attempt; the reaper, or the job's next claim, decides)."""
-        self.lost.discard(token)
-        self.lost_ended.unpark_all()
-        self._unhold(1)
-        self._cancel_spent(token)
-
-    def _cancel_spent(self, token: str) -> None:
-        """Claim ``token`` ends without its handler running (given up, or its start
-        refused: the storage ended it, cancelled if a ``cancel()`` reached it): a cancel
-        request for it is spent."""
-        self.cancel_requests.discard(token)

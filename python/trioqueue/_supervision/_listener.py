@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -34,10 +34,9 @@ from ._waiters import Waiters
 from ..storage._base import NOTICE_KINDS, Storage, StorageEvent
 
 if TYPE_CHECKING:
-    from ._consumer import Consumer
     from ._emitter import Emitter
 
-__all__ = ["ALL", "NONE", "NOTICES", "CompletedData", "Listener", "level_for"]
+__all__ = ["ALL", "NONE", "NOTICES", "CompletedData", "ConsumerLink", "Listener", "level_for"]
 
 NONE, NOTICES, ALL = 0, 1, 2
 _RESULT = attrgetter("result")
@@ -46,6 +45,21 @@ _TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled", "removed"})
 # started, stopped, leadership_*, and error/resync, which need no subscription by
 # themselves: a queue that subscribes to nothing loses no event).
 _STORAGE_FED = STORAGE_EVENT_NAMES | {"progress", "cancel_requested"}
+
+
+class ConsumerLink(Protocol):
+    """What the listener tells a worker's consumer (the cancel requests for its worker
+    id, the queue's pause notices) and what its Queue asks of it (:meth:`pause`: a pause
+    made by this queue hands its prefetched claims back before it returns)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+    def request_cancel(self, job_id: str) -> None: ...
+
+    def paused(self) -> None: ...
+
+    async def pause(self) -> None: ...
 
 
 class CompletedData(dict[str, Any]):
@@ -135,39 +149,50 @@ def level_for(kinds: Collection[str] | None) -> int:
 
 class Listener:
     """Holds the queue's one live subscription (see the module docstring) and dispatches
-    its events to waiters, the consumer, callbacks and streams.
+    its events to waiters, the consumers, callbacks and streams.
 
-    ``storage`` and ``queue`` say where to subscribe; ``worker_id`` is the queue's (cancel
-    requests for it go to its ``consumer``); ``events`` holds the callbacks and streams
-    and emits to them; ``waiters`` are the queue's ``enqueue_and_wait`` callers;
-    ``result_serde`` decodes progress values. While the queue runs, its owner sets
-    ``consumer`` (a worker: cancel requests and pauses go to it) and ``on_due`` (its
-    reaper, told of each ``due`` notice)."""
+    ``storage`` and ``queue`` say where to subscribe; ``events`` holds the callbacks and
+    streams and emits to them; ``waiters`` are the queue's ``enqueue_and_wait`` callers;
+    ``result_serde`` decodes progress values. Each Worker consuming the queue in this
+    process attaches its consumer (cancel requests for its worker id and pauses go to it)
+    and its reaper's ``notice_due`` (told of each ``due`` notice) while it runs
+    (:meth:`attach`)."""
 
-    def __init__(
-        self, storage: Storage, queue: str, worker_id: str, events: Emitter, waiters: Waiters, result_serde: Serde
-    ) -> None:
+    def __init__(self, storage: Storage, queue: str, events: Emitter, waiters: Waiters, result_serde: Serde) -> None:
         self.storage = storage
         self.queue = queue
-        self.worker_id = worker_id
         self.events = events
         self.waiters = waiters
         self.result_serde = result_serde
-        self.consumer: Consumer | None = None
-        self.consumes = False  # the queue has a handler: its worker needs the notices
+        self.consumers: list[ConsumerLink] = []  # attached: they need the notices
         self.level = NONE  # of the live subscription
         self._scope: trio.CancelScope | None = None  # the live subscription's follower
         self._closed: trio.Event | None = None  # set once it has unsubscribed
         self._nursery: trio.Nursery | None = None
         self._lock = trio.Lock()
         self.pending = NONE  # a level want() asked for
-        # The queue's reaper, told of each ``due`` notice (epoch seconds; 0.0 after a
-        # resync: look now), so that it promotes delayed jobs on time.
-        self.on_due: Callable[[float], None] | None = None
+        # The reapers of the attached workers, told of each ``due`` notice (epoch seconds;
+        # 0.0 after a resync: look now), so that they promote delayed jobs on time.
+        self.due: list[Callable[[float], None]] = []
+
+    async def attach(self, consumer: ConsumerLink, on_due: Callable[[float], None] | None = None) -> None:
+        """A worker's ``consumer`` (and its reaper's ``on_due``) from now on; returns once
+        the subscription carries the notices it needs (the queue must be running)."""
+        self.consumers.append(consumer)
+        if on_due is not None:
+            self.due.append(on_due)
+        await self.ensure(NOTICES)
+
+    def detach(self, consumer: ConsumerLink, on_due: Callable[[float], None] | None = None) -> None:
+        """Undo :meth:`attach` (the worker stopped)."""
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        if on_due is not None and on_due in self.due:
+            self.due.remove(on_due)
 
     def needed(self) -> int:
         """The level the queue's consumer, callbacks and streams need now."""
-        level = NOTICES if self.consumes or self.waiters else NONE
+        level = NOTICES if self.consumers or self.waiters else NONE
         for name in self.events.callbacks():
             level = max(level, level_for((name,)))
         for stream in self.events.streams:
@@ -277,14 +302,14 @@ class Listener:
 
     def _resync(self) -> None:
         self.waiters.wake_all()
-        if self.on_due is not None:
-            self.on_due(0.0)
+        for on_due in self.due:
+            on_due(0.0)
         self.events.emit("resync")
 
     def _dispatch(self, batch: list[StorageEvent]) -> None:
         events = self.events
         waiters = self.waiters
-        consumer = self.consumer
+        consumers = self.consumers
         for ev in batch:
             kind = ev.kind
             if waiters:
@@ -293,19 +318,22 @@ class Listener:
                 elif kind == "resync" or kind == "cleared":  # re-read: a cleared job is gone
                     waiters.wake_all()
             if kind == "resync":
-                if self.on_due is not None:
-                    self.on_due(0.0)
+                for on_due in self.due:
+                    on_due(0.0)
                 events.emit("resync")
                 continue
             if kind == "due":
-                if self.on_due is not None and ev.result:
-                    self.on_due(int(ev.result) / 1000)
+                if ev.result:
+                    for on_due in self.due:
+                        on_due(int(ev.result) / 1000)
                 continue
-            if kind == "paused" and consumer is not None:
-                consumer.paused()
+            if kind == "paused":
+                for consumer in consumers:
+                    consumer.paused()
             if kind == "cancel_requested":
-                if ev.worker_id == self.worker_id and consumer is not None:
-                    consumer.request_cancel(ev.job_id)
+                for consumer in consumers:
+                    if ev.worker_id == consumer.worker_id:
+                        consumer.request_cancel(ev.job_id)
                 events.emit(kind, ev.job_id, worker_id=ev.worker_id)
                 continue
             if kind == "progress":

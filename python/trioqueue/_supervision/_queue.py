@@ -6,51 +6,35 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-import socket
-import uuid
-from itertools import count
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, overload
+from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
 import trio
 
 from .._model import _validate as check
-from ._batch import BatchSettings, batch_settings
-from ._consumer import Consumer, ConsumerSettings, claim_limits
-from .._model._errors import (
-    TrioQueueError,
-    ValidationError,
-)
-from ._emitter import Emitter, EventCallback
-from ._listener import Listener, level_for
+from .._model._errors import TrioQueueError, ValidationError
+from .._model._flows import JobRef
 from .._model._limits import RateLimit
-from ._flows import JobMaker, remember_queue
-from ._producing import QueueProducer
-from ._registry import QueueAdmin
-from ._waiters import Waiters
-from ._leases import lease_margin as resolve_lease_margin
-from ._execution import (
-    AfterExecution,
-    Cancellations,
-    ExecutionSettings,
-    Executor,
-    Handler,
-    RetryIf,
-    check_retry_if,
-    only_cancelled,
-)
-from .._model._types import Job
-from ._observers import QueueObserver
-from ._pool import ProcessPool, check_executor, check_process_handler
-from ._reaper import LeaderElection, Reaper
-from .._model._retry import ExponentialBackoff, RetryDelay, retry_policy
-from .._model._serde import JsonSerde, Serde
-from .._model._types import FOREVER_TTL
+from .._model._options import EnqueueOptions
+from .._model._retry import ExponentialBackoff, RetryDelay
+from .._model._serde import Serde
+from .._model._types import CancelResult, EnqueueResult, Job, JobPage, JobState, JobStatus, UpdateTTLStatus
 from ..storage._base import Storage
-from ..storage._capabilities import Groups, require
+from ._emitter import Emitter, EventCallback
+from ._execution import AfterExecution, Handler, RetryIf
+from ._flows import JobMaker, remember_queue
+from ._listener import Listener, level_for
+from ._observers import QueueObserver
+from ._producing import QueueProducer
+from ._registry import JobReader, QueueAdmin
+from ._scheduler import Missed, Schedule
+from ._service import ServiceContext, sole_interrupt
+from ._streams import EventStream
+from ._settings import JobDefaults, WorkerSettings
+from ._waiters import Waiters
+from ._worker import QueueParts, Worker
 
 __all__ = ["Queue"]
 
@@ -60,24 +44,44 @@ P = TypeVar("P")
 R = TypeVar("R")
 
 
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+_WORKER_ARGUMENTS = frozenset(inspect.signature(WorkerSettings.build).parameters) - {"storage", "batch"}
+
+T = TypeVar("T")
 
 
-def _sole_interrupt(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The ``KeyboardInterrupt``/``SystemExit`` a group carries, when it carries nothing
-    else but cancellations: it is raised bare, as the interpreter expects."""
-    interrupts, rest = group.split((KeyboardInterrupt, SystemExit))
-    if interrupts is None or (rest is not None and not only_cancelled(rest)):
-        return None
-    found: BaseException = interrupts
-    while isinstance(found, BaseExceptionGroup):
-        found = found.exceptions[0]
-    return found
+class _Setting(Generic[T]):
+    """A read-only attribute of a Queue, read from one of its settings objects (``holder``)."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Setting[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | _Setting[T]:
+        if obj is None:
+            return self  # (the class's attribute: for introspection and the docs)
+        return getattr(getattr(obj, self.holder), self.name)  # type: ignore[no-any-return]
 
 
-class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
-    """A job queue on a :class:`~trioqueue.Storage`: producer, consumer, or both.
+class Queue(Generic[P, R]):
+    """A job queue on a :class:`~trioqueue.Storage`: the producer and admin handle; given a
+    ``handler`` (or ``batch_handler``), also its consumer.
+
+    ``Queue(storage, name=...)`` enqueues and administers; a :class:`~trioqueue.Worker`
+    (``Worker(queue, handler=...)``) consumes it, in this process or another.
+    ``Queue(storage, name=..., handler=..., concurrency=...)`` is the one-object shorthand:
+    the Queue builds a Worker from its consumer arguments (:attr:`worker`, with
+    :attr:`worker_settings`) and runs it inside ``async with queue:``. Use the shorthand
+    for small programs and tests, a Queue and a Worker where producers and workers are
+    different processes (a web app enqueues, ``trioqueue worker`` consumes) or one worker
+    consumes several queues. The consumer arguments below are the Worker's.
 
     ``async with Queue(...) as queue:`` opens the storage, subscribes to the queue's events
     (as far as needed: not at all for a pure producer, see :mod:`trioqueue._supervision._listener`)
@@ -163,77 +167,69 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         keep_completed: int | None = None,
         keep_failed: int | None = None,
     ) -> None:
-        self._settings = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         if not isinstance(storage, Storage):
             raise ValidationError(f"storage must be a trioqueue Storage, got {type(storage).__name__}")
         self.storage = storage
         self.name = check.job_id(name, "name") if name is not None else "default"
-        processes = check_executor(executor, processes)
-        # (default: 1, or the pool's size when one is given: each handler needs a process)
-        self.concurrency = check.positive_int("concurrency", concurrency if concurrency is not None else processes or 1)
-        self.executor = executor
-        # the size of the process pool (executor="process"), else None
-        self.processes = None if executor == "thread" else processes or self.concurrency
-        self.worker_id = check.job_id(worker_id, "worker_id") if worker_id is not None else default_worker_id()
-        self.max_attempts = check.positive_int("max_attempts", max_attempts)
-        self.job_timeout = None if job_timeout is None else check.seconds("job_timeout", job_timeout)
-        self.block_timeout = check.seconds("block_timeout", block_timeout)
-        self.visibility_timeout = check.seconds("visibility_timeout", visibility_timeout)
-        # A claim this worker could not renew is given up this long before its lease runs out.
-        self.lease_margin = resolve_lease_margin(lease_margin, self.visibility_timeout)
-        self.result_ttl = FOREVER_TTL if result_ttl is None else check.seconds("result_ttl", result_ttl)
-        # Count-based retention, beside the TTL (Settlement.keep): None, no limit.
-        self.keep_completed = check.keep_count("keep_completed", keep_completed)
-        self.keep_failed = check.keep_count("keep_failed", keep_failed)
-        self._batch: BatchSettings | None = None
-        if batch_handler is not None:
-            if handler is not None:
-                raise ValidationError("give a Queue a handler or a batch_handler, not both")
-            self._batch = batch_settings(batch_size, batch_wait, executor)
-        per_worker = 1 if self._batch is None else self._batch.size
-        self.prefetch = per_worker * self.concurrency if prefetch is None else check.positive_int("prefetch", prefetch)
-        # Queue-wide flow control, enforced by the storage at claim time (see ClaimLimits);
-        # a flow-limited queue claims only for idle workers (no prefetch): its claims start
-        # at once and hold no slot or token a worker is not using.
-        self.rate_limit = rate_limit
-        self.global_concurrency = global_concurrency
-        self.group_concurrency, self.group_rate_limit = group_concurrency, group_rate_limit
-        if group_rate_limit is not None:
-            require(storage, Groups, "group_rate_limit")
-        if group_concurrency is not None:
-            require(storage, Groups, "group_concurrency")
-        self._claim_limits = claim_limits(rate_limit, global_concurrency, group_concurrency, group_rate_limit)
-        if self._claim_limits is not None:
-            if prefetch is not None:
-                raise ValidationError("prefetch cannot be combined with rate_limit, global_concurrency or group limits")
-            self.prefetch = 0
-        self._retry_delay = retry_policy(retry_delay)
-        self.payload_serde: Serde = payload_serde or JsonSerde()
-        self.result_serde: Serde = result_serde or self.payload_serde
-        for what, serde in (("payload_serde", self.payload_serde), ("result_serde", self.result_serde)):
-            if not (callable(getattr(serde, "dumps", None)) and callable(getattr(serde, "loads", None))):
-                raise ValidationError(f"{what} must have dumps(value) -> bytes and loads(bytes) methods")
-        self._after_execution = after_execution
-        self._retry_if = check_retry_if(retry_if)
+        if handler is not None and batch_handler is not None:
+            raise ValidationError("give a Queue a handler or a batch_handler, not both")
+        worker_arguments = {k: v for k, v in arguments.items() if k in _WORKER_ARGUMENTS}
+        # The one-object shorthand's Worker settings (validated now, used once a handler is set).
+        self.worker_settings = WorkerSettings.build(storage, batch=batch_handler is not None, **worker_arguments)
+        self.defaults = JobDefaults.build(max_attempts, result_ttl, payload_serde, result_serde)
+        self._arguments = {k: v for k, v in arguments.items() if k not in _WORKER_ARGUMENTS}
         self._observers: list[QueueObserver] = []  # instruments (trioqueue.metrics)
         self._running = False
-        self._handler: Handler | None = None
-        self._handler_is_async = True
-        if handler is not None or batch_handler is not None:
-            self.execute(handler or batch_handler)  # type: ignore[arg-type]
-        self._use_reaper = reaper
         self._events = Emitter(self.name)
         self._waiters = Waiters()
         # the storage subscription, opened by need
-        self._listener = Listener(storage, self.name, self.worker_id, self._events, self._waiters, self.result_serde)
-        # Incarnation tokens: unique per enqueue (a random prefix per Queue, then a counter).
-        self._token_prefix = uuid.uuid4().hex[:12] + "-"
-        self._token_seq = count(1)
+        self._listener = Listener(storage, self.name, self._events, self._waiters, self.defaults.result_serde)
+        reader = JobReader(storage, self.name, self.defaults.result_serde)
+        maker = self._maker = JobMaker(storage, self.name, self.defaults, self._observers, reader)
+        self._producer: QueueProducer[P, R] = QueueProducer(
+            storage, self.name, maker, reader, self._listener, self._waiters, self._check_running
+        )
+        self._admin: QueueAdmin[P] = QueueAdmin(
+            storage, self.name, self.defaults, reader, self._listener, self._events, maker.new_token, self._check_running
+        )
         self._stop_requested = trio.Event()
-        self._consumer: Consumer | None = None
-        self._cm_nursery: trio.Nursery | None = None
-        self._cm: Any = None
-        remember_queue(self)  # its settings, for children other queues enqueue to it
+        self._service = ServiceContext(self.run, self.stop)
+        self.parts = QueueParts(
+            storage, self.name, self.defaults, self._events, self._listener, self._observers, maker.subtree
+        )
+        """What a :class:`Worker` consuming this queue attaches to (for Workers, not applications)."""
+        self._worker: Worker | None = None
+        if handler is not None or batch_handler is not None:
+            self.execute(handler or batch_handler)  # type: ignore[arg-type]
+        remember_queue(maker)  # its job defaults, for children other queues enqueue to it
+
+    # the job defaults, and the shorthand's worker settings, as attributes
+    max_attempts = _Setting[int]("defaults")
+    result_ttl = _Setting[float]("defaults")
+    payload_serde = _Setting[Serde]("defaults")
+    result_serde = _Setting[Serde]("defaults")
+    worker_id = _Setting[str]("worker_settings")
+    concurrency = _Setting[int]("worker_settings")
+    executor = _Setting[Literal["thread", "process"]]("worker_settings")
+    processes = _Setting[int | None]("worker_settings")
+    prefetch = _Setting[int]("worker_settings")
+    block_timeout = _Setting[float]("worker_settings")
+    visibility_timeout = _Setting[float]("worker_settings")
+    lease_margin = _Setting[float]("worker_settings")
+    job_timeout = _Setting[float | None]("worker_settings")
+    keep_completed = _Setting[int | None]("worker_settings")
+    keep_failed = _Setting[int | None]("worker_settings")
+    rate_limit = _Setting[RateLimit | None]("worker_settings")
+    global_concurrency = _Setting[int | None]("worker_settings")
+    group_concurrency = _Setting[int | None]("worker_settings")
+    group_rate_limit = _Setting[RateLimit | None]("worker_settings")
+
+    @property
+    def worker(self) -> Worker | None:
+        """The Worker of the one-object shorthand (a Queue given a handler), run by the
+        queue itself; ``None`` for a producer."""
+        return self._worker
 
     # -- configuration -----------------------------------------------------------------
 
@@ -241,8 +237,11 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         """A new (not running) Queue with this one's settings, handler and ``on()``
         callbacks, and ``changes`` (any constructor argument) applied; e.g. the worker CLI
         runs ``queue.copy(storage=from_url(url), concurrency=8)``."""
-        own = {"handler": self._handler} if self._batch is None else {}
-        settings = {**self._settings, **own, **changes}
+        settings = {**self._arguments, **self.worker_settings.arguments}
+        worker = self._worker
+        if worker is not None:
+            settings["batch_handler" if self.worker_settings.batch is not None else "handler"] = worker.handler
+        settings = {**settings, **changes}
         if "worker_id" not in changes:
             settings["worker_id"] = None  # a new worker: a new id
         new: Queue[P, R] = Queue(**settings)
@@ -280,12 +279,7 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
             raise ValidationError(f"handler must be callable, got {fn!r}")
         if self._running:
             raise TrioQueueError("set the handler before the queue starts")
-        is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None)  # noqa: B004 - async callable objects
-        )
-        if self.executor == "process":
-            check_process_handler(fn, is_async, self.payload_serde, self.result_serde)
-        self._handler, self._handler_is_async = fn, is_async
+        self._worker = Worker.with_settings(self, fn, self.worker_settings)
         return fn
 
     def on(self, name: str, callback: EventCallback | None = None) -> Any:
@@ -317,31 +311,253 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
             self._listener.want(level_for((name,)))
         return registered
 
+    # -- producing (the QueueProducer's) ----------------------------------------------
+
+    async def enqueue(
+        self,
+        job_id: str,
+        payload: P,
+        *,
+        transaction: object | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> EnqueueResult:
+        """Add a job unless its id is known: returns ``queued``, ``duplicate`` (the id is
+        queued/processing/failing/delayed, or failed and still cached) or ``completed``
+        with the cached result. ``options`` (:class:`~trioqueue.EnqueueOptions`), each
+        overriding the queue's setting, fixed by the first accepted enqueue:
+        ``max_attempts``, ``result_ttl``, ``retry_delay`` (a fixed delay),
+        ``job_timeout``; ``delay`` (seconds from now) or ``at`` (a timezone-aware
+        ``datetime`` or a UNIX timestamp) makes the job ``delayed`` until then;
+        ``priority`` (0..9, default :data:`DEFAULT_PRIORITY` 5): lower runs first, FIFO
+        within a priority; the job keeps it through retries and recoveries.
+        ``transaction`` (PostgresStorage: ``async with storage.transaction() as tx``)
+        writes the job in the application's transaction: it exists only if that commits.
+        Raises :class:`ValidationError` (writing nothing) on bad input, ``TypeError`` for
+        an unknown option.
+
+        ``children`` (a list of :class:`~trioqueue.Child`, trees of any depth) makes it
+        the parent of a tree, written atomically (every job or none: a child id that
+        exists raises :class:`~trioqueue.FlowError`): it waits in ``waiting_children``
+        until every child is terminal, then runs. ``on_child_failure``: ``"cancel"``
+        (default) fails it with :class:`~trioqueue.ChildJobFailedError` and cancels the
+        other children as soon as one fails for good, ``"continue"`` runs it anyway
+        (:meth:`Job.children_failures`), ``"ignore"`` counts failed children as done."""
+        return await self._producer.enqueue(job_id, payload, transaction=transaction, **options)
+
+    async def enqueue_many(
+        self,
+        jobs: Iterable[tuple[str, P]],
+        *,
+        transaction: object | None = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> list[EnqueueResult]:
+        """Enqueue ``(id, payload)`` pairs in one storage call (each job atomically, in
+        order), with the options of :meth:`enqueue` for all of them (``transaction``
+        too). Everything is validated first: one bad job means nothing is written."""
+        return await self._producer.enqueue_many(jobs, transaction=transaction, **options)
+
+    async def enqueue_and_wait(
+        self,
+        job_id: str,
+        payload: P,
+        *,
+        timeout: float = 30.0,
+        **options: Unpack[EnqueueOptions],
+    ) -> R:
+        """Enqueue (or join an in-flight job with the same id) and return its result.
+
+        Raises :class:`JobTimeoutError` after ``timeout`` seconds (the job keeps going),
+        :class:`JobFailedError` if it failed for good, :class:`JobCancelledError` if it is
+        cancelled meanwhile, :class:`QueueStoppedError` at once if the queue stops. A
+        completed id returns its cached result at once. Driven by the storage's event
+        stream (the wait is registered before enqueueing), never by polling; only the
+        outcome of the incarnation this call enqueued or joined counts (a job cancelled and
+        enqueued again under the same id is another incarnation). An enclosing cancel scope
+        cancels the wait, not the job.
+        """
+        return await self._producer.enqueue_and_wait(job_id, payload, timeout=timeout, **options)
+
+    # -- registry and administration (the QueueAdmin's) --------------------------------
+
+    async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
+        """The children of a job (a tree's parent, or a job that added children while it
+        ran), ``{JobRef(queue, id): status}`` in the order they were added; results are
+        decoded by this queue's result serde. ``{}`` for a job without children."""
+        return await self._admin.children(job_id)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel a job: a queued, delayed or failing (waiting for its retry) one will never
+        run; a running one has its handler cancelled by its worker (wherever it runs; the
+        handler may shield cleanup as Trio allows) and is not retried. Its state becomes
+        ``cancelled`` for its result TTL (enqueueing the id again starts a new incarnation)
+        and its waiters get :class:`JobCancelledError`; a running job that finishes before
+        the request reaches it keeps its outcome. Finished jobs are not touched: the status
+        says why."""
+        return await self._admin.cancel(job_id)
+
+    async def schedule(
+        self,
+        name: str,
+        payload: P | None = None,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        missed: Missed = "run_once",
+        max_attempts: int | None = None,
+        result_ttl: float | None = None,
+    ) -> Schedule:
+        """Create or update the schedule ``name``: a job with ``payload`` is enqueued on
+        every tick of ``cron`` (evaluated in the IANA timezone ``tz``) or every ``every``
+        seconds (the first tick at its first registration), with the id ``<name>@<tick in UTC>``
+        (``nightly@2026-11-23T03:00:00Z``), so a tick never runs twice. Schedules live in
+        the storage; the queue's active reaper (one per queue) enqueues the ticks.
+        ``missed``: ticks that passed while no reaper ran (found more than 60 s late) are
+        run once (``run_once``, the latest of them) or skipped (``skip``); later ones
+        found within 60 s each run.
+
+        Registering is idempotent, so a worker may declare its schedules at every
+        start-up: an unchanged schedule is not written at all, and a changed one keeps its
+        tick grid (the first registration's time, :attr:`Schedule.created_at`) and its
+        last tick (no tick runs twice, and none that was due is dropped, because of an
+        edit). Concurrent registrations agree on one grid (a compare-and-set). Returns the
+        schedule as stored."""
+        return await self._admin.schedule(name, payload, cron=cron, every=every, tz=tz, missed=missed, max_attempts=max_attempts, result_ttl=result_ttl)
+
+    async def schedules(self) -> list[Schedule]:
+        """The queue's schedules, a list sorted by name (each with its ``name``, ``cron`` or
+        ``every``, ``tz``, ``missed``, ``last_tick``...)."""
+        return await self._admin.schedules()
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove a schedule (jobs already enqueued stay); False if there was none."""
+        return await self._admin.unschedule(name)
+
+    def events(
+        self, *kinds: str, job_ids: Collection[str] | None = None, buffer: int = 1000
+    ) -> AbstractAsyncContextManager[EventStream]:
+        """``async with queue.events("completed", "failed") as stream: async for event in
+        stream:`` — the queue's events (every name :meth:`on` accepts; all when no names
+        are given), optionally only those of ``job_ids``. At most ``buffer`` events wait for
+        a slow reader; beyond that they are dropped and counted (``stream.dropped``) and
+        the reader gets one ``resync`` event marking the gap."""
+        return self._admin.events(*kinds, job_ids=job_ids, buffer=buffer)
+
+    def watch(self, job_id: str) -> AsyncIterator[JobStatus | None]:
+        """``async for status in queue.watch(id):`` the job's status, again on each change
+        of state or progress, until it is terminal (or unknown: ``None``)."""
+        return self._admin.watch(job_id)
+
+    async def pause(self) -> bool:
+        """Stop every worker of this queue (in every process) from claiming and starting
+        jobs; running jobs finish. Jobs that workers had prefetched go back to the queue:
+        none starts once this returns (a job whose attempt was counted before, at its
+        claim, is running). Stored in the storage; returns False if it was already
+        paused."""
+        return await self._admin.pause()
+
+    async def resume(self) -> bool:
+        """Let workers claim again (waiting ones wake at once); False if it was not paused."""
+        return await self._admin.resume()
+
+    async def is_paused(self) -> bool:
+        """Whether claiming on this queue is paused."""
+        return await self._admin.is_paused()
+
+    async def pause_group(self, group: str) -> bool:
+        """Stop every worker of this queue from claiming the jobs of ``group`` (other
+        groups' jobs are claimed as before; running jobs finish). Stored in the storage;
+        returns False if the group was already paused."""
+        return await self._admin.pause_group(group)
+
+    async def resume_group(self, group: str) -> bool:
+        """Let workers claim the jobs of ``group`` again (waiting ones wake at once);
+        False if it was not paused."""
+        return await self._admin.resume_group(group)
+
+    async def paused_groups(self) -> list[str]:
+        """The groups of this queue whose claiming is paused (sorted)."""
+        return await self._admin.paused_groups()
+
+    async def group_counts(self) -> dict[str, dict[str, int]]:
+        """How many jobs of each group are ``queued`` and ``processing`` (groups with
+        any; the jobs without a group under ``""``): ``{group: {"queued": n,
+        "processing": n}}``. For inspection (``trioqueue stats --group``): it may scan the
+        queue's active jobs."""
+        return await self._admin.group_counts()
+
+    async def get_status(self, job_id: str) -> JobStatus | None:
+        """The job's registry entry, or ``None`` if the id is unknown (or expired); a
+        child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
+        state (:attr:`~JobStatus.children`)."""
+        return await self._admin.get_status(job_id)
+
+    async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
+        """The statuses of many jobs at once, in the order of ``job_ids`` (``None`` for an
+        unknown or expired id, as :meth:`get_status`): one storage call, one round trip
+        to the server (Redis: one script, a queue's keys sharing one Cluster slot;
+        PostgreSQL: one query), plus one per job that is a parent of a tree (its
+        children's counts). A bad id raises :class:`ValidationError` naming it, before
+        anything is read."""
+        return await self._admin.get_statuses(job_ids)
+
+    async def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (every :class:`JobState`, zeros included)."""
+        return await self._admin.counts()
+
+    async def list_jobs(self, state: JobState | str, *, limit: int = 100, cursor: str | None = None) -> JobPage:
+        """A page of the jobs in ``state``, newest first (by when they entered it): pass
+        the returned ``cursor`` back for the next page (``None`` after the last). Paging
+        is stable while jobs come and go; memory is bounded by ``limit``."""
+        return await self._admin.list_jobs(state, limit=limit, cursor=cursor)
+
+    async def retry(self, job_id: str) -> bool:
+        """Run a ``failed`` (or ``cancelled``) job again: it is enqueued anew with its
+        original payload and its attempts reset. False if it is not failed/cancelled."""
+        return await self._admin.retry(job_id)
+
+    async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
+        """Forget the ``completed``, ``failed`` or ``cancelled`` jobs that entered that
+        state more than ``older_than`` seconds ago (all when ``None``); returns how many."""
+        return await self._admin.purge(state, older_than=older_than)
+
+    async def remove(self, job_id: str) -> bool:
+        """Forget a job that is not running (a queued, delayed or failing one never runs);
+        False if it is unknown or running."""
+        return await self._admin.remove(job_id)
+
+    async def clear(self, *, schedules: bool = False) -> int:
+        """Empty the queue's storage entirely: every job in every state (queued, delayed,
+        running, waiting for a retry or for children, finished) with its results, errors
+        and progress, and the rate limits' state (the groups' too: their claimed slots and
+        ``group_rate_limit`` windows), is forgotten at once; the schedules are kept unless
+        ``schedules`` is true (the pause flag, the paused groups and the worker registry
+        always are). Returns how many jobs were forgotten. A worker running one of the jobs does
+        not crash: its outcome is refused (fenced, an ``error`` event) and its heartbeat
+        gives the claim up (``lease_lost``); waiters of ``enqueue_and_wait`` get
+        :class:`JobCancelledError`; every subscriber gets a ``cleared`` event."""
+        return await self._admin.clear(schedules=schedules)
+
+    async def get_result(self, job_id: str) -> Any:
+        """The cached result of a completed job. Raises :class:`JobFailedError` for a failed
+        one, :class:`JobCancelledError` for a cancelled one and :class:`JobNotFinishedError`
+        for an unknown or unfinished one."""
+        return await self._admin.get_result(job_id)
+
+    async def update_result_ttl(self, job_id: str, ttl: float) -> UpdateTTLStatus:
+        """Keep a finished job's result (or error) for ``ttl`` more seconds from now."""
+        return await self._admin.update_result_ttl(job_id, ttl)
+
     # -- lifecycle ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self._cm = trio.open_nursery()
-        nursery = await self._cm.__aenter__()
-        try:
-            await nursery.start(self.run)
-        except BaseException:
-            # ``run`` failed before it started: nothing runs in the nursery; close it
-            # without wrapping the error in an ExceptionGroup.
-            await self._cm.__aexit__(None, None, None)
-            raise
-        self._cm_nursery = nursery
+        await self._service.enter()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        cm, nursery, self._cm, self._cm_nursery = self._cm, self._cm_nursery, None, None
-        if exc is None:
-            self.stop()  # graceful
-        elif nursery is not None and not isinstance(exc, trio.Cancelled):
-            nursery.cancel_scope.cancel()  # the body failed: forced stop, jobs go back
-        # The body's own exception propagates as it is, not wrapped in an ExceptionGroup.
-        await cm.__aexit__(None, None, None)
+        await self._service.exit(exc)  # the body's own exception propagates as it is
         return False
 
     def stop(self) -> None:
@@ -365,48 +581,30 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         try:
             await self._run(task_status)
         except BaseExceptionGroup as group:
-            bare = _sole_interrupt(group)
+            bare = sole_interrupt(group)
             if bare is None:
                 raise
             raise bare from None
         finally:
             self._running = False
-            self._consumer = self._listener.consumer = self._listener.on_due = None
             self._wake_waiters(stopped=True)
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         await self.storage.open()
         try:
-            async with self._open_pool() as pool, trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.storage.watchdog)
                 await nursery.start(self._events.run)
-                self._listener.consumes = self._handler is not None
                 await nursery.start(self._listener.run)
-                consumer = None
-                if self._handler is not None:
-                    consumer = self._consumer = self._listener.consumer = self._new_consumer(self._handler, pool)
-                    await nursery.start(consumer.run)
-                    if self._use_reaper:
-                        reaper = Reaper(
-                            self.storage,
-                            name=self.name,
-                            visibility_timeout=self.visibility_timeout,
-                            leader_election=LeaderElection(
-                                lock_ttl=self.visibility_timeout,
-                                renewal_interval=self.visibility_timeout / 3,
-                                acquire_retry_interval=self.visibility_timeout / 3,
-                            ),
-                            _emitter=self._events,
-                            _observers=self._observers,
-                            _fed=True,
-                        )
-                        self._listener.on_due = reaper.notice_due  # the queue's notices feed it
-                        nursery.start_soon(reaper.run)
-                self._events.emit("started", worker_id=self.worker_id)
-                task_status.started()
-                await self._stop_requested.wait()
-                if consumer is not None:
-                    await consumer.stop()
+                worker = self._worker
+                async with trio.open_nursery() as serving:
+                    if worker is not None:
+                        await serving.start(worker.run)  # attaches to this running queue
+                    self._events.emit("started", worker_id=self.worker_id)
+                    task_status.started()
+                    await self._stop_requested.wait()
+                    if worker is not None:
+                        worker.stop()  # graceful: returns once its jobs are settled
                 self._events.emit("stopped", worker_id=self.worker_id)
                 self._events.close()
                 self._wake_waiters(stopped=True)
@@ -414,46 +612,6 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
         finally:
             with trio.CancelScope(shield=True):
                 await self.storage.aclose()
-
-    def _open_pool(self) -> AbstractAsyncContextManager[ProcessPool | None]:
-        """The process pool of a running consumer with ``executor="process"`` (closed
-        after its handlers end), else nothing."""
-        if self.processes is None or self._handler is None:
-            return nullcontext(None)
-        return ProcessPool(self.processes, self._handler, self.payload_serde, self.result_serde).open()
-
-    def _new_consumer(self, handler: Handler, pool: ProcessPool | None) -> Consumer:
-        """The worker of a queue with a handler, with its executor."""
-        execution = ExecutionSettings(
-            self.name,
-            self.worker_id,
-            handler,
-            self._handler_is_async,
-            self.payload_serde,
-            self.result_serde,
-            self.result_ttl,
-            self.job_timeout,
-            self._retry_delay,
-            self._retry_if,
-            self._after_execution,
-            pool,
-            self._subtree,
-            self.keep_completed,
-            self.keep_failed,
-        )
-        executor = Executor(execution, self.storage, self._events, self._observers, Cancellations())
-        settings = ConsumerSettings(
-            self.name,
-            self.worker_id,
-            self.concurrency,
-            self.prefetch,
-            self.block_timeout,
-            self.visibility_timeout,
-            self._claim_limits,
-            self.lease_margin,
-            self._batch,
-        )
-        return Consumer(settings, self.storage, executor, self._events, observed=bool(self._observers))
 
     def _wake_waiters(self, *, stopped: bool = False) -> None:
         self._waiters.wake_all(stopped=stopped)
@@ -468,5 +626,5 @@ class Queue(QueueProducer[P, R], JobMaker[P], QueueAdmin[P], Generic[P, R]):
             )
 
     def __repr__(self) -> str:
-        role = "consumer" if self._handler is not None else "producer"
+        role = "consumer" if self._worker is not None else "producer"
         return f"<Queue {self.name!r} {role} worker_id={self.worker_id!r} storage={self.storage!r}>"

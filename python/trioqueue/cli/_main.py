@@ -34,15 +34,16 @@ def _parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     worker = sub.add_parser(
         "worker",
-        help="run the Queues of an application until SIGINT/SIGTERM",
-        description="Import each QUEUE (module:attribute: a Queue, or a factory returning one) and "
+        help="run the Workers (or Queues) of an application until SIGINT/SIGTERM",
+        description="Import each QUEUE (module:attribute: a Worker, a Queue with a handler, or a factory "
+        "returning one) and "
         "run it. The first SIGINT/SIGTERM stops gracefully (running jobs finish; exit 0), a second "
         "forces the stop (running jobs go back to their queue; exit 130). With --processes N, a "
         "supervisor runs N worker processes, restarts one that dies and forwards the signals.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     worker.add_argument(
-        "queues", nargs="+", metavar="QUEUE", help="module:attribute of a Queue, or of a factory returning one"
+        "queues", nargs="+", metavar="QUEUE", help="module:attribute of a Worker or a Queue, or of a factory returning one"
     )
     worker.add_argument("--storage", type=storage_url, default=None, help="storage URL replacing the Queues' own")
     worker.add_argument("--concurrency", type=positive_int, default=None, help="handlers at once, per queue")
@@ -147,11 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _worker_command(args: argparse.Namespace) -> int:
-    from ._worker import load_queue, serve
+    from ._worker import Runnable, adapted, load_queue, queues_of, serve
     from ..storage import from_url
 
     sys.path.insert(0, "")  # import the application from the working directory, as python -m does
-    queues = []
+    queues: list[Runnable] = []
     for spec in args.queues:
         queue = await load_queue(spec)
         changes: dict[str, Any] = {}
@@ -161,7 +162,7 @@ async def _worker_command(args: argparse.Namespace) -> int:
             changes["concurrency"] = args.concurrency
         if args.name is not None:
             changes["name"] = args.name
-        queues.append(queue.copy(**changes) if changes else queue)
+        queues.append(adapted(queue, changes))
     link = None
     if args.supervised:
         from ._supervisor import ParentLink
@@ -171,5 +172,5 @@ async def _worker_command(args: argparse.Namespace) -> int:
         return await serve(queues, link=link)
     from ._worker import MetricsServer
 
-    metrics = MetricsServer(queues, args.metrics_host, args.metrics_port, refresh_interval=args.metrics_refresh)
+    metrics = MetricsServer(queues_of(queues), args.metrics_host, args.metrics_port, refresh_interval=args.metrics_refresh)
     return await serve(queues, metrics=metrics, link=link)

@@ -1,4 +1,5 @@
-"""``trioqueue worker``: import Queues from the application and run them until signalled.
+"""``trioqueue worker``: import Workers (or Queues with a handler) from the application and
+run them until signalled.
 
 The first SIGINT/SIGTERM stops gracefully (no new claims, running handlers finish,
 prefetched jobs go back; exit 0); a second one forces the stop (running handlers are
@@ -20,17 +21,34 @@ import trio
 
 from .._model._errors import TrioQueueError, ValidationError, install_hint
 from .._supervision._queue import Queue
+from .._supervision._worker import Worker
 
-__all__ = ["JsonFormatter", "MetricsServer", "SupervisorLink", "configure_logging", "load_queue", "serve"]
+__all__ = [
+    "JsonFormatter",
+    "MetricsServer",
+    "Runnable",
+    "SupervisorLink",
+    "adapted",
+    "configure_logging",
+    "load_queue",
+    "queues_of",
+    "serve",
+]
 
 logger = logging.getLogger("trioqueue.worker")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-async def load_queue(spec: str) -> Queue[Any, Any]:
-    """The Queue named by ``module.path:attribute`` (a Queue, or a zero-argument factory
-    returning one, sync or async). Raises ``TrioQueueError`` saying what is wrong."""
+Runnable = Queue[Any, Any] | Worker
+"""What ``trioqueue worker`` runs: a Worker, or a Queue (with a handler: the one-object
+shorthand)."""
+
+
+async def load_queue(spec: str) -> Runnable:
+    """The Worker or Queue named by ``module.path:attribute`` (a Worker, a Queue with a
+    handler, or a zero-argument factory returning one, sync or async). Raises
+    ``TrioQueueError`` saying what is wrong."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValidationError(f"expected module:attribute (like myapp.tasks:queue), got {spec!r}")
@@ -44,14 +62,37 @@ async def load_queue(spec: str) -> Queue[Any, Any]:
             target = getattr(target, part)
         except AttributeError:
             raise TrioQueueError(f"{module_name!r} has no attribute {attr!r} (from {spec!r})") from None
-    if not isinstance(target, Queue) and callable(target):
+    if not isinstance(target, Queue | Worker) and callable(target):
         _check_factory(spec, target)
         target = target()
         if inspect.isawaitable(target):
             target = await target
-    if not isinstance(target, Queue):
-        raise TrioQueueError(f"{spec!r} is not a trioqueue Queue (nor a factory returning one): {target!r}")
+    if not isinstance(target, Queue | Worker):
+        raise TrioQueueError(
+            f"{spec!r} is not a trioqueue Queue (nor a factory returning one): {target!r} (a Worker would do too)"
+        )
     return target
+
+
+def queues_of(runnables: Sequence[Runnable]) -> list[Queue[Any, Any]]:
+    """The Queues that ``runnables`` serve (a Worker's, a Queue itself)."""
+    return [q for r in runnables for q in (r.queues if isinstance(r, Worker) else (r,))]
+
+
+def adapted(runnable: Runnable, changes: dict[str, Any]) -> Runnable:
+    """``runnable`` with the command line's ``changes`` (``storage``, ``name``: the
+    queues'; ``concurrency``: the worker's) applied to a copy (itself when there are none)."""
+    if not changes:
+        return runnable
+    if isinstance(runnable, Queue):
+        return runnable.copy(**changes)
+    queue_changes = {k: v for k, v in changes.items() if k in ("storage", "name")}
+    if "name" in queue_changes and len(runnable.queues) > 1:
+        raise ValidationError(f"--name applies to one queue, and worker {runnable!r} consumes several")
+    worker_changes = {k: v for k, v in changes.items() if k not in queue_changes}
+    if queue_changes:
+        worker_changes["queues"] = [q.copy(**queue_changes) for q in runnable.queues]
+    return runnable.copy(**worker_changes)
 
 
 def _check_factory(spec: str, target: Any) -> None:
@@ -71,7 +112,7 @@ def _check_factory(spec: str, target: Any) -> None:
         raise TrioQueueError(
             f"{spec!r} is {what} taking arguments ({', '.join(needed)}), not a Queue: QUEUE must be a Queue, or a"
             " factory returning one (called with no arguments), e.g. queue = Queue(storage, handler=handle) in the"
-            " module, named as module:queue"
+            " module, named as module:queue (or a Worker: worker = Worker(queue, handler=handle), module:worker)"
         )
 
 
@@ -126,9 +167,10 @@ class SupervisorLink(Protocol):
 
 
 async def serve(
-    queues: Sequence[Queue[Any, Any]], *, metrics: MetricsServer | None = None, link: SupervisorLink | None = None
+    queues: Sequence[Runnable], *, metrics: MetricsServer | None = None, link: SupervisorLink | None = None
 ) -> int:
-    """Run ``queues`` until a signal stops them; the exit code (0 graceful, 130 forced).
+    """Run ``queues`` (Workers, or Queues with a handler) until a signal stops them; the
+    exit code (0 graceful, 130 forced).
     ``metrics``: serve their metrics while they run. ``link``: the worker's supervisor,
     told when the queues serve, whose requests count as signals; if it goes away, the
     worker forces its stop."""
@@ -165,11 +207,13 @@ async def serve(
                 stop("the supervisor is gone", True, running)
 
             async with trio.open_nursery() as running:
-                for q in queues:
-                    await running.start(q.run)
-                    logger.info(
-                        "worker %s serving queue %r on %r (concurrency %d)", q.worker_id, q.name, q.storage, q.concurrency
-                    )
+                for r in queues:
+                    await running.start(r.run)
+                    for q in queues_of([r]):
+                        logger.info(
+                            "worker %s serving queue %r on %r (concurrency %d)",
+                            r.worker_id, q.name, q.storage, r.concurrency,
+                        )
                 if metrics is not None:
                     await outer.start(metrics.run)  # ends with the queues (outer is cancelled)
                 outer.start_soon(watch, running)
