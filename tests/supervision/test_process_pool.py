@@ -90,7 +90,9 @@ async def test_job_timeout_kills_a_handler_that_loops_forever() -> None:
     async with Queue(MemoryStorage(), handler=spin, executor="process", job_timeout=1.0, max_attempts=1, **FAST) as queue:
         queue.on("failed", failed)
         with trio.fail_after(30):
-            await queue.enqueue_and_wait("warm-up", None)  # the pool process is started: the timeout is the loop's
+            # the pool process is started (a loaded machine may take over a second to start
+            # it: the warm-up has a timeout of its own), so the queue's 1 s is the loop's
+            await queue.enqueue_and_wait("warm-up", None, job_timeout=30.0)
             await queue.enqueue("forever", listener.port)
             pid, conn = await listener.accept()
         began = time.monotonic()
