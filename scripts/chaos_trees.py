@@ -371,20 +371,26 @@ class Fleet:
         if line.strip() != b"READY":
             raise RuntimeError(f"worker {slot.index} did not start: {line!r} (see {self.workdir}/worker-{slot.index}.err)")
 
-    async def kill(self, slot: Slot) -> None:
-        """kill -9, then a new worker in its place."""
+    async def kill(self, slot: Slot) -> bool:
+        """kill -9, then a new worker in its place; False if it had died already (a
+        self-kill the watch has not seen yet: it is restarted all the same)."""
         while slot.busy:  # (the watch is restarting it)
             await trio.sleep(0.05)
         slot.busy = True
         try:
             proc = slot.proc
             assert proc is not None
-            if proc.poll() is None:
+            killed = proc.poll() is None
+            if killed:
                 proc.send_signal(signal.SIGKILL)
                 self.deaths[proc.pid] = (time.time(), "kill")
                 self.kills += 1
+            else:
+                self.self_kills += proc.returncode == -signal.SIGKILL
+                self.deaths.setdefault(proc.pid, (time.time(), "self"))
             await trio.to_thread.run_sync(proc.wait)
             await self.start(slot)
+            return killed
         finally:
             slot.busy = False
 
@@ -514,7 +520,8 @@ async def harness(args: argparse.Namespace, spec: dict[str, Any], workdir: Path)
                     )
                 del pending[:chunk]
                 await trio.sleep(chaos_rng.uniform(0.2, 1.2))
-                await fleet.kill(chaos_rng.choice(fleet.slots))
+                while not await fleet.kill(chaos_rng.choice(fleet.slots)):
+                    pass
             for root in pending:
                 await qs[MAIN].enqueue(
                     root.id, root.payload(nodes), children=[as_child(nodes[c], nodes) for c in root.children],
@@ -647,7 +654,7 @@ def check(
             elif node.fail in ("unrecoverable", "always"):
                 pass
             else:
-                killed = [r for r in job_runs if _interrupted(r, deaths, lease_lost)]
+                killed = [r for r in job_runs if _interrupted(r, deaths, lease_lost, seen)]
                 if not killed:
                     problems.append((job_id, f"failed ({etype}: {error.message if error else ''}) with no failure by design or killed run"))
         elif s == "cancelled":
@@ -670,8 +677,11 @@ def check(
                         problems.append(
                             (job_id, f"claimed at {r.claim:.3f} by {r.wid}, {r.claim - ended[0]:.3f} s after the end of its ancestor {anc} was published")
                         )
+                # (promoted and cancelled in one atomic step, as Redis's tree_act may do,
+                # is harmless: a run or another end after it is not)
                 promoted = seen.promoted_at.get(job_id)
-                if promoted is not None and promoted[1] == ended[1] and promoted[2] > ended[2]:
+                harmful = s != "cancelled" or any(r.claim is None or r.claim >= promoted[0] - 1 for r in job_runs if promoted)
+                if promoted is not None and promoted[1] == ended[1] and promoted[2] > ended[2] and harmful:
                     problems.append((job_id, f"released (promoted) after the end of its ancestor {anc}, on the stream of {ended[1]}"))
             anc = nodes[anc].parent
         # re-runs
@@ -680,7 +690,7 @@ def check(
             stats["reruns"] += 1
             if earlier.out in ("wait", "raise"):
                 continue
-            if _interrupted(earlier, deaths, lease_lost):
+            if _interrupted(earlier, deaths, lease_lost, seen):
                 continue
             if any(kind == "stalled" and t >= earlier.t0 for t, _, kind, _ in seen.events.get(job_id, [])):
                 continue
@@ -691,15 +701,18 @@ def check(
     return out, stats
 
 
-def _interrupted(run: Run, deaths: dict[int, tuple[float, str]], lease_lost: set[tuple[str, int]]) -> bool:
-    """Its worker was killed while it ran (or within a second of its end: the settlement
-    may not have been stored), or it lost its lease."""
+def _interrupted(run: Run, deaths: dict[int, tuple[float, str]], lease_lost: set[tuple[str, int]], seen: Observed) -> bool:
+    """Its worker was killed while it ran, or after it but before its settlement was
+    stored (no event of its end came before the kill), or it lost its lease."""
     if (run.job, run.pid) in lease_lost:
         return True
     death = deaths.get(run.pid)
     if death is None or death[0] < run.t0:
         return False
-    return run.t_end is None or death[0] - run.t_end < 1.0
+    if run.t_end is None:
+        return True
+    settled = ("completed", "failed", "failing", "cancelled", "waiting_children", "promoted")
+    return not any(run.t_end <= t < death[0] and kind in settled for t, _, kind, _ in seen.events.get(run.job, []))
 
 
 def history(job_id: str, nodes: dict[str, Node], final: dict[str, JobStatus | None], runs: dict[str, list[Run]], deaths: dict[int, tuple[float, str]], seen: Observed) -> str:
