@@ -55,7 +55,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -322,7 +322,7 @@ def as_child(node: Node, nodes: dict[str, Node]) -> Child:
         node.payload(nodes),
         queue=node.queue,
         children=static,
-        on_child_failure=node.policy if static else "cancel",
+        on_child_failure=cast(Any, node.policy if static else "cancel"),
         options={"max_attempts": node.max_attempts},
     )
 
@@ -475,7 +475,9 @@ async def record_events(storage: Storage, queue: str, seen: Observed, task_statu
 
 @asynccontextmanager
 async def producers(storage: Storage) -> AsyncIterator[dict[str, Queue[Any, Any]]]:
-    async with Queue(storage, name=MAIN, max_attempts=MAX_ATTEMPTS) as main, Queue(storage, name=KIDS, max_attempts=MAX_ATTEMPTS) as kids:
+    main: Queue[Any, Any] = Queue(storage, name=MAIN, max_attempts=MAX_ATTEMPTS)
+    kids: Queue[Any, Any] = Queue(storage, name=KIDS, max_attempts=MAX_ATTEMPTS)
+    async with main, kids:
         yield {MAIN: main, KIDS: kids}
 
 
@@ -515,7 +517,7 @@ async def harness(args: argparse.Namespace, spec: dict[str, Any], workdir: Path)
                         root.id,
                         root.payload(nodes),
                         children=[as_child(nodes[c], nodes) for c in root.children],
-                        on_child_failure=root.policy or "cancel",
+                        on_child_failure=cast(Any, root.policy or "cancel"),
                         max_attempts=root.max_attempts,
                     )
                 del pending[:chunk]
@@ -525,7 +527,7 @@ async def harness(args: argparse.Namespace, spec: dict[str, Any], workdir: Path)
             for root in pending:
                 await qs[MAIN].enqueue(
                     root.id, root.payload(nodes), children=[as_child(nodes[c], nodes) for c in root.children],
-                    on_child_failure=root.policy or "cancel", max_attempts=root.max_attempts,
+                    on_child_failure=cast(Any, root.policy or "cancel"), max_attempts=root.max_attempts,
                 )
             kills_done = time.monotonic()
             # until every job we know of is terminal (events, checked against the registry)
@@ -577,9 +579,9 @@ def read_log(log: Path) -> tuple[dict[str, list[Run]], set[str], set[tuple[str, 
             runs[rec["job"]].append(run)
             open_runs[key] = run
         elif rec["ev"] == "end":
-            run = open_runs.pop(key, None)
-            if run is not None:
-                run.out, run.t_end = rec["out"], rec["t"]
+            ended = open_runs.pop(key, None)
+            if ended is not None:
+                ended.out, ended.t_end = rec["out"], rec["t"]
         elif rec["ev"] == "added":
             added.add(rec["job"])
         elif rec["ev"] == "lease_lost":
