@@ -210,3 +210,52 @@ async def test_file_a_parent_released_in_the_pass_that_fails_its_root_is_cancell
         assert ("failed", "root") in seen and ("promoted", "mid") not in seen, seen
         mid = await st.get_job(q, "mid")
         assert mid is not None and kind(mid.state) == "cancelled", mid
+
+
+async def test_file_a_queued_job_whose_ancestor_failed_is_not_claimed_while_the_cascade_is_on_its_way(
+    tmp_path: Any, queue_name: str
+) -> None:
+    """FileStorage cascades a failure level by level, a step each (c- notes). The process
+    carrying it died after the step that failed the root (kill -9): leaf, queued under
+    mid, is not cancelled yet. A claim meanwhile (another worker) must not hand it out:
+    it is cancelled then, as the cascade would, and never runs (the chaos run of
+    scripts/chaos_trees.py found such leaves claimed, and dynamic children added after
+    the root failed claimed too)."""
+    from trioqueue.storage import FileStorage
+
+    q, kids = queue_name, f"{queue_name}-kids"  # (leaf on a queue of its own: claimed apart)
+    async with FileStorage(tmp_path / "store") as st:
+        await st.enqueue_flow(
+            [
+                FlowJob(q, job("root")),
+                FlowJob(q, job("mid"), (q, "root")),
+                FlowJob(kids, job("leaf"), (q, "mid")),
+                FlowJob(q, job("sib", max_attempts=1), (q, "root")),
+            ]
+        )
+        [sib] = await claim(st, q, n=1)
+        assert sib.id == "sib"
+        act_on_notes = st._act_on_notes
+
+        async def one_step_then_killed(queue: str | None = None) -> None:
+            await st._act_on_queue(q)  # the root fails; its cascade's notes stay
+            st._tree_dirty.clear()
+
+        st._act_on_notes = one_step_then_killed  # type: ignore[method-assign]
+        try:
+            assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
+        finally:
+            del st._act_on_notes
+        root = await st.get_job(q, "root")
+        assert root is not None and kind(root.state) == "failed", root
+        leaf = await st.get_job(kids, "leaf")
+        assert leaf is not None and kind(leaf.state) == "queued", leaf  # (the cascade is on its way)
+        assert await claim(st, kids, W2) == []
+        leaf = await st.get_job(kids, "leaf")
+        assert leaf is not None and kind(leaf.state) == "cancelled", leaf
+        await act_on_notes(q)  # the cascade's next steps (a reaper pass): nothing changes
+        await act_on_notes(kids)
+        mid = await st.get_job(q, "mid")
+        assert mid is not None and kind(mid.state) == "cancelled", mid
+        leaf = await st.get_job(kids, "leaf")
+        assert leaf is not None and kind(leaf.state) == "cancelled", leaf

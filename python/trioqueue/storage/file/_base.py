@@ -568,6 +568,10 @@ class FileBase(Storage):
         """Whether a child of the held parent ``r`` failed under ``cancel`` (lock held)."""
         return False
 
+    def _ancestor_ended(self, q: _Q, r: Rec) -> bool:
+        """Whether an ancestor of ``r`` failed or was cancelled (lock of ``q`` held)."""
+        return False
+
     def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
         enc = encode_name(job_id)

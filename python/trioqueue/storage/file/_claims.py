@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .._base import CANCELLED as _CANCELLED
 from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
 from .._base import FAILED as _FAILED
@@ -118,6 +119,19 @@ class ClaimOps(FileBase):
             if r is None or r.kind != _QUEUED or r.mk != mk:
                 _unlink(target)  # stale marker (cancelled job, or an old copy)
                 continue
+            if r.parent is not None and self._ancestor_ended(q, r):
+                # An ancestor failed or was cancelled: its cascade (level by level, a
+                # step each) is on its way to r. Cancelled now, as it would be, instead
+                # of handed out (a job of a cancelled tree never starts after its end).
+                _unlink(target)
+                r.kind = _CANCELLED
+                r.ts = now_ms
+                r.mk = None
+                r.exp = now + r.result_ttl
+                self._tree_ended(q, r)
+                items[enc] = r
+                events.append(StorageEvent("cancelled", r.id, token=r.token))
+                continue
             r.kind = _PROCESSING
             r.ts = now_ms
             r.worker = worker_id
@@ -178,6 +192,9 @@ class ClaimOps(FileBase):
             gen = watch.gen
             # The lock wait is the only cancellable step: once claimed, the claims are returned.
             claims, next_due = await self._claim(q, worker_id, max_jobs, lease, start, limits)
+            if self._tree_dirty:  # a claim cancelled jobs whose ancestor ended: their notes
+                with trio.CancelScope(shield=True):
+                    await self._act_on_notes()
             if claims:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims

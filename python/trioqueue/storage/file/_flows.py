@@ -247,6 +247,21 @@ class FileFlows(FileBase):
             marker = os.path.join(q.ready if r.kind == QUEUED else q.delayed, r.mk) if r.mk else None
         elif r.kind != WAITING_CHILDREN:
             return False
+        if (failing or not pending) and self._ancestor_ended(q, r):
+            # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
+            # each a step of its own) is on its way to r. Released now, r could be claimed
+            # and complete after its root's cancel: it is cancelled now instead, in this
+            # step (the one that would release or fail it), as the cascade would.
+            r.kind = CANCELLED
+            r.ts = int(now * 1000)
+            r.exp = now + r.result_ttl
+            r.mk = None
+            self._tree_ended(q, r)
+            self._commit(q, {enc: r}, fds)
+            if marker:
+                _unlink(marker)
+            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+            return True
         if failing:
             r.kind = FAILED
             r.ts = int(now * 1000)
@@ -261,18 +276,6 @@ class FileFlows(FileBase):
             return True
         if pending:
             return False
-        if self._ancestor_ended(q, r):
-            # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
-            # each a step of its own) is on its way to r. Released now, r could be claimed
-            # and complete after its root's cancel: it is cancelled now instead, in this
-            # step (the one that would release it), as the cascade would.
-            r.kind = CANCELLED
-            r.ts = int(now * 1000)
-            r.exp = now + r.result_ttl
-            self._tree_ended(q, r)
-            self._commit(q, {enc: r}, fds)
-            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
-            return True
         nxt, front = q.counters()
         r.kind = QUEUED
         r.ts = int(now * 1000)
