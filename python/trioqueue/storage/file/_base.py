@@ -19,7 +19,6 @@ from .. import _rules as R
 from .._base import DELAYED as _DELAYED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
-from .._base import QUEUED as _QUEUED
 from .._base import (
     Storage,
     StorageEvent,

@@ -23,7 +23,6 @@ from .._base import (
     ClaimLimits,
     HeartbeatReply,
     LostClaim,
-    SettleKind,
     Settlement,
     StorageEvent,
     lost_why,
@@ -200,7 +199,6 @@ class ClaimOps(FileBase):
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
-                now_ms = int(now * 1000)
                 pdir = q.proc + "/" + self._worker_enc(q, worker_id)
                 for s in settlements:
                     enc = encode_name(s.id)
@@ -280,7 +278,6 @@ class ClaimOps(FileBase):
         n = 0
         async with self._alock(q):
             now = time.time()
-            now_ms = int(now * 1000)
             pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
             nxt, front = q.counters()
             # Released jobs go before everything, in the order given.

@@ -60,7 +60,6 @@ class RecoveryOps(FileBase):
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
-                now_ms = int(now * 1000)
                 self._clean_expired(q, now)
                 q.last_clean = now
                 next_deadline = self._promote(q, now, events)
