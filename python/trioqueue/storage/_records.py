@@ -4,15 +4,29 @@ interface itself (``_base.py``, which re-exports them)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import NamedTuple
 
-from .._core import parse_state
-from .._model._serde import decode_error, encode_error
-from .._model._types import DEFAULT_PRIORITY, EnqueueStatus, JobError, UpdateTTLStatus
+from .._model._types import DEFAULT_PRIORITY, EnqueueStatus
+from ._rules import (
+    CANCELLED,
+    COMPLETED,
+    DELAYED,
+    FAILED,
+    FAILING,
+    PROCESSING,
+    QUEUED,
+    STATE_KINDS,
+    TERMINAL_KINDS,
+    WAITING_CHILDREN,
+    Rec,
+    SettleKind,
+    child_failed_error,
+    parse_job_state,
+    ttl_update_status,
+    waiting_state,
+)
 
 __all__ = [
     "CANCELLED",
@@ -45,6 +59,7 @@ __all__ = [
     "waiting_state",
     "check_active_kind",
     "check_state_kind",
+    "job_record",
     "lost_why",
     "select_events",
     "ttl_update_status",
@@ -52,22 +67,11 @@ __all__ = [
 ]
 
 
-# The kinds of state strings (``parse_state``), shared by the backends.
-QUEUED = "queued"
-PROCESSING = "processing"
-FAILING = "failing"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-DELAYED = "delayed"
-WAITING_CHILDREN = "waiting_children"  # a parent whose children are not all terminal
+# The state grammar (kinds, terminal kinds) is owned by the lifecycle rules (``_rules``);
+# re-exported here for the backends and the interface.
 # The event of :meth:`Administration.clear`: every job of the queue was forgotten (a notice:
 # waiters re-read the registry and find their job gone).
 CLEARED = "cleared"
-
-# Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
-STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED, WAITING_CHILDREN)
-TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 
 # The event kinds someone *acts on*, routed on their own (Redis: a second pub/sub channel):
 # a job's terminal outcome (what ``enqueue_and_wait`` waits for: ``removed`` ends a job
@@ -200,20 +204,6 @@ class HeartbeatReply(NamedTuple):
     lost: list[LostClaim]
 
 
-class SettleKind(StrEnum):
-    COMPLETE = "complete"  # store result, state completed, notify
-    FAIL = "fail"  # store error, state failed, notify
-    RETRY = "retry"  # state failing, back to the ready list after ``delay``
-    CANCEL = "cancel"  # the handler was cancelled on request: state cancelled, notify
-    # the handler raised RateLimited: back as ``delayed`` for ``delay`` without counting
-    # the attempt, and claims of the whole queue pause for ``delay`` (publishes
-    # ``rate_limited``)
-    RATE_LIMITED = "rate_limited"
-    # the handler raised WaitForChildren: state ``waiting_children`` without counting the
-    # attempt, queued again once every child is terminal (at once if none is pending)
-    WAIT_CHILDREN = "wait_children"
-
-
 class ClaimLimits(NamedTuple):
     """Queue-wide flow control applied by :meth:`Storage.dequeue` (the caller passes its
     queue's settings on every call; the state they govern lives in the storage, so the
@@ -315,20 +305,6 @@ class StorageEvent(NamedTuple):
     token: str | None = None
 
 
-def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | None) -> UpdateTTLStatus | None:
-    """The refusal :meth:`Storage.update_result_ttl` returns for a job in state ``kind``
-    (``None``: unknown id), or ``None`` when the TTL may be updated."""
-    if kind is None:
-        return UpdateTTLStatus.NOT_FOUND
-    if kind == "cancelled":
-        return None
-    if kind not in ("completed", "failed"):
-        return UpdateTTLStatus.NOT_TERMINAL
-    if (result if kind == "completed" else error) is None:
-        return UpdateTTLStatus.MISSING_PAYLOAD
-    return None
-
-
 class FlowJob(NamedTuple):
     """One job of a tree (:meth:`Trees.enqueue_flow`, :meth:`Trees.add_children`):
     the job, the queue it lives on, its ``parent`` ``(queue, id)`` (``None`` for the root)
@@ -341,25 +317,10 @@ class FlowJob(NamedTuple):
     policy: str = "cancel"
 
 
-def waiting_state(ms: int) -> str:
-    """The state string of a parent waiting for its children."""
-    return f"{WAITING_CHILDREN}:{ms}"
-
-
-def parse_job_state(state: str) -> tuple[str, int, str | int | None]:
-    """``parse_state`` (the Rust codec) that also reads ``waiting_children:<ms>``."""
-    if state.startswith("waiting_children:"):
-        return WAITING_CHILDREN, int(state[17:]), None
-    return parse_state(state)
-
-
-def child_failed_error(job_id: str, failures: list[tuple[str, bytes]]) -> bytes:
-    """The stored error of a parent failed by its children (``ChildJobFailedError``),
-    listing each failed child's ``(id, stored error)``."""
-    errors = {cid: decode_error(data) if data else JobError("JobCancelledError", f"job {cid!r} was cancelled") for cid, data in failures}
-    message = f"job {job_id!r} failed because of its children: " + "; ".join(
-        f"{cid}: {e.type}: {e.message}" for cid, e in errors.items()
-    )
-    # The traceback field lists the children's errors as JSON (ChildJobFailedError.errors).
-    listed = json.dumps({cid: {"type": e.type, "message": e.message} for cid, e in errors.items()})
-    return encode_error(JobError("ChildJobFailedError", message, listed))
+def job_record(r: Rec, state: str | None = None) -> JobRecord:
+    """The interface's view of a registry record (``state``: its state string, when the
+    backend knows more of it than the record, e.g. a delayed job's due time)."""
+    return JobRecord(
+        r.id, r.state() if state is None else state, r.created, r.attempts, r.max_attempts, r.result, r.error,
+        r.token, r.progress, r.priority, r.parent, 0 if r.children is None else len(r.children), r.group,
+    )  # fmt: skip

@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import trio
 
+from .. import _rules as R
 from .._base import CANCELLED as _CANCELLED
-from .._base import FAILED as _FAILED
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, check_state_kind
@@ -101,7 +101,7 @@ class AdminOps(FileBase):
             with _close_on_error(fds):
                 now = time.time()
                 old = self._load(q, enc, now)
-                if old is not None and old.kind in (_FAILED, _CANCELLED):
+                if old is not None and R.retryable(old):
                     nxt, front = q.counters()
                     now_ms = int(now * 1000)
                     lane = old.priority
@@ -126,7 +126,7 @@ class AdminOps(FileBase):
         ok = False
         async with self._alock(q):
             r = self._load(q, enc, time.time())
-            if r is not None and r.kind != _PROCESSING:
+            if r is not None and R.removable(r):
                 # The marker first: once it is gone the job can no longer be claimed or
                 # promoted; a crash before the record goes leaves a job without a marker,
                 # which start-up repair gives one back (the removal was not acknowledged).

@@ -15,11 +15,10 @@ from pathlib import Path
 import trio
 
 from ..._model._errors import ValidationError
-from .._base import CANCELLED as _CANCELLED
+from .. import _rules as R
 from .._base import DELAYED as _DELAYED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
-from .._base import QUEUED as _QUEUED
 from .._base import (
     Storage,
     StorageEvent,
@@ -527,9 +526,7 @@ class FileBase(Storage):
                 nxt, front = q.counters()
             mk = _ready_name(nxt, enc, r.priority, r.group)
             nxt += 1
-            events.append(StorageEvent("requeued" if r.kind == _FAILING else "promoted", r.id, token=r.token))
-            r.kind = _QUEUED
-            r.ts = now_ms
+            events.append(StorageEvent(R.promote(r, now_ms), r.id, token=r.token))
             r.mk = mk
             items[enc] = r
             moves.append((name, mk))
@@ -543,16 +540,10 @@ class FileBase(Storage):
             q.set_counters(nxt, front)
         return next_due
 
-    def _cancel_claimed(self, q: _Q, r: Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
-        """End a claimed job as cancelled (its proc entry is the caller's to remove)."""
-        r.kind = _CANCELLED
-        r.ts = int(now * 1000)
-        r.worker = None
-        r.lease = None
-        r.started = False
+    def _cancel_claimed(self, q: _Q, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
+        """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
         r.mk = None
-        r.exp = now + r.result_ttl
-        if r.parent is not None or r.children is not None:
+        if R.in_tree(r):
             self._tree_ended(q, r)
         events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
 

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .._base import CANCELLED as _CANCELLED
-from .._base import COMPLETED as _COMPLETED
-from .._base import DELAYED as _DELAYED
-from .._base import FAILED as _FAILED
-from .._base import FAILING as _FAILING
-from .._base import PROCESSING as _PROCESSING
-from .._base import QUEUED as _QUEUED
+from .. import _rules as R
+from .._rules import CANCELLED as _CANCELLED
+from .._rules import COMPLETED as _COMPLETED
+from .._rules import DELAYED as _DELAYED
+from .._rules import FAILED as _FAILED
+from .._rules import PROCESSING as _PROCESSING
+from .._rules import QUEUED as _QUEUED
 from ..._model._types import DEFAULT_PRIORITY
 from .._base import (
     WAITING_CHILDREN,
@@ -23,7 +23,6 @@ from .._base import (
     ClaimLimits,
     HeartbeatReply,
     LostClaim,
-    SettleKind,
     Settlement,
     StorageEvent,
     lost_why,
@@ -48,10 +47,6 @@ from ._layout import (
 
 __all__ = ["ClaimOps"]
 
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
-_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
-# the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
 
 
 class ClaimOps(FileBase):
@@ -124,28 +119,19 @@ class ClaimOps(FileBase):
                 # step each) is on its way to r. Cancelled now, as it would be, instead
                 # of handed out (a job of a cancelled tree never starts after its end).
                 _unlink(target)
-                r.kind = _CANCELLED
-                r.ts = now_ms
+                R.cancel_by_ancestor(r, now)
                 r.mk = None
-                r.exp = now + r.result_ttl
                 self._tree_ended(q, r)
                 items[enc] = r
                 events.append(StorageEvent("cancelled", r.id, token=r.token))
                 continue
-            r.kind = _PROCESSING
-            r.ts = now_ms
-            r.worker = worker_id
-            r.claims += 1
-            r.claim = f"{r.token}.{r.claims}"
-            r.started = len(claims) < start
-            if r.started:
-                r.attempts += 1
+            attempt = R.claim(r, worker_id, now_ms, deadline, len(claims) < start)
             r.mk = None
-            r.lease = deadline
             items[enc] = r
             if r.group is not None:
                 turns.took(r.group, enc)
-            claims.append(Claim(r.id, r.envelope, r.attempts + (not r.started), r.claim, r.started))
+            assert r.claim is not None
+            claims.append(Claim(r.id, r.envelope, attempt, r.claim, r.started))
         # The renames above are the claims; then one segment of processing records
         # (attempts, worker, lease). A crash between leaves proc entries whose record is
         # still queued: recover_stalled puts them back in ready/ (no attempt counted).
@@ -227,7 +213,6 @@ class ClaimOps(FileBase):
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
-                now_ms = int(now * 1000)
                 pdir = q.proc + "/" + self._worker_enc(q, worker_id)
                 for s in settlements:
                     enc = encode_name(s.id)
@@ -244,59 +229,36 @@ class ClaimOps(FileBase):
                         and (q.hit or os.path.exists(marker))
                     )
                     if r is None or not held:
-                        if r is not None and r.claim == s.token and r.kind != _PROCESSING:
+                        if R.settled_before(r, s.token):
                             out.append(True)  # settled by this very claim already: a retried call
                             continue
                         out.append(False)
                         events.append(StorageEvent("fenced", s.id, worker_id, token=r.token if r else None))
                         continue
                     out.append(True)
-                    limited = s.kind is SettleKind.RATE_LIMITED
-                    if s.kind in _UNCOUNTED:
-                        r.attempts -= r.started  # rate limited, or waiting: the attempt did not happen
-                    elif not r.started and s.kind is not SettleKind.CANCEL:
-                        r.attempts += 1  # settled without start(): the attempt happened
-                    r.ts = now_ms
-                    r.worker = None
-                    r.lease = None
-                    kind = s.kind
-                    if r.children and kind in _ENDS_BY_CHILDREN and self._failed_by_children(q, r):
-                        kind = SettleKind.WAIT_CHILDREN  # a child failed under cancel: it fails (see there)
-                    if kind is SettleKind.CANCEL or (kind in _BACK and r.cancel_requested):
-                        self._cancel_claimed(q, r, now, worker_id, events)
-                    elif kind is SettleKind.COMPLETE:
-                        r.kind = _COMPLETED
-                        r.result = s.data
-                        r.exp = now + s.ttl
-                        if r.parent is not None or r.children is not None:
+                    # a child failed under cancel: the run's end fails it (see _failed_by_children)
+                    by_children = bool(r.children) and s.kind in R.ENDS_BY_CHILDREN and self._failed_by_children(q, r)
+                    event = R.settle(r, s.kind, s.data, now, s.ttl, by_children)
+                    if r.kind == _CANCELLED:
+                        self._cancel_claimed(q, r, worker_id, events)
+                    elif r.kind in (_COMPLETED, _FAILED):
+                        if R.in_tree(r):
                             self._tree_ended(q, r)
-                        events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=r.token))
-                    elif kind is SettleKind.FAIL:
-                        r.kind = _FAILED
-                        r.error = s.data
-                        r.exp = now + s.ttl
-                        if r.parent is not None or r.children is not None:
-                            self._tree_ended(q, r)
-                        events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=r.token))
-                    elif kind is SettleKind.WAIT_CHILDREN:
-                        r.kind = WAITING_CHILDREN
-                        r.started = False
+                        result, error = (s.data, None) if r.kind == _COMPLETED else (None, s.data)
+                        events.append(StorageEvent(r.kind, s.id, worker_id, result, error, r.token))
+                    elif r.kind == WAITING_CHILDREN:
                         r.mk = None
                         r.children = r.children or []
                         self._tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
-                    else:
-                        run_ms = int((now + s.delay) * 1000)
-                        mk = _seq_name(run_ms, enc)
+                    else:  # failing (a retry) or delayed (rate limited): due after the delay
+                        mk = _seq_name(int((now + s.delay) * 1000), enc)
                         r.mk = mk
                         retries.append((enc, mk))
-                        if limited:
-                            r.kind = _DELAYED
+                        if r.kind == _DELAYED:
                             hold = max(hold, now + s.delay)
-                            events.append(StorageEvent("rate_limited", s.id, worker_id, token=r.token))
-                        else:
-                            r.kind = _FAILING
-                            r.error = s.data
-                            events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=r.token))
+                        assert event is not None
+                        error = s.data if r.kind != _DELAYED else None
+                        events.append(StorageEvent(event, s.id, worker_id, error=error, token=r.token))
                     items[enc] = r
                 if self._commit(q, items, fds):
                     dirs.add(q.expiry_fd)
@@ -330,7 +292,6 @@ class ClaimOps(FileBase):
         n = 0
         async with self._alock(q):
             now = time.time()
-            now_ms = int(now * 1000)
             pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
             nxt, front = q.counters()
             # Released jobs go before everything, in the order given.
@@ -347,13 +308,13 @@ class ClaimOps(FileBase):
                     _unlink(marker)
                     continue
                 seen.add(enc)
-                if r.cancel_requested:
-                    self._cancel_claimed(q, r, now, worker_id, events)
+                if not R.release(r, now, refund):  # a cancel request: it ends cancelled
+                    self._cancel_claimed(q, r, worker_id, events)
                     cancelled[enc] = r
                     continue
                 todo.append((enc, marker, r))
             items: dict[str, Rec] = dict(cancelled)
-            front = self._requeue_records(todo, items, refund, now_ms, front)
+            front = self._requeue_records(todo, items, front)
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).
             self._commit(q, items, None)
@@ -372,23 +333,13 @@ class ClaimOps(FileBase):
         return n
 
     @staticmethod
-    def _requeue_records(
-        todo: list[tuple[str, str, Rec]], items: dict[str, Rec], refund: bool, now_ms: int, front: int
-    ) -> int:
-        """Make the claimed jobs ``(enc, proc entry, record)`` queued again, each with a
-        ready marker before everything else of its lane, in order (into ``items``, to be
-        committed; then :meth:`_requeue_markers`). ``refund``: a started claim's attempt is
-        taken back (its handler never ran). Returns the new front counter."""
+    def _requeue_records(todo: list[tuple[str, str, Rec]], items: dict[str, Rec], front: int) -> int:
+        """Give the claimed jobs ``(enc, proc entry, record)`` a rule queued again
+        (:func:`~.._rules.release`) a ready marker before everything else of its lane, in
+        order (into ``items``, to be committed; then :meth:`_requeue_markers`). Returns
+        the new front counter."""
         front -= len(todo)
         for i, (enc, _, r) in enumerate(todo):
-            r.kind = _QUEUED
-            r.ts = now_ms
-            r.worker = None
-            r.lease = None
-            if refund:
-                r.attempts -= r.started  # never ran: the attempt did not happen
-            r.started = False
-            r.claim = None
             r.mk = _ready_name(front + 1 + i, enc, r.priority, r.group)
             items[enc] = r
         return front
@@ -445,24 +396,24 @@ class ClaimOps(FileBase):
                         out.append(False)
                         continue
                     enc, r = found
-                    if r.cancel_requested and not r.started:
-                        self._cancel_claimed(q, r, now, worker_id, events)
+                    was_started = r.started
+                    verdict = R.start(r, paused, now)
+                    if verdict == _CANCELLED:  # a reserved claim of a job with a cancel request
+                        self._cancel_claimed(q, r, worker_id, events)
                         items[enc] = r
                         gone.append(enc)
                         out.append(False)
                         continue
-                    if paused and not r.started:
+                    if verdict == "back":  # paused: a reserved claim goes back, its attempt never counted
                         back.append((enc, pdir + "/" + enc, r))
                         out.append(False)
                         continue
-                    if not r.started:
-                        r.started = True
-                        r.attempts += 1
+                    if not was_started:
                         items[enc] = r
                     out.append(True)
                 if back:
                     nxt, front = q.counters()
-                    front = self._requeue_records(back, items, False, int(now * 1000), front)
+                    front = self._requeue_records(back, items, front)
                 expiring = self._commit(q, items, fds)
                 if back:
                     self._requeue_markers(q, back, worker_id, events)

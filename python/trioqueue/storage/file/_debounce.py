@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import trio
 
 from ..._model._types import EnqueueStatus
-from .._base import DELAYED, QUEUED, EnqueueOutcome, NewJob, StorageEvent
+from .. import _rules as R
+from .._base import EnqueueOutcome, NewJob, StorageEvent
 from ._enqueue import EnqueueOps
 from ._fsutil import encode_name
 from ._layout import _close_on_error, _seq_name, _state, _unlink, due_event
@@ -35,16 +36,15 @@ class DebounceOps(EnqueueOps):
                 for job in jobs:
                     enc = encode_name(job.id)
                     r = self._load(q, enc, now)
-                    if r is None or r.kind not in (DELAYED, QUEUED):
-                        out, more, new = self._enqueue_locked(q, [job._replace(run_at=now + min(delay, max_wait or delay))])
+                    if r is None or not R.debounces(r):
+                        out, more, new = self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))])
                         fds += more
                         wrote |= new
                         outcomes += out
                         continue
-                    r.envelope, r.max_attempts, r.result_ttl = job.envelope, job.max_attempts, job.result_ttl
+                    run_at = R.debounce(r, job.envelope, job.max_attempts, job.result_ttl, now, delay, max_wait)
                     old = mk = r.mk
-                    if r.kind == DELAYED:
-                        run_at = now + delay if max_wait is None else min(now + delay, r.created / 1000 + max_wait)
+                    if run_at is not None:  # a delayed job: due later (its marker's name says when)
                         r.mk = mk = _seq_name(int(run_at * 1000), enc)
                     self._commit(q, {enc: r}, fds)
                     if old is not None and mk is not None and mk != old:  # a new due time: a new marker

@@ -11,14 +11,11 @@ from collections.abc import Sequence
 import trio
 
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
-from .._base import CANCELLED as _CANCELLED
-from .._base import COMPLETED as _COMPLETED
+from .. import _rules as R
 from .._base import DELAYED as _DELAYED
-from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import (
-    WAITING_CHILDREN,
     EnqueueOutcome,
     JobRecord,
     NewJob,
@@ -63,8 +60,8 @@ def _named_dirs(q: _Q, jobs: Sequence[NewJob]) -> set[int]:
 
 def _outcome(r: Rec) -> EnqueueOutcome:
     """The outcome of enqueueing an id that has the record ``r``."""
-    if r.kind == _COMPLETED and r.result is not None:
-        return EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), r.result, r.token)
+    if (result := R.existing_outcome(r)) is not None:
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), result, r.token)
     return EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token)
 
 
@@ -181,7 +178,7 @@ class EnqueueOps(FileBase):
         def exists(enc: str) -> bool:
             """``jobs/<enc>`` exists: True to replace it (a new incarnation)."""
             r0 = self._load(q, enc, now)
-            if r0 is None or r0.kind == _CANCELLED:
+            if r0 is None or R.replaceable(r0):
                 return True
             found[enc] = r0
             return False
@@ -196,11 +193,13 @@ class EnqueueOps(FileBase):
                     r = self._load(q, enc, now)  # known here (a cache hit): no guess
                 elif r is None:
                     places[enc] = []
-                if r is None or r.kind == _CANCELLED:  # unknown, or a new incarnation
-                    if job.run_at is not None and job.run_at > now:
-                        kind, mk = _DELAYED, _seq_name(int(job.run_at * 1000), enc)
+                if r is None or R.replaceable(r):  # unknown, or a new incarnation
+                    kind = R.enqueue_kind(job.run_at, now)
+                    if kind == _DELAYED:
+                        assert job.run_at is not None
+                        mk = _seq_name(int(job.run_at * 1000), enc)
                     else:
-                        kind, mk = _QUEUED, _ready_name(nxt, enc, job.priority, job.group)
+                        mk = _ready_name(nxt, enc, job.priority, job.group)
                         nxt += 1
                     r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                     r.token = job.token
@@ -244,36 +243,25 @@ class EnqueueOps(FileBase):
             with _close_on_error(fds):
                 now = time.time()
                 r = self._load(q, enc, now)
-                if r is None:
-                    status = CancelStatus.NOT_FOUND
-                elif r.kind in (_QUEUED, _FAILING, _DELAYED, WAITING_CHILDREN):
-                    marker = r.mk
-                    folder = q.ready if r.kind == _QUEUED else q.delayed
-                    r.kind = _CANCELLED
-                    r.ts = int(now * 1000)
+                marker = None if r is None else r.mk
+                folder = q.ready if r is not None and r.kind == _QUEUED else q.delayed
+                status, event = R.cancel(r, now)
+                if r is not None and event == "cancelled":
                     r.mk = None
-                    r.exp = now + r.result_ttl
-                    if r.parent is not None or r.children is not None:
+                    if R.in_tree(r):
                         self._tree_ended(q, r)  # its parent re-evaluated, its children cancelled
                     self._commit(q, {enc: r}, fds)
                     if marker:
                         _unlink(os.path.join(folder, marker))
-                    status = CancelStatus.CANCELLED
                     wrote = True
                     self._publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
-                elif r.kind == _CANCELLED:
-                    status = CancelStatus.CANCELLED
-                elif r.kind == _PROCESSING:
-                    status = CancelStatus.CANCELLED
+                elif r is not None and r.kind == _PROCESSING:
                     if r.children is not None:
                         self._tree_ended(q, r)  # its children (added while it runs) are cancelled
-                    if not r.cancel_requested:
-                        r.cancel_requested = True
+                    if event is not None:  # a cancel request, new
                         self._commit(q, {enc: r}, fds)
                         wrote = True
-                        self._publish(q, [StorageEvent("cancel_requested", job_id, r.worker, token=r.token)])
-                else:
-                    status = CancelStatus(r.kind)
+                        self._publish(q, [StorageEvent(event, job_id, r.worker, token=r.token)])
         await self._finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
         if self._tree_dirty:
             await self._act_on_notes()

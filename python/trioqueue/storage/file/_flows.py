@@ -49,21 +49,11 @@ from contextlib import AsyncExitStack
 import trio
 
 from ..._model._errors import FlowError
-from .._base import (
-    CANCELLED,
-    COMPLETED,
-    DELAYED,
-    FAILED,
-    FAILING,
-    PROCESSING,
-    QUEUED,
-    WAITING_CHILDREN,
-    EnqueueOutcome,
-    FlowJob,
-    JobRecord,
-    StorageEvent,
-    child_failed_error,
-)
+from .. import _rules as R
+from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent
+from .._rules import CANCELLABLE as _CANCELLABLE
+from .._rules import CANCELLED, COMPLETED, DELAYED, FAILED, FAILING, PROCESSING, QUEUED, WAITING_CHILDREN
+from .._rules import TERMINAL_KINDS as _TERMINAL
 from ._base import FileBase
 from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, write_atomic
 from ._enqueue import _outcome
@@ -71,8 +61,6 @@ from ._layout import _Q, _QUEUED_OUTCOME, _close_on_error, _job_record, _ready_n
 
 __all__ = ["FileFlows"]
 
-_TERMINAL = (COMPLETED, FAILED, CANCELLED)
-_CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN)
 
 
 class FileFlows(FileBase):
@@ -220,7 +208,7 @@ class FileFlows(FileBase):
             for cq, cid, c in children:
                 if c is None:
                     continue
-                if c.kind not in _TERMINAL and r.kind != COMPLETED:
+                if c.kind not in _TERMINAL and R.ended_cancels_children(r.kind):
                     self._note(cq, "c", cid)
                 elif c.kind in _TERMINAL and c.exp is None and cq == q.name:
                     c.exp = now + c.result_ttl  # (this queue's lock is held: no note needed)
@@ -231,42 +219,27 @@ class FileFlows(FileBase):
         # A missing child (removed by hand) counts as cancelled.
         failures = [(cid, (c.error or b"") if c else b"") for _, cid, c in children if c is None or c.kind in (FAILED, CANCELLED)]
         pending = [(cq, cid) for cq, cid, c in children if c is not None and c.kind not in _TERMINAL]
-        failing = bool(failures) and r.policy == "cancel"
-        if r.kind == PROCESSING:
-            if failing or r.cancel_requested:
-                for cq, cid in pending:
-                    self._note(cq, "c", cid)
-            return False
         marker = None
+        failed = bool(failures)
         if r.kind in (QUEUED, FAILING, DELAYED):
             # Back for another run of its own (the run that added the children was cut
             # short): a child that failed (not one that is gone: removed after the run
             # that found them ended) fails it at once, as it would one that waits.
-            if not (r.policy == "cancel" and any(c is not None and c.kind in (FAILED, CANCELLED) for _, _, c in children)):
-                return False
+            failed = any(c is not None and c.kind in (FAILED, CANCELLED) for _, _, c in children)
             marker = os.path.join(q.ready if r.kind == QUEUED else q.delayed, r.mk) if r.mk else None
-        elif r.kind != WAITING_CHILDREN:
-            return False
-        if (failing or not pending) and self._ancestor_ended(q, r):
+        verdict = R.parent_verdict(r.kind, r.policy, failed, len(pending), r.cancel_requested)
+        if verdict in (R.RELEASE, R.FAIL) and self._ancestor_ended(q, r):
             # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
             # each a step of its own) is on its way to r. Released now, r could be claimed
             # and complete after its root's cancel: it is cancelled now instead, in this
             # step (the one that would release or fail it), as the cascade would.
-            r.kind = CANCELLED
-            r.ts = int(now * 1000)
-            r.exp = now + r.result_ttl
-            r.mk = None
-            self._tree_ended(q, r)
-            self._commit(q, {enc: r}, fds)
-            if marker:
-                _unlink(marker)
-            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
-            return True
-        if failing:
-            r.kind = FAILED
-            r.ts = int(now * 1000)
-            r.error = child_failed_error(r.id, failures)
-            r.exp = now + r.result_ttl
+            verdict = R.parent_verdict(r.kind, r.policy, failed, len(pending), r.cancel_requested, True)
+        if verdict == R.CANCEL_CHILDREN:  # it runs: it fails (or ends cancelled) when its run ends
+            for cq, cid in pending:
+                self._note(cq, "c", cid)
+            return False
+        if verdict == R.FAIL:
+            R.fail_by_children(r, failures, now)
             r.mk = None
             self._tree_ended(q, r)  # its children are cancelled, its parent re-evaluated
             self._commit(q, {enc: r}, fds)
@@ -274,11 +247,19 @@ class FileFlows(FileBase):
                 _unlink(marker)
             self._publish(q, [StorageEvent("failed", r.id, error=r.error, token=r.token)])
             return True
-        if pending:
+        if verdict == CANCELLED:
+            R.cancel_by_ancestor(r, now)
+            r.mk = None
+            self._tree_ended(q, r)
+            self._commit(q, {enc: r}, fds)
+            if marker:
+                _unlink(marker)
+            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+            return True
+        if verdict != R.RELEASE:
             return False
         nxt, front = q.counters()
-        r.kind = QUEUED
-        r.ts = int(now * 1000)
+        R.release_parent(r, int(now * 1000))
         r.mk = _ready_name(nxt, enc, r.priority, r.group)
         q.set_counters(nxt + 1, front)
         self._commit(q, {enc: r}, fds)
@@ -306,10 +287,8 @@ class FileFlows(FileBase):
         """A ``c-`` note: cancel ``r`` because an ancestor ended (lock of ``q`` held)."""
         if r.kind in _CANCELLABLE:
             marker, folder = r.mk, (q.ready if r.kind == QUEUED else q.delayed)
-            r.kind = CANCELLED
-            r.ts = int(now * 1000)
+            R.cancel(r, now)
             r.mk = None
-            r.exp = now + r.result_ttl
             self._tree_ended(q, r)
             self._commit(q, {enc: r}, fds)
             if marker:
@@ -319,8 +298,7 @@ class FileFlows(FileBase):
         if r.kind == PROCESSING:
             if r.children is not None:
                 self._note(q.name, "f", r.id)
-            if not r.cancel_requested:
-                r.cancel_requested = True
+            if R.request_cancel(r):
                 self._commit(q, {enc: r}, fds)
                 self._publish(q, [StorageEvent("cancel_requested", r.id, r.worker, token=r.token)])
                 return True
@@ -360,7 +338,7 @@ class FileFlows(FileBase):
             if held is None:
                 first = jobs[0]
                 old = self._load(qs[first.queue], encode_name(first.job.id), now)
-                if old is not None and old.kind != CANCELLED:
+                if old is not None and not R.replaceable(old):
                     return _outcome(old), False
             else:
                 hq, hid, worker, token, policy = held
@@ -372,7 +350,7 @@ class FileFlows(FileBase):
                 recs[hq, hid] = parent
             for fj in jobs[0 if held else 1 :]:
                 old = self._load(qs[fj.queue], encode_name(fj.job.id), now)
-                if old is not None and old.kind != CANCELLED and not _leftover(old, fj, recs) or (fj.queue, fj.job.id) in recs:
+                if old is not None and not R.replaceable(old) and not _leftover(old, fj, recs) or (fj.queue, fj.job.id) in recs:
                     raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
             parents = {fj.parent for fj in jobs if fj.parent is not None}
             counters = {n: qs[n].counters() for n in names}
@@ -383,7 +361,8 @@ class FileFlows(FileBase):
                 enc = encode_name(job.id)
                 if (fj.queue, job.id) in parents:
                     kind, mk = WAITING_CHILDREN, None
-                elif job.run_at is not None and job.run_at > now:
+                elif R.enqueue_kind(job.run_at, now) == DELAYED:
+                    assert job.run_at is not None
                     kind, mk = DELAYED, _seq_name(int(job.run_at * 1000), enc)
                 else:
                     nxt, front = counters[fj.queue]

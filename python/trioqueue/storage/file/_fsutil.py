@@ -18,6 +18,8 @@ from collections import OrderedDict
 
 from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from ..._model._serde import compact_json_encoder
+from .._rules import DELAYED
+from .._rules import Rec as JobRec
 
 __all__ = [
     "Rec",
@@ -64,36 +66,13 @@ class CorruptRecord(Exception):
     pass
 
 
-class Rec:
-    """A job's registry entry as stored in ``jobs/<encoded id>``."""
+class Rec(JobRec):
+    """A job's registry entry as stored in ``jobs/<encoded id>``: the lifecycle's record
+    (:class:`~.._rules.Rec`) and ``mk``, the name of the marker that files it (its ready
+    marker, relative to ``ready/``; or its ``delayed/`` marker, which starts with its due
+    time)."""
 
-    __slots__ = (
-        "id",
-        "kind",
-        "ts",
-        "worker",
-        "attempts",
-        "max_attempts",
-        "result_ttl",
-        "created",
-        "exp",
-        "mk",
-        "envelope",
-        "result",
-        "error",
-        "lease",
-        "token",
-        "claim",
-        "claims",
-        "started",
-        "progress",
-        "cancel_requested",
-        "priority",
-        "parent",
-        "children",
-        "policy",
-        "group",
-    )
+    __slots__ = ("mk",)
 
     def __init__(
         self,
@@ -112,44 +91,39 @@ class Rec:
         error: bytes | None = None,
         lease: float | None = None,
     ) -> None:
-        self.id = id
-        self.kind = kind
-        self.ts = ts
-        self.worker = worker
-        self.attempts = attempts
-        self.max_attempts = max_attempts
-        self.result_ttl = result_ttl
-        self.created = created
-        self.exp = exp
+        JobRec.__init__(self, id, kind, ts, attempts, max_attempts, result_ttl, created, envelope)
         self.mk = mk
-        self.envelope = envelope
+        self.worker = worker
+        self.exp = exp
         self.result = result
         self.error = error
         self.lease = lease  # lease deadline of a processing record (seconds since the epoch)
-        self.token = ""  # the incarnation token
-        self.claim: str | None = None  # the current (or last settled) claim's token
-        self.claims = 0  # claims of this incarnation so far
-        self.started = False  # the current claim's attempt is counted
-        self.progress: bytes | None = None
-        self.cancel_requested = False
-        self.priority = DEFAULT_PRIORITY  # the job's lane of the ready list
-        self.parent: tuple[str, str] | None = None  # a child of a tree: (queue, id) of its parent
-        self.children: list[tuple[str, str]] | None = None  # a parent: (queue, id) of its children
-        self.policy = "cancel"  # a parent's on_child_failure
-        self.group: str | None = None  # its group (its ready markers are in that group's lane)
+
+    def state(self, due_ms: int | None = None) -> str:
+        if due_ms is None and self.kind == DELAYED and self.mk:
+            head = self.mk[:16]
+            if len(self.mk) > 17 and self.mk[16] == "-":
+                try:
+                    due_ms = int(head, 16)
+                except ValueError:
+                    pass
+        return JobRec.state(self, due_ms)
 
     def copy(self) -> Rec:
         """A shallow copy (the bytes fields are immutable): what a cache hands out, so
         that no caller ever mutates a cached record. (Replaced below by a function with
         one assignment per field: a getattr/setattr loop costs three times as much.)"""
         c = Rec.__new__(Rec)
-        for name in Rec.__slots__:
+        for name in _SLOTS:
             setattr(c, name, getattr(self, name))
         return c
 
 
+_SLOTS = JobRec.__slots__ + Rec.__slots__  # every field of a file record
+
+
 def _make_copy() -> object:
-    body = "\n".join(f"    c.{n} = self.{n}" for n in Rec.__slots__)
+    body = "\n".join(f"    c.{n} = self.{n}" for n in _SLOTS)
     ns: dict[str, object] = {"Rec": Rec}
     exec(f"def copy(self):\n    c = Rec.__new__(Rec)\n{body}\n    return c\n", ns)  # noqa: S102 - fixed source
     return ns["copy"]

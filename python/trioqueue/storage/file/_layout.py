@@ -15,16 +15,8 @@ from contextlib import contextmanager
 
 import trio
 
-from ..._core import format_state
-from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus, JobError
-from .._base import (
-    WAITING_CHILDREN,
-    JobRecord,
-    EnqueueOutcome,
-    NewJob,
-    StorageEvent,
-    waiting_state,
-)
+from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
+from .._base import JobRecord, EnqueueOutcome, NewJob, StorageEvent, job_record
 from ._fsutil import Rec
 from ._fsutil import _unlink as _unlink  # re-exported: the parts import it from here
 from ._groups import GroupDisk, group_marker
@@ -32,14 +24,7 @@ from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
 
 log = logging.getLogger("trioqueue.storage.file")
 
-from .._base import CANCELLED as _CANCELLED
-from .._base import COMPLETED as _COMPLETED
-from .._base import DELAYED as _DELAYED
-from .._base import FAILED as _FAILED
-from .._base import FAILING as _FAILING
-from .._base import PROCESSING as _PROCESSING
-
-_TERMINAL = (_COMPLETED, _FAILED, _CANCELLED)  # records the cache does not keep
+from .._rules import TERMINAL_KINDS as _TERMINAL  # records the cache does not keep
 
 
 def _rec_bytes(r: Rec) -> int:
@@ -102,24 +87,12 @@ def _split_marker(name: str) -> tuple[int, str] | None:
 
 
 def _state(r: Rec) -> str:
-    if r.kind == _PROCESSING:
-        return format_state(_PROCESSING, r.ts, r.worker)
-    if r.kind == _FAILING:
-        return format_state(_FAILING, r.ts, r.attempts)
-    if r.kind == _DELAYED:
-        parsed = _split_marker(r.mk) if r.mk else None
-        return format_state(_DELAYED, r.ts, parsed[0] if parsed else r.ts)
-    if r.kind == WAITING_CHILDREN:
-        return waiting_state(r.ts)
-    return format_state(r.kind, r.ts)
+    return r.state()  # (a delayed job's due time is in its marker's name: Rec.state)
 
 
 def _job_record(r: Rec) -> JobRecord:
     """The storage-interface view of a record."""
-    return JobRecord(
-        r.id, _state(r), r.created, r.attempts, r.max_attempts, r.result, r.error, r.token, r.progress, r.priority,
-        r.parent, 0 if r.children is None else len(r.children), r.group,
-    )  # fmt: skip
+    return job_record(r)
 
 
 def _mtime(path: str) -> float | None:
@@ -184,14 +157,6 @@ def _log_generation(fd: int) -> int:
         return int(head[len(b'{"k":"_log","g":') : head.index(b"}")])
     except ValueError:
         return 0
-
-
-def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
-    return JobError(
-        "StalledJobError",
-        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
-        f"and has used all {attempts} attempts",
-    )
 
 
 class _Q:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import trio
 
-from ..._model._serde import encode_error
+from .. import _rules as R
 from .._base import CANCELLED as _CANCELLED
 from .._base import COMPLETED as _COMPLETED
 from .._base import DELAYED as _DELAYED
@@ -39,7 +39,6 @@ from ._layout import (
     _ready_name,
     _split_marker,
     _split_ready,
-    _stalled_error,
     _unlink,
     log,
 )
@@ -61,7 +60,6 @@ class RecoveryOps(FileBase):
         async with self._alock(q):
             with _close_on_error(fds):
                 now = time.time()
-                now_ms = int(now * 1000)
                 self._clean_expired(q, now)
                 q.last_clean = now
                 next_deadline = self._promote(q, now, events)
@@ -109,33 +107,24 @@ class RecoveryOps(FileBase):
                         if worker_id is None:
                             worker_id = self._worker_dec(q, enc_w) or enc_w
                         events.append(StorageEvent("stalled", r.id, worker_id, token=r.token))
-                        r.worker = None
-                        r.lease = None
-                        r.claim = None
-                        r.ts = now_ms
-                        if r.cancel_requested:
-                            self._cancel_claimed(q, r, now, worker_id, events)
+                        # cancelled (a cancel request), requeued (attempts left, or a reserved
+                        # claim that never ran: back at no cost) or failed (StalledJobError)
+                        verdict = R.recover(r, now, worker_id)
+                        recovered.append((r.id, verdict))
+                        if verdict == "cancelled":
+                            self._cancel_claimed(q, r, worker_id, events)
                             drop.append(marker)
-                            recovered.append((r.id, "cancelled"))
-                        elif not r.started or r.attempts < r.max_attempts:
-                            # A reserved claim never ran: it goes back at no cost.
+                        elif verdict == "requeued":
                             mk = _ready_name(nxt, enc, r.priority, r.group)
                             nxt += 1
-                            r.kind = _QUEUED
-                            r.started = False
                             r.mk = mk
                             requeue.append((marker, mk))
                             events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
-                            recovered.append((r.id, "requeued"))
                         else:
-                            r.kind = _FAILED
-                            r.error = encode_error(_stalled_error(r.id, worker_id, r.attempts))
-                            r.exp = now + r.result_ttl
-                            if r.parent is not None or r.children is not None:
+                            if R.in_tree(r):
                                 self._tree_ended(q, r)
                             drop.append(marker)
                             events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
-                            recovered.append((r.id, "failed"))
                         items[enc] = r
                     if alive_until <= now:
                         dead.append(enc_w)

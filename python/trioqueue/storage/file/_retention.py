@@ -33,14 +33,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .._base import CLEARED, SettleKind, Settlement, StorageEvent
+from .. import _rules as R
+from .._base import CLEARED, Settlement, StorageEvent
 from ._base import FileBase
 from ._fsutil import Rec
 from ._layout import _Q, _unlink
 
 __all__ = ["RetentionOps"]
 
-_KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
+_KEPT = R.KEPT  # the settlements Settlement.keep applies to: the kind they enter
 _SLICE = 1000  # jobs a trim checks and unlinks per lock hold
 
 
@@ -96,7 +97,7 @@ class RetentionOps(FileBase):
             newest: list[tuple[int, str]] = []  # the newest ``keep`` seen: (ts, enc), a min-heap
             victims: list[tuple[int, str]] = []
             for enc, r in self._records(q, time.time()):
-                if r.kind != state or r.parent is not None or r.children is not None:
+                if r.kind != state or R.in_tree(r):  # (jobs of trees go by their TTL)
                     continue
                 item = (r.ts, enc)
                 if len(newest) < keep:

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import trio
 
-from .._base import CANCELLED, CLEARED, FAILED, PROCESSING, JobRecord, check_active_kind, check_state_kind, NewJob, StorageEvent
+from .. import _rules as R
+from .._base import CLEARED, JobRecord, NewJob, StorageEvent, check_active_kind, check_state_kind, job_record
 from .._flowstate import FlowState
 from ._index import StateIndex
 from ._parts import _Lanes, _Q, _Rec, _MemoryPart
@@ -29,24 +30,6 @@ def parse_int_cursor(cursor: str | None) -> int | None:
     return value
 
 
-def _record(rec: _Rec) -> JobRecord:
-    return JobRecord(
-        rec.id,
-        rec.state(),
-        rec.created_at_ms,
-        rec.attempts,
-        rec.max_attempts,
-        rec.result,
-        rec.error,
-        rec.token,
-        rec.progress,
-        rec.priority,
-        None if rec.parent is None else (rec.parent[0], rec.parent[1].id),
-        0 if rec.flow is None else len(rec.flow.children),
-        rec.group,
-    )
-
-
 class MemoryAdmin(_MemoryPart):
     """The admin part of :class:`~trioqueue.storage.memory.MemoryStorage`."""
 
@@ -62,7 +45,7 @@ class MemoryAdmin(_MemoryPart):
             del q.jobs[rec.id]
             q.index.drop(rec)
 
-        return q.index.trim(kind, keep, forget, lambda rec: rec.parent is not None or rec.flow is not None)
+        return q.index.trim(kind, keep, forget, R.in_tree)
 
     async def counts(self, queue: str) -> dict[str, int]:
         await trio.lowlevel.checkpoint()
@@ -88,7 +71,7 @@ class MemoryAdmin(_MemoryPart):
             q = self._q(queue)
             self._expire(q, time.time())
             recs, nxt = q.index.page(state, limit, after)
-            return [_record(r) for r in recs], (None if nxt is None else str(nxt))
+            return [job_record(r) for r in recs], (None if nxt is None else str(nxt))
 
     async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -97,7 +80,7 @@ class MemoryAdmin(_MemoryPart):
             q = self._q(queue)
             self._expire(q, now)
             old = q.jobs.get(job_id)
-            ok = old is not None and old.kind in (FAILED, CANCELLED)
+            ok = R.retryable(old)
             if old is not None and ok:
                 q.index.drop(old)
                 # A new record: the old one may still sit in the ready list (a cancelled
@@ -133,7 +116,7 @@ class MemoryAdmin(_MemoryPart):
             q = self._q(queue)
             self._expire(q, time.time())
             rec = q.jobs.get(job_id)
-            ok = rec is not None and rec.kind != PROCESSING
+            ok = R.removable(rec)
             if rec is not None and ok:
                 # Its ready-list or delayed-heap entry (if any) is skipped once the
                 # record is gone.
@@ -179,7 +162,7 @@ class MemoryAdmin(_MemoryPart):
             q = self._q(queue)
             self._expire(q, time.time())
             recs = [q.jobs.get(jid) for jid in job_ids]
-            return [None if rec is None else _record(rec) for rec in recs]
+            return [None if rec is None else job_record(rec) for rec in recs]
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         await trio.lowlevel.checkpoint()

@@ -84,7 +84,7 @@ class MemoryControl(Storage):
             for job_id, token in claims:
                 rec = proc.get(job_id)
                 if rec is not None and rec.claim == token:
-                    rec.lease_deadline = now + lease
+                    rec.lease = now + lease
                     if rec.cancel_requested:
                         reply.cancel_requested.append(job_id)
                     continue

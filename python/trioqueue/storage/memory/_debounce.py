@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import trio
 
 from ..._model._types import EnqueueStatus
-from .._base import DELAYED, QUEUED, EnqueueOutcome, NewJob, StorageEvent
+from .. import _rules as R
+from .._base import EnqueueOutcome, NewJob, StorageEvent
 from ._parts import _MemoryPart
 
 __all__ = ["MemoryDebounce"]
@@ -31,22 +32,16 @@ class MemoryDebounce(_MemoryPart):
             events: list[StorageEvent] = []
             for job in jobs:
                 rec = q.jobs.get(job.id)
-                if rec is None or rec.kind not in (DELAYED, QUEUED):
-                    [outcome] = self._enqueue_locked(q, [job._replace(run_at=now + min(delay, max_wait or delay))], now)
+                if rec is None or not R.debounces(rec):
+                    [outcome] = self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))], now)
                     outcomes.append(outcome)
                     continue
-                rec.envelope = job.envelope
-                rec.max_attempts = job.max_attempts
-                rec.result_ttl = job.result_ttl
-                if rec.kind == DELAYED:
-                    run_at = now + delay
-                    if max_wait is not None:
-                        run_at = min(run_at, rec.created_at_ms / 1000 + max_wait)
-                    if run_at != rec.run_at:
-                        earlier = run_at < rec.run_at
-                        self._delay(q, rec, run_at, events)  # (its old entry in the heap is stale now)
-                        if earlier:
-                            self._wake(q)
+                run_at = R.debounce(rec, job.envelope, job.max_attempts, job.result_ttl, now, delay, max_wait)
+                if run_at is not None and run_at != rec.run_at:
+                    earlier = run_at < rec.run_at
+                    self._delay(q, rec, run_at, events)  # (its old entry in the heap is stale now)
+                    if earlier:
+                        self._wake(q)
                 outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, rec.state(), token=rec.token))
             self._publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()

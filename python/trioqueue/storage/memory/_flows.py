@@ -6,7 +6,6 @@ parent failed and the siblings cancelled under ``cancel``), a mixin kept apart f
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections.abc import Sequence
 
@@ -14,28 +13,14 @@ import trio
 
 from ..._model._errors import FlowError
 from ..._model._types import EnqueueStatus
-from .._base import (
-    CANCELLED,
-    COMPLETED,
-    DELAYED,
-    FAILED,
-    FAILING,
-    PROCESSING,
-    QUEUED,
-    WAITING_CHILDREN,
-    EnqueueOutcome,
-    FlowJob,
-    JobRecord,
-    StorageEvent,
-    child_failed_error,
-)
-from ._admin import _record
+from .. import _rules as R
+from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, job_record
+from .._rules import CANCELLABLE as _CANCELLABLE
+from .._rules import COMPLETED, PROCESSING, WAITING_CHILDREN
+from .._rules import TERMINAL_KINDS as _TERMINAL
 from ._parts import _QUEUED_OUTCOME, _Flow, _Q, _Rec, _MemoryPart
 
 __all__ = ["MemoryFlows"]
-
-_TERMINAL = (COMPLETED, FAILED, CANCELLED)
-_CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN)
 
 
 class MemoryFlows(_MemoryPart):
@@ -52,9 +37,9 @@ class MemoryFlows(_MemoryPart):
             q = self._q(root.queue)
             self._expire(q, now)
             rec = q.jobs.get(root.job.id)
-            if rec is not None and rec.kind != CANCELLED:
-                if rec.kind == COMPLETED and rec.result is not None:
-                    outcome = EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token)
+            if rec is not None and not R.replaceable(rec):
+                if (result := R.existing_outcome(rec)) is not None:
+                    outcome = EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), result, rec.token)
                 else:
                     outcome = EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token)
             else:
@@ -85,12 +70,12 @@ class MemoryFlows(_MemoryPart):
             q = self._q(fj.queue)
             self._expire(q, now)
             old = q.jobs.get(fj.job.id)
-            if old is not None and old.kind != CANCELLED or (fj.queue, fj.job.id) in recs:
+            if not R.replaceable(old) or (fj.queue, fj.job.id) in recs:
                 raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
         parents = {fj.parent for fj in jobs if fj.parent is not None}
         for parent in recs.values():
             if parent.flow is None:
-                parent.flow = _Flow(policy)
+                parent.flow, parent.children, parent.policy = _Flow(), [], policy
         now_ms = int(now * 1000)
         touched: dict[str, tuple[_Q, list[StorageEvent], list[_Rec]]] = {}
         for fj in jobs:
@@ -99,22 +84,24 @@ class MemoryFlows(_MemoryPart):
             old = q.jobs.get(job.id)
             if old is not None:
                 q.index.drop(old)
-            rec = q.jobs[job.id] = _Rec(job, now_ms, q.index)
+            is_parent = (fj.queue, job.id) in parents
+            kind = WAITING_CHILDREN if is_parent else R.enqueue_kind(job.run_at, now)
+            rec = q.jobs[job.id] = _Rec(job, now_ms, q.index, kind)
             recs[fj.queue, job.id] = rec
             events.append(StorageEvent("enqueued", job.id, token=job.token))
-            if (fj.queue, job.id) in parents:
-                rec.kind = WAITING_CHILDREN
-                rec.flow = _Flow(fj.policy)
-            elif job.run_at is not None and job.run_at > now:
-                rec.kind = DELAYED
+            if is_parent:
+                rec.flow, rec.children, rec.policy = _Flow(), [], fj.policy
+            elif kind == R.DELAYED:
+                assert job.run_at is not None
                 self._delay(q, rec, job.run_at, events)
             else:
                 ready.append(rec)
             if fj.parent is not None:
                 parent = recs[fj.parent]
-                rec.parent = (fj.parent[0], parent)
-                assert parent.flow is not None
+                rec.parent, rec.up = fj.parent, parent
+                assert parent.flow is not None and parent.children is not None
                 parent.flow.children.append((fj.queue, rec))
+                parent.children.append((fj.queue, job.id))
                 parent.flow.pending += 1
         for q, events, ready in touched.values():
             q.ready.push(ready)
@@ -129,7 +116,7 @@ class MemoryFlows(_MemoryPart):
             rec = q.jobs.get(job_id)
             if rec is None or rec.flow is None:
                 return []
-            return [(cq, _record(c)) for cq, c in rec.flow.children if self._q(cq).jobs.get(c.id) is c]
+            return [(cq, job_record(c)) for cq, c in rec.flow.children if self._q(cq).jobs.get(c.id) is c]
 
     # -- a job of a tree ended -------------------------------------------------------------
 
@@ -137,67 +124,57 @@ class MemoryFlows(_MemoryPart):
         """``rec`` (a parent, a child, or both) just became terminal."""
         flow = rec.flow
         if flow is not None:
-            if rec.kind != COMPLETED:
+            if R.ended_cancels_children(rec.kind):
                 self._cancel_children(rec, now)  # cancelled or failed: none of them may run on
             for cq, child in flow.children:  # their results are no longer needed by rec
-                if child.kind in _TERMINAL and child.expires_at == math.inf:
+                if child.kind in _TERMINAL and child.exp is None:
                     self._keep_for(self._q(cq), child, now + child.result_ttl)
-        if rec.parent is None:
+        parent = rec.up
+        if parent is None or rec.parent is None:
             return
-        pq_name, parent = rec.parent
-        pq = self._q(pq_name)
+        pq = self._q(rec.parent[0])
         if parent.kind in _TERMINAL or parent.flow is None or pq.jobs.get(parent.id) is not parent:
             return  # the parent ended first: rec keeps its own TTL
-        rec.expires_at = math.inf  # kept while the parent may read it
-        flow = parent.flow
-        flow.pending -= 1
+        rec.exp = None  # kept while the parent may read it
+        parent.flow.pending -= 1
         if rec.kind != COMPLETED:
-            flow.failures.append((rec.id, rec.error or b""))
-            if flow.policy == "cancel":
-                if parent.kind == PROCESSING:
-                    self._cancel_children(parent, now)  # the parent fails when it waits for them
-                else:
-                    self._fail_parent(pq, parent, now)
-                return
-        if flow.pending == 0 and parent.kind == WAITING_CHILDREN:
-            self._children_done(pq, parent, now)
+            parent.flow.failures.append((rec.id, rec.error or b""))
+        self._parent_check(pq, parent, now)
 
     def _tree_removed(self, rec: _Rec, now: float) -> None:
         """A child was removed (``remove_job``): its parent counts it as cancelled, as
         FileStorage's does (a parent never waits for a job that is gone)."""
-        assert rec.parent is not None
-        pq_name, parent = rec.parent
-        pq = self._q(pq_name)
+        parent = rec.up
+        assert parent is not None and rec.parent is not None
+        pq = self._q(rec.parent[0])
         if rec.kind in _TERMINAL or parent.flow is None or parent.kind in _TERMINAL or pq.jobs.get(parent.id) is not parent:
             return  # it had ended (and was counted), or its parent has
         parent.flow.pending -= 1
         parent.flow.failures.append((rec.id, b""))
-        if parent.flow.policy == "cancel":
-            if parent.kind == PROCESSING:
-                self._cancel_children(parent, now)
-            else:
-                self._fail_parent(pq, parent, now)
-        elif parent.flow.pending == 0 and parent.kind == WAITING_CHILDREN:
-            self._children_done(pq, parent, now)
+        self._parent_check(pq, parent, now)
+
+    def _parent_check(self, pq: _Q, parent: _Rec, now: float) -> None:
+        """Act on the tree's verdict for ``parent`` (see :func:`~.._rules.parent_verdict`)."""
+        flow = parent.flow
+        failed, pending = (False, 0) if flow is None else (bool(flow.failures), flow.pending)
+        verdict = R.parent_verdict(parent.kind, parent.policy, failed, pending)
+        if verdict == R.CANCEL_CHILDREN:
+            self._cancel_children(parent, now)  # the parent fails when it waits for them
+        elif verdict == R.FAIL:
+            old = parent.kind
+            R.fail_by_children(parent, [] if flow is None else flow.failures, now)
+            self._ended(pq, parent, old, now)  # cancels the siblings
+            self._publish(pq, [StorageEvent("failed", parent.id, error=parent.error, token=parent.token)])
+        elif verdict == R.RELEASE:  # every child of a waiting parent is terminal: queued in its lane
+            R.release_parent(parent, int(now * 1000))
+            pq.refile(parent, WAITING_CHILDREN)
+            pq.ready.push([parent])
+            self._publish(pq, [StorageEvent("promoted", parent.id, token=parent.token)])
+            self._wake(pq)
 
     def _keep_for(self, q: _Q, rec: _Rec, expires_at: float) -> None:
-        rec.expires_at = expires_at
+        rec.exp = expires_at
         heapq.heappush(q.expiry, (expires_at, next(self._seq), rec))
-
-    def _fail_parent(self, pq: _Q, parent: _Rec, now: float) -> None:
-        assert parent.flow is not None
-        parent.error = child_failed_error(parent.id, parent.flow.failures)
-        parent.worker = None
-        self._set_terminal(pq, parent, FAILED, now, parent.result_ttl)  # cancels the siblings
-        self._publish(pq, [StorageEvent("failed", parent.id, error=parent.error, token=parent.token)])
-
-    def _children_done(self, pq: _Q, parent: _Rec, now: float) -> None:
-        """Every child of a waiting parent is terminal: queue it in its lane."""
-        parent.kind = QUEUED
-        parent.ts_ms = int(now * 1000)
-        pq.ready.push([parent])
-        self._publish(pq, [StorageEvent("promoted", parent.id, token=parent.token)])
-        self._wake(pq)
 
     def _cancel_children(self, parent: _Rec, now: float) -> None:
         """Cancel every child of ``parent`` that has not ended (and, through their own
@@ -209,35 +186,12 @@ class MemoryFlows(_MemoryPart):
             if cq.jobs.get(child.id) is not child:
                 continue
             if child.kind in _CANCELLABLE:
-                self._set_terminal(cq, child, CANCELLED, now, child.result_ttl)
+                old = child.kind
+                R.cancel(child, now)
+                self._ended(cq, child, old, now)
                 self._publish(cq, [StorageEvent("cancelled", child.id, token=child.token)])
             elif child.kind == PROCESSING:
                 if child.flow is not None:
                     self._cancel_children(child, now)
-                if not child.cancel_requested:
-                    child.cancel_requested = True
+                if R.request_cancel(child):
                     self._publish(cq, [StorageEvent("cancel_requested", child.id, child.worker, token=child.token)])
-
-    @staticmethod
-    def _failed_by_children(rec: _Rec) -> bool:
-        """Whether a child of ``rec`` failed (or was cancelled) under ``cancel``: then
-        whatever its run ends with (but a failure of its own, or a cancel) fails it with
-        ``ChildJobFailedError``, as waiting for them would. A run cut short after
-        ``add_children`` (a crash, a forced stop) runs again once its children ended: it
-        must not complete."""
-        flow = rec.flow
-        return flow is not None and bool(flow.failures) and flow.policy == "cancel"
-
-    def _wait_children(self, q: _Q, rec: _Rec, now: float) -> None:
-        """A processing job (out of its processing list) settled WAIT_CHILDREN."""
-        rec.worker = None
-        rec.lease_deadline = math.inf
-        rec.started = False
-        flow = rec.flow
-        if flow is not None and flow.failures and flow.policy == "cancel":
-            self._fail_parent(q, rec, now)
-        elif flow is None or flow.pending == 0:
-            self._children_done(q, rec, now)
-        else:
-            rec.kind = WAITING_CHILDREN
-            rec.ts_ms = int(now * 1000)

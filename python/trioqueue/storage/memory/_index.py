@@ -27,7 +27,7 @@ _SLACK = 1024  # stale entries tolerated before a log is compacted
 
 class _Indexed(Protocol):
     iseq: int
-    ts_ms: int
+    ts: int
 
     @property
     def kind(self) -> str: ...
@@ -141,7 +141,7 @@ class StateIndex:
         log = self.logs[kind]
         for seq, rec in zip(log.seqs, log.recs):
             if rec.iseq == seq:
-                return rec.ts_ms  # type: ignore[no-any-return]
+                return rec.ts  # type: ignore[no-any-return]
         return None
 
     def purge(self, kind: str, cutoff_ms: int | None, forget: Callable[[Any], None]) -> int:
@@ -152,7 +152,7 @@ class StateIndex:
         for seq, rec in list(zip(log.seqs, log.recs)):
             if rec.iseq != seq:
                 continue
-            if cutoff_ms is not None and rec.ts_ms > cutoff_ms:
+            if cutoff_ms is not None and rec.ts > cutoff_ms:
                 break
             forget(rec)
             n += 1

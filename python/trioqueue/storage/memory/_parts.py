@@ -12,109 +12,52 @@ from itertools import count
 
 import trio
 
-from ..._core import ObjectQueue, format_state
-from ..._model._types import MAX_PRIORITY, EnqueueStatus, JobError
-from .._base import WAITING_CHILDREN, EnqueueOutcome, NewJob, StorageEvent, select_events, waiting_state
+from ..._core import ObjectQueue
+from ..._model._types import MAX_PRIORITY, EnqueueStatus
+from .._base import EnqueueOutcome, NewJob, StorageEvent, select_events
+from .._rules import Rec
 from ._index import StateIndex
 from .._flowstate import FlowState
 
-from .._base import DELAYED as _DELAYED
-from .._base import FAILING as _FAILING
-from .._base import PROCESSING as _PROCESSING
-from .._base import QUEUED as _QUEUED
+from .._rules import DELAYED as _DELAYED
+from .._rules import QUEUED as _QUEUED
 
 _QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 
-class _Rec:
-    __slots__ = (
-        "id",
-        "_kind",
-        "index",
-        "iseq",
-        "ts_ms",
-        "worker",
-        "attempts",
-        "max_attempts",
-        "result_ttl",
-        "envelope",
-        "created_at_ms",
-        "result",
-        "error",
-        "expires_at",
-        "lease_deadline",
-        "run_at",
-        "token",
-        "claim",
-        "claims",
-        "started",
-        "progress",
-        "cancel_requested",
-        "priority",
-        "parent",
-        "flow",
-        "group",
-    )
+class _Rec(Rec):
+    """The lifecycle's record (:class:`~.._rules.Rec`), and where MemoryStorage files it:
+    ``iseq``, its entry in the queue's per-state index (0: forgotten); ``run_at``, its
+    due time in the delayed heap; ``up``, a child's parent record; ``flow``, a parent's
+    children records and counts. Whoever changes ``kind`` (a rule of ``_rules``) tells
+    the index (:meth:`_Q.refile`)."""
 
-    def __init__(self, job: NewJob, now_ms: int, index: StateIndex) -> None:
-        self.id = job.id
-        self._kind = _QUEUED
-        self.index = index  # the queue's per-state index, told of every state change
+    __slots__ = ("iseq", "run_at", "up", "flow")
+
+    def __init__(self, job: NewJob, now_ms: int, index: StateIndex, kind: str = _QUEUED) -> None:
+        Rec.__init__(
+            self, job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, job.token,
+            job.priority, job.group,
+        )  # fmt: skip
         self.iseq = 0
-        self.ts_ms = now_ms
-        self.worker: str | None = None
-        self.attempts = 0
-        self.max_attempts = job.max_attempts
-        self.result_ttl = job.result_ttl
-        self.envelope = job.envelope
-        self.created_at_ms = now_ms
-        self.result: bytes | None = None
-        self.error: bytes | None = None
-        self.expires_at = math.inf
-        self.lease_deadline = math.inf
         self.run_at = math.inf
-        self.token = job.token  # the incarnation
-        self.claim: str | None = None  # the current (or last settled) claim's token
-        self.claims = 0  # claims of this incarnation so far
-        self.started = False  # the current claim's attempt is counted
-        self.progress: bytes | None = None
-        self.cancel_requested = False  # cancel() reached it while it was processing
-        self.priority = job.priority  # its lane of the ready list, for life
-        self.parent: tuple[str, _Rec] | None = None  # a child of a tree: (queue, parent)
+        self.up: _Rec | None = None  # a child of a tree: its parent's record
         self.flow: _Flow | None = None  # a parent: its children
-        self.group = job.group  # its group's lane of its priority (None: the ungrouped lane)
-        index.enter(self, None, _QUEUED)
+        index.enter(self, None, kind)
 
-    @property
-    def kind(self) -> str:
-        return self._kind
-
-    @kind.setter
-    def kind(self, new: str) -> None:
-        old = self._kind
-        self._kind = new
-        self.index.enter(self, old, new)
-
-    def state(self) -> str:
-        if self.kind == _PROCESSING:
-            return format_state(_PROCESSING, self.ts_ms, self.worker)
-        if self.kind == _FAILING:
-            return format_state(_FAILING, self.ts_ms, self.attempts)
-        if self.kind == _DELAYED:
-            return format_state(_DELAYED, self.ts_ms, int(self.run_at * 1000))
-        if self.kind == WAITING_CHILDREN:
-            return waiting_state(self.ts_ms)
-        return format_state(self.kind, self.ts_ms)
+    def state(self, due_ms: int | None = None) -> str:
+        if due_ms is None and self.kind == _DELAYED:
+            due_ms = int(self.run_at * 1000)
+        return Rec.state(self, due_ms)
 
 
 class _Flow:
-    """A parent's side of a tree: its ``on_child_failure`` policy, its children
-    ``(queue, record)``, how many have not ended, and the failed ones ``(id, error)``."""
+    """A parent's side of a tree: its children ``(queue, record)``, how many have not
+    ended, and the failed ones ``(id, error)``."""
 
-    __slots__ = ("policy", "children", "pending", "failures")
+    __slots__ = ("children", "pending", "failures")
 
-    def __init__(self, policy: str) -> None:
-        self.policy = policy
+    def __init__(self) -> None:
         self.children: list[tuple[str, _Rec]] = []
         self.pending = 0
         self.failures: list[tuple[str, bytes]] = []
@@ -267,7 +210,7 @@ class _Lanes:
             if group is None:
                 while True:
                     rec = front.popleft() if front else next(iter(lane.pop_many(1)), None)
-                    if rec is None or (rec._kind == _QUEUED and rec.iseq):
+                    if rec is None or (rec.kind == _QUEUED and rec.iseq):
                         break  # (stale entries are dropped without using the turn)
                 if rec is not None:
                     out.append(rec)
@@ -282,7 +225,7 @@ class _Lanes:
             glane = self.glanes[(p, group)]
             while glane:
                 rec = glane.popleft()
-                if rec._kind == _QUEUED and rec.iseq:
+                if rec.kind == _QUEUED and rec.iseq:
                     out.append(rec)
                     if blocked is not None:
                         blocked.took(group)
@@ -371,7 +314,7 @@ class _Q:
         self.delayed: list[tuple[float, int, _Rec]] = []  # (run_at, seq, rec)
         # (expires_at, seq, rec or [recs]): a list for the jobs of one settle call that
         # expire at once (one entry, not one per job); an entry counts for a record while
-        # the record's own expires_at is still the entry's.
+        # the record's own exp is still the entry's.
         self.expiry: list[tuple[float, int, _Rec | list[_Rec]]] = []
         self.waiters: set[_Waiter] = set()
         self.subscribers: list[_Subscriber] = []
@@ -385,6 +328,10 @@ class _Q:
         self.gblocked: set[str] = set()  # groups out of the rings for their concurrency limit
         self.glogs: dict[str, deque[float]] = {}  # group -> its claim times (group_rate)
         self.gsleep: list[tuple[float, str]] = []  # heap (next token due, group) of groups over their rate
+
+    def refile(self, rec: _Rec, old: str) -> None:
+        """``rec`` moved from kind ``old`` to its kind now (a rule changed it): its index entry follows."""
+        self.index.enter(rec, old, rec.kind)
 
     def wake_groups(self, now: float) -> None:
         """Groups over their rate whose next token is due go back in the rings."""
@@ -418,14 +365,6 @@ def _due_ms(at: float) -> bytes:
     return b"%d" % math.ceil(at * 1000)
 
 
-def _stalled_error(job_id: str, worker_id: str, attempts: int) -> JobError:
-    return JobError(
-        "StalledJobError",
-        f"job {job_id!r} stalled on worker {worker_id!r} (lease expired or worker died) "
-        f"and has used all {attempts} attempts",
-    )
-
-
 class _MemoryPart:
     """What every part (mixin) of :class:`~trioqueue.storage.MemoryStorage` may use of
     it: the lock, the queues, and the helpers it defines (called with the lock held).
@@ -453,10 +392,7 @@ class _MemoryPart:
     def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
         raise NotImplementedError
 
-    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
-        raise NotImplementedError
-
-    def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
+    def _ended(self, q: _Q, rec: _Rec, old: str, now: float) -> None:
         raise NotImplementedError
 
     def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:

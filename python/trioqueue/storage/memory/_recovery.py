@@ -8,11 +8,9 @@ import time
 
 import trio
 
-from ..._model._serde import encode_error
-from .._base import FAILED as _FAILED
-from .._base import QUEUED as _QUEUED
 from .._base import StorageEvent
-from ._parts import _Rec, _stalled_error, _MemoryPart
+from .._rules import PROCESSING, recover
+from ._parts import _Rec, _MemoryPart
 
 __all__ = ["MemoryRecovery"]
 
@@ -39,31 +37,25 @@ class MemoryRecovery(_MemoryPart):
             for worker_id, proc in list(q.processing.items()):
                 alive_until = q.workers.get(worker_id, 0.0)
                 for job_id, rec in list(proc.items()):
-                    if rec.lease_deadline > now and alive_until > now:
-                        next_deadline = min(next_deadline, rec.lease_deadline, alive_until)
+                    lease = 0.0 if rec.lease is None else rec.lease
+                    if lease > now and alive_until > now:
+                        next_deadline = min(next_deadline, lease, alive_until)
                         continue
                     del proc[job_id]
                     q.group_left(rec)
                     events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
-                    rec.worker = None
-                    rec.claim = None
-                    rec.lease_deadline = math.inf
-                    if rec.cancel_requested:
-                        self._cancel_claimed(q, rec, now, worker_id, events)
-                        recovered.append((job_id, "cancelled"))
-                    # A reserved claim never ran: it goes back at no cost.
-                    elif not rec.started or rec.attempts < rec.max_attempts:
-                        rec.kind = _QUEUED
-                        rec.ts_ms = int(now * 1000)
-                        rec.started = False
+                    # cancelled (a cancel request), requeued (attempts left, or a reserved
+                    # claim that never ran: back at no cost) or failed (StalledJobError)
+                    verdict = recover(rec, now, worker_id)
+                    recovered.append((job_id, verdict))
+                    if verdict == "requeued":
+                        q.refile(rec, PROCESSING)
                         requeue.append(rec)
                         events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
-                        recovered.append((job_id, "requeued"))
                     else:
-                        rec.error = encode_error(_stalled_error(job_id, worker_id, rec.attempts))
-                        self._set_terminal(q, rec, _FAILED, now, rec.result_ttl)
-                        events.append(StorageEvent("failed", job_id, worker_id, error=rec.error, token=rec.token))
-                        recovered.append((job_id, "failed"))
+                        self._ended(q, rec, PROCESSING, now)
+                        error = rec.error if verdict == "failed" else None
+                        events.append(StorageEvent(verdict, job_id, worker_id, error=error, token=rec.token))
                 if not proc and alive_until <= now:
                     del q.processing[worker_id]
             for worker_id, alive_until in list(q.workers.items()):

@@ -22,6 +22,7 @@ from itertools import count
 import trio
 
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
+from .._rules import claim, complete
 from .._base import (
     Claim,
     ClaimLimits,
@@ -35,16 +36,16 @@ from .._base import (
     wanted_kinds,
 )
 
-from .._base import CANCELLED as _CANCELLED
-from .._base import COMPLETED as _COMPLETED
-from .._base import DELAYED as _DELAYED
-from .._base import FAILED as _FAILED
-from .._base import FAILING as _FAILING
-from .._base import PROCESSING as _PROCESSING
-from .._base import QUEUED as _QUEUED
-from .._base import WAITING_CHILDREN as _WAITING
+from .. import _rules as R
+from .._base import job_record
 from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Trees
-from ._admin import MemoryAdmin, _record
+from .._rules import COMPLETED as _COMPLETED
+from .._rules import DELAYED as _DELAYED
+from .._rules import PROCESSING as _PROCESSING
+from .._rules import QUEUED as _QUEUED
+from .._rules import TERMINAL_KINDS as _TERMINAL
+from .._rules import WAITING_CHILDREN as _WAITING
+from ._admin import MemoryAdmin
 from ._control import MemoryControl
 from ._debounce import MemoryDebounce
 from ._flows import MemoryFlows
@@ -53,12 +54,8 @@ from ._parts import _Q, _QUEUED_OUTCOME, _Blocked, _Rec, _Subscriber, _Waiter, _
 
 __all__ = ["MemoryStorage"]
 
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # settlements that put the job back
-_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
 _COMPLETE = SettleKind.COMPLETE
-# the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
-_KEPT = {SettleKind.COMPLETE: _COMPLETED, SettleKind.FAIL: _FAILED}  # Settlement.keep applies to
+_KEPT = R.KEPT  # the settlements Settlement.keep applies to: the kind they enter
 # Claims and events by the thousand: built as the tuples they are, without the keyword
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
@@ -98,42 +95,24 @@ class MemoryStorage(
         while heap and heap[0][0] <= now:
             expires_at, _, item = heapq.heappop(heap)
             for rec in item if isinstance(item, list) else (item,):
-                if rec.expires_at == expires_at and q.jobs.get(rec.id) is rec:
+                if rec.exp == expires_at and q.jobs.get(rec.id) is rec:
                     del q.jobs[rec.id]
                     q.index.drop(rec)
 
-    def _set_terminal(self, q: _Q, rec: _Rec, kind: str, now: float, ttl: float) -> None:
-        rec.kind = kind
-        rec.ts_ms = int(now * 1000)
-        rec.worker = None
-        rec.lease_deadline = math.inf
-        rec.expires_at = now + ttl
-        heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
+    def _ended(self, q: _Q, rec: _Rec, old: str, now: float) -> None:
+        """A rule just ended ``rec`` (it left kind ``old``): filed under its terminal kind,
+        its expiry indexed, and its tree told."""
+        q.index.enter(rec, old, rec.kind)
+        assert rec.exp is not None
+        heapq.heappush(q.expiry, (rec.exp, next(self._seq), rec))
         if rec.parent is not None or rec.flow is not None:
             self._tree_ended(rec, now)
 
-    def _cancel_claimed(self, q: _Q, rec: _Rec, now: float, worker_id: str, events: list[StorageEvent]) -> None:
-        """End a claimed job (already out of its processing list) as cancelled."""
-        rec.started = False
-        self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
-        events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
-
-    def _requeue_front(
-        self, q: _Q, recs: list[_Rec], worker_id: str, now: float, events: list[StorageEvent], refund: bool = False
-    ) -> None:
-        """Put claimed jobs (already out of their processing list) back before everything
-        else of their lanes, in order, state ``queued``; ``refund``: a started claim's
-        attempt is taken back (its handler never ran)."""
-        now_ms = int(now * 1000)
+    def _front(self, q: _Q, recs: list[_Rec], worker_id: str, events: list[StorageEvent]) -> None:
+        """Claimed jobs a rule queued again (out of their processing lists) go before
+        everything else of their lanes, in order."""
         for rec in recs:
-            rec.kind = _QUEUED
-            rec.ts_ms = now_ms
-            rec.worker = None
-            if refund:
-                rec.attempts -= rec.started
-            rec.started = False
-            rec.claim = None
-            rec.lease_deadline = math.inf
+            q.index.enter(rec, _PROCESSING, _QUEUED)
             events.append(StorageEvent("requeued", rec.id, worker_id, token=rec.token))
         q.ready.push_front(recs)
 
@@ -150,10 +129,10 @@ class MemoryStorage(
         due: list[_Rec] = []
         while heap and heap[0][0] <= now:
             run_at, _, rec = heapq.heappop(heap)
-            if rec.kind in (_FAILING, _DELAYED) and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
-                kind = "requeued" if rec.kind == _FAILING else "promoted"
-                rec.kind = _QUEUED
-                rec.ts_ms = int(now * 1000)
+            if rec.kind in (R.FAILING, _DELAYED) and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
+                old = rec.kind
+                kind = R.promote(rec, int(now * 1000))
+                q.refile(rec, old)
                 rec.run_at = math.inf
                 due.append(rec)
                 events.append(StorageEvent(kind, rec.id, token=rec.token))
@@ -188,20 +167,21 @@ class MemoryStorage(
         table = q.jobs
         for job in jobs:
             rec = table.get(job.id)
-            if rec is None or rec._kind == _CANCELLED:
+            if rec is None or R.replaceable(rec):
                 if rec is not None:
                     q.index.drop(rec)
-                rec = table[job.id] = _Rec(job, now_ms, q.index)
+                kind = R.enqueue_kind(job.run_at, now)
+                rec = table[job.id] = _Rec(job, now_ms, q.index, kind)
                 events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
-                if job.run_at is not None and job.run_at > now:
-                    rec.kind = _DELAYED
+                if kind == _DELAYED:
+                    assert job.run_at is not None
                     self._delay(q, rec, job.run_at, events)
                     delayed = True
                 else:
                     envelopes.append(rec)
                 outcomes.append(_QUEUED_OUTCOME)
-            elif rec.kind == _COMPLETED and rec.result is not None:
-                outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), rec.result, rec.token))
+            elif (result := R.existing_outcome(rec)) is not None:
+                outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), result, rec.token))
             else:
                 outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
         q.ready.push(envelopes)
@@ -217,25 +197,18 @@ class MemoryStorage(
             q = self._q(queue)
             self._expire(q, now)
             rec = q.jobs.get(job_id)
-            if rec is None:
-                status = CancelStatus.NOT_FOUND
-            elif rec.kind in (_QUEUED, _FAILING, _DELAYED, _WAITING):
+            old = None if rec is None else rec.kind
+            status, event = R.cancel(rec, now)
+            if rec is not None and old is not None and event == "cancelled":
                 # The envelope may still sit in the ready list or the delayed heap: it is
                 # skipped there because the record is no longer queued/failing.
-                self._set_terminal(q, rec, _CANCELLED, now, rec.result_ttl)
-                status = CancelStatus.CANCELLED
+                self._ended(q, rec, old, now)
                 self._publish(q, [StorageEvent("cancelled", job_id, token=rec.token)])
-            elif rec.kind == _CANCELLED:
-                status = CancelStatus.CANCELLED
-            elif rec.kind == _PROCESSING:
-                status = CancelStatus.CANCELLED
-                if not rec.cancel_requested:
-                    rec.cancel_requested = True
-                    self._publish(q, [StorageEvent("cancel_requested", job_id, rec.worker, token=rec.token)])
+            elif rec is not None and rec.kind == _PROCESSING:
+                if event is not None:
+                    self._publish(q, [StorageEvent(event, job_id, rec.worker, token=rec.token)])
                 if rec.flow is not None:
                     self._cancel_children(rec, now)  # its children (dynamic) go with it
-            else:
-                status = CancelStatus(rec.kind)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return status
 
@@ -247,7 +220,7 @@ class MemoryStorage(
             rec = q.jobs.get(job_id)
             if rec is None:
                 return None
-            return _record(rec)
+            return job_record(rec)
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -261,8 +234,8 @@ class MemoryStorage(
                 status = refused
             else:
                 assert rec is not None
-                rec.expires_at = now + ttl
-                heapq.heappush(q.expiry, (rec.expires_at, next(self._seq), rec))
+                rec.exp = now + ttl
+                heapq.heappush(q.expiry, (rec.exp, next(self._seq), rec))
                 status = UpdateTTLStatus.UPDATED
         await trio.lowlevel.cancel_shielded_checkpoint()
         return status
@@ -299,25 +272,13 @@ class MemoryStorage(
             if not entries:
                 break
             for rec in entries:
-                if rec._kind != _QUEUED or not rec.iseq:
+                if rec.kind != _QUEUED or not rec.iseq:
                     continue  # a stale entry: the job was cancelled, or forgotten
-                job_id = rec.id
-                env = rec.envelope
-                rec._kind = _PROCESSING  # the index is told below, for the whole batch
-                rec.ts_ms = now_ms
-                rec.worker = worker_id
-                n = rec.claims = rec.claims + 1
-                token = rec.claim = f"{rec.token}.{n}"
-                rec.lease_deadline = deadline
-                proc[job_id] = rec
+                started = len(claims) < start
+                attempt = claim(rec, worker_id, now_ms, deadline, started)  # (the index: below, for the batch)
+                proc[rec.id] = rec
                 taken.append(rec)
-                if len(claims) < start:
-                    rec.started = True
-                    rec.attempts += 1
-                    append(_new(Claim, (job_id, env, rec.attempts, token, True)))
-                else:
-                    rec.started = False
-                    append(_new(Claim, (job_id, env, rec.attempts + 1, token, False)))
+                append(_new(Claim, (rec.id, rec.envelope, attempt, rec.claim, started)))
         q.index.move(taken, _QUEUED, _PROCESSING)
         if blocked.hit:
             q.gblocked |= blocked.hit  # back in the rings when a slot of theirs is freed
@@ -382,75 +343,56 @@ class MemoryStorage(
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             for s in settlements:
-                skind, sid, data, ttl, _, token, keep = s
+                skind, sid, data, ttl, delay, token, keep = s
                 if keep is not None and skind in _KEPT:
                     keeps[_KEPT[skind]] = min(keep, keeps.get(_KEPT[skind], keep))
                 rec = proc.get(sid)
                 if rec is not None and rec.claim == token and skind is _COMPLETE and rec.flow is None:
-                    # The common case, inline (as _set_terminal does it, but the index).
+                    # The common case: the rule, and its filing batched (the index below).
                     del proc[sid]
                     out.append(True)
                     if rec.group is not None:
                         q.group_left(rec)
-                    if not rec.started:
-                        rec.attempts += 1  # settled without start(): the attempt happened
-                    rec.result = data
-                    rec._kind = _COMPLETED
-                    rec.ts_ms = now_ms
-                    rec.worker = None
-                    rec.lease_deadline = math.inf
-                    expires_at = rec.expires_at = now + ttl
+                    complete(rec, data, now, now_ms, ttl)
+                    expires_at = now + ttl
                     if expires_at != group_at:  # one expiry entry per run of equal TTLs
                         group_at, group = expires_at, []
                         heapq.heappush(q.expiry, (expires_at, next(self._seq), group))
                     group.append(rec)
                     completed.append(rec)
                     events.append(_new(StorageEvent, ("completed", sid, worker_id, data, None, rec.token)))
-                    if rec.parent is not None or rec.flow is not None:
+                    if rec.parent is not None:
                         self._tree_ended(rec, now)
                     continue
-                if rec is None or rec.claim != s.token:
-                    known = q.jobs.get(s.id)
-                    if known is not None and known.claim == s.token and known.kind != _PROCESSING:
+                if rec is None or rec.claim != token:
+                    known = q.jobs.get(sid)
+                    if R.settled_before(known, token):
                         out.append(True)  # settled by this very claim already: a retried call
                         continue
                     out.append(False)
-                    events.append(StorageEvent("fenced", s.id, worker_id, token=known.token if known else None))
+                    events.append(StorageEvent("fenced", sid, worker_id, token=known.token if known else None))
                     continue
-                del proc[s.id]
+                del proc[sid]
                 out.append(True)
                 q.group_left(rec)
-                limited = s.kind is SettleKind.RATE_LIMITED
-                if s.kind in _UNCOUNTED:
-                    rec.attempts -= rec.started  # rate limited, or waiting: the attempt did not happen
-                elif not rec.started and s.kind is not SettleKind.CANCEL:
-                    rec.attempts += 1  # settled without start(): the attempt happened
-                if skind in _ENDS_BY_CHILDREN and self._failed_by_children(rec):
-                    skind = SettleKind.WAIT_CHILDREN  # a child failed under cancel: it fails (see there)
-                if skind is SettleKind.CANCEL or (skind in _BACK and rec.cancel_requested):
-                    self._cancel_claimed(q, rec, now, worker_id, events)
-                elif skind is SettleKind.COMPLETE:
-                    rec.result = s.data
-                    self._set_terminal(q, rec, _COMPLETED, now, s.ttl)
-                    events.append(StorageEvent("completed", s.id, worker_id, result=s.data, token=rec.token))
-                elif skind is SettleKind.FAIL:
-                    rec.error = s.data
-                    self._set_terminal(q, rec, _FAILED, now, s.ttl)
-                    events.append(StorageEvent("failed", s.id, worker_id, error=s.data, token=rec.token))
-                elif skind is SettleKind.WAIT_CHILDREN:
-                    self._wait_children(q, rec, now)
-                else:
-                    rec.kind = _DELAYED if limited else _FAILING
-                    rec.ts_ms = int(now * 1000)
-                    rec.worker = None
-                    if limited:
-                        q.flow.hold_until(now + s.delay)
-                    else:
-                        rec.error = s.data
-                    rec.lease_deadline = math.inf
-                    kind = "rate_limited" if limited else "failing"
-                    events.append(StorageEvent(kind, s.id, worker_id, error=None if limited else s.data, token=rec.token))
-                    self._delay(q, rec, now + s.delay, events)
+                flow = rec.flow
+                by_children = flow is not None and R.failed_by_children(rec.policy, bool(flow.failures))
+                event = R.settle(rec, skind, data, now, ttl, by_children)
+                if rec.kind in _TERMINAL:
+                    self._ended(q, rec, _PROCESSING, now)
+                    result = data if rec.kind == _COMPLETED else None
+                    error = rec.error if rec.kind == R.FAILED else None
+                    events.append(StorageEvent(rec.kind, sid, worker_id, result, error, rec.token))
+                elif rec.kind == _WAITING:
+                    q.refile(rec, _PROCESSING)
+                    self._parent_check(q, rec, now)
+                else:  # failing (a retry) or delayed (rate limited): due after the delay
+                    q.refile(rec, _PROCESSING)
+                    if rec.kind == _DELAYED:
+                        q.flow.hold_until(now + delay)
+                    assert event is not None
+                    events.append(StorageEvent(event, sid, worker_id, error=rec.error if event == "failing" else None, token=rec.token))
+                    self._delay(q, rec, now + delay, events)
                     retried = True
             q.index.move(completed, _PROCESSING, _COMPLETED)
             for kind, keep in keeps.items():  # count-based retention, in the same step
@@ -474,11 +416,12 @@ class MemoryStorage(
                 if rec is None:
                     continue
                 q.group_left(rec)
-                if rec.cancel_requested:
-                    self._cancel_claimed(q, rec, now, worker_id, events)
+                if not R.release(rec, now, refund):  # a cancel request: it ends cancelled
+                    self._ended(q, rec, _PROCESSING, now)
+                    events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
                     continue
                 released.append(rec)
-            self._requeue_front(q, released, worker_id, now, events, refund)
+            self._front(q, released, worker_id, events)
             self._publish(q, events)
             if released or (events and q.flow.freed()):
                 self._wake(q)
@@ -506,10 +449,7 @@ class MemoryStorage(
             proc = q.processing.get(worker_id)
             rec = None if proc is None else proc.get(job_id)
             if rec is not None and rec.claim == token and not rec.cancel_requested and (rec.started or not q.paused):
-                if not rec.started:  # the common case, inline
-                    rec.started = True
-                    rec.attempts += 1
-                return True
+                return R.start(rec, False, 0.0) == "run"  # the common case: it runs (no clock needed)
             events: list[StorageEvent] = []
             ok = self._start(q, worker_id, job_id, token, events)
             self._publish(q, events)
@@ -520,20 +460,18 @@ class MemoryStorage(
         rec = proc.get(job_id)
         if rec is None or rec.claim != token:
             return False
-        if rec.cancel_requested and not rec.started:
-            del proc[job_id]
-            q.group_left(rec)
-            self._cancel_claimed(q, rec, time.time(), worker_id, events)
-            return False
-        if q.paused and not rec.started:
-            del proc[job_id]  # paused: a prefetched job goes back, its attempt never counted
-            q.group_left(rec)
-            self._requeue_front(q, [rec], worker_id, time.time(), events)
-            return False
-        if not rec.started:
-            rec.started = True
-            rec.attempts += 1
-        return True
+        now = time.time()
+        verdict = R.start(rec, q.paused, now)
+        if verdict == "run":
+            return True
+        del proc[job_id]
+        q.group_left(rec)
+        if verdict == R.CANCELLED:  # a reserved claim of a job with a cancel request
+            self._ended(q, rec, _PROCESSING, now)
+            events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
+        else:  # paused: a prefetched job goes back, its attempt never counted
+            self._front(q, [rec], worker_id, events)
+        return False
 
     # -- events ------------------------------------------------------------------------
 
