@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Final
+from typing import Final, NoReturn
 
 from .._core import format_state, parse_state
 from .._model._serde import decode_error, encode_error
@@ -230,6 +230,15 @@ def _move(r: Rec, step: str, new: str) -> None:
     r.kind = new
 
 
+def _refuse(r: Rec, step: str, new: str) -> NoReturn:
+    """The :class:`TransitionError` of a move the table does not allow (the hot paths,
+    :func:`claim` and :func:`complete`, check the table inline and call this to refuse):
+    the step's own refusal (:func:`_expect`) where the kind allows no such step."""
+    _expect(r, step)
+    _move(r, step, new)
+    raise AssertionError("unreachable: the move was refused")  # pragma: no cover
+
+
 # -- the record --------------------------------------------------------------------------
 
 
@@ -363,8 +372,9 @@ def claim(r: Rec, worker_id: str, now_ms: int, deadline: float, start: bool) -> 
     """A queued job claimed by ``worker_id`` until ``deadline``: its new claim token is
     ``<incarnation>.<n>``; ``start``: its attempt is counted now (else by :func:`start`,
     a *reserved* claim). Returns the attempt's number (1-based) either way."""
-    _expect(r, "claim")
-    _move(r, "claim", PROCESSING)
+    if ("claim", r.kind, PROCESSING) not in _ALLOWED:  # (the table, checked inline: once a job)
+        _refuse(r, "claim", PROCESSING)
+    r.kind = PROCESSING
     r.ts = now_ms
     r.worker = worker_id
     n = r.claims = r.claims + 1
@@ -494,10 +504,11 @@ def settle(
 def complete(r: Rec, data: bytes, now: float, now_ms: int, ttl: float) -> None:
     """:func:`settle` ``complete`` of a held job outside a tree with no cancel request:
     the common case, with the clock read once per call by the caller."""
-    _expect(r, "settle")
+    if ("settle", r.kind, COMPLETED) not in _ALLOWED:  # (the table, checked inline: once a job)
+        _refuse(r, "settle", COMPLETED)
     if not r.started:
         r.attempts += 1
-    _move(r, "settle", COMPLETED)
+    r.kind = COMPLETED
     r.ts = now_ms
     r.worker = None
     r.lease = None
