@@ -84,19 +84,12 @@ TERMINAL = {"completed", "failed", "cancelled"}
 
 
 def make_storage(spec: dict[str, Any]) -> Storage:
-    if spec["backend"] == "file":
-        from trioqueue.storage.file import FileStorage
+    """The storage a spec names: the crash tests' worker helper builds it, for the chaos
+    workers as for the suite's (``tests/helpers/queue_worker.py``)."""
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+    from queue_worker import make_storage as from_spec
 
-        return FileStorage(spec["directory"])
-    if spec["backend"] == "redis":
-        from trioqueue.storage.redis import RedisStorage
-
-        return RedisStorage(spec["url"], prefix=spec["prefix"])
-    if spec["backend"] == "postgres":
-        from trioqueue.storage.postgres import PostgresStorage
-
-        return PostgresStorage(spec["url"], schema=spec["schema"])
-    raise SystemExit(f"unknown storage {spec['backend']!r}")
+    return from_spec(spec)
 
 
 class Servers:
