@@ -190,9 +190,11 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration):
     # -- plumbing ----------------------------------------------------------------------
 
     def _base(self, queue: str) -> str:
+        """What the keys of ``queue`` start with (the tests read keys through it)."""
         return self._runner.base(queue)
 
     def _plist(self, queue: str, worker_id: str) -> str:
+        """The processing list of ``worker_id`` on ``queue`` (the tests read it)."""
         return self._runner.plist(queue, worker_id)
 
     def _fault(self) -> None:
