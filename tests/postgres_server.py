@@ -214,7 +214,7 @@ async def pg(postgres_url: str) -> AsyncIterator[Any]:
 
 async def orders_table(pg: Any) -> str:
     """An application table ``orders (id, total)`` in ``pg``'s schema (for transactions)."""
-    table = f"{pg._s}.orders"
+    table = f"{pg._settings.quoted_schema}.orders"
     async with pg.pool.connection() as conn:
         await conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, total numeric NOT NULL)")
     return table

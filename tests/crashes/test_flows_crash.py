@@ -121,10 +121,10 @@ async def test_redis_a_crash_between_a_childs_settle_and_its_tree_leaves_notes_t
         async def killed(queue: str) -> None:  # the worker dies before tree_act
             acted.append(queue)
 
-        st._tree_act = killed  # type: ignore[method-assign]
+        st._trees.act = killed  # type: ignore[method-assign]
         assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
         assert acted == ["kids"]
-        del st._tree_act  # the storage's own again
+        del st._trees.act  # the storage's own again
         parent = await st.get_job("reports", "p")
         assert parent is not None and parent.state.startswith("waiting_children:")
         await st.recover_stalled("kids")

@@ -120,7 +120,7 @@ async def test_a_heartbeat_waits_out_a_locked_claim_and_still_extends_its_lease(
     neither reported lost nor left with its old lease."""
     await pg.enqueue(queue_name, [job("a"), job("b")])
     claims = {c.id: c for c in await pg.dequeue(queue_name, W1, 2, 0.1, 5.0)}
-    lease_of = f"SELECT lease_ms FROM {pg._s}.jobs WHERE queue = $1 AND id = $2"
+    lease_of = f"SELECT lease_ms FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = $2"
     async with pg.pool.connection() as conn:
         before = {jid: await conn.fetchval(lease_of, queue_name, jid) for jid in claims}
     replies = []
@@ -130,7 +130,7 @@ async def test_a_heartbeat_waits_out_a_locked_claim_and_still_extends_its_lease(
 
     async with pg.pool.connection() as locker:
         await locker.execute("BEGIN")
-        await locker.execute(f"SELECT 1 FROM {pg._s}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name)
+        await locker.execute(f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name)
         with trio.fail_after(20):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(beat)

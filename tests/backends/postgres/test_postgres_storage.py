@@ -367,10 +367,10 @@ async def test_children_ending_together_queue_their_parent_exactly_once(pg: Post
     assert parent.id == "root"
     assert [c.id for _, c in await pg.get_children(queue_name, "root")] == [k for k in kids]
     async with pg.pool.connection() as conn:
-        assert await conn.fetchval(f"SELECT pending FROM {pg._s}.jobs WHERE queue = $1 AND id = 'root'", queue_name) == 0
+        assert await conn.fetchval(f"SELECT pending FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'root'", queue_name) == 0
         # kept while the parent may read them
         assert await conn.fetchval(
-            f"SELECT count(*) FROM {pg._s}.jobs WHERE queue = $1 AND parent_id = 'root' AND expires_ms IS NULL",
+            f"SELECT count(*) FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND parent_id = 'root' AND expires_ms IS NULL",
             queue_name,
         ) == len(kids)
 

@@ -20,13 +20,13 @@ from trioqueue.storage.postgres import PostgresStorage
 def _count_claims(pg: PostgresStorage) -> list[int]:
     """Count the claim attempts (statements) of ``pg`` from now on."""
     count = [0]
-    claim = pg._claim
+    claim = pg._claims.claim
 
     async def counted(*args: Any) -> Any:
         count[0] += 1
         return await claim(*args)
 
-    pg._claim = counted  # type: ignore[method-assign]
+    pg._claims.claim = counted  # type: ignore[method-assign]
     return count
 
 

@@ -203,14 +203,14 @@ async def test_cancellation_is_honoured_while_the_server_is_down(tmp_path) -> No
     """Mutations are shielded so that their replies are not lost, but only within a bound:
     with the server gone, a cancelled enqueue or settle returns well before the 30 s
     retry budget runs out."""
-    from trioqueue.storage.redis import _storage as redis_module
+    from trioqueue.storage.redis import _runner as redis_module
 
     server = RedisServer(directory=str(tmp_path)).start()
     try:
         async with RedisStorage(server.url, prefix=f"down-{uuid.uuid4().hex[:8]}") as st:
             await st.enqueue("q", [_job("before")])
             server.kill()
-            bound = redis_module._SHIELD_LIMIT + 5
+            bound = redis_module.SHIELD_LIMIT + 5
             with trio.fail_after(bound):
                 with trio.move_on_after(0.3) as scope:
                     await st.enqueue("q", [_job("during")])

@@ -276,18 +276,18 @@ async def test_tree_act_learns_every_queue_the_trees_span_transitively(redis_url
         async def killed(queue: str) -> None:  # the worker dies before tree_act
             pass
 
-        st._tree_act = killed  # type: ignore[method-assign]
+        st._trees.act = killed  # type: ignore[method-assign]
         assert await st.settle("B", "w", [_done(c1, b"r1")]) == [True]
     async with RedisStorage(redis_url, prefix=prefix) as st2:  # knows no tree's queues
         calls: list[list[str]] = []
-        multi = st2._multi
+        multi = st2._runner.multi
 
         def spy(name: str, queues: list[str], args: list[str], shield: float) -> object:
             if name == "tree_act":
                 calls.append(list(queues))
             return multi(name, queues, args, shield)
 
-        st2._multi = spy  # type: ignore[method-assign]
+        st2._runner.multi = spy  # type: ignore[method-assign]
         [c2] = await st2.dequeue("C", "w", 1, 0, 30)
         assert await st2.settle("C", "w", [_done(c2, b"r2")]) == [True]
         assert calls == [["C"], ["C", "B"], ["C", "B", "A"]]

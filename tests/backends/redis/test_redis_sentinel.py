@@ -162,7 +162,7 @@ def test_the_scripts_that_wait_for_no_replica_exist() -> None:
 
     assert UNACKED_SCRIPTS <= set(_lua.SCRIPT_NAMES), UNACKED_SCRIPTS - set(_lua.SCRIPT_NAMES)
     storage = RedisStorage("redis://127.0.0.1:1", replica_ack_timeout=1.0)
-    unacked = {name for name in _lua.SCRIPT_NAMES if not storage._scripts[name].acked}
+    unacked = {name for name in _lua.SCRIPT_NAMES if not storage._runner.scripts[name].acked}
     assert unacked == UNACKED_SCRIPTS
 
 

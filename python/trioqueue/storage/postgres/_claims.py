@@ -1,14 +1,38 @@
-"""PostgresStorage, part 2: what happens to claimed jobs — settlements, releases, starts,
-heartbeats (leases, fencing), progress, and the reaper's recovery of stalled jobs."""
+"""PostgresStorage's claims (:class:`PgClaims`, a part the storage builds): what
+happens to a job from its claim on — claims (one statement without rate or concurrency
+limits), settlements, releases, starts, heartbeats (leases, fencing), progress, the
+worker registry, and the reaper's recovery of stalled jobs.
+
+Each method is one transaction, as in :mod:`._jobs`, but for the one-statement fast
+paths (a claim, a batch of completions and failures, a start), each one statement in
+autocommit with its events.
+
+Count-based retention (``Settlement.keep``) runs in the settling call, as one more
+statement right after the settlement commits (not in its transaction: the fast path
+settles a batch in one statement of its own): the jobs of the state past the newest
+``keep`` (by the time they entered it, newest first on the ``jobs_by_state`` index) are
+deleted. Between the two, another process may see ``keep`` plus this call's batch; the
+statement reads ``keep`` index entries, so its cost grows with ``keep``, not with the
+queue. A job whose result or error was too large for its event (over 4 KiB) is not
+forgotten before a grace of ``READ_BACK_GRACE_MS`` (60 s) from when it ended: its waiter
+reads the record back.
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
+from typing import Any
 
-from ..._drivers.libpq import Connection
+import trio
+
+from ..._drivers.libpq import Connection, Notification
 from ..._model._serde import encode_error
 from ..._model._types import JobError
 from .._base import (
+    Claim,
+    ClaimLimits,
     HeartbeatReply,
     LostClaim,
     SettleKind,
@@ -17,27 +41,276 @@ from .._base import (
     lost_why,
 )
 from .._flowstate import FlowState
-from ._common import now_ms
-from ._jobs import _FRONT, PostgresJobs, _due_ms
+from ._common import PgDatabase, PgSettings, now_ms
+from ._flows import PgTrees
+from ._jobs import due_payload
 
-__all__ = ["PostgresClaims"]
+__all__ = ["READ_BACK_GRACE_MS", "PgClaims"]
 
+_FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # cancelled instead if requested
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
 _ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
 _ENDS = ("completed", "failed", "cancelled")
+_KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
+# A result/error up to this size rides along in its event (NOTIFY's 8000-byte payloads,
+# base64: an event carries up to about 5 KB of it, whichever path settled it); a larger
+# one is read back from the record by its waiter, so count-based retention leaves the
+# record that long after the job ended (then it runs out, as if its TTL had).
+_RIDES_ALONG = 4096
+READ_BACK_GRACE_MS = 60_000
 
 
-class PostgresClaims(PostgresJobs):
-    """Settlements and leases of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+def _group_args(limits: ClaimLimits | None) -> list[int]:
+    """group_claim's group_concurrency, group_rate and its window (ms)."""
+    if limits is None:
+        return [0, 0, 1000]
+    return [limits.group_concurrency, limits.group_rate, max(1, math.ceil(limits.group_per * 1000))]
+
+
+
+class PgClaims:
+    """Claims, settlements and leases of :class:`~trioqueue.storage.postgres.PostgresStorage`,
+    on its database (waiting claims re-check every ``settings.poll_interval``); an end
+    of a job of a tree reaches the tree through ``trees``."""
+
+    def __init__(self, db: PgDatabase, settings: PgSettings, trees: PgTrees) -> None:
+        self._db = db
+        self._settings = settings
+        self._trees = trees
+        self._grouped_queues: set[str] = set()  # queues whose ring had groups at the last claim
+        # per (queue, worker): the wake-ups heard when its last claim came back short, and
+        # when something changes by itself (due job), or None
+        self._short_claims: dict[tuple[str, str], tuple[int, float | None]] = {}
+
+    def reset(self) -> None:
+        """Forget what was learnt on the last connection (its listeners are gone)."""
+        self._short_claims.clear()
+
+    # -- claims ------------------------------------------------------------------------
+
+    async def promote_due(self, conn: Connection, queue: str, now: int) -> list[StorageEvent]:
+        """Move the due jobs of the delayed set to the back of their lanes (in due order);
+        the events to publish (``requeued`` for a retry, ``promoted`` for a delayed job)."""
+        rows = await conn.fetch(
+            self._db.sql["promote_due"],
+            queue,
+            now,
+        )
+        rows.sort(key=lambda r: r[3])
+        return [StorageEvent("requeued" if old == "failing" else "promoted", jid, token=tok) for jid, old, tok, _ in rows]
+
+    async def claim(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
+    ) -> tuple[list[Claim], float | None]:
+        """One claim attempt; ``([], wake_at)`` when nothing may be claimed now, ``wake_at``
+        (epoch seconds) the earliest time something changes by itself (a due job, the end
+        of a hold, the next rate token), or ``None``."""
+        now = now_ms()
+        if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._db.known_queues:
+            # Two forms: (priority, seq) order while no group has ready jobs, the groups'
+            # turns (group_pick) while some do; each says whether the ring has groups, and
+            # a queue switches form when that changes (one more round trip then).
+            grouped = queue in self._grouped_queues
+            fast, ring = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, limits, grouped)
+            if ring != grouped:
+                (self._grouped_queues.add if ring else self._grouped_queues.discard)(queue)
+                if ring and not (fast and fast[0]):
+                    fast, _ = await self._claim_fast(queue, worker_id, max_jobs, lease, start, now, limits, True)
+            if fast is not None:
+                return fast
+        async with self._db.tx(queue) as conn:
+            events = await self.promote_due(conn, queue, now)
+            limited = limits is not None and (limits.rate or limits.concurrency)
+            row = await conn.fetchrow(
+                self._db.sql["queue_flow_for_update" if limited else "queue_flow"], queue
+            )
+            paused, flow_data = row if row is not None else (False, None)
+            flow = FlowState.loads(flow_data)
+            held = 0
+            if limits is not None and limits.concurrency:
+                held = await conn.fetchval(
+                    self._db.sql["processing_count"], queue
+                )
+            allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
+            claims: list[Claim] = []
+            grouped = await conn.fetchval(
+                self._db.sql["queue_grouped"],
+                queue,
+                now,
+            )
+            if grouped:  # the groups' turns (see group_pick in the schema)
+                sql = self._db.sql["claim_grouped"]
+            else:
+                sql = self._db.sql["claim_plain"]
+            if allow:
+                rows = await conn.fetch(
+                    sql,
+                    queue,
+                    now,
+                    allow,
+                    worker_id,
+                    now + int(lease * 1000),
+                    start,
+                    *(_group_args(limits) if grouped else []),
+                )
+                rows.sort(key=lambda r: r[0])
+                claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
+                if claims and limits is not None and limits.rate:
+                    flow.claimed(limits, now / 1000, len(claims))
+                    await conn.execute(
+                        self._db.sql["write_queue_flow"], queue, flow.dumps()
+                    )
+            await self._db.publish(conn, queue, events)
+            wake_at: float | None = 0.0 if claims else None  # (claimed: not known, see dequeue)
+            if not claims:
+                due = await conn.fetchval(
+                    self._db.sql["first_due"],
+                    queue,
+                )
+                rest = await conn.fetchval(self._db.sql["group_sleep_first"], queue)
+                candidates = [
+                    t
+                    for t in (flow.wake, None if due is None else due / 1000, None if rest is None else rest / 1000)
+                    if t is not None and t != math.inf
+                ]
+                wake_at = min(candidates) if candidates else None
+        return claims, wake_at
+
+    async def _claim_fast(
+        self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int, limits: ClaimLimits | None,
+        grouped: bool,
+    ) -> tuple[tuple[list[Claim], float | None] | None, bool]:
+        """A claim without rate or concurrency limits in one statement (one round trip),
+        when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
+        first is the general path's work). Pause and a ``RateLimited`` hold are honoured.
+        ``grouped``: ``group_pick`` picks in the groups' turn order (with the group limits
+        of ``limits``), else jobs without a group in (priority, seq) order, and nothing
+        while groups have ready jobs. Also returns whether the queue's ring has groups."""
+        rows = await self._db.one_statement(
+            self._db.sql["claim_fast_grouped" if grouped else "claim_fast_plain"],  # (group_claim: see the schema)
+            queue,
+            now,
+            max_jobs,
+            worker_id,
+            now + int(lease * 1000),
+            start,
+            *(_group_args(limits) if grouped else []),
+        )
+        info = rows[-1]
+        due, hold, paused, ring = info[7], info[8] or 0.0, info[9], bool(info[10])
+        claimed = [r for r in rows if r[2] is not None]
+        if claimed:
+            claimed.sort(key=lambda r: r[0])
+            # (the gate was open: nothing due now and no hold; ``due`` is a later job's time)
+            return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], (
+                None if due is None else due / 1000
+            )), ring
+        if due is not None and due <= now and not paused:
+            return None, ring  # due jobs to promote: the general path
+        rest = None if info[11] is None else info[11] / 1000  # a group over its rate may be claimed then
+        candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None, rest) if t]
+        return ([], min(candidates) if candidates else None), ring
+
+    async def dequeue(
+        self,
+        queue: str,
+        worker_id: str,
+        max_jobs: int,
+        timeout: float,
+        lease: float,
+        start: int | None = None,
+        limits: ClaimLimits | None = None,
+    ) -> list[Claim]:
+        start = max_jobs if start is None else start
+        give_up = trio.current_time() + timeout
+        woken = trio.Event()  # replaced before each claim attempt
+        # A settlement's wake-up (payload "s") only frees concurrency slots (the queue's or
+        # a group's): a claim without such a limit ignores it (a claim round trip spared, and no empty claim in
+        # flight when the next job's wake-up comes)
+        slots = limits is not None and bool(limits.concurrency or limits.group_concurrency or limits.group_rate)
+
+        def wake(note: Notification | None) -> None:
+            if slots or note is None or note.payload != "s":
+                woken.set()
+
+        channel = self._db.channel(queue, "w")
+        await self._db.count_wakes(queue, channel)
+        await self._db.hub.listen(channel, wake)
+        # This worker's last claim came back short (no more ready jobs) and no wake-up came
+        # since it was sent: wait for one (or for a due job) instead of an empty claim now
+        # (which would be in flight, a round trip to wait for, when the next job comes).
+        unlimited = limits is None or not (limits.rate or limits.concurrency or limits.group_concurrency or limits.group_rate)
+        short = self._short_claims.pop((queue, worker_id), None)
+        try:
+            while True:
+                woken = trio.Event()  # a NOTIFY during the claim below counts: no lost wake-up
+                heard = self._db.wakes_heard[queue]
+                claims: list[Claim]
+                if short is not None and short[0] == heard and unlimited and timeout > 0:
+                    claims, wake_at = [], short[1]
+                else:
+                    claims, wake_at = await self.claim(queue, worker_id, max_jobs, lease, start, limits)
+                short = None
+                if claims:
+                    if unlimited and len(claims) < max_jobs and wake_at != 0.0:
+                        self._short_claims[queue, worker_id] = (heard, wake_at)
+                    return claims
+                remaining = give_up - trio.current_time()
+                if remaining <= 0:
+                    return []
+                wait = min(remaining, self._settings.poll_interval)
+                if wake_at is not None:
+                    wait = min(wait, max(wake_at - time.time(), 0.0) + 0.001)
+                await self._db.hub.wait(woken.is_set, wait)
+        finally:
+            self._db.hub.unlisten(channel, wake)
+
+    async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
+        async with self._db.conn() as conn:
+            rows = await conn.fetch(
+                self._db.sql["held_jobs"], queue, worker_id
+            )
+        return [r[0] for r in rows]
+
+    # -- settlements -------------------------------------------------------------------
 
     async def _first_due(self, conn: Connection, queue: str) -> int | None:
         value = await conn.fetchval(
-            self._sql["first_due"], queue
+            self._db.sql["first_due"], queue
         )
         return None if value is None else int(value)
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        out = await self._settle_all(queue, worker_id, settlements)
+        keeps: dict[str, int] = {}
+        for s, ok in zip(settlements, out, strict=True):
+            if ok and s.keep is not None and s.kind in _KEPT:
+                state = _KEPT[s.kind]
+                keeps[state] = min(s.keep, keeps.get(state, s.keep))
+        if keeps:
+            await self._trim_retained(queue, keeps)
+        return out
+
+    async def _trim_retained(self, queue: str, keeps: dict[str, int]) -> None:
+        """Count-based retention (see the module's docstring): ``keeps`` by state."""
+        now = now_ms()
+        async with self._db.conn() as conn:
+            for state, keep in keeps.items():
+                # Past the newest ``keep``: forgotten now if the result/error rode along
+                # in the event or the job ended over READ_BACK_GRACE ago; else it runs
+                # out READ_BACK_GRACE after it ended (its waiter reads it back).
+                await conn.execute(
+                    self._db.sql["trim_retained"],
+                    queue,
+                    state,
+                    keep,
+                    _RIDES_ALONG,
+                    now,
+                    READ_BACK_GRACE_MS,
+                )
+
+    async def _settle_all(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         if not settlements:
             return []
         if all(s.kind in (SettleKind.COMPLETE, SettleKind.FAIL) for s in settlements) and len(
@@ -61,8 +334,8 @@ class PostgresClaims(PostgresJobs):
         8000-byte limit goes without its result/error (the waiter reads the record), or,
         if even that is too long, as a ``resync``."""
         ttl = [float(s.ttl) for s in settlements]
-        rows = await self._one_statement(
-            self._sql["settle_final"],
+        rows = await self._db.one_statement(
+            self._db.sql["settle_final"],
             queue,
             now_ms(),
             [s.id for s in settlements],
@@ -71,20 +344,20 @@ class PostgresClaims(PostgresJobs):
             ttl,
             ["completed" if s.kind is SettleKind.COMPLETE else "failed" for s in settlements],
             worker_id,
-            self.nonce(),
-            self.channel(queue, "n"),
-            self.channel(queue, "w"),
+            self._db.nonce(),
+            self._db.channel(queue, "n"),
+            self._db.channel(queue, "w"),
         )
         return {r[0] for r in rows}
 
     async def _settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         now = now_ms()
-        async with self.tx() as conn:
-            await self.lock_ancestors(conn, queue, list({s.id for s in settlements}))
+        async with self._db.tx() as conn:
+            await self._trees.lock_ancestors(conn, queue, list({s.id for s in settlements}))
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
-                    self._sql["settle_read"],
+                    self._db.sql["settle_read"],
                     queue,
                     now,
                     list({s.id for s in settlements}),
@@ -142,30 +415,30 @@ class PostgresClaims(PostgresJobs):
                         updates.append((s.id, "failing", delta, False, True, s.data, None, due))
                         events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=token))
                     if first_due is None or due < first_due:
-                        events.append(StorageEvent("due", "", result=_due_ms(due)))
+                        events.append(StorageEvent("due", "", result=due_payload(due)))
                         first_due = due
             if updates:
                 await conn.execute(
-                    self._sql["settle_jobs"],
+                    self._db.sql["settle_jobs"],
                     queue,
                     now,
                     *(list(col) for col in zip(*updates, strict=True)),
                 )
             if hold:
                 await self._hold(conn, queue, hold)
-            await self.publish(conn, queue, events, wake=bool(updates))
-            await self.tree_ended(conn, queue, [u[0] for u in updates if u[1] in _ENDS], now)
+            await self._db.publish(conn, queue, events, wake=bool(updates))
+            await self._trees.tree_ended(conn, queue, [u[0] for u in updates if u[1] in _ENDS], now)
             for job_id in waiting:
-                await self.waited(conn, queue, job_id, now)
+                await self._trees.waited(conn, queue, job_id, now)
         return out
 
     async def _hold(self, conn: Connection, queue: str, until_ms: int) -> None:
         """Hold off every claim of ``queue`` until then (``RateLimited``)."""
-        await conn.execute(self._sql["queue_row"], queue)
-        data = await conn.fetchval(self._sql["lock_queue_flow"], queue)
+        await conn.execute(self._db.sql["queue_row"], queue)
+        data = await conn.fetchval(self._db.sql["lock_queue_flow"], queue)
         flow = FlowState.loads(data)
         flow.hold_until(until_ms / 1000)
-        await conn.execute(self._sql["write_queue_flow"], queue, flow.dumps())
+        await conn.execute(self._db.sql["write_queue_flow"], queue, flow.dumps())
 
     async def _requeue_front(
         self, conn: Connection, queue: str, ids: list[str], now: int, *, refund: bool = False
@@ -173,9 +446,9 @@ class PostgresClaims(PostgresJobs):
         """Put held jobs back before everything else of their lanes, in order."""
         if not ids:
             return
-        base = -int(await conn.fetchval(self._sql["next_seq"])) * _FRONT
+        base = -int(await conn.fetchval(self._db.sql["next_seq"])) * _FRONT
         await conn.execute(
-            self._sql["requeue_front"],
+            self._db.sql["requeue_front"],
             queue,
             now,
             ids,
@@ -190,7 +463,7 @@ class PostgresClaims(PostgresJobs):
         if not ids:
             return
         await conn.execute(
-            self._sql["cancel_held"],
+            self._db.sql["cancel_held"],
             queue,
             now,
             ids,
@@ -201,10 +474,10 @@ class PostgresClaims(PostgresJobs):
         if not job_ids:
             return 0
         now = now_ms()
-        async with self.tx() as conn:
-            await self.lock_ancestors(conn, queue, list(dict.fromkeys(job_ids)))  # (a cancel may end one)
+        async with self._db.tx() as conn:
+            await self._trees.lock_ancestors(conn, queue, list(dict.fromkeys(job_ids)))  # (a cancel may end one)
             rows = await conn.fetch(
-                self._sql["release_read"],
+                self._db.sql["release_read"],
                 queue,
                 now,
                 worker_id,
@@ -218,8 +491,8 @@ class PostgresClaims(PostgresJobs):
             await self._requeue_front(conn, queue, back, now, refund=refund)
             events = [StorageEvent("cancelled", i, worker_id, token=info[i][2]) for i in cancelled]
             events += [StorageEvent("requeued", i, worker_id, token=info[i][2]) for i in back]
-            await self.publish(conn, queue, events, wake=bool(order))
-            await self.tree_ended(conn, queue, cancelled, now)
+            await self._db.publish(conn, queue, events, wake=bool(order))
+            await self._trees.tree_ended(conn, queue, cancelled, now)
         return len(back)
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
@@ -242,8 +515,8 @@ class PostgresClaims(PostgresJobs):
         that is not paused, get their attempt counted; the ids started. (A cancel request
         or a pause committed meanwhile is seen: the row lock re-checks the job, and the
         general path reads the queue's flag the same way.)"""
-        rows = await self._one_statement(
-            self._sql["start_plain"],
+        rows = await self._db.one_statement(
+            self._db.sql["start_plain"],
             queue,
             [c[0] for c in claims],
             [c[1] for c in claims],
@@ -253,21 +526,21 @@ class PostgresClaims(PostgresJobs):
 
     async def _start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         now = now_ms()
-        async with self.tx() as conn:
+        async with self._db.tx() as conn:
             # a start may cancel a job of a tree (a cancel request came before it started),
             # which reaches its parent: its ancestors first (top-down, as cancels and ends)
-            await self.lock_ancestors(conn, queue, list(dict.fromkeys(c[0] for c in claims)))
+            await self._trees.lock_ancestors(conn, queue, list(dict.fromkeys(c[0] for c in claims)))
             rows = {
                 r[0]: r
                 for r in await conn.fetch(
-                    self._sql["start_read"],
+                    self._db.sql["start_read"],
                     queue,
                     now,
                     worker_id,
                     [c[0] for c in claims],
                 )
             }
-            paused = bool(await conn.fetchval(self._sql["is_paused"], queue))
+            paused = bool(await conn.fetchval(self._db.sql["is_paused"], queue))
             out: list[bool] = []
             start_ids: list[str] = []
             cancel_ids: list[str] = []
@@ -293,14 +566,14 @@ class PostgresClaims(PostgresJobs):
                     out.append(True)
             if start_ids:
                 await conn.execute(
-                    self._sql["start_jobs"],
+                    self._db.sql["start_jobs"],
                     queue,
                     start_ids,
                 )
             await self._cancel_held(conn, queue, cancel_ids, now)
             await self._requeue_front(conn, queue, back_ids, now)
-            await self.publish(conn, queue, events, wake=bool(cancel_ids or back_ids))
-            await self.tree_ended(conn, queue, cancel_ids, now)
+            await self._db.publish(conn, queue, events, wake=bool(cancel_ids or back_ids))
+            await self._trees.tree_ended(conn, queue, cancel_ids, now)
         return out
 
     async def heartbeat(
@@ -308,9 +581,9 @@ class PostgresClaims(PostgresJobs):
     ) -> HeartbeatReply:
         now = now_ms()
         reply = HeartbeatReply([], [])
-        async with self.tx() as conn:
+        async with self._db.tx() as conn:
             await conn.execute(
-                self._sql["worker_heartbeat"],
+                self._db.sql["worker_heartbeat"],
                 queue,
                 worker_id,
                 now + int(ttl * 1000),
@@ -324,7 +597,7 @@ class PostgresClaims(PostgresJobs):
             held = {
                 (r[0], r[1]): r[2]
                 for r in await conn.fetch(
-                    self._sql["renew_leases"],
+                    self._db.sql["renew_leases"],
                     queue,
                     now + int(lease * 1000),
                     worker_id,
@@ -335,9 +608,9 @@ class PostgresClaims(PostgresJobs):
             known = await self._claim_states(conn, queue, [c[0] for c in claims if c not in held], now)
         for job_id, token in claims:  # skipped (locked by another transaction): still ours?
             if (job_id, token) not in held and known.get(job_id) == ("processing", token):
-                async with self.conn() as conn:  # (one row, autocommit: waits holding nothing else)
+                async with self._db.conn() as conn:  # (one row, autocommit: waits holding nothing else)
                     requested = await conn.fetchval(
-                        self._sql["renew_lease"],
+                        self._db.sql["renew_lease"],
                         queue,
                         now + int(lease * 1000),
                         worker_id,
@@ -364,7 +637,7 @@ class PostgresClaims(PostgresJobs):
         if not ids:
             return {}
         rows = await conn.fetch(
-            self._sql["claim_states"],
+            self._db.sql["claim_states"],
             queue,
             now,
             ids,
@@ -372,13 +645,13 @@ class PostgresClaims(PostgresJobs):
         return {r[0]: (r[1], r[2]) for r in rows}
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
-        async with self.conn() as conn:
-            await conn.execute(self._sql["unregister_worker"], queue, worker_id)
+        async with self._db.conn() as conn:
+            await conn.execute(self._db.sql["unregister_worker"], queue, worker_id)
 
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
-        async with self.conn() as conn:
+        async with self._db.conn() as conn:
             rows = await conn.fetch(
-                self._sql["workers"],
+                self._db.sql["workers"],
                 queue,
                 include_expired,
                 now_ms(),
@@ -386,9 +659,9 @@ class PostgresClaims(PostgresJobs):
         return {w: t / 1000 for w, t in rows}
 
     async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
-        async with self.tx() as conn:
+        async with self._db.tx() as conn:
             incarnation = await conn.fetchval(
-                self._sql["set_progress"],
+                self._db.sql["set_progress"],
                 queue,
                 token,
                 worker_id,
@@ -397,7 +670,7 @@ class PostgresClaims(PostgresJobs):
             )
             if incarnation is None:
                 return False
-            await self.publish(conn, queue, [StorageEvent("progress", job_id, worker_id, result=progress, token=incarnation)])
+            await self._db.publish(conn, queue, [StorageEvent("progress", job_id, worker_id, result=progress, token=incarnation)])
         return True
 
     # -- reaper ------------------------------------------------------------------------
@@ -405,20 +678,20 @@ class PostgresClaims(PostgresJobs):
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
         now = now_ms()
         recovered: list[tuple[str, str]] = []
-        async with self.tx() as conn:
+        async with self._db.tx() as conn:
             # finished jobs whose TTL ran out leave the table, in bounded batches
             await conn.execute(
-                self._sql["forget_expired"],
+                self._db.sql["forget_expired"],
                 queue,
                 now,
             )
             events = await self.promote_due(conn, queue, now)
             promoted = bool(events)
-            candidates = [r[0] for r in await conn.fetch(self._sql["stalled_ids"], queue, now)]
+            candidates = [r[0] for r in await conn.fetch(self._db.sql["stalled_ids"], queue, now)]
             if candidates:  # a recovery may end a job of a tree: its ancestors first (top-down)
-                await self.lock_ancestors(conn, queue, candidates)
+                await self._trees.lock_ancestors(conn, queue, candidates)
             rows = await conn.fetch(
-                self._sql["lock_stalled"],
+                self._db.sql["lock_stalled"],
                 queue,
                 now,
             )
@@ -449,28 +722,28 @@ class PostgresClaims(PostgresJobs):
             await self._cancel_held(conn, queue, cancel_ids, now, recovered=True)
             if back_ids:
                 await conn.execute(
-                    self._sql["requeue_stalled"],
+                    self._db.sql["requeue_stalled"],
                     queue,
                     now,
                     back_ids,
                 )
             if failed:
                 await conn.execute(
-                    self._sql["fail_stalled"],
+                    self._db.sql["fail_stalled"],
                     queue,
                     now,
                     [f[0] for f in failed],
                     [f[1] for f in failed],
                 )
             await conn.execute(
-                self._sql["forget_dead_workers"],
+                self._db.sql["forget_dead_workers"],
                 queue,
                 now,
             )
             deadline = await conn.fetchval(
-                self._sql["next_recovery"],
+                self._db.sql["next_recovery"],
                 queue,
             )
-            await self.publish(conn, queue, events, wake=bool(recovered) or promoted)
-            await self.tree_ended(conn, queue, cancel_ids + [f[0] for f in failed], now)
+            await self._db.publish(conn, queue, events, wake=bool(recovered) or promoted)
+            await self._trees.tree_ended(conn, queue, cancel_ids + [f[0] for f in failed], now)
         return recovered, None if deadline is None else deadline / 1000

@@ -1,5 +1,7 @@
-"""Shared pieces of PostgresStorage: the connection-owning base class, transactions,
-events over NOTIFY, and job rows as :class:`JobRecord`."""
+"""What every part of PostgresStorage is handed: its settings (:class:`PgSettings`, one
+typed object) and the database (:class:`PgDatabase`: the pool and the notification hub,
+transactions, the statements of ``sql/`` for the schema, events over NOTIFY and the
+claim wake-ups heard); and job rows as :class:`JobRecord`."""
 
 from __future__ import annotations
 
@@ -13,19 +15,19 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from ..._core import format_state
 from ..._drivers.libpq import Connection, Hub, Notification, Pool
-from ..._model._errors import ValidationError
-from .._base import NOTICE_KINDS, JobRecord, Storage, StorageEvent
+from .._base import NOTICE_KINDS, JobRecord, StorageEvent
 from .._records import waiting_state
-from ._schema import check_schema_name, migrate
+from ._schema import migrate
 from ._sql import statements
 
-__all__ = ["JOB_COLUMNS", "PostgresBase", "decode_events", "now_ms", "record", "state_string"]
+__all__ = ["JOB_COLUMNS", "PgDatabase", "PgSettings", "decode_events", "now_ms", "record", "state_string"]
 
 # The columns read to build a JobRecord / state string, in this order (the statements of
 # sql/ that read jobs name them so: test_postgres_sql checks).
@@ -103,49 +105,46 @@ def _channel(schema: str, queue: str, kind: str) -> str:
     return f"tq_{kind}_{digest}"
 
 
-class PostgresBase(Storage):
-    """Connections, schema, transactions and NOTIFY for the PostgresStorage mixins."""
+@dataclass(frozen=True, slots=True)
+class PgSettings:
+    """The settings of a :class:`~trioqueue.storage.postgres.PostgresStorage` (its
+    constructor's options, checked), read by every part it builds."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        schema: str = "trioqueue",
-        pool_size: int = 8,
-        migrate: bool = True,
-        poll_interval: float = 5.0,
-        reconnect_timeout: float = 30.0,
-        synchronous_commit: bool = True,
-        call_timeout: float = 10.0,
-        prepared_statements: bool = True,
-    ) -> None:
-        super().__init__()
-        if not (isinstance(call_timeout, (int, float)) and 0 < call_timeout < math.inf):
-            raise ValidationError(f"call_timeout must be a positive number of seconds, got {call_timeout!r}")
-        self.call_timeout = float(call_timeout)
-        self.url = url
-        self.schema = check_schema_name(schema)
-        self.auto_migrate = migrate
-        self.poll_interval = poll_interval
-        self._s = f'"{schema}"'  # the quoted schema name
-        self._sql = statements(self.schema)  # the statements of sql/ by name, for this schema
-        self._pool_size = pool_size
-        self._reconnect_timeout = reconnect_timeout
-        self.synchronous_commit = synchronous_commit
-        self.prepared_statements = prepared_statements
+    url: str
+    schema: str  # a checked lower-case identifier
+    pool_size: int = 8
+    migrate: bool = True
+    poll_interval: float = 5.0
+    reconnect_timeout: float = 30.0
+    synchronous_commit: bool = True
+    call_timeout: float = 10.0
+    prepared_statements: bool = True
+
+    @property
+    def quoted_schema(self) -> str:
+        """The schema's name as SQL (quoted)."""
+        return f'"{self.schema}"'
+
+
+class PgDatabase:
+    """The database of one storage: its pool and notification hub (open between
+    :meth:`connect` and :meth:`close`), the statements of ``sql/`` for its schema
+    (``sql``), transactions bounded by the call timeout, NOTIFY of events and wake-ups.
+    ``known_queues``: the queues whose row in ``queues`` is known to exist;
+    ``wakes_heard``: per queue, the claim wake-ups heard so far (:meth:`count_wakes`)."""
+
+    def __init__(self, settings: PgSettings) -> None:
+        self._settings = settings
+        self.sql = statements(settings.schema)  # the statements of sql/ by name, for this schema
+        self.known_queues: set[str] = set()
+        # per queue: the claim wake-ups heard so far (a listener that stays, see dequeue)
+        self.wakes_heard: dict[str, int] = {}
         self._pool: Pool | None = None
         self._hub: Hub | None = None
-        self._known_queues: set[str] = set()
-        self._grouped_queues: set[str] = set()  # queues whose ring had groups at the last claim
-        # per queue: the claim wake-ups heard so far (a listener that stays, see dequeue)
-        self._wakes_heard: dict[str, int] = {}
-        # per (queue, worker): the wake-ups heard when its last claim came back short, and
-        # when something changes by itself (due job), or None
-        self._short_claims: dict[tuple[str, str], tuple[int, float | None]] = {}
 
     @property
     def pool(self) -> Pool:
-        """The connection pool (for the application's own SQL; open while the storage is)."""
+        """The connection pool (open while the storage is)."""
         if self._pool is None:
             raise RuntimeError("PostgresStorage is not open: use `async with storage:`")
         return self._pool
@@ -156,29 +155,30 @@ class PostgresBase(Storage):
             raise RuntimeError("PostgresStorage is not open: use `async with storage:`")
         return self._hub
 
-    async def _connect(self) -> None:
-        setup = () if self.synchronous_commit else ("SET synchronous_commit = off",)
+    async def connect(self) -> None:
+        """Open the pool (migrating the schema first if the settings say so) and the hub."""
+        settings = self._settings
+        setup = () if settings.synchronous_commit else ("SET synchronous_commit = off",)
         pool = Pool(
-            self.url,
-            size=self._pool_size,
-            reconnect_timeout=self._reconnect_timeout,
+            settings.url,
+            size=settings.pool_size,
+            reconnect_timeout=settings.reconnect_timeout,
             setup=setup,
-            prepare=self.prepared_statements,
+            prepare=settings.prepared_statements,
         )
         try:
             # the first connection: a server that is not there is reported at once (no retry)
             async with pool.connection() as conn:
-                if self.auto_migrate:
-                    await migrate(conn, self.schema)
+                if settings.migrate:
+                    await migrate(conn, settings.schema)
         except BaseException:
             await pool.aclose()
             raise
         self._pool = pool
-        self._hub = Hub(pool, self.call_timeout, ping_interval=max(self.poll_interval, 0.1))
-        self._wakes_heard.clear()  # (their listeners were the old hub's)
-        self._short_claims.clear()
+        self._hub = Hub(pool, settings.call_timeout, ping_interval=max(settings.poll_interval, 0.1))
+        self.wakes_heard.clear()  # (their listeners were the old hub's)
 
-    async def _disconnect(self) -> None:
+    async def close(self) -> None:
         if self._hub is not None:
             self._hub.close()
         if self._pool is not None:
@@ -196,9 +196,9 @@ class PostgresBase(Storage):
     def channel(self, queue: str, kind: str) -> str:
         """The NOTIFY channel of ``queue``: ``e`` (events), ``n`` (notice kinds), ``w``
         (wake-ups of claims)."""
-        return _channel(self.schema, queue, kind)
+        return _channel(self._settings.schema, queue, kind)
 
-    def _notifications(self, queue: str, events: Sequence[StorageEvent], wake: bool) -> list[tuple[str, str]]:
+    def notifications(self, queue: str, events: Sequence[StorageEvent], wake: bool) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
         run: list[StorageEvent] = []
         run_channel = ""
@@ -213,8 +213,8 @@ class PostgresBase(Storage):
             out.extend(self._chunks(run_channel, run))
         if wake:
             out.append((self.channel(queue, "w"), ""))
-            if queue in self._wakes_heard:  # (before the commit: a claim may run early, never late)
-                self._wakes_heard[queue] += 1
+            if queue in self.wakes_heard:  # (before the commit: a claim may run early, never late)
+                self.wakes_heard[queue] += 1
         return out
 
     def _chunks(self, channel: str, events: list[StorageEvent]) -> list[tuple[str, str]]:
@@ -232,7 +232,7 @@ class PostgresBase(Storage):
     async def publish(self, conn: Connection, queue: str, events: Sequence[StorageEvent], *, wake: bool = False) -> None:
         """NOTIFY ``events`` (in order) and a wake-up, in the transaction open on ``conn``
         (delivered if and when it commits)."""
-        pairs = self._notifications(queue, events, wake)
+        pairs = self.notifications(queue, events, wake)
         if not pairs:
             return
         sql = "SELECT " + ", ".join(f"pg_notify(${2 * i + 1}, ${2 * i + 2})" for i in range(len(pairs)))
@@ -248,8 +248,8 @@ class PostgresBase(Storage):
         async with self.pool.connection(deadline=self.call_deadline()) as conn:
             await conn.execute("BEGIN")
             try:
-                if queue is not None and queue not in self._known_queues:
-                    await conn.execute(self._sql["queue_row"], queue)
+                if queue is not None and queue not in self.known_queues:
+                    await conn.execute(self.sql["queue_row"], queue)
                 yield conn
             except BaseException:
                 with trio.CancelScope(shield=True):
@@ -262,7 +262,7 @@ class PostgresBase(Storage):
             with trio.CancelScope(shield=True):
                 await conn.execute("COMMIT")
             if queue is not None:
-                self._known_queues.add(queue)
+                self.known_queues.add(queue)
 
     @asynccontextmanager
     async def conn(self) -> AsyncIterator[Connection]:
@@ -272,15 +272,33 @@ class PostgresBase(Storage):
 
     def call_deadline(self) -> float:
         """The Trio time by which a storage call starting now must be done."""
-        return trio.current_time() + self.call_timeout
+        return trio.current_time() + self._settings.call_timeout
 
     @contextmanager
     def bounded(self, conn: Connection) -> Iterator[Connection]:
         """The block's statements on ``conn`` (the application's transaction) bounded
-        by :attr:`call_timeout` (a :class:`CallTimeout` discards the connection)."""
+        by the call timeout (a :class:`CallTimeout` discards the connection)."""
         before = conn.deadline
         conn.deadline = min(before, self.call_deadline())
         try:
             yield conn
         finally:
             conn.deadline = before
+
+    async def one_statement(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """One statement on a pooled connection (autocommit): its rows."""
+        async with self.conn() as conn:
+            return await conn.fetch(sql, *params)
+
+    async def count_wakes(self, queue: str, channel: str) -> None:
+        """Count the claim wake-ups of ``queue`` from the first claim on, between claims too
+        (a listener that stays; a lost connection's None counts, a settlement's "s" not)."""
+        if queue in self.wakes_heard:
+            return
+        self.wakes_heard[queue] = 0
+
+        def heard(note: Notification | None) -> None:
+            if note is None or note.payload != "s":
+                self.wakes_heard[queue] += 1
+
+        await self.hub.listen(channel, heard)

@@ -5,7 +5,7 @@ under ``cancel``, level by level up).
 
 Locks: a transaction that may end a job of a tree (settle, cancel, release, remove,
 ``start`` of a job with a cancel request, the reaper) first locks the job's ancestors,
-root first (:meth:`PostgresFlows.lock_ancestors`), then the job; a cascading cancel
+root first (:meth:`PgTrees.lock_ancestors`), then the job; a cascading cancel
 locks a parent before its children (in the order they were added). All go top-down, so
 concurrent ends of one tree serialise on the parent row (``SELECT ... FOR UPDATE``)
 instead of deadlocking. A heartbeat, which takes no ancestor, never waits on a row while
@@ -22,9 +22,9 @@ from ..._drivers.libpq import Connection
 from ..._model._errors import FlowError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_failed_error
-from ._common import PostgresBase, now_ms, record
+from ._common import PgDatabase, now_ms, record
 
-__all__ = ["PostgresFlows", "TreeJobTaken"]
+__all__ = ["PgTrees", "TreeJobTaken"]
 
 _TERMINAL = ("completed", "failed", "cancelled")
 _CANCELLABLE = ("queued", "delayed", "failing", "waiting_children")
@@ -33,7 +33,7 @@ _CANCELLABLE = ("queued", "delayed", "failing", "waiting_children")
 class TreeJobTaken(Exception):
     """A job of a tree being written was committed by another transaction after the
     tree's ids were checked (``key``: its queue and id): roll back, then
-    :meth:`PostgresFlows.flow_taken`."""
+    :meth:`PgTrees.flow_taken`."""
 
     def __init__(self, key: tuple[str, str]) -> None:
         super().__init__(f"job {key[1]!r} of queue {key[0]!r} was written meanwhile")
@@ -60,8 +60,12 @@ class _Events:
             self.wake.add(queue)
 
 
-class PostgresFlows(PostgresBase):
-    """The trees of jobs of :class:`~trioqueue.storage.postgres.PostgresStorage`."""
+class PgTrees:
+    """The trees of jobs of :class:`~trioqueue.storage.postgres.PostgresStorage`, on its
+    database: writing them, and their bookkeeping in the transaction of a job's end."""
+
+    def __init__(self, db: PgDatabase) -> None:
+        self._db = db
 
     # -- writing trees -------------------------------------------------------------------
 
@@ -69,10 +73,10 @@ class PostgresFlows(PostgresBase):
         root = jobs[0]
         now = now_ms()
         try:
-            async with self.tx(root.queue) as conn:
+            async with self._db.tx(root.queue) as conn:
                 outcome = await self.write_flow(conn, jobs, now)
         except TreeJobTaken as taken:  # (rolled back) written meanwhile by another transaction
-            async with self.conn() as conn:
+            async with self._db.conn() as conn:
                 return await self.flow_taken(conn, jobs, taken, now)
         return outcome
 
@@ -84,7 +88,7 @@ class PostgresFlows(PostgresBase):
         meanwhile (the caller rolls back, then asks :meth:`flow_taken`)."""
         root = jobs[0]
         row = await conn.fetchrow(
-            self._sql["write_flow"],
+            self._db.sql["write_flow"],
             root.queue,
             now,
             root.job.id,
@@ -103,7 +107,7 @@ class PostgresFlows(PostgresBase):
         if taken.key != (root.queue, root.job.id):
             raise FlowError(f"job {taken.key[1]!r} already exists on queue {taken.key[0]!r}: a tree's jobs must be new")
         row = await conn.fetchrow(
-            self._sql["get_job"],
+            self._db.sql["get_job"],
             root.queue,
             now,
             root.job.id,
@@ -126,9 +130,9 @@ class PostgresFlows(PostgresBase):
     async def _add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str, now: int
     ) -> bool:
-        async with self.tx(queue) as conn:
+        async with self._db.tx(queue) as conn:
             incarnation = await conn.fetchval(
-                self._sql["add_children"],
+                self._db.sql["add_children"],
                 queue,
                 job_id,
                 worker_id,
@@ -150,7 +154,7 @@ class PostgresFlows(PostgresBase):
         taken: set[tuple[str, str]] = set()
         if check:
             rows = await conn.fetch(
-                self._sql["taken_keys"],
+                self._db.sql["taken_keys"],
                 [fj.queue for fj in check],
                 [fj.job.id for fj in check],
                 now,
@@ -166,7 +170,7 @@ class PostgresFlows(PostgresBase):
             seen.add(key)
         queues = list(dict.fromkeys(fj.queue for fj in jobs))
         await conn.execute(
-            self._sql["queue_rows"], queues
+            self._db.sql["queue_rows"], queues
         )
         counts: dict[tuple[str, str], int] = {}
         for fj in jobs:
@@ -177,7 +181,7 @@ class PostgresFlows(PostgresBase):
             tokens[parent[0], parent[1]] = parent[2]
             added = counts.get((parent[0], parent[1]), 0)
             await conn.execute(
-                self._sql["add_to_parent"],
+                self._db.sql["add_to_parent"],
                 parent[0],
                 parent[1],
                 parent[3],
@@ -196,7 +200,7 @@ class PostgresFlows(PostgresBase):
             n = counts.get(key)
             # (a job committed since the check is left alone; a replaced row takes its place in the tree)
             written = await conn.fetchval(
-                self._sql["insert_tree_jobs"],
+                self._db.sql["insert_tree_jobs"],
                 fj.queue,
                 job.id,
                 state,
@@ -222,9 +226,9 @@ class PostgresFlows(PostgresBase):
         await self._flush(conn, events)
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
-        async with self.conn() as conn:
+        async with self._db.conn() as conn:
             rows = await conn.fetch(
-                self._sql["get_children"],
+                self._db.sql["get_children"],
                 queue,
                 now_ms(),
                 job_id,
@@ -240,14 +244,14 @@ class PostgresFlows(PostgresBase):
         statement finds the ancestors level by level and locks them farthest first
         (then by queue and id; ``ORDER BY`` runs before the row locks)."""
         parents = await conn.fetch(
-            self._sql["parents_of"],
+            self._db.sql["parents_of"],
             queue,
             list(ids),
         )
         if not parents:
             return
         await conn.fetch(
-            self._sql["lock_ancestors"],
+            self._db.sql["lock_ancestors"],
             [p[0] for p in parents],
             [p[1] for p in parents],
         )
@@ -283,7 +287,7 @@ class PostgresFlows(PostgresBase):
         """A processing job settled ``WAIT_CHILDREN`` (now ``waiting_children``)."""
         events = _Events()
         row = await conn.fetchrow(
-            self._sql["waited"],
+            self._db.sql["waited"],
             queue,
             job_id,
         )
@@ -297,11 +301,11 @@ class PostgresFlows(PostgresBase):
 
     async def _flush(self, conn: Connection, events: _Events) -> None:
         for q in dict.fromkeys([*events.by_queue, *events.wake]):
-            await self.publish(conn, q, events.by_queue.get(q, []), wake=q in events.wake)
+            await self._db.publish(conn, q, events.by_queue.get(q, []), wake=q in events.wake)
 
     async def _ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int, events: _Events) -> None:
         rows = await conn.fetch(
-            self._sql["ended"],
+            self._db.sql["ended"],
             queue,
             list(ids),
         )
@@ -316,7 +320,7 @@ class PostgresFlows(PostgresBase):
     async def _release_results(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
         """The parent ended: its ended children's results go by their own TTLs."""
         await conn.execute(
-            self._sql["release_results"],
+            self._db.sql["release_results"],
             queue,
             job_id,
             token,
@@ -335,7 +339,7 @@ class PostgresFlows(PostgresBase):
     ) -> None:
         jid, state, error, pq, pid, ptok = child
         prow = await conn.fetchrow(
-            self._sql["child_ended"],
+            self._db.sql["child_ended"],
             pq,
             now,
             pid,
@@ -344,10 +348,10 @@ class PostgresFlows(PostgresBase):
             return  # the parent ended first (or is gone): the child keeps its own TTL
         pstate, policy, _ = prow
         if not removed:  # kept while the parent may read it
-            await conn.execute(self._sql["keep_parent"], queue, jid)
+            await conn.execute(self._db.sql["keep_parent"], queue, jid)
         if state != "completed":
             pending = await conn.fetchval(
-                self._sql["parent_child_failed"],
+                self._db.sql["parent_child_failed"],
                 pq,
                 pid,
                 jid,
@@ -361,7 +365,7 @@ class PostgresFlows(PostgresBase):
                 return
         else:
             pending = await conn.fetchval(
-                self._sql["parent_child_done"], pq, pid
+                self._db.sql["parent_child_done"], pq, pid
             )
         if pending == 0 and pstate == "waiting_children":
             if await self._ancestor_ended(conn, pq, pid):
@@ -376,14 +380,14 @@ class PostgresFlows(PostgresBase):
         transaction, or committed before it, or comes after it; a parent whose last child
         ended is released only when none is on its way."""
         row = await conn.fetchrow(
-            self._sql["parent_key"], queue, job_id
+            self._db.sql["parent_key"], queue, job_id
         )
         for _ in range(64):  # (as lock_ancestors' depth)
             if row is None or row[1] is None:
                 return False
             pq, pid, ptok = row
             prow = await conn.fetchrow(
-                self._sql["parent_of"],
+                self._db.sql["parent_of"],
                 pq,
                 pid,
             )
@@ -397,7 +401,7 @@ class PostgresFlows(PostgresBase):
     async def _cancel_waiting(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         """Cancel a waiting parent (locked) whose ancestor's cancel cascade is on its way."""
         token = await conn.fetchval(
-            self._sql["cancel_waiting"],
+            self._db.sql["cancel_waiting"],
             queue,
             job_id,
             now,
@@ -408,13 +412,13 @@ class PostgresFlows(PostgresBase):
 
     async def _fail_parent(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         row = await conn.fetchrow(
-            self._sql["parent_failures"], queue, job_id
+            self._db.sql["parent_failures"], queue, job_id
         )
         assert row is not None  # (locked by the caller)
         ids, errors, token = row
         error = child_failed_error(job_id, [(i, bytes(e or b"")) for i, e in zip(ids or [], errors or [], strict=True)])
         await conn.execute(
-            self._sql["fail_parent"],
+            self._db.sql["fail_parent"],
             queue,
             job_id,
             now,
@@ -426,7 +430,7 @@ class PostgresFlows(PostgresBase):
     async def _children_done(self, conn: Connection, queue: str, job_id: str, now: int, events: _Events) -> None:
         """Every child of a waiting parent ended: queue it (at the back of its lane)."""
         token = await conn.fetchval(
-            self._sql["children_done"],
+            self._db.sql["children_done"],
             queue,
             job_id,
             now,
@@ -440,14 +444,14 @@ class PostgresFlows(PostgresBase):
         their descendants): a waiting, queued, delayed or failing one at once, a
         processing one by a cancel request to its worker."""
         rows = await conn.fetch(
-            self._sql["cancel_children"],
+            self._db.sql["cancel_children"],
             queue,
             job_id,
             token,
         )
         for cq, cid, policy in rows:
             row = await conn.fetchrow(  # (a nested step may have ended it meanwhile)
-                self._sql["cancel_child"],
+                self._db.sql["cancel_child"],
                 cq,
                 cid,
                 now,
@@ -457,7 +461,7 @@ class PostgresFlows(PostgresBase):
                 await self._ended(conn, cq, [cid], now, events)
                 continue
             row = await conn.fetchrow(
-                self._sql["running_child"],
+                self._db.sql["running_child"],
                 cq,
                 cid,
             )
@@ -468,6 +472,6 @@ class PostgresFlows(PostgresBase):
                 await self._cancel_children(conn, cq, cid, ctoken, now, events)
             if not requested:
                 await conn.execute(
-                    self._sql["request_cancel"], cq, cid
+                    self._db.sql["request_cancel"], cq, cid
                 )
                 events.add(cq, StorageEvent("cancel_requested", cid, worker, token=ctoken))

@@ -1,114 +1,83 @@
-"""RedisStorage's producer side: enqueues (concurrent calls on one queue share round
-trips, see :class:`~._coalesce.Coalescer`) and debounced enqueues, a mixin kept apart
-from ``_storage.py``."""
+"""RedisStorage's producer side: the ARGV of a job in the enqueue scripts
+(:func:`enqueue_args`, also sent by ``schedule_tick``, ``debounce`` and the trees'
+scripts), a job's outcome in their replies (:func:`outcome`), and the batch a
+:class:`~._coalesce.Coalescer` sends for the concurrent ``enqueue`` calls of one queue
+(:func:`flush`: one script call per ``_MAX_JOBS_PER_CALL`` jobs)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from ..._model._errors import StorageError
 from ..._model._types import DEFAULT_PRIORITY, EnqueueStatus
 from .._base import EnqueueOutcome, NewJob
-from ._coalesce import Coalescer, Slot
-from ._control import enqueue_args
+from ._coalesce import Slot
+from ._runner import ScriptRunner, ms, text
 
-__all__ = ["RedisEnqueue"]
+__all__ = ["QUEUED", "enqueue_args", "flush", "outcome"]
 
-_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+QUEUED = EnqueueOutcome(EnqueueStatus.QUEUED)
 _MAX_JOBS_PER_CALL = 2000
 
 
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+def enqueue_args(job: NewJob) -> list[Any]:
+    """The five ARGV fields of ``job`` in ``enqueue.lua`` (and ``schedule_tick.lua``)."""
+    run_at = "" if job.run_at is None else str(int(job.run_at * 1000))
+    limits = f"{job.max_attempts}:{ms(job.result_ttl)}"
+    if job.priority != DEFAULT_PRIORITY or job.group is not None:
+        limits += f":{job.priority}"
+    if job.group is not None:
+        limits += f":{job.group}"
+    return [job.id, job.envelope, limits, job.token, run_at]
 
 
-def _outcome(item: Any) -> EnqueueOutcome:
+def outcome(item: Any) -> EnqueueOutcome:
     """One job's outcome in an enqueue (or debounce) script's reply."""
     code = item[0]
     if code == b"q":
-        return _QUEUED_OUTCOME
+        return QUEUED
     if code == b"c":
-        token = _text(item[3]) if len(item) > 3 and item[3] is not None else None
-        return EnqueueOutcome(EnqueueStatus.COMPLETED, _text(item[1]), item[2], token)
-    token = _text(item[2]) if len(item) > 2 and item[2] is not None else None
+        token = text(item[3]) if len(item) > 3 and item[3] is not None else None
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, text(item[1]), item[2], token)
+    token = text(item[2]) if len(item) > 2 and item[2] is not None else None
     status = EnqueueStatus.DEBOUNCED if code == b"b" else EnqueueStatus.DUPLICATE
-    return EnqueueOutcome(status, _text(item[1]), token=token)
+    return EnqueueOutcome(status, text(item[1]), token=token)
 
 
-
-class RedisEnqueue:
-    """The producer part of :class:`~trioqueue.storage.RedisStorage` (which provides the
-    helpers below)."""
-
-    _named: set[str]
-    _coalescers: dict[str, Coalescer]
-
-    if TYPE_CHECKING:  # provided by RedisAdmin and RedisStorage (later in its bases)
-
-        async def _register_name(self, queue: str) -> None: ...
-
-        async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any: ...
-
-        def _call_token(self) -> str: ...
-
-    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if not jobs:
-            return []
-        if queue not in self._named:
-            await self._register_name(queue)
-        co = self._coalescers.get(queue)
-        if co is None:
-            co = self._coalescers[queue] = Coalescer(functools.partial(self._flush, queue))
-        return await co.submit(jobs)
-
-    async def debounce(
-        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
-    ) -> list[EnqueueOutcome]:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        if queue not in self._named:
-            await self._register_name(queue)
-        head = [str(int(delay * 1000)), "" if max_wait is None else str(int(max_wait * 1000))]
-        outcomes: list[EnqueueOutcome] = []
-        for job in jobs:  # one call a job: each takes effect on its own, in order
-            [item] = await self._run_shielded("debounce", queue, [*head, self._call_token(), *enqueue_args(job)])
-            outcomes.append(_outcome(item))
-        return outcomes
-
-    async def _flush(self, queue: str, batch: list[Slot]) -> None:
-        all_jobs = [job for slot in batch for job in slot.jobs]
-        outcomes: list[EnqueueOutcome] = []
-        try:
-            for start in range(0, len(all_jobs), _MAX_JOBS_PER_CALL):
-                chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
-                args: list[Any] = [self._call_token()]
-                script = "enqueue_plain"  # unless a job has another priority (its lane's key)
-                for job in chunk:
-                    args += enqueue_args(job)
-                    if job.priority != DEFAULT_PRIORITY or job.group is not None:
-                        script = "enqueue"
-                reply = await self._run_shielded(script, queue, args)
-                for item in reply:  # (a queued job's outcome inline: the per-job path)
-                    outcomes.append(_QUEUED_OUTCOME if item[0] == b"q" else _outcome(item))
-        except trio.Cancelled:
-            # The carrying call was cancelled (after the shield limit): the others learn
-            # that their jobs' fate is unknown, as with any interrupted write.
-            for slot in batch:
-                slot.error = StorageError("enqueue interrupted: the server did not answer in time")
-                slot.wake()
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
-            for slot in batch:
-                slot.error = exc
-                slot.wake()
-            return
-        i = 0
+async def flush(runner: ScriptRunner, queue: str, batch: list[Slot]) -> None:
+    """Send the jobs of ``batch`` (the calls a coalescer carries together) and hand each
+    call its outcomes, or the error."""
+    all_jobs = [job for slot in batch for job in slot.jobs]
+    outcomes: list[EnqueueOutcome] = []
+    try:
+        for start in range(0, len(all_jobs), _MAX_JOBS_PER_CALL):
+            chunk = all_jobs[start : start + _MAX_JOBS_PER_CALL]
+            args: list[Any] = [runner.call_token()]
+            script = "enqueue_plain"  # unless a job has another priority (its lane's key)
+            for job in chunk:
+                args += enqueue_args(job)
+                if job.priority != DEFAULT_PRIORITY or job.group is not None:
+                    script = "enqueue"
+            reply = await runner.run_shielded(script, queue, args)
+            for item in reply:  # (a queued job's outcome inline: the per-job path)
+                outcomes.append(QUEUED if item[0] == b"q" else outcome(item))
+    except trio.Cancelled:
+        # The carrying call was cancelled (after the shield limit): the others learn
+        # that their jobs' fate is unknown, as with any interrupted write.
         for slot in batch:
-            n = len(slot.jobs)
-            slot.result = outcomes[i : i + n]
-            i += n
+            slot.error = StorageError("enqueue interrupted: the server did not answer in time")
             slot.wake()
+        raise
+    except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+        for slot in batch:
+            slot.error = exc
+            slot.wake()
+        return
+    i = 0
+    for slot in batch:
+        n = len(slot.jobs)
+        slot.result = outcomes[i : i + n]
+        i += n
+        slot.wake()

@@ -1,4 +1,4 @@
-"""RedisStorage's event subscriptions (a mixin kept apart from ``_storage.py``).
+"""RedisStorage's event subscriptions (:class:`RedisEvents`, a part the storage builds).
 
 The scripts publish a queue's events on ``{prefix:queue}:events`` and the notice kinds
 (``NOTICE_KINDS``: terminal outcomes, cancel requests, fenced settlements...) also on
@@ -17,10 +17,9 @@ from contextlib import asynccontextmanager
 import trio
 
 from ..._core import decode_events as _decode_events
-from ..._drivers.resp import Subscription, Transport
+from ..._drivers.resp import Subscription
 from .._base import NOTICE_KINDS, StorageEvent, select_events, wanted_kinds
-from ._control import _ms
-from ._keys import queue_key
+from ._runner import RedisSettings, ScriptRunner, ms
 
 __all__ = ["RedisEvents", "decode_events"]
 
@@ -52,16 +51,16 @@ class _Sub:
 
 
 class RedisEvents:
-    """The event subscriptions of :class:`~trioqueue.storage.RedisStorage`."""
+    """The event subscriptions of :class:`~trioqueue.storage.RedisStorage`: each on the
+    runner's transport, watched every ``settings.watch_interval``."""
 
-    _transport: Transport
-    _watch_interval: float
-    _subs: set[_Sub]
+    def __init__(self, runner: ScriptRunner, settings: RedisSettings) -> None:
+        self._runner = runner
+        self._settings = settings
+        self._subs: set[_Sub] = set()
 
-    def _base(self, queue: str) -> str:
-        raise NotImplementedError
-
-    def _fault(self) -> None:
+    def fault(self) -> None:
+        """The transport saw a fault: every subscription resyncs once it is back."""
         for sub in self._subs:
             sub.fault = True
 
@@ -75,7 +74,7 @@ class RedisEvents:
         # Route by need: the notice kinds have a channel of their own (the scripts publish
         # them on both), so a subscriber wanting only those never receives the rest.
         notices_only = wanted is not None and wanted <= NOTICE_KINDS
-        channel = self._base(queue) + (":notices" if notices_only else ":events")
+        channel = self._runner.key(queue, "notices" if notices_only else "events")
         if wanted is not None and wanted == NOTICE_KINDS:
             wanted = None  # the channel carries exactly those: nothing to filter
 
@@ -91,8 +90,8 @@ class RedisEvents:
             sub.deliver(events)
 
         # The scripts publish on the events channel only while its listening key lives.
-        listening = None if notices_only else queue_key(self._base(queue), "listening")
-        subscription = await self._transport.subscribe(channel, on_message)
+        listening = None if notices_only else self._runner.key(queue, "listening")
+        subscription = await self._runner.transport.subscribe(channel, on_message)
         self._subs.add(sub)
         try:
             if listening is not None:
@@ -112,8 +111,8 @@ class RedisEvents:
 
     async def _listen(self, key: str) -> bool:
         """Set (or refresh) a listening key; whether it was there already."""
-        ttl = _LISTEN_TICKS * self._watch_interval
-        return await self._transport.command(["SET", key, "1", "PX", str(_ms(ttl)), "GET"]) is not None
+        ttl = _LISTEN_TICKS * self._settings.watch_interval
+        return await self._runner.transport.command(["SET", key, "1", "PX", str(ms(ttl)), "GET"]) is not None
 
     async def _watch(self, subscription: Subscription, sub: _Sub, listening: str | None) -> None:
         """Emit ``resync`` once the subscriber connection is back after a reconnect (its
@@ -123,7 +122,7 @@ class RedisEvents:
         evicted, flushed)."""
         conn_id = await subscription.connection_id()
         while True:
-            await trio.sleep(self._watch_interval)
+            await trio.sleep(self._settings.watch_interval)
             now_id = await subscription.connection_id()
             if now_id is None:
                 sub.fault = True

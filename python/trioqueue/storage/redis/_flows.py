@@ -18,21 +18,19 @@ their names, see :func:`~._keys.queue_base`), and is refused otherwise
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import trio
 
 from ..._model._errors import FlowError, StorageError
-from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, NewJob
-from . import _keys, _lua
-from ._control import _ms, enqueue_args
-from ._keys import queue_key
+from . import _keys
+from ._enqueue import QUEUED, enqueue_args
+from ._runner import SHIELD_LIMIT, RedisSettings, ScriptRunner, ms, text
 
-__all__ = ["RedisFlows", "tree_of"]
+__all__ = ["RedisTrees", "tree_of"]
 
-_QUEUED = EnqueueOutcome(EnqueueStatus.QUEUED)
 _NEED_ROUNDS = 32  # tree_act calls learning more queues before giving up (never near)
 
 
@@ -51,7 +49,7 @@ def tree_of(jobs: Sequence[FlowJob], first: str) -> tuple[list[dict[str, Any]], 
             kids.setdefault(fj.parent, []).append(fj)
     out = []
     for fj in jobs:
-        d: dict[str, Any] = {"id": fj.job.id, "q": names.index(fj.queue) + 1, "t": _ms(fj.job.result_ttl)}
+        d: dict[str, Any] = {"id": fj.job.id, "q": names.index(fj.queue) + 1, "t": ms(fj.job.result_ttl)}
         if fj.parent is not None:
             d["pa"] = fj.parent[1]
             if fj.parent[0] != fj.queue:
@@ -66,47 +64,30 @@ def tree_of(jobs: Sequence[FlowJob], first: str) -> tuple[list[dict[str, Any]], 
     return out, names
 
 
-class RedisFlows:
-    """The flows part of :class:`~trioqueue.storage.RedisStorage`."""
+class RedisTrees:
+    """The trees of jobs of :class:`~trioqueue.storage.RedisStorage`, through its script
+    runner; ``enqueue`` and ``get_job`` are the storage's (a tree whose root exists
+    answers as an enqueue of the root; children are read as jobs)."""
 
-    _named: set[str]
-    prefix: str
-    _transport: Any
-    _scripts: dict[str, Any]
-    _params: Any
-
-    if TYPE_CHECKING:  # provided by RedisStorage and its other parts (after this one)
-
-        async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
-            ...
-
-        async def _register_name(self, queue: str) -> None:
-            ...
-
-        def _call_token(self) -> str:
-            ...
-
-        def _base(self, queue: str) -> str:
-            ...
-
-        async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
-            ...
-
-        async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
-            ...
-
-    _tree_queues: dict[str, list[str]]
-
-    def _multi(self, name: str, queues: Sequence[str], args: Sequence[Any], shield: float) -> Any:
-        """Script ``name`` on several queues: the keys it uses of each, in turn."""
-        keys = [k for q in queues for k in _lua.keys_of(name, self._base(q))]
-        return self._transport.script(self._scripts[name], keys, args, shield=shield)
+    def __init__(
+        self,
+        runner: ScriptRunner,
+        settings: RedisSettings,
+        *,
+        enqueue: Callable[[str, Sequence[NewJob]], Awaitable[list[EnqueueOutcome]]],
+        get_job: Callable[[str, str], Awaitable[JobRecord | None]],
+    ) -> None:
+        self._runner = runner
+        self._settings = settings
+        self._enqueue = enqueue
+        self._get_job = get_job
+        self._tree_queues: dict[str, list[str]] = {}  # queue -> the queues its trees span (tree_act)
 
     def _check_slots(self, root: str, names: Sequence[str]) -> None:
         """On Cluster, :class:`FlowError` unless the keys of ``names`` share a slot."""
-        if not self._params.cluster or len(names) < 2:
+        if not self._settings.params.cluster or len(names) < 2:
             return
-        if len({_keys.hash_slot(self._base(q)) for q in names}) > 1:
+        if len({_keys.hash_slot(self._runner.base(q)) for q in names}) > 1:
             raise FlowError(
                 f"the tree of job {root!r} spans queues {', '.join(map(repr, names))}, whose keys are in different "
                 "Redis Cluster slots: a tree across queues needs queues that share a hash tag (a common {tag} in "
@@ -119,21 +100,21 @@ class RedisFlows:
         tree, names = tree_of(jobs, queue)
         self._check_slots(jobs[0].job.id, names)
         for q in names:
-            if q not in self._named:
-                await self._register_name(q)
-        args: list[Any] = [json.dumps(tree), self._call_token(), json.dumps(names)]
+            if q not in self._runner.named:
+                await self._runner.register_name(q)
+        args: list[Any] = [json.dumps(tree), self._runner.call_token(), json.dumps(names)]
         for fj in jobs:
             args += enqueue_args(fj.job)
-        reply = await self._multi("flow_enqueue", names, args, _SHIELD)
+        reply = await self._runner.multi("flow_enqueue", names, args, SHIELD_LIMIT)
         code = reply[0]
         if code == b"dup":  # the root exists: what enqueue says of it (it writes nothing)
-            [outcome] = await self.enqueue(queue, [jobs[0].job])
+            [outcome] = await self._enqueue(queue, [jobs[0].job])
             return outcome
         if code == b"exists":
             job_id = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             where = next((fj.queue for fj in jobs if fj.job.id == job_id), queue)
             raise FlowError(f"job {job_id!r} already exists on queue {where!r}: a tree's jobs must be new")
-        return _QUEUED
+        return QUEUED
 
     async def add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
@@ -142,12 +123,12 @@ class RedisFlows:
         tree, names = tree_of(children, queue)
         self._check_slots(job_id, names)
         for q in names[1:]:
-            if q not in self._named:
-                await self._register_name(q)
-        args: list[Any] = [json.dumps(tree), job_id, worker_id, token, policy, self._call_token(), json.dumps(names)]
+            if q not in self._runner.named:
+                await self._runner.register_name(q)
+        args: list[Any] = [json.dumps(tree), job_id, worker_id, token, policy, self._runner.call_token(), json.dumps(names)]
         for fj in children:
             args += enqueue_args(fj.job)
-        reply = await self._multi("flow_add", names, args, _SHIELD)
+        reply = await self._runner.multi("flow_add", names, args, SHIELD_LIMIT)
         code = reply[0]
         if code == b"exists":
             child = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
@@ -155,43 +136,37 @@ class RedisFlows:
             raise FlowError(f"job {child!r} already exists on queue {where!r}: a tree's jobs must be new")
         return bool(code == b"ok")
 
-    async def _tree_act(self, queue: str) -> None:
+    async def act(self, queue: str) -> None:
         """Act on the notes of trees the scripts of ``queue`` left, on every queue those
         trees span (``tree_act``, told of more queues as long as it asks)."""
         names = self._tree_queues.get(queue) or [queue]
         for _ in range(_NEED_ROUNDS):
-            reply = await self._multi("tree_act", names, names, _SHIELD)
+            reply = await self._runner.multi("tree_act", names, names, SHIELD_LIMIT)
             if not isinstance(reply, list):
                 if len(names) > 1:
                     self._tree_queues[queue] = names
                 return
-            names = names + [n for n in (_text(x) for x in reply[1:]) if n not in names]
+            names = names + [n for n in (text(x) for x in reply[1:]) if n not in names]
         raise StorageError(f"trees of jobs on queue {queue!r} span more queues than tree_act was given")
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        rec = await self.get_job(queue, job_id)
+        rec = await self._get_job(queue, job_id)
         if rec is None or not rec.children:
             return []
         out = []
         for cq, cid in await self._tree_children(queue, job_id):
-            c = await self.get_job(cq, cid)
+            c = await self._get_job(cq, cid)
             if c is not None and c.parent == (queue, job_id):  # (not a job of its own that took its id)
                 out.append((cq, c))
         return out
 
     async def _tree_children(self, queue: str, job_id: str) -> list[tuple[str, str]]:
         """``(queue, id)`` of each child of the job, in order."""
-        raw = await self._transport.command(["HGET", queue_key(self._base(queue), "tree"), job_id])
+        raw = await self._runner.transport.command(["HGET", self._runner.key(queue, "tree"), job_id])
         if raw is None:
             return []
         t = json.loads(raw)
         ch = [str(c) for c in t.get("ch", [])]
         return list(zip(t.get("cq") or [queue] * len(ch), ch, strict=True))
 
-
-_SHIELD = 5.0  # as RedisStorage's shielded mutations: wait for the reply this long at most
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)

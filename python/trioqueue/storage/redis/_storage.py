@@ -14,46 +14,53 @@ awaited round trip costs far more under Trio than on the wire, so:
   ``BLMOVE`` on that connection, so the server validates and claims the moved job (with
   more, up to ``max_jobs``) as soon as it arrives, with no extra round trip.
 
-Events are published by the scripts; subscriptions are the :mod:`._events` mixin's.
+Events are published by the scripts.
+
+The class is the list of what the backend does. Its core (enqueue, claims, settlements,
+leases, recovery) is written here; the rest delegates to parts it builds in
+``__init__``, each handed what it needs: the :class:`~._runner.ScriptRunner` (transport,
+key layout, scripts) and the :class:`~._runner.RedisSettings`. The parts:
+:class:`~._events.RedisEvents` (subscriptions), :class:`~._flows.RedisTrees` (trees of
+jobs), :class:`~._admin.RedisAdmin` (registry queries and administration).
 """
 
 from __future__ import annotations
 
-import base64
+import functools
 import json
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
 
-from ..._drivers.resp import ConnParams, Script, Transport, parse_url, sentinel_url
+from ..._drivers.resp import ConnParams, Transport, parse_url, sentinel_url
 from ..._model._errors import ValidationError
 from ..._model._types import CancelStatus, UpdateTTLStatus
-from . import _keys, _lua
 from .._base import (
     Claim,
     ClaimLimits,
+    EnqueueOutcome,
+    FlowJob,
     HeartbeatReply,
     JobRecord,
     LostClaim,
+    NewJob,
     Settlement,
     SettleKind,
-    Storage,
     StorageEvent,
 )
 from .._capabilities import Administration, Debounce, Groups, Schedules, Trees
-from ._coalesce import Coalescer
 from ._admin import RedisAdmin
-from ._control import RedisControl, _ms
-from ._events import RedisEvents, _Sub
-from ._enqueue import RedisEnqueue, _text
-from ._flows import RedisFlows
+from ._coalesce import Coalescer
+from ._enqueue import enqueue_args, flush, outcome
+from ._events import RedisEvents
+from ._flows import RedisTrees
+from ._runner import RedisSettings, ScriptRunner, ms, open_transport, text
 
-__all__ = ["RedisStorage"]
+__all__ = ["RedisStorage", "open_transport"]
 
-_RESYNC = StorageEvent("resync", "")
 _KIND_CODE = {
     SettleKind.COMPLETE: "c",
     SettleKind.FAIL: "f",
@@ -62,55 +69,10 @@ _KIND_CODE = {
     SettleKind.RATE_LIMITED: "l",
     SettleKind.WAIT_CHILDREN: "w",
 }
-_FLOW_SCRIPTS = frozenset({"claim", "settle", "release"})  # recover adds the flow keys itself
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
-_KEY_CACHE_SIZE = 4096  # (script, queue, worker) KEYS lists kept; cleared when full
-_SHIELD_LIMIT = 5.0  # seconds a shielded mutation may hold up a cancellation
 
 
-def open_transport(
-    params: ConnParams,
-    *,
-    client: Any = None,
-    lean: bool = True,
-    retry_timeout: float = 30.0,
-    on_fault: Callable[[], None] | None = None,
-) -> Transport:
-    """The transport for these settings, chosen once: the lean client on a standalone
-    server unless told otherwise (``lean=False``) or given a client of the application's
-    own (``client=``, a valkey-glide client); valkey-glide on Cluster."""
-    fault = on_fault or (lambda: None)
-    if lean and client is None and not params.cluster:
-        from ..._drivers.resp._lean import LeanTransport
-
-        return LeanTransport(params, retry_timeout=retry_timeout, on_fault=fault)
-    from ..._drivers.resp._glide import GlideTransport  # needs the ``redis`` extra (valkey-glide)
-
-    return GlideTransport(params, client=client, retry_timeout=retry_timeout, on_fault=fault)
-
-
-class _Scripts(dict[str, Script]):
-    """The queue scripts by name, each assembled the first time it is asked for (the 36
-    of them took 0.18 s, a CLI command's whole connect, to assemble at once)."""
-
-    def __missing__(self, name: str) -> Script:
-        acked = name not in _lua.UNACKED_SCRIPTS  # with acknowledged writes: wait for a replica
-        script = self[name] = Script(name, _lua.source(name), _lua.library(name), acked=acked)
-        return script
-
-
-class RedisStorage(
-    RedisEnqueue,
-    RedisFlows,
-    RedisEvents,
-    RedisControl,
-    RedisAdmin,
-    Trees,
-    Schedules,
-    Groups,
-    Debounce,
-    Administration,
-):
+class RedisStorage(Trees, Schedules, Groups, Debounce, Administration):
     """Storage on Redis >= 7 or Valkey: standalone, Cluster, or a Sentinel service.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -150,34 +112,42 @@ class RedisStorage(
         replica_ack_timeout: float | None = None,
     ) -> None:
         super().__init__()
-        self.url = url
-        self.prefix = prefix
-        self._params: ConnParams = parse_url(
+        params: ConnParams = parse_url(
             url,
             cluster=cluster,
             request_timeout=request_timeout,
             client_name=client_name,
             replica_ack_timeout=replica_ack_timeout,
         )
-        if self._params.sentinels and client is not None:
+        if params.sentinels and client is not None:
             raise ValidationError("client= cannot be combined with Sentinel: the storage connects to the primary itself")
-        self._transport: Transport = open_transport(
-            self._params, client=client, lean=lean, retry_timeout=retry_timeout, on_fault=self._fault
+        self._settings = RedisSettings(
+            url, prefix, params, retry_timeout=retry_timeout, lean=lean, block_chunk=block_chunk, watch_interval=watch_interval
         )
-        self._block_chunk = block_chunk
-        self._watch_interval = watch_interval
-        self._scripts: dict[str, Script] = _Scripts()
-        self._coalescers: dict[str, Coalescer] = {}
-        self._subs: set[_Sub] = set()
+        self._transport: Transport = open_transport(
+            params, client=client, lean=lean, retry_timeout=retry_timeout, on_fault=self._fault
+        )
+        # The parts, each handed what it needs: the script runner (the transport, the key
+        # layout, the scripts) and the settings.
+        self._runner = ScriptRunner(self._transport, prefix)
+        self._events = RedisEvents(self._runner, self._settings)
+        self._trees = RedisTrees(self._runner, self._settings, enqueue=self.enqueue, get_job=self.get_job)
+        self._admin = RedisAdmin(self._runner, self._trees)
+        self._coalescers: dict[str, Coalescer] = {}  # per queue: its concurrent enqueue calls
         # (queue, worker) whose blocking move failed or was cancelled: the server may have
         # moved a job into the worker's list anyway; its next claim adopts such entries.
         self._drained: set[tuple[str, str]] = set()
         self._unclaimed_moves: set[tuple[str, str]] = set()
-        self._call_seq = 0
-        self._call_prefix = base64.urlsafe_b64encode(os.urandom(6)).decode()  # 8 chars: kept in records
-        self._named: set[str] = set()  # queues added to the set of names (queue_names)
-        self._key_cache: dict[tuple[str, str, str | None], list[str]] = {}
-        self._tree_queues: dict[str, list[str]] = {}  # queue -> the queues its trees span (tree_act)
+
+    @property
+    def url(self) -> str:
+        """The URL the storage connects to."""
+        return self._settings.url
+
+    @property
+    def prefix(self) -> str:
+        """What every key of this storage starts with (in its hash tag)."""
+        return self._settings.prefix
 
     @classmethod
     def from_sentinels(
@@ -212,7 +182,7 @@ class RedisStorage(
         return cls(url, **options)
 
     def __repr__(self) -> str:
-        p = self._params
+        p = self._settings.params
         if p.sentinels:
             return f"RedisStorage({p.display()}, prefix={self.prefix!r})"
         return f"RedisStorage({p.host}:{p.port}/{p.db}, prefix={self.prefix!r}, cluster={p.cluster})"
@@ -220,21 +190,16 @@ class RedisStorage(
     # -- plumbing ----------------------------------------------------------------------
 
     def _base(self, queue: str) -> str:
-        return _keys.queue_base(self.prefix, queue)
-
-    def _keys(self, name: str, queue: str, *extra: str) -> list[str]:
-        """KEYS of queue script ``name``: the queue keys it uses, then ``extra``
-        (processing lists, flow keys)."""
-        return [*_lua.keys_of(name, self._base(queue)), *extra]
-
-    def _flow_keys(self, queue: str) -> list[str]:
-        """The last KEYS of the scripts that apply or free flow control (claim, settle,
-        release, recover): the rate limit's log, then the flow hash (the RateLimited hold
-        ``h``; ``w`` while a claimer waits for a concurrency slot)."""
-        return _keys.flow_keys(self._base(queue))
+        """What the keys of ``queue`` start with (the tests read keys through it)."""
+        return self._runner.base(queue)
 
     def _plist(self, queue: str, worker_id: str) -> str:
-        return _keys.processing_key(self._base(queue), worker_id)
+        """The processing list of ``worker_id`` on ``queue`` (the tests read it)."""
+        return self._runner.plist(queue, worker_id)
+
+    def _fault(self) -> None:
+        """The transport saw a fault (its ``on_fault``): subscriptions resync."""
+        self._events.fault()
 
     async def _connect(self) -> None:
         await self._transport.connect()
@@ -243,70 +208,69 @@ class RedisStorage(
         with trio.CancelScope(shield=True):
             await self._transport.close()
 
-    def _script_keys(self, name: str, queue: str, worker: str | None) -> list[str]:
-        """KEYS of script ``name`` (built once per script, queue and worker: the names
-        cost more to format than the rest of a call's arguments)."""
-        cache_key = (name, queue, worker)
-        keys = self._key_cache.get(cache_key)
-        if keys is None:
-            keys = self._keys(name, queue) if worker is None else self._keys(name, queue, self._plist(queue, worker))
-            if name in _FLOW_SCRIPTS:
-                keys += self._flow_keys(queue)
-            if len(self._key_cache) >= _KEY_CACHE_SIZE:
-                self._key_cache.clear()
-            self._key_cache[cache_key] = keys
-        return keys
-
-    async def _run(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
-        return await self._transport.script(self._scripts[name], self._script_keys(name, queue, worker), args)
-
-    async def _run_shielded(self, name: str, queue: str, args: Sequence[Any], worker: str | None = None) -> Any:
-        # A mutation whose reply matters (claims, acks): once sent, wait for its reply
-        # even if cancelled, but never longer than _SHIELD_LIMIT, so that cancellation is
-        # honoured within that bound even while the server is away (the Queue retries or
-        # reconciles).
-        return await self._transport.script(
-            self._scripts[name], self._script_keys(name, queue, worker), args, shield=_SHIELD_LIMIT
-        )
-
     async def watchdog(self) -> None:
         """The request timeouts of the lean client's calls (see :meth:`Storage.watchdog`)."""
         await self._transport.watchdog()
 
-    def _call_token(self) -> str:
-        self._call_seq += 1
-        return f"{self._call_prefix}{self._call_seq:x}"
+    # -- producers ---------------------------------------------------------------------
 
-    # -- producers (enqueue, debounce: RedisEnqueue) --------------------------------
+    async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        """Concurrent calls on one queue share round trips (see :class:`~._coalesce.Coalescer`)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not jobs:
+            return []
+        if queue not in self._runner.named:
+            await self._runner.register_name(queue)
+        co = self._coalescers.get(queue)
+        if co is None:
+            co = self._coalescers[queue] = Coalescer(functools.partial(flush, self._runner, queue))
+        return await co.submit(jobs)
+
+    async def debounce(
+        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
+    ) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if queue not in self._runner.named:
+            await self._runner.register_name(queue)
+        head = [str(int(delay * 1000)), "" if max_wait is None else str(int(max_wait * 1000))]
+        outcomes: list[EnqueueOutcome] = []
+        for job in jobs:  # one call a job: each takes effect on its own, in order
+            [item] = await self._runner.run_shielded(
+                "debounce", queue, [*head, self._runner.call_token(), *enqueue_args(job)]
+            )
+            outcomes.append(outcome(item))
+        return outcomes
+
+    # -- jobs ------------------------------------------------------------------------
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        reply = await self._run("cancel", queue, [job_id])
+        reply = await self._runner.run("cancel", queue, [job_id])
         if isinstance(reply, list):  # a job of a tree: its tree next
-            await self._tree_act(queue)
+            await self._trees.act(queue)
             reply = reply[0]
-        return CancelStatus(_text(reply))
+        return CancelStatus(text(reply))
 
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        r = await self._run("get_job", queue, [job_id])
+        r = await self._runner.run("get_job", queue, [job_id])
         return None if r is None else _job_record(queue, job_id, r)
 
     async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
         await trio.lowlevel.checkpoint_if_cancelled()
         if not job_ids:
             return []
-        replies = await self._run("get_jobs", queue, list(job_ids))  # one script: one round trip
+        replies = await self._runner.run("get_jobs", queue, list(job_ids))  # one script: one round trip
         return [None if r is None else _job_record(queue, jid, r) for jid, r in zip(job_ids, replies, strict=True)]
 
     async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        r = await self._run("get_envelope", queue, [job_id])
+        r = await self._runner.run("get_envelope", queue, [job_id])
         return None if r is None else bytes(r)
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return UpdateTTLStatus(_text(await self._run("update_ttl", queue, [job_id, str(_ms(ttl))])))
+        return UpdateTTLStatus(text(await self._runner.run("update_ttl", queue, [job_id, str(ms(ttl))])))
 
     # -- consumers ---------------------------------------------------------------------
 
@@ -321,10 +285,10 @@ class RedisStorage(
         limits: ClaimLimits | None = None,
     ) -> list[Any]:
         reconcile = b"1" if (queue, worker_id) in self._unclaimed_moves else b"0"
-        args = [worker_id, str(max_jobs), str(_ms(lease)), moved, reconcile, str(start)]
+        args = [worker_id, str(max_jobs), str(ms(lease)), moved, reconcile, str(start)]
         if limits is not None:
-            args += [str(limits.rate), str(_ms(limits.per)), str(limits.concurrency), str(limits.group_concurrency)]
-            args += [str(limits.group_rate), str(_ms(limits.group_per))]
+            args += [str(limits.rate), str(ms(limits.per)), str(limits.concurrency), str(limits.group_concurrency)]
+            args += [str(limits.group_rate), str(ms(limits.group_per))]
         return args
 
     def _claimed(
@@ -336,7 +300,7 @@ class RedisStorage(
             self._unclaimed_moves.discard(key)
         flat = reply[0]  # five entries a claim: id, envelope, attempts, claim token, started
         claims = [
-            Claim(_text(flat[k]), flat[k + 1], int(flat[k + 2]), _text(flat[k + 3]), bool(int(flat[k + 4])))
+            Claim(text(flat[k]), flat[k + 1], int(flat[k + 2]), text(flat[k + 3]), bool(int(flat[k + 4])))
             for k in range(0, len(flat), 5)
         ]
         next_due = float(reply[1]) / 1000 if reply[1] is not None else None
@@ -358,7 +322,7 @@ class RedisStorage(
         limits: ClaimLimits | None = None,
     ) -> tuple[list[Claim], float | None, bytes | None]:
         args = self._claim_args(queue, worker_id, max_jobs, lease, moved, start, limits)
-        reply = await self._run_shielded("claim", queue, args, worker_id)
+        reply = await self._runner.run_shielded("claim", queue, args, worker_id)
         return self._claimed(queue, worker_id, args, reply)
 
     async def dequeue(
@@ -384,14 +348,14 @@ class RedisStorage(
             claims, next_due, paused = await self._claim(queue, worker_id, max_jobs, lease, b"", start, limits)
             if claims or timeout <= 0:
                 return claims  # no cancellable checkpoint: claims are never dropped after the fact
-        base = self._base(queue)
-        src, dst = _keys.queue_key(base, "queue"), self._plist(queue, worker_id)
+        runner = self._runner
+        src, dst = runner.key(queue, "queue"), runner.plist(queue, worker_id)
         backoff = 0.05
         while True:
             remaining = give_up - trio.current_time()
             if remaining <= 0:
                 return []
-            block = min(self._block_chunk, remaining)
+            block = min(self._settings.block_chunk, remaining)
             if next_due is not None:
                 block = min(block, max(next_due - time.time(), 0.0) + 0.002)
             if paused is not None:
@@ -399,7 +363,7 @@ class RedisStorage(
                 # which would only take jobs to put them back), then claim again.
                 try:
                     await self._transport.blocking_call(
-                        ["XREAD", "BLOCK", str(max(1, _ms(block))), "STREAMS", _keys.queue_key(base, "ctl"), _text(paused)], block
+                        ["XREAD", "BLOCK", str(max(1, ms(block))), "STREAMS", runner.key(queue, "ctl"), text(paused)], block
                     )
                 except Exception:  # StorageError: the server is away; retry within the timeout
                     await trio.sleep(min(backoff, max(give_up - trio.current_time(), 0)))
@@ -413,7 +377,7 @@ class RedisStorage(
             args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start, limits)
             try:
                 moved, reply = await self._transport.blocking_move_then(
-                    src, dst, block, self._scripts["claim"], self._script_keys("claim", queue, worker_id), args
+                    src, dst, block, runner.scripts["claim"], runner.script_keys("claim", queue, worker_id), args
                 )
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
@@ -438,22 +402,22 @@ class RedisStorage(
         await trio.lowlevel.checkpoint_if_cancelled()
         if not settlements:
             return []
-        args: list[Any] = [worker_id, self._call_token()]
+        args: list[Any] = [worker_id, self._runner.call_token()]
         metas: dict[tuple[SettleKind, float, float, int | None], str] = {}  # a batch shares a few TTLs
         for s in settlements:
             meta = metas.get((s.kind, s.ttl, s.delay, s.keep))
             if meta is None:
                 keep = "" if s.keep is None else s.keep
-                meta = metas[s.kind, s.ttl, s.delay, s.keep] = f"{_KIND_CODE[s.kind]}:{_ms(s.ttl)}:{_ms(s.delay)}:{keep}"
+                meta = metas[s.kind, s.ttl, s.delay, s.keep] = f"{_KIND_CODE[s.kind]}:{ms(s.ttl)}:{ms(s.delay)}:{keep}"
             args += [s.id, s.data, meta, s.token]
-        reply = await self._run_shielded("settle", queue, args, worker_id)
+        reply = await self._runner.run_shielded("settle", queue, args, worker_id)
         if len(reply) > len(settlements):
             extra = reply[len(settlements) :]
             reply = reply[: len(settlements)]
             if not isinstance(extra[0], list):  # 'tree': a job of a tree ended or waits: its tree next
-                await self._tree_act(queue)
+                await self._trees.act(queue)
             if isinstance(extra[-1], list):  # groups whose slot was freed while full: back in the rings
-                await self._run_shielded("group_requeue", queue, extra[-1])
+                await self._runner.run_shielded("group_requeue", queue, extra[-1])
         return [bool(x) for x in reply]
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
@@ -461,9 +425,9 @@ class RedisStorage(
         if not job_ids:
             return 0
         args = [worker_id, b"1" if refund else b"0", *job_ids]
-        reply = await self._run_shielded("release", queue, args, worker_id)
+        reply = await self._runner.run_shielded("release", queue, args, worker_id)
         if isinstance(reply, list):  # a job of a tree ended (cancelled): its tree next
-            await self._tree_act(queue)
+            await self._trees.act(queue)
             reply = reply[0]
         return int(reply)
 
@@ -474,15 +438,15 @@ class RedisStorage(
         args: list[Any] = [worker_id]
         for job_id, token in claims:
             args += [job_id, token]
-        reply = await self._run_shielded("start", queue, args, worker_id)
+        reply = await self._runner.run_shielded("start", queue, args, worker_id)
         if len(reply) > len(claims):  # a job of a tree ended (cancelled): its tree next
-            await self._tree_act(queue)
+            await self._trees.act(queue)
             reply = reply[: len(claims)]
         return [bool(x) for x in reply]
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        entries = await self._transport.command(["LRANGE", self._plist(queue, worker_id), "0", "-1"])
+        entries = await self._transport.command(["LRANGE", self._runner.plist(queue, worker_id), "0", "-1"])
         seen: dict[str, None] = {}
         for e in entries or ():
             _, sep, job_id = e.partition(b":")
@@ -494,47 +458,157 @@ class RedisStorage(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
     ) -> HeartbeatReply:
         await trio.lowlevel.checkpoint_if_cancelled()
-        args: list[Any] = [worker_id, str(_ms(ttl)), str(_ms(lease))]
+        args: list[Any] = [worker_id, str(ms(ttl)), str(ms(lease))]
         for job_id, token in claims:
             args += [job_id, token]
-        requested, lost = await self._run("heartbeat", queue, args)
+        requested, lost = await self._runner.run("heartbeat", queue, args)
         return HeartbeatReply(
-            [_text(x) for x in requested or ()],
-            [LostClaim(_text(lost[i]), _text(lost[i + 1]), _text(lost[i + 2])) for i in range(0, len(lost or ()), 3)],
+            [text(x) for x in requested or ()],
+            [LostClaim(text(lost[i]), text(lost[i + 1]), text(lost[i + 2])) for i in range(0, len(lost or ()), 3)],
         )
 
     # -- reaper ------------------------------------------------------------------------
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        base = self._base(queue)
+        runner = self._runner
         # The workers whose processing lists the script may touch: declared in KEYS.
         procs, dead = await self._transport.commands(
-            [["SMEMBERS", _keys.queue_key(base, "procs")], ["ZRANGEBYSCORE", _keys.queue_key(base, "workers"), "-inf", f"{time.time() * 1000:.0f}"]]
+            [["SMEMBERS", runner.key(queue, "procs")], ["ZRANGEBYSCORE", runner.key(queue, "workers"), "-inf", f"{time.time() * 1000:.0f}"]]
         )
-        workers = sorted({_text(w) for w in (*(procs or ()), *(dead or ()))})
-        keys = self._keys("recover", queue, *(self._plist(queue, w) for w in workers), *self._flow_keys(queue))
-        rec, nd, notes = await self._transport.script(self._scripts["recover"], keys, workers)
+        workers = sorted({text(w) for w in (*(procs or ()), *(dead or ()))})
+        keys = runner.keys("recover", queue, *(runner.plist(queue, w) for w in workers), *runner.flow_keys(queue))
+        rec, nd, notes = await self._transport.script(runner.scripts["recover"], keys, workers)
         if int(notes):  # notes of trees: of this pass, or left by a crash after a settle
-            await self._tree_act(queue)
+            await self._trees.act(queue)
         # Forget expired terminal jobs, a bounded slice per call, until none is due.
-        while int(await self._run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:
+        while int(await self._runner.run("sweep", queue, [str(_SWEEP_SLICE)])) >= _SWEEP_SLICE:
             pass
-        return [(_text(i), _text(s)) for i, s in rec], (float(nd) / 1000 if nd is not None else None)
+        return [(text(i), text(s)) for i, s in rec], (float(nd) / 1000 if nd is not None else None)
 
-    def _lock_key(self, name: str) -> str:
-        return _keys.lock_key(self.prefix, name)
+    # -- workers, progress -------------------------------------------------------------
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._runner.run("unregister", queue, [worker_id], worker_id)
+
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        flat = await self._runner.run("workers", queue, ["1" if include_expired else "0"])
+        return {text(flat[i]): float(flat[i + 1]) / 1000 for i in range(0, len(flat), 2)}
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._runner.run("progress", queue, [worker_id, job_id, token, progress]))
+
+    # -- leader locks ------------------------------------------------------------------
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        r = await self._transport.script(self._scripts["lock_acquire"], [self._lock_key(name)], [owner, str(max(1, _ms(ttl)))])
+        lock = self._runner.lock_key(name)
+        r = await self._transport.script(self._runner.scripts["lock_acquire"], [lock], [owner, str(max(1, ms(ttl)))])
         return bool(r)
 
     async def release_lock(self, name: str, owner: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        r = await self._transport.script(self._scripts["lock_release"], [self._lock_key(name)], [owner])
+        r = await self._transport.script(self._runner.scripts["lock_release"], [self._runner.lock_key(name)], [owner])
         return bool(r)
 
+    # -- events (RedisEvents) ------------------------------------------------------------
+
+    def subscribe(
+        self, queue: str, kinds: Collection[str] | None = None
+    ) -> AbstractAsyncContextManager[trio.MemoryReceiveChannel[list[StorageEvent]]]:
+        """Published by the scripts on the queue's channels (see :class:`~._events.RedisEvents`)."""
+        return self._events.subscribe(queue, kinds)
+
+    # -- pause, groups ---------------------------------------------------------------
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._runner.run("pause", queue, ["1" if paused else "0"]))
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._transport.command(["EXISTS", self._runner.key(queue, "paused")]))
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._runner.run("group_pause", queue, [group, "1" if paused else "0"]))
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        names = await self._transport.command(["SMEMBERS", self._runner.key(queue, "gpaused")])
+        return sorted(n.decode("utf-8", "surrogatepass") for n in names or ())
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        return await self._admin.group_counts(queue)
+
+    # -- schedules -------------------------------------------------------------------
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        check = ["0"] if expected is None else ["1", expected]
+        return bool(await self._runner.run("schedule_put", queue, [name, spec, *check]))
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._runner.run("schedule_remove", queue, [name]))
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        specs, ticks = await self._runner.run("schedule_get", queue, [])
+        last = {text(ticks[i]): float(ticks[i + 1]) for i in range(0, len(ticks), 2)}
+        return {text(specs[i]): (specs[i + 1], last.get(text(specs[i]))) for i in range(0, len(specs), 2)}
+
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        args: list[Any] = [name, repr(float(tick))]
+        if job is not None:
+            await self._runner.register_name(queue)  # as an enqueue does
+            args += [self._runner.call_token(), *enqueue_args(job)]
+        return bool(await self._runner.run("schedule_tick", queue, args))
+
+    # -- trees of jobs (RedisTrees) ------------------------------------------------------
+
+    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
+        return await self._trees.enqueue_flow(jobs)
+
+    async def add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
+    ) -> bool:
+        return await self._trees.add_children(queue, worker_id, job_id, token, children, policy)
+
+    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        return await self._trees.get_children(queue, job_id)
+
+    # -- registry queries and administration (RedisAdmin) ------------------------------
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        return await self._admin.counts(queue)
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        return await self._admin.oldest(queue, state)
+
+    async def list_jobs(
+        self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        return await self._admin.list_jobs(queue, state, limit=limit, cursor=cursor)
+
+    async def queue_names(self) -> list[str]:
+        return await self._admin.queue_names()
+
+    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+        return await self._admin.retry_job(queue, job_id, token)
+
+    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        return await self._admin.purge(queue, state, older_than=older_than)
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        return await self._admin.remove_job(queue, job_id)
+
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        return await self._admin.clear(queue, schedules=schedules)
 
 def _job_record(queue: str, job_id: str, r: Sequence[Any]) -> JobRecord:
     """A record from the reply of the ``get_job`` script (or one item of ``get_jobs``'s)."""
@@ -542,16 +616,16 @@ def _job_record(queue: str, job_id: str, r: Sequence[Any]) -> JobRecord:
     tree = json.loads(rest[0]) if rest and rest[0] else {}
     return JobRecord(
         job_id,
-        _text(state),
+        text(state),
         int(float(created)),
         int(float(attempts)),
         int(float(max_attempts)),
         result,
         error,
-        None if token is None else _text(token),
+        None if token is None else text(token),
         progress,
         int(priority),
         None if "pa" not in tree else (str(tree.get("pq", queue)), str(tree["pa"])),
         len(tree.get("ch", ())),
-        None if not group else _text(group),
+        None if not group else text(group),
     )
