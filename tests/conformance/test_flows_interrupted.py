@@ -15,7 +15,7 @@ from storage_helpers import W1, W2, claim, job, kind, settlement
 from support import Recorder
 from trioqueue import Child, ChildJobFailedError, Job, JobState, Queue, Storage
 from trioqueue._model._serde import decode_error
-from trioqueue.storage import SettleKind
+from trioqueue.storage import SettleKind, Trees
 from trioqueue.storage._base import FlowJob
 
 pytestmark = pytest.mark.capability("Trees")
@@ -259,3 +259,127 @@ async def test_file_a_queued_job_whose_ancestor_failed_is_not_claimed_while_the_
         assert mid is not None and kind(mid.state) == "cancelled", mid
         leaf = await st.get_job(kids, "leaf")
         assert leaf is not None and kind(leaf.state) == "cancelled", leaf
+
+
+def _kids(kids: str, parent: tuple[str, str]) -> list[FlowJob]:
+    """Dynamic children of ``parent``: one with a child of its own, one leaf."""
+    return [
+        FlowJob(kids, job("kid-1"), parent),
+        FlowJob(kids, job("kid-2"), parent),
+        FlowJob(kids, job("grandkid"), (kids, "kid-1")),
+    ]
+
+
+@pytest.mark.parametrize("how", ["cancel-of-the-parent", "a-sibling-failed-the-root"])
+async def test_a_parent_with_a_cancel_request_adds_no_children(storage: Storage, queue_name: str, how: str) -> None:
+    """A running dynamic parent gets a cancel request (``cancel`` of it while it runs, or
+    its root failed under ``cancel`` by a sibling: the cascade reached it) and its handler,
+    still holding the claim, calls ``add_children``: refused as a lost claim (``False``),
+    nothing written, so no child can be claimed (the chaos run of scripts/chaos_trees.py
+    found such children claimed, run and completed after their root's cancel)."""
+    q, kids = queue_name, f"{queue_name}-kids"  # (the children on a queue of their own)
+    if how == "cancel-of-the-parent":
+        await storage.enqueue(q, [job("p")])
+        [run] = await claim(storage, q)
+        assert await storage.cancel(q, "p") == "cancelled"
+    else:
+        await storage.enqueue_flow(
+            [FlowJob(q, job("root")), FlowJob(q, job("p"), (q, "root")), FlowJob(q, job("sib", max_attempts=1), (q, "root"))]
+        )
+        claims = {c.id: c for c in await claim(storage, q)}
+        assert sorted(claims) == ["p", "sib"]
+        run = claims["p"]
+        assert await storage.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
+        root = await storage.get_job(q, "root")
+        assert root is not None and kind(root.state) == "failed", root
+    reply = await storage.heartbeat(q, W1, 30.0, [("p", run.token)], 30.0)
+    assert reply.cancel_requested == ["p"] and not reply.lost, reply  # (the claim is still held)
+    assert await storage.add_children(q, W1, "p", run.token, _kids(kids, (q, "p")), "cancel") is False
+    assert await claim(storage, kids, W2) == []
+    for kid in ("kid-1", "kid-2", "grandkid"):
+        assert await storage.get_job(kids, kid) is None, kid
+    assert await _children_of(storage, q, "p") == []
+    # The run ends as a cancel request makes it end: cancelled.
+    assert await storage.settle(q, W1, [settlement(SettleKind.CANCEL, q, "p", b"", ttl=60)]) == [True]
+    p = await storage.get_job(q, "p")
+    assert p is not None and kind(p.state) == "cancelled", p
+
+
+async def _children_of(storage: Storage, q: str, job_id: str) -> list[str]:
+    assert isinstance(storage, Trees)
+    return [r.id for _, r in await storage.get_children(q, job_id)]
+
+
+async def test_a_handler_whose_job_is_being_cancelled_cannot_add_children(storage: Storage, queue_name: str) -> None:
+    """Through a Queue: the handler of a running job notices its cancel request (shielded,
+    so it goes on), then calls ``job.add_children``: it raises a ``TrioQueueError`` naming
+    the job, no child is written (none runs), and the job ends cancelled."""
+    from trioqueue import TrioQueueError
+
+    running = trio.Event()
+    cancel_seen = trio.Event()
+    refused: list[BaseException] = []
+    ran: list[str] = []
+
+    async def handler(job: Job[Any]) -> Any:
+        ran.append(job.id)
+        if job.id != "p":
+            return "kid ran"
+        with trio.CancelScope(shield=True):
+            running.set()
+            await cancel_seen.wait()
+            try:
+                await job.add_children([Child("kid-1"), Child("kid-2", children=[Child("grandkid")])])
+            except TrioQueueError as exc:
+                refused.append(exc)
+        await trio.sleep_forever()
+
+    async with Queue(storage, name=queue_name, handler=handler, concurrency=3, retry_delay=0, block_timeout=0.5) as q:
+        events = Recorder()
+        q.on("cancel_requested", events)
+        q.on("cancelled", events)
+        with trio.fail_after(10):
+            await q.enqueue("p", None)
+            await running.wait()
+            await q.cancel("p")
+            await events.wait_for("cancel_requested", "p")
+            cancel_seen.set()
+            await events.wait_for("cancelled", "p")
+        assert len(refused) == 1, refused
+        assert "'p'" in str(refused[0]) and "cancel" in str(refused[0]), refused
+        for kid in ("kid-1", "kid-2", "grandkid"):
+            assert await q.get_status(kid) is None, kid
+        assert ran == ["p"]
+        status = await q.get_status("p")
+        assert status is not None and status.state is JobState.CANCELLED
+
+
+async def test_file_a_parent_whose_ancestor_was_cancelled_adds_no_children_while_the_cascade_is_on_its_way(
+    tmp_path: Any, queue_name: str
+) -> None:
+    """FileStorage: the process that cancelled the root died before it acted on the
+    notes that cascade the cancel (kill -9): p, a running child of the root, has no cancel
+    request yet. Its handler's ``add_children`` is refused all the same (its root was
+    cancelled): nothing written, nothing to claim."""
+    from trioqueue.storage import FileStorage
+
+    q, kids = queue_name, f"{queue_name}-kids"
+    async with FileStorage(tmp_path / "store") as st:
+        await st.enqueue_flow([FlowJob(q, job("root")), FlowJob(q, job("p"), (q, "root")), FlowJob(q, job("other"), (q, "root"))])
+        [run] = await claim(st, q, n=1)
+        assert run.id == "p"
+
+        async def killed_after_cancel(queue: str | None = None) -> None:
+            await trio.lowlevel.checkpoint()  # (the notes stay, as a crash leaves them)
+
+        st._act_on_notes = killed_after_cancel  # type: ignore[method-assign]
+        try:
+            assert await st.cancel(q, "root") == "cancelled"
+        finally:
+            del st._act_on_notes
+        reply = await st.heartbeat(q, W1, 30.0, [("p", run.token)], 30.0)
+        assert reply.cancel_requested == [] and not reply.lost, reply  # (the cascade is on its way)
+        assert await st.add_children(q, W1, "p", run.token, _kids(kids, (q, "p")), "cancel") is False
+        assert await claim(st, kids, W2) == []
+        for kid in ("kid-1", "kid-2", "grandkid"):
+            assert await st.get_job(kids, kid) is None, kid

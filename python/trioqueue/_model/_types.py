@@ -175,7 +175,9 @@ class Job(NamedTuple, Generic[T]):
         the problem). They start at once; ``raise WaitForChildren()`` then makes this job
         wait for them (without using an attempt) and run again once they are terminal.
         ``on_child_failure`` as for ``enqueue`` (the first call that adds children sets
-        it). Call it from the handler's task."""
+        it). Call it from the handler's task. Raises ``TrioQueueError`` naming the job,
+        adding nothing, if the job is being cancelled (a cancel request: ``Queue.cancel``
+        of it, or its tree's cancel after a failure) or the worker no longer holds it."""
         await _attempt(self, "add_children").add_children(self, children, on_child_failure)
 
     async def children_results(self) -> dict[str, Any]:

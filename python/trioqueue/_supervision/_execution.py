@@ -548,7 +548,10 @@ class Executor:
         jobs = q.subtree(q.queue, job_id, children)
         trees = require(self.storage, Trees, f"add_children for job {job_id!r}")
         if not await trees.add_children(q.queue, q.worker_id, job_id, token, jobs, policy):
-            raise TrioQueueError(f"children of job {job_id!r} not added: this worker no longer holds the job")
+            raise TrioQueueError(
+                f"children of job {job_id!r} not added: the job is being cancelled (a cancel request, or its tree's), "
+                "or this worker no longer holds it"
+            )
 
     async def children_outcomes(self, job_id: str) -> tuple[dict[str, Any], dict[str, JobError]]:
         """``({id: result} of the completed children, {id: error} of the failed and

@@ -95,7 +95,13 @@ class Trees(Storage):
         name ``(queue, job_id)`` as parent) to the processing job ``job_id`` held by
         ``worker_id`` under claim ``token``, atomically as :meth:`enqueue_flow` writes a
         tree (``FlowError`` for a known id, writing nothing). ``False`` (nothing written)
-        when the claim is no longer held. ``policy`` is the job's ``on_child_failure`` when
+        when the claim is no longer held, and, as for a lost claim, when the job is being
+        cancelled: it has a cancel request (:meth:`cancel`, or its tree's cancel cascade),
+        or an ancestor ended failed or cancelled whose cascade has not reached it yet (a
+        backend that cascades in steps: file, Redis). No job of a tree starts after the
+        tree's cancel reached it, as a :meth:`start` of a reserved claim with a cancel
+        request runs nothing; the claim itself stays held until the run settles
+        (``CANCEL``). ``policy`` is the job's ``on_child_failure`` when
         these are its first children. The job is then settled with
         :attr:`SettleKind.WAIT_CHILDREN` to wait for them. Under ``cancel``, once one of
         them failed for good (or was cancelled), any later settlement of the job's runs

@@ -312,3 +312,42 @@ async def test_the_scripts_on_several_queues_load_as_redis_functions(st: RedisSt
         assert "set_queues(" in _lua.source(name), name
         fn, code = _lua.library(name)
         assert await st._transport.command(["FUNCTION", "LOAD", "REPLACE", code]) in (fn, fn.encode()), name
+
+
+async def test_flow_add_refuses_children_of_a_job_whose_ancestor_was_cancelled_before_tree_act(redis_url: str) -> None:
+    """The process that cancelled a tree's root died before its ``tree_act`` (kill -9):
+    p, a running child of the root on another queue, has no cancel request yet. Its
+    handler's ``add_children`` (children on a third queue) is refused all the same:
+    ``flow_add`` walks up p's ancestors, asking for the root's queue it was not given,
+    and finds the root cancelled. Nothing written, nothing to claim."""
+    from redis_helpers import _job, _prefix
+
+    from trioqueue.storage._base import FlowJob
+
+    async with RedisStorage(redis_url, prefix=_prefix()) as st:
+        await st.enqueue_flow([FlowJob("A", _job("root")), FlowJob("B", _job("p"), ("A", "root"))])
+        [run] = await st.dequeue("B", "w", 1, 0, 30)
+        tree_act = st._trees.act
+
+        async def killed(queue: str) -> None:  # the process dies before tree_act
+            pass
+
+        st._trees.act = killed  # type: ignore[method-assign]
+        assert await st.cancel("A", "root") == "cancelled"
+        st._trees.act = tree_act  # type: ignore[method-assign]
+        reply = await st.heartbeat("B", "w", 30.0, [("p", run.token)], 30.0)
+        assert reply.cancel_requested == [] and not reply.lost, reply
+        calls: list[list[str]] = []
+        multi = st._runner.multi
+
+        def spy(name: str, queues: list[str], args: list[str], shield: float) -> object:
+            if name == "flow_add":
+                calls.append(list(queues))
+            return multi(name, queues, args, shield)
+
+        st._runner.multi = spy  # type: ignore[method-assign]
+        kids = [FlowJob("C", _job("kid"), ("B", "p")), FlowJob("C", _job("grandkid"), ("C", "kid"))]
+        assert await st.add_children("B", "w", "p", run.token, kids, "cancel") is False
+        assert calls == [["B", "C"], ["B", "C", "A"]]
+        assert await st.dequeue("C", "w2", 10, 0, 30) == []
+        assert await st.get_job("C", "kid") is None and await st.get_job("C", "grandkid") is None

@@ -345,6 +345,10 @@ class FileFlows(FileBase):
                 parent = self._read(qs[hq], encode_name(hid))
                 if parent is None or parent.kind != PROCESSING or parent.worker != worker or parent.claim != token:
                     return EnqueueOutcome(_QUEUED_OUTCOME.status), False
+                if parent.cancel_requested or self._ancestor_ended(qs[hq], parent):
+                    # Being cancelled (its own cancel request, or an ancestor's cascade on
+                    # its way, level by level): refused as a lost claim, nothing written.
+                    return EnqueueOutcome(_QUEUED_OUTCOME.status), False
                 if parent.children is None:
                     parent.children, parent.policy = [], policy
                 recs[hq, hid] = parent

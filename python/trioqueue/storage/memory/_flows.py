@@ -55,7 +55,9 @@ class MemoryFlows(_MemoryPart):
         with self._lock:
             q = self._q(queue)
             rec = q.processing.get(worker_id, {}).get(job_id)
-            ok = rec is not None and rec.claim == token
+            # A cancel request (its own, or its tree's cascade: done in the step that ended
+            # the ancestor) refuses it as a lost claim: no child may start after it.
+            ok = rec is not None and rec.claim == token and not rec.cancel_requested
             if rec is not None and ok:
                 self._write_tree(children, time.time(), {(queue, job_id): rec}, policy)
         await trio.lowlevel.cancel_shielded_checkpoint()

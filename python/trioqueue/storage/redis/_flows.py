@@ -125,11 +125,18 @@ class RedisTrees:
         for q in names[1:]:
             if q not in self._runner.named:
                 await self._runner.register_name(q)
-        args: list[Any] = [json.dumps(tree), job_id, worker_id, token, policy, self._runner.call_token(), json.dumps(names)]
+        head: list[Any] = [json.dumps(tree), job_id, worker_id, token, policy, self._runner.call_token()]
+        jobs: list[Any] = []
         for fj in children:
-            args += enqueue_args(fj.job)
-        reply = await self._runner.multi("flow_add", names, args, SHIELD_LIMIT)
-        code = reply[0]
+            jobs += enqueue_args(fj.job)
+        for _ in range(_NEED_ROUNDS):  # told the queues of the job's ancestors as it asks
+            reply = await self._runner.multi("flow_add", names, [*head, json.dumps(names), *jobs], SHIELD_LIMIT)
+            code = reply[0]
+            if code != b"need":
+                break
+            names = [*names, text(reply[1])]
+        else:
+            raise StorageError(f"the ancestors of job {job_id!r} on queue {queue!r} span more queues than flow_add was given")
         if code == b"exists":
             child = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             where = next((fj.queue for fj in children if fj.job.id == child), queue)

@@ -4,8 +4,11 @@
 -- q: the index of the child's queue in ARGV[7]); ARGV[2]: the job; ARGV[3]: its worker;
 -- ARGV[4]: its claim token; ARGV[5]: its on_child_failure if these are its first
 -- children; ARGV[6]: the call token; ARGV[7]: JSON, the names of the queues (the job's
--- first); then the jobs as for enqueue. Returns {'lost'} (the claim is not held: nothing
--- written), {'exists', id} or {'ok'}.
+-- first; more may follow: queues of the job's ancestors); then the jobs as for enqueue.
+-- Returns {'lost'} (the claim is not held, or the job is being cancelled: its cancel
+-- request, or an ancestor failed or cancelled whose cascade (tree_act) is on its way;
+-- nothing written), {'need', queue} (an ancestor is on that queue, not declared: nothing
+-- done, call again with it declared after the others), {'exists', id} or {'ok'}.
 --@include prelude
 --@include groups
 --@include delay
@@ -17,6 +20,24 @@ expired(P_ID, now_ms())
 local pst = stpart(redis.call('HGET', JOBS, P_ID))
 local pm = getm(P_ID)
 if not (pst and starts(pst, 'processing:') and pm and pm.w == P_W and pm.l == P_CLAIM) then return {'lost'} end
+if pm.x == 1 then return {'lost'} end  -- a cancel request: no child may start after it
+do  -- an ancestor that ended failed or cancelled: the job is being cancelled too
+  local aq, aid = QN[1], P_ID
+  for _ = 1, 64 do
+    use_queue(aq)
+    local raw = redis.call('HGET', TREE, aid)
+    local t = raw and cjson.decode(raw)
+    if not (t and t.pa) then break end
+    aq, aid = t.pq or aq, t.pa
+    if not QAT[aq] then return {'need', aq} end
+    use_queue(aq)
+    local ast = stpart(redis.call('HGET', JOBS, aid))
+    local ak = ast and state_kind(ast)
+    if ak == 'failed' or ak == 'cancelled' then return {'lost'} end
+    if not ak or ak == 'completed' then break end  -- (a completed one cancels nothing below it)
+  end
+  use_queue(QN[1])
+end
 local now0 = now_ms()
 for _, job in ipairs(tree) do
   use_queue(QN[job.q])
