@@ -1,7 +1,7 @@
 """PostgreSQL storage: a Trio-native driver over libpq (``psycopg.pq``) and its pool.
 
-Needs the ``postgres`` extra (``pip install -e '.[postgres]'`` in the checkout: psycopg
-with its bundled libpq).
+Needs the ``postgres`` extra (``pip install 'trioqueue[postgres]'``: psycopg with its
+bundled libpq).
 """
 
 from ._conn import Connection, Notification, Result
