@@ -4,7 +4,9 @@ The benchmark results live in ``benches/results/`` (written there by the benchma
 scripts) and the site serves them as they are, under ``benchmarks/results/``: every
 ``*.md`` as a page, every ``*.png`` as an image and the ``*.json`` raw figures as files.
 The Performance page links and shows the committed files themselves, with no copy in
-``docs/`` to fall out of date. Nothing is generated on disk and nothing is fetched.
+``docs/`` to fall out of date. CHANGELOG.md, at the root of the repository, is served the
+same way as the Changelog page (``changelog.md``). Nothing is generated on disk and nothing
+is fetched.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 
 from mkdocs.structure.files import File, Files
 
-RESULTS = Path(__file__).resolve().parent.parent / "benches" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benches" / "results"
+CHANGELOG = ROOT / "CHANGELOG.md"
 SERVED_AS = "benchmarks/results"
 SUFFIXES = (".md", ".png", ".json")
 
@@ -23,4 +27,5 @@ def on_files(files: Files, config: Any, **kwargs: Any) -> Files:
     for path in sorted(RESULTS.iterdir()):
         if path.suffix in SUFFIXES:
             files.append(File.generated(config, f"{SERVED_AS}/{path.name}", abs_src_path=str(path)))
+    files.append(File.generated(config, "changelog.md", abs_src_path=str(CHANGELOG)))
     return files

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from .storage.postgres import PostgresStorage
     from .storage.redis import RedisStorage
 
-__version__ = "0.1.0"
+    __version__: str  # read from the package metadata on first use (__getattr__ below)
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -124,6 +124,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    # The version, from the package metadata (Cargo.toml's version), on first use.
+    if name == "__version__":
+        from ._model._version import package_version
+
+        return package_version()
     # Backends other than memory are imported on first use.
     if name == "FileStorage":
         from .storage.file import FileStorage

@@ -1,5 +1,5 @@
-"""Prometheus metrics for trioqueue Queues (the ``metrics`` extra: ``pip install -e
-'.[metrics]'`` in the checkout).
+"""Prometheus metrics for trioqueue Queues (the ``metrics`` extra: ``pip install
+'trioqueue[metrics]'``).
 
 ::
 

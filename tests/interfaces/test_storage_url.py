@@ -90,18 +90,22 @@ except ImportError as exc:
 
 
 def test_a_missing_extra_names_the_command_that_installs_it() -> None:
-    """Every hint about a missing optional dependency names the command that works for a
-    clone (trioqueue is not on the package index), in the same words."""
+    """Every hint about a missing optional dependency names the exact command that installs
+    the extra for a user (``pip install 'trioqueue[extra]'``: the package index) and, for a
+    contributor, the one for a checkout, in the same words."""
     proc = subprocess.run([sys.executable, "-c", MISSING_EXTRAS], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 3, lines
     assert lines[0].startswith(
-        "'postgresql://u@h/db' needs psycopg, the 'postgres' extra: pip install -e '.[postgres]' in the trioqueue checkout"
+        "'postgresql://u@h/db' needs psycopg, the 'postgres' extra:"
+        " pip install 'trioqueue[postgres]' (in a checkout: pip install -e '.[postgres]')"
     )
     assert lines[1] == (
-        "executor='process' needs trio-parallel, the 'process' extra: pip install -e '.[process]' in the trioqueue checkout"
+        "executor='process' needs trio-parallel, the 'process' extra:"
+        " pip install 'trioqueue[process]' (in a checkout: pip install -e '.[process]')"
     )
     assert lines[2] == (
-        "trioqueue.metrics needs prometheus-client, the 'metrics' extra: pip install -e '.[metrics]' in the trioqueue checkout"
+        "trioqueue.metrics needs prometheus-client, the 'metrics' extra:"
+        " pip install 'trioqueue[metrics]' (in a checkout: pip install -e '.[metrics]')"
     )

@@ -201,5 +201,5 @@ def test_metrics_port_without_prometheus_client_names_the_extra(app: Path) -> No
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "trioqueue: error: --metrics-port needs prometheus-client, the 'metrics' extra:"
-        " pip install -e '.[metrics]' in the trioqueue checkout"
+        " pip install 'trioqueue[metrics]' (in a checkout: pip install -e '.[metrics]')"
     ]

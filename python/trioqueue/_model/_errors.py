@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 
 def install_hint(extra: str, needs: str) -> str:
     """The end of an error message about a missing optional dependency: what it is and
-    the command that installs it (trioqueue is installed from its checkout, not from an
-    index: ``pip install -e '.[extra]'`` there)."""
-    return f"needs {needs}, the {extra!r} extra: pip install -e '.[{extra}]' in the trioqueue checkout"
+    the exact command that installs it, a user's (from the package index) and a
+    contributor's (in a checkout), on one line."""
+    return f"needs {needs}, the {extra!r} extra: pip install 'trioqueue[{extra}]' (in a checkout: pip install -e '.[{extra}]')"
 
 
 class TrioQueueError(Exception):

@@ -14,13 +14,18 @@ from ._run import EXIT_USAGE, Parser, positive_int, run_command, storage_url, un
 
 __all__ = ["main"]
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class _Version(argparse.Action):
+    """``--version``: ``trioqueue X.Y.Z`` (``trioqueue.__version__``), looked up only when
+    asked for (argparse's own version action needs the string when the parser is built)."""
 
-    try:
-        return version("trioqueue")
-    except PackageNotFoundError:
-        return "unknown"
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        from .._model._version import package_version
+
+        print(f"trioqueue {package_version()}")
+        parser.exit()
 
 
 def _parser() -> Parser:
@@ -29,7 +34,7 @@ def _parser() -> Parser:
         description="trioqueue command line",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"trioqueue {_version()}")
+    parser.add_argument("--version", action=_Version)
     parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     worker = sub.add_parser(

@@ -26,10 +26,10 @@ from ._capabilities import (
     Trees,
 )
 from ._url import from_url
-from .file import FileStorage
 from .memory._storage import MemoryStorage
 
 if TYPE_CHECKING:  # imported on first use below; seen by type checkers and the docs
+    from .file import FileStorage
     from .postgres import PostgresStorage
     from .redis import RedisStorage
 
@@ -62,6 +62,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
+    # FileStorage is imported on first use: it needs Linux (inotify), and the package imports
+    # on macOS and Windows too.
+    if name == "FileStorage":
+        from .file import FileStorage
+
+        return FileStorage
     # RedisStorage is imported on first use (its Cluster transport needs valkey-glide, an extra).
     if name == "RedisStorage":
         from .redis import RedisStorage

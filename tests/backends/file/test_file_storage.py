@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trioqueue
 
 from trioqueue._core import encode_envelope
 from trioqueue import CancelStatus
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind, StorageEvent
 from trioqueue.storage.file._fsutil import encode_name, read_rec
-from support import HELPERS, TESTS
+from support import HELPERS
 
 HELPER = str(HELPERS / "fs_proc.py")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
@@ -47,7 +48,7 @@ def job(job_id: str, max_attempts: int = 3) -> NewJob:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    src = str(TESTS.parent / "python")
+    src = str(Path(trioqueue.__file__).parent.parent)  # the trioqueue the tests import
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return env
 

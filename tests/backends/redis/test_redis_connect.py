@@ -215,7 +215,7 @@ async def main(url):
             from trioqueue.storage.redis import RedisStorage
             RedisStorage(url2.replace("redis+cluster://", "redis://"), cluster="cluster" in url2, **options)
         except ImportError as exc:
-            assert "needs valkey-glide, the 'redis' extra: pip install -e '.[redis]' in the trioqueue checkout" in str(exc), exc
+            assert "needs valkey-glide, the 'redis' extra: pip install 'trioqueue[redis]' (in a checkout: pip install -e '.[redis]')" in str(exc), exc
         else:
             raise AssertionError("the GLIDE transport without valkey-glide")
     print("ok")

@@ -101,7 +101,18 @@ with an ``error`` event; a damaged segment affects every job whose current recor
 it. Blocking ``dequeue`` and ``subscribe`` wake on inotify notifications, with a slow
 re-scan as a safety net. No ``syncfs``: only the group's few segment files and the touched
 directories are flushed.
+
+FileStorage needs Linux: its blocking calls wait on inotify. Elsewhere importing it raises
+an ImportError that says so (MemoryStorage, RedisStorage and PostgresStorage run there).
 """
+
+import sys
+
+if sys.platform != "linux":
+    raise ImportError(
+        f"FileStorage needs Linux (it waits on inotify), not {sys.platform}: "
+        "use MemoryStorage, RedisStorage or PostgresStorage here"
+    )
 
 from ._storage import FileStorage
 

@@ -2,8 +2,8 @@
 are in ``trioqueue._drivers.libpq``; the connection, pool and error classes are
 re-exported here (the application's own SQL runs on :attr:`PostgresStorage.pool`).
 
-Needs the ``postgres`` extra (``pip install -e '.[postgres]'`` in the checkout: psycopg
-with its bundled libpq).
+Needs the ``postgres`` extra (``pip install 'trioqueue[postgres]'``: psycopg with its
+bundled libpq).
 """
 
 from ..._drivers.libpq import (
