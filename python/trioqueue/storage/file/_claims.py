@@ -31,6 +31,7 @@ from ._fsutil import (
     Rec,
     decode_name,
     encode_name,
+    tmp_name,
 )
 from ._base import FileBase
 from ._limits import claim_allowance, count_claims, hold_claims, slot_freed
@@ -439,8 +440,14 @@ class ClaimOps(FileBase):
         try:
             os.utime(wpath, (exp, exp))
         except FileNotFoundError:
-            os.close(os.open(wpath, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-            os.utime(wpath, (exp, exp))
+            # A new entry appears with its expiry already set (made under a temporary name,
+            # then renamed): created in place, it would carry the current time as its expiry
+            # until its utime, and another process's reaper could remove it in between
+            # (dead workers holding nothing leave the registry), failing this heartbeat.
+            tmp = os.path.join(q.tmp, tmp_name())
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            os.utime(tmp, (exp, exp))
+            os.rename(tmp, wpath)
         reply = HeartbeatReply([], [])
         if claims:
             # The lease lives in the processing record: one new segment for all of them.
