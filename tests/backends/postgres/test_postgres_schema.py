@@ -185,3 +185,29 @@ async def test_a_version_4_schema_upgrades_and_a_transactional_enqueue_holds_up_
                 await storage.enqueue("q", [job("c1")._replace(group="c")])
         got = [c.id for _ in range(5) for c in await storage.dequeue("q", W1, 1, 0.0, LEASE)]
     assert sorted(got) == ["a0", "a1", "c0", "c1"] and got.index("a0") < got.index("a1")
+
+
+async def test_a_version_5_schema_upgrades_and_its_jobs_store_steps(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 6 (jobs.steps) on a schema at version 5: the column is added, and a job's
+    steps are stored and read back."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 5])
+        m.setattr(module, "SCHEMA_VERSION", 5)
+        async with await Connection.connect(postgres_url) as conn:
+            assert await migrate(conn, old) == [1, 2, 3, 4, 5]
+    column = "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'jobs' AND column_name = 'steps'"
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(column, old) == 0
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        await storage.enqueue("q", [job("j")])
+        [claim] = await storage.dequeue("q", W1, 1, 0.0, LEASE)
+        assert await storage.save_step("q", W1, "j", claim.token, "a", b"1")
+        assert await storage.get_steps("q", "j") == {"a": b"1"}
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(column, old) == 1
