@@ -100,6 +100,10 @@ def progress(job: Job[Any]) -> None:
     job.report_progress(0.5)
 
 
+def step(job: Job[Any]) -> None:
+    job.step("charge", abs, -1)  # (raises at once: no coroutine left unawaited)
+
+
 def unencodable(job: Job[Any]) -> set[int]:
     return {1, 2}  # not JSON
 

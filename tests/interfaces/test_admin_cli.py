@@ -180,3 +180,50 @@ async def test_stats_by_group(target: tuple[Cli, Callable[[], Storage]]) -> None
     assert "(no group)" in table and "tenant-c" in table
     shown = (await cli.run("show", "b0")).stdout.decode()
     assert "group:      tenant-b" in shown
+
+
+async def test_show_prints_the_steps_and_retry_reset_steps_starts_over(target: tuple[Cli, Callable[[], Storage]]) -> None:
+    """``show`` lists a job's stored steps in order; ``retry`` keeps them (the job resumes
+    after the last one), ``retry --reset-steps`` forgets them."""
+    cli, make_storage = target
+    ran: list[str] = []
+    fail = True
+
+    def record(name: str, value: Any) -> Any:
+        ran.append(name)
+        return value
+
+    async def handler(job: Job[Any]) -> str:
+        await job.step("charge", record, "charge", {"paid": 10})
+        await job.step("reserve", record, "reserve", "box-7")
+        if fail:
+            raise ValueError("the mail server is down")
+        await job.step("mail", record, "mail", True)
+        return "done"
+
+    done = Recorder()
+    q = Queue(make_storage(), name=cli.name, handler=handler, max_attempts=1, block_timeout=0.5)
+    q.on("failed", done)
+    q.on("completed", done)
+    async with q:
+        await q.enqueue("order", None)
+        with trio.fail_after(30):
+            await done.wait_for("failed", "order")
+        shown = (await cli.run("show", "order")).stdout.decode()
+        assert 'steps:      2\n  charge: {"paid": 10}\n  reserve: "box-7"\n' in shown
+        assert (await cli.json("show", "order"))["steps"] == {"charge": {"paid": 10}, "reserve": "box-7"}
+        fail = False
+        assert (await cli.json("retry", "order"))["reset_steps"] is False
+        with trio.fail_after(30):
+            await done.wait_for("completed", "order")
+        assert ran == ["charge", "reserve", "mail"]  # resumed after "reserve"
+        assert list((await cli.json("show", "order"))["steps"]) == ["charge", "reserve", "mail"]
+        fail = True
+        await q.remove("order")  # a new incarnation of the id: no steps
+        await q.enqueue("order", None)
+        with trio.fail_after(30):
+            await done.wait_for("failed", "order", count=2)
+        assert "its steps reset" in (await cli.run("retry", "order", "--reset-steps")).stdout.decode()
+        with trio.fail_after(30):
+            await done.wait_for("failed", "order", count=3)  # started over, failed again
+        assert ran == ["charge", "reserve", "mail", "charge", "reserve", "charge", "reserve"]

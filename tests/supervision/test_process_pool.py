@@ -22,6 +22,7 @@ from process_support import (
     fail_unpicklable,
     progress,
     spin,
+    step,
     unencodable,
     until_closed,
     write_late,
@@ -72,6 +73,18 @@ async def test_errors_cross_with_their_type_message_and_traceback() -> None:
                     await reporting.enqueue_and_wait("progress", None)
                 assert failed.value.error.type == "TrioQueueError"
                 assert "not available in a handler running in a process pool" in failed.value.error.message
+
+
+async def test_a_step_in_a_pool_process_is_refused_with_a_clear_error() -> None:
+    async with Queue(MemoryStorage(), handler=step, executor="process", max_attempts=1, **FAST) as queue:
+        with trio.fail_after(30), pytest.raises(JobFailedError) as failed:
+            await queue.enqueue_and_wait("s", None)
+    error = failed.value.error
+    assert error.type == "TrioQueueError"
+    assert error.message == (
+        "step 'charge' of job 's': not available in a handler running in a process pool (executor='process'); "
+        "use an async or a thread handler for a job with steps"
+    )
 
 
 async def test_a_result_the_serde_cannot_encode_in_the_pool_process_fails_the_job_at_once() -> None:

@@ -377,3 +377,13 @@ async def test_a_storage_with_only_the_core_runs_jobs_and_names_each_missing_cap
         assert [await q.get_status(jid) for jid in ("g", "t", "c", "d")] == [None] * 4
         assert await q.schedules() == [] and not await q.is_paused() and await q.paused_groups() == []
         assert await q.children("a") == {}
+        assert (await q.get_status("a")).steps is None  # (no steps to read)
+
+    async def stepping(job: Job[Any]) -> Any:
+        return await job.step("s", lambda: 1)
+
+    async with Queue(storage, name="steps", handler=stepping, max_attempts=1, **FAST) as q:
+        with trio.fail_after(10), pytest.raises(JobFailedError) as failed:
+            await q.enqueue_and_wait("s", None)
+    assert failed.value.error.type == "ValidationError"
+    assert failed.value.error.message == "step 's' of job 's' needs a storage with steps (the Steps capability), not CoreOnly"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 from ._errors import TrioQueueError
@@ -24,6 +24,8 @@ class _RunningAttempt(Protocol):
     async def add_children(self, job: Job[Any], children: Sequence[Any], on_child_failure: str = ...) -> None: ...
 
     async def children_outcomes(self, job: Job[Any]) -> tuple[dict[str, Any], dict[str, JobError]]: ...
+
+    async def step(self, job: Job[Any], name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
@@ -138,6 +140,9 @@ class JobStatus:
     parent: JobRef | None = None  # a child job: its parent (queue and id)
     children: dict[JobState, int] | None = None  # a parent: its children's counts by state
     group: str | None = None  # its group (``enqueue(..., group=)``), ``None`` without one
+    # its stored steps (``Job.step``), name -> value in the order they were saved: read by
+    # ``get_status`` (``{}``: none); ``None`` where not read (``get_statuses``, ``list_jobs``)
+    steps: dict[str, Any] | None = None
 
 
 class JobPage(NamedTuple):
@@ -190,6 +195,30 @@ class Job(NamedTuple, Generic[T]):
         ``{child id: JobError}`` (``on_child_failure="continue"``; ``"ignore"`` too).
         Call it from the handler's task."""
         return (await _attempt(self, "children_failures").children_outcomes(self))[1]
+
+    async def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` (a sync function, or an async one, awaited) once
+        for this job: the first time a run of this job reaches step ``name``, its return
+        value is stored with the job (encoded by the queue's result serde) and returned;
+        when the job runs again (a retry after an exception, a recovery after its worker
+        died, ``Queue.retry``), a step whose value is stored returns that value at once
+        without calling ``fn``. What is returned is always the stored value, decoded (the
+        same on the first run as on a replay). An exception from ``fn`` stores nothing and
+        propagates. A name used twice in one run returns the first value. The steps of a
+        job run one at a time (a second ``step`` call waits for the first).
+
+        The save is fenced by the job's claim: when this worker no longer holds the job
+        (its lease was lost), nothing is stored and the handler is cancelled, as on a lost
+        lease. Call it from an async handler's task (or its children); a sync handler
+        running in a thread calls ``trio.from_thread.run(job.step, name, fn)`` (a sync
+        ``fn`` then runs in a worker thread too). Not available in a process pool's
+        handler (``executor="process"``). Needs a storage with the ``Steps`` capability
+        (all four built-in ones have it)."""
+        if not isinstance(name, str):
+            raise TypeError(f"step name of job {self.id!r} must be a string, got {type(name).__name__}")
+        if not callable(fn):
+            raise TypeError(f"step {name!r} of job {self.id!r}: fn must be callable, got {fn!r}")
+        return await _attempt(self, "step").step(self, name, fn, args, kwargs)
 
     @property
     def lease_deadline(self) -> float | None:

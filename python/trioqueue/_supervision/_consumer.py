@@ -124,6 +124,7 @@ class Consumer:
         self.per_worker = settings.batch.size if settings.batch is not None else 1  # claims a worker takes
         self.limit = settings.concurrency * self.per_worker + settings.prefetch
         self.leases = LeaseKeeper(settings, storage, events, ledger, self.request_cancel, self.limit)
+        executor.lose = self.leases.lose  # a step refused by the storage loses the claim
         # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
         self.start_nowait = self.storage.start_nowait if isinstance(self.storage, NonBlockingStart) else None
         self.start_wakeup = trio.lowlevel.ParkingLot()

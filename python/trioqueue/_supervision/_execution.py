@@ -7,6 +7,7 @@ handler's outcome, the job's own options and the queue's retry policy.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import time
@@ -30,7 +31,7 @@ from ._observers import QueueObserver, notify
 from ._pool import Encoded, HandlerProcessError, ProcessPool
 from .._model._serde import Serde, decode_error, encode_error, error_data
 from ..storage._base import Claim, FlowJob, JobRecord, Settlement, SettleKind, Storage, parse_job_state
-from ..storage._capabilities import Trees, require
+from ..storage._capabilities import Steps, Trees, require
 
 if TYPE_CHECKING:
     from ._emitter import Emitter
@@ -44,6 +45,7 @@ __all__ = [
     "Executor",
     "Handler",
     "RetryIf",
+    "RunSteps",
     "check_retry_if",
     "encode_failure",
     "encode_value",
@@ -65,7 +67,7 @@ class Attempt:
     are ``None`` between handlers, so a task that outlives its handler cannot report for
     the next job. ``leases`` are the worker's lease estimates (``None``: not tracked)."""
 
-    __slots__ = ("batch", "executor", "job", "leases", "thread_job", "token")
+    __slots__ = ("batch", "executor", "job", "leases", "steps", "thread_job", "token")
 
     def __init__(self, executor: Executor, leases: Leases | None = None) -> None:
         self.executor = executor
@@ -75,6 +77,9 @@ class Attempt:
         self.token = ""  # the claim token of ``job``'s (or ``thread_job``'s) attempt
         # a batch handler's jobs while it runs: job id -> (job, claim token)
         self.batch: dict[str, tuple[Job[Any], str]] | None = None
+        # the steps of the runs of this task's current job(s) (Job.step), by claim token:
+        # made at a run's first step, dropped at the first step of a later claim
+        self.steps: dict[str, RunSteps] = {}
 
     def _find(self, job: Job[Any], current: Job[Any] | None) -> tuple[Job[Any], str] | None:
         """``job``'s running attempt and its claim token, if this task runs it (as its
@@ -118,6 +123,41 @@ class Attempt:
         """:meth:`Job.children_results` and :meth:`Job.children_failures`."""
         current, _ = self._current(job, "children_results")
         return await self.executor.children_outcomes(current.id)
+
+    async def step(self, job: Job[Any], name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """:meth:`Job.step` of the running attempt: of an async handler's task, or of a
+        sync handler's thread (through ``trio.from_thread.run``: a sync ``fn`` then runs
+        in a thread too)."""
+        found = self._find(job, self.job)
+        in_thread = False
+        if found is None and self.thread_job is not None:
+            found = self._find(job, self.thread_job)
+            in_thread = found is not None
+        if found is None:
+            raise TrioQueueError(f"step {name!r} of job {job.id!r} called outside that job's handler")
+        current, token = found
+        run = self.steps.get(token)
+        if run is None:
+            if self.batch is None:
+                self.steps.clear()  # an earlier job's
+            else:
+                keep = {t for _, t in self.batch.values()}
+                for old in [t for t in self.steps if t not in keep]:
+                    del self.steps[old]
+            run = self.steps[token] = RunSteps()
+        return await self.executor.step(current.id, token, run, name, fn, args, kwargs, in_thread=in_thread)
+
+
+class RunSteps:
+    """The steps of one run of a job (one claim): the values stored (read from the storage
+    at its first step, then kept up to date by its saves) and a lock that runs its steps
+    one at a time."""
+
+    __slots__ = ("lock", "values")
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] | None = None
+        self.lock = trio.Lock()
 
 
 def enter_worker(executor: Executor, leases: Leases | None = None) -> Attempt:
@@ -267,6 +307,9 @@ class Executor:
         self.events = events
         self.observers = observers
         self.cancellations = cancellations
+        # what a lost lease does (``LeaseKeeper.lose``: job id, claim token, why), set by
+        # the consumer: a step refused by the storage (fenced) cancels the handler so
+        self.lose: Callable[[str, str, str], None] | None = None
 
     async def call_handler(self, job: Job[Any], token: str, attempt: Attempt, payload: bytes = b"") -> Any:
         """The handler's result for ``job`` (``payload``: its encoded payload, which
@@ -538,6 +581,49 @@ class Executor:
         if not await self.storage.set_progress(q.queue, q.worker_id, job_id, token, data):
             raise TrioQueueError(f"progress of job {job_id!r} not stored: this worker no longer holds the job")
 
+
+    async def step(
+        self,
+        job_id: str,
+        token: str,
+        run: RunSteps,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        in_thread: bool = False,
+    ) -> Any:
+        """Step ``name`` of the run of claim ``token`` (see :meth:`Job.step`): its stored
+        value, or ``fn``'s, stored first. The stored steps are read once per run, at its
+        first step (one round trip; a job that takes no step pays nothing), then each new
+        step is one save. A save the storage refuses (the claim is no longer held) loses
+        the claim as a lost lease does: the handler is cancelled, nothing more is stored."""
+        q = self.settings
+        serde = q.result_serde
+        steps = require(self.storage, Steps, f"step {name!r} of job {job_id!r}")
+        async with run.lock:
+            if run.values is None:
+                run.values = await steps.get_steps(q.queue, job_id)
+            data = run.values.get(name)
+            if data is None:
+                if in_thread and not inspect.iscoroutinefunction(fn):
+                    value = await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), abandon_on_cancel=True)
+                else:
+                    value = fn(*args, **kwargs)
+                if inspect.isawaitable(value):
+                    value = await value
+                data = encode_value(serde, value, f"value of step {name!r} of job", ResultEncodeError, job_id)
+                if not await steps.save_step(q.queue, q.worker_id, job_id, token, name, data):
+                    if self.lose is not None:
+                        self.lose(job_id, token, "fenced")
+                        await trio.lowlevel.checkpoint()  # the handler's scope is cancelled now
+                    raise TrioQueueError(f"step {name!r} of job {job_id!r} not stored: this worker no longer holds the job")
+                run.values[name] = data
+        try:
+            return serde.loads(data)
+        except Exception as exc:
+            raise TrioQueueError(f"stored value of step {name!r} of job {job_id!r} cannot be decoded: {exc}") from exc
 
     async def add_children(self, job_id: str, token: str, children: Sequence[Any], policy: str) -> None:
         """Store ``children`` as children of the attempt of claim ``token``."""

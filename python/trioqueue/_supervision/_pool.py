@@ -141,9 +141,9 @@ class HandlerProcessError(TrioQueueError):
 
 
 class ProcessJob(Job[Any]):
-    """The :class:`Job` a handler in a pool process receives: no progress reports there
-    (:meth:`report_progress` raises at once) and no lease estimate (``lease_deadline`` is
-    ``None``)."""
+    """The :class:`Job` a handler in a pool process receives: no progress reports and no
+    steps there (:meth:`report_progress` and :meth:`step` raise at once) and no lease
+    estimate (``lease_deadline`` is ``None``)."""
 
     __slots__ = ()
 
@@ -151,6 +151,13 @@ class ProcessJob(Job[Any]):
         raise TrioQueueError(
             f"report_progress for job {self.id!r}: not available in a handler running in a process pool "
             "(executor='process'); use an async or a thread handler to report progress"
+        )
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> NoReturn:
+        # (a plain call: a sync handler calling it unawaited hears of it at once)
+        raise TrioQueueError(
+            f"step {name!r} of job {self.id!r}: not available in a handler running in a process pool "
+            "(executor='process'); use an async or a thread handler for a job with steps"
         )
 
 

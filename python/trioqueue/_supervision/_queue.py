@@ -489,7 +489,8 @@ class Queue(Generic[P, R]):
     async def get_status(self, job_id: str) -> JobStatus | None:
         """The job's registry entry, or ``None`` if the id is unknown (or expired); a
         child names its :attr:`~JobStatus.parent`, a parent has its children's counts by
-        state (:attr:`~JobStatus.children`)."""
+        state (:attr:`~JobStatus.children`), and its stored steps are in
+        :attr:`~JobStatus.steps` (a second read, on a storage with steps)."""
         return await self._admin.get_status(job_id)
 
     async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
@@ -511,10 +512,12 @@ class Queue(Generic[P, R]):
         is stable while jobs come and go; memory is bounded by ``limit``."""
         return await self._admin.list_jobs(state, limit=limit, cursor=cursor)
 
-    async def retry(self, job_id: str) -> bool:
+    async def retry(self, job_id: str, *, reset_steps: bool = False) -> bool:
         """Run a ``failed`` (or ``cancelled``) job again: it is enqueued anew with its
-        original payload and its attempts reset. False if it is not failed/cancelled."""
-        return await self._admin.retry(job_id)
+        original payload and its attempts reset. False if it is not failed/cancelled.
+        Its stored steps (:meth:`Job.step`) are kept, so it resumes after the last step
+        that succeeded; ``reset_steps=True`` forgets them: it starts over."""
+        return await self._admin.retry(job_id, reset_steps=reset_steps)
 
     async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
         """Forget the ``completed``, ``failed`` or ``cancelled`` jobs that entered that

@@ -5,6 +5,7 @@ retention), each an object the :class:`~trioqueue.Queue` builds and delegates to
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from dataclasses import replace
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -19,7 +20,7 @@ from .._model._serde import Serde, decode_error
 from ._listener import level_for
 from ._streams import EventStream, watch
 
-from ..storage._capabilities import Administration, Groups, Schedules, Trees, require
+from ..storage._capabilities import Administration, Groups, Schedules, Steps, Trees, require
 from ..storage._records import parse_job_state
 
 if TYPE_CHECKING:
@@ -244,6 +245,9 @@ class QueueAdmin(Generic[P]):
         status = self.reader.status(record)
         if record.children and isinstance(self.storage, Trees):  # a parent: its children's counts by state
             status = with_children(status, await self.storage.get_children(self.name, jid))
+        if isinstance(self.storage, Steps):  # its stored steps (Job.step)
+            stored = await self.storage.get_steps(self.name, jid)
+            status = replace(status, steps={name: self.reader.load_result(jid, v) for name, v in stored.items()})
         return status
 
     async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:
@@ -280,11 +284,12 @@ class QueueAdmin(Generic[P]):
             raise ValidationError(str(exc)) from None
         return JobPage([self.reader.status(r) for r in records], nxt)
 
-    async def retry(self, job_id: str) -> bool:
+    async def retry(self, job_id: str, *, reset_steps: bool = False) -> bool:
         jid = check.job_id(job_id)
         self.check_running()
         await self.listener.caught_up()
-        return await require(self.storage, Administration, "Queue.retry").retry_job(self.name, jid, self.new_token())
+        admin = require(self.storage, Administration, "Queue.retry")
+        return await admin.retry_job(self.name, jid, self.new_token(), reset_steps=bool(reset_steps))
 
     async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
         kind = _state_name(state, _TERMINAL)

@@ -77,11 +77,13 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
     for name, what in (
         ("show", "a job's status, result or error (with traceback)"),
         ("cancel", "cancel a queued, delayed, failing or running job"),
-        ("retry", "run a failed (or cancelled) job again, attempts reset"),
+        ("retry", "run a failed (or cancelled) job again, attempts reset, resuming after its last stored step"),
         ("remove", "forget a job that is not running"),
     ):
         p = command(name, what)
         p.add_argument("job_id", metavar="ID", help="job id")
+        if name == "retry":
+            p.add_argument("--reset-steps", action="store_true", help="forget the job's stored steps: it starts over")
     p = command("purge", "forget finished jobs of one state")
     p.add_argument("state", choices=_TERMINAL, help="terminal state to purge")
     p.add_argument("--older-than", type=_seconds, default=None, metavar="S", help="only jobs finished more than S seconds ago (default: all)")
@@ -138,6 +140,7 @@ def _status_json(s: JobStatus) -> dict[str, Any]:
         else {"type": s.error.type, "message": s.error.message, "traceback": s.error.traceback, "data": s.error.data},
         "parent": None if s.parent is None else {"queue": s.parent.queue, "id": s.parent.id},
         "group": s.group,
+        "steps": s.steps,
         "children": None if s.children is None else {k.value: n for k, n in s.children.items() if n},
     }
 
@@ -282,6 +285,9 @@ async def _show(args: argparse.Namespace, queue: Any) -> int:
         lines.append(f"parent:     {s.parent.id} (queue {s.parent.queue})")
     if s.group is not None:
         lines.append(f"group:      {s.group}")
+    if s.steps:
+        lines.append(f"steps:      {len(s.steps)}")
+        lines.extend(f"  {name}: {_one_line(json.dumps(value, default=repr, ensure_ascii=False), 200)}" for name, value in s.steps.items())
     data = _status_json(s)
     if s.children is not None:
         kids = await queue.children(s.id)
@@ -317,9 +323,10 @@ async def _refused(queue: Any, job_id: str, action: str, wanted: str) -> TrioQue
 
 
 async def _retry(args: argparse.Namespace, queue: Any) -> int:
-    if not await queue.retry(args.job_id):
+    if not await queue.retry(args.job_id, reset_steps=args.reset_steps):
         raise await _refused(queue, args.job_id, "retried", "only failed or cancelled jobs are")
-    _emit(args, {"id": args.job_id, "retried": True}, f"job {args.job_id!r} enqueued again")
+    again = "enqueued again, its steps reset" if args.reset_steps else "enqueued again"
+    _emit(args, {"id": args.job_id, "retried": True, "reset_steps": args.reset_steps}, f"job {args.job_id!r} {again}")
     return 0
 
 

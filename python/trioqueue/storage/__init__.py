@@ -22,6 +22,7 @@ from ._capabilities import (
     Groups,
     NonBlockingStart,
     Schedules,
+    Steps,
     Transactions,
     Trees,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Settlement",
     "SettleKind",
     "Storage",
+    "Steps",
     "StorageEvent",
     "Transactions",
     "Trees",

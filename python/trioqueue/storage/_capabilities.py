@@ -24,6 +24,7 @@ capability                   memory file redis postgres
 :class:`Administration`      yes    yes  yes   yes
 :class:`Transactions`                          yes
 :class:`NonBlockingStart`    yes
+:class:`Steps`               yes    yes  yes   yes
 ============================ ====== ==== ===== ==========
 """
 
@@ -45,6 +46,7 @@ __all__ = [
     "Groups",
     "NonBlockingStart",
     "Schedules",
+    "Steps",
     "Transactions",
     "Trees",
     "capabilities_of",
@@ -252,11 +254,13 @@ class Administration(Storage):
         Atomic: a read. Fenced: no."""
 
     @abc.abstractmethod
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
         """Enqueue a ``failed`` or ``cancelled`` job again with its original envelope, as a
         new incarnation ``token`` with attempts reset (``queued:<now>``, appended to the
         ready list, publishing ``enqueued``). False (nothing changed) if the job is not
-        failed or cancelled (or unknown).
+        failed or cancelled (or unknown). A backend with :class:`Steps` keeps the job's
+        stored steps (the run resumes after the last one saved), unless ``reset_steps``:
+        then they are forgotten in the same step.
 
         Atomic: one step. Fenced: by the job's state (only a failed or cancelled job)."""
 
@@ -360,6 +364,37 @@ class NonBlockingStart(Storage):
         Atomic: one step, as :meth:`~Storage.start`. Fenced: by the claim token."""
 
 
+class Steps(Storage):
+    """Steps of a durable job (``Job.step``): the return value of each step a running job
+    completes is stored with the job, fenced by its claim, so that a later run of the job
+    (a retry, a recovery, ``Queue.retry``) returns it instead of running the step again.
+
+    A job's steps live as long as its record: a new incarnation of its id (enqueued after
+    it was forgotten or cancelled, a tree's job written over a cancelled one) starts with
+    none; :meth:`Administration.retry_job` keeps them unless told to reset them; removing,
+    purging, clearing or the expiry of the record forgets them. ``Job.step`` needs it."""
+
+    @abc.abstractmethod
+    async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        """Store ``value`` (the step's return value, encoded by the result serde) as step
+        ``name`` of the processing job ``job_id`` held by ``worker_id`` under claim
+        ``token``, after the steps already stored. ``False`` (nothing written) when the
+        claim is no longer held. The caller saves a name once per run (it read the stored
+        steps first): a name stored twice keeps its first value (:meth:`get_steps`).
+
+        Atomic: one step (one round trip on Redis and PostgreSQL). Fenced: by the claim
+        token."""
+
+    @abc.abstractmethod
+    async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
+        """The stored steps of ``job_id``, ``name -> value`` in the order they were saved
+        (empty for a job without any, or an unknown id). A worker reads them once per run,
+        at the job's first ``Job.step``; ``Queue.get_status`` reads them for
+        :attr:`~trioqueue.JobStatus.steps`.
+
+        Atomic: a read. Fenced: no."""
+
+
 #: Every capability, in the order the docs list them.
 CAPABILITIES: tuple[type[Storage], ...] = (
     Trees,
@@ -369,6 +404,7 @@ CAPABILITIES: tuple[type[Storage], ...] = (
     Administration,
     Transactions,
     NonBlockingStart,
+    Steps,
 )
 
 _C = TypeVar("_C", bound=Storage)
@@ -381,6 +417,7 @@ _WHAT: dict[object, str] = {
     Administration: "administration",
     Transactions: "transactions",
     NonBlockingStart: "a start without I/O",
+    Steps: "steps",
 }
 
 

@@ -273,6 +273,7 @@ class Rec:
         "claims",
         "started",
         "progress",
+        "steps",
         "cancel_requested",
         "priority",
         "parent",
@@ -313,6 +314,7 @@ class Rec:
         self.claims = 0
         self.started = False
         self.progress: bytes | None = None
+        self.steps: bytes | None = None  # its stored steps (``_steps``): a new record has none
         self.cancel_requested = False
         self.priority = priority
         self.parent: tuple[str, str] | None = None
@@ -728,6 +730,26 @@ def ttl_update_status(kind: str | None, result: bytes | None, error: bytes | Non
 def retryable(r: Rec | None) -> bool:
     """Whether ``retry_job`` runs the job again (a new incarnation): failed or cancelled."""
     return r is not None and r.kind in (FAILED, CANCELLED)
+
+
+# -- steps -------------------------------------------------------------------------------
+
+
+def retried_steps(old: Rec, reset_steps: bool) -> bytes | None:
+    """The steps a job run again by ``retry_job`` starts with: those of the incarnation
+    it replaces (it resumes after the last one saved), none when ``reset_steps``. Every
+    other new incarnation of an id (enqueued after the old one was forgotten or
+    cancelled, a tree's job written over a cancelled one) is a new record: no steps."""
+    return None if reset_steps else old.steps
+
+
+def save_step(r: Rec | None, worker_id: str, token: str, entry: bytes) -> bool:
+    """Append the stored step ``entry`` (``_steps.encode_step``) to the steps of ``r`` if
+    ``worker_id`` holds it under claim ``token`` (the fence of ``Steps.save_step``)."""
+    if r is None or r.kind != PROCESSING or r.worker != worker_id or r.claim != token:
+        return False
+    r.steps = entry if r.steps is None else r.steps + entry
+    return True
 
 
 def removable(r: Rec | None) -> bool:

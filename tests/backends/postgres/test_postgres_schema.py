@@ -18,6 +18,20 @@ def _schema() -> str:
     return f"tq_{uuid.uuid4().hex[:10]}"
 
 
+# Later migrations that only add columns (idempotently, ``IF NOT EXISTS``) which today's
+# statements name: 6, the steps of durable jobs.
+_ADD_COLUMNS = (6,)
+
+
+def _migrations_up_to(migrations: list[tuple[int, str]], version: int) -> list[tuple[int, str]]:
+    """The migrations up to ``version``, the last one followed by the later ones that only
+    add columns: a schema at that version that today's statements can run on (a test of
+    an upgrade enqueues with them before upgrading)."""
+    kept = [mig for mig in migrations if mig[0] <= version]
+    later = "".join("\n" + text for v, text in migrations if v > version and v in _ADD_COLUMNS)
+    return [*kept[:-1], (kept[-1][0], kept[-1][1] + later)]
+
+
 async def test_migrate_creates_versioned_schema_once(postgres_url: str) -> None:
     schema = _schema()
     async with await Connection.connect(postgres_url) as conn:
@@ -134,7 +148,7 @@ async def test_a_version_3_schema_upgrades_and_its_rings_go_on(postgres_url: str
     expected = await _enqueue_and_claim(postgres_url, fresh, 8, enqueue=True)
     assert sorted(expected) == sorted(_IDS) and expected[0] == "h0"  # (priority 2 first)
     with monkeypatch.context() as m:
-        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 3])
+        m.setattr(module, "MIGRATIONS", _migrations_up_to(module.MIGRATIONS, 3))
         m.setattr(module, "SCHEMA_VERSION", 3)
         before = await _enqueue_and_claim(postgres_url, old, 3, enqueue=True)
         async with await Connection.connect(postgres_url) as conn:
@@ -158,7 +172,7 @@ async def test_a_version_4_schema_upgrades_and_a_transactional_enqueue_holds_up_
 
     old = _schema()
     with monkeypatch.context() as m:
-        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 4])
+        m.setattr(module, "MIGRATIONS", _migrations_up_to(module.MIGRATIONS, 4))
         m.setattr(module, "SCHEMA_VERSION", 4)
         async with PostgresStorage(postgres_url, schema=old) as storage:
             await storage.enqueue("q", [job(f"a{i}")._replace(group="a") for i in range(2)])
@@ -171,3 +185,29 @@ async def test_a_version_4_schema_upgrades_and_a_transactional_enqueue_holds_up_
                 await storage.enqueue("q", [job("c1")._replace(group="c")])
         got = [c.id for _ in range(5) for c in await storage.dequeue("q", W1, 1, 0.0, LEASE)]
     assert sorted(got) == ["a0", "a1", "c0", "c1"] and got.index("a0") < got.index("a1")
+
+
+async def test_a_version_5_schema_upgrades_and_its_jobs_store_steps(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 6 (jobs.steps) on a schema at version 5: the column is added, and a job's
+    steps are stored and read back."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 5])
+        m.setattr(module, "SCHEMA_VERSION", 5)
+        async with await Connection.connect(postgres_url) as conn:
+            assert await migrate(conn, old) == [1, 2, 3, 4, 5]
+    column = "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'jobs' AND column_name = 'steps'"
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(column, old) == 0
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        await storage.enqueue("q", [job("j")])
+        [claim] = await storage.dequeue("q", W1, 1, 0.0, LEASE)
+        assert await storage.save_step("q", W1, "j", claim.token, "a", b"1")
+        assert await storage.get_steps("q", "j") == {"a": b"1"}
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(column, old) == 1

@@ -90,7 +90,7 @@ class AdminOps(FileBase):
         nxt = encode_cursor(*page[-1][0]) if len(top) > limit else None
         return [_job_record(r) for _, r in page], nxt
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._q(queue)
         enc = encode_name(job_id)
@@ -110,6 +110,7 @@ class AdminOps(FileBase):
                     r.token = token
                     r.priority = lane
                     r.group = old.group
+                    r.steps = R.retried_steps(old, reset_steps)
                     lane_fd = q.lane_fds[lane]
                     self._commit(q, {enc: r}, fds)
                     self._link_marker(q, enc, q.ready, mk)

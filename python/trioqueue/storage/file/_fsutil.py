@@ -145,6 +145,8 @@ def _extras(r: Rec) -> dict[str, object]:
         x["s"] = 1
     if r.progress is not None:
         x["p"] = base64.b64encode(r.progress).decode("ascii")
+    if r.steps is not None:
+        x["st"] = base64.b64encode(r.steps).decode("ascii")
     if r.cancel_requested:
         x["x"] = 1
     if r.priority != DEFAULT_PRIORITY:
@@ -169,6 +171,8 @@ def _set_extras(r: Rec, x: object) -> None:
     r.started = bool(x.get("s", 0))
     p = x.get("p")
     r.progress = None if p is None else base64.b64decode(p)
+    st = x.get("st")
+    r.steps = None if st is None else base64.b64decode(st)
     r.cancel_requested = bool(x.get("x", 0))
     r.priority = int(x.get("pr", DEFAULT_PRIORITY))
     pa = x.get("pa")

@@ -73,7 +73,7 @@ class MemoryAdmin(_MemoryPart):
             recs, nxt = q.index.page(state, limit, after)
             return [job_record(r) for r in recs], (None if nxt is None else str(nxt))
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         now = time.time()
         with self._lock:
@@ -87,6 +87,7 @@ class MemoryAdmin(_MemoryPart):
                 # job), where claims skip it (cancelled, and forgotten by the index).
                 again = NewJob(job_id, old.envelope, old.max_attempts, old.result_ttl, token, None, old.priority, old.group)
                 rec = q.jobs[job_id] = _Rec(again, int(now * 1000), q.index)
+                rec.steps = R.retried_steps(old, reset_steps)
                 q.ready.push([rec])  # its own priority's lane
                 self._publish(q, [StorageEvent("enqueued", job_id, token=token)])
                 self._wake(q)

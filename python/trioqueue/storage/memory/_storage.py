@@ -38,7 +38,8 @@ from .._base import (
 
 from .. import _rules as R
 from .._base import job_record
-from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Trees
+from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Steps, Trees
+from .._steps import decode_steps, encode_step
 from .._rules import COMPLETED as _COMPLETED
 from .._rules import DELAYED as _DELAYED
 from .._rules import PROCESSING as _PROCESSING
@@ -72,6 +73,7 @@ class MemoryStorage(
     Debounce,
     Administration,
     NonBlockingStart,
+    Steps,
 ):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
@@ -492,6 +494,25 @@ class MemoryStorage(
                 q.subscribers = [s for s in q.subscribers if s is not sub]
             send.close()
             receive.close()
+
+    # -- steps (each one step under the lock) ------------------------------------------
+
+    async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        entry = encode_step(name, value)
+        with self._lock:
+            ok = R.save_step(self._q(queue).processing.get(worker_id, {}).get(job_id), worker_id, token, entry)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            self._expire(q, time.time())
+            rec = q.jobs.get(job_id)
+            data = None if rec is None else rec.steps
+        return decode_steps(data)
 
     def __repr__(self) -> str:
         return f"MemoryStorage(queues={sorted(self._queues)!r})"

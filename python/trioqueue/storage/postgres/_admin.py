@@ -80,7 +80,7 @@ class PgAdmin:
             nxt = f"{last[2]}:{last[0]}"
         return page, nxt
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
         now = now_ms()
         async with self._db.tx(queue) as conn:
             done = await conn.fetchval(
@@ -89,6 +89,7 @@ class PgAdmin:
                 now,
                 job_id,
                 token,
+                reset_steps,
             )
             if done:
                 await self._db.publish(conn, queue, [StorageEvent("enqueued", job_id, token=token)], wake=True)

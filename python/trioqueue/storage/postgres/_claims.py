@@ -41,6 +41,7 @@ from .._base import (
     lost_why,
 )
 from .._flowstate import FlowState
+from .._steps import decode_steps, encode_step
 from ._common import PgDatabase, PgSettings, now_ms
 from ._flows import PgTrees
 from ._jobs import due_payload
@@ -672,6 +673,20 @@ class PgClaims:
                 return False
             await self._db.publish(conn, queue, [StorageEvent("progress", job_id, worker_id, result=progress, token=incarnation)])
         return True
+
+    # -- steps -------------------------------------------------------------------------
+
+    async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        async with self._db.conn() as conn:  # one statement, fenced by the claim
+            saved = await conn.fetchval(
+                self._db.sql["save_step"], queue, token, worker_id, job_id, encode_step(name, value)
+            )
+        return bool(saved)
+
+    async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
+        async with self._db.conn() as conn:
+            data = await conn.fetchval(self._db.sql["get_steps"], queue, job_id)
+        return decode_steps(data)
 
     # -- reaper ------------------------------------------------------------------------
 

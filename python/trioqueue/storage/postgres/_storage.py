@@ -33,7 +33,7 @@ from .._base import (
     select_events,
     wanted_kinds,
 )
-from .._capabilities import Administration, Debounce, Groups, Schedules, Transactions, Trees
+from .._capabilities import Administration, Debounce, Groups, Schedules, Steps, Transactions, Trees
 from ._admin import PgAdmin
 from ._claims import PgClaims
 from ._common import PgDatabase, PgSettings, decode_events, now_ms
@@ -44,7 +44,7 @@ from ._schema import check_schema_name, migrate, schema_version
 __all__ = ["PostgresStorage"]
 
 
-class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transactions):
+class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transactions, Steps):
     """Jobs in PostgreSQL: durable, shared by every process that reaches the database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/dbname?...``) or
@@ -461,6 +461,12 @@ class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transa
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await self._claims.unregister_worker(queue, worker_id)
 
+    async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        return await self._claims.save_step(queue, worker_id, job_id, token, name, value)
+
+    async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
+        return await self._claims.get_steps(queue, job_id)
+
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         return await self._claims.workers(queue, include_expired=include_expired)
 
@@ -496,8 +502,8 @@ class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transa
     async def queue_names(self) -> list[str]:
         return await self._admin.queue_names()
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
-        return await self._admin.retry_job(queue, job_id, token)
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
+        return await self._admin.retry_job(queue, job_id, token, reset_steps=reset_steps)
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
         return await self._admin.purge(queue, state, older_than=older_than)

@@ -86,9 +86,9 @@ class RedisAdmin:
         nxt = None if nxt_ms is None else encode_cursor(int(text(nxt_ms)), text(nxt_id))
         return page, nxt
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._runner.run("retry", queue, [job_id, token]))
+        return bool(await self._runner.run("retry", queue, [job_id, token, "1" if reset_steps else "0"]))
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
         check_state_kind(state, terminal=True)

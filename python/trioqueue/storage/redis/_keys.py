@@ -23,6 +23,7 @@ __all__ = [
     "FLOW_KEY_NAMES",
     "QUEUE_KEYS",
     "QUEUE_KEY_NAMES",
+    "STEP_FIELD",
     "flow_keys",
     "hash_slot",
     "lock_key",
@@ -42,7 +43,9 @@ QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
     ("ENV", "env"),  # hash id -> envelope (until completed; a failed/cancelled job's until forgotten: retry)
     ("LISTENING", "listening"),  # string with a TTL, present while a subscriber listens to ``events``
     ("ERRORS", "errors"),  # hash id -> serialized error (failing/failed, until expiry)
-    ("PROGRESS", "progress"),  # hash id -> last reported progress
+    # hash id -> last reported progress; and STEP_FIELD + id -> the job's stored steps
+    # (``storage._steps``, until it is forgotten): a byte no UTF-8 id holds, so no key more
+    ("PROGRESS", "progress"),
     ("Q", "queue"),  # list: the ready list of entries <entry token>:<id> (the default priority's lane)
     ("D", "delayed"),  # zset id -> due time (ms) of failing and delayed jobs
     ("L", "leases"),  # zset id -> lease deadline (ms)
@@ -77,6 +80,8 @@ QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 # KEYS of the scripts that apply or free it: the rate limit's log, then the flow hash (the
 # RateLimited hold ``h``; ``w`` while a claimer waits for a concurrency slot).
 FLOW_KEY_NAMES = ("rate", "flow")
+# The field of a job's steps in the PROGRESS hash: this byte (never in UTF-8), then the id.
+STEP_FIELD = b"\xff"
 _SUFFIXES = frozenset(QUEUE_KEY_NAMES + FLOW_KEY_NAMES)
 PROCESSING = "processing"  # a worker's processing list: {prefix:queue}:processing:<worker>
 

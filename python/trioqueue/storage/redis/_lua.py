@@ -73,6 +73,7 @@ SCRIPT_NAMES = (
     "recover",
     "sweep",
     "progress",
+    "step",
     "pause",
     "schedule_put",
     "schedule_remove",

@@ -51,11 +51,13 @@ from .._base import (
     SettleKind,
     StorageEvent,
 )
-from .._capabilities import Administration, Debounce, Groups, Schedules, Trees
+from .._capabilities import Administration, Debounce, Groups, Schedules, Steps, Trees
+from .._steps import decode_steps, encode_step
 from ._admin import RedisAdmin
 from ._coalesce import Coalescer
 from ._enqueue import enqueue_args, flush, outcome
 from ._events import RedisEvents
+from ._keys import STEP_FIELD
 from ._flows import RedisTrees
 from ._runner import RedisSettings, ScriptRunner, ms, open_transport, text
 
@@ -72,7 +74,7 @@ _KIND_CODE = {
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 
 
-class RedisStorage(Trees, Schedules, Groups, Debounce, Administration):
+class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Steps):
     """Storage on Redis >= 7 or Valkey: standalone, Cluster, or a Sentinel service.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -501,6 +503,18 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration):
         await trio.lowlevel.checkpoint_if_cancelled()
         return bool(await self._runner.run("progress", queue, [worker_id, job_id, token, progress]))
 
+    # -- steps -------------------------------------------------------------------------
+
+    async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return bool(await self._runner.run("step", queue, [worker_id, job_id, token, encode_step(name, value)]))
+
+    async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        field = STEP_FIELD + job_id.encode()
+        data = await self._runner.transport.command(["HGET", self._runner.key(queue, "progress"), field])
+        return decode_steps(data)
+
     # -- leader locks ------------------------------------------------------------------
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
@@ -598,8 +612,8 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration):
     async def queue_names(self) -> list[str]:
         return await self._admin.queue_names()
 
-    async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
-        return await self._admin.retry_job(queue, job_id, token)
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
+        return await self._admin.retry_job(queue, job_id, token, reset_steps=reset_steps)
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
         return await self._admin.purge(queue, state, older_than=older_than)
