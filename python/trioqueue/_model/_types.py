@@ -141,8 +141,9 @@ class JobStatus:
     children: dict[JobState, int] | None = None  # a parent: its children's counts by state
     group: str | None = None  # its group (``enqueue(..., group=)``), ``None`` without one
     # its stored steps (``Job.step``), name -> value in the order they were saved: read by
-    # ``get_status`` (``{}``: none); ``None`` where not read (``get_statuses``, ``list_jobs``)
-    steps: dict[str, Any] | None = None
+    # ``get_status`` (``{}``: none); ``None`` where not read (``get_statuses``, ``list_jobs``).
+    # Not compared: the status of one job read either way is equal.
+    steps: dict[str, Any] | None = field(default=None, compare=False)
 
 
 class JobPage(NamedTuple):
