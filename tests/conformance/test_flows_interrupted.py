@@ -383,3 +383,40 @@ async def test_file_a_parent_whose_ancestor_was_cancelled_adds_no_children_while
         assert await claim(st, kids, W2) == []
         for kid in ("kid-1", "kid-2", "grandkid"):
             assert await st.get_job(kids, kid) is None, kid
+
+
+@pytest.mark.parametrize("order", ["parent-first", "child-first"])
+async def test_a_parent_failed_by_a_child_settled_with_its_wait_counts_once_on_its_own_parent(
+    storage: Storage, queue_name: str, order: str
+) -> None:
+    """root (``continue``) has p and sib. p, a dynamic parent, adds c (``cancel``); one
+    worker holds p and c and settles p's ``WaitForChildren`` and c's failure for good in
+    one ``settle`` call (a batch of settlements): p ends failed by its child, counted
+    once on the root. The root must wait for sib, still running: not released (queued,
+    claimable) while a child is pending (the chaos run of scripts/chaos_trees.py on
+    PostgreSQL found roots completed before a child ran, p's end counted twice on them)."""
+    q = queue_name
+    await storage.enqueue_flow(
+        [
+            FlowJob(q, job("root"), policy="continue"),
+            FlowJob(q, job("p"), (q, "root")),
+            FlowJob(q, job("sib"), (q, "root")),
+        ]
+    )
+    runs = {c.id: c for c in await claim(storage, q)}
+    assert sorted(runs) == ["p", "sib"]
+    assert await storage.add_children(q, W1, "p", runs["p"].token, [FlowJob(q, job("c", max_attempts=1), (q, "p"))])
+    [c] = await claim(storage, q)
+    assert c.id == "c"
+    wait = settlement(SettleKind.WAIT_CHILDREN, q, "p", b"")
+    fail = settlement(SettleKind.FAIL, q, "c", _ERR, ttl=60)
+    batch = [wait, fail] if order == "parent-first" else [fail, wait]
+    assert await storage.settle(q, W1, batch) == [True, True]
+    await _failed_by_children(storage, q, "p")
+    root = await storage.get_job(q, "root")
+    assert root is not None and root.state.startswith("waiting_children"), root  # sib is still running
+    assert await claim(storage, q, W2) == []
+    # sib ends: now the root is released, once.
+    assert await storage.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "sib", b'"sib"', ttl=60)]) == [True]
+    [again] = await claim(storage, q, W2)
+    assert again.id == "root"

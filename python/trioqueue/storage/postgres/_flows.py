@@ -284,7 +284,10 @@ class PgTrees:
         await self._flush(conn, events)
 
     async def waited(self, conn: Connection, queue: str, job_id: str, now: int) -> None:
-        """A processing job settled ``WAIT_CHILDREN`` (now ``waiting_children``)."""
+        """A processing job settled ``WAIT_CHILDREN`` (now ``waiting_children``), after
+        the ends settled with it reached their trees (:meth:`tree_ended`): a child of it
+        settled in the same call may have released it, failed it or cancelled it already
+        (its end counted on its own parent then), and nothing is left to do."""
         events = _Events()
         row = await conn.fetchrow(
             self._db.sql["waited"],
@@ -292,7 +295,9 @@ class PgTrees:
             job_id,
         )
         assert row is not None  # (locked by the settlement)
-        policy, pending, failures = row
+        state, policy, pending, failures = row
+        if state != "waiting_children":
+            return
         if failures and policy == "cancel":
             await self._fail_parent(conn, queue, job_id, now, events)
         elif policy is None or not pending:

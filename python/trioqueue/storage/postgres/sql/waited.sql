@@ -1,1 +1,1 @@
-SELECT policy, pending, coalesce(cardinality(failed_ids), 0) FROM {s}.jobs WHERE queue = $1 AND id = $2
+SELECT state, policy, pending, coalesce(cardinality(failed_ids), 0) FROM {s}.jobs WHERE queue = $1 AND id = $2
