@@ -199,11 +199,11 @@ async def test_file_a_parent_released_in_the_pass_that_fails_its_root_is_cancell
             await trio.lowlevel.checkpoint()  # (the notes stay, as a crash leaves them)
 
         async def settle_in_order() -> None:
-            st._act_on_notes = killed_after_settle  # type: ignore[method-assign]
+            st._trees.act_on_notes = killed_after_settle  # type: ignore[method-assign]
             try:
                 assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
             finally:
-                del st._act_on_notes
+                del st._trees.act_on_notes
             assert await st.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "leaf", b'"leaf"', ttl=60)]) == [True]
 
         seen = await _mid_outcome(st, q, settle_in_order)
@@ -235,17 +235,17 @@ async def test_file_a_queued_job_whose_ancestor_failed_is_not_claimed_while_the_
         )
         [sib] = await claim(st, q, n=1)
         assert sib.id == "sib"
-        act_on_notes = st._act_on_notes
+        act_on_notes = st._trees.act_on_notes
 
         async def one_step_then_killed(queue: str | None = None) -> None:
-            await st._act_on_queue(q)  # the root fails; its cascade's notes stay
-            st._tree_dirty.clear()
+            await st._trees.act_on_queue(q)  # the root fails; its cascade's notes stay
+            st._trees.dirty.clear()
 
-        st._act_on_notes = one_step_then_killed  # type: ignore[method-assign]
+        st._trees.act_on_notes = one_step_then_killed  # type: ignore[method-assign]
         try:
             assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
         finally:
-            del st._act_on_notes
+            del st._trees.act_on_notes
         root = await st.get_job(q, "root")
         assert root is not None and kind(root.state) == "failed", root
         leaf = await st.get_job(kids, "leaf")

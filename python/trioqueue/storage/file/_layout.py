@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import trio
 
 from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
+from .. import _rules as R
 from .._base import JobRecord, EnqueueOutcome, NewJob, StorageEvent, job_record
 from ._fsutil import Rec
 from ._fsutil import _unlink as _unlink  # re-exported: the parts import it from here
@@ -93,6 +94,13 @@ def _state(r: Rec) -> str:
 def _job_record(r: Rec) -> JobRecord:
     """The storage-interface view of a record."""
     return job_record(r)
+
+
+def enqueue_outcome(r: Rec) -> EnqueueOutcome:
+    """The outcome of enqueueing an id that has the record ``r``."""
+    if (result := R.existing_outcome(r)) is not None:
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), result, r.token)
+    return EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token)
 
 
 def _mtime(path: str) -> float | None:
@@ -274,7 +282,7 @@ class _Q:
         # The record cache: encoded id -> (record, segment inode, size, mtime_ns) of the
         # records this process wrote itself (not terminal ones), valid while the
         # generation is the one seen after this process's last write and jobs/<id> still
-        # names that very file (see FileBase._read).
+        # names that very file (see FileCore.read).
         self.recs: dict[str, tuple[Rec, int, int, int]] = {}
         self.recs_bytes = 0
         # Lanes a claim found empty (and delayed/, as _DELAYED_LANE): lane -> time listed. Forgotten when another process
@@ -282,7 +290,7 @@ class _Q:
         # first), when this process adds a marker to the lane, and after _LANE_RECHECK
         # (a writer of the older code, which bumps no generation, is seen that late).
         self.lane_empty: dict[int, float] = {}
-        self.hit = False  # the last FileBase._read came from the record cache
+        self.hit = False  # the last FileCore.read came from the record cache
         # The lock file's counters and generation, mapped (at the first section): read
         # and written without a system call, and without the inotify IN_MODIFY a write
         # would send to everyone watching the queue directory for events (mmap writes
