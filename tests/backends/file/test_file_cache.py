@@ -18,14 +18,14 @@ from test_file_storage import all_files, crash, events_until, job
 from trioqueue.storage import FileStorage, Settlement, SettleKind
 from trioqueue.storage.file._fsutil import encode_name
 from trioqueue.storage.file import _layout
-from trioqueue.storage.file._layout import _SEQ_START, _Q
+from trioqueue.storage.file._layout import _SEQ_START, FileQueue
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
 
 
 def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make this process write like the code before the generation existed."""
-    monkeypatch.setattr(_Q, "bump", lambda self: None)
+    monkeypatch.setattr(FileQueue, "bump", lambda self: None)
 
 
 # -- events of settlements a crash interrupted ---------------------------------------------
@@ -252,7 +252,7 @@ def test_rec_copy_copies_every_field() -> None:
 
 
 def test_a_bump_outside_a_section_still_moves_the_generation(tmp_path: Path) -> None:
-    q = _Q("q", str(tmp_path / "q"))
+    q = FileQueue("q", str(tmp_path / "q"))
     try:
         q.bump()
         q.bump()

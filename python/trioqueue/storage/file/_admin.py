@@ -27,7 +27,7 @@ from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, tmp_name, write_
 from ._base import FileCore
 from ._enqueue import FileJobs
 from ._flows import FileTrees
-from ._layout import _close_on_error, _job_record, _ready_name, _unlink
+from ._layout import close_on_error, to_job_record, ready_name, unlink_quiet
 
 __all__ = ["FileAdmin"]
 
@@ -80,7 +80,7 @@ class FileAdmin:
         top = await trio.to_thread.run_sync(scan)
         page = top[:limit]
         nxt = encode_cursor(*page[-1][0]) if len(top) > limit else None
-        return [_job_record(r) for _, r in page], nxt
+        return [to_job_record(r) for _, r in page], nxt
 
     async def retry_job(self, queue: str, job_id: str, token: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -90,14 +90,14 @@ class FileAdmin:
         ok = False
         lane_fd = q.ready_fd
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 old = self._core.load(q, enc, now)
                 if old is not None and R.retryable(old):
                     nxt, front = q.counters()
                     now_ms = int(now * 1000)
                     lane = old.priority
-                    mk = _ready_name(nxt, enc, lane, old.group)  # in its own priority's (and group's) lane
+                    mk = ready_name(nxt, enc, lane, old.group)  # in its own priority's (and group's) lane
                     r = Rec(job_id, _QUEUED, now_ms, 0, old.max_attempts, old.result_ttl, now_ms, old.envelope, mk)
                     r.token = token
                     r.priority = lane
@@ -123,11 +123,11 @@ class FileAdmin:
                 # promoted; a crash before the record goes leaves a job without a marker,
                 # which start-up repair gives one back (the removal was not acknowledged).
                 if r.mk:
-                    _unlink(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
+                    unlink_quiet(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
                 if r.parent is not None:  # its parent counts it as cancelled (a note, first)
                     r.kind = _CANCELLED
                     self._trees.tree_ended(q, r)
-                _unlink(os.path.join(q.jobs, enc))
+                unlink_quiet(os.path.join(q.jobs, enc))
                 self._core.publish(q, [StorageEvent("removed", job_id, token=r.token)])
                 ok = True
         await self._core.finish([], {q.jobs_fd, q.delayed_fd, *q.lane_fds}, ok)
@@ -154,7 +154,7 @@ class FileAdmin:
                 with self._core.locked(q):  # re-checked under the lock: it may have moved on
                     for enc in batch:
                         if matches(self._core.load(q, enc, time.time())):
-                            _unlink(os.path.join(q.jobs, enc))
+                            unlink_quiet(os.path.join(q.jobs, enc))
                             n += 1
 
         n = await trio.to_thread.run_sync(run)
@@ -173,7 +173,7 @@ class FileAdmin:
             except CorruptRecord:
                 out.append(await self._jobs.get_job(queue, jid))  # (quarantines it if still corrupt)
                 continue
-            out.append(None if r is None or (r.exp is not None and r.exp <= now) else _job_record(r))
+            out.append(None if r is None or (r.exp is not None and r.exp <= now) else to_job_record(r))
         return out
 
     async def queue_names(self) -> list[str]:
@@ -203,12 +203,12 @@ class FileAdmin:
             if changed and paused:
                 write_atomic(q.grp.paused, encg, group.encode("utf-8", "surrogatepass"), False)
             elif changed:
-                _unlink(path)
+                unlink_quiet(path)
                 q.bump()
                 q.grp.requeue(encg, q.lane_empty)  # back in the rings: claimers see the entries
                 wake = os.path.join(q.ready, tmp_name())  # (and wake, as a resume of the queue does)
                 os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-                _unlink(wake)
+                unlink_quiet(wake)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return changed
 

@@ -37,19 +37,19 @@ from ._fsutil import (
 )
 from ._groupcommit import Syncer, sync_now
 from ._layout import (
-    _CLEAN_INTERVAL,
-    _DELAYED_LANE,
-    _LANE_RECHECK,
-    _EVENTS_MAX,
-    _Q,
-    _EnqState,
-    _event_line,
-    _log_generation,
-    _log_header,
-    _ready_name,
-    _seq_name,
-    _split_marker,
-    _unlink,
+    CLEAN_INTERVAL,
+    DELAYED_LANE,
+    LANE_RECHECK,
+    EVENTS_MAX,
+    FileQueue,
+    EnqState,
+    event_line,
+    log_generation,
+    log_header,
+    ready_name,
+    seq_name,
+    split_marker,
+    unlink_quiet,
     log,
 )
 
@@ -67,7 +67,7 @@ class FileSettings:
     directory: Path
     fsync: bool = True
     rescan_interval: float = 1.0
-    event_log_max_bytes: int = _EVENTS_MAX
+    event_log_max_bytes: int = EVENTS_MAX
 
     def __post_init__(self) -> None:
         n = self.event_log_max_bytes
@@ -87,10 +87,10 @@ class FileCore:
     def __init__(self, settings: FileSettings) -> None:
         self.settings = settings
         self.root = settings.root
-        self.queues: dict[str, _Q] = {}
+        self.queues: dict[str, FileQueue] = {}
         self._qlock = threading.Lock()
         self._syncers: dict[object, Syncer] = {}
-        self.enq: dict[tuple[object, str], _EnqState] = {}  # per (Trio run, queue): its enqueue groups
+        self.enq: dict[tuple[object, str], EnqState] = {}  # per (Trio run, queue): its enqueue groups
         self._root_fd = -1
         self.locks_dir = os.path.join(self.root, "locks")
         self.locks_fd = -1
@@ -134,7 +134,7 @@ class FileCore:
         self._syncers.clear()
         self.enq.clear()
 
-    def q(self, name: str) -> _Q:
+    def q(self, name: str) -> FileQueue:
         q = self.queues.get(name)
         if q is not None:
             return q
@@ -150,7 +150,7 @@ class FileCore:
                 if enc.startswith("h"):
                     with open(os.path.join(path, "name"), "w", encoding="utf-8") as f:
                         f.write(name)
-                q = _Q(name, path)
+                q = FileQueue(name, path)
                 if fresh:
                     if self.settings.fsync:
                         os.fsync(q.jobs_fd)
@@ -169,7 +169,7 @@ class FileCore:
         return q
 
     @contextmanager
-    def locked(self, q: _Q) -> Iterator[None]:
+    def locked(self, q: FileQueue) -> Iterator[None]:
         """The queue's lock, blocking: for worker threads only (start-up repair)."""
         with q.tlock:
             fcntl.flock(q.lock_fd, fcntl.LOCK_EX)
@@ -184,7 +184,7 @@ class FileCore:
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
 
     @asynccontextmanager
-    async def alock(self, q: _Q) -> AsyncIterator[None]:
+    async def alock(self, q: FileQueue) -> AsyncIterator[None]:
         """The queue's lock, from a Trio task without ever blocking the Trio thread: the
         tasks of this run queue on a ``trio.Lock``; then the thread lock and the ``flock``
         (shared with other threads and processes) are tried without blocking, retried with
@@ -209,12 +209,12 @@ class FileCore:
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
                 q.tlock.release()
 
-    def marker(self, q: _Q, directory: str, name: str) -> tuple[int, str] | None:
+    def marker(self, q: FileQueue, directory: str, name: str) -> tuple[int, str] | None:
         """``(number, encoded id)`` of a marker in ``ready/`` or ``delayed/``; ``None`` for a
         temp file (skipped) or anything else (quarantined and reported)."""
         if name.startswith(".tmp-"):
             return None
-        parsed = _split_marker(name)
+        parsed = split_marker(name)
         if parsed is None:
             folder = os.path.basename(directory)
             self.quarantine(q, os.path.join(directory, name), f"unexpected file in {folder}/")
@@ -242,7 +242,7 @@ class FileCore:
             syncer = self._syncers[token] = Syncer(self._root_fd)
         await syncer.sync(fds, dirs)
 
-    def read(self, q: _Q, enc_id: str) -> Rec | None:
+    def read(self, q: FileQueue, enc_id: str) -> Rec | None:
         """The record, or None if absent. Corrupt records are quarantined (and None).
 
         In a locked section, a record this process wrote itself comes from the record
@@ -272,17 +272,17 @@ class FileCore:
             self.quarantine(q, path, f"corrupt job record: {exc}")
             return None
 
-    def load(self, q: _Q, enc_id: str, now: float, delete_expired: bool = True) -> Rec | None:
+    def load(self, q: FileQueue, enc_id: str, now: float, delete_expired: bool = True) -> Rec | None:
         r = self.read(q, enc_id)
         if r is not None and r.exp is not None and r.exp <= now:
             if delete_expired:
-                _unlink(os.path.join(q.jobs, enc_id))
+                unlink_quiet(os.path.join(q.jobs, enc_id))
             return None
         return r
 
     def commit(
         self,
-        q: _Q,
+        q: FileQueue,
         items: dict[str, Rec],
         fds: list[int] | None,
         new: set[str] | None = None,
@@ -291,7 +291,7 @@ class FileCore:
         """Write ``items`` (encoded id -> record) as one segment and make each
         ``jobs/<id>`` a link to it (lock held). Returns whether an expiry entry was made.
 
-        Order: (0) the generation is bumped (see :meth:`_Q.bump`); (1) the segment is
+        Order: (0) the generation is bumped (see :meth:`FileQueue.bump`); (1) the segment is
         written under a temp name in ``tmp/``; (2) if a record
         has an expiry, ``expiry/<min ms>-s<segment id>`` is linked to it; (3) each
         ``jobs/<id>`` is linked (new ids) or atomically re-pointed (link to a temp name +
@@ -312,7 +312,7 @@ class FileCore:
             exps = [r.exp for r in items.values() if r.exp is not None]
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
-                os.link(tmp, os.path.join(q.expiry, _seq_name(ms, "s" + seg.uid.hex())))
+                os.link(tmp, os.path.join(q.expiry, seq_name(ms, "s" + seg.uid.hex())))
             st = os.fstat(fd) if q.owner == threading.get_ident() else None
             last: str | None = next(reversed(items))
             if new is not None and last in new:
@@ -341,7 +341,7 @@ class FileCore:
             keep = fds is not None and self.settings.fsync
         finally:
             if tmp:
-                _unlink(tmp)
+                unlink_quiet(tmp)
             if keep:
                 assert fds is not None
                 fds.append(fd)
@@ -349,18 +349,18 @@ class FileCore:
                 os.close(fd)
         return bool(exps)
 
-    def link_marker(self, q: _Q, enc: str, directory: str, name: str) -> None:
+    def link_marker(self, q: FileQueue, enc: str, directory: str, name: str) -> None:
         """Give a job its ready/delayed name: another link to its record's segment."""
         if directory == q.ready:
             q.lane_filled(name)
         elif directory == q.delayed:
-            q.lane_empty.pop(_DELAYED_LANE, None)
+            q.lane_empty.pop(DELAYED_LANE, None)
         try:
             os.link(q.jobs + "/" + enc, directory + "/" + name)
         except FileExistsError:
             pass
 
-    def quarantine(self, q: _Q, path: str, why: str) -> None:
+    def quarantine(self, q: FileQueue, path: str, why: str) -> None:
         name = os.path.basename(path)
         dest = os.path.join(q.quarantine, f"{time.time_ns():x}-{os.path.basename(os.path.dirname(path))}-{name}")
         try:
@@ -368,11 +368,11 @@ class FileCore:
         except FileNotFoundError:
             return
         except OSError:
-            _unlink(path)
+            unlink_quiet(path)
         log.error("trioqueue FileStorage: quarantined %s (%s) to %s", path, why, dest)
         self.publish(q, [StorageEvent("error", name, None, None, why.encode())])
 
-    def publish(self, q: _Q, events: list[StorageEvent]) -> None:
+    def publish(self, q: FileQueue, events: list[StorageEvent]) -> None:
         """Append events to the log (lock held). Rotation also happens under the lock, and
         every write first follows a rotation made by another process, so no event is ever
         written to a log file that subscribers have left: a subscriber reads the old file
@@ -380,7 +380,7 @@ class FileCore:
         if not events:
             return
         self._reopen_events_if_rotated(q)
-        data = "".join(_event_json(_event_line(ev)) + "\n" for ev in events).encode()
+        data = "".join(_event_json(event_line(ev)) + "\n" for ev in events).encode()
         os.write(q.events_fd, data)
         q.events_written += len(data)
         if q.events_written > min(1 << 20, self.settings.event_log_max_bytes // 4):
@@ -388,10 +388,10 @@ class FileCore:
             if os.fstat(q.events_fd).st_size > self.settings.event_log_max_bytes:
                 # Rotate: a new file, one generation up; subscribers finish the old one
                 # (still open) and switch over.
-                write_atomic(q.path, "events", _log_header(_log_generation(q.events_fd) + 1), False)
+                write_atomic(q.path, "events", log_header(log_generation(q.events_fd) + 1), False)
                 self._reopen_events_if_rotated(q)
 
-    def _reopen_events_if_rotated(self, q: _Q) -> None:
+    def _reopen_events_if_rotated(self, q: FileQueue) -> None:
         try:
             st = os.stat(q.events)
         except FileNotFoundError:
@@ -401,7 +401,7 @@ class FileCore:
             q.events_fd = os.open(q.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             q.events_ino = os.fstat(q.events_fd).st_ino
 
-    def worker_enc(self, q: _Q, worker_id: str) -> str:
+    def worker_enc(self, q: FileQueue, worker_id: str) -> str:
         enc = encode_name(worker_id)
         if enc.startswith("h"):
             p = os.path.join(q.names, enc)
@@ -409,7 +409,7 @@ class FileCore:
                 write_atomic(q.names, enc, worker_id.encode("utf-8", "surrogatepass"), False)
         return enc
 
-    def worker_dec(self, q: _Q, enc: str) -> str | None:
+    def worker_dec(self, q: FileQueue, enc: str) -> str | None:
         name = decode_name(enc)
         if name is None:
             try:
@@ -419,12 +419,12 @@ class FileCore:
                 return None
         return name
 
-    def maybe_clean(self, q: _Q, now: float) -> None:
-        if now - q.last_clean >= _CLEAN_INTERVAL:
+    def maybe_clean(self, q: FileQueue, now: float) -> None:
+        if now - q.last_clean >= CLEAN_INTERVAL:
             q.last_clean = now
             self.clean_expired(q, now)
 
-    def clean_expired(self, q: _Q, now: float) -> None:
+    def clean_expired(self, q: FileQueue, now: float) -> None:
         """Forget terminal jobs whose TTL has passed (lock held).
 
         ``expiry/<ms>-s<segment id>`` is a link to a segment holding records with an
@@ -434,10 +434,10 @@ class FileCore:
         unlinked and the entry is renamed to the next expiry, or removed."""
         now_ms = int(now * 1000)
         for name in sorted(os.listdir(q.expiry)):
-            parsed = _split_marker(name)
+            parsed = split_marker(name)
             path = os.path.join(q.expiry, name)
             if parsed is None:
-                _unlink(path)
+                unlink_quiet(path)
                 continue
             ms, rest = parsed
             if ms > now_ms:
@@ -445,9 +445,9 @@ class FileCore:
             if not rest.startswith("s"):  # a per-job entry of the older layout
                 r = self.read(q, rest)
                 if r is not None and r.exp is not None and r.exp <= now:
-                    _unlink(os.path.join(q.jobs, rest))
+                    unlink_quiet(os.path.join(q.jobs, rest))
                 if r is None or r.exp is None or r.exp <= now or int(r.exp * 1000) != ms:
-                    _unlink(path)
+                    unlink_quiet(path)
                 continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -478,26 +478,26 @@ class FileCore:
                 except FileNotFoundError:
                     continue
                 if r.exp <= now:
-                    _unlink(jpath)
+                    unlink_quiet(jpath)
                 else:
                     pending = min(pending, r.exp)
             if pending == math.inf:
-                _unlink(path)
+                unlink_quiet(path)
             else:
                 ms2 = min(max(int(pending * 1000), 0), (1 << 64) - 1)
-                os.rename(path, os.path.join(q.expiry, _seq_name(ms2, rest)))
+                os.rename(path, os.path.join(q.expiry, seq_name(ms2, rest)))
 
-    def promote(self, q: _Q, now: float, events: list[StorageEvent]) -> float:
+    def promote(self, q: FileQueue, now: float, events: list[StorageEvent]) -> float:
         """Move due retries and delayed jobs to the ready list (lock held). Returns the
         next due time."""
         # Known empty like a lane (see _claim_locked): delayed/ is listed only after the
-        # generation moved, this process linked a marker into it, or _LANE_RECHECK.
-        empty = q.lane_empty.get(_DELAYED_LANE)
-        if empty is not None and 0 <= now - empty < _LANE_RECHECK:
+        # generation moved, this process linked a marker into it, or LANE_RECHECK.
+        empty = q.lane_empty.get(DELAYED_LANE)
+        if empty is not None and 0 <= now - empty < LANE_RECHECK:
             return math.inf
         names = os.listdir(q.delayed)
         if not names:
-            q.lane_empty[_DELAYED_LANE] = now
+            q.lane_empty[DELAYED_LANE] = now
             return math.inf
         names.sort()
         now_ms = int(now * 1000)
@@ -515,11 +515,11 @@ class FileCore:
                 break
             r = self.read(q, enc)
             if r is None or r.kind not in (_FAILING, _DELAYED) or r.mk != name or enc in items:
-                _unlink(os.path.join(q.delayed, name))
+                unlink_quiet(os.path.join(q.delayed, name))
                 continue
             if nxt < 0:
                 nxt, front = q.counters()
-            mk = _ready_name(nxt, enc, r.priority, r.group)
+            mk = ready_name(nxt, enc, r.priority, r.group)
             nxt += 1
             events.append(StorageEvent(R.promote(r, now_ms), r.id, token=r.token))
             r.mk = mk
@@ -535,7 +535,7 @@ class FileCore:
             q.set_counters(nxt, front)
         return next_due
 
-    def records(self, q: _Q, now: float) -> Iterator[tuple[str, Rec]]:
+    def records(self, q: FileQueue, now: float) -> Iterator[tuple[str, Rec]]:
         """Every live record ``(encoded id, record)`` of ``q``, streamed from ``jobs/``
         without the lock (a segment is complete before its first link). Unreadable ones
         are skipped (the next locked step that meets them quarantines them)."""
@@ -551,7 +551,7 @@ class FileCore:
                 if r is not None and (r.exp is None or r.exp > now):
                     yield name, r
 
-    def held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
+    def held(self, q: FileQueue, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
         enc = encode_name(job_id)
         r = self.read(q, enc)

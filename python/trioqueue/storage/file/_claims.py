@@ -38,12 +38,12 @@ from ._limits import claim_allowance, count_claims, hold_claims, slot_freed
 from ._turns import GroupTurns
 from ._layout import (
     due_event,
-    _Q,
-    _close_on_error,
-    _mtime,
-    _ready_name,
-    _seq_name,
-    _unlink,
+    FileQueue,
+    close_on_error,
+    mtime_of,
+    ready_name,
+    seq_name,
+    unlink_quiet,
 )
 
 __all__ = ["FileClaims"]
@@ -61,7 +61,7 @@ class FileClaims:
         self._retention = retention
 
     def _claim_locked(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
+        self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
     ) -> tuple[list[Claim], float]:
         claims: list[Claim] = []
         events: list[StorageEvent] = []
@@ -90,7 +90,7 @@ class FileClaims:
         # with nothing cached is listed again, unless it was found empty since the
         # generation last changed (any process's enqueue, release, promotion... bumps it
         # before adding a marker; this process's own markers forget it directly), and
-        # less than _LANE_RECHECK ago (writers of the older code bump no generation).
+        # less than LANE_RECHECK ago (writers of the older code bump no generation).
         # A priority whose ring (see _groups) has entries serves its groups in turn.
         lane = 0
         items: dict[str, Rec] = {}
@@ -116,13 +116,13 @@ class FileClaims:
                 continue  # claimed by someone else, or cancelled
             r = self._core.read(q, enc)
             if r is None or r.kind != _QUEUED or r.mk != mk:
-                _unlink(target)  # stale marker (cancelled job, or an old copy)
+                unlink_quiet(target)  # stale marker (cancelled job, or an old copy)
                 continue
             if r.parent is not None and self._trees.ancestor_ended(q, r):
                 # An ancestor failed or was cancelled: its cascade (level by level, a
                 # step each) is on its way to r. Cancelled now, as it would be, instead
                 # of handed out (a job of a cancelled tree never starts after its end).
-                _unlink(target)
+                unlink_quiet(target)
                 R.cancel_by_ancestor(r, now)
                 r.mk = None
                 self._trees.tree_ended(q, r)
@@ -145,7 +145,7 @@ class FileClaims:
         self._core.maybe_clean(q, now)
         return claims, min(next_due, turns.wake_at)
 
-    def _next_ready(self, q: _Q, lane: int, now: float, turns: GroupTurns) -> tuple[str, str, str] | None:
+    def _next_ready(self, q: FileQueue, lane: int, now: float, turns: GroupTurns) -> tuple[str, str, str] | None:
         """The next marker ``(directory, name, mk)`` of ungrouped lane ``lane`` (taken
         from its cache, listing it if need be), ``(directory, "", "")`` for a cached name
         to skip, or ``None`` when the lane has nothing (for this claim)."""
@@ -158,7 +158,7 @@ class FileClaims:
         return q.lanes[lane], name, (name if lane == DEFAULT_PRIORITY else f"p{lane}/{name}")
 
     async def _claim(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
+        self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
     ) -> tuple[list[Claim], float]:
         async with self._core.alock(q):
             return self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
@@ -208,7 +208,7 @@ class FileClaims:
         retries: list[tuple[str, str]] = []
         hold = 0.0
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 pdir = q.proc + "/" + self._core.worker_enc(q, worker_id)
                 for s in settlements:
@@ -248,7 +248,7 @@ class FileClaims:
                         r.children = r.children or []
                         self._trees.tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
                     else:  # failing (a retry) or delayed (rate limited): due after the delay
-                        mk = _seq_name(int((now + s.delay) * 1000), enc)
+                        mk = seq_name(int((now + s.delay) * 1000), enc)
                         r.mk = mk
                         retries.append((enc, mk))
                         if r.kind == _DELAYED:
@@ -269,7 +269,7 @@ class FileClaims:
                 # (see Reaper.recover_stalled): a waiter never misses its job's end.
                 self._core.publish(q, events)
                 for enc in items:
-                    _unlink(pdir + "/" + enc)
+                    unlink_quiet(pdir + "/" + enc)
                 q.grp.left_all(items.items(), q.lane_empty)
                 if hold:
                     hold_claims(q, hold)
@@ -302,7 +302,7 @@ class FileClaims:
                     continue
                 r = self._core.read(q, enc)
                 if r is None or r.kind != _PROCESSING or r.worker != worker_id:
-                    _unlink(marker)
+                    unlink_quiet(marker)
                     continue
                 seen.add(enc)
                 if not R.release(r, now, refund):  # a cancel request: it ends cancelled
@@ -316,7 +316,7 @@ class FileClaims:
             # queued record whose marker is still in proc/ and moves it to ready/).
             self._core.commit(q, items, None)
             for enc in cancelled:
-                _unlink(os.path.join(pdir, enc))
+                unlink_quiet(os.path.join(pdir, enc))
             n = self._requeue_markers(q, todo, worker_id, events)
             q.grp.left_all(items.items(), q.lane_empty)
             if todo:
@@ -337,12 +337,12 @@ class FileClaims:
         the new front counter."""
         front -= len(todo)
         for i, (enc, _, r) in enumerate(todo):
-            r.mk = _ready_name(front + 1 + i, enc, r.priority, r.group)
+            r.mk = ready_name(front + 1 + i, enc, r.priority, r.group)
             items[enc] = r
         return front
 
     @staticmethod
-    def _requeue_markers(q: _Q, todo: list[tuple[str, str, Rec]], worker_id: str, events: list[StorageEvent]) -> int:
+    def _requeue_markers(q: FileQueue, todo: list[tuple[str, str, Rec]], worker_id: str, events: list[StorageEvent]) -> int:
         """Move the proc entries of jobs :meth:`_requeue_records` made queued (their records
         committed) to their ready markers; how many."""
         for _, marker, r in todo:
@@ -381,7 +381,7 @@ class FileClaims:
         items: dict[str, Rec] = {}
         fds: list[int] = []
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 pdir = os.path.join(q.proc, self._core.worker_enc(q, worker_id))
                 paused = os.path.exists(q.paused)
@@ -417,7 +417,7 @@ class FileClaims:
                     q.set_counters(nxt, front)
                 self._core.publish(q, events)  # before the proc entries go (see settle)
                 for enc in gone:
-                    _unlink(os.path.join(pdir, enc))
+                    unlink_quiet(os.path.join(pdir, enc))
                 q.grp.left_all([(enc, items[enc]) for enc in gone] + [(enc, r) for enc, _, r in back], q.lane_empty)
         await self._core.finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
         if self._trees.dirty:
@@ -469,7 +469,7 @@ class FileClaims:
         q = self._core.q(queue)
         enc_w = encode_name(worker_id)
         async with self._core.alock(q):
-            _unlink(os.path.join(q.workers, enc_w))
+            unlink_quiet(os.path.join(q.workers, enc_w))
             try:
                 os.rmdir(os.path.join(q.proc, enc_w))
                 q.proc_dirs.discard(enc_w)
@@ -485,7 +485,7 @@ class FileClaims:
         for enc in os.listdir(q.workers):
             if enc.startswith("."):
                 continue
-            t = _mtime(os.path.join(q.workers, enc))
+            t = mtime_of(os.path.join(q.workers, enc))
             if t is None or (t <= now and not include_expired):
                 continue
             w = self._core.worker_dec(q, enc)

@@ -36,23 +36,23 @@ from ._base import FileCore, FileSettings
 from ._flows import FileTrees
 from ._layout import (
     enqueue_outcome,
-    _Q,
-    _QUEUED_OUTCOME,
-    _close_on_error,
+    FileQueue,
+    QUEUED_OUTCOME,
+    close_on_error,
     due_event,
-    _EnqReq,
-    _EnqState,
-    _job_record,
-    _ready_name,
-    _seq_name,
-    _state,
-    _unlink,
+    EnqReq,
+    EnqState,
+    to_job_record,
+    ready_name,
+    seq_name,
+    state_of,
+    unlink_quiet,
 )
 
 __all__ = ["FileJobs"]
 
 
-def _named_dirs(q: _Q, jobs: Sequence[NewJob]) -> set[int]:
+def _named_dirs(q: FileQueue, jobs: Sequence[NewJob]) -> set[int]:
     """The directories an enqueue of ``jobs`` may have given names: ``jobs/``, the lanes
     used, and ``delayed/`` only if a job may have gone there."""
     dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in jobs)}
@@ -76,8 +76,8 @@ class FileJobs:
         key = (trio.lowlevel.current_trio_token(), queue)
         st = self._core.enq.get(key)
         if st is None:
-            st = self._core.enq[key] = _EnqState()
-        req = _EnqReq(jobs)
+            st = self._core.enq[key] = EnqState()
+        req = EnqReq(jobs)
         st.pending.append(req)
         try:
             while not req.done.is_set():
@@ -102,7 +102,7 @@ class FileJobs:
         assert req.out is not None
         return req.out
 
-    async def _write_group(self, q: _Q, st: _EnqState, leader: _EnqReq) -> None:
+    async def _write_group(self, q: FileQueue, st: EnqState, leader: EnqReq) -> None:
         """Lead one group: take every pending call, lock, write, unlock, flush."""
         st.running = True
         st.idle = trio.Event()
@@ -145,7 +145,7 @@ class FileJobs:
             st.running = False
             st.idle.set()
 
-    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
+    def _enqueue_locked(self, q: FileQueue, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
         """One segment for every new job, then its ``jobs/`` and ``ready/`` (or
         ``delayed/``) links (lock held).
 
@@ -177,7 +177,7 @@ class FileJobs:
             found[enc] = r0
             return False
 
-        with _close_on_error(fds):
+        with close_on_error(fds):
             nxt, front = q.counters()
             start = nxt
             for job in jobs:
@@ -191,9 +191,9 @@ class FileJobs:
                     kind = R.enqueue_kind(job.run_at, now)
                     if kind == _DELAYED:
                         assert job.run_at is not None
-                        mk = _seq_name(int(job.run_at * 1000), enc)
+                        mk = seq_name(int(job.run_at * 1000), enc)
                     else:
-                        mk = _ready_name(nxt, enc, job.priority, job.group)
+                        mk = ready_name(nxt, enc, job.priority, job.group)
                         nxt += 1
                     r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                     r.token = job.token
@@ -201,7 +201,7 @@ class FileJobs:
                     r.group = job.group
                     items[enc] = r
                     seen[enc] = r
-                    outcomes.append(_QUEUED_OUTCOME)
+                    outcomes.append(QUEUED_OUTCOME)
                     events[enc] = StorageEvent("enqueued", job.id, token=job.token)
                 else:
                     outcomes.append(enqueue_outcome(r))
@@ -234,7 +234,7 @@ class FileJobs:
         fds: list[int] = []
         wrote = False
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 r = self._core.load(q, enc, now)
                 marker = None if r is None else r.mk
@@ -246,7 +246,7 @@ class FileJobs:
                         self._trees.tree_ended(q, r)  # its parent re-evaluated, its children cancelled
                     self._core.commit(q, {enc: r}, fds)
                     if marker:
-                        _unlink(os.path.join(folder, marker))
+                        unlink_quiet(os.path.join(folder, marker))
                     wrote = True
                     self._core.publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
                 elif r is not None and r.kind == _PROCESSING:
@@ -275,7 +275,7 @@ class FileJobs:
             return None
         if r.exp is not None and r.exp <= time.time():
             return None
-        return _job_record(r)
+        return to_job_record(r)
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -305,11 +305,11 @@ class FileJobs:
                 if paused:
                     write_atomic(q.path, "paused", b"", False)
                 else:
-                    _unlink(q.paused)
+                    unlink_quiet(q.paused)
                     # Wake blocked claims (they watch ready/): a temp file created and removed.
                     wake = os.path.join(q.ready, tmp_name())
                     os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-                    _unlink(wake)
+                    unlink_quiet(wake)
                 self._core.publish(q, [StorageEvent("paused" if paused else "resumed", "")])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return changed
@@ -333,7 +333,7 @@ class FileJobs:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._core.q(queue)
         async with self._core.alock(q):
-            found = _unlink(os.path.join(q.schedules, encode_name(name)))
+            found = unlink_quiet(os.path.join(q.schedules, encode_name(name)))
         await trio.lowlevel.cancel_shielded_checkpoint()
         return found
 
@@ -367,11 +367,11 @@ class FileJobs:
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
-    def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:
+    def _schedule(self, q: FileQueue, name: str) -> tuple[bytes, float | None] | None:
         entry = self._schedule_file(q, encode_name(name))
         return None if entry is None else (entry[1], entry[2])
 
-    def _schedule_file(self, q: _Q, enc: str) -> tuple[str, bytes, float | None] | None:
+    def _schedule_file(self, q: FileQueue, enc: str) -> tuple[str, bytes, float | None] | None:
         path = os.path.join(q.schedules, enc)
         try:
             with open(path, "rb") as f:
@@ -384,7 +384,7 @@ class FileJobs:
             self._core.quarantine(q, path, f"unreadable schedule: {exc}")
             return None
 
-    def _write_schedule(self, q: _Q, name: str, spec: bytes, last: float | None) -> None:
+    def _write_schedule(self, q: FileQueue, name: str, spec: bytes, last: float | None) -> None:
         data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
         fd = write_atomic(q.schedules, encode_name(name), data, self._settings.fsync)
         if fd is not None:
@@ -407,7 +407,7 @@ class FileJobs:
         outcomes: list[EnqueueOutcome] = []
         wrote = False
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 events: list[StorageEvent] = []
                 for job in jobs:
@@ -422,15 +422,15 @@ class FileJobs:
                     run_at = R.debounce(r, job.envelope, job.max_attempts, job.result_ttl, now, delay, max_wait)
                     old = mk = r.mk
                     if run_at is not None:  # a delayed job: due later (its marker's name says when)
-                        r.mk = mk = _seq_name(int(run_at * 1000), enc)
+                        r.mk = mk = seq_name(int(run_at * 1000), enc)
                     self._core.commit(q, {enc: r}, fds)
                     if old is not None and mk is not None and mk != old:  # a new due time: a new marker
                         self._core.link_marker(q, enc, q.delayed, mk)
-                        _unlink(os.path.join(q.delayed, old))
+                        unlink_quiet(os.path.join(q.delayed, old))
                         if mk < old:
                             events.append(due_event([(enc, mk)]))
                     wrote = True
-                    outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, _state(r), token=r.token))
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, state_of(r), token=r.token))
                 self._core.publish(q, events)
         await self._core.finish(fds, {q.jobs_fd, q.delayed_fd, *(q.lane_fds[j.priority] for j in jobs)}, wrote)
         return outcomes

@@ -17,9 +17,9 @@ from .._base import (
 from ._inotify import Watch
 from ._base import FileCore, FileSettings
 from ._layout import (
-    _Q,
-    _log_generation,
-    _parse_event,
+    FileQueue,
+    log_generation,
+    parse_event,
 )
 
 __all__ = ["FileEvents"]
@@ -71,7 +71,7 @@ class FileEvents:
 
     async def _tail(
         self,
-        q: _Q,
+        q: FileQueue,
         watch: Watch,
         gen: int,
         fd: int,
@@ -85,7 +85,7 @@ class FileEvents:
         its start. Only a reader that fell more than a whole file behind (the generation
         jumped) or a damaged line gets a ``resync``."""
         buf = b""
-        log_gen = _log_generation(fd)
+        log_gen = log_generation(fd)
         try:
             while True:
                 await watch.wait(gen, self._settings.rescan_interval)
@@ -102,7 +102,7 @@ class FileEvents:
                             for line in lines.splitlines():
                                 if kinds is not None and _unwanted(line, kinds):
                                     continue
-                                ev = _parse_event(line)
+                                ev = parse_event(line)
                                 if ev is None:
                                     batch.append(StorageEvent("resync", ""))
                                 elif ev.kind != "_log":
@@ -126,14 +126,14 @@ class FileEvents:
                             offset += len(data)
                             buf += data
                         for line in buf.splitlines():
-                            ev = _parse_event(line)
+                            ev = parse_event(line)
                             if ev is not None and ev.kind != "_log":
                                 batch.append(ev)
                         os.close(fd)
                         fd = os.open(q.events, os.O_RDONLY | os.O_CLOEXEC)
                         offset = 0
                         buf = b""
-                        new_gen = _log_generation(fd)
+                        new_gen = log_generation(fd)
                         if new_gen != log_gen + 1:  # a whole file went by unread
                             batch.append(StorageEvent("resync", ""))
                         log_gen = new_gen

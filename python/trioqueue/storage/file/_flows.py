@@ -56,7 +56,7 @@ from .._rules import CANCELLED, COMPLETED, DELAYED, FAILED, FAILING, PROCESSING,
 from .._rules import TERMINAL_KINDS as _TERMINAL
 from ._base import FileCore
 from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, write_atomic
-from ._layout import _Q, _QUEUED_OUTCOME, enqueue_outcome, _close_on_error, _job_record, _ready_name, _seq_name, _unlink, due_event
+from ._layout import FileQueue, QUEUED_OUTCOME, enqueue_outcome, close_on_error, to_job_record, ready_name, seq_name, unlink_quiet, due_event
 
 __all__ = ["FileTrees"]
 
@@ -74,7 +74,7 @@ class FileTrees:
 
     # -- notes ---------------------------------------------------------------------------
 
-    def _tree_dir(self, q: _Q) -> str:
+    def _tree_dir(self, q: FileQueue) -> str:
         d = os.path.join(q.path, "tree")
         if d not in self._dirs:
             os.makedirs(d, exist_ok=True)
@@ -87,7 +87,7 @@ class FileTrees:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
         self.dirty.add(queue)
 
-    def tree_ended(self, q: _Q, r: Rec) -> None:
+    def tree_ended(self, q: FileQueue, r: Rec) -> None:
         """``r`` is about to be written terminal, waiting for its children, or with a
         cancel request (lock of ``q`` held): its parent is to be re-evaluated (and ``r``
         kept meanwhile), and so is ``r`` as a parent."""
@@ -103,7 +103,7 @@ class FileTrees:
         if r.children is not None:
             self._note(q.name, "f", r.id)
 
-    def cancel_claimed(self, q: _Q, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
+    def cancel_claimed(self, q: FileQueue, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
         """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
         r.mk = None
         if R.in_tree(r):
@@ -126,7 +126,7 @@ class FileTrees:
         fds: list[int] = []
         wrote = False
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 kept: dict[str, Rec] = {}  # kept records given their TTL: one segment
                 for name in sorted(os.listdir(folder)):
@@ -145,7 +145,7 @@ class FileTrees:
                         self._carry(os.path.join(folder, work))
                     elif enc:
                         wrote |= self._act(q, kind, enc, now, fds, kept)
-                    _unlink(os.path.join(folder, work))
+                    unlink_quiet(os.path.join(folder, work))
                 if kept:
                     self._core.commit(q, kept, fds)
                     wrote = True
@@ -161,7 +161,7 @@ class FileTrees:
             return  # (written atomically: never partial)
         self._note(queue, kind, parent)
 
-    def _peek(self, q: _Q, queue: str, job_id: str) -> Rec | None:
+    def _peek(self, q: FileQueue, queue: str, job_id: str) -> Rec | None:
         """A record of any queue (lock of ``q`` held): a record file is replaced
         atomically, so another queue's is read without its lock."""
         enc = encode_name(job_id)
@@ -172,7 +172,7 @@ class FileTrees:
         except CorruptRecord:
             return None
 
-    def _child(self, q: _Q, queue: str, job_id: str, parent: str) -> Rec | None:
+    def _child(self, q: FileQueue, queue: str, job_id: str, parent: str) -> Rec | None:
         """The record of a child of ``(q, parent)``; ``None`` (counted as cancelled) if it
         is gone, or is another incarnation of the id (the child was cancelled, and the id
         enqueued again on its own)."""
@@ -181,7 +181,7 @@ class FileTrees:
             return None
         return c
 
-    def failed_by_children(self, q: _Q, r: Rec) -> bool:
+    def failed_by_children(self, q: FileQueue, r: Rec) -> bool:
         """Whether a child of the held job ``r`` failed (or was cancelled) under ``cancel`` (lock of ``q`` held): then whatever its run ends with (but a
         failure of its own, or a cancel) fails it with ``ChildJobFailedError``, as waiting
         for them would. A run cut short after ``add_children`` (a crash, a forced stop)
@@ -194,7 +194,7 @@ class FileTrees:
                 return True
         return False
 
-    def _act(self, q: _Q, kind: str, enc: str, now: float, fds: list[int], kept: dict[str, Rec]) -> bool:
+    def _act(self, q: FileQueue, kind: str, enc: str, now: float, fds: list[int], kept: dict[str, Rec]) -> bool:
         """Act on one note (lock of ``q`` held); whether a record was written. Kept
         records that get their TTL go to ``kept`` (the caller writes them)."""
         r = kept.get(enc) or self._core.read(q, enc)
@@ -257,7 +257,7 @@ class FileTrees:
             self.tree_ended(q, r)  # its children are cancelled, its parent re-evaluated
             self._core.commit(q, {enc: r}, fds)
             if marker:
-                _unlink(marker)
+                unlink_quiet(marker)
             self._core.publish(q, [StorageEvent("failed", r.id, error=r.error, token=r.token)])
             return True
         if verdict == CANCELLED:
@@ -266,21 +266,21 @@ class FileTrees:
             self.tree_ended(q, r)
             self._core.commit(q, {enc: r}, fds)
             if marker:
-                _unlink(marker)
+                unlink_quiet(marker)
             self._core.publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
             return True
         if verdict != R.RELEASE:
             return False
         nxt, front = q.counters()
         R.release_parent(r, int(now * 1000))
-        r.mk = _ready_name(nxt, enc, r.priority, r.group)
+        r.mk = ready_name(nxt, enc, r.priority, r.group)
         q.set_counters(nxt + 1, front)
         self._core.commit(q, {enc: r}, fds)
         self._core.link_marker(q, enc, q.ready, r.mk)
         self._core.publish(q, [StorageEvent("promoted", r.id, token=r.token)])
         return True
 
-    def ancestor_ended(self, q: _Q, r: Rec) -> bool:
+    def ancestor_ended(self, q: FileQueue, r: Rec) -> bool:
         """Whether an ancestor of ``r`` failed or was cancelled (lock of ``q`` held; the
         others' records are read as they are written: a record file is replaced
         atomically, and an ancestor's end is written before the notes that cascade it)."""
@@ -296,7 +296,7 @@ class FileTrees:
             parent = p.parent
         return False
 
-    def _cascade_cancel(self, q: _Q, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
+    def _cascade_cancel(self, q: FileQueue, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
         """A ``c-`` note: cancel ``r`` because an ancestor ended (lock of ``q`` held)."""
         if r.kind in _CANCELLABLE:
             marker, folder = r.mk, (q.ready if r.kind == QUEUED else q.delayed)
@@ -305,7 +305,7 @@ class FileTrees:
             self.tree_ended(q, r)
             self._core.commit(q, {enc: r}, fds)
             if marker:
-                _unlink(os.path.join(folder, marker))
+                unlink_quiet(os.path.join(folder, marker))
             self._core.publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
             return True
         if r.kind == PROCESSING:
@@ -324,7 +324,7 @@ class FileTrees:
         outcome, wrote = await self._write_tree(jobs, None)
         if wrote:
             await self.act_on_notes()
-        return outcome if outcome is not None else _QUEUED_OUTCOME
+        return outcome if outcome is not None else QUEUED_OUTCOME
 
     async def add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
@@ -357,7 +357,7 @@ class FileTrees:
                 hq, hid, worker, token, policy = held
                 parent = self._core.read(qs[hq], encode_name(hid))
                 if parent is None or parent.kind != PROCESSING or parent.worker != worker or parent.claim != token:
-                    return EnqueueOutcome(_QUEUED_OUTCOME.status), False
+                    return EnqueueOutcome(QUEUED_OUTCOME.status), False
                 if parent.children is None:
                     parent.children, parent.policy = [], policy
                 recs[hq, hid] = parent
@@ -376,10 +376,10 @@ class FileTrees:
                     kind, mk = WAITING_CHILDREN, None
                 elif R.enqueue_kind(job.run_at, now) == DELAYED:
                     assert job.run_at is not None
-                    kind, mk = DELAYED, _seq_name(int(job.run_at * 1000), enc)
+                    kind, mk = DELAYED, seq_name(int(job.run_at * 1000), enc)
                 else:
                     nxt, front = counters[fj.queue]
-                    kind, mk = QUEUED, _ready_name(nxt, enc, job.priority, job.group)
+                    kind, mk = QUEUED, ready_name(nxt, enc, job.priority, job.group)
                     counters[fj.queue] = (nxt + 1, front)
                 r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                 r.token, r.priority, r.group = job.token, job.priority, job.group
@@ -403,7 +403,7 @@ class FileTrees:
                 items[held[0]][enc] = items[held[0]].pop(enc)
             for n in order:
                 q = qs[n]
-                with _close_on_error(fds[n]):
+                with close_on_error(fds[n]):
                     self._core.commit(q, items[n], fds[n])
                     delayed = []
                     for enc, r in items[n].items():
@@ -438,7 +438,7 @@ class FileTrees:
                 continue
             mine = c is not None and c.parent is not None and tuple(c.parent) == (queue, job_id)
             if c is not None and mine and (c.exp is None or c.exp > now):
-                out.append((cq, _job_record(c)))
+                out.append((cq, to_job_record(c)))
         return out
 
 

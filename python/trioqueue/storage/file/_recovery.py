@@ -34,13 +34,13 @@ from ._base import FileCore, FileSettings
 from ._flows import FileTrees
 from ._limits import slot_freed
 from ._layout import (
-    _Q,
-    _close_on_error,
-    _mtime,
-    _ready_name,
-    _split_marker,
-    _split_ready,
-    _unlink,
+    FileQueue,
+    close_on_error,
+    mtime_of,
+    ready_name,
+    split_marker,
+    split_ready,
+    unlink_quiet,
     log,
 )
 
@@ -65,7 +65,7 @@ class FileRecovery:
         fds: list[int] = []
         dirs = {q.jobs_fd, *q.lane_fds}
         async with self._core.alock(q):
-            with _close_on_error(fds):
+            with close_on_error(fds):
                 now = time.time()
                 self._core.clean_expired(q, now)
                 q.last_clean = now
@@ -79,7 +79,7 @@ class FileRecovery:
                 stale: list[str] = []  # proc entries of settled jobs: dropped after the events
                 for enc_w in os.listdir(q.proc):
                     pdir = os.path.join(q.proc, enc_w)
-                    alive_until = _mtime(os.path.join(q.workers, enc_w)) or 0.0
+                    alive_until = mtime_of(os.path.join(q.workers, enc_w)) or 0.0
                     try:
                         names = os.listdir(pdir)
                     except (FileNotFoundError, NotADirectoryError):
@@ -105,7 +105,7 @@ class FileRecovery:
                                     self._reannounce(r, worker_id, events)
                                 stale.append(marker)
                             continue
-                        lease = r.lease if r.lease is not None else _mtime(marker)
+                        lease = r.lease if r.lease is not None else mtime_of(marker)
                         if lease is None:
                             continue
                         if lease > now and alive_until > now:
@@ -122,7 +122,7 @@ class FileRecovery:
                             self._trees.cancel_claimed(q, r, worker_id, events)
                             drop.append(marker)
                         elif verdict == "requeued":
-                            mk = _ready_name(nxt, enc, r.priority, r.group)
+                            mk = ready_name(nxt, enc, r.priority, r.group)
                             nxt += 1
                             r.mk = mk
                             requeue.append((marker, mk))
@@ -149,7 +149,7 @@ class FileRecovery:
                 self._core.publish(q, events)
                 events = []
                 for marker in drop + stale:
-                    _unlink(marker)
+                    unlink_quiet(marker)
                 q.grp.left_all(items.items(), q.lane_empty)
                 for enc_w in dead:
                     try:
@@ -161,11 +161,11 @@ class FileRecovery:
                 for enc_w in os.listdir(q.workers):
                     if enc_w.startswith("."):
                         continue
-                    expiry = _mtime(os.path.join(q.workers, enc_w))
+                    expiry = mtime_of(os.path.join(q.workers, enc_w))
                     if expiry is not None and expiry <= now:
                         pdir = os.path.join(q.proc, enc_w)
                         if not os.path.isdir(pdir) or not [n for n in os.listdir(pdir) if not n.startswith(".")]:
-                            _unlink(os.path.join(q.workers, enc_w))
+                            unlink_quiet(os.path.join(q.workers, enc_w))
                             try:
                                 os.rmdir(pdir)
                                 q.proc_dirs.discard(enc_w)
@@ -219,11 +219,11 @@ class FileRecovery:
             holder = self._lock_holder(path)
             ok = holder is not None and holder[0] == owner
             if ok:
-                _unlink(path)
+                unlink_quiet(path)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
-    def repair(self, q: _Q) -> None:
+    def repair(self, q: FileQueue) -> None:
         """At start: remove temp files of dead processes, put back ready markers that a
         crash between the record write and the marker creation left missing, and
         quarantine unreadable records."""
@@ -243,7 +243,7 @@ class FileRecovery:
             max_seq = nxt - 1
             for lane in q.lanes:
                 for name in os.listdir(lane):
-                    parsed = _split_marker(name)
+                    parsed = split_marker(name)
                     if parsed is not None:
                         max_seq = max(max_seq, parsed[0])
             nxt = max_seq + 1
@@ -258,10 +258,10 @@ class FileRecovery:
                 if r is None:
                     continue
                 if r.exp is not None and r.exp <= now:
-                    _unlink(os.path.join(q.jobs, enc))
+                    unlink_quiet(os.path.join(q.jobs, enc))
                     continue
                 if r.kind == _QUEUED:
-                    parsed = _split_ready(r.mk) if r.mk else None
+                    parsed = split_ready(r.mk) if r.mk else None
                     if parsed is not None and parsed[1] == enc:
                         nxt = max(nxt, parsed[0] + 1)  # the crashed batch may not have saved it
                     if r.mk and os.path.exists(os.path.join(q.ready, r.mk)):
@@ -276,7 +276,7 @@ class FileRecovery:
                     if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
                         delayed.append((enc, r.mk))
             for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):
-                r.mk = _ready_name(nxt, enc, r.priority, r.group)
+                r.mk = ready_name(nxt, enc, r.priority, r.group)
                 nxt += 1
             # New records (naming the new markers) first, then the markers: links to them.
             fds: list[int] = []

@@ -35,7 +35,7 @@ import trio
 from .. import _rules as R
 from .._base import CLEARED, Settlement, StorageEvent
 from ._base import FileCore
-from ._layout import _Q, _unlink
+from ._layout import FileQueue, unlink_quiet
 
 __all__ = ["FileRetention"]
 
@@ -53,7 +53,7 @@ def _unlink_entries(directory: str) -> int:
     for entry in entries:
         if entry.name.startswith(".") or entry.is_dir(follow_symlinks=False):
             continue
-        if _unlink(entry.path):
+        if unlink_quiet(entry.path):
             n += 1
     return n
 
@@ -85,7 +85,7 @@ class FileRetention:
                 since[queue, state] = 0
                 await self._trim(self._core.q(queue), state, keep)
 
-    async def _trim(self, q: _Q, state: str, keep: int) -> int:
+    async def _trim(self, q: FileQueue, state: str, keep: int) -> int:
         """Forget the jobs of terminal ``state`` past the newest ``keep`` (jobs of trees
         go by their TTL); how many."""
 
@@ -107,7 +107,7 @@ class FileRetention:
                 with self._core.locked(q):  # checked again: it may have moved on meanwhile
                     for ts, enc in victims[i : i + _SLICE]:
                         now_rec = self._core.load(q, enc, time.time())
-                        if now_rec is not None and now_rec.kind == state and now_rec.ts == ts and _unlink(
+                        if now_rec is not None and now_rec.kind == state and now_rec.ts == ts and unlink_quiet(
                             os.path.join(q.jobs, enc)
                         ):
                             q.drop(enc)
@@ -146,5 +146,5 @@ class FileRetention:
         await self._core.finish([], self._cleared_dirs(q), True)
         return n
 
-    def _cleared_dirs(self, q: _Q) -> set[int]:
+    def _cleared_dirs(self, q: FileQueue) -> set[int]:
         return {q.jobs_fd, q.delayed_fd, q.expiry_fd, *q.lane_fds}

@@ -38,7 +38,7 @@ from ._claims import FileClaims
 from ._enqueue import FileJobs
 from ._eventlog import FileEvents
 from ._flows import FileTrees
-from ._layout import _EVENTS_MAX
+from ._layout import EVENTS_MAX
 from ._recovery import FileRecovery
 from ._retention import FileRetention
 
@@ -62,7 +62,7 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration):
         *,
         fsync: bool = True,
         rescan_interval: float = 1.0,
-        event_log_max_bytes: int = _EVENTS_MAX,
+        event_log_max_bytes: int = EVENTS_MAX,
     ) -> None:
         super().__init__()
         self._settings = settings = FileSettings(Path(directory), fsync, rescan_interval, event_log_max_bytes)
