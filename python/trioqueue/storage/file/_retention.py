@@ -1,5 +1,5 @@
 """FileStorage's :meth:`~trioqueue.storage.Administration.clear` and count-based retention
-(:attr:`~trioqueue.storage.Settlement.keep`), a mixin kept apart from ``_admin.py``.
+(:attr:`~trioqueue.storage.Settlement.keep`), a part of the storage kept apart from ``_admin.py``.
 
 **Clear**: a queue emptied in one locked section.
 Every name is unlinked under the queue's lock, in a worker thread: the ready and delayed
