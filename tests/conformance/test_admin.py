@@ -338,7 +338,7 @@ async def test_memory_state_index_stays_proportional_to_live_jobs() -> None:
             await trio.sleep(0.01)  # the results expire
         counts = await storage.counts("q")
         assert counts == dict.fromkeys(ALL_STATES, 0)
-        index = storage._queues["q"].index
+        index = storage._queues.queues["q"].index
         assert all(len(log) <= _SLACK for log in index.logs.values()), {k: len(v) for k, v in index.logs.items()}
 
 

@@ -199,11 +199,11 @@ async def test_file_a_parent_released_in_the_pass_that_fails_its_root_is_cancell
             await trio.lowlevel.checkpoint()  # (the notes stay, as a crash leaves them)
 
         async def settle_in_order() -> None:
-            st._act_on_notes = killed_after_settle  # type: ignore[method-assign]
+            st._trees.act_on_notes = killed_after_settle  # type: ignore[method-assign]
             try:
                 assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
             finally:
-                del st._act_on_notes
+                del st._trees.act_on_notes
             assert await st.settle(q, W1, [settlement(SettleKind.COMPLETE, q, "leaf", b'"leaf"', ttl=60)]) == [True]
 
         seen = await _mid_outcome(st, q, settle_in_order)
@@ -235,17 +235,17 @@ async def test_file_a_queued_job_whose_ancestor_failed_is_not_claimed_while_the_
         )
         [sib] = await claim(st, q, n=1)
         assert sib.id == "sib"
-        act_on_notes = st._act_on_notes
+        act_on_notes = st._trees.act_on_notes
 
         async def one_step_then_killed(queue: str | None = None) -> None:
-            await st._act_on_queue(q)  # the root fails; its cascade's notes stay
-            st._tree_dirty.clear()
+            await st._trees.act_on_queue(q)  # the root fails; its cascade's notes stay
+            st._trees.dirty.clear()
 
-        st._act_on_notes = one_step_then_killed  # type: ignore[method-assign]
+        st._trees.act_on_notes = one_step_then_killed  # type: ignore[method-assign]
         try:
             assert await st.settle(q, W1, [settlement(SettleKind.FAIL, q, "sib", _ERR, ttl=60)]) == [True]
         finally:
-            del st._act_on_notes
+            del st._trees.act_on_notes
         root = await st.get_job(q, "root")
         assert root is not None and kind(root.state) == "failed", root
         leaf = await st.get_job(kids, "leaf")
@@ -372,11 +372,12 @@ async def test_file_a_parent_whose_ancestor_was_cancelled_adds_no_children_while
         async def killed_after_cancel(queue: str | None = None) -> None:
             await trio.lowlevel.checkpoint()  # (the notes stay, as a crash leaves them)
 
-        st._act_on_notes = killed_after_cancel  # type: ignore[method-assign]
+        act_on_notes = st._trees.act_on_notes
+        st._trees.act_on_notes = killed_after_cancel  # type: ignore[method-assign]
         try:
             assert await st.cancel(q, "root") == "cancelled"
         finally:
-            del st._act_on_notes
+            st._trees.act_on_notes = act_on_notes  # type: ignore[method-assign]
         reply = await st.heartbeat(q, W1, 30.0, [("p", run.token)], 30.0)
         assert reply.cancel_requested == [] and not reply.lost, reply  # (the cascade is on its way)
         assert await st.add_children(q, W1, "p", run.token, _kids(kids, (q, "p")), "cancel") is False

@@ -157,7 +157,7 @@ async def test_a_childs_note_taken_by_another_process_before_its_record_is_writt
     async def reaper_pass() -> None:
         async with FileStorage(st.directory) as other:
             for name in ("kids", "reports"):
-                other._q(name)  # opened (start-up repair) before the settle holds a lock
+                other._core.q(name)  # opened (start-up repair) before the settle holds a lock
             ready.set()
             await trio.to_thread.run_sync(go.wait)
             await other.recover_stalled("reports")
@@ -174,7 +174,7 @@ async def test_a_childs_note_taken_by_another_process_before_its_record_is_writt
     thread = threading.Thread(target=meanwhile)
     thread.start()
     await trio.to_thread.run_sync(ready.wait, 30)
-    commit = st._commit
+    commit = st._core.commit
     seen: list[str] = []
 
     def commit_then_someone_acts(q, items, fds):  # type: ignore[no-untyped-def]
@@ -184,11 +184,11 @@ async def test_a_childs_note_taken_by_another_process_before_its_record_is_writt
             done.wait(30)
         return commit(q, items, fds)
 
-    st._commit = commit_then_someone_acts  # type: ignore[method-assign]
+    st._core.commit = commit_then_someone_acts  # type: ignore[method-assign]
     try:
         assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
     finally:
-        del st._commit
+        del st._core.commit
         go.set()
         thread.join(30)
     assert seen and not errors, errors
@@ -211,11 +211,11 @@ async def test_a_crash_after_a_childs_settle_leaves_a_note_the_reaper_of_its_que
     [claim] = await st.dequeue("kids", "w", 1, 0, 30)
 
     async def killed(queue: str | None = None) -> None:  # the worker dies before acting
-        st._tree_dirty.clear()
+        st._trees.dirty.clear()
 
-    st._act_on_notes = killed  # type: ignore[method-assign]
+    st._trees.act_on_notes = killed  # type: ignore[method-assign]
     assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
-    del st._act_on_notes
+    del st._trees.act_on_notes
     parent = await st.get_job("reports", "p")
     assert parent is not None and parent.state.startswith("waiting_children"), parent.state
     await st.recover_stalled("reports")  # the parent's queue's reaper: nothing there yet

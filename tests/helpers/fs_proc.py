@@ -21,6 +21,7 @@ import trio
 
 from trioqueue._core import encode_envelope
 from trioqueue.storage import FileStorage, NewJob, Settlement, SettleKind
+from trioqueue.storage.file._base import FileCore
 
 
 def job(job_id: str, group: str | None = None) -> NewJob:
@@ -112,7 +113,7 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
     elif scenario == "enqueue-after-records":
         # jobs/<id> linked for every job, no ready/ marker yet.
-        FileStorage._link_marker = lambda *a: _die()  # type: ignore[method-assign]
+        FileCore.link_marker = lambda *a: _die()  # type: ignore[method-assign]
         await st.enqueue(queue, [job("e1"), job("e2"), job("e3")])
     elif scenario == "enqueue-mid-records":
         # Killed after the first job's jobs/<id> link, before the others'.
@@ -131,20 +132,20 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
     elif scenario == "claim-before-records":
         # Jobs renamed into proc/<worker>/, records not yet rewritten as processing.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
-        FileStorage._commit = lambda *a, **k: _die()  # type: ignore[method-assign]
+        FileCore.commit = lambda *a, **k: _die()  # type: ignore[method-assign]
         await st.dequeue(queue, "wc", 10, 0, 30.0)
     elif scenario == "settle-after-records":
         # Records re-pointed to the settlement, delayed/ link and proc/ unlinks not done.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
         assert [c.id for c in claims] == ["r1", "c1"], claims
-        orig_commit = FileStorage._commit
+        orig_commit = FileCore.commit
 
         def commit(*a, **k):  # type: ignore[no-untyped-def]
             orig_commit(*a, **k)
             _die()
 
-        FileStorage._commit = commit  # type: ignore[method-assign]
+        FileCore.commit = commit  # type: ignore[method-assign]
         await st.settle(
             queue,
             "wc",
@@ -157,13 +158,13 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         # Records re-pointed and the events written, the proc/ entries not yet unlinked.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
-        orig_publish = FileStorage._publish
+        orig_publish = FileCore.publish
 
         def publish(*a, **k):  # type: ignore[no-untyped-def]
             orig_publish(*a, **k)
             _die()
 
-        FileStorage._publish = publish  # type: ignore[method-assign]
+        FileCore.publish = publish  # type: ignore[method-assign]
         await st.settle(queue, "wc", [Settlement(SettleKind.COMPLETE, c.id, b"42", ttl=60, token=c.token) for c in claims])
     elif scenario == "reap-after-records":
         # A stalled job out of attempts: its record re-pointed as failed by the reaper,
@@ -173,13 +174,13 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         assert [c.id for c in claims] == ["s1"], claims
         while (await st.workers(queue)).get("wc"):
             await trio.sleep(0.02)  # the lease and the heartbeat expire (what is simulated)
-        orig_commit = FileStorage._commit
+        orig_commit = FileCore.commit
 
         def commit(*a, **k):  # type: ignore[no-untyped-def]
             orig_commit(*a, **k)
             _die()
 
-        FileStorage._commit = commit  # type: ignore[method-assign]
+        FileCore.commit = commit  # type: ignore[method-assign]
         await st.recover_stalled(queue)
     raise SystemExit(f"scenario {scenario} did not crash")
 

@@ -18,14 +18,14 @@ from test_file_storage import all_files, crash, events_until, job
 from trioqueue.storage import FileStorage, Settlement, SettleKind
 from trioqueue.storage.file._fsutil import encode_name
 from trioqueue.storage.file import _layout
-from trioqueue.storage.file._layout import _SEQ_START, _Q
+from trioqueue.storage.file._layout import _SEQ_START, FileQueue
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FileStorage needs Linux (inotify)")
 
 
 def no_generation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make this process write like the code before the generation existed."""
-    monkeypatch.setattr(_Q, "bump", lambda self: None)
+    monkeypatch.setattr(FileQueue, "bump", lambda self: None)
 
 
 # -- events of settlements a crash interrupted ---------------------------------------------
@@ -109,14 +109,14 @@ async def test_temp_names_live_in_tmp_and_dead_ones_are_removed_at_start(tmp_pat
 async def test_the_record_cache_hands_out_copies(tmp_path: Path) -> None:
     async with FileStorage(tmp_path / "d") as st:
         await st.enqueue("q", [job("a")])
-        q = st._q("q")
+        q = st._core.q("q")
         assert encode_name("a") in q.recs
-        async with st._alock(q):
-            r1 = st._read(q, encode_name("a"))
+        async with st._core.alock(q):
+            r1 = st._core.read(q, encode_name("a"))
             assert r1 is not None and r1 is not q.recs[encode_name("a")][0]
             r1.kind = "completed"
             r1.attempts = 99
-            r2 = st._read(q, encode_name("a"))
+            r2 = st._core.read(q, encode_name("a"))
         assert r2 is not None and (r2.kind, r2.attempts) == ("queued", 0)
         claims = await st.dequeue("q", "w", 1, 0, 30)
         assert [(c.id, c.attempts) for c in claims] == [("a", 1)]
@@ -128,7 +128,7 @@ async def test_terminal_records_are_not_cached_and_the_cache_is_bounded(
     monkeypatch.setattr(_layout, "_RECS_MAX", 4)
     async with FileStorage(tmp_path / "d") as st:
         await st.enqueue("q", [job(f"j{i}") for i in range(10)])
-        q = st._q("q")
+        q = st._core.q("q")
         assert sorted(q.recs) == sorted(encode_name(f"j{i}") for i in range(6, 10))  # the newest
         claims = await st.dequeue("q", "w", 10, 0, 30)
         assert [c.id for c in claims] == [f"j{i}" for i in range(10)]  # evicted ones read from disk
@@ -149,7 +149,7 @@ async def test_the_record_cache_sees_another_writers_change(
     async with FileStorage(d) as a, FileStorage(d) as b:
         await a.enqueue("q", [job("x")])
         (c,) = await a.dequeue("q", "wa", 1, 0, 30)
-        assert encode_name("x") in a._q("q").recs
+        assert encode_name("x") in a._core.q("q").recs
         with monkeypatch.context() as m:
             if not generation:
                 no_generation(m)
@@ -182,7 +182,7 @@ async def test_the_generation_keeps_the_counters_of_the_lock_file(tmp_path: Path
 
 
 def count_lane_listings(st: FileStorage, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    lanes = set(st._q("q").lanes)
+    lanes = set(st._core.q("q").lanes)
     listed: list[str] = []
     orig = os.listdir
 
@@ -215,7 +215,7 @@ async def test_a_marker_another_instance_adds_to_a_known_empty_lane_is_claimed(t
         await a.enqueue("q", [job("low")])
         assert [c.id for c in await a.dequeue("q", "w", 1, 0, 30)] == ["low"]
         assert await a.dequeue("q", "w", 1, 0, 30) == []
-        assert 1 in a._q("q").lane_empty
+        assert 1 in a._core.q("q").lane_empty
         await b.enqueue("q", [job("hi")._replace(priority=1)])
         assert [c.id for c in await a.dequeue("q", "w", 1, 0, 30)] == ["hi"]
 
@@ -226,7 +226,7 @@ async def test_a_blocked_claim_sees_a_marker_of_a_writer_without_generation(
     d = tmp_path / "d"
     async with FileStorage(d, rescan_interval=30) as a, FileStorage(d) as b:
         assert await a.dequeue("q", "w", 1, 0, 30) == []
-        assert 1 in a._q("q").lane_empty
+        assert 1 in a._core.q("q").lane_empty
         got: list[str] = []
         async with trio.open_nursery() as n:
 
@@ -252,7 +252,7 @@ def test_rec_copy_copies_every_field() -> None:
 
 
 def test_a_bump_outside_a_section_still_moves_the_generation(tmp_path: Path) -> None:
-    q = _Q("q", str(tmp_path / "q"))
+    q = FileQueue("q", str(tmp_path / "q"))
     try:
         q.bump()
         q.bump()
@@ -268,7 +268,7 @@ async def test_delayed_known_empty_is_not_listed_but_a_retry_is_promoted(
     d = tmp_path / "d"
     async with FileStorage(d) as a, FileStorage(d) as b:
         await a.enqueue("q", [job("x"), job("y")])
-        q = a._q("q")
+        q = a._core.q("q")
         listed: list[str] = []
         orig = os.listdir
 
@@ -336,11 +336,11 @@ async def test_a_subscriber_of_some_kinds_skips_the_others_but_not_a_torn_line(t
     from trioqueue.storage import StorageEvent
 
     async with FileStorage(tmp_path / "d") as st, st.subscribe("q", kinds={"completed"}) as events:
-        q = st._q("q")
-        st._publish(q, [StorageEvent("enqueued", "a"), StorageEvent("completed", "a", result=b"1")])
+        q = st._core.q("q")
+        st._core.publish(q, [StorageEvent("enqueued", "a"), StorageEvent("completed", "a", result=b"1")])
         assert [(e.kind, e.job_id) for e in await events.receive()] == [("completed", "a")]
         os.write(q.events_fd, b'{"k":"enqueued","j":"b')  # a writer killed mid-line
-        st._publish(q, [StorageEvent("completed", "b", result=b"2"), StorageEvent("completed", "c")])
+        st._core.publish(q, [StorageEvent("completed", "b", result=b"2"), StorageEvent("completed", "c")])
         seen: list[tuple[str, str]] = []
         with trio.fail_after(5):
             while ("completed", "c") not in seen:
@@ -402,7 +402,7 @@ async def test_enqueue_of_ids_another_instance_has_is_deduplicated_without_a_loo
         assert out[1].state.startswith("processing:") and out[4].state == out[1].state
         assert out[2].result == b"42" and out[5].state.startswith("queued:")
         assert encode_name("new1") not in reads  # linked without a look
-        assert sorted(a._q("q").recs) == sorted(encode_name(i) for i in ("new1", "gone"))
+        assert sorted(a._core.q("q").recs) == sorted(encode_name(i) for i in ("new1", "gone"))
         claims = await a.dequeue("q", "w2", 10, 0, 30)
         assert [(c.id, c.attempts) for c in claims] == [("new1", 1), ("gone", 1)]
         assert (await a.get_job("q", "dup")).state.startswith("processing:")
@@ -416,7 +416,7 @@ async def test_sections_wake_event_subscribers_only_through_the_event_log(tmp_pa
 
     async with FileStorage(tmp_path / "d") as st:
         await st.enqueue("q", [job("a"), job("b")])
-        q = st._q("q")
+        q = st._core.q("q")
         ino = Inotify()
         try:
             ino.add(q.path, IN_MODIFY | IN_CREATE | IN_MOVED_TO)

@@ -428,15 +428,15 @@ async def test_subscribers_miss_no_event_across_rotations(tmp_path: Path) -> Non
 async def test_a_reader_left_behind_by_a_whole_log_file_gets_a_resync(tmp_path: Path) -> None:
     st = FileStorage(tmp_path / "d", fsync=False, event_log_max_bytes=4096)
     async with st:
-        q = st._q("q")
+        q = st._core.q("q")
         async with st.subscribe("q") as events:
             # Rotate twice while the subscriber cannot run: the middle file is never read.
             for gen in (1, 2):
                 for i in range(60):
-                    st._publish(q, [StorageEvent("enqueued", f"g{gen}-{i}", token="t" * 40)])
+                    st._core.publish(q, [StorageEvent("enqueued", f"g{gen}-{i}", token="t" * 40)])
                 q.events_written = 1 << 30  # force the size check on the next publish
-                st._publish(q, [StorageEvent("enqueued", f"g{gen}-last")])
-            st._publish(q, [StorageEvent("enqueued", "after")])
+                st._core.publish(q, [StorageEvent("enqueued", f"g{gen}-last")])
+            st._core.publish(q, [StorageEvent("enqueued", "after")])
             seen: list[str] = []
             with trio.fail_after(10):
                 while "after" not in seen:
@@ -542,7 +542,7 @@ async def test_enqueues_carried_by_a_cancelled_group_all_return(tmp_path: Path) 
     st = FileStorage(tmp_path / "d", fsync=False)
     async with st:
         await st.enqueue("q", [job("first")])
-        q = st._q("q")
+        q = st._core.q("q")
         for round_ in range(20):  # Trio shuffles which cancelled task runs first: both orders
             scopes = [trio.CancelScope() for _ in range(4)]
 

@@ -1,4 +1,5 @@
-"""The core of FileStorage: lifecycle, the queue lock, records, segments, the event log writer, expiry, promotion and the small shared steps."""
+"""The core of FileStorage, shared by its parts: its settings; the directory's queues, their
+locks, records, segments, markers, the event log writer, expiry and promotion."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -19,10 +21,7 @@ from .. import _rules as R
 from .._base import DELAYED as _DELAYED
 from .._base import FAILING as _FAILING
 from .._base import PROCESSING as _PROCESSING
-from .._base import (
-    Storage,
-    StorageEvent,
-)
+from .._base import StorageEvent
 from ._fsutil import (
     CorruptRecord,
     Rec,
@@ -38,80 +37,76 @@ from ._fsutil import (
 )
 from ._groupcommit import Syncer, sync_now
 from ._layout import (
-    _CLEAN_INTERVAL,
-    _DELAYED_LANE,
-    _LANE_RECHECK,
-    _EVENTS_MAX,
-    _Q,
-    _EnqState,
-    _event_line,
-    _log_generation,
-    _log_header,
-    _ready_name,
-    _seq_name,
-    _split_marker,
-    _unlink,
+    CLEAN_INTERVAL,
+    DELAYED_LANE,
+    LANE_RECHECK,
+    EVENTS_MAX,
+    FileQueue,
+    EnqState,
+    event_line,
+    log_generation,
+    log_header,
+    ready_name,
+    seq_name,
+    split_marker,
+    unlink_quiet,
     log,
 )
 
-__all__ = ["FileBase"]
+__all__ = ["FileCore", "FileSettings"]
 
 # json.dumps with separators builds an encoder per call: one, built once (same output).
 _event_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-class FileBase(Storage):
-    """See :class:`~trioqueue.storage.FileStorage`."""
+@dataclass(frozen=True)
+class FileSettings:
+    """The options of a :class:`~trioqueue.storage.FileStorage` (see its docstring), read
+    by its parts."""
 
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        fsync: bool = True,
-        rescan_interval: float = 1.0,
-        event_log_max_bytes: int = _EVENTS_MAX,
-    ) -> None:
-        super().__init__()
-        if isinstance(event_log_max_bytes, bool) or not isinstance(event_log_max_bytes, int) or event_log_max_bytes < 1024:
-            raise ValidationError(f"event_log_max_bytes must be an int >= 1024, got {event_log_max_bytes!r}")
-        self._events_max = event_log_max_bytes
-        self.directory = Path(directory)
-        self._root = os.fspath(self.directory)
-        self._fsync = fsync
-        self._rescan = rescan_interval
-        self._queues: dict[str, _Q] = {}
+    directory: Path
+    fsync: bool = True
+    rescan_interval: float = 1.0
+    event_log_max_bytes: int = EVENTS_MAX
+
+    def __post_init__(self) -> None:
+        n = self.event_log_max_bytes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1024:
+            raise ValidationError(f"event_log_max_bytes must be an int >= 1024, got {n!r}")
+
+    @property
+    def root(self) -> str:
+        return os.fspath(self.directory)
+
+
+class FileCore:
+    """What every part of :class:`~trioqueue.storage.FileStorage` shares: the directory
+    and its queues (their locks, caches and event logs), the group commit, and the steps
+    on them (records, segments, markers, events, expiry, promotion)."""
+
+    def __init__(self, settings: FileSettings) -> None:
+        self.settings = settings
+        self.root = settings.root
+        self.queues: dict[str, FileQueue] = {}
         self._qlock = threading.Lock()
         self._syncers: dict[object, Syncer] = {}
-        self._enq: dict[tuple[object, str], _EnqState] = {}
+        self.enq: dict[tuple[object, str], EnqState] = {}  # per (Trio run, queue): its enqueue groups
         self._root_fd = -1
-        self._locks_dir = os.path.join(self._root, "locks")
-        self._locks_fd = -1
-        self._tree_dirs: set[str] = set()  # tree/ folders known to exist (see _flows.py)
-        self._tree_dirty: set[str] = set()  # queues given notes to act on
+        self.locks_dir = os.path.join(self.root, "locks")
+        self.locks_fd = -1
 
-    def _repair(self, q: _Q) -> None:
-        """Start-up repair of one queue (see :class:`~._recovery.RecoveryOps`)."""
-        raise NotImplementedError
+    def open(self) -> None:
+        """Create the directory's layout and open it (blocking: run it in a thread)."""
+        os.makedirs(os.path.join(self.root, "q"), exist_ok=True)
+        os.makedirs(self.locks_dir, exist_ok=True)
+        self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.locks_fd = os.open(os.path.join(self.locks_dir, ".flock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        clean_tmp(self.locks_dir)
 
-    def __repr__(self) -> str:
-        return f"FileStorage({self._root!r})"
-
-    async def _connect(self) -> None:
-        await trio.to_thread.run_sync(self._connect_sync)
-
-    def _connect_sync(self) -> None:
-        os.makedirs(os.path.join(self._root, "q"), exist_ok=True)
-        os.makedirs(self._locks_dir, exist_ok=True)
-        self._root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._locks_fd = os.open(os.path.join(self._locks_dir, ".flock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        clean_tmp(self._locks_dir)
-        for name in self._queue_dirs():
-            self._repair(self._q(name))
-
-    def _queue_dirs(self) -> list[str]:
+    def queue_dirs(self) -> list[str]:
         """The names of the queues that have a directory (blocking: run it in a thread)."""
         names: list[str] = []
-        qroot = os.path.join(self._root, "q")
+        qroot = os.path.join(self.root, "q")
         for enc in os.listdir(qroot):
             path = os.path.join(qroot, enc)
             if not os.path.isdir(path):
@@ -126,38 +121,38 @@ class FileBase(Storage):
             names.append(name)
         return names
 
-    async def _disconnect(self) -> None:
+    def close(self) -> None:
         with self._qlock:
-            qs = list(self._queues.values())
-            self._queues.clear()
+            qs = list(self.queues.values())
+            self.queues.clear()
         for q in qs:
             q.close()
-        for fd in (self._root_fd, self._locks_fd):
+        for fd in (self._root_fd, self.locks_fd):
             if fd >= 0:
                 os.close(fd)
-        self._root_fd = self._locks_fd = -1
+        self._root_fd = self.locks_fd = -1
         self._syncers.clear()
-        self._enq.clear()
+        self.enq.clear()
 
-    def _q(self, name: str) -> _Q:
-        q = self._queues.get(name)
+    def q(self, name: str) -> FileQueue:
+        q = self.queues.get(name)
         if q is not None:
             return q
         with self._qlock:
-            q = self._queues.get(name)
+            q = self.queues.get(name)
             if q is None:
                 if self._root_fd < 0:
                     raise RuntimeError("FileStorage is not open")
                 enc = encode_name(name)
-                path = os.path.join(self._root, "q", enc)
+                path = os.path.join(self.root, "q", enc)
                 fresh = not os.path.isdir(path)
                 os.makedirs(path, exist_ok=True)
                 if enc.startswith("h"):
                     with open(os.path.join(path, "name"), "w", encoding="utf-8") as f:
                         f.write(name)
-                q = _Q(name, path)
+                q = FileQueue(name, path)
                 if fresh:
-                    if self._fsync:
+                    if self.settings.fsync:
                         os.fsync(q.jobs_fd)
                         os.fsync(self._root_fd)
                         qfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -165,16 +160,16 @@ class FileBase(Storage):
                             os.fsync(qfd)
                         finally:
                             os.close(qfd)
-                        qroot = os.open(os.path.join(self._root, "q"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                        qroot = os.open(os.path.join(self.root, "q"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                         try:
                             os.fsync(qroot)
                         finally:
                             os.close(qroot)
-                self._queues[name] = q
+                self.queues[name] = q
         return q
 
     @contextmanager
-    def _locked(self, q: _Q) -> Iterator[None]:
+    def locked(self, q: FileQueue) -> Iterator[None]:
         """The queue's lock, blocking: for worker threads only (start-up repair)."""
         with q.tlock:
             fcntl.flock(q.lock_fd, fcntl.LOCK_EX)
@@ -189,7 +184,7 @@ class FileBase(Storage):
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
 
     @asynccontextmanager
-    async def _alock(self, q: _Q) -> AsyncIterator[None]:
+    async def alock(self, q: FileQueue) -> AsyncIterator[None]:
         """The queue's lock, from a Trio task without ever blocking the Trio thread: the
         tasks of this run queue on a ``trio.Lock``; then the thread lock and the ``flock``
         (shared with other threads and processes) are tried without blocking, retried with
@@ -214,26 +209,26 @@ class FileBase(Storage):
                 fcntl.flock(q.lock_fd, fcntl.LOCK_UN)
                 q.tlock.release()
 
-    def _marker(self, q: _Q, directory: str, name: str) -> tuple[int, str] | None:
+    def marker(self, q: FileQueue, directory: str, name: str) -> tuple[int, str] | None:
         """``(number, encoded id)`` of a marker in ``ready/`` or ``delayed/``; ``None`` for a
         temp file (skipped) or anything else (quarantined and reported)."""
         if name.startswith(".tmp-"):
             return None
-        parsed = _split_marker(name)
+        parsed = split_marker(name)
         if parsed is None:
             folder = os.path.basename(directory)
-            self._quarantine(q, os.path.join(directory, name), f"unexpected file in {folder}/")
+            self.quarantine(q, os.path.join(directory, name), f"unexpected file in {folder}/")
         return parsed
 
-    async def _finish(self, fds: list[int], dirs: set[int], wrote: bool) -> None:
+    async def finish(self, fds: list[int], dirs: set[int], wrote: bool) -> None:
         """End of a step: make its writes durable, or only checkpoint if it wrote nothing."""
         if wrote:
-            await self._durable(fds, dirs)
+            await self.durable(fds, dirs)
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def _durable(self, fds: list[int], dirs: set[int]) -> None:
-        if not self._fsync:
+    async def durable(self, fds: list[int], dirs: set[int]) -> None:
+        if not self.settings.fsync:
             for fd in fds:
                 os.close(fd)
             return
@@ -247,7 +242,7 @@ class FileBase(Storage):
             syncer = self._syncers[token] = Syncer(self._root_fd)
         await syncer.sync(fds, dirs)
 
-    def _read(self, q: _Q, enc_id: str) -> Rec | None:
+    def read(self, q: FileQueue, enc_id: str) -> Rec | None:
         """The record, or None if absent. Corrupt records are quarantined (and None).
 
         In a locked section, a record this process wrote itself comes from the record
@@ -274,20 +269,20 @@ class FileBase(Storage):
         try:
             return read_rec(path, enc_id)
         except CorruptRecord as exc:
-            self._quarantine(q, path, f"corrupt job record: {exc}")
+            self.quarantine(q, path, f"corrupt job record: {exc}")
             return None
 
-    def _load(self, q: _Q, enc_id: str, now: float, delete_expired: bool = True) -> Rec | None:
-        r = self._read(q, enc_id)
+    def load(self, q: FileQueue, enc_id: str, now: float, delete_expired: bool = True) -> Rec | None:
+        r = self.read(q, enc_id)
         if r is not None and r.exp is not None and r.exp <= now:
             if delete_expired:
-                _unlink(os.path.join(q.jobs, enc_id))
+                unlink_quiet(os.path.join(q.jobs, enc_id))
             return None
         return r
 
-    def _commit(
+    def commit(
         self,
-        q: _Q,
+        q: FileQueue,
         items: dict[str, Rec],
         fds: list[int] | None,
         new: set[str] | None = None,
@@ -296,7 +291,7 @@ class FileBase(Storage):
         """Write ``items`` (encoded id -> record) as one segment and make each
         ``jobs/<id>`` a link to it (lock held). Returns whether an expiry entry was made.
 
-        Order: (0) the generation is bumped (see :meth:`_Q.bump`); (1) the segment is
+        Order: (0) the generation is bumped (see :meth:`FileQueue.bump`); (1) the segment is
         written under a temp name in ``tmp/``; (2) if a record
         has an expiry, ``expiry/<min ms>-s<segment id>`` is linked to it; (3) each
         ``jobs/<id>`` is linked (new ids) or atomically re-pointed (link to a temp name +
@@ -317,7 +312,7 @@ class FileBase(Storage):
             exps = [r.exp for r in items.values() if r.exp is not None]
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
-                os.link(tmp, os.path.join(q.expiry, _seq_name(ms, "s" + seg.uid.hex())))
+                os.link(tmp, os.path.join(q.expiry, seq_name(ms, "s" + seg.uid.hex())))
             st = os.fstat(fd) if q.owner == threading.get_ident() else None
             last: str | None = next(reversed(items))
             if new is not None and last in new:
@@ -343,10 +338,10 @@ class FileBase(Storage):
                 for enc, r in items.items():
                     if enc not in kept:
                         q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
-            keep = fds is not None and self._fsync
+            keep = fds is not None and self.settings.fsync
         finally:
             if tmp:
-                _unlink(tmp)
+                unlink_quiet(tmp)
             if keep:
                 assert fds is not None
                 fds.append(fd)
@@ -354,18 +349,18 @@ class FileBase(Storage):
                 os.close(fd)
         return bool(exps)
 
-    def _link_marker(self, q: _Q, enc: str, directory: str, name: str) -> None:
+    def link_marker(self, q: FileQueue, enc: str, directory: str, name: str) -> None:
         """Give a job its ready/delayed name: another link to its record's segment."""
         if directory == q.ready:
             q.lane_filled(name)
         elif directory == q.delayed:
-            q.lane_empty.pop(_DELAYED_LANE, None)
+            q.lane_empty.pop(DELAYED_LANE, None)
         try:
             os.link(q.jobs + "/" + enc, directory + "/" + name)
         except FileExistsError:
             pass
 
-    def _quarantine(self, q: _Q, path: str, why: str) -> None:
+    def quarantine(self, q: FileQueue, path: str, why: str) -> None:
         name = os.path.basename(path)
         dest = os.path.join(q.quarantine, f"{time.time_ns():x}-{os.path.basename(os.path.dirname(path))}-{name}")
         try:
@@ -373,11 +368,11 @@ class FileBase(Storage):
         except FileNotFoundError:
             return
         except OSError:
-            _unlink(path)
+            unlink_quiet(path)
         log.error("trioqueue FileStorage: quarantined %s (%s) to %s", path, why, dest)
-        self._publish(q, [StorageEvent("error", name, None, None, why.encode())])
+        self.publish(q, [StorageEvent("error", name, None, None, why.encode())])
 
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
+    def publish(self, q: FileQueue, events: list[StorageEvent]) -> None:
         """Append events to the log (lock held). Rotation also happens under the lock, and
         every write first follows a rotation made by another process, so no event is ever
         written to a log file that subscribers have left: a subscriber reads the old file
@@ -385,18 +380,18 @@ class FileBase(Storage):
         if not events:
             return
         self._reopen_events_if_rotated(q)
-        data = "".join(_event_json(_event_line(ev)) + "\n" for ev in events).encode()
+        data = "".join(_event_json(event_line(ev)) + "\n" for ev in events).encode()
         os.write(q.events_fd, data)
         q.events_written += len(data)
-        if q.events_written > min(1 << 20, self._events_max // 4):
+        if q.events_written > min(1 << 20, self.settings.event_log_max_bytes // 4):
             q.events_written = 0
-            if os.fstat(q.events_fd).st_size > self._events_max:
+            if os.fstat(q.events_fd).st_size > self.settings.event_log_max_bytes:
                 # Rotate: a new file, one generation up; subscribers finish the old one
                 # (still open) and switch over.
-                write_atomic(q.path, "events", _log_header(_log_generation(q.events_fd) + 1), False)
+                write_atomic(q.path, "events", log_header(log_generation(q.events_fd) + 1), False)
                 self._reopen_events_if_rotated(q)
 
-    def _reopen_events_if_rotated(self, q: _Q) -> None:
+    def _reopen_events_if_rotated(self, q: FileQueue) -> None:
         try:
             st = os.stat(q.events)
         except FileNotFoundError:
@@ -406,7 +401,7 @@ class FileBase(Storage):
             q.events_fd = os.open(q.events, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             q.events_ino = os.fstat(q.events_fd).st_ino
 
-    def _worker_enc(self, q: _Q, worker_id: str) -> str:
+    def worker_enc(self, q: FileQueue, worker_id: str) -> str:
         enc = encode_name(worker_id)
         if enc.startswith("h"):
             p = os.path.join(q.names, enc)
@@ -414,7 +409,7 @@ class FileBase(Storage):
                 write_atomic(q.names, enc, worker_id.encode("utf-8", "surrogatepass"), False)
         return enc
 
-    def _worker_dec(self, q: _Q, enc: str) -> str | None:
+    def worker_dec(self, q: FileQueue, enc: str) -> str | None:
         name = decode_name(enc)
         if name is None:
             try:
@@ -424,12 +419,12 @@ class FileBase(Storage):
                 return None
         return name
 
-    def _maybe_clean(self, q: _Q, now: float) -> None:
-        if now - q.last_clean >= _CLEAN_INTERVAL:
+    def maybe_clean(self, q: FileQueue, now: float) -> None:
+        if now - q.last_clean >= CLEAN_INTERVAL:
             q.last_clean = now
-            self._clean_expired(q, now)
+            self.clean_expired(q, now)
 
-    def _clean_expired(self, q: _Q, now: float) -> None:
+    def clean_expired(self, q: FileQueue, now: float) -> None:
         """Forget terminal jobs whose TTL has passed (lock held).
 
         ``expiry/<ms>-s<segment id>`` is a link to a segment holding records with an
@@ -439,20 +434,20 @@ class FileBase(Storage):
         unlinked and the entry is renamed to the next expiry, or removed."""
         now_ms = int(now * 1000)
         for name in sorted(os.listdir(q.expiry)):
-            parsed = _split_marker(name)
+            parsed = split_marker(name)
             path = os.path.join(q.expiry, name)
             if parsed is None:
-                _unlink(path)
+                unlink_quiet(path)
                 continue
             ms, rest = parsed
             if ms > now_ms:
                 break
             if not rest.startswith("s"):  # a per-job entry of the older layout
-                r = self._read(q, rest)
+                r = self.read(q, rest)
                 if r is not None and r.exp is not None and r.exp <= now:
-                    _unlink(os.path.join(q.jobs, rest))
+                    unlink_quiet(os.path.join(q.jobs, rest))
                 if r is None or r.exp is None or r.exp <= now or int(r.exp * 1000) != ms:
-                    _unlink(path)
+                    unlink_quiet(path)
                 continue
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -466,7 +461,7 @@ class FileBase(Storage):
             finally:
                 os.close(fd)
             if not isinstance(seg, Segment):
-                self._quarantine(q, path, "unreadable expiry segment")
+                self.quarantine(q, path, "unreadable expiry segment")
                 continue
             pending = math.inf
             for enc in seg.encs():
@@ -483,26 +478,26 @@ class FileBase(Storage):
                 except FileNotFoundError:
                     continue
                 if r.exp <= now:
-                    _unlink(jpath)
+                    unlink_quiet(jpath)
                 else:
                     pending = min(pending, r.exp)
             if pending == math.inf:
-                _unlink(path)
+                unlink_quiet(path)
             else:
                 ms2 = min(max(int(pending * 1000), 0), (1 << 64) - 1)
-                os.rename(path, os.path.join(q.expiry, _seq_name(ms2, rest)))
+                os.rename(path, os.path.join(q.expiry, seq_name(ms2, rest)))
 
-    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> float:
+    def promote(self, q: FileQueue, now: float, events: list[StorageEvent]) -> float:
         """Move due retries and delayed jobs to the ready list (lock held). Returns the
         next due time."""
         # Known empty like a lane (see _claim_locked): delayed/ is listed only after the
-        # generation moved, this process linked a marker into it, or _LANE_RECHECK.
-        empty = q.lane_empty.get(_DELAYED_LANE)
-        if empty is not None and 0 <= now - empty < _LANE_RECHECK:
+        # generation moved, this process linked a marker into it, or LANE_RECHECK.
+        empty = q.lane_empty.get(DELAYED_LANE)
+        if empty is not None and 0 <= now - empty < LANE_RECHECK:
             return math.inf
         names = os.listdir(q.delayed)
         if not names:
-            q.lane_empty[_DELAYED_LANE] = now
+            q.lane_empty[DELAYED_LANE] = now
             return math.inf
         names.sort()
         now_ms = int(now * 1000)
@@ -511,20 +506,20 @@ class FileBase(Storage):
         items: dict[str, Rec] = {}
         moves: list[tuple[str, str]] = []
         for name in names:
-            parsed = self._marker(q, q.delayed, name)
+            parsed = self.marker(q, q.delayed, name)
             if parsed is None:
                 continue
             ms, enc = parsed
             if ms > now_ms:
                 next_due = ms / 1000
                 break
-            r = self._read(q, enc)
+            r = self.read(q, enc)
             if r is None or r.kind not in (_FAILING, _DELAYED) or r.mk != name or enc in items:
-                _unlink(os.path.join(q.delayed, name))
+                unlink_quiet(os.path.join(q.delayed, name))
                 continue
             if nxt < 0:
                 nxt, front = q.counters()
-            mk = _ready_name(nxt, enc, r.priority, r.group)
+            mk = ready_name(nxt, enc, r.priority, r.group)
             nxt += 1
             events.append(StorageEvent(R.promote(r, now_ms), r.id, token=r.token))
             r.mk = mk
@@ -532,7 +527,7 @@ class FileBase(Storage):
             moves.append((name, mk))
         # Records first (queued, naming their new marker), then the markers move: a crash
         # between leaves queued records without a marker, which start-up repair restores.
-        self._commit(q, items, None)
+        self.commit(q, items, None)
         for name, mk in moves:
             q.lane_filled(mk)
             os.rename(os.path.join(q.delayed, name), os.path.join(q.ready, mk))
@@ -540,33 +535,26 @@ class FileBase(Storage):
             q.set_counters(nxt, front)
         return next_due
 
-    def _cancel_claimed(self, q: _Q, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
-        """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
-        r.mk = None
-        if R.in_tree(r):
-            self._tree_ended(q, r)
-        events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
+    def records(self, q: FileQueue, now: float) -> Iterator[tuple[str, Rec]]:
+        """Every live record ``(encoded id, record)`` of ``q``, streamed from ``jobs/``
+        without the lock (a segment is complete before its first link). Unreadable ones
+        are skipped (the next locked step that meets them quarantines them)."""
+        with os.scandir(q.jobs) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                try:
+                    r = read_rec(entry.path, name)
+                except CorruptRecord:
+                    continue
+                if r is not None and (r.exp is None or r.exp > now):
+                    yield name, r
 
-    # -- trees of jobs: see _flows.py (FileFlows), which overrides these -------------------
-
-    def _tree_ended(self, q: _Q, r: Rec) -> None:
-        """``r``, a job of a tree, is about to be written terminal (lock held)."""
-
-    async def _act_on_notes(self, queue: str | None = None) -> None:
-        """Act on the notes the steps left (trees of jobs)."""
-
-    def _failed_by_children(self, q: _Q, r: Rec) -> bool:
-        """Whether a child of the held parent ``r`` failed under ``cancel`` (lock held)."""
-        return False
-
-    def _ancestor_ended(self, q: _Q, r: Rec) -> bool:
-        """Whether an ancestor of ``r`` failed or was cancelled (lock of ``q`` held)."""
-        return False
-
-    def _held(self, q: _Q, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
+    def held(self, q: FileQueue, pdir: str, worker_id: str, job_id: str, token: str) -> tuple[str, Rec] | None:
         """``(enc, record)`` of a job ``worker_id`` holds under claim ``token`` (lock held)."""
         enc = encode_name(job_id)
-        r = self._read(q, enc)
+        r = self.read(q, enc)
         if r is None or r.kind != _PROCESSING or r.worker != worker_id or r.claim != token:
             return None
         if not q.hit and not os.path.exists(pdir + "/" + enc):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,47 +32,52 @@ from ._fsutil import (
     encode_name,
     tmp_name,
 )
-from ._base import FileBase
+from ._base import FileCore, FileSettings
+from ._flows import FileTrees
+from ._retention import FileRetention
 from ._limits import claim_allowance, count_claims, hold_claims, slot_freed
 from ._turns import GroupTurns
 from ._layout import (
     due_event,
-    _Q,
-    _close_on_error,
-    _mtime,
-    _ready_name,
-    _seq_name,
-    _unlink,
+    FileQueue,
+    close_on_error,
+    mtime_of,
+    ready_name,
+    seq_name,
+    unlink_quiet,
 )
 
-__all__ = ["ClaimOps"]
+__all__ = ["FileClaims"]
 
 
 
-class ClaimOps(FileBase):
-    """A part of :class:`~trioqueue.storage.FileStorage`."""
+class FileClaims:
+    """The consumer side of :class:`~trioqueue.storage.FileStorage`. A part built by the
+    storage with the core, the trees and the retention it shares."""
 
-    if TYPE_CHECKING:  # RetentionOps (_retention.py)
-
-        async def _keep_newest(self, queue: str, settlements: Sequence[Settlement], settled: Sequence[bool]) -> None: ...
+    def __init__(self, core: FileCore, settings: FileSettings, trees: FileTrees, retention: FileRetention) -> None:
+        self._core = core
+        self._settings = settings
+        self._trees = trees
+        self._retention = retention
 
     def _claim_locked(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
+        self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
     ) -> tuple[list[Claim], float]:
         claims: list[Claim] = []
         events: list[StorageEvent] = []
         now = time.time()
-        next_due = self._promote(q, now, events)
+        next_due = self._core.promote(q, now, events)
         if os.path.exists(q.paused):
-            self._publish(q, events)
+            self._core.publish(q, events)
             return claims, next_due
         max_jobs, wake, flow = claim_allowance(q, limits, now, max_jobs)
         if not max_jobs:
-            self._publish(q, events)
+            self._core.publish(q, events)
             return claims, min(next_due, wake)
         now_ms = int(now * 1000)
         deadline = now + lease
-        enc_w = self._worker_enc(q, worker_id)
+        enc_w = self._core.worker_enc(q, worker_id)
         pdir = q.proc_dir(enc_w)
         _, front = q.counters()
         if front != q.cache_front:
@@ -87,11 +91,11 @@ class ClaimOps(FileBase):
         # with nothing cached is listed again, unless it was found empty since the
         # generation last changed (any process's enqueue, release, promotion... bumps it
         # before adding a marker; this process's own markers forget it directly), and
-        # less than _LANE_RECHECK ago (writers of the older code bump no generation).
+        # less than LANE_RECHECK ago (writers of the older code bump no generation).
         # A priority whose ring (see _groups) has entries serves its groups in turn.
         lane = 0
         items: dict[str, Rec] = {}
-        turns = GroupTurns(q, limits, now, self._read)
+        turns = GroupTurns(q, limits, now, self._core.read)
         while len(claims) < max_jobs and lane < len(q.lanes):
             picked = turns.pick(lane)
             if picked is None:
@@ -102,7 +106,7 @@ class ClaimOps(FileBase):
             directory, name, mk = picked
             if not name:
                 continue  # a turn used without a job (a stale ring entry, a paused group...)
-            parsed = self._marker(q, directory, name)
+            parsed = self._core.marker(q, directory, name)
             if parsed is None:
                 continue
             enc = parsed[1]
@@ -111,18 +115,18 @@ class ClaimOps(FileBase):
                 os.rename(directory + "/" + name, target)
             except FileNotFoundError:
                 continue  # claimed by someone else, or cancelled
-            r = self._read(q, enc)
+            r = self._core.read(q, enc)
             if r is None or r.kind != _QUEUED or r.mk != mk:
-                _unlink(target)  # stale marker (cancelled job, or an old copy)
+                unlink_quiet(target)  # stale marker (cancelled job, or an old copy)
                 continue
-            if r.parent is not None and self._ancestor_ended(q, r):
+            if r.parent is not None and self._trees.ancestor_ended(q, r):
                 # An ancestor failed or was cancelled: its cascade (level by level, a
                 # step each) is on its way to r. Cancelled now, as it would be, instead
                 # of handed out (a job of a cancelled tree never starts after its end).
-                _unlink(target)
+                unlink_quiet(target)
                 R.cancel_by_ancestor(r, now)
                 r.mk = None
-                self._tree_ended(q, r)
+                self._trees.tree_ended(q, r)
                 items[enc] = r
                 events.append(StorageEvent("cancelled", r.id, token=r.token))
                 continue
@@ -136,13 +140,13 @@ class ClaimOps(FileBase):
         # The renames above are the claims; then one segment of processing records
         # (attempts, worker, lease). A crash between leaves proc entries whose record is
         # still queued: recover_stalled puts them back in ready/ (no attempt counted).
-        self._commit(q, items, None)
+        self._core.commit(q, items, None)
         count_claims(q, flow, limits, now, len(claims))
-        self._publish(q, events)
-        self._maybe_clean(q, now)
+        self._core.publish(q, events)
+        self._core.maybe_clean(q, now)
         return claims, min(next_due, turns.wake_at)
 
-    def _next_ready(self, q: _Q, lane: int, now: float, turns: GroupTurns) -> tuple[str, str, str] | None:
+    def _next_ready(self, q: FileQueue, lane: int, now: float, turns: GroupTurns) -> tuple[str, str, str] | None:
         """The next marker ``(directory, name, mk)`` of ungrouped lane ``lane`` (taken
         from its cache, listing it if need be), ``(directory, "", "")`` for a cached name
         to skip, or ``None`` when the lane has nothing (for this claim)."""
@@ -155,9 +159,9 @@ class ClaimOps(FileBase):
         return q.lanes[lane], name, (name if lane == DEFAULT_PRIORITY else f"p{lane}/{name}")
 
     async def _claim(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
+        self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
     ) -> tuple[list[Claim], float]:
-        async with self._alock(q):
+        async with self._core.alock(q):
             return self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
 
     async def dequeue(
@@ -171,7 +175,7 @@ class ClaimOps(FileBase):
         limits: ClaimLimits | None = None,
     ) -> list[Claim]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
         watch = q.watch("ready")
@@ -179,9 +183,9 @@ class ClaimOps(FileBase):
             gen = watch.gen
             # The lock wait is the only cancellable step: once claimed, the claims are returned.
             claims, next_due = await self._claim(q, worker_id, max_jobs, lease, start, limits)
-            if self._tree_dirty:  # a claim cancelled jobs whose ancestor ended: their notes
+            if self._trees.dirty:  # a claim cancelled jobs whose ancestor ended: their notes
                 with trio.CancelScope(shield=True):
-                    await self._act_on_notes()
+                    await self._trees.act_on_notes()
             if claims:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
@@ -189,21 +193,14 @@ class ClaimOps(FileBase):
             if left <= 0:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return []
-            await watch.wait(gen, min(left, self._rescan, max(next_due - time.time(), 0.0) + 0.001))
+            await watch.wait(gen, min(left, self._settings.rescan_interval, max(next_due - time.time(), 0.0) + 0.001))
             if watch.gen != gen:
                 q.lane_empty.clear()  # a marker appeared (inotify sees every writer's)
                 q.grp.changes += 1
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
-        """One segment for the whole call. Order: segment -> expiry entry -> ``jobs/<id>``
-        re-pointed -> ``delayed/`` links of retries -> proc entries unlinked; then the
-        group commit. A crash before a job's record is re-pointed leaves it processing
-        (the reaper recovers it: the settlement was not acknowledged); after it, the stale
-        proc entry is dropped by the reaper, and a missing ``delayed/`` link of a failing
-        record is restored at start. Fenced by the claim token; a settlement of a claim
-        that is already settled (a retried call) answers True and changes nothing."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         out: list[bool] = []
         events: list[StorageEvent] = []
         fds: list[int] = []
@@ -211,14 +208,14 @@ class ClaimOps(FileBase):
         items: dict[str, Rec] = {}
         retries: list[tuple[str, str]] = []
         hold = 0.0
-        async with self._alock(q):
-            with _close_on_error(fds):
+        async with self._core.alock(q):
+            with close_on_error(fds):
                 now = time.time()
-                pdir = q.proc + "/" + self._worker_enc(q, worker_id)
+                pdir = q.proc + "/" + self._core.worker_enc(q, worker_id)
                 for s in settlements:
                     enc = encode_name(s.id)
                     marker = pdir + "/" + enc
-                    r = self._read(q, enc) if enc not in items else None
+                    r = self._core.read(q, enc) if enc not in items else None
                     # A record this process wrote (a cache hit) as processing under this
                     # claim implies the proc entry: it was renamed in before the record
                     # was written, and whatever removes it re-points the record first.
@@ -238,21 +235,21 @@ class ClaimOps(FileBase):
                         continue
                     out.append(True)
                     # a child failed under cancel: the run's end fails it (see _failed_by_children)
-                    by_children = bool(r.children) and s.kind in R.ENDS_BY_CHILDREN and self._failed_by_children(q, r)
+                    by_children = bool(r.children) and s.kind in R.ENDS_BY_CHILDREN and self._trees.failed_by_children(q, r)
                     event = R.settle(r, s.kind, s.data, now, s.ttl, by_children)
                     if r.kind == _CANCELLED:
-                        self._cancel_claimed(q, r, worker_id, events)
+                        self._trees.cancel_claimed(q, r, worker_id, events)
                     elif r.kind in (_COMPLETED, _FAILED):
                         if R.in_tree(r):
-                            self._tree_ended(q, r)
+                            self._trees.tree_ended(q, r)
                         result, error = (s.data, None) if r.kind == _COMPLETED else (None, s.data)
                         events.append(StorageEvent(r.kind, s.id, worker_id, result, error, r.token))
                     elif r.kind == WAITING_CHILDREN:
                         r.mk = None
                         r.children = r.children or []
-                        self._tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
+                        self._trees.tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
                     else:  # failing (a retry) or delayed (rate limited): due after the delay
-                        mk = _seq_name(int((now + s.delay) * 1000), enc)
+                        mk = seq_name(int((now + s.delay) * 1000), enc)
                         r.mk = mk
                         retries.append((enc, mk))
                         if r.kind == _DELAYED:
@@ -261,39 +258,39 @@ class ClaimOps(FileBase):
                         error = s.data if r.kind != _DELAYED else None
                         events.append(StorageEvent(event, s.id, worker_id, error=error, token=r.token))
                     items[enc] = r
-                if self._commit(q, items, fds):
+                if self._core.commit(q, items, fds):
                     dirs.add(q.expiry_fd)
                 for enc, mk in retries:
-                    self._link_marker(q, enc, q.delayed, mk)
+                    self._core.link_marker(q, enc, q.delayed, mk)
                 if retries:
                     dirs.add(q.delayed_fd)
                     events.append(due_event(retries))
                 # The events before the proc entries go: a crash between the re-points and
                 # the events leaves the entries, and the reaper announces the settlement
                 # (see Reaper.recover_stalled): a waiter never misses its job's end.
-                self._publish(q, events)
+                self._core.publish(q, events)
                 for enc in items:
-                    _unlink(pdir + "/" + enc)
+                    unlink_quiet(pdir + "/" + enc)
                 q.grp.left_all(items.items(), q.lane_empty)
                 if hold:
                     hold_claims(q, hold)
                 if items:
                     slot_freed(q)
-        await self._finish(fds, dirs, bool(items))
-        if self._tree_dirty:
-            await self._act_on_notes()
+        await self._core.finish(fds, dirs, bool(items))
+        if self._trees.dirty:
+            await self._trees.act_on_notes()
         if items and any(s.keep is not None for s in settlements):
-            await self._keep_newest(queue, settlements, out)  # (count-based retention: _retention.py)
+            await self._retention.keep_newest(queue, settlements, out)  # (count-based retention: _retention.py)
         return out
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         events: list[StorageEvent] = []
         n = 0
-        async with self._alock(q):
+        async with self._core.alock(q):
             now = time.time()
-            pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+            pdir = os.path.join(q.proc, self._core.worker_enc(q, worker_id))
             nxt, front = q.counters()
             # Released jobs go before everything, in the order given.
             todo = []
@@ -304,13 +301,13 @@ class ClaimOps(FileBase):
                 marker = os.path.join(pdir, enc)
                 if enc in seen or not os.path.exists(marker):
                     continue
-                r = self._read(q, enc)
+                r = self._core.read(q, enc)
                 if r is None or r.kind != _PROCESSING or r.worker != worker_id:
-                    _unlink(marker)
+                    unlink_quiet(marker)
                     continue
                 seen.add(enc)
                 if not R.release(r, now, refund):  # a cancel request: it ends cancelled
-                    self._cancel_claimed(q, r, worker_id, events)
+                    self._trees.cancel_claimed(q, r, worker_id, events)
                     cancelled[enc] = r
                     continue
                 todo.append((enc, marker, r))
@@ -318,19 +315,19 @@ class ClaimOps(FileBase):
             front = self._requeue_records(todo, items, front)
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).
-            self._commit(q, items, None)
+            self._core.commit(q, items, None)
             for enc in cancelled:
-                _unlink(os.path.join(pdir, enc))
+                unlink_quiet(os.path.join(pdir, enc))
             n = self._requeue_markers(q, todo, worker_id, events)
             q.grp.left_all(items.items(), q.lane_empty)
             if todo:
                 q.set_counters(nxt, front)
             if items:
                 slot_freed(q)
-            self._publish(q, events)
+            self._core.publish(q, events)
         await trio.lowlevel.cancel_shielded_checkpoint()
-        if self._tree_dirty:
-            await self._act_on_notes()
+        if self._trees.dirty:
+            await self._trees.act_on_notes()
         return n
 
     @staticmethod
@@ -341,12 +338,12 @@ class ClaimOps(FileBase):
         the new front counter."""
         front -= len(todo)
         for i, (enc, _, r) in enumerate(todo):
-            r.mk = _ready_name(front + 1 + i, enc, r.priority, r.group)
+            r.mk = ready_name(front + 1 + i, enc, r.priority, r.group)
             items[enc] = r
         return front
 
     @staticmethod
-    def _requeue_markers(q: _Q, todo: list[tuple[str, str, Rec]], worker_id: str, events: list[StorageEvent]) -> int:
+    def _requeue_markers(q: FileQueue, todo: list[tuple[str, str, Rec]], worker_id: str, events: list[StorageEvent]) -> int:
         """Move the proc entries of jobs :meth:`_requeue_records` made queued (their records
         committed) to their ready markers; how many."""
         for _, marker, r in todo:
@@ -358,7 +355,7 @@ class ClaimOps(FileBase):
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         await trio.lowlevel.checkpoint()
-        q = self._q(queue)
+        q = self._core.q(queue)
         pdir = os.path.join(q.proc, encode_name(worker_id))
         try:
             names = os.listdir(pdir)
@@ -370,7 +367,7 @@ class ClaimOps(FileBase):
                 continue
             job_id = decode_name(enc)
             if job_id is None:
-                r = self._read(q, enc)
+                r = self._core.read(q, enc)
                 if r is None:
                     continue
                 job_id = r.id
@@ -379,20 +376,20 @@ class ClaimOps(FileBase):
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         out: list[bool] = []
         events: list[StorageEvent] = []
         items: dict[str, Rec] = {}
         fds: list[int] = []
-        async with self._alock(q):
-            with _close_on_error(fds):
+        async with self._core.alock(q):
+            with close_on_error(fds):
                 now = time.time()
-                pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
+                pdir = os.path.join(q.proc, self._core.worker_enc(q, worker_id))
                 paused = os.path.exists(q.paused)
                 gone: list[str] = []
                 back: list[tuple[str, str, Rec]] = []  # paused: prefetched jobs go back
                 for job_id, token in claims:
-                    found = self._held(q, pdir, worker_id, job_id, token)
+                    found = self._core.held(q, pdir, worker_id, job_id, token)
                     if found is None:
                         out.append(False)
                         continue
@@ -400,7 +397,7 @@ class ClaimOps(FileBase):
                     was_started = r.started
                     verdict = R.start(r, paused, now)
                     if verdict == _CANCELLED:  # a reserved claim of a job with a cancel request
-                        self._cancel_claimed(q, r, worker_id, events)
+                        self._trees.cancel_claimed(q, r, worker_id, events)
                         items[enc] = r
                         gone.append(enc)
                         out.append(False)
@@ -415,26 +412,26 @@ class ClaimOps(FileBase):
                 if back:
                     nxt, front = q.counters()
                     front = self._requeue_records(back, items, front)
-                expiring = self._commit(q, items, fds)
+                expiring = self._core.commit(q, items, fds)
                 if back:
                     self._requeue_markers(q, back, worker_id, events)
                     q.set_counters(nxt, front)
-                self._publish(q, events)  # before the proc entries go (see settle)
+                self._core.publish(q, events)  # before the proc entries go (see settle)
                 for enc in gone:
-                    _unlink(os.path.join(pdir, enc))
+                    unlink_quiet(os.path.join(pdir, enc))
                 q.grp.left_all([(enc, items[enc]) for enc in gone] + [(enc, r) for enc, _, r in back], q.lane_empty)
-        await self._finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
-        if self._tree_dirty:
-            await self._act_on_notes()
+        await self._core.finish(fds, {q.jobs_fd, q.expiry_fd} if expiring else {q.jobs_fd}, bool(items))
+        if self._trees.dirty:
+            await self._trees.act_on_notes()
         return out
 
     async def heartbeat(
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
     ) -> HeartbeatReply:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         now = time.time()
-        enc_w = self._worker_enc(q, worker_id)
+        enc_w = self._core.worker_enc(q, worker_id)
         wpath = os.path.join(q.workers, enc_w)
         exp = now + ttl
         try:
@@ -454,11 +451,11 @@ class ClaimOps(FileBase):
             pdir = os.path.join(q.proc, enc_w)
             deadline = now + lease
             items: dict[str, Rec] = {}
-            async with self._alock(q):
+            async with self._core.alock(q):
                 for job_id, token in claims:
-                    found = self._held(q, pdir, worker_id, job_id, token)
+                    found = self._core.held(q, pdir, worker_id, job_id, token)
                     if found is None:
-                        known = self._read(q, encode_name(job_id))  # (None: forgotten)
+                        known = self._core.read(q, encode_name(job_id))  # (None: forgotten)
                         kind, claim = (None, None) if known is None else (known.kind, known.claim)
                         if (why := lost_why(kind, claim, token)) is not None:
                             reply.lost.append(LostClaim(job_id, token, why))
@@ -470,16 +467,16 @@ class ClaimOps(FileBase):
                     items[enc] = r
                     if r.cancel_requested:
                         reply.cancel_requested.append(job_id)
-                self._commit(q, items, None)
+                self._core.commit(q, items, None)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return reply
 
     async def unregister_worker(self, queue: str, worker_id: str) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         enc_w = encode_name(worker_id)
-        async with self._alock(q):
-            _unlink(os.path.join(q.workers, enc_w))
+        async with self._core.alock(q):
+            unlink_quiet(os.path.join(q.workers, enc_w))
             try:
                 os.rmdir(os.path.join(q.proc, enc_w))
                 q.proc_dirs.discard(enc_w)
@@ -489,30 +486,30 @@ class ClaimOps(FileBase):
 
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         await trio.lowlevel.checkpoint()
-        q = self._q(queue)
+        q = self._core.q(queue)
         now = time.time()
         out = {}
         for enc in os.listdir(q.workers):
             if enc.startswith("."):
                 continue
-            t = _mtime(os.path.join(q.workers, enc))
+            t = mtime_of(os.path.join(q.workers, enc))
             if t is None or (t <= now and not include_expired):
                 continue
-            w = self._worker_dec(q, enc)
+            w = self._core.worker_dec(q, enc)
             if w is not None:
                 out[w] = t
         return out
 
     async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
-        async with self._alock(q):
-            pdir = os.path.join(q.proc, self._worker_enc(q, worker_id))
-            found = self._held(q, pdir, worker_id, job_id, token)
+        q = self._core.q(queue)
+        async with self._core.alock(q):
+            pdir = os.path.join(q.proc, self._core.worker_enc(q, worker_id))
+            found = self._core.held(q, pdir, worker_id, job_id, token)
             if found is not None:
                 enc, r = found
                 r.progress = progress
-                self._commit(q, {enc: r}, None)
-                self._publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=r.token)])
+                self._core.commit(q, {enc: r}, None)
+                self._core.publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=r.token)])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return found is not None

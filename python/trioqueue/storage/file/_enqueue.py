@@ -1,4 +1,5 @@
-"""FileStorage, producer side: enqueue (coalesced group commits), cancel, look-ups, pause, schedules."""
+"""FileStorage, producer side: enqueue (coalesced group commits), debounce, cancel,
+look-ups, pause, schedules."""
 
 from __future__ import annotations
 
@@ -31,25 +32,27 @@ from ._fsutil import (
     write_atomic,
 )
 from ._groupcommit import sync_now
-from ._base import FileBase
+from ._base import FileCore, FileSettings
+from ._flows import FileTrees
 from ._layout import (
-    _Q,
-    _QUEUED_OUTCOME,
-    _close_on_error,
+    enqueue_outcome,
+    FileQueue,
+    QUEUED_OUTCOME,
+    close_on_error,
     due_event,
-    _EnqReq,
-    _EnqState,
-    _job_record,
-    _ready_name,
-    _seq_name,
-    _state,
-    _unlink,
+    EnqReq,
+    EnqState,
+    to_job_record,
+    ready_name,
+    seq_name,
+    state_of,
+    unlink_quiet,
 )
 
-__all__ = ["EnqueueOps"]
+__all__ = ["FileJobs"]
 
 
-def _named_dirs(q: _Q, jobs: Sequence[NewJob]) -> set[int]:
+def _named_dirs(q: FileQueue, jobs: Sequence[NewJob]) -> set[int]:
     """The directories an enqueue of ``jobs`` may have given names: ``jobs/``, the lanes
     used, and ``delayed/`` only if a job may have gone there."""
     dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in jobs)}
@@ -58,32 +61,23 @@ def _named_dirs(q: _Q, jobs: Sequence[NewJob]) -> set[int]:
     return dirs
 
 
-def _outcome(r: Rec) -> EnqueueOutcome:
-    """The outcome of enqueueing an id that has the record ``r``."""
-    if (result := R.existing_outcome(r)) is not None:
-        return EnqueueOutcome(EnqueueStatus.COMPLETED, _state(r), result, r.token)
-    return EnqueueOutcome(EnqueueStatus.DUPLICATE, _state(r), token=r.token)
+class FileJobs:
+    """The producer side of :class:`~trioqueue.storage.FileStorage`. A part built by the
+    storage with the core and the trees it shares."""
 
-
-class EnqueueOps(FileBase):
-    """A part of :class:`~trioqueue.storage.FileStorage`."""
+    def __init__(self, core: FileCore, settings: FileSettings, trees: FileTrees) -> None:
+        self._core = core
+        self._settings = settings
+        self._trees = trees
 
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
-        """Concurrent calls of one Trio run on one queue are coalesced: calls arriving while
-        a group is being written and flushed form the next group, written as one segment
-        and flushed together (each call still takes effect atomically, in arrival order).
-
-        Cancellation: a call cancelled before its group took the lock writes nothing (and
-        never strands the others: the group goes on without it); once its group holds the
-        lock, the write and the flush finish (shielded) and the call then raises
-        ``Cancelled``, its jobs enqueued."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         key = (trio.lowlevel.current_trio_token(), queue)
-        st = self._enq.get(key)
+        st = self._core.enq.get(key)
         if st is None:
-            st = self._enq[key] = _EnqState()
-        req = _EnqReq(jobs)
+            st = self._core.enq[key] = EnqState()
+        req = EnqReq(jobs)
         st.pending.append(req)
         try:
             while not req.done.is_set():
@@ -108,7 +102,7 @@ class EnqueueOps(FileBase):
         assert req.out is not None
         return req.out
 
-    async def _write_group(self, q: _Q, st: _EnqState, leader: _EnqReq) -> None:
+    async def _write_group(self, q: FileQueue, st: EnqState, leader: EnqReq) -> None:
         """Lead one group: take every pending call, lock, write, unlock, flush."""
         st.running = True
         st.idle = trio.Event()
@@ -117,7 +111,7 @@ class EnqueueOps(FileBase):
             r.moved = trio.Event()
         try:
             try:
-                lock = self._alock(q)
+                lock = self._core.alock(q)
                 await lock.__aenter__()
             except BaseException:
                 # Cancelled waiting for the lock: the whole group goes back, first in line
@@ -139,7 +133,7 @@ class EnqueueOps(FileBase):
                         r.out = outcomes[pos : pos + len(r.jobs)]
                         pos += len(r.jobs)
                     if any_new:
-                        await self._durable(fds, _named_dirs(q, flat))
+                        await self._core.durable(fds, _named_dirs(q, flat))
                 except BaseException as exc:  # noqa: BLE001 - handed to every caller of the group
                     for r in group:
                         r.error = exc
@@ -151,7 +145,7 @@ class EnqueueOps(FileBase):
             st.running = False
             st.idle.set()
 
-    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
+    def _enqueue_locked(self, q: FileQueue, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
         """One segment for every new job, then its ``jobs/`` and ``ready/`` (or
         ``delayed/``) links (lock held).
 
@@ -177,29 +171,29 @@ class EnqueueOps(FileBase):
 
         def exists(enc: str) -> bool:
             """``jobs/<enc>`` exists: True to replace it (a new incarnation)."""
-            r0 = self._load(q, enc, now)
+            r0 = self._core.load(q, enc, now)
             if r0 is None or R.replaceable(r0):
                 return True
             found[enc] = r0
             return False
 
-        with _close_on_error(fds):
+        with close_on_error(fds):
             nxt, front = q.counters()
             start = nxt
             for job in jobs:
                 enc = encode_name(job.id)
                 r = seen.get(enc)
                 if r is None and enc in q.recs:
-                    r = self._load(q, enc, now)  # known here (a cache hit): no guess
+                    r = self._core.load(q, enc, now)  # known here (a cache hit): no guess
                 elif r is None:
                     places[enc] = []
                 if r is None or R.replaceable(r):  # unknown, or a new incarnation
                     kind = R.enqueue_kind(job.run_at, now)
                     if kind == _DELAYED:
                         assert job.run_at is not None
-                        mk = _seq_name(int(job.run_at * 1000), enc)
+                        mk = seq_name(int(job.run_at * 1000), enc)
                     else:
-                        mk = _ready_name(nxt, enc, job.priority, job.group)
+                        mk = ready_name(nxt, enc, job.priority, job.group)
                         nxt += 1
                     r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                     r.token = job.token
@@ -207,127 +201,127 @@ class EnqueueOps(FileBase):
                     r.group = job.group
                     items[enc] = r
                     seen[enc] = r
-                    outcomes.append(_QUEUED_OUTCOME)
+                    outcomes.append(QUEUED_OUTCOME)
                     events[enc] = StorageEvent("enqueued", job.id, token=job.token)
                 else:
-                    outcomes.append(_outcome(r))
+                    outcomes.append(enqueue_outcome(r))
                 if enc in places:
                     places[enc].append(len(outcomes) - 1)
             if items:
-                self._commit(q, items, fds, new=set(items), exists=exists)
+                self._core.commit(q, items, fds, new=set(items), exists=exists)
                 for enc, r0 in found.items():  # duplicates after all: every place says so
                     del items[enc], events[enc]
                     for i in places.get(enc, ()):
-                        outcomes[i] = _outcome(r0)
+                        outcomes[i] = enqueue_outcome(r0)
                 delayed = []
                 for enc, r in items.items():
                     assert r.mk is not None
-                    self._link_marker(q, enc, q.ready if r.kind == _QUEUED else q.delayed, r.mk)
+                    self._core.link_marker(q, enc, q.ready if r.kind == _QUEUED else q.delayed, r.mk)
                     if r.kind != _QUEUED:
                         delayed.append((enc, r.mk))
                 if delayed:
                     events["\0due"] = due_event(delayed)  # (a key no encoded id has)
             if nxt != start:
                 q.set_counters(nxt, front)
-            self._publish(q, list(events.values()))
-            self._maybe_clean(q, now)
+            self._core.publish(q, list(events.values()))
+            self._core.maybe_clean(q, now)
         return outcomes, fds, bool(items)
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         enc = encode_name(job_id)
         fds: list[int] = []
         wrote = False
-        async with self._alock(q):
-            with _close_on_error(fds):
+        async with self._core.alock(q):
+            with close_on_error(fds):
                 now = time.time()
-                r = self._load(q, enc, now)
+                r = self._core.load(q, enc, now)
                 marker = None if r is None else r.mk
                 folder = q.ready if r is not None and r.kind == _QUEUED else q.delayed
                 status, event = R.cancel(r, now)
                 if r is not None and event == "cancelled":
                     r.mk = None
                     if R.in_tree(r):
-                        self._tree_ended(q, r)  # its parent re-evaluated, its children cancelled
-                    self._commit(q, {enc: r}, fds)
+                        self._trees.tree_ended(q, r)  # its parent re-evaluated, its children cancelled
+                    self._core.commit(q, {enc: r}, fds)
                     if marker:
-                        _unlink(os.path.join(folder, marker))
+                        unlink_quiet(os.path.join(folder, marker))
                     wrote = True
-                    self._publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
+                    self._core.publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
                 elif r is not None and r.kind == _PROCESSING:
                     if r.children is not None:
-                        self._tree_ended(q, r)  # its children (added while it runs) are cancelled
+                        self._trees.tree_ended(q, r)  # its children (added while it runs) are cancelled
                     if event is not None:  # a cancel request, new
-                        self._commit(q, {enc: r}, fds)
+                        self._core.commit(q, {enc: r}, fds)
                         wrote = True
-                        self._publish(q, [StorageEvent(event, job_id, r.worker, token=r.token)])
-        await self._finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
-        if self._tree_dirty:
-            await self._act_on_notes()
+                        self._core.publish(q, [StorageEvent(event, job_id, r.worker, token=r.token)])
+        await self._core.finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
+        if self._trees.dirty:
+            await self._trees.act_on_notes()
         return status
 
     async def get_job(self, queue: str, job_id: str) -> JobRecord | None:
         await trio.lowlevel.checkpoint()
-        q = self._q(queue)
+        q = self._core.q(queue)
         enc = encode_name(job_id)
         path = os.path.join(q.jobs, enc)
         try:
             r = read_rec(path, enc)
         except CorruptRecord:
-            async with self._alock(q):
-                r = self._read(q, enc)  # quarantines it if still corrupt
+            async with self._core.alock(q):
+                r = self._core.read(q, enc)  # quarantines it if still corrupt
         if r is None:
             return None
         if r.exp is not None and r.exp <= time.time():
             return None
-        return _job_record(r)
+        return to_job_record(r)
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         enc = encode_name(job_id)
         now = time.time()
         fds: list[int] = []
-        async with self._alock(q):
-            r = self._load(q, enc, now)
+        async with self._core.alock(q):
+            r = self._core.load(q, enc, now)
             refused = ttl_update_status(*((r.kind, r.result, r.error) if r else (None, None, None)))
             if refused is not None:
                 status = refused
             else:
                 assert r is not None
                 r.exp = now + ttl
-                self._commit(q, {enc: r}, fds)
+                self._core.commit(q, {enc: r}, fds)
                 status = UpdateTTLStatus.UPDATED
-        await self._finish(fds, {q.jobs_fd, q.expiry_fd}, status is UpdateTTLStatus.UPDATED)
+        await self._core.finish(fds, {q.jobs_fd, q.expiry_fd}, status is UpdateTTLStatus.UPDATED)
         return status
 
     async def set_paused(self, queue: str, paused: bool) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
-        async with self._alock(q):
+        q = self._core.q(queue)
+        async with self._core.alock(q):
             changed = os.path.exists(q.paused) != paused
             if changed:
                 if paused:
                     write_atomic(q.path, "paused", b"", False)
                 else:
-                    _unlink(q.paused)
+                    unlink_quiet(q.paused)
                     # Wake blocked claims (they watch ready/): a temp file created and removed.
                     wake = os.path.join(q.ready, tmp_name())
                     os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-                    _unlink(wake)
-                self._publish(q, [StorageEvent("paused" if paused else "resumed", "")])
+                    unlink_quiet(wake)
+                self._core.publish(q, [StorageEvent("paused" if paused else "resumed", "")])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return changed
 
     async def is_paused(self, queue: str) -> bool:
         await trio.lowlevel.checkpoint()
-        return os.path.exists(self._q(queue).paused)
+        return os.path.exists(self._core.q(queue).paused)
 
     async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
-        async with self._alock(q):
+        q = self._core.q(queue)
+        async with self._core.alock(q):
             entry = self._schedule(q, name)
             ok = (None if entry is None else entry[0]) == expected
             if ok:
@@ -337,15 +331,15 @@ class EnqueueOps(FileBase):
 
     async def remove_schedule(self, queue: str, name: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
-        async with self._alock(q):
-            found = _unlink(os.path.join(q.schedules, encode_name(name)))
+        q = self._core.q(queue)
+        async with self._core.alock(q):
+            found = unlink_quiet(os.path.join(q.schedules, encode_name(name)))
         await trio.lowlevel.cancel_shielded_checkpoint()
         return found
 
     async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
         await trio.lowlevel.checkpoint()
-        q = self._q(queue)
+        q = self._core.q(queue)
         out: dict[str, tuple[bytes, float | None]] = {}
         for enc in os.listdir(q.schedules):
             if enc.startswith("."):
@@ -356,18 +350,15 @@ class EnqueueOps(FileBase):
         return out
 
     async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
-        """The tick's job is enqueued by the step :meth:`enqueue` runs under the queue's
-        lock, and made durable (still under it) before the last tick is written: a crash
-        never leaves a tick recorded whose job was lost."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
-        async with self._alock(q):
+        q = self._core.q(queue)
+        async with self._core.alock(q):
             entry = self._schedule(q, name)
             ok = entry is not None and (entry[1] is None or tick > entry[1])
             if entry is not None and ok:
                 if job is not None:
                     _, fds, new = self._enqueue_locked(q, [job])
-                    if new and self._fsync:
+                    if new and self._settings.fsync:
                         sync_now(fds, _named_dirs(q, [job]))  # (closes them)
                     else:
                         for fd in fds:
@@ -376,11 +367,11 @@ class EnqueueOps(FileBase):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
-    def _schedule(self, q: _Q, name: str) -> tuple[bytes, float | None] | None:
+    def _schedule(self, q: FileQueue, name: str) -> tuple[bytes, float | None] | None:
         entry = self._schedule_file(q, encode_name(name))
         return None if entry is None else (entry[1], entry[2])
 
-    def _schedule_file(self, q: _Q, enc: str) -> tuple[str, bytes, float | None] | None:
+    def _schedule_file(self, q: FileQueue, enc: str) -> tuple[str, bytes, float | None] | None:
         path = os.path.join(q.schedules, enc)
         try:
             with open(path, "rb") as f:
@@ -390,12 +381,12 @@ class EnqueueOps(FileBase):
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError, OSError) as exc:
-            self._quarantine(q, path, f"unreadable schedule: {exc}")
+            self._core.quarantine(q, path, f"unreadable schedule: {exc}")
             return None
 
-    def _write_schedule(self, q: _Q, name: str, spec: bytes, last: float | None) -> None:
+    def _write_schedule(self, q: FileQueue, name: str, spec: bytes, last: float | None) -> None:
         data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
-        fd = write_atomic(q.schedules, encode_name(name), data, self._fsync)
+        fd = write_atomic(q.schedules, encode_name(name), data, self._settings.fsync)
         if fd is not None:
             try:
                 os.fsync(fd)
@@ -406,3 +397,40 @@ class EnqueueOps(FileBase):
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
+
+    async def debounce(
+        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
+    ) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        q = self._core.q(queue)
+        fds: list[int] = []
+        outcomes: list[EnqueueOutcome] = []
+        wrote = False
+        async with self._core.alock(q):
+            with close_on_error(fds):
+                now = time.time()
+                events: list[StorageEvent] = []
+                for job in jobs:
+                    enc = encode_name(job.id)
+                    r = self._core.load(q, enc, now)
+                    if r is None or not R.debounces(r):
+                        out, more, new = self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))])
+                        fds += more
+                        wrote |= new
+                        outcomes += out
+                        continue
+                    run_at = R.debounce(r, job.envelope, job.max_attempts, job.result_ttl, now, delay, max_wait)
+                    old = mk = r.mk
+                    if run_at is not None:  # a delayed job: due later (its marker's name says when)
+                        r.mk = mk = seq_name(int(run_at * 1000), enc)
+                    self._core.commit(q, {enc: r}, fds)
+                    if old is not None and mk is not None and mk != old:  # a new due time: a new marker
+                        self._core.link_marker(q, enc, q.delayed, mk)
+                        unlink_quiet(os.path.join(q.delayed, old))
+                        if mk < old:
+                            events.append(due_event([(enc, mk)]))
+                    wrote = True
+                    outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, state_of(r), token=r.token))
+                self._core.publish(q, events)
+        await self._core.finish(fds, {q.jobs_fd, q.delayed_fd, *(q.lane_fds[j.priority] for j in jobs)}, wrote)
+        return outcomes

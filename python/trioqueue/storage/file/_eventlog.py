@@ -15,14 +15,14 @@ from .._base import (
     wanted_kinds,
 )
 from ._inotify import Watch
-from ._base import FileBase
+from ._base import FileCore, FileSettings
 from ._layout import (
-    _Q,
-    _log_generation,
-    _parse_event,
+    FileQueue,
+    log_generation,
+    parse_event,
 )
 
-__all__ = ["EventLog"]
+__all__ = ["FileEvents"]
 
 
 _LINE_HEAD = b'{"k":"'
@@ -42,16 +42,19 @@ def _unwanted(line: bytes, kinds: frozenset[str]) -> bool:
     return kind not in kinds and kind != "_log"
 
 
-class EventLog(FileBase):
-    """A part of :class:`~trioqueue.storage.FileStorage`."""
+class FileEvents:
+    """The subscriptions of :class:`~trioqueue.storage.FileStorage`: each tails its queue's
+    event log. A part built by the storage with the core it shares."""
+
+    def __init__(self, core: FileCore, settings: FileSettings) -> None:
+        self._core = core
+        self._settings = settings
 
     @asynccontextmanager
     async def subscribe(
         self, queue: str, kinds: Collection[str] | None = None
     ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
-        """Every subscriber tails the queue's one event log; ``kinds`` filters what it
-        reads before delivering (see :meth:`Storage.subscribe`)."""
-        q = self._q(queue)
+        q = self._core.q(queue)
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
         watch = q.watch("events")
         fd = os.open(q.events, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -68,7 +71,7 @@ class EventLog(FileBase):
 
     async def _tail(
         self,
-        q: _Q,
+        q: FileQueue,
         watch: Watch,
         gen: int,
         fd: int,
@@ -82,10 +85,10 @@ class EventLog(FileBase):
         its start. Only a reader that fell more than a whole file behind (the generation
         jumped) or a damaged line gets a ``resync``."""
         buf = b""
-        log_gen = _log_generation(fd)
+        log_gen = log_generation(fd)
         try:
             while True:
-                await watch.wait(gen, self._rescan)
+                await watch.wait(gen, self._settings.rescan_interval)
                 gen = watch.gen
                 batch: list[StorageEvent] = []
                 while True:
@@ -99,7 +102,7 @@ class EventLog(FileBase):
                             for line in lines.splitlines():
                                 if kinds is not None and _unwanted(line, kinds):
                                     continue
-                                ev = _parse_event(line)
+                                ev = parse_event(line)
                                 if ev is None:
                                     batch.append(StorageEvent("resync", ""))
                                 elif ev.kind != "_log":
@@ -123,14 +126,14 @@ class EventLog(FileBase):
                             offset += len(data)
                             buf += data
                         for line in buf.splitlines():
-                            ev = _parse_event(line)
+                            ev = parse_event(line)
                             if ev is not None and ev.kind != "_log":
                                 batch.append(ev)
                         os.close(fd)
                         fd = os.open(q.events, os.O_RDONLY | os.O_CLOEXEC)
                         offset = 0
                         buf = b""
-                        new_gen = _log_generation(fd)
+                        new_gen = log_generation(fd)
                         if new_gen != log_gen + 1:  # a whole file went by unread
                             batch.append(StorageEvent("resync", ""))
                         log_gen = new_gen

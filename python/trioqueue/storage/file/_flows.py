@@ -54,34 +54,40 @@ from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent
 from .._rules import CANCELLABLE as _CANCELLABLE
 from .._rules import CANCELLED, COMPLETED, DELAYED, FAILED, FAILING, PROCESSING, QUEUED, WAITING_CHILDREN
 from .._rules import TERMINAL_KINDS as _TERMINAL
-from ._base import FileBase
+from ._base import FileCore
 from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, write_atomic
-from ._enqueue import _outcome
-from ._layout import _Q, _QUEUED_OUTCOME, _close_on_error, _job_record, _ready_name, _seq_name, _unlink, due_event
+from ._layout import FileQueue, QUEUED_OUTCOME, enqueue_outcome, close_on_error, to_job_record, ready_name, seq_name, unlink_quiet, due_event
 
-__all__ = ["FileFlows"]
-
+__all__ = ["FileTrees"]
 
 
-class FileFlows(FileBase):
-    """A part of :class:`~trioqueue.storage.FileStorage`."""
+
+class FileTrees:
+    """The trees of jobs of :class:`~trioqueue.storage.FileStorage`: writing them, and
+    the notes by which a job's end reaches its parent and its children (see the module
+    docstring). A part built by the storage with the core it shares."""
+
+    def __init__(self, core: FileCore) -> None:
+        self._core = core
+        self._dirs: set[str] = set()  # tree/ folders known to exist
+        self.dirty: set[str] = set()  # queues given notes to act on
 
     # -- notes ---------------------------------------------------------------------------
 
-    def _tree_dir(self, q: _Q) -> str:
+    def _tree_dir(self, q: FileQueue) -> str:
         d = os.path.join(q.path, "tree")
-        if d not in self._tree_dirs:
+        if d not in self._dirs:
             os.makedirs(d, exist_ok=True)
-            self._tree_dirs.add(d)
+            self._dirs.add(d)
         return d
 
     def _note(self, queue: str, kind: str, job_id: str) -> None:
         """Leave the note ``kind-<job>`` in ``queue``'s ``tree/`` (see the module docstring)."""
-        path = os.path.join(self._tree_dir(self._q(queue)), f"{kind}-{encode_name(job_id)}")
+        path = os.path.join(self._tree_dir(self._core.q(queue)), f"{kind}-{encode_name(job_id)}")
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        self._tree_dirty.add(queue)
+        self.dirty.add(queue)
 
-    def _tree_ended(self, q: _Q, r: Rec) -> None:
+    def tree_ended(self, q: FileQueue, r: Rec) -> None:
         """``r`` is about to be written terminal, waiting for its children, or with a
         cancel request (lock of ``q`` held): its parent is to be re-evaluated (and ``r``
         kept meanwhile), and so is ``r`` as a parent."""
@@ -93,27 +99,34 @@ class FileFlows(FileBase):
             else:  # carried to the parent's queue once r is written (module docstring)
                 data = json.dumps([kind, pq, pid]).encode()
                 write_atomic(self._tree_dir(q), f"u-{encode_name(r.id)}", data, False)
-                self._tree_dirty.add(q.name)
+                self.dirty.add(q.name)
         if r.children is not None:
             self._note(q.name, "f", r.id)
 
-    async def _act_on_notes(self, queue: str | None = None) -> None:
+    def cancel_claimed(self, q: FileQueue, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
+        """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
+        r.mk = None
+        if R.in_tree(r):
+            self.tree_ended(q, r)
+        events.append(StorageEvent("cancelled", r.id, worker_id, token=r.token))
+
+    async def act_on_notes(self, queue: str | None = None) -> None:
         """Act on the notes of ``queue`` and of every queue a step left notes in, until
         none is left; one queue lock at a time."""
         if queue is not None:
-            self._tree_dirty.add(queue)
-        while self._tree_dirty:
-            await self._act_on_queue(self._tree_dirty.pop())
+            self.dirty.add(queue)
+        while self.dirty:
+            await self.act_on_queue(self.dirty.pop())
 
-    async def _act_on_queue(self, queue: str) -> None:
-        q = self._q(queue)
+    async def act_on_queue(self, queue: str) -> None:
+        q = self._core.q(queue)
         folder = self._tree_dir(q)
         if not os.listdir(folder):
             return
         fds: list[int] = []
         wrote = False
-        async with self._alock(q):
-            with _close_on_error(fds):
+        async with self._core.alock(q):
+            with close_on_error(fds):
                 now = time.time()
                 kept: dict[str, Rec] = {}  # kept records given their TTL: one segment
                 for name in sorted(os.listdir(folder)):
@@ -132,11 +145,11 @@ class FileFlows(FileBase):
                         self._carry(os.path.join(folder, work))
                     elif enc:
                         wrote |= self._act(q, kind, enc, now, fds, kept)
-                    _unlink(os.path.join(folder, work))
+                    unlink_quiet(os.path.join(folder, work))
                 if kept:
-                    self._commit(q, kept, fds)
+                    self._core.commit(q, kept, fds)
                     wrote = True
-        await self._finish(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd}, wrote)
+        await self._core.finish(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd}, wrote)
 
     def _carry(self, path: str) -> None:
         """A ``u-`` note (lock of its queue held: the child's record is written): the note
@@ -148,18 +161,18 @@ class FileFlows(FileBase):
             return  # (written atomically: never partial)
         self._note(queue, kind, parent)
 
-    def _peek(self, q: _Q, queue: str, job_id: str) -> Rec | None:
+    def _peek(self, q: FileQueue, queue: str, job_id: str) -> Rec | None:
         """A record of any queue (lock of ``q`` held): a record file is replaced
         atomically, so another queue's is read without its lock."""
         enc = encode_name(job_id)
         if queue == q.name:
-            return self._read(q, enc)
+            return self._core.read(q, enc)
         try:
-            return read_rec(os.path.join(self._q(queue).jobs, enc), enc)
+            return read_rec(os.path.join(self._core.q(queue).jobs, enc), enc)
         except CorruptRecord:
             return None
 
-    def _child(self, q: _Q, queue: str, job_id: str, parent: str) -> Rec | None:
+    def _child(self, q: FileQueue, queue: str, job_id: str, parent: str) -> Rec | None:
         """The record of a child of ``(q, parent)``; ``None`` (counted as cancelled) if it
         is gone, or is another incarnation of the id (the child was cancelled, and the id
         enqueued again on its own)."""
@@ -168,7 +181,7 @@ class FileFlows(FileBase):
             return None
         return c
 
-    def _failed_by_children(self, q: _Q, r: Rec) -> bool:
+    def failed_by_children(self, q: FileQueue, r: Rec) -> bool:
         """Whether a child of the held job ``r`` failed (or was cancelled) under ``cancel`` (lock of ``q`` held): then whatever its run ends with (but a
         failure of its own, or a cancel) fails it with ``ChildJobFailedError``, as waiting
         for them would. A run cut short after ``add_children`` (a crash, a forced stop)
@@ -181,10 +194,10 @@ class FileFlows(FileBase):
                 return True
         return False
 
-    def _act(self, q: _Q, kind: str, enc: str, now: float, fds: list[int], kept: dict[str, Rec]) -> bool:
+    def _act(self, q: FileQueue, kind: str, enc: str, now: float, fds: list[int], kept: dict[str, Rec]) -> bool:
         """Act on one note (lock of ``q`` held); whether a record was written. Kept
         records that get their TTL go to ``kept`` (the caller writes them)."""
-        r = kept.get(enc) or self._read(q, enc)
+        r = kept.get(enc) or self._core.read(q, enc)
         if r is None:
             return False
         if kind == "r":
@@ -228,7 +241,7 @@ class FileFlows(FileBase):
             failed = any(c is not None and c.kind in (FAILED, CANCELLED) for _, _, c in children)
             marker = os.path.join(q.ready if r.kind == QUEUED else q.delayed, r.mk) if r.mk else None
         verdict = R.parent_verdict(r.kind, r.policy, failed, len(pending), r.cancel_requested)
-        if verdict in (R.RELEASE, R.FAIL) and self._ancestor_ended(q, r):
+        if verdict in (R.RELEASE, R.FAIL) and self.ancestor_ended(q, r):
             # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
             # each a step of its own) is on its way to r. Released now, r could be claimed
             # and complete after its root's cancel: it is cancelled now instead, in this
@@ -241,33 +254,33 @@ class FileFlows(FileBase):
         if verdict == R.FAIL:
             R.fail_by_children(r, failures, now)
             r.mk = None
-            self._tree_ended(q, r)  # its children are cancelled, its parent re-evaluated
-            self._commit(q, {enc: r}, fds)
+            self.tree_ended(q, r)  # its children are cancelled, its parent re-evaluated
+            self._core.commit(q, {enc: r}, fds)
             if marker:
-                _unlink(marker)
-            self._publish(q, [StorageEvent("failed", r.id, error=r.error, token=r.token)])
+                unlink_quiet(marker)
+            self._core.publish(q, [StorageEvent("failed", r.id, error=r.error, token=r.token)])
             return True
         if verdict == CANCELLED:
             R.cancel_by_ancestor(r, now)
             r.mk = None
-            self._tree_ended(q, r)
-            self._commit(q, {enc: r}, fds)
+            self.tree_ended(q, r)
+            self._core.commit(q, {enc: r}, fds)
             if marker:
-                _unlink(marker)
-            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+                unlink_quiet(marker)
+            self._core.publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
             return True
         if verdict != R.RELEASE:
             return False
         nxt, front = q.counters()
         R.release_parent(r, int(now * 1000))
-        r.mk = _ready_name(nxt, enc, r.priority, r.group)
+        r.mk = ready_name(nxt, enc, r.priority, r.group)
         q.set_counters(nxt + 1, front)
-        self._commit(q, {enc: r}, fds)
-        self._link_marker(q, enc, q.ready, r.mk)
-        self._publish(q, [StorageEvent("promoted", r.id, token=r.token)])
+        self._core.commit(q, {enc: r}, fds)
+        self._core.link_marker(q, enc, q.ready, r.mk)
+        self._core.publish(q, [StorageEvent("promoted", r.id, token=r.token)])
         return True
 
-    def _ancestor_ended(self, q: _Q, r: Rec) -> bool:
+    def ancestor_ended(self, q: FileQueue, r: Rec) -> bool:
         """Whether an ancestor of ``r`` failed or was cancelled (lock of ``q`` held; the
         others' records are read as they are written: a record file is replaced
         atomically, and an ancestor's end is written before the notes that cascade it)."""
@@ -283,24 +296,24 @@ class FileFlows(FileBase):
             parent = p.parent
         return False
 
-    def _cascade_cancel(self, q: _Q, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
+    def _cascade_cancel(self, q: FileQueue, enc: str, r: Rec, now: float, fds: list[int]) -> bool:
         """A ``c-`` note: cancel ``r`` because an ancestor ended (lock of ``q`` held)."""
         if r.kind in _CANCELLABLE:
             marker, folder = r.mk, (q.ready if r.kind == QUEUED else q.delayed)
             R.cancel(r, now)
             r.mk = None
-            self._tree_ended(q, r)
-            self._commit(q, {enc: r}, fds)
+            self.tree_ended(q, r)
+            self._core.commit(q, {enc: r}, fds)
             if marker:
-                _unlink(os.path.join(folder, marker))
-            self._publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
+                unlink_quiet(os.path.join(folder, marker))
+            self._core.publish(q, [StorageEvent("cancelled", r.id, token=r.token)])
             return True
         if r.kind == PROCESSING:
             if r.children is not None:
                 self._note(q.name, "f", r.id)
             if R.request_cancel(r):
-                self._commit(q, {enc: r}, fds)
-                self._publish(q, [StorageEvent("cancel_requested", r.id, r.worker, token=r.token)])
+                self._core.commit(q, {enc: r}, fds)
+                self._core.publish(q, [StorageEvent("cancel_requested", r.id, r.worker, token=r.token)])
                 return True
         return False
 
@@ -310,8 +323,8 @@ class FileFlows(FileBase):
         await trio.lowlevel.checkpoint_if_cancelled()
         outcome, wrote = await self._write_tree(jobs, None)
         if wrote:
-            await self._act_on_notes()
-        return outcome if outcome is not None else _QUEUED_OUTCOME
+            await self.act_on_notes()
+        return outcome if outcome is not None else QUEUED_OUTCOME
 
     async def add_children(
         self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
@@ -327,33 +340,33 @@ class FileFlows(FileBase):
         locks of their queues. Returns (the root's outcome if it exists: nothing written;
         ``None`` otherwise, or with ``held`` when it is no longer held; whether written)."""
         names = sorted({fj.queue for fj in jobs} | ({held[0]} if held else set()))
-        qs = {n: self._q(n) for n in names}
+        qs = {n: self._core.q(n) for n in names}
         fds: dict[str, list[int]] = {n: [] for n in names}
         async with AsyncExitStack() as stack:
             for n in names:
-                await stack.enter_async_context(self._alock(qs[n]))
+                await stack.enter_async_context(self._core.alock(qs[n]))
             now = time.time()
             now_ms = int(now * 1000)
             recs: dict[tuple[str, str], Rec] = {}
             if held is None:
                 first = jobs[0]
-                old = self._load(qs[first.queue], encode_name(first.job.id), now)
+                old = self._core.load(qs[first.queue], encode_name(first.job.id), now)
                 if old is not None and not R.replaceable(old):
-                    return _outcome(old), False
+                    return enqueue_outcome(old), False
             else:
                 hq, hid, worker, token, policy = held
-                parent = self._read(qs[hq], encode_name(hid))
+                parent = self._core.read(qs[hq], encode_name(hid))
                 if parent is None or parent.kind != PROCESSING or parent.worker != worker or parent.claim != token:
-                    return EnqueueOutcome(_QUEUED_OUTCOME.status), False
-                if parent.cancel_requested or self._ancestor_ended(qs[hq], parent):
+                    return EnqueueOutcome(QUEUED_OUTCOME.status), False
+                if parent.cancel_requested or self.ancestor_ended(qs[hq], parent):
                     # Being cancelled (its own cancel request, or an ancestor's cascade on
                     # its way, level by level): refused as a lost claim, nothing written.
-                    return EnqueueOutcome(_QUEUED_OUTCOME.status), False
+                    return EnqueueOutcome(QUEUED_OUTCOME.status), False
                 if parent.children is None:
                     parent.children, parent.policy = [], policy
                 recs[hq, hid] = parent
             for fj in jobs[0 if held else 1 :]:
-                old = self._load(qs[fj.queue], encode_name(fj.job.id), now)
+                old = self._core.load(qs[fj.queue], encode_name(fj.job.id), now)
                 if old is not None and not R.replaceable(old) and not _leftover(old, fj, recs) or (fj.queue, fj.job.id) in recs:
                     raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
             parents = {fj.parent for fj in jobs if fj.parent is not None}
@@ -367,10 +380,10 @@ class FileFlows(FileBase):
                     kind, mk = WAITING_CHILDREN, None
                 elif R.enqueue_kind(job.run_at, now) == DELAYED:
                     assert job.run_at is not None
-                    kind, mk = DELAYED, _seq_name(int(job.run_at * 1000), enc)
+                    kind, mk = DELAYED, seq_name(int(job.run_at * 1000), enc)
                 else:
                     nxt, front = counters[fj.queue]
-                    kind, mk = QUEUED, _ready_name(nxt, enc, job.priority, job.group)
+                    kind, mk = QUEUED, ready_name(nxt, enc, job.priority, job.group)
                     counters[fj.queue] = (nxt + 1, front)
                 r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                 r.token, r.priority, r.group = job.token, job.priority, job.group
@@ -394,26 +407,26 @@ class FileFlows(FileBase):
                 items[held[0]][enc] = items[held[0]].pop(enc)
             for n in order:
                 q = qs[n]
-                with _close_on_error(fds[n]):
-                    self._commit(q, items[n], fds[n])
+                with close_on_error(fds[n]):
+                    self._core.commit(q, items[n], fds[n])
                     delayed = []
                     for enc, r in items[n].items():
                         if r.mk and r.kind in (QUEUED, DELAYED):
-                            self._link_marker(q, enc, q.ready if r.kind == QUEUED else q.delayed, r.mk)
+                            self._core.link_marker(q, enc, q.ready if r.kind == QUEUED else q.delayed, r.mk)
                             if r.kind == DELAYED:
                                 delayed.append((enc, r.mk))
                     if delayed:
                         events[n].append(due_event(delayed))
                     q.set_counters(*counters[n])
-                    self._publish(q, events[n])
+                    self._core.publish(q, events[n])
         for n in names:
             q = qs[n]
-            await self._durable(fds[n], {q.jobs_fd, *q.lane_fds, q.delayed_fd})
+            await self._core.durable(fds[n], {q.jobs_fd, *q.lane_fds, q.delayed_fd})
         return None, True
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         await trio.lowlevel.checkpoint()
-        q = self._q(queue)
+        q = self._core.q(queue)
         now = time.time()
         try:
             r = read_rec(os.path.join(q.jobs, encode_name(job_id)), encode_name(job_id))
@@ -424,12 +437,12 @@ class FileFlows(FileBase):
         out = []
         for cq, cid in r.children:
             try:
-                c = read_rec(os.path.join(self._q(cq).jobs, encode_name(cid)), encode_name(cid))
+                c = read_rec(os.path.join(self._core.q(cq).jobs, encode_name(cid)), encode_name(cid))
             except CorruptRecord:
                 continue
             mine = c is not None and c.parent is not None and tuple(c.parent) == (queue, job_id)
             if c is not None and mine and (c.exp is None or c.exp > now):
-                out.append((cq, _job_record(c)))
+                out.append((cq, to_job_record(c)))
         return out
 
 

@@ -532,7 +532,7 @@ __all__ += [
 ]
 
 
-def _unlink(path: str) -> bool:
+def unlink_quiet(path: str) -> bool:
     """Remove ``path``; False if it was not there."""
     try:
         os.unlink(path)

@@ -39,11 +39,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..._model._types import MAX_PRIORITY
-from ._fsutil import _unlink, encode_name, write_atomic
+from ._fsutil import unlink_quiet, encode_name, write_atomic
 
 __all__ = ["GroupDisk", "group_marker"]
 
-_RING_LISTED = -2  # the ring's key in _Q.lane_empty (listed and found empty)
+_RING_LISTED = -2  # the ring's key in FileQueue.lane_empty (listed and found empty)
 
 
 def group_marker(name: str, priority: int, group: str) -> str:
@@ -163,8 +163,8 @@ class GroupDisk:
 
     def leave(self, priority: int, entry: str, encg: str) -> None:
         """The group leaves ring ``priority`` (membership first: see the module docstring)."""
-        _unlink(f"{self.member}/{priority}-{encg}")
-        _unlink(f"{self.ring}/{entry}")
+        unlink_quiet(f"{self.member}/{priority}-{encg}")
+        unlink_quiet(f"{self.ring}/{entry}")
 
     def lane_dir(self, priority: int, encg: str) -> str:
         return f"{self.ready}/g/{encg}/p{priority}"
@@ -257,8 +257,8 @@ class GroupDisk:
         """A claimed job of ``group`` left processing: its slot is free; a group out of
         the rings for its limit is back in them."""
         encg = encode_name(group)
-        _unlink(f"{self.run}/{encg}/{enc}")
-        if _unlink(f"{self.blocked}/{encg}"):
+        unlink_quiet(f"{self.run}/{encg}/{enc}")
+        if unlink_quiet(f"{self.blocked}/{encg}"):
             self.requeue(encg, lane_empty)
 
     def left_all(self, recs: Iterable[tuple[str, Any]], lane_empty: dict[int, float]) -> None:
@@ -294,7 +294,7 @@ class GroupDisk:
             if at > now:
                 return at
             bump()
-            if _unlink(f"{self.sleep}/{name}"):
+            if unlink_quiet(f"{self.sleep}/{name}"):
                 self.requeue(name[17:], lane_empty)
         return math.inf
 

@@ -16,9 +16,10 @@ from contextlib import contextmanager
 import trio
 
 from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
+from .. import _rules as R
 from .._base import JobRecord, EnqueueOutcome, NewJob, StorageEvent, job_record
 from ._fsutil import Rec
-from ._fsutil import _unlink as _unlink  # re-exported: the parts import it from here
+from ._fsutil import unlink_quiet as unlink_quiet  # re-exported: the parts import it from here
 from ._groups import GroupDisk, group_marker
 from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
 
@@ -30,7 +31,7 @@ from .._rules import TERMINAL_KINDS as _TERMINAL  # records the cache does not k
 def _rec_bytes(r: Rec) -> int:
     return 256 + len(r.envelope) + len(r.result or b"") + len(r.error or b"") + len(r.progress or b"") + len(r.steps or b"")
 
-_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 _SEQ_START = 1 << 62
 _COUNTERS = struct.Struct("<QQ")
@@ -38,14 +39,14 @@ _HEAD = struct.Struct("<QQQ")  # the lock file: the two counters, then the gener
 _GEN = struct.Struct("<Q")
 _RECS_MAX = 32768  # records in a queue's record cache
 _RECS_BYTES = 16 << 20  # ... and their payload bytes
-_LANE_RECHECK = 0.05  # seconds a lane known to be empty is not listed again (see _Q)
-_DELAYED_LANE = -1  # delayed/'s key in _Q.lane_empty
-_EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
+LANE_RECHECK = 0.05  # seconds a lane known to be empty is not listed again (see FileQueue)
+DELAYED_LANE = -1  # delayed/'s key in FileQueue.lane_empty
+EVENTS_MAX = 4 << 20  # rotate the event log past 4 MiB
 _EVENT_PAYLOAD_MAX = 64 << 10  # results/errors larger than this are not copied into events
-_CLEAN_INTERVAL = 1.0
+CLEAN_INTERVAL = 1.0
 
 
-def _seq_name(seq: int, enc_id: str) -> str:
+def seq_name(seq: int, enc_id: str) -> str:
     return f"{seq:016x}-{enc_id}"
 
 
@@ -55,29 +56,29 @@ def due_event(delayed: list[tuple[str, str]]) -> StorageEvent:
     return StorageEvent("due", "", result=b"%d" % int(min(mk for _, mk in delayed)[:16], 16))
 
 
-def _ready_name(seq: int, enc_id: str, priority: int, group: str | None = None) -> str:
+def ready_name(seq: int, enc_id: str, priority: int, group: str | None = None) -> str:
     """A ready marker's name, relative to ``ready/``: the default priority's lane is
     ``ready/`` itself (the layout before priorities), the others ``ready/p<n>/``; a
     job of a group is in its group's lane (``ready/g/<group>/p<n>/``, see ``_groups``)."""
-    name = _seq_name(seq, enc_id)
+    name = seq_name(seq, enc_id)
     if group is not None:
         return group_marker(name, priority, group)
     return name if priority == DEFAULT_PRIORITY else f"p{priority}/{name}"
 
 
-def _split_ready(mk: str) -> tuple[int, str] | None:
-    """``(number, encoded id)`` of a ready marker name made by :func:`_ready_name`."""
+def split_ready(mk: str) -> tuple[int, str] | None:
+    """``(number, encoded id)`` of a ready marker name made by :func:`ready_name`."""
     if mk[:2] == "g/":
-        return _split_marker(mk.rsplit("/", 1)[-1])
-    return _split_marker(mk[3:] if mk[:1] == "p" and mk[2:3] == "/" else mk)
+        return split_marker(mk.rsplit("/", 1)[-1])
+    return split_marker(mk[3:] if mk[:1] == "p" and mk[2:3] == "/" else mk)
 
 
-def _is_lane_dir(name: str) -> bool:
+def is_lane_dir(name: str) -> bool:
     """A directory of ``ready/``: a priority's lane, the group lanes or the rings."""
     return (len(name) == 2 and name[0] == "p" and name[1].isdigit()) or name in ("g", "ring")
 
 
-def _split_marker(name: str) -> tuple[int, str] | None:
+def split_marker(name: str) -> tuple[int, str] | None:
     if len(name) < 18 or name[16] != "-":
         return None
     try:
@@ -86,16 +87,23 @@ def _split_marker(name: str) -> tuple[int, str] | None:
         return None
 
 
-def _state(r: Rec) -> str:
+def state_of(r: Rec) -> str:
     return r.state()  # (a delayed job's due time is in its marker's name: Rec.state)
 
 
-def _job_record(r: Rec) -> JobRecord:
+def to_job_record(r: Rec) -> JobRecord:
     """The storage-interface view of a record."""
     return job_record(r)
 
 
-def _mtime(path: str) -> float | None:
+def enqueue_outcome(r: Rec) -> EnqueueOutcome:
+    """The outcome of enqueueing an id that has the record ``r``."""
+    if (result := R.existing_outcome(r)) is not None:
+        return EnqueueOutcome(EnqueueStatus.COMPLETED, state_of(r), result, r.token)
+    return EnqueueOutcome(EnqueueStatus.DUPLICATE, state_of(r), token=r.token)
+
+
+def mtime_of(path: str) -> float | None:
     try:
         return os.stat(path).st_mtime
     except FileNotFoundError:
@@ -108,7 +116,7 @@ def _b64(b: bytes | None) -> str | None:
     return base64.b64encode(b).decode("ascii")
 
 
-def _event_line(ev: StorageEvent) -> dict[str, object]:
+def event_line(ev: StorageEvent) -> dict[str, object]:
     d: dict[str, object] = {"k": ev.kind, "j": ev.job_id}
     if ev.worker_id is not None:
         d["w"] = ev.worker_id
@@ -123,7 +131,7 @@ def _event_line(ev: StorageEvent) -> dict[str, object]:
     return d
 
 
-def _parse_event(line: bytes) -> StorageEvent | None:
+def parse_event(line: bytes) -> StorageEvent | None:
     try:
         d = json.loads(line)
         if d.get("k") == "_log":  # a log file's header line
@@ -143,12 +151,12 @@ def _parse_event(line: bytes) -> StorageEvent | None:
         return None
 
 
-def _log_header(generation: int) -> bytes:
+def log_header(generation: int) -> bytes:
     """The first line of an event log file: its generation (one more per rotation)."""
     return b'{"k":"_log","g":%d}\n' % generation
 
 
-def _log_generation(fd: int) -> int:
+def log_generation(fd: int) -> int:
     """The generation of the event log open as ``fd`` (0: a log without a header)."""
     head = os.pread(fd, 64, 0)
     if not head.startswith(b'{"k":"_log","g":'):
@@ -159,7 +167,7 @@ def _log_generation(fd: int) -> int:
         return 0
 
 
-class _Q:
+class FileQueue:
     """This process's handles on one queue directory."""
 
     __slots__ = (
@@ -274,15 +282,15 @@ class _Q:
         # The record cache: encoded id -> (record, segment inode, size, mtime_ns) of the
         # records this process wrote itself (not terminal ones), valid while the
         # generation is the one seen after this process's last write and jobs/<id> still
-        # names that very file (see FileBase._read).
+        # names that very file (see FileCore.read).
         self.recs: dict[str, tuple[Rec, int, int, int]] = {}
         self.recs_bytes = 0
-        # Lanes a claim found empty (and delayed/, as _DELAYED_LANE): lane -> time listed. Forgotten when another process
+        # Lanes a claim found empty (and delayed/, as DELAYED_LANE): lane -> time listed. Forgotten when another process
         # bumps the generation (every enqueue, release, promotion... commits records
-        # first), when this process adds a marker to the lane, and after _LANE_RECHECK
+        # first), when this process adds a marker to the lane, and after LANE_RECHECK
         # (a writer of the older code, which bumps no generation, is seen that late).
         self.lane_empty: dict[int, float] = {}
-        self.hit = False  # the last FileBase._read came from the record cache
+        self.hit = False  # the last FileCore.read came from the record cache
         # The lock file's counters and generation, mapped (at the first section): read
         # and written without a system call, and without the inotify IN_MODIFY a write
         # would send to everyone watching the queue directory for events (mmap writes
@@ -435,7 +443,7 @@ class _Q:
         return d
 
 
-class _EnqReq:
+class EnqReq:
     """One enqueue call waiting for its jobs to be written by the group it joined."""
 
     __slots__ = ("jobs", "out", "error", "done", "moved")
@@ -448,20 +456,20 @@ class _EnqReq:
         self.moved = trio.Event()  # set when the group carrying it is done or gave it back
 
 
-class _EnqState:
+class EnqState:
     """The enqueue coalescer of one queue in one Trio run: calls that arrive while a group
     is being written form the next group."""
 
     __slots__ = ("pending", "running", "idle")
 
     def __init__(self) -> None:
-        self.pending: list[_EnqReq] = []
+        self.pending: list[EnqReq] = []
         self.running = False
         self.idle = trio.Event()
 
 
 @contextmanager
-def _close_on_error(fds: list[int]) -> Iterator[None]:
+def close_on_error(fds: list[int]) -> Iterator[None]:
     """Close the segment descriptors a failed step opened (a finished step hands them to
     the group commit, which closes them)."""
     try:

@@ -17,18 +17,18 @@ import os
 from .._base import ClaimLimits
 from .._flowstate import FlowState
 from ._fsutil import tmp_name, write_atomic
-from ._layout import _Q, _unlink
+from ._layout import FileQueue, unlink_quiet
 
 __all__ = ["claim_allowance", "count_claims", "hold_claims", "slot_freed"]
 
 
-def _dir(q: _Q) -> str:
+def _dir(q: FileQueue) -> str:
     d = os.path.join(q.path, "flow")
     os.makedirs(d, exist_ok=True)
     return d
 
 
-def _load(q: _Q) -> FlowState:
+def _load(q: FileQueue) -> FlowState:
     try:
         with open(os.path.join(q.path, "flow", "state"), "rb") as f:
             return FlowState.loads(f.read())
@@ -36,11 +36,11 @@ def _load(q: _Q) -> FlowState:
         return FlowState()
 
 
-def _save(q: _Q, st: FlowState) -> None:
+def _save(q: FileQueue, st: FlowState) -> None:
     write_atomic(_dir(q), "state", st.dumps(), False)
 
 
-def _held(q: _Q) -> int:
+def _held(q: FileQueue) -> int:
     n = 0
     for enc_w in os.listdir(q.proc):
         try:
@@ -50,7 +50,7 @@ def _held(q: _Q) -> int:
     return n
 
 
-def claim_allowance(q: _Q, limits: ClaimLimits | None, now: float, max_jobs: int) -> tuple[int, float, FlowState]:
+def claim_allowance(q: FileQueue, limits: ClaimLimits | None, now: float, max_jobs: int) -> tuple[int, float, FlowState]:
     """``(jobs the claim may take, when a refused claim may succeed, state)``."""
     st = _load(q)
     held = _held(q) if limits is not None and limits.concurrency else 0
@@ -60,23 +60,23 @@ def claim_allowance(q: _Q, limits: ClaimLimits | None, now: float, max_jobs: int
     return allow, st.wake, st
 
 
-def count_claims(q: _Q, st: FlowState, limits: ClaimLimits | None, now: float, n: int) -> None:
+def count_claims(q: FileQueue, st: FlowState, limits: ClaimLimits | None, now: float, n: int) -> None:
     """Count ``n`` claims made now against the rate limit."""
     if n and limits is not None and limits.rate:
         st.claimed(limits, now, n)
         _save(q, st)
 
 
-def hold_claims(q: _Q, until: float) -> None:
+def hold_claims(q: FileQueue, until: float) -> None:
     """``RateLimited``: no claim on this queue before ``until``."""
     st = _load(q)
     st.hold_until(until)
     _save(q, st)
 
 
-def slot_freed(q: _Q) -> None:
+def slot_freed(q: FileQueue) -> None:
     """Slots were freed: wake the claimers waiting for one, if any."""
-    if _unlink(os.path.join(q.path, "flow", "slotwait")):
+    if unlink_quiet(os.path.join(q.path, "flow", "slotwait")):
         wake = os.path.join(q.ready, tmp_name())
         os.close(os.open(wake, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        _unlink(wake)
+        unlink_quiet(wake)

@@ -30,39 +30,46 @@ from ._fsutil import (
     write_atomic,
 )
 from ._groupcommit import sync_now
-from ._base import FileBase
+from ._base import FileCore, FileSettings
+from ._flows import FileTrees
 from ._limits import slot_freed
 from ._layout import (
-    _Q,
-    _close_on_error,
-    _mtime,
-    _ready_name,
-    _split_marker,
-    _split_ready,
-    _unlink,
+    FileQueue,
+    close_on_error,
+    mtime_of,
+    ready_name,
+    split_marker,
+    split_ready,
+    unlink_quiet,
     log,
 )
 
-__all__ = ["RecoveryOps"]
+__all__ = ["FileRecovery"]
 
 
-class RecoveryOps(FileBase):
-    """A part of :class:`~trioqueue.storage.FileStorage`."""
+class FileRecovery:
+    """The reaper side of :class:`~trioqueue.storage.FileStorage`. A part built by the
+    storage with the core and the trees it shares."""
+
+    def __init__(self, core: FileCore, settings: FileSettings, trees: FileTrees) -> None:
+        self._core = core
+        self._settings = settings
+        self._trees = trees
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
         recovered: list[tuple[str, str]] = []
         events: list[StorageEvent] = []
         next_deadline = math.inf
         fds: list[int] = []
         dirs = {q.jobs_fd, *q.lane_fds}
-        async with self._alock(q):
-            with _close_on_error(fds):
+        async with self._core.alock(q):
+            with close_on_error(fds):
                 now = time.time()
-                self._clean_expired(q, now)
+                self._core.clean_expired(q, now)
                 q.last_clean = now
-                next_deadline = self._promote(q, now, events)
+                next_deadline = self._core.promote(q, now, events)
                 nxt, front = q.counters()
                 start = nxt
                 items: dict[str, Rec] = {}
@@ -72,7 +79,7 @@ class RecoveryOps(FileBase):
                 stale: list[str] = []  # proc entries of settled jobs: dropped after the events
                 for enc_w in os.listdir(q.proc):
                     pdir = os.path.join(q.proc, enc_w)
-                    alive_until = _mtime(os.path.join(q.workers, enc_w)) or 0.0
+                    alive_until = mtime_of(os.path.join(q.workers, enc_w)) or 0.0
                     try:
                         names = os.listdir(pdir)
                     except (FileNotFoundError, NotADirectoryError):
@@ -82,7 +89,7 @@ class RecoveryOps(FileBase):
                         if enc.startswith(".") or enc in items:
                             continue
                         marker = os.path.join(pdir, enc)
-                        r = self._read(q, enc)
+                        r = self._core.read(q, enc)
                         if r is None or r.kind != _PROCESSING:
                             if r is not None and r.kind == _QUEUED and r.mk and not os.path.exists(
                                 os.path.join(q.ready, r.mk)
@@ -94,35 +101,35 @@ class RecoveryOps(FileBase):
                             else:
                                 if r is not None:
                                     if worker_id is None:
-                                        worker_id = self._worker_dec(q, enc_w) or enc_w
+                                        worker_id = self._core.worker_dec(q, enc_w) or enc_w
                                     self._reannounce(r, worker_id, events)
                                 stale.append(marker)
                             continue
-                        lease = r.lease if r.lease is not None else _mtime(marker)
+                        lease = r.lease if r.lease is not None else mtime_of(marker)
                         if lease is None:
                             continue
                         if lease > now and alive_until > now:
                             next_deadline = min(next_deadline, lease, alive_until)
                             continue
                         if worker_id is None:
-                            worker_id = self._worker_dec(q, enc_w) or enc_w
+                            worker_id = self._core.worker_dec(q, enc_w) or enc_w
                         events.append(StorageEvent("stalled", r.id, worker_id, token=r.token))
                         # cancelled (a cancel request), requeued (attempts left, or a reserved
                         # claim that never ran: back at no cost) or failed (StalledJobError)
                         verdict = R.recover(r, now, worker_id)
                         recovered.append((r.id, verdict))
                         if verdict == "cancelled":
-                            self._cancel_claimed(q, r, worker_id, events)
+                            self._trees.cancel_claimed(q, r, worker_id, events)
                             drop.append(marker)
                         elif verdict == "requeued":
-                            mk = _ready_name(nxt, enc, r.priority, r.group)
+                            mk = ready_name(nxt, enc, r.priority, r.group)
                             nxt += 1
                             r.mk = mk
                             requeue.append((marker, mk))
                             events.append(StorageEvent("requeued", r.id, worker_id, token=r.token))
                         else:
                             if R.in_tree(r):
-                                self._tree_ended(q, r)
+                                self._trees.tree_ended(q, r)
                             drop.append(marker)
                             events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
                         items[enc] = r
@@ -132,17 +139,17 @@ class RecoveryOps(FileBase):
                 # between leaves queued records whose entry is still in proc/, which the
                 # next pass moves back ("claim interrupted"), and failed records whose stale
                 # entry it drops.
-                if self._commit(q, items, fds):
+                if self._core.commit(q, items, fds):
                     dirs.add(q.expiry_fd)
                 for marker, mk in requeue:
                     q.lane_filled(mk)
                     os.rename(marker, os.path.join(q.ready, mk))
                 # The events before the proc entries of ended jobs go: a crash between
                 # leaves the entries, and the next pass announces them again.
-                self._publish(q, events)
+                self._core.publish(q, events)
                 events = []
                 for marker in drop + stale:
-                    _unlink(marker)
+                    unlink_quiet(marker)
                 q.grp.left_all(items.items(), q.lane_empty)
                 for enc_w in dead:
                     try:
@@ -154,11 +161,11 @@ class RecoveryOps(FileBase):
                 for enc_w in os.listdir(q.workers):
                     if enc_w.startswith("."):
                         continue
-                    expiry = _mtime(os.path.join(q.workers, enc_w))
+                    expiry = mtime_of(os.path.join(q.workers, enc_w))
                     if expiry is not None and expiry <= now:
                         pdir = os.path.join(q.proc, enc_w)
                         if not os.path.isdir(pdir) or not [n for n in os.listdir(pdir) if not n.startswith(".")]:
-                            _unlink(os.path.join(q.workers, enc_w))
+                            unlink_quiet(os.path.join(q.workers, enc_w))
                             try:
                                 os.rmdir(pdir)
                                 q.proc_dirs.discard(enc_w)
@@ -168,9 +175,9 @@ class RecoveryOps(FileBase):
                     q.set_counters(nxt, front)
                 if items:
                     slot_freed(q)
-                self._publish(q, events)
-        await self._finish(fds, dirs, bool(items))
-        await self._act_on_notes(queue)  # this step's, and any a crash left
+                self._core.publish(q, events)
+        await self._core.finish(fds, dirs, bool(items))
+        await self._trees.act_on_notes(queue)  # this step's, and any a crash left
         return recovered, (None if next_deadline == math.inf else next_deadline)
 
     @staticmethod
@@ -194,33 +201,33 @@ class RecoveryOps(FileBase):
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
         enc = encode_name(name)
-        path = os.path.join(self._locks_dir, enc)
+        path = os.path.join(self._core.locks_dir, enc)
         with self._locks_locked():
             now = time.time()
             holder = self._lock_holder(path)
             ok = holder is None or holder[0] == owner or holder[1] <= now
             if ok:
                 data = json.dumps({"name": name, "owner": owner, "exp": now + ttl}).encode()
-                write_atomic(self._locks_dir, enc, data, False)
+                write_atomic(self._core.locks_dir, enc, data, False)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
     async def release_lock(self, name: str, owner: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        path = os.path.join(self._locks_dir, encode_name(name))
+        path = os.path.join(self._core.locks_dir, encode_name(name))
         with self._locks_locked():
             holder = self._lock_holder(path)
             ok = holder is not None and holder[0] == owner
             if ok:
-                _unlink(path)
+                unlink_quiet(path)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
-    def _repair(self, q: _Q) -> None:
+    def repair(self, q: FileQueue) -> None:
         """At start: remove temp files of dead processes, put back ready markers that a
         crash between the record write and the marker creation left missing, and
         quarantine unreadable records."""
-        with self._locked(q):
+        with self._core.locked(q):
             q.bump()  # markers may be relinked: other processes re-list the lanes
             for d in (q.path, q.tmp, q.jobs, *q.lanes, q.delayed, q.names, os.path.join(q.path, "tree")):
                 clean_tmp(d)
@@ -236,7 +243,7 @@ class RecoveryOps(FileBase):
             max_seq = nxt - 1
             for lane in q.lanes:
                 for name in os.listdir(lane):
-                    parsed = _split_marker(name)
+                    parsed = split_marker(name)
                     if parsed is not None:
                         max_seq = max(max_seq, parsed[0])
             nxt = max_seq + 1
@@ -247,14 +254,14 @@ class RecoveryOps(FileBase):
             for enc in os.listdir(q.jobs):
                 if enc.startswith("."):
                     continue
-                r = self._read(q, enc)
+                r = self._core.read(q, enc)
                 if r is None:
                     continue
                 if r.exp is not None and r.exp <= now:
-                    _unlink(os.path.join(q.jobs, enc))
+                    unlink_quiet(os.path.join(q.jobs, enc))
                     continue
                 if r.kind == _QUEUED:
-                    parsed = _split_ready(r.mk) if r.mk else None
+                    parsed = split_ready(r.mk) if r.mk else None
                     if parsed is not None and parsed[1] == enc:
                         nxt = max(nxt, parsed[0] + 1)  # the crashed batch may not have saved it
                     if r.mk and os.path.exists(os.path.join(q.ready, r.mk)):
@@ -269,34 +276,34 @@ class RecoveryOps(FileBase):
                     if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
                         delayed.append((enc, r.mk))
             for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):
-                r.mk = _ready_name(nxt, enc, r.priority, r.group)
+                r.mk = ready_name(nxt, enc, r.priority, r.group)
                 nxt += 1
             # New records (naming the new markers) first, then the markers: links to them.
             fds: list[int] = []
-            self._commit(q, items, fds)
+            self._core.commit(q, items, fds)
             for enc, r in items.items():
                 assert r.mk is not None
-                self._link_marker(q, enc, q.ready, r.mk)
+                self._core.link_marker(q, enc, q.ready, r.mk)
             for enc, mk in relink:
-                self._link_marker(q, enc, q.ready, mk)
+                self._core.link_marker(q, enc, q.ready, mk)
             for enc, mk in delayed:
-                self._link_marker(q, enc, q.delayed, mk)
+                self._core.link_marker(q, enc, q.delayed, mk)
             fixed = len(items) + len(relink) + len(delayed)
             q.set_counters(nxt, front)
             if fixed:
                 log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
-            if self._fsync:
+            if self._settings.fsync:
                 sync_now(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd})
 
     @contextmanager
     def _locks_locked(self) -> Iterator[None]:
-        if self._locks_fd < 0:
+        if self._core.locks_fd < 0:
             raise RuntimeError("FileStorage is not open")
-        fcntl.flock(self._locks_fd, fcntl.LOCK_EX)
+        fcntl.flock(self._core.locks_fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(self._locks_fd, fcntl.LOCK_UN)
+            fcntl.flock(self._core.locks_fd, fcntl.LOCK_UN)
 
     def _lock_holder(self, path: str) -> tuple[str, float] | None:
         try:

@@ -1,5 +1,5 @@
 """FileStorage's :meth:`~trioqueue.storage.Administration.clear` and count-based retention
-(:attr:`~trioqueue.storage.Settlement.keep`), a mixin kept apart from ``_admin.py``.
+(:attr:`~trioqueue.storage.Settlement.keep`), a part of the storage kept apart from ``_admin.py``.
 
 **Clear**: a queue emptied in one locked section.
 Every name is unlinked under the queue's lock, in a worker thread: the ready and delayed
@@ -14,7 +14,7 @@ repair gives the jobs still registered their markers back.
 **Count-based retention** is swept in batches: there is no per-state index on disk (it
 would cost a link per transition on every hot path), so finding a state's oldest jobs
 means reading every record of the queue, as ``counts`` does. A process trims a state
-once its settlements with a ``keep`` have added :attr:`RetentionOps.keep_every` jobs to
+once its settlements with a ``keep`` have added :attr:`FileRetention.keep_every` jobs to
 it (or ``keep // 4``, if larger) since its last trim: the scan (in a worker thread,
 holding the newest ``keep`` and the ids to forget) finds the jobs past the newest ``keep`` by the time they
 entered the state, and unlinks them in slices under the lock, each checked again. So
@@ -28,18 +28,16 @@ import heapq
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import trio
 
 from .. import _rules as R
 from .._base import CLEARED, Settlement, StorageEvent
-from ._base import FileBase
-from ._fsutil import Rec
-from ._layout import _Q, _unlink
+from ._base import FileCore
+from ._layout import FileQueue, unlink_quiet
 
-__all__ = ["RetentionOps"]
+__all__ = ["FileRetention"]
 
 _KEPT = R.KEPT  # the settlements Settlement.keep applies to: the kind they enter
 _SLICE = 1000  # jobs a trim checks and unlinks per lock hold
@@ -55,29 +53,27 @@ def _unlink_entries(directory: str) -> int:
     for entry in entries:
         if entry.name.startswith(".") or entry.is_dir(follow_symlinks=False):
             continue
-        if _unlink(entry.path):
+        if unlink_quiet(entry.path):
             n += 1
     return n
 
 
-class RetentionOps(FileBase):
-    """``clear`` and count-based retention of :class:`~trioqueue.storage.FileStorage`."""
+class FileRetention:
+    """``clear`` and count-based retention of :class:`~trioqueue.storage.FileStorage`. A
+    part built by the storage with the core it shares."""
 
-    #: Jobs a process's settlements add to a state with a ``keep`` between two trims of it
-    #: (at least; ``keep // 4`` when larger): the growth past ``keep`` each process allows.
-    keep_every = 64
-    _kept_since: dict[tuple[str, str], int] | None = None
+    def __init__(self, core: FileCore) -> None:
+        self._core = core
+        #: Jobs a process's settlements add to a state with a ``keep`` between two trims
+        #: of it (at least; ``keep // 4`` when larger): the growth past ``keep`` each
+        #: process allows.
+        self.keep_every = 64
+        self._kept_since: dict[tuple[str, str], int] = {}
 
-    if TYPE_CHECKING:  # AdminOps (_admin.py)
-
-        def _records(self, q: _Q, now: float) -> Iterator[tuple[str, Rec]]: ...
-
-    async def _keep_newest(self, queue: str, settlements: Sequence[Settlement], settled: Sequence[bool]) -> None:
+    async def keep_newest(self, queue: str, settlements: Sequence[Settlement], settled: Sequence[bool]) -> None:
         """After a settle call: count its settlements with a ``keep``, and trim the states
         whose count reached the batch."""
         since = self._kept_since
-        if since is None:
-            since = self._kept_since = {}
         keeps: dict[str, int] = {}
         for s, ok in zip(settlements, settled, strict=True):
             if ok and s.keep is not None and s.kind in _KEPT:
@@ -87,16 +83,16 @@ class RetentionOps(FileBase):
         for state, keep in keeps.items():
             if since[queue, state] >= max(self.keep_every, keep // 4):
                 since[queue, state] = 0
-                await self._trim(self._q(queue), state, keep)
+                await self._trim(self._core.q(queue), state, keep)
 
-    async def _trim(self, q: _Q, state: str, keep: int) -> int:
+    async def _trim(self, q: FileQueue, state: str, keep: int) -> int:
         """Forget the jobs of terminal ``state`` past the newest ``keep`` (jobs of trees
         go by their TTL); how many."""
 
         def run() -> int:
             newest: list[tuple[int, str]] = []  # the newest ``keep`` seen: (ts, enc), a min-heap
             victims: list[tuple[int, str]] = []
-            for enc, r in self._records(q, time.time()):
+            for enc, r in self._core.records(q, time.time()):
                 if r.kind != state or R.in_tree(r):  # (jobs of trees go by their TTL)
                     continue
                 item = (r.ts, enc)
@@ -108,10 +104,10 @@ class RetentionOps(FileBase):
                     victims.append(item)
             n = 0
             for i in range(0, len(victims), _SLICE):
-                with self._locked(q):  # checked again: it may have moved on meanwhile
+                with self._core.locked(q):  # checked again: it may have moved on meanwhile
                     for ts, enc in victims[i : i + _SLICE]:
-                        now_rec = self._load(q, enc, time.time())
-                        if now_rec is not None and now_rec.kind == state and now_rec.ts == ts and _unlink(
+                        now_rec = self._core.load(q, enc, time.time())
+                        if now_rec is not None and now_rec.kind == state and now_rec.ts == ts and unlink_quiet(
                             os.path.join(q.jobs, enc)
                         ):
                             q.drop(enc)
@@ -119,15 +115,15 @@ class RetentionOps(FileBase):
             return n
 
         n = await trio.to_thread.run_sync(run)
-        await self._finish([], {q.jobs_fd}, n > 0)
+        await self._core.finish([], {q.jobs_fd}, n > 0)
         return n
 
     async def clear(self, queue: str, *, schedules: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
-        q = self._q(queue)
+        q = self._core.q(queue)
 
         def run() -> int:
-            with self._locked(q):
+            with self._core.locked(q):
                 q.bump()
                 for lane in q.lanes:
                     _unlink_entries(lane)
@@ -143,12 +139,12 @@ class RetentionOps(FileBase):
                 q.forget()
                 q.cache = [deque() for _ in q.lanes]
                 q.cache_front = -1
-                self._publish(q, [StorageEvent(CLEARED, "")])
+                self._core.publish(q, [StorageEvent(CLEARED, "")])
                 return n
 
         n = await trio.to_thread.run_sync(run)
-        await self._finish([], self._cleared_dirs(q), True)
+        await self._core.finish([], self._cleared_dirs(q), True)
         return n
 
-    def _cleared_dirs(self, q: _Q) -> set[int]:
+    def _cleared_dirs(self, q: FileQueue) -> set[int]:
         return {q.jobs_fd, q.delayed_fd, q.expiry_fd, *q.lane_fds}

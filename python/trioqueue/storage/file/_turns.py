@@ -16,7 +16,7 @@ from .._base import PROCESSING as _PROCESSING
 from .._base import ClaimLimits
 from ..._model._types import DEFAULT_PRIORITY
 from ._fsutil import Rec, encode_name
-from ._layout import _LANE_RECHECK, _Q, _is_lane_dir, _unlink
+from ._layout import LANE_RECHECK, FileQueue, is_lane_dir, unlink_quiet
 
 __all__ = ["GroupTurns"]
 
@@ -26,7 +26,7 @@ _SKIP = ("", "", "")  # a turn that yields no marker
 class GroupTurns:
     __slots__ = ("q", "limit", "now", "read", "listed", "dry", "joined", "counts", "mine", "rate", "per", "logs", "wake_at")
 
-    def __init__(self, q: _Q, limits: ClaimLimits | None, now: float, read: Callable[[_Q, str], Rec | None]) -> None:
+    def __init__(self, q: FileQueue, limits: ClaimLimits | None, now: float, read: Callable[[FileQueue, str], Rec | None]) -> None:
         self.q = q
         self.limit = limits.group_concurrency if limits is not None else 0
         self.now = now
@@ -48,12 +48,12 @@ class GroupTurns:
         was found empty recently): whether it has names now."""
         q = self.q
         empty = q.lane_empty
-        if lane in self.listed or (lane in empty and 0 <= now - empty[lane] < _LANE_RECHECK):
+        if lane in self.listed or (lane in empty and 0 <= now - empty[lane] < LANE_RECHECK):
             return bool(q.cache[lane])
         self.listed.add(lane)
         names = os.listdir(q.lanes[lane])
         if lane == DEFAULT_PRIORITY:
-            names = [n for n in names if not _is_lane_dir(n)]
+            names = [n for n in names if not is_lane_dir(n)]
         if names:
             empty.pop(lane, None)
             q.cache[lane].extend(sorted(names))
@@ -69,7 +69,7 @@ class GroupTurns:
         if not ring:
             if lane in self.dry:
                 return None
-            when = g.list_at(lane, q.lane_empty, self.now, _LANE_RECHECK)
+            when = g.list_at(lane, q.lane_empty, self.now, LANE_RECHECK)
             if when > self.now:  # (a blocked claim comes back then: see list_at)
                 self.wake_at = min(self.wake_at, when)
                 return None
@@ -120,7 +120,7 @@ class GroupTurns:
                 continue
             r = self.read(self.q, enc)
             if r is None or r.kind != _PROCESSING or r.group is None or encode_name(r.group) != encg:
-                _unlink(f"{g.run}/{encg}/{enc}")
+                unlink_quiet(f"{g.run}/{encg}/{enc}")
         n = self.counts[encg] = len(g.running(encg))
         if n < self.limit:
             return self._over_rate(encg)

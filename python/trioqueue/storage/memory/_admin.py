@@ -1,5 +1,6 @@
 """MemoryStorage's registry queries and administration (counts, listing, retry, purge,
-remove), a mixin kept apart from ``_storage.py``; every step runs under the storage's lock."""
+remove, clear): a part built by the storage with the queues and the trees it shares;
+every step runs under the storage's lock."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import trio
 
 from .. import _rules as R
 from .._base import CLEARED, JobRecord, NewJob, StorageEvent, check_active_kind, check_state_kind, job_record
-from .._flowstate import FlowState
-from ._index import StateIndex
-from ._parts import _Lanes, _Q, _Rec, _MemoryPart
+from ._flows import MemoryTrees
+from ._parts import MemoryQueues, MemRec
 
 __all__ = ["MemoryAdmin", "parse_int_cursor"]
 
@@ -30,28 +30,22 @@ def parse_int_cursor(cursor: str | None) -> int | None:
     return value
 
 
-class MemoryAdmin(_MemoryPart):
-    """The admin part of :class:`~trioqueue.storage.memory.MemoryStorage`."""
+class MemoryAdmin:
+    """The registry queries and administration of :class:`~trioqueue.storage.MemoryStorage`."""
 
-    def _tree_removed(self, rec: _Rec, now: float) -> None:
-        raise NotImplementedError
+    __slots__ = ("_queues", "_lock", "_q", "_trees")
 
-    def _keep_newest(self, q: _Q, kind: str, keep: int) -> int:
-        """Count-based retention (:attr:`Settlement.keep`), lock held: forget the oldest
-        jobs of terminal state ``kind`` beyond the newest ``keep`` (jobs of trees go by
-        their TTL)."""
-
-        def forget(rec: _Rec) -> None:
-            del q.jobs[rec.id]
-            q.index.drop(rec)
-
-        return q.index.trim(kind, keep, forget, R.in_tree)
+    def __init__(self, queues: MemoryQueues, trees: MemoryTrees) -> None:
+        self._queues = queues
+        self._lock = queues.lock
+        self._q = queues.q
+        self._trees = trees
 
     async def counts(self, queue: str) -> dict[str, int]:
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             return dict(q.index.live)
 
     async def oldest(self, queue: str, state: str) -> float | None:
@@ -69,7 +63,7 @@ class MemoryAdmin(_MemoryPart):
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             recs, nxt = q.index.page(state, limit, after)
             return [job_record(r) for r in recs], (None if nxt is None else str(nxt))
 
@@ -78,7 +72,7 @@ class MemoryAdmin(_MemoryPart):
         now = time.time()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, now)
+            q.expire(now)
             old = q.jobs.get(job_id)
             ok = R.retryable(old)
             if old is not None and ok:
@@ -86,11 +80,11 @@ class MemoryAdmin(_MemoryPart):
                 # A new record: the old one may still sit in the ready list (a cancelled
                 # job), where claims skip it (cancelled, and forgotten by the index).
                 again = NewJob(job_id, old.envelope, old.max_attempts, old.result_ttl, token, None, old.priority, old.group)
-                rec = q.jobs[job_id] = _Rec(again, int(now * 1000), q.index)
+                rec = q.jobs[job_id] = MemRec(again, int(now * 1000), q.index)
                 rec.steps = R.retried_steps(old, reset_steps)
                 q.ready.push([rec])  # its own priority's lane
-                self._publish(q, [StorageEvent("enqueued", job_id, token=token)])
-                self._wake(q)
+                q.publish([StorageEvent("enqueued", job_id, token=token)])
+                q.wake()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
@@ -100,14 +94,9 @@ class MemoryAdmin(_MemoryPart):
         now = time.time()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, now)
-
-            def forget(rec: _Rec) -> None:
-                del q.jobs[rec.id]
-                q.index.drop(rec)
-
+            q.expire(now)
             cutoff = None if older_than is None else int((now - older_than) * 1000)
-            n = q.index.purge(state, cutoff, forget)
+            n = q.index.purge(state, cutoff, q.forget)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return n
 
@@ -115,7 +104,7 @@ class MemoryAdmin(_MemoryPart):
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             rec = q.jobs.get(job_id)
             ok = R.removable(rec)
             if rec is not None and ok:
@@ -123,9 +112,9 @@ class MemoryAdmin(_MemoryPart):
                 # record is gone.
                 del q.jobs[job_id]
                 q.index.drop(rec)
-                self._publish(q, [StorageEvent("removed", job_id, token=rec.token)])
+                q.publish([StorageEvent("removed", job_id, token=rec.token)])
                 if rec.parent is not None:
-                    self._tree_removed(rec, time.time())
+                    self._trees.removed(rec, time.time())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
@@ -134,34 +123,23 @@ class MemoryAdmin(_MemoryPart):
         now = time.time()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, now)
-            gone = list(q.jobs.values())
-            # Fresh structures: every job of the queue, whatever its state, is forgotten at
-            # once; a worker's claim finds no processing entry (its settlement is fenced).
-            q.ready, q.jobs, q.processing, q.delayed, q.expiry = _Lanes(), {}, {}, [], []
-            q.index = StateIndex()
-            q.flow = FlowState()
-            # ... and its groups' state: the cleared claims' slots, the groups out of the
-            # rings for their limit, the claim logs of group_rate (paused groups are kept,
-            # as the pause flag is)
-            q.running, q.gblocked, q.glogs, q.gsleep = {}, set(), {}, []
-            if schedules:
-                q.schedules = {}
-            self._publish(q, [StorageEvent(CLEARED, "")])
-            self._wake(q)  # claims waiting for a slot or a due job look again
+            q.expire(now)
+            n = q.clear(schedules)
+            q.publish([StorageEvent(CLEARED, "")])
+            q.wake()  # claims waiting for a slot or a due job look again
         await trio.lowlevel.cancel_shielded_checkpoint()
-        return len(gone)
+        return n
 
     async def queue_names(self) -> list[str]:
         await trio.lowlevel.checkpoint()
         with self._lock:
-            return sorted(self._queues)
+            return sorted(self._queues.queues)
 
     async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
         await trio.lowlevel.checkpoint()
         with self._lock:  # one snapshot
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             recs = [q.jobs.get(jid) for jid in job_ids]
             return [None if rec is None else job_record(rec) for rec in recs]
 
@@ -169,6 +147,6 @@ class MemoryAdmin(_MemoryPart):
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             rec = q.jobs.get(job_id)
             return None if rec is None else bytes(rec.envelope)

@@ -1,11 +1,10 @@
 """MemoryStorage's trees of jobs (flows): writing a tree in one locked step, and what a
-child's end does to its parent (counted done, the parent queued once none is left, or the
-parent failed and the siblings cancelled under ``cancel``), a mixin kept apart from
-``_storage.py``. Every step runs with the storage's lock held."""
+job's end does to its tree (a child counted done, the parent queued once none is left, or
+the parent failed and the siblings cancelled under ``cancel``). A part built by the
+storage with the queues it shares; every step runs with the storage's lock held."""
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Sequence
 
@@ -18,14 +17,20 @@ from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, job_record
 from .._rules import CANCELLABLE as _CANCELLABLE
 from .._rules import COMPLETED, PROCESSING, WAITING_CHILDREN
 from .._rules import TERMINAL_KINDS as _TERMINAL
-from ._parts import _QUEUED_OUTCOME, _Flow, _Q, _Rec, _MemoryPart
+from ._parts import QUEUED_OUTCOME, Flow, MemoryQueues, MemRec, QueueState
 
-__all__ = ["MemoryFlows"]
+__all__ = ["MemoryTrees"]
 
 
-class MemoryFlows(_MemoryPart):
-    """The flows part of :class:`~trioqueue.storage.MemoryStorage` (which provides the
-    helpers below)."""
+class MemoryTrees:
+    """The trees of :class:`~trioqueue.storage.MemoryStorage`, and the end of every job
+    (:meth:`ended`: a job's end may concern its tree)."""
+
+    __slots__ = ("_lock", "_q")
+
+    def __init__(self, queues: MemoryQueues) -> None:
+        self._lock = queues.lock
+        self._q = queues.q
 
     # -- writing trees -------------------------------------------------------------------
 
@@ -35,7 +40,7 @@ class MemoryFlows(_MemoryPart):
             now = time.time()
             root = jobs[0]
             q = self._q(root.queue)
-            self._expire(q, now)
+            q.expire(now)
             rec = q.jobs.get(root.job.id)
             if rec is not None and not R.replaceable(rec):
                 if (result := R.existing_outcome(rec)) is not None:
@@ -43,8 +48,8 @@ class MemoryFlows(_MemoryPart):
                 else:
                     outcome = EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token)
             else:
-                self._write_tree(jobs, now, {})
-                outcome = _QUEUED_OUTCOME
+                self.write_tree(jobs, now, {})
+                outcome = QUEUED_OUTCOME
         await trio.lowlevel.cancel_shielded_checkpoint()
         return outcome
 
@@ -59,27 +64,27 @@ class MemoryFlows(_MemoryPart):
             # the ancestor) refuses it as a lost claim: no child may start after it.
             ok = rec is not None and rec.claim == token and not rec.cancel_requested
             if rec is not None and ok:
-                self._write_tree(children, time.time(), {(queue, job_id): rec}, policy)
+                self.write_tree(children, time.time(), {(queue, job_id): rec}, policy)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
-    def _write_tree(
-        self, jobs: Sequence[FlowJob], now: float, recs: dict[tuple[str, str], _Rec], policy: str = "cancel"
+    def write_tree(
+        self, jobs: Sequence[FlowJob], now: float, recs: dict[tuple[str, str], MemRec], policy: str = "cancel"
     ) -> None:
         """Check every id first (nothing written on a refusal), then write the tree."""
         first = 0 if recs else 1  # the root of a new tree was checked by the caller
         for fj in jobs[first:]:
             q = self._q(fj.queue)
-            self._expire(q, now)
+            q.expire(now)
             old = q.jobs.get(fj.job.id)
             if not R.replaceable(old) or (fj.queue, fj.job.id) in recs:
                 raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
         parents = {fj.parent for fj in jobs if fj.parent is not None}
         for parent in recs.values():
             if parent.flow is None:
-                parent.flow, parent.children, parent.policy = _Flow(), [], policy
+                parent.flow, parent.children, parent.policy = Flow(), [], policy
         now_ms = int(now * 1000)
-        touched: dict[str, tuple[_Q, list[StorageEvent], list[_Rec]]] = {}
+        touched: dict[str, tuple[QueueState, list[StorageEvent], list[MemRec]]] = {}
         for fj in jobs:
             job = fj.job
             q, events, ready = touched.setdefault(fj.queue, (self._q(fj.queue), [], []))
@@ -88,14 +93,14 @@ class MemoryFlows(_MemoryPart):
                 q.index.drop(old)
             is_parent = (fj.queue, job.id) in parents
             kind = WAITING_CHILDREN if is_parent else R.enqueue_kind(job.run_at, now)
-            rec = q.jobs[job.id] = _Rec(job, now_ms, q.index, kind)
+            rec = q.jobs[job.id] = MemRec(job, now_ms, q.index, kind)
             recs[fj.queue, job.id] = rec
             events.append(StorageEvent("enqueued", job.id, token=job.token))
             if is_parent:
-                rec.flow, rec.children, rec.policy = _Flow(), [], fj.policy
+                rec.flow, rec.children, rec.policy = Flow(), [], fj.policy
             elif kind == R.DELAYED:
                 assert job.run_at is not None
-                self._delay(q, rec, job.run_at, events)
+                q.delay(rec, job.run_at, events)
             else:
                 ready.append(rec)
             if fj.parent is not None:
@@ -107,30 +112,37 @@ class MemoryFlows(_MemoryPart):
                 parent.flow.pending += 1
         for q, events, ready in touched.values():
             q.ready.push(ready)
-            self._publish(q, events)
-            self._wake(q)
+            q.publish(events)
+            q.wake()
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             rec = q.jobs.get(job_id)
             if rec is None or rec.flow is None:
                 return []
             return [(cq, job_record(c)) for cq, c in rec.flow.children if self._q(cq).jobs.get(c.id) is c]
 
-    # -- a job of a tree ended -------------------------------------------------------------
+    # -- a job ended -----------------------------------------------------------------------
 
-    def _tree_ended(self, rec: _Rec, now: float) -> None:
+    def ended(self, q: QueueState, rec: MemRec, old: str, now: float) -> None:
+        """A rule just ended ``rec`` (it left kind ``old``): filed under its terminal kind,
+        its expiry indexed, and its tree told."""
+        q.file_end(rec, old)
+        if rec.parent is not None or rec.flow is not None:
+            self.tree_ended(rec, now)
+
+    def tree_ended(self, rec: MemRec, now: float) -> None:
         """``rec`` (a parent, a child, or both) just became terminal."""
         flow = rec.flow
         if flow is not None:
             if R.ended_cancels_children(rec.kind):
-                self._cancel_children(rec, now)  # cancelled or failed: none of them may run on
+                self.cancel_children(rec, now)  # cancelled or failed: none of them may run on
             for cq, child in flow.children:  # their results are no longer needed by rec
                 if child.kind in _TERMINAL and child.exp is None:
-                    self._keep_for(self._q(cq), child, now + child.result_ttl)
+                    self._q(cq).keep_for(child, now + child.result_ttl)
         parent = rec.up
         if parent is None or rec.parent is None:
             return
@@ -141,9 +153,9 @@ class MemoryFlows(_MemoryPart):
         parent.flow.pending -= 1
         if rec.kind != COMPLETED:
             parent.flow.failures.append((rec.id, rec.error or b""))
-        self._parent_check(pq, parent, now)
+        self.parent_check(pq, parent, now)
 
-    def _tree_removed(self, rec: _Rec, now: float) -> None:
+    def removed(self, rec: MemRec, now: float) -> None:
         """A child was removed (``remove_job``): its parent counts it as cancelled, as
         FileStorage's does (a parent never waits for a job that is gone)."""
         parent = rec.up
@@ -153,32 +165,28 @@ class MemoryFlows(_MemoryPart):
             return  # it had ended (and was counted), or its parent has
         parent.flow.pending -= 1
         parent.flow.failures.append((rec.id, b""))
-        self._parent_check(pq, parent, now)
+        self.parent_check(pq, parent, now)
 
-    def _parent_check(self, pq: _Q, parent: _Rec, now: float) -> None:
+    def parent_check(self, pq: QueueState, parent: MemRec, now: float) -> None:
         """Act on the tree's verdict for ``parent`` (see :func:`~.._rules.parent_verdict`)."""
         flow = parent.flow
         failed, pending = (False, 0) if flow is None else (bool(flow.failures), flow.pending)
         verdict = R.parent_verdict(parent.kind, parent.policy, failed, pending)
         if verdict == R.CANCEL_CHILDREN:
-            self._cancel_children(parent, now)  # the parent fails when it waits for them
+            self.cancel_children(parent, now)  # the parent fails when it waits for them
         elif verdict == R.FAIL:
             old = parent.kind
             R.fail_by_children(parent, [] if flow is None else flow.failures, now)
-            self._ended(pq, parent, old, now)  # cancels the siblings
-            self._publish(pq, [StorageEvent("failed", parent.id, error=parent.error, token=parent.token)])
+            self.ended(pq, parent, old, now)  # cancels the siblings
+            pq.publish([StorageEvent("failed", parent.id, error=parent.error, token=parent.token)])
         elif verdict == R.RELEASE:  # every child of a waiting parent is terminal: queued in its lane
             R.release_parent(parent, int(now * 1000))
             pq.refile(parent, WAITING_CHILDREN)
             pq.ready.push([parent])
-            self._publish(pq, [StorageEvent("promoted", parent.id, token=parent.token)])
-            self._wake(pq)
+            pq.publish([StorageEvent("promoted", parent.id, token=parent.token)])
+            pq.wake()
 
-    def _keep_for(self, q: _Q, rec: _Rec, expires_at: float) -> None:
-        rec.exp = expires_at
-        heapq.heappush(q.expiry, (expires_at, next(self._seq), rec))
-
-    def _cancel_children(self, parent: _Rec, now: float) -> None:
+    def cancel_children(self, parent: MemRec, now: float) -> None:
         """Cancel every child of ``parent`` that has not ended (and, through their own
         ends, their descendants): a waiting, queued, delayed or failing one at once, a
         processing one by a cancel request to its worker."""
@@ -190,10 +198,10 @@ class MemoryFlows(_MemoryPart):
             if child.kind in _CANCELLABLE:
                 old = child.kind
                 R.cancel(child, now)
-                self._ended(cq, child, old, now)
-                self._publish(cq, [StorageEvent("cancelled", child.id, token=child.token)])
+                self.ended(cq, child, old, now)
+                cq.publish([StorageEvent("cancelled", child.id, token=child.token)])
             elif child.kind == PROCESSING:
                 if child.flow is not None:
-                    self._cancel_children(child, now)
+                    self.cancel_children(child, now)
                 if R.request_cancel(child):
-                    self._publish(cq, [StorageEvent("cancel_requested", child.id, child.worker, token=child.token)])
+                    cq.publish([StorageEvent("cancel_requested", child.id, child.worker, token=child.token)])

@@ -1,5 +1,6 @@
-"""MemoryStorage's structures: job records, queues, and the waiters and subscribers that
-cross threads through each Trio run's token (all used with the storage's lock held)."""
+"""MemoryStorage's structures: job records, queues (with the steps on one queue that its
+operations share), and the waiters and subscribers that cross threads through each Trio
+run's token (all used with the storage's lock held)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import heapq
 import math
 import threading
 from collections import deque
-from collections.abc import Sequence
 from itertools import count
 
 import trio
@@ -15,22 +15,24 @@ import trio
 from ..._core import ObjectQueue
 from ..._model._types import MAX_PRIORITY, EnqueueStatus
 from .._base import EnqueueOutcome, NewJob, StorageEvent, select_events
+from .. import _rules as R
 from .._rules import Rec
 from ._index import StateIndex
 from .._flowstate import FlowState
 
 from .._rules import DELAYED as _DELAYED
+from .._rules import PROCESSING as _PROCESSING
 from .._rules import QUEUED as _QUEUED
 
-_QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 
 
-class _Rec(Rec):
+class MemRec(Rec):
     """The lifecycle's record (:class:`~.._rules.Rec`), and where MemoryStorage files it:
     ``iseq``, its entry in the queue's per-state index (0: forgotten); ``run_at``, its
     due time in the delayed heap; ``up``, a child's parent record; ``flow``, a parent's
     children records and counts. Whoever changes ``kind`` (a rule of ``_rules``) tells
-    the index (:meth:`_Q.refile`)."""
+    the index (:meth:`QueueState.refile`)."""
 
     __slots__ = ("iseq", "run_at", "up", "flow")
 
@@ -41,8 +43,8 @@ class _Rec(Rec):
         )  # fmt: skip
         self.iseq = 0
         self.run_at = math.inf
-        self.up: _Rec | None = None  # a child of a tree: its parent's record
-        self.flow: _Flow | None = None  # a parent: its children
+        self.up: MemRec | None = None  # a child of a tree: its parent's record
+        self.flow: Flow | None = None  # a parent: its children
         index.enter(self, None, kind)
 
     def state(self, due_ms: int | None = None) -> str:
@@ -51,19 +53,19 @@ class _Rec(Rec):
         return Rec.state(self, due_ms)
 
 
-class _Flow:
+class Flow:
     """A parent's side of a tree: its children ``(queue, record)``, how many have not
     ended, and the failed ones ``(id, error)``."""
 
     __slots__ = ("children", "pending", "failures")
 
     def __init__(self) -> None:
-        self.children: list[tuple[str, _Rec]] = []
+        self.children: list[tuple[str, MemRec]] = []
         self.pending = 0
         self.failures: list[tuple[str, bytes]] = []
 
 
-class _Waiter:
+class Waiter:
     """A Trio task parked in one thread, woken from any thread."""
 
     __slots__ = ("thread", "token", "event")
@@ -83,7 +85,7 @@ class _Waiter:
                 pass
 
 
-class _Subscriber:
+class Subscriber:
     __slots__ = ("thread", "token", "send", "kinds")
 
     def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]], kinds: frozenset[str] | None = None) -> None:
@@ -113,7 +115,7 @@ def _send_quietly(send: trio.MemorySendChannel[list[StorageEvent]], events: list
         pass
 
 
-class _Lanes:
+class Lanes:
     """The ready list: per priority (0 first), the lane of the jobs without a group (a
     lock-free FIFO with a front deque of released jobs claimed before it) and one deque
     per group with ready jobs; and per priority the *ring* of the groups with ready jobs
@@ -127,9 +129,9 @@ class _Lanes:
     __slots__ = ("lanes", "fronts", "glanes", "rings", "ringed")
 
     def __init__(self) -> None:
-        self.lanes: list[ObjectQueue[_Rec]] = [ObjectQueue() for _ in range(MAX_PRIORITY + 1)]
-        self.fronts: list[deque[_Rec]] = [deque() for _ in range(MAX_PRIORITY + 1)]
-        self.glanes: dict[tuple[int, str], deque[_Rec]] = {}  # (priority, group) -> its ready jobs
+        self.lanes: list[ObjectQueue[MemRec]] = [ObjectQueue() for _ in range(MAX_PRIORITY + 1)]
+        self.fronts: list[deque[MemRec]] = [deque() for _ in range(MAX_PRIORITY + 1)]
+        self.glanes: dict[tuple[int, str], deque[MemRec]] = {}  # (priority, group) -> its ready jobs
         self.rings: list[deque[str | None]] = [deque() for _ in range(MAX_PRIORITY + 1)]
         self.ringed: list[set[str | None]] = [set() for _ in range(MAX_PRIORITY + 1)]  # the rings' members
 
@@ -138,7 +140,7 @@ class _Lanes:
             self.ringed[p].add(group)
             self.rings[p].append(group)
 
-    def push(self, recs: list[_Rec]) -> None:
+    def push(self, recs: list[MemRec]) -> None:
         """Append the jobs to their lanes, in order (batch calls: where the Rust queue
         beats a deque)."""
         if not recs:
@@ -147,7 +149,7 @@ class _Lanes:
         if all(r.priority == first and r.group is None for r in recs):
             self.lanes[first].push_many(recs)
             return
-        by: dict[int, list[_Rec]] = {}
+        by: dict[int, list[MemRec]] = {}
         for r in recs:
             if r.group is None:
                 by.setdefault(r.priority, []).append(r)
@@ -156,7 +158,7 @@ class _Lanes:
         for p, part in by.items():
             self.lanes[p].push_many(part)
 
-    def _gpush(self, r: _Rec, front: bool) -> None:
+    def _gpush(self, r: MemRec, front: bool) -> None:
         key = (r.priority, r.group)
         lane = self.glanes.get(key)  # type: ignore[arg-type]
         if lane is None:
@@ -167,7 +169,7 @@ class _Lanes:
             lane.append(r)
         self._ring(r.priority, r.group)
 
-    def push_front(self, recs: list[_Rec]) -> None:
+    def push_front(self, recs: list[MemRec]) -> None:
         """Put the jobs before everything else of their lanes, in the order given."""
         for r in reversed(recs):
             if r.group is None:
@@ -182,11 +184,11 @@ class _Lanes:
             if self.glanes.get((p, group)):
                 self._ring(p, group)
 
-    def pop(self, want: int, blocked: _Blocked | None = None) -> list[_Rec]:
+    def pop(self, want: int, blocked: Blocked | None = None) -> list[MemRec]:
         """Up to ``want`` entries: priority 0 first; within a priority, round-robin across
         its ring (see the class docstring), each lane's front before its FIFO. Entries of
         a group ``blocked`` refuses leave the ring (not taken)."""
-        out: list[_Rec] = []
+        out: list[MemRec] = []
         for p in range(MAX_PRIORITY + 1):
             if self.rings[p]:
                 self._pop_ring(p, want, out, blocked)
@@ -200,7 +202,7 @@ class _Lanes:
                 break
         return out
 
-    def _pop_ring(self, p: int, want: int, out: list[_Rec], blocked: _Blocked | None) -> None:
+    def _pop_ring(self, p: int, want: int, out: list[MemRec], blocked: Blocked | None) -> None:
         ring, ringed, front, lane = self.rings[p], self.ringed[p], self.fronts[p], self.lanes[p]
         if None not in ringed and (front or len(lane)):
             ringed.add(None)  # ungrouped jobs arrived while groups were ready: their turn comes
@@ -240,7 +242,7 @@ class _Lanes:
         return sum(len(x) for x in self.lanes) + sum(len(f) for f in self.fronts) + sum(map(len, self.glanes.values()))
 
 
-class _Blocked:
+class Blocked:
     """What a claim may not take: the paused groups, the groups at their concurrency
     limit (``running``: the queue's claimed jobs per group, counted as the claim takes)
     and the groups over their rate (``logs``: each group's claim times within the last
@@ -284,8 +286,9 @@ class _Blocked:
             log.append(self.now)
 
 
-class _Q:
-    """The structures of one queue name."""
+class QueueState:
+    """The structures of one queue name, and the steps on them that the storage's
+    operations share (each called with the storage's lock held)."""
 
     __slots__ = (
         "ready",
@@ -305,19 +308,20 @@ class _Q:
         "gblocked",
         "glogs",
         "gsleep",
+        "seq",
     )
 
     def __init__(self) -> None:
-        self.ready = _Lanes()
-        self.jobs: dict[str, _Rec] = {}
-        self.processing: dict[str, dict[str, _Rec]] = {}
-        self.delayed: list[tuple[float, int, _Rec]] = []  # (run_at, seq, rec)
+        self.ready = Lanes()
+        self.jobs: dict[str, MemRec] = {}
+        self.processing: dict[str, dict[str, MemRec]] = {}
+        self.delayed: list[tuple[float, int, MemRec]] = []  # (run_at, seq, rec)
         # (expires_at, seq, rec or [recs]): a list for the jobs of one settle call that
         # expire at once (one entry, not one per job); an entry counts for a record while
         # the record's own exp is still the entry's.
-        self.expiry: list[tuple[float, int, _Rec | list[_Rec]]] = []
-        self.waiters: set[_Waiter] = set()
-        self.subscribers: list[_Subscriber] = []
+        self.expiry: list[tuple[float, int, MemRec | list[MemRec]]] = []
+        self.waiters: set[Waiter] = set()
+        self.subscribers: list[Subscriber] = []
         self.workers: dict[str, float] = {}
         self.paused = False
         self.schedules: dict[str, tuple[bytes, float | None]] = {}
@@ -328,8 +332,97 @@ class _Q:
         self.gblocked: set[str] = set()  # groups out of the rings for their concurrency limit
         self.glogs: dict[str, deque[float]] = {}  # group -> its claim times (group_rate)
         self.gsleep: list[tuple[float, str]] = []  # heap (next token due, group) of groups over their rate
+        self.seq = count()  # the tie-breaker of the heaps' entries
 
-    def refile(self, rec: _Rec, old: str) -> None:
+    def clear(self, schedules: bool) -> int:
+        """Forget every job of the queue, whatever its state, at once (fresh structures: a
+        worker's claim finds no processing entry, its settlement is fenced); how many."""
+        n = len(self.jobs)
+        self.ready, self.jobs, self.processing, self.delayed, self.expiry = Lanes(), {}, {}, [], []
+        self.index = StateIndex()
+        self.flow = FlowState()
+        # ... and its groups' state: the cleared claims' slots, the groups out of the
+        # rings for their limit, the claim logs of group_rate (paused groups are kept,
+        # as the pause flag is)
+        self.running, self.gblocked, self.glogs, self.gsleep = {}, set(), {}, []
+        if schedules:
+            self.schedules = {}
+        return n
+
+    def expire(self, now: float) -> None:
+        """Forget the ended jobs whose time to be kept is over."""
+        heap = self.expiry
+        while heap and heap[0][0] <= now:
+            expires_at, _, item = heapq.heappop(heap)
+            for rec in item if isinstance(item, list) else (item,):
+                if rec.exp == expires_at and self.jobs.get(rec.id) is rec:
+                    del self.jobs[rec.id]
+                    self.index.drop(rec)
+
+    def file_end(self, rec: MemRec, old: str) -> None:
+        """A rule just ended ``rec`` (it left kind ``old``): filed under its terminal kind,
+        its expiry indexed."""
+        self.index.enter(rec, old, rec.kind)
+        assert rec.exp is not None
+        heapq.heappush(self.expiry, (rec.exp, next(self.seq), rec))
+
+    def keep_for(self, rec: MemRec, expires_at: float) -> None:
+        """Keep the ended ``rec`` until ``expires_at``."""
+        rec.exp = expires_at
+        heapq.heappush(self.expiry, (expires_at, next(self.seq), rec))
+
+    def keep_newest(self, kind: str, keep: int) -> int:
+        """Count-based retention (:attr:`Settlement.keep`): forget the oldest jobs of
+        terminal state ``kind`` beyond the newest ``keep`` (jobs of trees go by their TTL)."""
+        return self.index.trim(kind, keep, self.forget, R.in_tree)
+
+    def forget(self, rec: MemRec) -> None:
+        """Forget the job ``rec`` (purged, trimmed)."""
+        del self.jobs[rec.id]
+        self.index.drop(rec)
+
+    def front(self, recs: list[MemRec], worker_id: str, events: list[StorageEvent]) -> None:
+        """Claimed jobs a rule queued again (out of their processing lists) go before
+        everything else of their lanes, in order."""
+        for rec in recs:
+            self.index.enter(rec, _PROCESSING, _QUEUED)
+            events.append(StorageEvent("requeued", rec.id, worker_id, token=rec.token))
+        self.ready.push_front(recs)
+
+    def delay(self, rec: MemRec, run_at: float, events: list[StorageEvent]) -> None:
+        """Put ``rec`` in the delayed set, due at ``run_at``; publish ``due`` (see
+        :data:`~trioqueue.storage.NOTICE_KINDS`) when nothing pending was due earlier."""
+        if not self.delayed or run_at < self.delayed[0][0]:
+            events.append(StorageEvent("due", "", result=due_ms(run_at)))
+        rec.run_at = run_at
+        heapq.heappush(self.delayed, (run_at, next(self.seq), rec))
+
+    def promote(self, now: float, events: list[StorageEvent]) -> None:
+        """Delayed and failing jobs due by ``now`` join their lanes."""
+        heap = self.delayed
+        due: list[MemRec] = []
+        while heap and heap[0][0] <= now:
+            run_at, _, rec = heapq.heappop(heap)
+            if rec.kind in (R.FAILING, _DELAYED) and rec.run_at == run_at and self.jobs.get(rec.id) is rec:
+                old = rec.kind
+                kind = R.promote(rec, int(now * 1000))
+                self.refile(rec, old)
+                rec.run_at = math.inf
+                due.append(rec)
+                events.append(StorageEvent(kind, rec.id, token=rec.token))
+        self.ready.push(due)
+
+    def publish(self, events: list[StorageEvent]) -> None:
+        if events:
+            for sub in self.subscribers:
+                sub.deliver(events)
+
+    def wake(self) -> None:
+        """Wake the claims waiting on the queue (they claim, or recompute their wake-up)."""
+        for w in self.waiters:
+            w.wake()
+
+    def refile(self, rec: MemRec, old: str) -> None:
         """``rec`` moved from kind ``old`` to its kind now (a rule changed it): its index entry follows."""
         self.index.enter(rec, old, rec.kind)
 
@@ -343,7 +436,7 @@ class _Q:
         """When the first group over its rate may be claimed again (``inf``: none)."""
         return self.gsleep[0][0] if self.gsleep else math.inf
 
-    def group_left(self, rec: _Rec) -> None:
+    def group_left(self, rec: MemRec) -> None:
         """A claimed job of a group left processing (settled, released, recovered): its
         slot is free, and a group that was out of the rings for its limit is back."""
         group = rec.group
@@ -360,40 +453,24 @@ class _Q:
             self.flow.slot_wait = True  # (the caller's freed() wakes the claimers)
 
 
-def _due_ms(at: float) -> bytes:
+def due_ms(at: float) -> bytes:
     """A ``due`` event's time (its ``result``): milliseconds since the epoch, as text."""
     return b"%d" % math.ceil(at * 1000)
 
 
-class _MemoryPart:
-    """What every part (mixin) of :class:`~trioqueue.storage.MemoryStorage` may use of
-    it: the lock, the queues, and the helpers it defines (called with the lock held).
-    Declared once here; the storage class overrides each."""
+class MemoryQueues:
+    """What every part of :class:`~trioqueue.storage.MemoryStorage` shares: the lock that
+    makes each operation one step, and the queues by name."""
 
-    _lock: threading.Lock
-    _queues: dict[str, _Q]
-    _seq: count[int]
+    __slots__ = ("lock", "queues")
 
-    def _q(self, name: str) -> _Q:
-        raise NotImplementedError
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queues: dict[str, QueueState] = {}
 
-    def _expire(self, q: _Q, now: float) -> None:
-        raise NotImplementedError
-
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _wake(self, q: _Q) -> None:
-        raise NotImplementedError
-
-    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
-        raise NotImplementedError
-
-    def _ended(self, q: _Q, rec: _Rec, old: str, now: float) -> None:
-        raise NotImplementedError
-
-    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
-        raise NotImplementedError
+    def q(self, name: str) -> QueueState:
+        """The structures of queue ``name`` (created empty on first use); lock held."""
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = QueueState()
+        return q

@@ -7,17 +7,23 @@ threads through each waiter's own ``TrioToken``.
 
 Nothing survives the process: use :class:`~trioqueue.FileStorage` or
 :class:`~trioqueue.RedisStorage` for durability.
+
+The class is the list of what the backend does. Its core (enqueue, claims, settlements,
+leases, recovery), debounce, schedules, pause, groups and leader locks are written here;
+trees and administration delegate to parts it builds in ``__init__``, each handed the
+:class:`~._parts.MemoryQueues` it shares (the lock and the queues):
+:class:`~._flows.MemoryTrees` (trees of jobs, and what a job's end does to its tree) and
+:class:`~._admin.MemoryAdmin` (registry queries and administration). The structures of
+one queue, and the steps on them its operations share, are :class:`~._parts.QueueState`.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import threading
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
-from itertools import count
 
 import trio
 
@@ -27,11 +33,15 @@ from .._base import (
     Claim,
     ClaimLimits,
     EnqueueOutcome,
+    FlowJob,
+    HeartbeatReply,
     JobRecord,
+    LostClaim,
     NewJob,
     Settlement,
     SettleKind,
     StorageEvent,
+    lost_why,
     ttl_update_status,
     wanted_kinds,
 )
@@ -40,6 +50,7 @@ from .. import _rules as R
 from .._base import job_record
 from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Steps, Trees
 from .._steps import decode_steps, encode_step
+from .._rules import recover
 from .._rules import COMPLETED as _COMPLETED
 from .._rules import DELAYED as _DELAYED
 from .._rules import PROCESSING as _PROCESSING
@@ -47,11 +58,8 @@ from .._rules import QUEUED as _QUEUED
 from .._rules import TERMINAL_KINDS as _TERMINAL
 from .._rules import WAITING_CHILDREN as _WAITING
 from ._admin import MemoryAdmin
-from ._control import MemoryControl
-from ._debounce import MemoryDebounce
-from ._flows import MemoryFlows
-from ._recovery import MemoryRecovery
-from ._parts import _Q, _QUEUED_OUTCOME, _Blocked, _Rec, _Subscriber, _Waiter, _due_ms
+from ._flows import MemoryTrees
+from ._parts import QUEUED_OUTCOME, Blocked, MemoryQueues, MemRec, QueueState, Subscriber, Waiter
 
 __all__ = ["MemoryStorage"]
 
@@ -61,93 +69,18 @@ _KEPT = R.KEPT  # the settlements Settlement.keep applies to: the kind they ente
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
 
-class MemoryStorage(
-    MemoryRecovery,
-    MemoryFlows,
-    MemoryDebounce,
-    MemoryAdmin,
-    MemoryControl,
-    Trees,
-    Schedules,
-    Groups,
-    Debounce,
-    Administration,
-    NonBlockingStart,
-    Steps,
-):
+class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlockingStart, Steps):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._lock = threading.Lock()
-        self._queues: dict[str, _Q] = {}
-        self._locks: dict[str, tuple[str, float]] = {}
-        self._seq = count()
-
-    # -- helpers (called with the lock held) -------------------------------------------
-
-    def _q(self, name: str) -> _Q:
-        q = self._queues.get(name)
-        if q is None:
-            q = self._queues[name] = _Q()
-        return q
-
-    def _expire(self, q: _Q, now: float) -> None:
-        heap = q.expiry
-        while heap and heap[0][0] <= now:
-            expires_at, _, item = heapq.heappop(heap)
-            for rec in item if isinstance(item, list) else (item,):
-                if rec.exp == expires_at and q.jobs.get(rec.id) is rec:
-                    del q.jobs[rec.id]
-                    q.index.drop(rec)
-
-    def _ended(self, q: _Q, rec: _Rec, old: str, now: float) -> None:
-        """A rule just ended ``rec`` (it left kind ``old``): filed under its terminal kind,
-        its expiry indexed, and its tree told."""
-        q.index.enter(rec, old, rec.kind)
-        assert rec.exp is not None
-        heapq.heappush(q.expiry, (rec.exp, next(self._seq), rec))
-        if rec.parent is not None or rec.flow is not None:
-            self._tree_ended(rec, now)
-
-    def _front(self, q: _Q, recs: list[_Rec], worker_id: str, events: list[StorageEvent]) -> None:
-        """Claimed jobs a rule queued again (out of their processing lists) go before
-        everything else of their lanes, in order."""
-        for rec in recs:
-            q.index.enter(rec, _PROCESSING, _QUEUED)
-            events.append(StorageEvent("requeued", rec.id, worker_id, token=rec.token))
-        q.ready.push_front(recs)
-
-    def _delay(self, q: _Q, rec: _Rec, run_at: float, events: list[StorageEvent]) -> None:
-        """Put ``rec`` in the delayed set, due at ``run_at``; publish ``due`` (see
-        :data:`~trioqueue.storage.NOTICE_KINDS`) when nothing pending was due earlier."""
-        if not q.delayed or run_at < q.delayed[0][0]:
-            events.append(StorageEvent("due", "", result=_due_ms(run_at)))
-        rec.run_at = run_at
-        heapq.heappush(q.delayed, (run_at, next(self._seq), rec))
-
-    def _promote(self, q: _Q, now: float, events: list[StorageEvent]) -> None:
-        heap = q.delayed
-        due: list[_Rec] = []
-        while heap and heap[0][0] <= now:
-            run_at, _, rec = heapq.heappop(heap)
-            if rec.kind in (R.FAILING, _DELAYED) and rec.run_at == run_at and q.jobs.get(rec.id) is rec:
-                old = rec.kind
-                kind = R.promote(rec, int(now * 1000))
-                q.refile(rec, old)
-                rec.run_at = math.inf
-                due.append(rec)
-                events.append(StorageEvent(kind, rec.id, token=rec.token))
-        q.ready.push(due)
-
-    def _publish(self, q: _Q, events: list[StorageEvent]) -> None:
-        if events:
-            for sub in q.subscribers:
-                sub.deliver(events)
-
-    def _wake(self, q: _Q) -> None:
-        for w in q.waiters:
-            w.wake()
+        # The parts, each handed what it shares: the lock and the queues.
+        self._queues = MemoryQueues()
+        self._lock = self._queues.lock
+        self._q = self._queues.q
+        self._trees = MemoryTrees(self._queues)
+        self._admin = MemoryAdmin(self._queues, self._trees)
+        self._locks: dict[str, tuple[str, float]] = {}  # leader locks: name -> (owner, expiry)
 
     # -- producers ---------------------------------------------------------------------
 
@@ -158,14 +91,14 @@ class MemoryStorage(
         await trio.lowlevel.cancel_shielded_checkpoint()
         return outcomes
 
-    def _enqueue_locked(self, q: _Q, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
+    def _enqueue_locked(self, q: QueueState, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
         """The step of :meth:`enqueue` (lock held); :meth:`tick_schedule` runs it too."""
         now_ms = int(now * 1000)
         outcomes: list[EnqueueOutcome] = []
         events: list[StorageEvent] = []
-        envelopes: list[_Rec] = []
+        envelopes: list[MemRec] = []
         delayed = False
-        self._expire(q, now)
+        q.expire(now)
         table = q.jobs
         for job in jobs:
             rec = table.get(job.id)
@@ -173,23 +106,23 @@ class MemoryStorage(
                 if rec is not None:
                     q.index.drop(rec)
                 kind = R.enqueue_kind(job.run_at, now)
-                rec = table[job.id] = _Rec(job, now_ms, q.index, kind)
+                rec = table[job.id] = MemRec(job, now_ms, q.index, kind)
                 events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
                 if kind == _DELAYED:
                     assert job.run_at is not None
-                    self._delay(q, rec, job.run_at, events)
+                    q.delay(rec, job.run_at, events)
                     delayed = True
                 else:
                     envelopes.append(rec)
-                outcomes.append(_QUEUED_OUTCOME)
+                outcomes.append(QUEUED_OUTCOME)
             elif (result := R.existing_outcome(rec)) is not None:
                 outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), result, rec.token))
             else:
                 outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
         q.ready.push(envelopes)
         if envelopes or delayed:
-            self._publish(q, events)
-            self._wake(q)  # claimers take the new jobs, or recompute their wake-up
+            q.publish(events)
+            q.wake()  # claimers take the new jobs, or recompute their wake-up
         return outcomes
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
@@ -197,20 +130,20 @@ class MemoryStorage(
         now = time.time()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, now)
+            q.expire(now)
             rec = q.jobs.get(job_id)
             old = None if rec is None else rec.kind
             status, event = R.cancel(rec, now)
             if rec is not None and old is not None and event == "cancelled":
                 # The envelope may still sit in the ready list or the delayed heap: it is
                 # skipped there because the record is no longer queued/failing.
-                self._ended(q, rec, old, now)
-                self._publish(q, [StorageEvent("cancelled", job_id, token=rec.token)])
+                self._trees.ended(q, rec, old, now)
+                q.publish([StorageEvent("cancelled", job_id, token=rec.token)])
             elif rec is not None and rec.kind == _PROCESSING:
                 if event is not None:
-                    self._publish(q, [StorageEvent(event, job_id, rec.worker, token=rec.token)])
+                    q.publish([StorageEvent(event, job_id, rec.worker, token=rec.token)])
                 if rec.flow is not None:
-                    self._cancel_children(rec, now)  # its children (dynamic) go with it
+                    self._trees.cancel_children(rec, now)  # its children (dynamic) go with it
         await trio.lowlevel.cancel_shielded_checkpoint()
         return status
 
@@ -218,7 +151,7 @@ class MemoryStorage(
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             rec = q.jobs.get(job_id)
             if rec is None:
                 return None
@@ -229,7 +162,7 @@ class MemoryStorage(
         now = time.time()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, now)
+            q.expire(now)
             rec = q.jobs.get(job_id)
             refused = ttl_update_status(*((rec.kind, rec.result, rec.error) if rec else (None, None, None)))
             if refused is not None:
@@ -237,36 +170,63 @@ class MemoryStorage(
             else:
                 assert rec is not None
                 rec.exp = now + ttl
-                heapq.heappush(q.expiry, (rec.exp, next(self._seq), rec))
+                heapq.heappush(q.expiry, (rec.exp, next(q.seq), rec))
                 status = UpdateTTLStatus.UPDATED
         await trio.lowlevel.cancel_shielded_checkpoint()
         return status
 
+    async def debounce(
+        self, queue: str, jobs: Sequence[NewJob], delay: float, max_wait: float | None
+    ) -> list[EnqueueOutcome]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        outcomes: list[EnqueueOutcome] = []
+        with self._lock:
+            q = self._q(queue)
+            now = time.time()
+            q.expire(now)
+            events: list[StorageEvent] = []
+            for job in jobs:
+                rec = q.jobs.get(job.id)
+                if rec is None or not R.debounces(rec):
+                    [outcome] = self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))], now)
+                    outcomes.append(outcome)
+                    continue
+                run_at = R.debounce(rec, job.envelope, job.max_attempts, job.result_ttl, now, delay, max_wait)
+                if run_at is not None and run_at != rec.run_at:
+                    earlier = run_at < rec.run_at
+                    q.delay(rec, run_at, events)  # (its old entry in the heap is stale now)
+                    if earlier:
+                        q.wake()
+                outcomes.append(EnqueueOutcome(EnqueueStatus.DEBOUNCED, rec.state(), token=rec.token))
+            q.publish(events)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return outcomes
+
     # -- consumers ---------------------------------------------------------------------
 
     def _claim(
-        self, q: _Q, worker_id: str, max_jobs: int, lease: float, now: float, start: int, limits: ClaimLimits | None
+        self, q: QueueState, worker_id: str, max_jobs: int, lease: float, now: float, start: int, limits: ClaimLimits | None
     ) -> list[Claim]:
         events: list[StorageEvent] = []
-        self._promote(q, now, events)
+        q.promote(now, events)
         now_ms = int(now * 1000)
         deadline = now + lease
         claims: list[Claim] = []
         held = sum(map(len, q.processing.values())) if limits is not None and limits.concurrency else 0
         max_jobs = q.flow.allowance(limits, now, max_jobs, held)
         if q.paused or not max_jobs:
-            self._publish(q, events)
+            q.publish(events)
             return claims
         proc = q.processing.get(worker_id)
         if proc is None:
             proc = q.processing[worker_id] = {}
-        taken: list[_Rec] = []  # their index entries move in one batch
+        taken: list[MemRec] = []  # their index entries move in one batch
         append = claims.append
         if limits is None:
-            blocked = _Blocked(q.paused_groups, 0, q.running)
+            blocked = Blocked(q.paused_groups, 0, q.running)
         else:
             q.wake_groups(now)
-            blocked = _Blocked(
+            blocked = Blocked(
                 q.paused_groups, limits.group_concurrency, q.running, limits.group_rate, limits.group_per, now, q.glogs
             )
         while len(claims) < max_jobs:
@@ -288,7 +248,7 @@ class MemoryStorage(
         for entry in blocked.sleeping:
             heapq.heappush(q.gsleep, entry)  # back in the rings when their next token is due
         q.flow.claimed(limits, now, len(claims))
-        self._publish(q, events)
+        q.publish(events)
         return claims
 
     async def dequeue(
@@ -311,7 +271,7 @@ class MemoryStorage(
                 now = time.time()
                 claims = self._claim(q, worker_id, max_jobs, lease, now, start, limits)
                 if not claims:
-                    waiter = _Waiter()
+                    waiter = Waiter()
                     q.waiters.add(waiter)
                     next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
             if waiter is None:
@@ -338,7 +298,7 @@ class MemoryStorage(
         events: list[StorageEvent] = []
         retried = False
         now_ms = int(now * 1000)
-        completed: list[_Rec] = []  # their index entries move in one batch
+        completed: list[MemRec] = []  # their index entries move in one batch
         keeps: dict[str, int] = {}  # state kind -> Settlement.keep (the least asked for)
         group_at, group = math.nan, completed  # (no group yet: NaN equals nothing)
         with self._lock:
@@ -359,12 +319,12 @@ class MemoryStorage(
                     expires_at = now + ttl
                     if expires_at != group_at:  # one expiry entry per run of equal TTLs
                         group_at, group = expires_at, []
-                        heapq.heappush(q.expiry, (expires_at, next(self._seq), group))
+                        heapq.heappush(q.expiry, (expires_at, next(q.seq), group))
                     group.append(rec)
                     completed.append(rec)
                     events.append(_new(StorageEvent, ("completed", sid, worker_id, data, None, rec.token)))
                     if rec.parent is not None:
-                        self._tree_ended(rec, now)
+                        self._trees.tree_ended(rec, now)
                     continue
                 if rec is None or rec.claim != token:
                     known = q.jobs.get(sid)
@@ -381,27 +341,27 @@ class MemoryStorage(
                 by_children = flow is not None and R.failed_by_children(rec.policy, bool(flow.failures))
                 event = R.settle(rec, skind, data, now, ttl, by_children)
                 if rec.kind in _TERMINAL:
-                    self._ended(q, rec, _PROCESSING, now)
+                    self._trees.ended(q, rec, _PROCESSING, now)
                     result = data if rec.kind == _COMPLETED else None
                     error = rec.error if rec.kind == R.FAILED else None
                     events.append(StorageEvent(rec.kind, sid, worker_id, result, error, rec.token))
                 elif rec.kind == _WAITING:
                     q.refile(rec, _PROCESSING)
-                    self._parent_check(q, rec, now)
+                    self._trees.parent_check(q, rec, now)
                 else:  # failing (a retry) or delayed (rate limited): due after the delay
                     q.refile(rec, _PROCESSING)
                     if rec.kind == _DELAYED:
                         q.flow.hold_until(now + delay)
                     assert event is not None
                     events.append(StorageEvent(event, sid, worker_id, error=rec.error if event == "failing" else None, token=rec.token))
-                    self._delay(q, rec, now + delay, events)
+                    q.delay(rec, now + delay, events)
                     retried = True
             q.index.move(completed, _PROCESSING, _COMPLETED)
             for kind, keep in keeps.items():  # count-based retention, in the same step
-                self._keep_newest(q, kind, keep)
-            self._publish(q, events)
+                q.keep_newest(kind, keep)
+            q.publish(events)
             if retried or (any(out) and q.flow.freed()):
-                self._wake(q)  # waiters recompute when the next retry is due
+                q.wake()  # waiters recompute when the next retry is due
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
@@ -411,7 +371,7 @@ class MemoryStorage(
         with self._lock:
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
-            released: list[_Rec] = []
+            released: list[MemRec] = []
             now = time.time()
             for job_id in job_ids:
                 rec = proc.pop(job_id, None)
@@ -419,14 +379,14 @@ class MemoryStorage(
                     continue
                 q.group_left(rec)
                 if not R.release(rec, now, refund):  # a cancel request: it ends cancelled
-                    self._ended(q, rec, _PROCESSING, now)
+                    self._trees.ended(q, rec, _PROCESSING, now)
                     events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
                     continue
                 released.append(rec)
-            self._front(q, released, worker_id, events)
-            self._publish(q, events)
+            q.front(released, worker_id, events)
+            q.publish(events)
             if released or (events and q.flow.freed()):
-                self._wake(q)
+                q.wake()
         await trio.lowlevel.cancel_shielded_checkpoint()
         return len(released)
 
@@ -441,23 +401,23 @@ class MemoryStorage(
         with self._lock:
             q = self._q(queue)
             out = [self._start(q, worker_id, job_id, token, events) for job_id, token in claims]
-            self._publish(q, events)
+            q.publish(events)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
     def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
         with self._lock:
-            q = self._queues.get(queue) or self._q(queue)
+            q = self._queues.queues.get(queue) or self._q(queue)
             proc = q.processing.get(worker_id)
             rec = None if proc is None else proc.get(job_id)
             if rec is not None and rec.claim == token and not rec.cancel_requested and (rec.started or not q.paused):
                 return R.start(rec, False, 0.0) == "run"  # the common case: it runs (no clock needed)
             events: list[StorageEvent] = []
             ok = self._start(q, worker_id, job_id, token, events)
-            self._publish(q, events)
+            q.publish(events)
             return ok
 
-    def _start(self, q: _Q, worker_id: str, job_id: str, token: str, events: list[StorageEvent]) -> bool:
+    def _start(self, q: QueueState, worker_id: str, job_id: str, token: str, events: list[StorageEvent]) -> bool:
         proc = q.processing.get(worker_id, {})
         rec = proc.get(job_id)
         if rec is None or rec.claim != token:
@@ -469,11 +429,63 @@ class MemoryStorage(
         del proc[job_id]
         q.group_left(rec)
         if verdict == R.CANCELLED:  # a reserved claim of a job with a cancel request
-            self._ended(q, rec, _PROCESSING, now)
+            self._trees.ended(q, rec, _PROCESSING, now)
             events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
         else:  # paused: a prefetched job goes back, its attempt never counted
-            self._front(q, [rec], worker_id, events)
+            q.front([rec], worker_id, events)
         return False
+
+    # -- reaper ------------------------------------------------------------------------
+
+    async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        recovered: list[tuple[str, str]] = []
+        events: list[StorageEvent] = []
+        next_deadline = math.inf
+        requeue: list[MemRec] = []
+        with self._lock:
+            q = self._q(queue)
+            q.expire(now)
+            q.promote(now, events)
+            promoted = bool(events)
+            if q.delayed:
+                next_deadline = q.delayed[0][0]
+            for worker_id, proc in list(q.processing.items()):
+                alive_until = q.workers.get(worker_id, 0.0)
+                for job_id, rec in list(proc.items()):
+                    lease = 0.0 if rec.lease is None else rec.lease
+                    if lease > now and alive_until > now:
+                        next_deadline = min(next_deadline, lease, alive_until)
+                        continue
+                    del proc[job_id]
+                    q.group_left(rec)
+                    events.append(StorageEvent("stalled", job_id, worker_id, token=rec.token))
+                    # cancelled (a cancel request), requeued (attempts left, or a reserved
+                    # claim that never ran: back at no cost) or failed (StalledJobError)
+                    verdict = recover(rec, now, worker_id)
+                    recovered.append((job_id, verdict))
+                    if verdict == "requeued":
+                        q.refile(rec, _PROCESSING)
+                        requeue.append(rec)
+                        events.append(StorageEvent("requeued", job_id, worker_id, token=rec.token))
+                    else:
+                        self._trees.ended(q, rec, _PROCESSING, now)
+                        error = rec.error if verdict == "failed" else None
+                        events.append(StorageEvent(verdict, job_id, worker_id, error=error, token=rec.token))
+                if not proc and alive_until <= now:
+                    del q.processing[worker_id]
+            for worker_id, alive_until in list(q.workers.items()):
+                if alive_until <= now and not q.processing.get(worker_id):
+                    del q.workers[worker_id]  # a dead worker holding nothing: forget it
+                    q.processing.pop(worker_id, None)
+            q.ready.push(requeue)
+            q.publish(events)
+            if recovered or promoted:
+                q.flow.freed()
+                q.wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return recovered, (None if next_deadline == math.inf else next_deadline)
 
     # -- events ------------------------------------------------------------------------
 
@@ -482,7 +494,7 @@ class MemoryStorage(
         self, queue: str, kinds: Collection[str] | None = None
     ) -> AsyncIterator[trio.MemoryReceiveChannel[list[StorageEvent]]]:
         send, receive = trio.open_memory_channel[list[StorageEvent]](math.inf)
-        sub = _Subscriber(send, wanted_kinds(kinds))
+        sub = Subscriber(send, wanted_kinds(kinds))
         with self._lock:
             q = self._q(queue)
             q.subscribers = [*q.subscribers, sub]
@@ -494,6 +506,201 @@ class MemoryStorage(
                 q.subscribers = [s for s in q.subscribers if s is not sub]
             send.close()
             receive.close()
+
+    # -- groups ------------------------------------------------------------------------
+
+    async def set_group_paused(self, queue: str, group: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            changed = (group in q.paused_groups) != paused
+            if paused:
+                q.paused_groups.add(group)
+            elif changed:
+                q.paused_groups.discard(group)
+                q.ready.requeue_group(group)  # back in the rings (it left them while paused)
+                q.wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def paused_groups(self, queue: str) -> list[str]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return sorted(self._q(queue).paused_groups)
+
+    async def group_counts(self, queue: str) -> dict[str, dict[str, int]]:
+        await trio.lowlevel.checkpoint()
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for rec in self._q(queue).jobs.values():
+                if rec.kind in (_QUEUED, _PROCESSING):
+                    counts = out.setdefault(rec.group or "", {_QUEUED: 0, _PROCESSING: 0})
+                    counts[rec.kind] += 1
+        return out
+
+
+    async def heartbeat(
+        self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
+    ) -> HeartbeatReply:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        reply = HeartbeatReply([], [])
+        with self._lock:
+            q = self._q(queue)
+            q.workers[worker_id] = now + ttl
+            proc = q.processing.get(worker_id, {})
+            for job_id, token in claims:
+                rec = proc.get(job_id)
+                if rec is not None and rec.claim == token:
+                    rec.lease = now + lease
+                    if rec.cancel_requested:
+                        reply.cancel_requested.append(job_id)
+                    continue
+                known = q.jobs.get(job_id)  # (None: forgotten)
+                kind, claim = (None, None) if known is None else (known.kind, known.claim)
+                if (why := lost_why(kind, claim, token)) is not None:
+                    reply.lost.append(LostClaim(job_id, token, why))
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return reply
+
+    async def unregister_worker(self, queue: str, worker_id: str) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            q.workers.pop(worker_id, None)
+            if not q.processing.get(worker_id, True):
+                del q.processing[worker_id]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
+        await trio.lowlevel.checkpoint()
+        now = time.time()
+        with self._lock:
+            return {w: t for w, t in self._q(queue).workers.items() if include_expired or t > now}
+
+    async def set_progress(self, queue: str, worker_id: str, job_id: str, token: str, progress: bytes) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            rec = q.processing.get(worker_id, {}).get(job_id)
+            ok = rec is not None and rec.claim == token
+            if rec is not None and ok:
+                rec.progress = progress
+                q.publish([StorageEvent("progress", job_id, worker_id, result=progress, token=rec.token)])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def put_schedule(self, queue: str, name: str, spec: bytes, expected: bytes | None) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            schedules = self._q(queue).schedules
+            entry = schedules.get(name)
+            ok = (None if entry is None else entry[0]) == expected
+            if ok:
+                schedules[name] = (spec, None if entry is None else entry[1])
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def remove_schedule(self, queue: str, name: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            found = self._q(queue).schedules.pop(name, None) is not None
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return found
+
+    async def get_schedules(self, queue: str) -> dict[str, tuple[bytes, float | None]]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return dict(self._q(queue).schedules)
+
+    async def tick_schedule(self, queue: str, name: str, tick: float, job: NewJob | None) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            entry = q.schedules.get(name)
+            ok = entry is not None and (entry[1] is None or tick > entry[1])
+            if entry is not None and ok:
+                if job is not None:
+                    self._enqueue_locked(q, [job], time.time())
+                q.schedules[name] = (entry[0], tick)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def set_paused(self, queue: str, paused: bool) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            q = self._q(queue)
+            changed = q.paused != paused
+            if changed:
+                q.paused = paused
+                q.publish([StorageEvent("paused" if paused else "resumed", "")])
+                q.wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return changed
+
+    async def is_paused(self, queue: str) -> bool:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            return self._q(queue).paused
+
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        now = time.time()
+        with self._lock:
+            holder = self._locks.get(name)
+            ok = holder is None or holder[0] == owner or holder[1] <= now
+            if ok:
+                self._locks[name] = (owner, now + ttl)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    async def release_lock(self, name: str, owner: str) -> bool:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with self._lock:
+            holder = self._locks.get(name)
+            ok = holder is not None and holder[0] == owner
+            if ok:
+                del self._locks[name]
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ok
+
+    # -- trees (MemoryTrees) -------------------------------------------------------------
+
+    async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
+        return await self._trees.enqueue_flow(jobs)
+
+    async def add_children(
+        self, queue: str, worker_id: str, job_id: str, token: str, children: Sequence[FlowJob], policy: str = "cancel"
+    ) -> bool:
+        return await self._trees.add_children(queue, worker_id, job_id, token, children, policy)
+
+    async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        return await self._trees.get_children(queue, job_id)
+
+    # -- registry queries and administration (MemoryAdmin) --------------------------------
+
+    async def get_jobs(self, queue: str, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        return await self._admin.get_jobs(queue, job_ids)
+
+    async def get_envelope(self, queue: str, job_id: str) -> bytes | None:
+        return await self._admin.get_envelope(queue, job_id)
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        return await self._admin.counts(queue)
+
+    async def oldest(self, queue: str, state: str) -> float | None:
+        return await self._admin.oldest(queue, state)
+
+    async def list_jobs(
+        self, queue: str, state: str, *, limit: int = 100, cursor: str | None = None
+    ) -> tuple[list[JobRecord], str | None]:
+        return await self._admin.list_jobs(queue, state, limit=limit, cursor=cursor)
+
+    async def queue_names(self) -> list[str]:
+        return await self._admin.queue_names()
+
+    async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
+        return await self._admin.retry_job(queue, job_id, token, reset_steps=reset_steps)
 
     # -- steps (each one step under the lock) ------------------------------------------
 
@@ -509,11 +716,20 @@ class MemoryStorage(
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            self._expire(q, time.time())
+            q.expire(time.time())
             rec = q.jobs.get(job_id)
             data = None if rec is None else rec.steps
         return decode_steps(data)
 
+    async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
+        return await self._admin.purge(queue, state, older_than=older_than)
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        return await self._admin.remove_job(queue, job_id)
+
+    async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        return await self._admin.clear(queue, schedules=schedules)
+
     def __repr__(self) -> str:
-        return f"MemoryStorage(queues={sorted(self._queues)!r})"
+        return f"MemoryStorage(queues={sorted(self._queues.queues)!r})"
 
