@@ -164,6 +164,34 @@ async def test_release_never_takes_an_attempt_back(storage: Storage, queue_name:
         assert rec is not None and kind(rec.state) == "queued" and rec.attempts == attempts
 
 
+async def test_release_of_a_started_claim_whose_attempts_are_used_up_fails_it(storage: Storage, queue_name: str) -> None:
+    """A worker restarted under its old id gives back the claims its dead run held,
+    without a refund (their handlers may have run). A started claim that used the last
+    attempt fails (``StalledJobError``), as the reaper's recovery of it would: it never
+    runs an attempt past ``max_attempts`` (a chaos run on PostgreSQL ran one a third
+    time at max_attempts=2). A started claim with attempts left, and a reserved one at
+    the limit, go back."""
+    await storage.enqueue(queue_name, [job("s", max_attempts=2), job("left", max_attempts=2), job("r", max_attempts=1)])
+    await claim(storage, queue_name, W1, 2, start=2)  # s and left: attempt 1
+    assert await storage.release(queue_name, W1, ["s"]) == 1
+    claims = {c.id: c for c in await claim(storage, queue_name, W1, 3, start=1)}
+    assert claims["s"].started and claims["s"].attempts == 2 and not claims["r"].started
+    async with storage.subscribe(queue_name) as events:
+        assert await storage.release(queue_name, W1, ["s", "left", "r"]) == 2
+        seen = []
+        while ("failed", "s") not in seen:
+            with trio.fail_after(5):
+                seen += [(ev.kind, ev.job_id) for ev in await events.receive()]
+    rec = await storage.get_job(queue_name, "s")
+    assert rec is not None and kind(rec.state) == "failed" and rec.attempts == 2
+    assert decode_error(rec.error).type == "StalledJobError"
+    for job_id, attempts in (("left", 1), ("r", 0)):
+        rec = await storage.get_job(queue_name, job_id)
+        assert rec is not None and kind(rec.state) == "queued" and rec.attempts == attempts
+    assert sorted(c.id for c in await claim(storage, queue_name, W2, 3)) == ["left", "r"]
+    assert await storage.held_jobs(queue_name, W1) == []
+
+
 async def test_release_with_refund_takes_back_the_attempts_of_claims_that_never_ran(
     storage: Storage, queue_name: str
 ) -> None:

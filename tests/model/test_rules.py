@@ -264,12 +264,21 @@ def test_a_stalled_job_with_a_cancel_request_ends_cancelled() -> None:
 
 def test_release_refunds_only_when_asked_and_honours_a_cancel_request() -> None:
     r = _claimed()
-    assert R.release(r, 5.0, refund=False) and r.attempts == 1
+    assert R.release(r, 5.0, refund=False) == R.QUEUED and r.attempts == 1
     R.claim(r, "w1", 6_000, 20.0, True)
-    assert R.release(r, 6.0, refund=True) and r.attempts == 1  # the second attempt given back
+    assert R.release(r, 6.0, refund=True) == R.QUEUED and r.attempts == 1  # the second attempt given back
     R.claim(r, "w1", 7_000, 20.0, True)
     r.cancel_requested = True
-    assert not R.release(r, 7.0, refund=False) and r.kind == R.CANCELLED
+    assert R.release(r, 7.0, refund=False) == R.CANCELLED and r.kind == R.CANCELLED
+
+
+def test_release_of_a_started_claim_at_its_last_attempt_fails_it_unless_refunded() -> None:
+    r = _claimed()
+    r.max_attempts = 1
+    assert R.release(r, 5.0, refund=True) == R.QUEUED and r.attempts == 0
+    R.claim(r, "w1", 6_000, 20.0, True)
+    assert R.release(r, 6.0, refund=False, worker_id="w1") == R.FAILED and r.kind == R.FAILED
+    assert r.claim is None and r.worker is None
 
 
 def test_start_of_a_reserved_claim_when_paused_or_cancelled() -> None:

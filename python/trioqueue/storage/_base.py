@@ -265,7 +265,11 @@ class Storage(abc.ABC):
         A started claim's attempt stays counted (its handler may have run in part), a
         reserved claim's was never counted; with ``refund`` the holder says that none of
         these claims' handlers ran (prefetched claims handed back at shutdown), and a
-        started claim's attempt is taken back. Returns how many were released. Used at
+        started claim's attempt is taken back. Without ``refund``, a started claim that
+        used its last attempt is not queued again: it fails (``StalledJobError``,
+        publishing ``failed``), as the reaper's recovery of it would, so that no job runs
+        more than ``max_attempts`` attempts; a job with a cancel request ends cancelled.
+        Returns how many were released (queued again). Used at
         shutdown and when reconciling after a cancelled claim.
 
         Atomic: each job's release. Fenced: by the worker's processing list: a job that

@@ -190,7 +190,7 @@ TRANSITIONS: dict[str, dict[str | None, tuple[str, ...]]] = {
     # a reserved claim starts (processing), or goes: cancelled on request, back when paused
     "start": {PROCESSING: (PROCESSING, CANCELLED, QUEUED)},
     "settle": {PROCESSING: (COMPLETED, FAILED, FAILING, DELAYED, WAITING_CHILDREN, CANCELLED)},
-    "release": {PROCESSING: (QUEUED, CANCELLED)},
+    "release": {PROCESSING: (QUEUED, CANCELLED, FAILED)},
     # the reaper: a stalled claim goes back, fails (attempts used up), or ends cancelled
     "recover": {PROCESSING: (QUEUED, FAILED, CANCELLED)},
     # a due retry or delayed job
@@ -419,14 +419,26 @@ def cancel_claimed(r: Rec, now: float, step: str = "settle") -> None:
     r.exp = now + r.result_ttl
 
 
-def release(r: Rec, now: float, refund: bool, step: str = "release") -> bool:
-    """A held job handed back by its worker: queued again (True; the caller puts it
-    before everything else of its lane), or cancelled if it has a cancel request
-    (False). ``refund``: a started claim's attempt is taken back (its handler never ran)."""
+def release(r: Rec, now: float, refund: bool, worker_id: str = "", step: str = "release") -> str:
+    """A held job handed back by its worker ``worker_id``: ``queued`` again (the caller
+    puts it before everything else of its lane), ``cancelled`` if it has a cancel
+    request, or ``failed`` (``StalledJobError``, as the reaper's recovery of it) if it is
+    a started claim that used its last attempt and no ``refund`` is given: its handler
+    may have run, and no job runs more than ``max_attempts`` attempts. ``refund``: a
+    started claim's attempt is taken back (its handler never ran)."""
     _expect(r, step)
     if r.cancel_requested and step == "release":
         cancel_claimed(r, now, step)
-        return False
+        return CANCELLED
+    if step == "release" and not refund and r.started and r.attempts >= r.max_attempts:
+        _move(r, step, FAILED)
+        r.ts = int(now * 1000)
+        r.worker = None
+        r.lease = None
+        r.claim = None
+        r.error = encode_error(stalled_error(r.id, worker_id, r.attempts))
+        r.exp = now + r.result_ttl
+        return FAILED
     _move(r, step, QUEUED)
     r.ts = int(now * 1000)
     r.worker = None
@@ -435,7 +447,7 @@ def release(r: Rec, now: float, refund: bool, step: str = "release") -> bool:
         r.attempts -= r.started
     r.started = False
     r.claim = None
-    return True
+    return QUEUED
 
 
 def settled_before(r: Rec | None, token: str) -> bool:

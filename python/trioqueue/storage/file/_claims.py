@@ -294,7 +294,7 @@ class FileClaims:
             nxt, front = q.counters()
             # Released jobs go before everything, in the order given.
             todo = []
-            cancelled: dict[str, Rec] = {}
+            cancelled: dict[str, Rec] = {}  # ended: cancelled, or failed (attempts used up)
             seen: set[str] = set()
             for job_id in job_ids:
                 enc = encode_name(job_id)
@@ -306,8 +306,16 @@ class FileClaims:
                     unlink_quiet(marker)
                     continue
                 seen.add(enc)
-                if not R.release(r, now, refund):  # a cancel request: it ends cancelled
+                verdict = R.release(r, now, refund, worker_id)
+                if verdict == "cancelled":  # a cancel request: it ends cancelled
                     self._trees.cancel_claimed(q, r, worker_id, events)
+                    cancelled[enc] = r
+                    continue
+                if verdict == "failed":  # a started claim that used its last attempt
+                    r.mk = None
+                    if R.in_tree(r):
+                        self._trees.tree_ended(q, r)
+                    events.append(StorageEvent("failed", r.id, worker_id, error=r.error, token=r.token))
                     cancelled[enc] = r
                     continue
                 todo.append((enc, marker, r))

@@ -378,9 +378,13 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 if rec is None:
                     continue
                 q.group_left(rec)
-                if not R.release(rec, now, refund):  # a cancel request: it ends cancelled
+                # cancelled (a cancel request) or failed (a started claim that used its
+                # last attempt: StalledJobError) ends it; else it goes back
+                verdict = R.release(rec, now, refund, worker_id)
+                if verdict != "queued":
                     self._trees.ended(q, rec, _PROCESSING, now)
-                    events.append(StorageEvent("cancelled", rec.id, worker_id, token=rec.token))
+                    error = rec.error if verdict == "failed" else None
+                    events.append(StorageEvent(verdict, rec.id, worker_id, error=error, token=rec.token))
                     continue
                 released.append(rec)
             q.front(released, worker_id, events)

@@ -29,7 +29,6 @@ import trio
 
 from ..._drivers.libpq import Connection, Notification
 from ..._model._serde import encode_error
-from ..._model._types import JobError
 from .._base import (
     Claim,
     ClaimLimits,
@@ -41,6 +40,7 @@ from .._base import (
     lost_why,
 )
 from .._flowstate import FlowState
+from .._rules import stalled_error
 from .._steps import decode_steps, encode_step
 from ._common import PgDatabase, PgSettings, now_ms
 from ._flows import PgTrees
@@ -487,13 +487,26 @@ class PgClaims:
             info = {r[0]: r for r in rows}
             order = [i for i in dict.fromkeys(job_ids) if i in info]
             cancelled = [i for i in order if info[i][1]]
-            back = [i for i in order if not info[i][1]]
+            # a started claim that used its last attempt (its handler may have run): failed,
+            # as the reaper's recovery of it would; it never runs past max_attempts
+            used_up = [i for i in order if not info[i][1] and not refund and info[i][3]]
+            back = [i for i in order if not info[i][1] and i not in used_up]
             await self._cancel_held(conn, queue, cancelled, now)
+            failed = [(i, encode_error(stalled_error(i, worker_id, int(info[i][4])))) for i in used_up]
+            if failed:
+                await conn.execute(
+                    self._db.sql["fail_stalled"],
+                    queue,
+                    now,
+                    [f[0] for f in failed],
+                    [f[1] for f in failed],
+                )
             await self._requeue_front(conn, queue, back, now, refund=refund)
             events = [StorageEvent("cancelled", i, worker_id, token=info[i][2]) for i in cancelled]
+            events += [StorageEvent("failed", i, worker_id, error=e, token=info[i][2]) for i, e in failed]
             events += [StorageEvent("requeued", i, worker_id, token=info[i][2]) for i in back]
             await self._db.publish(conn, queue, events, wake=bool(order))
-            await self._trees.tree_ended(conn, queue, cancelled, now)
+            await self._trees.tree_ended(conn, queue, cancelled + used_up, now)
         return len(back)
 
     async def start(self, queue: str, worker_id: str, claims: Sequence[tuple[str, str]]) -> list[bool]:
@@ -724,13 +737,7 @@ class PgClaims:
                     events.append(StorageEvent("requeued", jid, worker, token=token))
                     recovered.append((jid, "requeued"))
                 else:
-                    error = encode_error(
-                        JobError(
-                            "StalledJobError",
-                            f"job {jid!r} stalled on worker {worker!r} (lease expired or worker died) "
-                            f"and has used all {attempts} attempts",
-                        )
-                    )
+                    error = encode_error(stalled_error(jid, worker, attempts))
                     failed.append((jid, error))
                     events.append(StorageEvent("failed", jid, worker, error=error, token=token))
                     recovered.append((jid, "failed"))

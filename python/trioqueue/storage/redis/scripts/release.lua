@@ -1,7 +1,8 @@
 -- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash. ARGV: worker,
 -- refund ('1': none of these claims ran, a started claim's attempt is taken back), ids...
 -- Gives claimed-but-unfinished jobs back to the front of the ready list (without refund
--- a started claim's attempt stays counted; a job with a cancel request ends cancelled
+-- a started claim's attempt stays counted, and one that used its last attempt fails,
+-- StalledJobError, as the reaper's recovery; a job with a cancel request ends cancelled
 -- instead).
 -- Returns how many went back ({n, 'tree'} if a job of a tree of jobs ended: the caller
 -- runs tree_act).
@@ -39,6 +40,18 @@ for i = 3, #ARGV do
           group_left(id, m, FLOW)
           if m.x == 1 then
             cancel_claimed(id, m, now, W)
+          elseif not REFUND and m.s == 1 and m.a >= (m.m or 1) then
+            -- a started claim that used its last attempt (its handler may have run):
+            -- failed, as the reaper's recovery of it would, never run past max_attempts
+            local ttl = m.t or 0
+            local err = cjson.encode({type = 'StalledJobError', traceback = '',
+              message = "job '" .. id .. "' stalled on worker '" .. W ..
+                "' (lease expired or worker died) and has used all " .. m.a .. " attempts"})
+            m.w = nil
+            m.l = nil
+            if ttl > 0 then redis.call('HSET', ERRORS, id, err) end
+            ev('failed', id, W, nil, small(err), m.i)
+            terminal(id, m, now, ttl, 'failed:' .. now, '')
           else
             if REFUND and m.s == 1 then m.a = m.a - 1 end
             requeue_front(id, m, e, now, W)
