@@ -150,14 +150,12 @@ async def test_a_due_tick_survives_a_re_registration(
 ) -> None:
     """A cron tick due but not yet enqueued (the leader died, a deploy) when the schedule is
     registered again (edited, here) still runs."""
-    from types import SimpleNamespace
-
     from trioqueue._supervision import _scheduler as scheduler_module
 
     now = time.time()
     async with Queue(storage, name=queue_name, reaper=False) as q:
         with monkeypatch.context() as m:  # registered ten minutes ago
-            m.setattr(scheduler_module, "time", SimpleNamespace(time=lambda: now - 600))
+            m.setattr(scheduler_module, "_now", lambda: now - 600)
             s = await q.schedule("report", {"v": 1}, cron="* * * * *", missed="run_once")
         due = s.latest_tick(now)
         assert due is not None and due > s.created_at
@@ -173,12 +171,10 @@ async def test_two_registrations_at_once_agree_on_one_anchor(
     """Two processes registering the same new schedule at the same moment (both read it
     absent before either writes) end with one grid anchor."""
     from itertools import count
-    from types import SimpleNamespace
-
     from trioqueue._supervision import _scheduler as scheduler_module
 
     clock = count(1000)  # each registration is built at another moment
-    monkeypatch.setattr(scheduler_module, "time", SimpleNamespace(time=lambda: float(next(clock))))
+    monkeypatch.setattr(scheduler_module, "_now", lambda: float(next(clock)))
     read = 0
     both_read = trio.Event()
     real = storage.get_schedules

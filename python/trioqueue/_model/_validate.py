@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import time
 from datetime import datetime
 from typing import Any
 
+from ._clock import now as _now
 from ._errors import ValidationError
 from ._types import MAX_PRIORITY, MIN_PRIORITY
 
@@ -117,7 +117,7 @@ def run_at(delay: Any, at: Any, *, job: str | None = None) -> float | None:
     if delay is not None and at is not None:
         raise ValidationError(f"give delay or at, not both{where}")
     if delay is not None:
-        return time.time() + non_negative_seconds("delay", delay, job=job)
+        return _now() + non_negative_seconds("delay", delay, job=job)
     if at is None:
         return None
     if isinstance(at, datetime):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._model import _tracing
+from .._model._clock import now as _now
 from .._model import _validate as check
 from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
 from .._model._options import JobOptions
@@ -155,7 +156,7 @@ async def execute_batch(executor: Executor, claims: Sequence[Claim], attempt: At
     for _, claim, _, _, _ in live:
         scopes[claim.token] = batch.member(claim.token)  # type: ignore[assignment]
     if executor.observers:
-        now = time.time()
+        now = _now()
         for _, _, job, options, _ in live:
             wait = now - max(job.created_at, options.run_at or 0.0) if job.attempts == 1 else None
             notify(executor.observers, "job_started", q.queue, job.id, job.attempts, wait)

@@ -4,12 +4,13 @@ tasks, and settles in batches, with no Trio task, lock or round trip per job."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from time import monotonic, perf_counter
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .._model import _validate as check
+from .._model._clock import monotonic
 from .._model._errors import StorageError, ValidationError
 from .._model._limits import RateLimit
 from ._batch import BatchRunner, BatchSettings

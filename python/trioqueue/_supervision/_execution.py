@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .._model import _tracing
+from .._model._clock import now as _now
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
 from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
@@ -377,7 +378,7 @@ class Executor:
         scopes = self.cancellations.scopes
         scopes[token] = scope  # cancelled by a cancel() of this running job
         if observers:
-            wait = time.time() - max(job.created_at, options.run_at or 0.0) if attempts == 1 else None
+            wait = _now() - max(job.created_at, options.run_at or 0.0) if attempts == 1 else None
             notify(observers, "job_started", q.queue, jid, attempts, wait)
         span = _tracing.start_job_span(q.queue, job, options.trace) if _tracing.ENABLED else None
         began = time.perf_counter()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 import weakref
 import uuid
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import encode_envelope
 from .._model import _validate as check
+from .._model._clock import now as _now
 from .._model._errors import FlowError, ValidationError
 from .._model._flows import Child, check_on_child_failure, walk_tree
 from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
@@ -118,7 +118,7 @@ class JobMaker:
                 require(self.storage, Debounce, f"job {jid!r}: debounce=")
         data = encode_value(self.defaults.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
-            jid, data, int(time.time() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
+            jid, data, int(_now() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
         )
         return _new(NewJob, (jid, envelope, attempts, ttl, self.new_token(), run_at, prio, group))  # (all fields)
 

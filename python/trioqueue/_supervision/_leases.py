@@ -5,9 +5,10 @@ heartbeat, the lease watch, and what a lost claim does).
 
 The storage keeps the real deadline (storage time); the worker cannot read it without a
 round trip, so it keeps a conservative estimate on its own monotonic clock
-(:func:`time.monotonic`): a claim's lease runs from when the claim was made (the start of
-the claim call when it returned within a heartbeat interval, else its end: a claim that
-waited for work was made when the work came) and each heartbeat that renewed it moves it
+(:func:`time.monotonic`; Trio's virtual time under a ``MockClock``, see ``_model._clock``):
+a claim's lease runs from when the claim was made (the start of the claim call when it
+returned within a heartbeat interval, else its end: a claim that waited for work was made
+when the work came) and each heartbeat that renewed it moves it
 to the *start* of that heartbeat call plus ``visibility_timeout``. The storage's deadline
 is never earlier than the start of the call that set it plus the lease (but for the travel
 of a blocking claim's reply), so a worker that cancels its handler ``lease_margin``
@@ -17,14 +18,14 @@ seconds before its own estimate does so before the reaper may hand the job to an
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .._model import _clock
 from .._model import _validate as check
+from .._model._clock import monotonic
 from .._model._errors import ValidationError
 from ..storage._base import Claim, Storage
 
@@ -113,7 +114,7 @@ class Leases:
         deadline = self.deadlines.get(token)
         if deadline is None:
             return None
-        return time.time() + (deadline - time.monotonic())
+        return _clock.now() + (deadline - monotonic())
 
 
 class LeaseKeeper:

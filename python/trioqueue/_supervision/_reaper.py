@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -14,6 +13,8 @@ from typing import Any, Self
 import trio
 
 from .._model import _validate as check
+from .._model._clock import monotonic as _monotonic
+from .._model._clock import now as _now
 from .._model._errors import ValidationError
 from ._emitter import Emitter, EventCallback
 from ._observers import QueueObserver, notify
@@ -184,16 +185,16 @@ class Reaper:
 
     async def _keep_lock(self, election: LeaderElection) -> None:
         """Renew the lock until renewal is refused or has failed for longer than its TTL."""
-        renewed_at = time.monotonic()
+        renewed_at = _monotonic()
         while True:
             await trio.sleep(election.renewal_interval)
             try:
                 if not await self.storage.acquire_lock(self.lock_name, self.owner_id, election.lock_ttl):
                     return
-                renewed_at = time.monotonic()
+                renewed_at = _monotonic()
             except Exception as exc:
                 self._events.emit("error", error=exc, where="renewing the reaper lock")
-                if time.monotonic() - renewed_at >= election.lock_ttl - election.renewal_interval:
+                if _monotonic() - renewed_at >= election.lock_ttl - election.renewal_interval:
                     return
 
     async def _lead(self) -> None:
@@ -271,11 +272,11 @@ class Reaper:
                 self._events.emit("error", error=exc, where="recovering stalled jobs")
                 recovered, next_deadline = [], None
             self._report(recovered)
-            wake = time.time() + self.scan_interval
+            wake = _now() + self.scan_interval
             if next_deadline is not None:
                 wake = min(wake, next_deadline + _DUE_SLACK)
             self._wake_at = min(self._wake_at, wake)
-            while (left := self._wake_at - time.time()) > 0:
+            while (left := self._wake_at - _now()) > 0:
                 self._sooner = trio.Event()
                 with trio.move_on_after(left):
                     await self._sooner.wait()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -45,6 +44,7 @@ from cronsim import CronSim, CronSimError
 
 from .._model import _validate as check
 from .._core import encode_envelope
+from .._model._clock import now as _now
 from .._model._errors import ValidationError
 from ._emitter import Emitter
 from ..storage._base import NewJob
@@ -114,7 +114,7 @@ class Schedule:
                 raise ValidationError(f"{where}: invalid cron expression {cron!r}: {exc}") from None
         if every is not None:
             every = check.seconds("every", every)
-        return cls(name, payload, cron, every, tz, missed, max_attempts, result_ttl, time.time())  # type: ignore[arg-type]
+        return cls(name, payload, cron, every, tz, missed, max_attempts, result_ttl, _now())  # type: ignore[arg-type]
 
     # -- ticks ---------------------------------------------------------------------------
 
@@ -236,7 +236,7 @@ class Scheduler:
     async def tick_once(self, now: float | None = None) -> float:
         """Run every due tick (see :meth:`due_ticks`); return when the next one is due
         (epoch seconds)."""
-        now = time.time() if now is None else now
+        now = _now() if now is None else now
         wake = now + REFRESH
         for schedule in await self.load():
             for tick, run in self.due_ticks(schedule, now):
@@ -248,7 +248,7 @@ class Scheduler:
     def _job(self, schedule: Schedule, tick: float) -> NewJob:
         job_id = schedule.job_id(tick)
         envelope = encode_envelope(
-            job_id, schedule.payload, int(time.time() * 1000), 0, schedule.max_attempts, int(schedule.result_ttl * 1000)
+            job_id, schedule.payload, int(_now() * 1000), 0, schedule.max_attempts, int(schedule.result_ttl * 1000)
         )
         token = f"{uuid.uuid4().hex[:12]}-s"
         return NewJob(job_id, envelope, schedule.max_attempts, schedule.result_ttl, token)
@@ -262,5 +262,5 @@ class Scheduler:
                 return  # a storage without schedules: nothing can be scheduled in it
             except Exception as exc:
                 self._events.emit("error", error=exc, where="scheduler")
-                wake = time.time() + REFRESH
-            await trio.sleep(max(0.0, wake - time.time()))
+                wake = _now() + REFRESH
+            await trio.sleep(max(0.0, wake - _now()))

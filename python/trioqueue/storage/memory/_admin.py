@@ -4,11 +4,11 @@ every step runs under the storage's lock."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import trio
 
+from ..._model._clock import now as _now
 from .. import _rules as R
 from .._base import CLEARED, JobRecord, NewJob, StorageEvent, check_active_kind, check_state_kind, job_record
 from ._flows import MemoryTrees
@@ -45,7 +45,7 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             return dict(q.index.live)
 
     async def oldest(self, queue: str, state: str) -> float | None:
@@ -63,13 +63,13 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             recs, nxt = q.index.page(state, limit, after)
             return [job_record(r) for r in recs], (None if nxt is None else str(nxt))
 
     async def retry_job(self, queue: str, job_id: str, token: str, *, reset_steps: bool = False) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         with self._lock:
             q = self._q(queue)
             q.expire(now)
@@ -91,7 +91,7 @@ class MemoryAdmin:
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
         check_state_kind(state, terminal=True)
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         with self._lock:
             q = self._q(queue)
             q.expire(now)
@@ -104,7 +104,7 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             rec = q.jobs.get(job_id)
             ok = R.removable(rec)
             if rec is not None and ok:
@@ -114,13 +114,13 @@ class MemoryAdmin:
                 q.index.drop(rec)
                 q.publish([StorageEvent("removed", job_id, token=rec.token)])
                 if rec.parent is not None:
-                    self._trees.removed(rec, time.time())
+                    self._trees.removed(rec, _now())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
     async def clear(self, queue: str, *, schedules: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         with self._lock:
             q = self._q(queue)
             q.expire(now)
@@ -139,7 +139,7 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint()
         with self._lock:  # one snapshot
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             recs = [q.jobs.get(jid) for jid in job_ids]
             return [None if rec is None else job_record(rec) for rec in recs]
 
@@ -147,6 +147,6 @@ class MemoryAdmin:
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             rec = q.jobs.get(job_id)
             return None if rec is None else bytes(rec.envelope)

@@ -5,11 +5,11 @@ storage with the queues it shares; every step runs with the storage's lock held.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import trio
 
+from ..._model._clock import now as _now
 from ..._model._errors import FlowError
 from ..._model._types import EnqueueStatus
 from .. import _rules as R
@@ -37,7 +37,7 @@ class MemoryTrees:
     async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
-            now = time.time()
+            now = _now()
             root = jobs[0]
             q = self._q(root.queue)
             q.expire(now)
@@ -64,7 +64,7 @@ class MemoryTrees:
             # the ancestor) refuses it as a lost claim: no child may start after it.
             ok = rec is not None and rec.claim == token and not rec.cancel_requested
             if rec is not None and ok:
-                self.write_tree(children, time.time(), {(queue, job_id): rec}, policy)
+                self.write_tree(children, _now(), {(queue, job_id): rec}, policy)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
 
@@ -119,7 +119,7 @@ class MemoryTrees:
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             rec = q.jobs.get(job_id)
             if rec is None or rec.flow is None:
                 return []

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import trio
 
+from ..._model._clock import now as _now
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from .._rules import claim, complete
 from .._base import (
@@ -87,7 +87,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
-            outcomes = self._enqueue_locked(self._q(queue), jobs, time.time())
+            outcomes = self._enqueue_locked(self._q(queue), jobs, _now())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return outcomes
 
@@ -127,7 +127,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         with self._lock:
             q = self._q(queue)
             q.expire(now)
@@ -151,7 +151,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             rec = q.jobs.get(job_id)
             if rec is None:
                 return None
@@ -159,7 +159,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def update_result_ttl(self, queue: str, job_id: str, ttl: float) -> UpdateTTLStatus:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         with self._lock:
             q = self._q(queue)
             q.expire(now)
@@ -182,7 +182,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         outcomes: list[EnqueueOutcome] = []
         with self._lock:
             q = self._q(queue)
-            now = time.time()
+            now = _now()
             q.expire(now)
             events: list[StorageEvent] = []
             for job in jobs:
@@ -268,7 +268,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
             waiter = None
             with self._lock:
                 q = self._q(queue)
-                now = time.time()
+                now = _now()
                 claims = self._claim(q, worker_id, max_jobs, lease, now, start, limits)
                 if not claims:
                     waiter = Waiter()
@@ -287,13 +287,13 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     q.waiters.discard(waiter)
             if trio.current_time() >= give_up:
                 with self._lock:
-                    claims = self._claim(q, worker_id, max_jobs, lease, time.time(), start, limits)
+                    claims = self._claim(q, worker_id, max_jobs, lease, _now(), start, limits)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         out: list[bool] = []
         events: list[StorageEvent] = []
         retried = False
@@ -372,7 +372,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
             q = self._q(queue)
             proc = q.processing.get(worker_id, {})
             released: list[MemRec] = []
-            now = time.time()
+            now = _now()
             for job_id in job_ids:
                 rec = proc.pop(job_id, None)
                 if rec is None:
@@ -426,7 +426,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         rec = proc.get(job_id)
         if rec is None or rec.claim != token:
             return False
-        now = time.time()
+        now = _now()
         verdict = R.start(rec, q.paused, now)
         if verdict == "run":
             return True
@@ -443,7 +443,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def recover_stalled(self, queue: str) -> tuple[list[tuple[str, str]], float | None]:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         recovered: list[tuple[str, str]] = []
         events: list[StorageEvent] = []
         next_deadline = math.inf
@@ -547,7 +547,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         self, queue: str, worker_id: str, ttl: float, claims: Sequence[tuple[str, str]], lease: float
     ) -> HeartbeatReply:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         reply = HeartbeatReply([], [])
         with self._lock:
             q = self._q(queue)
@@ -578,7 +578,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         await trio.lowlevel.checkpoint()
-        now = time.time()
+        now = _now()
         with self._lock:
             return {w: t for w, t in self._q(queue).workers.items() if include_expired or t > now}
 
@@ -625,7 +625,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
             ok = entry is not None and (entry[1] is None or tick > entry[1])
             if entry is not None and ok:
                 if job is not None:
-                    self._enqueue_locked(q, [job], time.time())
+                    self._enqueue_locked(q, [job], _now())
                 q.schedules[name] = (entry[0], tick)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok
@@ -649,7 +649,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()
-        now = time.time()
+        now = _now()
         with self._lock:
             holder = self._locks.get(name)
             ok = holder is None or holder[0] == owner or holder[1] <= now
@@ -720,7 +720,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         await trio.lowlevel.checkpoint()
         with self._lock:
             q = self._q(queue)
-            q.expire(time.time())
+            q.expire(_now())
             rec = q.jobs.get(job_id)
             data = None if rec is None else rec.steps
         return decode_steps(data)

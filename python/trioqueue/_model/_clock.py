@@ -1,0 +1,72 @@
+"""The one clock of the supervision layer and of MemoryStorage.
+
+Two readings, each what the standard library gives (:func:`time.time`,
+:func:`time.monotonic`), except inside a Trio run whose clock is a
+:class:`trio.testing.MockClock`: there both follow Trio's virtual clock
+(:func:`trio.current_time`), so the timers that read the time and the sleeps that wait
+for it agree, and a day of delays, retries, leases and cron ticks runs in the time the
+work itself takes.
+
+- :func:`now`: wall time, seconds since the epoch. Under a MockClock it is the wall
+  time when the run first asked plus the virtual time elapsed since then: it advances
+  exactly with virtual time.
+- :func:`monotonic`: a monotonic clock for a worker's own estimates (lease deadlines,
+  renewal ages). Under a MockClock it is :func:`trio.current_time`.
+
+Outside a Trio run (a thread sharing a MemoryStorage, a ``SyncProducer``) both read the
+real clocks. Whether a run's clock is a MockClock is checked once per run and kept in a
+:class:`trio.lowlevel.RunVar`; after that a reading costs one RunVar lookup.
+
+FileStorage, RedisStorage and PostgresStorage keep real time: their deadlines are the
+filesystem's and the server's.
+"""
+
+from __future__ import annotations
+
+from time import monotonic as _monotonic
+from time import time as _time
+
+import trio
+from trio.lowlevel import RunVar
+from trio.testing import MockClock
+
+__all__ = ["monotonic", "now"]
+
+# None: real time in this run; a float: this run's clock is a MockClock and the wall time
+# is that number plus trio.current_time().
+_EPOCH: RunVar[float | None] = RunVar("trioqueue_clock_epoch")
+
+
+def _decide() -> float | None:
+    """The first reading of a run: is its clock virtual? Kept for the rest of the run."""
+    epoch = _time() - trio.current_time() if isinstance(trio.lowlevel.current_clock(), MockClock) else None
+    _EPOCH.set(epoch)
+    return epoch
+
+
+def now() -> float:
+    """Wall time in seconds since the epoch: :func:`time.time`, or virtual under a
+    :class:`trio.testing.MockClock` (see the module docstring)."""
+    try:
+        epoch = _EPOCH.get()
+    except LookupError:
+        epoch = _decide()
+    except RuntimeError:  # outside a Trio run
+        return _time()
+    if epoch is None:
+        return _time()
+    return epoch + trio.current_time()
+
+
+def monotonic() -> float:
+    """Seconds on a monotonic clock: :func:`time.monotonic`, or :func:`trio.current_time`
+    under a :class:`trio.testing.MockClock` (see the module docstring)."""
+    try:
+        epoch = _EPOCH.get()
+    except LookupError:
+        epoch = _decide()
+    except RuntimeError:  # outside a Trio run
+        return _monotonic()
+    if epoch is None:
+        return _monotonic()
+    return trio.current_time()
