@@ -44,29 +44,24 @@ def _decide() -> float | None:
     return epoch
 
 
+def _virtual_epoch() -> float | None:
+    """This run's epoch under a MockClock; ``None`` for real time (or outside a run)."""
+    try:
+        return _EPOCH.get()
+    except LookupError:
+        return _decide()
+    except RuntimeError:  # outside a Trio run
+        return None
+
+
 def now() -> float:
     """Wall time in seconds since the epoch: :func:`time.time`, or virtual under a
     :class:`trio.testing.MockClock` (see the module docstring)."""
-    try:
-        epoch = _EPOCH.get()
-    except LookupError:
-        epoch = _decide()
-    except RuntimeError:  # outside a Trio run
-        return _time()
-    if epoch is None:
-        return _time()
-    return epoch + trio.current_time()
+    epoch = _virtual_epoch()
+    return _time() if epoch is None else epoch + trio.current_time()
 
 
 def monotonic() -> float:
     """Seconds on a monotonic clock: :func:`time.monotonic`, or :func:`trio.current_time`
     under a :class:`trio.testing.MockClock` (see the module docstring)."""
-    try:
-        epoch = _EPOCH.get()
-    except LookupError:
-        epoch = _decide()
-    except RuntimeError:  # outside a Trio run
-        return _monotonic()
-    if epoch is None:
-        return _monotonic()
-    return trio.current_time()
+    return _monotonic() if _virtual_epoch() is None else trio.current_time()
