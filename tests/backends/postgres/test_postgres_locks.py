@@ -1,7 +1,9 @@
 """PostgresStorage's lock order: every transaction that touches a tree of jobs locks its
-rows top-down (ancestors first, root first; siblings in the order they were added), so
-concurrent ends, starts, heartbeats and cancels of one tree wait for each other instead
-of deadlocking. Each test races them many times and fails on the first ``40P01``."""
+rows top-down (ancestors first, root first; siblings in the order they were added), in
+one order shared by every transaction (by depth from the root, then queue and id), so
+concurrent ends, starts, heartbeats and cancels of one tree, and batches spanning
+several trees, wait for each other instead of deadlocking. The races run many times
+and fail on the first ``40P01``; the batches across trees are driven step by step."""
 
 from __future__ import annotations
 
@@ -148,3 +150,60 @@ async def test_a_heartbeat_waits_out_a_locked_claim_and_still_extends_its_lease(
     assert reply.lost == [] and reply.cancel_requested == []
     async with pg.pool.connection() as conn:
         assert await conn.fetchval(lease_of, queue_name, "a") > before["a"] + 60_000
+
+
+async def _until_waiting(pg: PostgresStorage, count: int) -> None:
+    """Until ``count`` of this storage's statements wait on a row lock (a bounded poll of
+    the server: a lock wait has no event to await)."""
+    schema = pg._settings.quoted_schema
+    async with pg.pool.connection() as conn:
+        while (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND position($1 in query) > 0",
+                schema,
+            )
+            < count
+        ):
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("end", ["settle", "release"])
+async def test_batches_across_trees_of_different_depths_lock_in_one_order(
+    pg: PostgresStorage, queue_name: str, end: str
+) -> None:
+    """Two trees: ``r -> p -> c``, ``r -> f`` and ``s -> q -> e``, ``s -> d``. One
+    batch settles (or releases) ``c`` and ``d`` (``r`` is two levels above them, ``s``
+    one), the other ``e`` and ``f`` (``s`` two levels above, ``r`` one). A third
+    transaction holds ``p`` so the first batch stops half-way through its locks, the
+    second batch comes to wait on it, then ``p`` is let go: both batches take their locks in one order (roots
+    first, whichever call they come from) and both commit; locking farthest-from-the-job
+    first took ``r`` then ``s`` in one and ``s`` then ``r`` in the other (40P01)."""
+    q = queue_name
+    await pg.enqueue_flow([FlowJob(q, job("r"), None), FlowJob(q, job("p"), (q, "r")), FlowJob(q, job("c"), (q, "p")), FlowJob(q, job("f"), (q, "r"))])
+    await pg.enqueue_flow([FlowJob(q, job("s"), None), FlowJob(q, job("q"), (q, "s")), FlowJob(q, job("e"), (q, "q")), FlowJob(q, job("d"), (q, "s"))])
+    claims = {c.id: c for c in await pg.dequeue(q, W1, 4, 0.1, LEASE)}
+    assert sorted(claims) == ["c", "d", "e", "f"]
+    answers: dict[str, object] = {}
+
+    async def end_batch(name: str, ids: list[str]) -> None:
+        if end == "settle":
+            answers[name] = await pg.settle(q, W1, [_settlement(claims[i], False) for i in ids])
+        else:
+            answers[name] = await pg.release(q, W1, ids)
+
+    with trio.fail_after(30):
+        async with pg.pool.connection() as locker:
+            await locker.execute("BEGIN")
+            await locker.execute(f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'p' FOR UPDATE", q)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(end_batch, "first", ["c", "d"])
+                await _until_waiting(pg, 1)  # the first batch waits on p
+                nursery.start_soon(end_batch, "second", ["e", "f"])
+                await _until_waiting(pg, 2)  # the second waits on a row the first holds
+                await locker.execute("COMMIT")
+    done = [True, True] if end == "settle" else 2
+    assert answers == {"first": done, "second": done}
+    for jid in ("c", "d", "e", "f"):
+        rec = await pg.get_job(q, jid)
+        assert rec is not None and rec.state.split(":")[0] == ("completed" if end == "settle" else "queued"), (jid, rec)

@@ -4,12 +4,14 @@ the parent queued once none is pending, or failed with its other children cancel
 under ``cancel``, level by level up).
 
 Locks: a transaction that may end a job of a tree (settle, cancel, release, remove,
-``start`` of a job with a cancel request, the reaper) first locks the job's ancestors,
-root first (:meth:`PgTrees.lock_ancestors`), then the job; a cascading cancel
+``start`` of a job with a cancel request, the reaper) first locks the job and its
+ancestors in one global order, roots first (by depth from the root, then queue and id:
+:meth:`PgTrees.lock_ancestors`); a cascading cancel, holding the job it starts from,
 locks a parent before its children (in the order they were added). All go top-down, so
-concurrent ends of one tree serialise on the parent row (``SELECT ... FOR UPDATE``)
-instead of deadlocking. A heartbeat, which takes no ancestor, never waits on a row while
-holding others (``SKIP LOCKED``, then the skipped rows one at a time).
+concurrent ends of one tree serialise on the root row (``SELECT ... FOR UPDATE``), and
+calls spanning several trees take their rows in the same order, instead of deadlocking.
+A heartbeat, which takes no ancestor, never waits on a row while holding others
+(``SKIP LOCKED``, then the skipped rows one at a time).
 """
 
 from __future__ import annotations
@@ -238,11 +240,13 @@ class PgTrees:
     # -- a job of a tree ended -----------------------------------------------------------
 
     async def lock_ancestors(self, conn: Connection, queue: str, ids: Sequence[str]) -> None:
-        """Lock the ancestors of ``ids`` (on ``queue``), the root first, before the
-        caller locks the jobs themselves: every transaction touching a tree takes its
-        locks top-down. Jobs outside trees cost one plain read; for the others one
-        statement finds the ancestors level by level and locks them farthest first
-        (then by queue and id; ``ORDER BY`` runs before the row locks)."""
+        """Lock the jobs ``ids`` (on ``queue``) and their ancestors in the one order every
+        transaction uses: by depth from the root (the roots first), then queue and id.
+        The depth is counted down from the top of each job's tree, so a row has the same
+        place in every call whatever jobs it is reached from: top-down in each tree, and
+        two calls spanning the same trees take the same rows in the same order. Calls of
+        jobs outside trees only cost one plain read and lock nothing here (their rows,
+        all roots, are then locked by id, the same order)."""
         parents = await conn.fetch(
             self._db.sql["parents_of"],
             queue,
@@ -252,8 +256,8 @@ class PgTrees:
             return
         await conn.fetch(
             self._db.sql["lock_ancestors"],
-            [p[0] for p in parents],
-            [p[1] for p in parents],
+            [queue] * len(ids),
+            list(ids),
         )
 
     async def tree_ended(self, conn: Connection, queue: str, ids: Sequence[str], now: int) -> None:

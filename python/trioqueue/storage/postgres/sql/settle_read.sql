@@ -1,1 +1,1 @@
-SELECT id, state, worker, claim, started, cancel_requested, token, result_ttl, coalesce(policy = 'cancel' AND cardinality(failed_ids) > 0, false) FROM {s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND (expires_ms IS NULL OR expires_ms > $2) FOR UPDATE
+SELECT id, state, worker, claim, started, cancel_requested, token, result_ttl, coalesce(policy = 'cancel' AND cardinality(failed_ids) > 0, false) FROM {s}.jobs WHERE queue = $1 AND id = ANY($3::text[]) AND (expires_ms IS NULL OR expires_ms > $2) ORDER BY id FOR UPDATE
