@@ -6,8 +6,7 @@ of a stalled job (back in the queue, or failed), what a child's end does to its 
 
 :class:`Rec` is the one registry record the rules act on. MemoryStorage and FileStorage
 keep their jobs in subclasses of it that add only *where* a backend files a record (the
-in-process index and heaps; the file backend's marker name and the children's ids it
-persists); every change of a record's lifecycle fields goes through the functions here.
+in-process index and heaps; the file backend's marker name); every change of a record's lifecycle fields goes through the functions here.
 The backends then file the record where its new kind says (a ready lane, the delayed
 heap or ``delayed/``, an expiry index...) and publish the events named here. The model
 walks (``tests/model``) compare Redis (Lua) and PostgreSQL (SQL) against MemoryStorage,

@@ -28,7 +28,7 @@ import trio
 
 from ..._model._clock import now as _now
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
-from .._rules import claim, complete
+from .. import _rules as R
 from .._base import (
     Claim,
     ClaimLimits,
@@ -41,22 +41,20 @@ from .._base import (
     Settlement,
     SettleKind,
     StorageEvent,
+    job_record,
     lost_why,
     ttl_update_status,
     wanted_kinds,
 )
-
-from .. import _rules as R
-from .._base import job_record
 from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Steps, Trees
-from .._steps import decode_steps, encode_step
-from .._rules import recover
 from .._rules import COMPLETED as _COMPLETED
 from .._rules import DELAYED as _DELAYED
 from .._rules import PROCESSING as _PROCESSING
 from .._rules import QUEUED as _QUEUED
 from .._rules import TERMINAL_KINDS as _TERMINAL
 from .._rules import WAITING_CHILDREN as _WAITING
+from .._rules import claim, complete, recover
+from .._steps import decode_steps, encode_step
 from ._admin import MemoryAdmin
 from ._flows import MemoryTrees
 from ._parts import QUEUED_OUTCOME, Blocked, MemoryQueues, MemRec, QueueState, Subscriber, Waiter
