@@ -155,7 +155,7 @@ def _format(value: Any) -> PyFormat:
 class Connection:
     """One PostgreSQL session. Open with ``await Connection.connect(url)`` and close with
     :meth:`aclose` (or ``async with``). One statement at a time: concurrent calls on one
-    connection queue up (FIFO); use a :class:`~trioqueue.storage.postgres.Pool` to run
+    connection queue up (FIFO); use a :class:`~._pool.Pool` to run
     statements in parallel.
 
     Cancellation: a Trio cancellation while a statement runs sends libpq's cancel request

@@ -69,7 +69,6 @@ def _group_args(limits: ClaimLimits | None) -> list[int]:
     return [limits.group_concurrency, limits.group_rate, max(1, math.ceil(limits.group_per * 1000))]
 
 
-
 class PgClaims:
     """Claims, settlements and leases of :class:`~trioqueue.storage.postgres.PostgresStorage`,
     on its database (waiting claims re-check every ``settings.poll_interval``); an end

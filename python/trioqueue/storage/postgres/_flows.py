@@ -29,7 +29,6 @@ from ._common import PgDatabase, now_ms, record
 __all__ = ["PgTrees", "TreeJobTaken"]
 
 _TERMINAL = ("completed", "failed", "cancelled")
-_CANCELLABLE = ("queued", "delayed", "failing", "waiting_children")
 
 
 class TreeJobTaken(Exception):

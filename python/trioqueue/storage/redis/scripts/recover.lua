@@ -31,13 +31,7 @@ local function recover(id, m, W)
     ev('requeued', id, W, nil, nil, m.i)
     rec[#rec + 1] = {id, 'requeued'}
   else
-    local ttl = m.t or 0
-    local err = cjson.encode({type = 'StalledJobError', traceback = '',
-      message = "job '" .. id .. "' stalled on worker '" .. W ..
-        "' (lease expired or worker died) and has used all " .. m.a .. " attempts"})
-    if ttl > 0 then redis.call('HSET', ERRORS, id, err) end
-    ev('failed', id, W, nil, small(err), m.i)
-    terminal(id, m, now, ttl, 'failed:' .. now, '')
+    fail_stalled(id, m, now, W)
     rec[#rec + 1] = {id, 'failed'}
   end
 end

@@ -43,15 +43,9 @@ for i = 3, #ARGV do
           elseif not REFUND and m.s == 1 and m.a >= (m.m or 1) then
             -- a started claim that used its last attempt (its handler may have run):
             -- failed, as the reaper's recovery of it would, never run past max_attempts
-            local ttl = m.t or 0
-            local err = cjson.encode({type = 'StalledJobError', traceback = '',
-              message = "job '" .. id .. "' stalled on worker '" .. W ..
-                "' (lease expired or worker died) and has used all " .. m.a .. " attempts"})
             m.w = nil
             m.l = nil
-            if ttl > 0 then redis.call('HSET', ERRORS, id, err) end
-            ev('failed', id, W, nil, small(err), m.i)
-            terminal(id, m, now, ttl, 'failed:' .. now, '')
+            fail_stalled(id, m, now, W)
           else
             if REFUND and m.s == 1 then m.a = m.a - 1 end
             requeue_front(id, m, e, now, W)

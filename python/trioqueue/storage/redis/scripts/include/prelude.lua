@@ -305,6 +305,18 @@ local function terminal(id, m, now, ttl, st, payload)
   redis.call('ZADD', STATES, xidx(st, now + ttl), id)
   lower_sweep_at(now + ttl)
 end
+-- a started claim of worker W that used its last attempt ends failed (StalledJobError,
+-- the message of storage._rules.stalled_error): the reaper's recovery, and a release
+-- without refund
+local function fail_stalled(id, m, now, W)
+  local ttl = m.t or 0
+  local err = cjson.encode({type = 'StalledJobError', traceback = '',
+    message = "job '" .. id .. "' stalled on worker '" .. W ..
+      "' (lease expired or worker died) and has used all " .. m.a .. " attempts"})
+  if ttl > 0 then redis.call('HSET', ERRORS, id, err) end
+  ev('failed', id, W, nil, small(err), m.i)
+  terminal(id, m, now, ttl, 'failed:' .. now, '')
+end
 -- what get_job and list_jobs report of a job: false, or {state, created_ms, attempts,
 -- max_attempts, result, error, token, progress, priority, group or false}
 local function report(id)
