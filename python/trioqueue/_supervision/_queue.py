@@ -186,7 +186,7 @@ class Queue(Generic[P, R]):
         # the storage subscription, opened by need
         self._listener = Listener(storage, self.name, self._events, self._waiters, self.defaults.result_serde)
         reader = JobReader(storage, self.name, self.defaults.result_serde)
-        maker = self._maker = JobMaker(storage, self.name, self.defaults, self._observers, reader)
+        maker = JobMaker(storage, self.name, self.defaults, self._observers, reader)
         self._producer: QueueProducer[P, R] = QueueProducer(
             storage, self.name, maker, reader, self._listener, self._waiters, self._check_running
         )
