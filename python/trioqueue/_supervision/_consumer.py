@@ -50,8 +50,8 @@ class ConsumerSettings:
     prefetch: int
     block_timeout: float
     visibility_timeout: float
+    lease_margin: float  # seconds, resolved and validated (see _leases.lease_margin)
     claim_limits: ClaimLimits | None = None
-    lease_margin: float | None = None  # seconds (see _leases.lease_margin); None: the default
     batch: BatchSettings | None = None  # a batch handler's batches (see _batch)
 
 

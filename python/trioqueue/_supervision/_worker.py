@@ -337,8 +337,8 @@ class Worker:
             s.prefetch,
             s.block_timeout,
             s.visibility_timeout,
-            s.claim_limits,
             s.lease_margin,
+            s.claim_limits,
             s.batch,
         )
         return Consumer(consumer, parts.storage, executor, parts.events, observed=bool(parts.observers))
