@@ -590,7 +590,7 @@ class Queue(Generic[P, R]):
             raise bare from None
         finally:
             self._running = False
-            self._wake_waiters(stopped=True)
+            self._wake_waiters()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         await self.storage.open()
@@ -610,17 +610,18 @@ class Queue(Generic[P, R]):
                         worker.stop()  # graceful: returns once its jobs are settled
                 self._events.emit("stopped", worker_id=self.worker_id)
                 self._events.close()
-                self._wake_waiters(stopped=True)
+                self._wake_waiters()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self.storage.aclose()
 
-    def _wake_waiters(self, *, stopped: bool = False) -> None:
-        self._waiters.wake_all(stopped=stopped)
-        if stopped:
-            for stream in self._events.streams:
-                stream.close()  # readers of queue.events() end with the queue
+    def _wake_waiters(self) -> None:
+        """The queue stopped: its waiters get :class:`QueueStoppedError`, and readers of
+        ``queue.events()`` end with it."""
+        self._waiters.wake_all(stopped=True)
+        for stream in self._events.streams:
+            stream.close()
 
     def _check_running(self) -> None:
         if not self._running:
