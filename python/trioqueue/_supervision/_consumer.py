@@ -50,8 +50,8 @@ class ConsumerSettings:
     prefetch: int
     block_timeout: float
     visibility_timeout: float
+    lease_margin: float  # seconds, resolved and validated (see _leases.lease_margin)
     claim_limits: ClaimLimits | None = None
-    lease_margin: float | None = None  # seconds (see _leases.lease_margin); None: the default
     batch: BatchSettings | None = None  # a batch handler's batches (see _batch)
 
 
@@ -88,13 +88,12 @@ class Consumer:
     """Claims jobs in batches, runs them on ``concurrency`` long-lived tasks, and settles
     them in batches.
 
-    Every claimed job is *held* (counted in ``held``) from its claim until its settlement
-    is stored, and is in exactly one of: ``buffer`` (claimed, not started), ``running``
-    (a worker has it: starting or running), ``pending`` (finished, settlement not stored
-    yet). Claims fetched for idle workers are started at claim time; the rest (prefetch)
-    are reserved, and their attempt is counted just before their handler runs (by a
-    batched :meth:`Storage.start`, or :meth:`NonBlockingStart.start_nowait` where the storage
-    needs no I/O for it), so a crash costs a prefetched job nothing.
+    Every claimed job is *held* from its claim until its settlement is stored (where it is
+    meanwhile: the :class:`~._ledger.ClaimLedger`). Claims fetched for idle workers are
+    started at claim time; the rest (prefetch) are reserved, and their attempt is counted
+    just before their handler runs (by a batched :meth:`Storage.start`, or
+    :meth:`NonBlockingStart.start_nowait` where the storage needs no I/O for it), so a
+    crash costs a prefetched job nothing.
 
     Where the workers have lately been settling jobs fast enough that a new claim will
     begin within :data:`PACE_HORIZON` seconds, it is started at claim time too: a handler

@@ -193,7 +193,7 @@ class ExecutionSettings:
     after_execution: AfterExecution | None = None
     pool: ProcessPool | None = None  # executor="process": the sync handler runs there
     # the jobs of children added to a running job (queue, id, children): its Queue's
-    # JobMaker._subtree (validated, encoded with the queue's payload serde)
+    # JobMaker.subtree (validated, encoded with the queue's payload serde)
     subtree: Callable[[str, str, Sequence[Any]], list[FlowJob]] | None = None
     keep_completed: int | None = None  # count-based retention (Settlement.keep), None: by TTL only
     keep_failed: int | None = None

@@ -186,7 +186,7 @@ class JobMaker:
     ) -> list[EnqueueOutcome]:
         """Enqueue ``new`` (or the ``tree`` rooted at ``new[0]``, in a transaction) in the
         application's ``transaction`` (or on its own: ``None``), debounced when ``options``
-        say so (validated by :meth:`_new_job`)."""
+        say so (validated by :meth:`new_job`)."""
         debounce = debounce_of(options, new[0].id) if options else None
         if transaction is None:
             if debounce is None:

@@ -150,7 +150,7 @@ class LeaseKeeper:
         # long before the deadline an unrenewed claim is given up
         self.leases = Leases(settings.visibility_timeout)
         self.interval = heartbeat_interval(settings.visibility_timeout)
-        self.margin = lease_margin(settings.lease_margin, settings.visibility_timeout)
+        self.margin = settings.lease_margin
         self.watch_wakeup = trio.lowlevel.ParkingLot()
         self.watch_at = math.inf  # when the lease watch wakes next
 

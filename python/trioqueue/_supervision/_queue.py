@@ -4,7 +4,6 @@ request/response are in ``_producing.py``, the registry and administration in
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from contextlib import AbstractAsyncContextManager
@@ -32,7 +31,7 @@ from ._registry import JobReader, QueueAdmin
 from ._scheduler import Missed, Schedule
 from ._service import ServiceContext, sole_interrupt
 from ._streams import EventStream
-from ._settings import JobDefaults, WorkerSettings
+from ._settings import WORKER_ARGUMENTS, JobDefaults, WorkerSettings
 from ._waiters import Waiters
 from ._worker import QueueParts, Worker
 
@@ -42,10 +41,6 @@ logger = logging.getLogger("trioqueue")
 
 P = TypeVar("P")
 R = TypeVar("R")
-
-
-_WORKER_ARGUMENTS = frozenset(inspect.signature(WorkerSettings.build).parameters) - {"storage", "batch"}
-
 T = TypeVar("T")
 
 
@@ -174,11 +169,11 @@ class Queue(Generic[P, R]):
         self.name = check.job_id(name, "name") if name is not None else "default"
         if handler is not None and batch_handler is not None:
             raise ValidationError("give a Queue a handler or a batch_handler, not both")
-        worker_arguments = {k: v for k, v in arguments.items() if k in _WORKER_ARGUMENTS}
+        worker_arguments = {k: v for k, v in arguments.items() if k in WORKER_ARGUMENTS}
         # The one-object shorthand's Worker settings (validated now, used once a handler is set).
         self.worker_settings = WorkerSettings.build(storage, batch=batch_handler is not None, **worker_arguments)
         self.defaults = JobDefaults.build(max_attempts, result_ttl, payload_serde, result_serde)
-        self._arguments = {k: v for k, v in arguments.items() if k not in _WORKER_ARGUMENTS}
+        self._arguments = {k: v for k, v in arguments.items() if k not in WORKER_ARGUMENTS}
         self._observers: list[QueueObserver] = []  # instruments (trioqueue.metrics)
         self._running = False
         self._events = Emitter(self.name)
@@ -186,7 +181,7 @@ class Queue(Generic[P, R]):
         # the storage subscription, opened by need
         self._listener = Listener(storage, self.name, self._events, self._waiters, self.defaults.result_serde)
         reader = JobReader(storage, self.name, self.defaults.result_serde)
-        maker = self._maker = JobMaker(storage, self.name, self.defaults, self._observers, reader)
+        maker = JobMaker(storage, self.name, self.defaults, self._observers, reader)
         self._producer: QueueProducer[P, R] = QueueProducer(
             storage, self.name, maker, reader, self._listener, self._waiters, self._check_running
         )
@@ -590,7 +585,7 @@ class Queue(Generic[P, R]):
             raise bare from None
         finally:
             self._running = False
-            self._wake_waiters(stopped=True)
+            self._wake_waiters()
 
     async def _run(self, task_status: trio.TaskStatus[None]) -> None:
         await self.storage.open()
@@ -610,17 +605,18 @@ class Queue(Generic[P, R]):
                         worker.stop()  # graceful: returns once its jobs are settled
                 self._events.emit("stopped", worker_id=self.worker_id)
                 self._events.close()
-                self._wake_waiters(stopped=True)
+                self._wake_waiters()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self.storage.aclose()
 
-    def _wake_waiters(self, *, stopped: bool = False) -> None:
-        self._waiters.wake_all(stopped=stopped)
-        if stopped:
-            for stream in self._events.streams:
-                stream.close()  # readers of queue.events() end with the queue
+    def _wake_waiters(self) -> None:
+        """The queue stopped: its waiters get :class:`QueueStoppedError`, and readers of
+        ``queue.events()`` end with it."""
+        self._waiters.wake_all(stopped=True)
+        for stream in self._events.streams:
+            stream.close()
 
     def _check_running(self) -> None:
         if not self._running:

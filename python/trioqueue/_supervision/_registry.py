@@ -242,9 +242,7 @@ class QueueAdmin(Generic[P]):
         record = await self.storage.get_job(self.name, jid)
         if record is None:
             return None
-        status = self.reader.status(record)
-        if record.children and isinstance(self.storage, Trees):  # a parent: its children's counts by state
-            status = with_children(status, await self.storage.get_children(self.name, jid))
+        status = await self._status(record)
         if isinstance(self.storage, Steps):  # its stored steps (Job.step)
             stored = await self.storage.get_steps(self.name, jid)
             status = replace(status, steps={name: self.reader.load_result(jid, v) for name, v in stored.items()})
@@ -256,16 +254,15 @@ class QueueAdmin(Generic[P]):
         ids = [check.job_id(jid) for jid in job_ids]
         self.check_running()
         records = await self.storage.get_jobs(self.name, ids)
-        out: list[JobStatus | None] = []
-        for record in records:
-            if record is None:
-                out.append(None)
-                continue
-            status = self.reader.status(record)
-            if record.children and isinstance(self.storage, Trees):
-                status = with_children(status, await self.storage.get_children(self.name, record.id))
-            out.append(status)
-        return out
+        return [None if record is None else await self._status(record) for record in records]
+
+    async def _status(self, record: JobRecord) -> JobStatus:
+        """The status of ``record``; a tree's parent's with its children's counts by state
+        (one more read)."""
+        status = self.reader.status(record)
+        if record.children and isinstance(self.storage, Trees):
+            status = with_children(status, await self.storage.get_children(self.name, record.id))
+        return status
 
     async def counts(self) -> dict[JobState, int]:
         self.check_running()

@@ -9,6 +9,7 @@ their fields.
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import uuid
@@ -30,7 +31,7 @@ from ._execution import AfterExecution, RetryIf, check_retry_if
 from ._leases import lease_margin as resolve_lease_margin
 from ._pool import check_executor
 
-__all__ = ["JobDefaults", "WorkerSettings", "check_storage", "default_worker_id"]
+__all__ = ["WORKER_ARGUMENTS", "JobDefaults", "WorkerSettings", "check_storage", "default_worker_id"]
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -188,3 +189,8 @@ class WorkerSettings:
             keep_failed=kept_failed,
             arguments=arguments,
         )
+
+
+# The Worker's settings among a constructor's arguments (a Queue's or a Worker's): those of
+# WorkerSettings.build but its storage and what the handler given says (batch).
+WORKER_ARGUMENTS = frozenset(inspect.signature(WorkerSettings.build).parameters) - {"storage", "batch"}

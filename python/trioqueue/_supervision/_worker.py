@@ -33,7 +33,7 @@ from ._observers import QueueObserver
 from ._pool import ProcessPool, check_process_handler
 from ._reaper import LeaderElection, Reaper
 from ._service import ServiceContext, sole_interrupt
-from ._settings import JobDefaults, WorkerSettings, check_storage
+from ._settings import WORKER_ARGUMENTS, JobDefaults, WorkerSettings, check_storage
 
 if TYPE_CHECKING:
     from ._queue import Queue
@@ -145,8 +145,7 @@ class Worker:
         keep_completed: int | None = None,
         keep_failed: int | None = None,
     ) -> None:
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        del arguments["queues"], arguments["handler"], arguments["batch_handler"]
+        arguments = {k: v for k, v in locals().items() if k in WORKER_ARGUMENTS}
         found = _queues(queues)
         if handler is not None and batch_handler is not None:
             raise ValidationError("give a Worker a handler or a batch_handler, not both")
@@ -337,8 +336,8 @@ class Worker:
             s.prefetch,
             s.block_timeout,
             s.visibility_timeout,
-            s.claim_limits,
             s.lease_margin,
+            s.claim_limits,
             s.batch,
         )
         return Consumer(consumer, parts.storage, executor, parts.events, observed=bool(parts.observers))
