@@ -15,7 +15,11 @@ work itself takes.
 
 Outside a Trio run (a thread sharing a MemoryStorage, a ``SyncProducer``) both read the
 real clocks. Whether a run's clock is a MockClock is checked once per run and kept in a
-:class:`trio.lowlevel.RunVar`; after that a reading costs one RunVar lookup.
+:class:`trio.lowlevel.RunVar`; after that a reading costs one RunVar lookup. Until a
+process has seen a MockClock run at all, a reading is the standard library's call and
+nothing more: what opens in a run (a storage, a Queue, a Worker) calls :func:`note_run`,
+which notices a MockClock (the per-job paths of an application pay nothing for the
+virtual clock its tests use).
 
 FileStorage, RedisStorage and PostgresStorage keep real time: their deadlines are the
 filesystem's and the server's.
@@ -30,11 +34,23 @@ import trio
 from trio.lowlevel import RunVar
 from trio.testing import MockClock
 
-__all__ = ["monotonic", "now"]
+__all__ = ["monotonic", "note_run", "now"]
 
 # None: real time in this run; a float: this run's clock is a MockClock and the wall time
 # is that number plus trio.current_time().
 _EPOCH: RunVar[float | None] = RunVar("trioqueue_clock_epoch")
+
+
+# Whether this process has run under a MockClock (set by note_run; never reset).
+_virtual_seen = False
+
+
+def note_run() -> None:
+    """Called where a storage, a Queue or a Worker starts in a Trio run: notices a
+    :class:`~trio.testing.MockClock`, after which readings check the run's clock."""
+    global _virtual_seen
+    if not _virtual_seen and isinstance(trio.lowlevel.current_clock(), MockClock):
+        _virtual_seen = True
 
 
 def _decide() -> float | None:
@@ -46,6 +62,8 @@ def _decide() -> float | None:
 
 def _virtual_epoch() -> float | None:
     """This run's epoch under a MockClock; ``None`` for real time (or outside a run)."""
+    if not _virtual_seen:
+        return None
     try:
         return _EPOCH.get()
     except LookupError:

@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 import trio
 
 from .._model import _validate as check
+from .._model._clock import note_run
 from .._model._errors import TrioQueueError, ValidationError
 from .._model._flows import JobRef
 from .._model._limits import RateLimit
@@ -572,6 +573,7 @@ class Queue(Generic[P, R]):
         Reports started once the storage is open, the event subscription is live and the
         consumers (if any) are claiming jobs.
         """
+        note_run()  # (under a MockClock, the clock follows it: see _model._clock)
         if self._running:
             raise TrioQueueError(f"queue {self.name!r} is already running")
         self._running = True

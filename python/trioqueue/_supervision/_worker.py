@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import trio
 
+from .._model._clock import note_run
 from .._model._errors import TrioQueueError, ValidationError
 from .._model._limits import RateLimit
 from .._model._retry import ExponentialBackoff, RetryDelay
@@ -241,6 +242,7 @@ class Worker:
         """Run until :meth:`stop` (graceful) or cancellation (forced). Reports started once
         every queue's consumer claims jobs (the Queues not running yet are started first,
         and stopped after the worker)."""
+        note_run()  # (under a MockClock, the clock follows it: see _model._clock)
         if self._running:
             raise TrioQueueError(f"worker {self.worker_id!r} is already running")
         self._running = True

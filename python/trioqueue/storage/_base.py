@@ -60,6 +60,7 @@ from typing import Self
 
 import trio
 
+from .._model._clock import note_run
 from .._model._types import CancelStatus, UpdateTTLStatus
 from ._records import *  # noqa: F403 - the interface's records, re-exported
 from ._records import __all__ as _records
@@ -93,6 +94,7 @@ class Storage(abc.ABC):
 
     async def open(self) -> None:
         """Connect (on the first call); later calls only count."""
+        note_run()  # (a storage opened under a MockClock follows it: see _model._clock)
         if self._open_count == 0:
             await self._connect()
         self._open_count += 1
