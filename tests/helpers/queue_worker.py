@@ -1,6 +1,7 @@
 """A real worker process for the crash tests (tests/crashes/test_processes.py).
 
     python queue_worker.py worker SPEC_JSON
+    python queue_worker.py durable SPEC_JSON
     python queue_worker.py reaper SPEC_JSON
 
 SPEC_JSON: {"backend": "file", "directory": ...} or {"backend": "redis", "url": ..., "prefix": ...}
@@ -10,7 +11,11 @@ start is appended to: "<job id> <worker id> <attempt> <time.time()>"), optionall
 "rate_limit" ([limit, per]) and "global_concurrency", and for reapers "lock_ttl".
 
 ``worker`` runs a Queue whose handler logs the start, sleeps ``payload["seconds"]`` and
-returns ``{"id", "by"}``; prints ``READY`` once running. ``reaper`` runs a leader-elected
+returns ``{"id", "by"}``; prints ``READY`` once running. ``durable`` runs a Queue whose
+handler runs ``payload["steps"]`` steps ``s0, s1, ...`` (each step's effect appends
+``STEP <job id> <step> <worker id> <time.time()>`` to the log, then pauses
+``payload["pause"]`` seconds before its value, the worker id, is returned and stored) and
+returns the list of the steps' values. ``reaper`` runs a leader-elected
 Reaper and prints ``LEADER <owner>`` / ``FOLLOWER <owner>``. Both stop gracefully on
 SIGTERM and die on SIGKILL, which is the point.
 """
@@ -74,6 +79,42 @@ async def worker(spec: dict[str, Any]) -> None:
                 break
 
 
+async def durable(spec: dict[str, Any]) -> None:
+    worker_id = spec["worker_id"]
+    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def handler(job: Job[Any]) -> list[str]:
+        pause = job.payload.get("pause", 0.0)
+
+        async def effect(name: str) -> str:
+            os.write(log_fd, f"STEP {job.id} {name} {worker_id} {time.time()!r}\n".encode())
+            await trio.sleep(pause)  # a kill here: the effect happened, its value is not stored
+            return worker_id
+
+        values = []
+        for i in range(job.payload["steps"]):
+            values.append(await job.step(f"s{i}", effect, f"s{i}"))
+            await trio.sleep(pause)  # a kill here: the step is stored, the next not begun
+        return values
+
+    queue: Queue[Any, Any] = Queue(
+        make_storage(spec),
+        name=spec["queue"],
+        handler=handler,
+        worker_id=worker_id,
+        concurrency=spec.get("concurrency", 4),
+        visibility_timeout=spec.get("visibility_timeout", 1.0),
+        block_timeout=0.5,
+        retry_delay=0,
+        max_attempts=spec.get("max_attempts", 50),
+    )
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async with queue:
+            print("READY", flush=True)
+            async for _ in signals:
+                break
+
+
 async def reaper(spec: dict[str, Any]) -> None:
     ttl = spec.get("lock_ttl", 1.0)
     r = Reaper(
@@ -93,7 +134,7 @@ async def reaper(spec: dict[str, Any]) -> None:
 def main() -> None:
     mode, spec_json = sys.argv[1:3]
     spec = json.loads(spec_json)
-    trio.run({"worker": worker, "reaper": reaper}[mode], spec)
+    trio.run({"worker": worker, "durable": durable, "reaper": reaper}[mode], spec)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,140 @@
+"""Durable jobs under ``kill -9``: multi-step jobs run by worker processes that are killed
+at seeded moments (tests/helpers/queue_worker.py, mode ``durable``), on every backend that
+several processes can share.
+
+The proof, from the log every step's effect appends to (``STEP <job> <step> <worker>
+<time>``, one ``O_APPEND`` write each, so the log's order is the order of the effects)
+and the jobs' results (the stored value of each step: the id of the worker whose run
+stored it):
+
+- every job completes, and its steps ran in order;
+- a step whose value was stored never ran again: the value a job returns for a step is
+  the one its *last* execution made;
+- a step that ran more than once was in flight when its worker died: every execution
+  but the last was made by a killed worker, and was the last step that worker ran for
+  the job.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from support import Recorder
+from test_processes import Fleet, fleet, shared_storage, spec_of  # noqa: F401 - fixtures
+from trioqueue import JobState, Queue, Storage
+
+STEPS = 5
+
+
+def step_log(log: Path) -> list[tuple[str, str, str]]:
+    """The steps' effects in the order they happened: ``(job, step, worker)``."""
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        parts = line.split(" ")
+        if parts[0] == "STEP":
+            out.append((parts[1], parts[2], parts[3]))
+    return out
+
+
+def violations(effects: list[tuple[str, str, str]], results: dict[str, list[str]], killed: set[str]) -> list[str]:
+    """What the durable-steps promise rules out in this run (empty: nothing)."""
+    problems: list[str] = []
+    by_step: dict[tuple[str, str], list[int]] = defaultdict(list)  # (job, step) -> indexes in the log
+    last_of_run: dict[tuple[str, str], int] = {}  # (job, worker) -> index of that run's last effect
+    for i, (job, step, worker) in enumerate(effects):
+        by_step[(job, step)].append(i)
+        last_of_run[(job, worker)] = i
+    for job, values in results.items():
+        if len(values) != STEPS:
+            problems.append(f"{job}: {len(values)} step values, expected {STEPS}")
+            continue
+        previous_end = -1
+        for k, stored in enumerate(values):
+            runs = by_step.get((job, f"s{k}"), [])
+            if not runs:
+                problems.append(f"{job}: step s{k} has a value but never ran")
+                continue
+            last = runs[-1]
+            if effects[last][2] != stored:
+                problems.append(f"{job}: s{k} stored {stored!r} but its last execution was by {effects[last][2]!r}")
+            if runs[0] < previous_end:
+                problems.append(f"{job}: s{k} ran before s{k - 1}'s value was stored")
+            previous_end = last
+            for i in runs[:-1]:
+                worker = effects[i][2]
+                if worker not in killed:
+                    problems.append(f"{job}: s{k} ran again after {worker!r}, which was not killed, ran it")
+                elif last_of_run[(job, worker)] != i:
+                    problems.append(f"{job}: s{k} ran again though {worker!r} went on to later steps")
+    return problems
+
+
+@pytest.mark.parametrize("seed", [7])
+async def test_multi_step_jobs_under_sigkill_run_no_stored_step_twice(
+    shared_storage: Storage, fleet: Fleet, tmp_path: Path, queue_name: str, seed: int
+) -> None:
+    rng = random.Random(seed)
+    log = tmp_path / "steps.log"
+    total = 40
+    jobs = [(f"job-{i:03}", {"steps": STEPS, "pause": rng.uniform(0.005, 0.03)}) for i in range(total)]
+    generation = 0
+    killed: set[str] = set()
+
+    def spec(slot: int) -> dict[str, Any]:
+        return spec_of(
+            shared_storage, queue=queue_name, worker_id=f"w{slot}-{generation}", log=str(log),
+            visibility_timeout=1.0, concurrency=4,
+        )  # fmt: skip
+
+    completed = Recorder()
+    with trio.fail_after(120):
+        async with Queue(shared_storage, name=queue_name) as producer:
+            producer.on("completed", completed)
+            alive: dict[int, str] = {}
+            for slot in range(3):
+                await fleet.start("durable", spec(slot), "READY")
+                alive[slot] = spec(slot)["worker_id"]
+            await producer.enqueue_many(jobs)
+            for _ in range(5):
+                # a moment in the run: the log is other processes' file, nothing to wait on
+                await trio.sleep(rng.uniform(0.1, 0.4))
+                slot = rng.randrange(3)
+                fleet.kill(alive[slot])
+                killed.add(alive[slot])
+                generation += 1
+                await fleet.start("durable", spec(slot), "READY")
+                alive[slot] = spec(slot)["worker_id"]
+            await completed.wait_until(lambda evs: len({e.job_id for e in evs}) >= total)
+            results: dict[str, list[str]] = {}
+            for job_id, _ in jobs:
+                status = await producer.get_status(job_id)
+                assert status is not None and status.state is JobState.COMPLETED, (job_id, status)
+                results[job_id] = status.result
+                assert list(status.steps) == [f"s{k}" for k in range(STEPS)]
+    effects = step_log(log)
+    problems = violations(effects, results, killed)
+    assert not problems, f"seed {seed}: " + "; ".join(problems[:10])
+    print(f"seed {seed}: {len(killed)} kill -9, {len(effects) - total * STEPS} step effects repeated (in flight at a kill)")
+
+
+def test_the_check_catches_a_stored_step_that_ran_again() -> None:
+    """The checker itself: a step run twice by a worker that was not killed, or by a
+    killed one that had gone on to later steps, or whose stored value is not its last
+    execution's, is reported."""
+    ok = [("j", f"s{k}", "a") for k in range(STEPS)]
+    assert violations(ok, {"j": ["a"] * STEPS}, set()) == []
+    # a killed in flight at s2: b runs s2 again and the rest
+    crash = ok[:3] + [("j", "s2", "b"), ("j", "s3", "b"), ("j", "s4", "b")]
+    assert violations(crash, {"j": ["a", "a", "b", "b", "b"]}, {"a"}) == []
+    assert violations(crash, {"j": ["a", "a", "b", "b", "b"]}, set()) != []  # a was not killed
+    assert violations(crash, {"j": ["a", "a", "a", "b", "b"]}, {"a"}) != []  # stored a stale value
+    late = ok[:4] + [("j", "s2", "b"), ("j", "s3", "b"), ("j", "s4", "b")]
+    assert violations(late, {"j": ["a", "a", "b", "b", "b"]}, {"a"}) != []  # a had gone on to s3
