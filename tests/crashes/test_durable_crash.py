@@ -24,10 +24,11 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from support import Recorder
 from test_processes import Fleet, fleet, shared_storage, spec_of  # noqa: F401 - fixtures
-from trioqueue import JobState, Queue, Storage
+from trioqueue import Job, JobState, MemoryStorage, Queue, Storage, Worker
 
 STEPS = 5
 
@@ -138,3 +139,64 @@ def test_the_check_catches_a_stored_step_that_ran_again() -> None:
     assert violations(crash, {"j": ["a", "a", "a", "b", "b"]}, {"a"}) != []  # stored a stale value
     late = ok[:4] + [("j", "s2", "b"), ("j", "s3", "b"), ("j", "s4", "b")]
     assert violations(late, {"j": ["a", "a", "b", "b", "b"]}, {"a"}) != []  # a had gone on to s3
+
+
+@pytest.mark.parametrize("seed", [7, 11])
+async def test_multi_step_jobs_under_forced_stops_on_memory_run_no_stored_step_twice(
+    autojump_clock: trio.testing.MockClock, seed: int
+) -> None:
+    """MemoryStorage cannot span processes: its workers are stopped by force instead (their
+    cancel scopes cancelled at seeded virtual moments, running handlers cancelled mid-step)
+    and replaced. Under the virtual clock the run is the same on every replay of a seed."""
+    rng = random.Random(seed)
+    total = 40
+    effects: list[tuple[str, str, str]] = []
+    stopped: set[str] = set()
+
+    def handler_of(worker_id: str) -> Any:
+        async def handler(job: Job[Any]) -> list[str]:
+            async def effect(name: str) -> str:
+                effects.append((job.id, name, worker_id))
+                await trio.sleep(job.payload["pause"])  # a stop here: the effect happened, not stored
+                return worker_id
+
+            values = []
+            for i in range(job.payload["steps"]):
+                values.append(await job.step(f"s{i}", effect, f"s{i}"))
+                await trio.sleep(job.payload["pause"])
+            return values
+
+        return handler
+
+    async def run_worker(queue: Queue[Any, Any], worker_id: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            async with Worker(queue, handler=handler_of(worker_id), worker_id=worker_id, concurrency=4,
+                              visibility_timeout=5.0, block_timeout=60.0, retry_delay=0):  # fmt: skip
+                task_status.started(scope)
+                await trio.sleep_forever()
+
+    completed = Recorder()
+    storage = MemoryStorage()
+    async with Queue(storage, name="durable", max_attempts=50) as queue, trio.open_nursery() as nursery:
+        queue.on("completed", completed)
+        alive = {slot: f"w{slot}-0" for slot in range(3)}
+        scopes = {slot: await nursery.start(run_worker, queue, alive[slot]) for slot in range(3)}
+        await queue.enqueue_many([(f"job-{i:03}", {"steps": STEPS, "pause": rng.uniform(0.005, 0.03)}) for i in range(total)])
+        for generation in range(1, 6):
+            await trio.sleep(rng.uniform(0.02, 0.2))
+            slot = rng.randrange(3)
+            scopes[slot].cancel()
+            stopped.add(alive[slot])
+            alive[slot] = f"w{slot}-{generation}"
+            scopes[slot] = await nursery.start(run_worker, queue, alive[slot])
+        with trio.fail_after(600):
+            await completed.wait_until(lambda evs: len({e.job_id for e in evs}) >= total)
+        results = {}
+        for i in range(total):
+            status = await queue.get_status(f"job-{i:03}")
+            assert status is not None and status.state is JobState.COMPLETED, status
+            results[status.id] = status.result
+        nursery.cancel_scope.cancel()
+    problems = violations(effects, results, stopped)
+    assert not problems, f"seed {seed}: " + "; ".join(problems[:10])
+    assert len(effects) > total * STEPS, "no stop landed in a step: the test proved nothing"
