@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
+from datetime import datetime
 from dataclasses import dataclass, field
 from enum import StrEnum
 from collections.abc import Callable, Sequence
@@ -26,6 +27,8 @@ class _RunningAttempt(Protocol):
     async def children_outcomes(self, job: Job[Any]) -> tuple[dict[str, Any], dict[str, JobError]]: ...
 
     async def step(self, job: Job[Any], name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    async def sleep(self, job: Job[Any], name: str, wake: Callable[[], float]) -> None: ...
 
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
@@ -221,6 +224,42 @@ class Job(NamedTuple, Generic[T]):
             raise TypeError(f"step {name!r} of job {self.id!r}: fn must be callable, got {fn!r}")
         return await _attempt(self, "step").step(self, name, fn, args, kwargs)
 
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Sleep ``seconds`` durably, as step ``name``: the first time a run of this job
+        gets here, the wake-up time (now + ``seconds``, an absolute time) is stored as the
+        value of step ``name`` and the handler's run ends here: the job goes ``delayed``
+        until then, holding no worker slot and no lease, without using an attempt (event
+        ``sleeping``). When it runs again, its earlier steps return their stored values
+        and this call returns at once once the stored time has come (a run that comes
+        early sleeps again for the rest: a sleep never wakes early). ``seconds`` counts
+        from the first time only.
+
+        The run ends by a ``BaseException`` this call raises, which a handler's ``except
+        Exception:`` lets through (a handler that catches it anyway still sleeps: the
+        worker notes the sleep on the run). A cancel of a sleeping job ends it cancelled.
+        Call it from an async handler's task (or a sync handler's thread, through
+        ``trio.from_thread.run(job.sleep, name, seconds)``); not in a batch handler nor in
+        a process pool's (``TrioQueueError``). ``ValidationError`` naming the job for a
+        negative or non-finite ``seconds``."""
+        if not isinstance(name, str):
+            raise TypeError(f"sleep name of job {self.id!r} must be a string, got {type(name).__name__}")
+        from . import _clock, _validate  # (_validate imports this module)
+
+        delay = _validate.non_negative_seconds(f"seconds of sleep {name!r}", seconds, job=self.id)
+        await _attempt(self, "sleep").sleep(self, name, lambda: _clock.now() + delay)
+
+    async def sleep_until(self, name: str, when: datetime | float) -> None:
+        """:meth:`sleep` until ``when``, a timezone-aware ``datetime`` or a UNIX timestamp
+        (seconds since the epoch), stored as step ``name``; a time already past returns at
+        once (and is stored as well). A naive ``datetime`` raises ``ValidationError``
+        naming the job."""
+        if not isinstance(name, str):
+            raise TypeError(f"sleep name of job {self.id!r} must be a string, got {type(name).__name__}")
+        from . import _validate
+
+        until = _validate.timestamp(f"when of sleep_until {name!r}", when, job=self.id)
+        await _attempt(self, "sleep_until").sleep(self, name, lambda: until)
+
     @property
     def lease_deadline(self) -> float | None:
         """When this attempt's lease runs out unless its worker renews it, in seconds since
@@ -289,6 +328,7 @@ STORAGE_EVENT_NAMES = frozenset(
         "resumed",
         "removed",
         "rate_limited",
+        "sleeping",
         "cleared",
     }
 )
