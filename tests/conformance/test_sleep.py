@@ -340,3 +340,37 @@ async def test_a_thread_handler_sleeps_through_from_thread(queue_name: str) -> N
             with trio.fail_after(20):
                 assert await q.enqueue_and_wait("t", None) == "woke"
     assert runs == [1, 1]
+
+
+async def test_a_sleep_or_a_wait_in_a_task_of_the_handler_suspends_it(queue_name: str, autojump_clock: trio.testing.MockClock) -> None:
+    """Raised in a nursery of the handler, the suspension reaches the worker inside an
+    exception group: the job sleeps (or waits for its children) all the same."""
+    from trioqueue import Child, MemoryStorage
+
+    runs: list[str] = []
+
+    async def handler(job: Job[Any]) -> Any:
+        if job.payload == "child":
+            return "c"
+        runs.append(job.id)
+        if runs.count(job.id) > 1:
+            return "again"
+        async with trio.open_nursery() as nursery:
+            if job.id == "sleeper":
+                nursery.start_soon(job.sleep, "nap", DAY)
+            else:
+                await job.add_children([Child(f"{job.id}-c", "child")])
+
+                async def wait() -> None:
+                    raise WaitForChildren()
+
+                nursery.start_soon(wait)
+        return "too early"
+
+    async with MemoryStorage() as storage:
+        q = Queue(storage, name=queue_name, handler=handler, **settings("memory"))
+        async with q:
+            with trio.fail_after(2 * DAY):
+                assert await q.enqueue_and_wait("sleeper", None, timeout=2 * DAY) == "again"
+                assert await q.enqueue_and_wait("parent", None, timeout=2 * DAY) == "again"
+    assert runs == ["sleeper", "sleeper", "parent", "parent"]
