@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from contextvars import ContextVar
 from datetime import datetime
 from dataclasses import dataclass, field
@@ -9,7 +10,8 @@ from enum import StrEnum
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
-from ._errors import TrioQueueError
+from . import _clock
+from ._errors import TrioQueueError, ValidationError
 
 if TYPE_CHECKING:
     from ._flows import Child, JobRef
@@ -243,9 +245,7 @@ class Job(NamedTuple, Generic[T]):
         negative or non-finite ``seconds``."""
         if not isinstance(name, str):
             raise TypeError(f"sleep name of job {self.id!r} must be a string, got {type(name).__name__}")
-        from . import _clock, _validate  # (_validate imports this module)
-
-        delay = _validate.non_negative_seconds(f"seconds of sleep {name!r}", seconds, job=self.id)
+        delay = _instant(f"seconds of sleep {name!r}", seconds, self.id, "a number of seconds")
         await _attempt(self, "sleep").sleep(self, name, lambda: _clock.now() + delay)
 
     async def sleep_until(self, name: str, when: datetime | float) -> None:
@@ -255,9 +255,14 @@ class Job(NamedTuple, Generic[T]):
         naming the job."""
         if not isinstance(name, str):
             raise TypeError(f"sleep name of job {self.id!r} must be a string, got {type(name).__name__}")
-        from . import _validate
-
-        until = _validate.timestamp(f"when of sleep_until {name!r}", when, job=self.id)
+        if isinstance(when, datetime):
+            if when.tzinfo is None or when.utcoffset() is None:
+                raise ValidationError(
+                    f"when of sleep_until {name!r} must be a timezone-aware datetime, got naive {when.isoformat()} (job {self.id!r})"
+                )
+            until = when.timestamp()
+        else:
+            until = _instant(f"when of sleep_until {name!r}", when, self.id, "a timezone-aware datetime or a UNIX timestamp")
         await _attempt(self, "sleep_until").sleep(self, name, lambda: until)
 
     @property
@@ -273,6 +278,17 @@ class Job(NamedTuple, Generic[T]):
         this attempt's handler (and for a Job made by hand)."""
         attempt = CURRENT_ATTEMPT.get()
         return None if attempt is None else attempt.lease_deadline(self)
+
+
+def _instant(name: str, value: Any, job_id: str, expected: str) -> float:
+    """A finite number >= 0 (seconds, or a UNIX timestamp), else ``ValidationError``
+    naming the job."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{name} must be {expected}, got {type(value).__name__} (job {job_id!r})")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValidationError(f"{name} must be finite and >= 0, got {number!r} (job {job_id!r})")
+    return number
 
 
 def _attempt(job: Job[Any], what: str) -> _RunningAttempt:

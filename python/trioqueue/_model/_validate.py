@@ -108,19 +108,6 @@ def priority(value: Any, *, job: str | None = None) -> int:
     return value
 
 
-def timestamp(name: str, value: Any, *, job: str | None = None) -> float:
-    """A point in time, seconds since the epoch, from a timezone-aware ``datetime`` or a
-    UNIX timestamp (a finite number >= 0)."""
-    where = f" (job {job!r})" if job is not None else ""
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise ValidationError(f"{name} must be a timezone-aware datetime, got naive {value.isoformat()}{where}")
-        return value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationError(f"{name} must be a timezone-aware datetime or a UNIX timestamp, got {type(value).__name__}{where}")
-    return non_negative_seconds(name, value, job=job)
-
-
 def run_at(delay: Any, at: Any, *, job: str | None = None) -> float | None:
     """When a job is due (seconds since the epoch) from ``delay`` (seconds from now) or
     ``at`` (a timezone-aware ``datetime`` or a UNIX timestamp); ``None``: now."""
