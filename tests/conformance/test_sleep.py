@@ -342,7 +342,9 @@ async def test_a_thread_handler_sleeps_through_from_thread(queue_name: str) -> N
     assert runs == [1, 1]
 
 
-async def test_a_sleep_or_a_wait_in_a_task_of_the_handler_suspends_it(queue_name: str, autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_sleep_or_a_wait_in_a_task_of_the_handler_suspends_it(
+    queue_name: str, autojump_clock: trio.testing.MockClock
+) -> None:
     """Raised in a nursery of the handler, the suspension reaches the worker inside an
     exception group: the job sleeps (or waits for its children) all the same."""
     from trioqueue import Child, MemoryStorage

@@ -152,8 +152,8 @@ def _step(r: R.Rec, step: str, paused: bool) -> None:
         R.fail_by_children(r, [("c1", b"")], now)
 
 
-_STEP_NAME = {"complete": "settle", "fail": "settle", "retry": "settle", "rate_limited": "settle", "sleep": "settle", "wait": "settle",
-              "cancel_settle": "settle"}  # fmt: skip
+_STEP_NAME = {"complete": "settle", "fail": "settle", "retry": "settle", "rate_limited": "settle", "sleep": "settle",
+              "wait": "settle", "cancel_settle": "settle"}  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)

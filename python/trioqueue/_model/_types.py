@@ -258,7 +258,8 @@ class Job(NamedTuple, Generic[T]):
         if isinstance(when, datetime):
             if when.tzinfo is None or when.utcoffset() is None:
                 raise ValidationError(
-                    f"when of sleep_until {name!r} must be a timezone-aware datetime, got naive {when.isoformat()} (job {self.id!r})"
+                    f"when of sleep_until {name!r} must be a timezone-aware datetime, "
+                    f"got naive {when.isoformat()} (job {self.id!r})"
                 )
             until = when.timestamp()
         else:

@@ -139,12 +139,15 @@ class Attempt:
         and :class:`Sleeping` ends the handler."""
         if self.batch is not None and job.id in self.batch:
             raise TrioQueueError(
-                f"sleep {name!r} of job {job.id!r}: not available in a batch handler; use a handler of one job for a job that sleeps"
+                f"sleep {name!r} of job {job.id!r}: not available in a batch handler; "
+                "use a handler of one job for a job that sleeps"
             )
         current, token, in_thread, run = self._run(job, f"sleep {name!r}")
         until = await self.executor.step(current.id, token, run, name, wake, (), {}, in_thread=False)
         if isinstance(until, bool) or not isinstance(until, int | float):
-            raise TrioQueueError(f"sleep {name!r} of job {job.id!r}: step {name!r} holds {until!r}, not a wake-up time (a step of that name)")
+            raise TrioQueueError(
+                f"sleep {name!r} of job {job.id!r}: step {name!r} holds {until!r}, not a wake-up time (a step of that name)"
+            )
         if until <= _now():
             return
         run.wake = until if run.wake is None else max(run.wake, until)

@@ -1,8 +1,8 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
 The tests are the ones of tests/conformance/test_storage*.py, test_priorities.py, test_lease_loss.py,
-test_pause.py, test_flows.py, test_groups.py, test_steps.py, test_sleep.py and more, imported here; this module's ``storage`` fixture overrides the
-parametrised one so they run once, on the cluster.
+test_pause.py, test_flows.py, test_groups.py, test_steps.py, test_sleep.py and more, imported here; this
+module's ``storage`` fixture overrides the parametrised one so they run once, on the cluster.
 """
 
 from __future__ import annotations
