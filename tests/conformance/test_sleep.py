@@ -376,3 +376,34 @@ async def test_a_sleep_or_a_wait_in_a_task_of_the_handler_suspends_it(
                 assert await q.enqueue_and_wait("sleeper", None, timeout=2 * DAY) == "again"
                 assert await q.enqueue_and_wait("parent", None, timeout=2 * DAY) == "again"
     assert runs == ["sleeper", "sleeper", "parent", "parent"]
+
+
+async def test_a_handler_that_swallows_the_sleep_still_sleeps(queue_name: str, autojump_clock: trio.testing.MockClock) -> None:
+    """``except BaseException`` catches the sleep's exception; the handler returns (or
+    raises something else): the job sleeps all the same, and its next run passes."""
+    from trioqueue import MemoryStorage
+
+    runs: list[tuple[str, float]] = []
+
+    async def handler(job: Job[Any]) -> str:
+        runs.append((job.id, trio.current_time()))
+        try:
+            await job.sleep("nap", DAY)
+        except BaseException:  # noqa: BLE001 - what the test is about
+            if job.id == "raises":
+                raise RuntimeError("not a failure: it sleeps") from None
+            return "swallowed"
+        return "woke"
+
+    async with MemoryStorage() as storage:
+        q = Queue(storage, name=queue_name, handler=handler, **settings("memory"))
+        async with q:
+            with trio.fail_after(3 * DAY):
+                start = trio.current_time()
+                statuses = []
+                for job_id in ("returns", "raises"):
+                    assert await q.enqueue_and_wait(job_id, None, timeout=3 * DAY) == "woke"
+                    statuses.append(await q.get_status(job_id))
+    assert [job_id for job_id, _ in runs] == ["returns", "returns", "raises", "raises"]
+    assert runs[1][1] - start >= DAY and runs[3][1] - runs[2][1] >= DAY
+    assert [(s.attempts, s.error) for s in statuses if s is not None] == [(1, None), (1, None)]
