@@ -104,6 +104,10 @@ def step(job: Job[Any]) -> None:
     job.step("charge", abs, -1)  # (raises at once: no coroutine left unawaited)
 
 
+def sleep(job: Job[Any]) -> None:
+    job.sleep("nap", 60)  # (raises at once: no coroutine left unawaited)
+
+
 def unencodable(job: Job[Any]) -> set[int]:
     return {1, 2}  # not JSON
 

@@ -231,7 +231,10 @@ class QueueMetrics(QueueObserver):
 
     def job_finished(self, queue: str, job_id: str, outcome: SettleKind, duration: float | None) -> None:
         children = self._of(queue)
-        children.ended[outcome].inc()
+        ended = children.ended.get(outcome)
+        if ended is None:
+            return  # put back without using an attempt (rate limited, waiting for children, asleep): not an outcome
+        ended.inc()
         if duration is not None:
             children.duration[outcome].observe(duration)
 

@@ -65,7 +65,7 @@ async def test_a_parent_cut_short_after_add_children_ends_failed_when_a_child_fa
     await _failed_by_children(storage, q, "p")
 
 
-@pytest.mark.parametrize("settle_as", [SettleKind.RETRY, SettleKind.RATE_LIMITED])
+@pytest.mark.parametrize("settle_as", [SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP])
 async def test_a_parent_whose_child_failed_is_not_put_back_by_its_run(
     storage: Storage, queue_name: str, settle_as: SettleKind
 ) -> None:

@@ -45,7 +45,7 @@ def _job(job_id: str, run_at: float | None = None) -> NewJob:
     return NewJob(job_id, job_id.encode(), 3, 60.0, f"tok-{job_id}", run_at)
 
 
-@pytest.mark.parametrize("how", ["retry", "rate_limited", "delayed_enqueue"])
+@pytest.mark.parametrize("how", ["retry", "rate_limited", "sleep", "delayed_enqueue"])
 async def test_a_waiting_claim_wakes_when_a_job_becomes_due(chunky: Storage, queue_name: str, how: str) -> None:
     st = chunky
     if how != "delayed_enqueue":
@@ -64,7 +64,7 @@ async def test_a_waiting_claim_wakes_when_a_job_becomes_due(chunky: Storage, que
         if how == "delayed_enqueue":
             await st.enqueue(queue_name, [_job("j", run_at=t0 + DUE)])
         else:
-            kind = SettleKind.RETRY if how == "retry" else SettleKind.RATE_LIMITED
+            kind = {"retry": SettleKind.RETRY, "rate_limited": SettleKind.RATE_LIMITED, "sleep": SettleKind.SLEEP}[how]
             [ok] = await st.settle(queue_name, "w1", [Settlement(kind, "j", b"", delay=DUE, token=claim.token)])
             assert ok
     [(claimed_at, ids)] = got

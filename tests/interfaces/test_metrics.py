@@ -126,6 +126,19 @@ async def test_reaped_counter_and_gauges_of_a_stopped_queue(storage: Storage, qu
     assert value(parse(generate_latest(registry).decode()), "trioqueue_workers", queue=queue_name) is None
 
 
+def test_a_put_back_that_is_not_an_outcome_is_not_counted() -> None:
+    """A rate-limited, waiting or sleeping attempt is no outcome: ``job_finished`` of one
+    counts nothing (it raised a KeyError, which the queue logged, once an attempt)."""
+    from trioqueue.storage import SettleKind
+
+    registry = CollectorRegistry()
+    metrics = QueueMetrics(registry)
+    for kind in (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP):
+        metrics.job_finished("q", "j", kind, 0.01)
+    metrics.job_finished("q", "j", SettleKind.COMPLETE, 0.01)
+    assert value(parse(generate_latest(registry).decode()), "trioqueue_jobs_completed_total", queue="q") == 1
+
+
 def test_metrics_names_clash_in_one_registry_is_refused() -> None:
     registry = CollectorRegistry()
     QueueMetrics(registry)

@@ -123,7 +123,7 @@ def test_a_parent_is_released_only_from_waiting() -> None:
     assert r.kind == R.QUEUED
 
 
-_STEPS = ["claim", "start", "complete", "fail", "retry", "rate_limited", "wait", "cancel_settle", "release",
+_STEPS = ["claim", "start", "complete", "fail", "retry", "rate_limited", "sleep", "wait", "cancel_settle", "release",
           "recover", "promote", "cancel", "release_parent", "fail_by_children"]  # fmt: skip
 
 
@@ -133,9 +133,9 @@ def _step(r: R.Rec, step: str, paused: bool) -> None:
         R.claim(r, "w1", 10_000, 20.0, not paused)
     elif step == "start":
         R.start(r, paused, now)
-    elif step in ("complete", "fail", "retry", "rate_limited", "wait", "cancel_settle"):
+    elif step in ("complete", "fail", "retry", "rate_limited", "sleep", "wait", "cancel_settle"):
         skind = {"complete": SettleKind.COMPLETE, "fail": SettleKind.FAIL, "retry": SettleKind.RETRY,
-                 "rate_limited": SettleKind.RATE_LIMITED, "wait": SettleKind.WAIT_CHILDREN,
+                 "rate_limited": SettleKind.RATE_LIMITED, "sleep": SettleKind.SLEEP, "wait": SettleKind.WAIT_CHILDREN,
                  "cancel_settle": SettleKind.CANCEL}[step]  # fmt: skip
         R.settle(r, skind, b"data", now, 60.0)
     elif step == "release":
@@ -152,8 +152,8 @@ def _step(r: R.Rec, step: str, paused: bool) -> None:
         R.fail_by_children(r, [("c1", b"")], now)
 
 
-_STEP_NAME = {"complete": "settle", "fail": "settle", "retry": "settle", "rate_limited": "settle", "wait": "settle",
-              "cancel_settle": "settle"}  # fmt: skip
+_STEP_NAME = {"complete": "settle", "fail": "settle", "retry": "settle", "rate_limited": "settle", "sleep": "settle",
+              "wait": "settle", "cancel_settle": "settle"}  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
@@ -202,12 +202,20 @@ def test_a_reserved_claim_settled_without_start_counts_its_attempt() -> None:
     assert (r.kind, r.attempts, r.result, r.exp) == (R.COMPLETED, 1, b"ok", 65.0)
 
 
-@pytest.mark.parametrize("skind", [SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN])
-def test_a_rate_limited_or_waiting_run_does_not_count(skind: SettleKind) -> None:
+@pytest.mark.parametrize("skind", [SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP])
+def test_a_rate_limited_waiting_or_sleeping_run_does_not_count(skind: SettleKind) -> None:
     r = _claimed()
-    R.settle(r, skind, b"", 5.0)
+    event = R.settle(r, skind, b"", 5.0)
     assert r.attempts == 0
-    assert r.kind == (R.DELAYED if skind is SettleKind.RATE_LIMITED else R.WAITING_CHILDREN)
+    assert r.kind == (R.WAITING_CHILDREN if skind is SettleKind.WAIT_CHILDREN else R.DELAYED)
+    assert event == {SettleKind.RATE_LIMITED: "rate_limited", SettleKind.WAIT_CHILDREN: None, SettleKind.SLEEP: "sleeping"}[skind]
+
+
+def test_a_sleeping_run_with_a_cancel_request_ends_cancelled() -> None:
+    r = _claimed()
+    r.cancel_requested = True
+    assert R.settle(r, SettleKind.SLEEP, b"", 5.0) == "cancelled"
+    assert r.kind == R.CANCELLED
 
 
 def test_a_retry_keeps_its_error_and_fails_nothing() -> None:

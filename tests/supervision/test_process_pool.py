@@ -21,6 +21,7 @@ from process_support import (
     fail,
     fail_unpicklable,
     progress,
+    sleep,
     spin,
     step,
     unencodable,
@@ -84,6 +85,18 @@ async def test_a_step_in_a_pool_process_is_refused_with_a_clear_error() -> None:
     assert error.message == (
         "step 'charge' of job 's': not available in a handler running in a process pool (executor='process'); "
         "use an async or a thread handler for a job with steps"
+    )
+
+
+async def test_a_sleep_in_a_pool_process_is_refused_with_a_clear_error() -> None:
+    async with Queue(MemoryStorage(), handler=sleep, executor="process", max_attempts=1, **FAST) as queue:
+        with trio.fail_after(30), pytest.raises(JobFailedError) as failed:
+            await queue.enqueue_and_wait("s", None)
+    error = failed.value.error
+    assert error.type == "TrioQueueError"
+    assert error.message == (
+        "sleep 'nap' of job 's': not available in a handler running in a process pool (executor='process'); "
+        "use an async or a thread handler for a job that sleeps"
     )
 
 

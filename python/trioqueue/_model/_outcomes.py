@@ -12,7 +12,7 @@ from typing import Any
 from . import _validate as check
 from ._errors import TrioQueueError, ValidationError
 
-__all__ = ["BatchOutcome", "RateLimited", "ResultEncodeError", "Retry", "UnrecoverableError", "WaitForChildren"]
+__all__ = ["BatchOutcome", "RateLimited", "ResultEncodeError", "Retry", "Sleeping", "UnrecoverableError", "WaitForChildren"]
 
 
 class UnrecoverableError(Exception):
@@ -47,15 +47,32 @@ class RateLimited(Exception):
         self.retry_after = check.non_negative_seconds("RateLimited.retry_after", retry_after)
 
 
-class WaitForChildren(Exception):
+class WaitForChildren(BaseException):
     """Raise it from a handler after :meth:`Job.add_children <trioqueue.Job.add_children>`:
     the job goes to ``waiting_children`` (holding no worker slot and no lease) *without*
     using an attempt, and runs again once every child is terminal (its handler then reads
     them with :meth:`~trioqueue.Job.children_results`). With no child left to wait for it
-    is queued again at once."""
+    is queued again at once.
+
+    A ``BaseException`` (not an ``Exception``): a handler's ``except Exception:`` does not
+    swallow it, as it does not swallow Trio's ``Cancelled``."""
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or "waiting for the job's children")
+
+
+class Sleeping(BaseException):
+    """What :meth:`Job.sleep <trioqueue.Job.sleep>` raises to end the handler's run while
+    the job sleeps until ``until`` (seconds since the epoch): the worker settles the run
+    as asleep (state ``delayed``, no attempt used). A ``BaseException``, so that a
+    handler's ``except Exception:`` lets it through; a handler that swallows it anyway
+    still sleeps (the worker also notes the sleep on the run)."""
+
+    def __init__(self, job_id: str, name: str, until: float) -> None:
+        super().__init__(f"job {job_id!r} sleeps at {name!r} until {until!r}")
+        self.job_id = job_id
+        self.name = name
+        self.until = until
 
 
 class BatchOutcome:

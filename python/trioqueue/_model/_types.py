@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from contextvars import ContextVar
+from datetime import datetime
 from dataclasses import dataclass, field
 from enum import StrEnum
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
-from ._errors import TrioQueueError
+from . import _clock
+from ._errors import TrioQueueError, ValidationError
 
 if TYPE_CHECKING:
     from ._flows import Child, JobRef
@@ -26,6 +29,8 @@ class _RunningAttempt(Protocol):
     async def children_outcomes(self, job: Job[Any]) -> tuple[dict[str, Any], dict[str, JobError]]: ...
 
     async def step(self, job: Job[Any], name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    async def sleep(self, job: Job[Any], name: str, wake: Callable[[], float]) -> None: ...
 
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
@@ -221,6 +226,46 @@ class Job(NamedTuple, Generic[T]):
             raise TypeError(f"step {name!r} of job {self.id!r}: fn must be callable, got {fn!r}")
         return await _attempt(self, "step").step(self, name, fn, args, kwargs)
 
+    async def sleep(self, name: str, seconds: float) -> None:
+        """Sleep ``seconds`` durably, as step ``name``: the first time a run of this job
+        gets here, the wake-up time (now + ``seconds``, an absolute time) is stored as the
+        value of step ``name`` and the handler's run ends here: the job goes ``delayed``
+        until then, holding no worker slot and no lease, without using an attempt (event
+        ``sleeping``). When it runs again, its earlier steps return their stored values
+        and this call returns at once once the stored time has come (a run that comes
+        early sleeps again for the rest: a sleep never wakes early). ``seconds`` counts
+        from the first time only.
+
+        The run ends by a ``BaseException`` this call raises, which a handler's ``except
+        Exception:`` lets through (a handler that catches it anyway still sleeps: the
+        worker notes the sleep on the run). A cancel of a sleeping job ends it cancelled.
+        Call it from an async handler's task (or a sync handler's thread, through
+        ``trio.from_thread.run(job.sleep, name, seconds)``); not in a batch handler nor in
+        a process pool's (``TrioQueueError``). ``ValidationError`` naming the job for a
+        negative or non-finite ``seconds``."""
+        if not isinstance(name, str):
+            raise TypeError(f"sleep name of job {self.id!r} must be a string, got {type(name).__name__}")
+        delay = _instant(f"seconds of sleep {name!r}", seconds, self.id, "a number of seconds")
+        await _attempt(self, "sleep").sleep(self, name, lambda: _clock.now() + delay)
+
+    async def sleep_until(self, name: str, when: datetime | float) -> None:
+        """:meth:`sleep` until ``when``, a timezone-aware ``datetime`` or a UNIX timestamp
+        (seconds since the epoch), stored as step ``name``; a time already past returns at
+        once (and is stored as well). A naive ``datetime`` raises ``ValidationError``
+        naming the job."""
+        if not isinstance(name, str):
+            raise TypeError(f"sleep name of job {self.id!r} must be a string, got {type(name).__name__}")
+        if isinstance(when, datetime):
+            if when.tzinfo is None or when.utcoffset() is None:
+                raise ValidationError(
+                    f"when of sleep_until {name!r} must be a timezone-aware datetime, "
+                    f"got naive {when.isoformat()} (job {self.id!r})"
+                )
+            until = when.timestamp()
+        else:
+            until = _instant(f"when of sleep_until {name!r}", when, self.id, "a timezone-aware datetime or a UNIX timestamp")
+        await _attempt(self, "sleep_until").sleep(self, name, lambda: until)
+
     @property
     def lease_deadline(self) -> float | None:
         """When this attempt's lease runs out unless its worker renews it, in seconds since
@@ -234,6 +279,17 @@ class Job(NamedTuple, Generic[T]):
         this attempt's handler (and for a Job made by hand)."""
         attempt = CURRENT_ATTEMPT.get()
         return None if attempt is None else attempt.lease_deadline(self)
+
+
+def _instant(name: str, value: Any, job_id: str, expected: str) -> float:
+    """A finite number >= 0 (seconds, or a UNIX timestamp), else ``ValidationError``
+    naming the job."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{name} must be {expected}, got {type(value).__name__} (job {job_id!r})")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValidationError(f"{name} must be finite and >= 0, got {number!r} (job {job_id!r})")
+    return number
 
 
 def _attempt(job: Job[Any], what: str) -> _RunningAttempt:
@@ -289,6 +345,7 @@ STORAGE_EVENT_NAMES = frozenset(
         "resumed",
         "removed",
         "rate_limited",
+        "sleeping",
         "cleared",
     }
 )

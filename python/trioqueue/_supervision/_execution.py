@@ -23,7 +23,7 @@ from .._model._clock import now as _now
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
 from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
-from .._model._outcomes import RateLimited, ResultEncodeError, Retry, UnrecoverableError, WaitForChildren
+from .._model._outcomes import RateLimited, ResultEncodeError, Retry, Sleeping, UnrecoverableError, WaitForChildren
 from .._model._flows import check_on_child_failure as check_policy
 from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
@@ -129,13 +129,40 @@ class Attempt:
         """:meth:`Job.step` of the running attempt: of an async handler's task, or of a
         sync handler's thread (through ``trio.from_thread.run``: a sync ``fn`` then runs
         in a thread too)."""
+        current, token, in_thread, run = self._run(job, f"step {name!r}")
+        return await self.executor.step(current.id, token, run, name, fn, args, kwargs, in_thread=in_thread)
+
+    async def sleep(self, job: Job[Any], name: str, wake: Callable[[], float]) -> None:
+        """:meth:`Job.sleep` and :meth:`Job.sleep_until` of the running attempt: the wake-up
+        time is step ``name`` (``wake()``'s the first time); until it has come, the sleep
+        is noted on the run (the worker settles it asleep whatever the handler does next)
+        and :class:`Sleeping` ends the handler."""
+        if self.batch is not None and job.id in self.batch:
+            raise TrioQueueError(
+                f"sleep {name!r} of job {job.id!r}: not available in a batch handler; "
+                "use a handler of one job for a job that sleeps"
+            )
+        current, token, in_thread, run = self._run(job, f"sleep {name!r}")
+        until = await self.executor.step(current.id, token, run, name, wake, (), {}, in_thread=False)
+        if isinstance(until, bool) or not isinstance(until, int | float):
+            raise TrioQueueError(
+                f"sleep {name!r} of job {job.id!r}: step {name!r} holds {until!r}, not a wake-up time (a step of that name)"
+            )
+        if until <= _now():
+            return
+        run.wake = until if run.wake is None else max(run.wake, until)
+        raise Sleeping(current.id, name, until)
+
+    def _run(self, job: Job[Any], what: str) -> tuple[Job[Any], str, bool, RunSteps]:
+        """``job``'s running attempt, its claim token, whether it is a sync handler's (in
+        a thread) and the steps of its run."""
         found = self._find(job, self.job)
         in_thread = False
         if found is None and self.thread_job is not None:
             found = self._find(job, self.thread_job)
             in_thread = found is not None
         if found is None:
-            raise TrioQueueError(f"step {name!r} of job {job.id!r} called outside that job's handler")
+            raise TrioQueueError(f"{what} of job {job.id!r} called outside that job's handler")
         current, token = found
         run = self.steps.get(token)
         if run is None:
@@ -146,19 +173,21 @@ class Attempt:
                 for old in [t for t in self.steps if t not in keep]:
                     del self.steps[old]
             run = self.steps[token] = RunSteps()
-        return await self.executor.step(current.id, token, run, name, fn, args, kwargs, in_thread=in_thread)
+        return current, token, in_thread, run
 
 
 class RunSteps:
     """The steps of one run of a job (one claim): the values stored (read from the storage
-    at its first step, then kept up to date by its saves) and a lock that runs its steps
-    one at a time."""
+    at its first step, then kept up to date by its saves), a lock that runs its steps
+    one at a time, and ``wake``: when a sleep of the run (:meth:`Job.sleep`) wakes it
+    (seconds since the epoch; ``None``: it does not sleep)."""
 
-    __slots__ = ("lock", "values")
+    __slots__ = ("lock", "values", "wake")
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] | None = None
         self.lock = trio.Lock()
+        self.wake: float | None = None
 
 
 def enter_worker(executor: Executor, leases: Leases | None = None) -> Attempt:
@@ -408,6 +437,15 @@ class Executor:
         if token in requests:
             requests.discard(token)
             return self.finished(Settlement(SettleKind.CANCEL, jid, b"", ttl=ttl, token=token), duration)
+        if attempt.steps:  # a run that took steps: did it go to sleep (Job.sleep)?
+            run = attempt.steps.get(token)
+            if run is not None and run.wake is not None:
+                # whatever the handler did after (returned, raised): it sleeps
+                asleep = Settlement(SettleKind.SLEEP, jid, b"", delay=max(0.0, run.wake - _now()), token=token)
+                asleep = self.finished(asleep, duration)
+                if escalate is not None:
+                    raise Escalation(asleep, escalate)
+                return asleep
         settlement = None
         if raised is None and q.after_execution is None and q.pool is not None:
             settlement = _new(Settlement, (_COMPLETE, jid, result.data, ttl, 0.0, token, q.keep_completed))  # (pool-encoded)
@@ -531,6 +569,8 @@ class Executor:
             except TrioQueueError as exc:
                 raised = exc
         error = None
+        if isinstance(raised, BaseExceptionGroup) and raised.split(WaitForChildren)[1] is None:
+            raised = WaitForChildren()  # (raised in a nursery: a group of nothing else)
         if isinstance(raised, WaitForChildren):
             # Not an attempt: the job waits for its children, then runs again.
             return Settlement(SettleKind.WAIT_CHILDREN, jid, b"", ttl=ttl, token=token)

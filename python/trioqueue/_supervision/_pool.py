@@ -141,8 +141,9 @@ class HandlerProcessError(TrioQueueError):
 
 
 class ProcessJob(Job[Any]):
-    """The :class:`Job` a handler in a pool process receives: no progress reports and no
-    steps there (:meth:`report_progress` and :meth:`step` raise at once) and no lease
+    """The :class:`Job` a handler in a pool process receives: no progress reports, no
+    steps and no sleeps there (:meth:`report_progress`, :meth:`step`, :meth:`sleep` and
+    :meth:`sleep_until` raise at once) and no lease
     estimate (``lease_deadline`` is ``None``)."""
 
     __slots__ = ()
@@ -158,6 +159,18 @@ class ProcessJob(Job[Any]):
         raise TrioQueueError(
             f"step {name!r} of job {self.id!r}: not available in a handler running in a process pool "
             "(executor='process'); use an async or a thread handler for a job with steps"
+        )
+
+    def sleep(self, name: str, seconds: float) -> NoReturn:
+        raise TrioQueueError(
+            f"sleep {name!r} of job {self.id!r}: not available in a handler running in a process pool "
+            "(executor='process'); use an async or a thread handler for a job that sleeps"
+        )
+
+    def sleep_until(self, name: str, when: Any) -> NoReturn:
+        raise TrioQueueError(
+            f"sleep_until {name!r} of job {self.id!r}: not available in a handler running in a process pool "
+            "(executor='process'); use an async or a thread handler for a job that sleeps"
         )
 
 

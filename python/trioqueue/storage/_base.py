@@ -247,7 +247,10 @@ class Storage(abc.ABC):
         scheduled for retry), publishing ``completed``/``failed``/``failing``; for
         :attr:`SettleKind.RATE_LIMITED`, state ``delayed`` due in ``delay`` seconds with the
         attempt counter as before this attempt, every claim of the queue held off for
-        ``delay`` seconds, publishing ``rate_limited``.
+        ``delay`` seconds, publishing ``rate_limited``; for :attr:`SettleKind.SLEEP` (the
+        handler went to sleep: ``Job.sleep``), the same without holding off any claim,
+        publishing ``sleeping``. A job with a cancel request that a settlement would put
+        back (``RETRY``, ``RATE_LIMITED``, ``WAIT_CHILDREN``, ``SLEEP``) ends ``cancelled``.
 
         Fencing by claim: a settlement whose claim token is not the job's current claim in
         ``worker_id``'s processing list (the reaper recovered it, it was claimed again, or

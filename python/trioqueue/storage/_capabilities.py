@@ -107,7 +107,7 @@ class Trees(Storage):
         these are its first children. The job is then settled with
         :attr:`SettleKind.WAIT_CHILDREN` to wait for them. Under ``cancel``, once one of
         them failed for good (or was cancelled), any later settlement of the job's runs
-        that would complete it or put it back (``COMPLETE``, ``RETRY``, ``RATE_LIMITED``:
+        that would complete it or put it back (``COMPLETE``, ``RETRY``, ``RATE_LIMITED``, ``SLEEP``:
         a run cut short before it stored ``WAIT_CHILDREN`` runs again, and finds its
         children ended) fails it as ``WAIT_CHILDREN`` would (``ChildJobFailedError``); a
         job queued, failing or delayed again then is failed at once by the failure.

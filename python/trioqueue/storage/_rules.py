@@ -167,12 +167,16 @@ class SettleKind(StrEnum):
     # the handler raised WaitForChildren: state ``waiting_children`` without counting the
     # attempt, queued again once every child is terminal (at once if none is pending)
     WAIT_CHILDREN = "wait_children"
+    # the handler went to sleep (``Job.sleep``): back as ``delayed`` for ``delay`` without
+    # counting the attempt, as ``RATE_LIMITED`` but the queue's claims go on (publishes
+    # ``sleeping``)
+    SLEEP = "sleep"
 
 
-BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # put the job back
-UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # their attempt did not happen
+BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # put the job back
+UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # their attempt did not happen
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
+ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
 # the settlements count-based retention (``Settlement.keep``) applies to: the kind they enter
 KEPT = {SettleKind.COMPLETE: COMPLETED, SettleKind.FAIL: FAILED}
 
@@ -475,10 +479,10 @@ def settle(
 ) -> str | None:
     """The end of the held claim's attempt (fencing is the caller's: ``r`` is held by the
     settling claim). Counts the attempt (a reserved claim's too; not a rate-limited or
-    waiting one's), stores the result or error, and moves the job: ``completed``,
+    waiting or sleeping one's), stores the result or error, and moves the job: ``completed``,
     ``failed`` (both kept ``ttl`` seconds), ``failing`` (a retry: the caller files it
     due after the retry delay), ``delayed`` (rate limited: the same, and claims of the
-    queue pause), ``waiting_children`` (the tree decides next: :func:`parent_verdict`)
+    queue pause; asleep: the same, event ``sleeping``), ``waiting_children`` (the tree decides next: :func:`parent_verdict`)
     or ``cancelled`` (a cancel, or a cancel request met by anything that would put it
     back). ``by_children``: :func:`failed_by_children` (the run's end becomes waiting,
     which fails it). Returns the event kind to publish (``None``: none yet)."""
@@ -508,6 +512,9 @@ def settle(
         r.started = False
     elif kind is SettleKind.RATE_LIMITED:
         _move(r, "settle", DELAYED)
+    elif kind is SettleKind.SLEEP:
+        _move(r, "settle", DELAYED)
+        return "sleeping"
     else:
         _move(r, "settle", FAILING)
         r.error = data

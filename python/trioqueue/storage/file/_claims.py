@@ -248,11 +248,11 @@ class FileClaims:
                         r.mk = None
                         r.children = r.children or []
                         self._trees.tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
-                    else:  # failing (a retry) or delayed (rate limited): due after the delay
+                    else:  # failing (a retry) or delayed (rate limited, or asleep): due after the delay
                         mk = seq_name(int((now + s.delay) * 1000), enc)
                         r.mk = mk
                         retries.append((enc, mk))
-                        if r.kind == _DELAYED:
+                        if event == "rate_limited":
                             hold = max(hold, now + s.delay)
                         assert event is not None
                         error = s.data if r.kind != _DELAYED else None

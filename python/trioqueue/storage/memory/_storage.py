@@ -346,9 +346,9 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 elif rec.kind == _WAITING:
                     q.refile(rec, _PROCESSING)
                     self._trees.parent_check(q, rec, now)
-                else:  # failing (a retry) or delayed (rate limited): due after the delay
+                else:  # failing (a retry) or delayed (rate limited, or asleep): due after the delay
                     q.refile(rec, _PROCESSING)
-                    if rec.kind == _DELAYED:
+                    if event == "rate_limited":
                         q.flow.hold_until(now + delay)
                     assert event is not None
                     events.append(StorageEvent(event, sid, worker_id, error=rec.error if event == "failing" else None, token=rec.token))

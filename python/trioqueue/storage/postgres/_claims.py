@@ -49,9 +49,10 @@ from ._jobs import due_payload
 __all__ = ["READ_BACK_GRACE_MS", "PgClaims"]
 
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN)  # cancelled instead if requested
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # cancelled instead if requested
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED)
+_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
+_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # their attempt did not happen
 _ENDS = ("completed", "failed", "cancelled")
 _KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
 # A result/error up to this size rides along in its event (NOTIFY's 8000-byte payloads,
@@ -364,7 +365,7 @@ class PgClaims:
                 )
             }
             first_due: int | None = None
-            if any(s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED) for s in settlements):
+            if any(s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP) for s in settlements):
                 first_due = await self._first_due(conn, queue)
             out: list[bool] = []
             events: list[StorageEvent] = []
@@ -385,8 +386,7 @@ class PgClaims:
                 settled.add(s.id)
                 out.append(True)
                 _, _, _, _, started, requested, token, result_ttl, failed_by_children = row
-                limited = s.kind is SettleKind.RATE_LIMITED
-                uncounted = limited or s.kind is SettleKind.WAIT_CHILDREN  # the attempt did not happen
+                uncounted = s.kind in _UNCOUNTED  # the attempt did not happen
                 delta = -int(started) if uncounted else (0 if started or s.kind is SettleKind.CANCEL else 1)
                 kind = s.kind
                 if failed_by_children and kind in _ENDS_BY_CHILDREN:
@@ -407,10 +407,13 @@ class PgClaims:
                     waiting.append(s.id)
                 else:
                     due = now + int(s.delay * 1000)
-                    if limited:
+                    if kind is SettleKind.RATE_LIMITED:
                         hold = max(hold, due)
                         updates.append((s.id, "delayed", delta, False, False, None, None, due))
                         events.append(StorageEvent("rate_limited", s.id, worker_id, token=token))
+                    elif kind is SettleKind.SLEEP:  # asleep (Job.sleep): as rate limited, but the queue goes on
+                        updates.append((s.id, "delayed", delta, False, False, None, None, due))
+                        events.append(StorageEvent("sleeping", s.id, worker_id, token=token))
                     else:
                         updates.append((s.id, "failing", delta, False, True, s.data, None, due))
                         events.append(StorageEvent("failing", s.id, worker_id, error=s.data, token=token))

@@ -70,6 +70,7 @@ _KIND_CODE = {
     SettleKind.CANCEL: "x",
     SettleKind.RATE_LIMITED: "l",
     SettleKind.WAIT_CHILDREN: "w",
+    SettleKind.SLEEP: "s",
 }
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 

@@ -1,5 +1,5 @@
 -- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash.
--- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l>:<ttl_ms>:<delay_ms>:<keep>',
+-- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l|w|s>:<ttl_ms>:<delay_ms>:<keep>',
 -- claim token) per settlement (keep: '' or Settlement.keep, count-based retention: the
 -- completed/failed jobs past the newest <keep> are forgotten at the end of this call).
 -- Returns a list of 1 (settled, or already settled by this claim) / 0 (fenced: the claim
@@ -74,18 +74,18 @@ for j, id in ipairs(ids) do
       if not keeps[k] or spec[4] < keeps[k] then keeps[k] = spec[4] end
     end
     if m.g and redis.call('HDEL', FLOW, 'b:' .. m.g) == 1 then regroup[#regroup + 1] = m.g end
-    if kind == 'l' or kind == 'w' then
-      if m.s == 1 then m.a = m.a - 1 end  -- rate limited, or waiting: the attempt did not happen
+    if kind == 'l' or kind == 'w' or kind == 's' then
+      if m.s == 1 then m.a = m.a - 1 end  -- rate limited, waiting or asleep: the attempt did not happen
     elseif m.s ~= 1 and kind ~= 'x' then
       m.a = m.a + 1  -- settled without start()
     end
-    if m.cf == 1 and (kind == 'c' or kind == 'r' or kind == 'l') then
+    if m.cf == 1 and (kind == 'c' or kind == 'r' or kind == 'l' or kind == 's') then
       -- a child failed under 'cancel' (include tree): whatever this run ends with (but a
       -- failure of its own, or a cancel) fails it, as waiting for its children does; a
       -- run cut short after add_children runs again once they ended: it must not complete
       kind = 'w'
     end
-    if kind == 'x' or kind == 'l' or kind == 'w' or m.tr or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
+    if kind == 'x' or kind == 'l' or kind == 'w' or kind == 's' or m.tr or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
       -- the rare paths, one call at a time
       if m.tr then trees = true end
       redis.call('ZREM', L, id)
@@ -97,14 +97,19 @@ for j, id in ipairs(ids) do
         ev('failed', id, W, nil, carried(data), m.i)
         redis.call('HSET', ERRORS, id, data)  -- (a tree's job: kept; ttl <= 0: purged below)
         terminal(id, m, now, ttl, 'failed:' .. nows, '')
-      elseif kind == 'l' and m.x ~= 1 then
-        -- RateLimited: back as delayed, and the whole queue holds off as long
+      elseif (kind == 'l' or kind == 's') and m.x ~= 1 then
+        -- RateLimited: back as delayed, and the whole queue holds off as long; asleep
+        -- (Job.sleep): back as delayed, and the queue goes on
         m.w = nil
         setm(id, m)
         setst(id, 'delayed:' .. nows .. ':' .. istr(now + delay))
         to_delayed(id, now + delay)
-        ev('rate_limited', id, W, nil, nil, m.i)
-        if now + delay > hold then hold = now + delay end
+        if kind == 'l' then
+          ev('rate_limited', id, W, nil, nil, m.i)
+          if now + delay > hold then hold = now + delay end
+        else
+          ev('sleeping', id, W, nil, nil, m.i)
+        end
         if delay <= 0 then wake = true end
       elseif kind == 'w' and m.x ~= 1 then
         -- WaitForChildren: waits (no slot, no lease) until its children are terminal
