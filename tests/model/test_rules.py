@@ -36,15 +36,17 @@ def _snapshot(r: R.Rec) -> dict[str, object]:
 _EXTRA = {None: None, "worker": "host:1:w", "attempts": 3, "due_ms": 1_700_000_000_123}
 
 
-def test_the_rust_codec_knows_exactly_the_kinds_of_the_table_but_waiting_children() -> None:
+def test_the_rust_codec_knows_exactly_the_kinds_of_the_table_but_the_waiting_ones() -> None:
     with pytest.raises(StateError) as err:
         format_state("nope", 1)
     listed = re.search(r"expected one of ([a-z_, ]+)\)", str(err.value))
     assert listed is not None, str(err.value)
     rust_kinds = {k.strip() for k in listed.group(1).split(",")}
-    assert rust_kinds == set(R.STATE_KINDS) - {R.WAITING_CHILDREN}
+    assert rust_kinds == set(R.STATE_KINDS) - {R.WAITING_CHILDREN, R.WAITING_SIGNAL}
     with pytest.raises(StateError):
         parse_state("waiting_children:5")  # read and written by the rules only
+    with pytest.raises(StateError):
+        parse_state("waiting_signal:5")
 
 
 @pytest.mark.parametrize("kind", R.STATE_KINDS)
@@ -52,7 +54,7 @@ def test_every_kind_round_trips_with_the_field_the_table_gives(kind: str) -> Non
     extra = _EXTRA[R.KIND_FIELDS[kind]]
     text = R.format_job_state(kind, 42, extra)
     assert R.parse_job_state(text) == (kind, 42, extra)
-    if kind != R.WAITING_CHILDREN:
+    if kind not in (R.WAITING_CHILDREN, R.WAITING_SIGNAL):
         assert parse_state(format_state(kind, 42, extra)) == (kind, 42, extra)
 
 
@@ -102,7 +104,7 @@ def test_only_a_processing_job_is_settled(kind: str, skind: SettleKind) -> None:
     assert _snapshot(r) == before
 
 
-@pytest.mark.parametrize("kind", [k for k in R.STATE_KINDS if k not in (R.FAILING, R.DELAYED)])
+@pytest.mark.parametrize("kind", [k for k in R.STATE_KINDS if k not in (R.FAILING, R.DELAYED, R.WAITING_SIGNAL)])
 def test_only_a_due_retry_or_delayed_job_is_promoted(kind: str) -> None:
     with pytest.raises(R.TransitionError, match="promote of a"):
         R.promote(_rec(kind), 5_000)
