@@ -815,17 +815,17 @@ def removable(r: Rec | None) -> bool:
 class WaitSignal(NamedTuple):
     """What a run waiting for a signal settles with (:attr:`SettleKind.WAIT_SIGNAL`, its
     ``data``: :meth:`encode`): the signal's ``name``, how many messages on it the job
-    must have to run again (``count``: the k-th wait on a name takes the k-th message),
-    and its ``deadline`` (epoch ms; ``None``: none), after which it runs again anyway."""
+    must have to run again (``needed``: the k-th wait on a name takes the k-th message),
+    and its ``deadline_ms`` (epoch ms; ``None``: none), after which it runs again anyway."""
 
     name: str
-    count: int
+    needed: int
     deadline_ms: int | None = None
 
     def encode(self) -> bytes:
-        """The settlement's ``data``: JSON ``[name, count, deadline_ms]`` (read by the
+        """The settlement's ``data``: JSON ``[name, needed, deadline_ms]`` (read by the
         Redis script as it is)."""
-        return json.dumps([self.name, self.count, self.deadline_ms], separators=(",", ":")).encode()
+        return json.dumps([self.name, self.needed, self.deadline_ms], separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> WaitSignal:
@@ -844,12 +844,12 @@ def park_signal(r: Rec, wait: WaitSignal) -> None:
     else ``waiting_signal`` (``r.wait`` says for what; the caller files it due at the
     deadline). Its attempt was not counted."""
     r.started = False
-    if count_signals(r.signals, wait.name) >= wait.count:
+    if count_signals(r.signals, wait.name) >= wait.needed:
         _move(r, "settle", QUEUED)
         r.wait = None
     else:
         _move(r, "settle", WAITING_SIGNAL)
-        r.wait = (wait.name, wait.count)
+        r.wait = (wait.name, wait.needed)
 
 
 def signal_wakes(r: Rec) -> bool:

@@ -410,12 +410,12 @@ class PgClaims:
                     wait = WaitSignal.decode(s.data)
                     box = await conn.fetchval(self._db.sql["get_signals"], queue, s.id)  # (locked by settle_read)
                     due = wait.deadline_ms
-                    if count_signals(box, wait.name) >= wait.count:
+                    if count_signals(box, wait.name) >= wait.needed:
                         await conn.execute(self._db.sql["park_signal"], queue, s.id, "queued", now, delta, None, None, None)
                         events.append(StorageEvent("requeued", s.id, worker_id, token=token))
                     else:
                         await conn.execute(
-                            self._db.sql["park_signal"], queue, s.id, "waiting_signal", now, delta, due, wait.name, wait.count
+                            self._db.sql["park_signal"], queue, s.id, "waiting_signal", now, delta, due, wait.name, wait.needed
                         )
                         if due is not None and (first_due is None or due < first_due):
                             events.append(StorageEvent("due", "", result=due_payload(due)))
