@@ -4,16 +4,16 @@ item 4)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import trio
 
-from trioqueue import FileStorage, Job, JobState, MemoryStorage, Queue
+from trioqueue import Job, JobState, MemoryStorage, Queue, Storage
 from trioqueue.dashboard import Dashboard
 
 from dashboard_client import Client
-from test_admin_cli import Cli
+from test_admin_cli import Cli, target  # noqa: F401 - the fixture: file, Redis, PostgreSQL
 
 
 async def _until_waiting(q: Queue[Any], job_id: str) -> None:
@@ -21,14 +21,16 @@ async def _until_waiting(q: Queue[Any], job_id: str) -> None:
         await trio.sleep(0.02)
 
 
-async def test_the_cli_signals_a_waiting_job_and_counts_and_lists_it(tmp_path: Path, queue_name: str) -> None:
-    store = tmp_path / "store"
-    cli = Cli(f"file://{store}", queue_name)
+async def test_the_cli_signals_a_waiting_job_and_counts_and_lists_it(target: tuple[Cli, Callable[[], Storage]]) -> None:
+    """The signal comes from another process (the command), and wakes the worker there
+    as a new job would (Redis: a blocked claim; PostgreSQL: a NOTIFY; file: inotify)."""
+    cli, make_storage = target
+    queue_name = cli.name
 
     async def handler(job: Job[Any]) -> Any:
         return await job.wait_for_signal("approve")
 
-    async with Queue(FileStorage(store), name=queue_name, handler=handler, block_timeout=0.5) as q:
+    async with Queue(make_storage(), name=queue_name, handler=handler, block_timeout=30) as q:
         await q.enqueue("order", None)
         with trio.fail_after(30):
             await _until_waiting(q, "order")
@@ -39,7 +41,7 @@ async def test_the_cli_signals_a_waiting_job_and_counts_and_lists_it(tmp_path: P
         assert [j["id"] for j in listed["jobs"]] == ["order"]
         out = await cli.json("signal", "order", "approve", "--payload", '{"by": "ann"}')
         assert out == {"id": "order", "signal": "approve", "status": "delivered"}
-        with trio.fail_after(30):
+        with trio.fail_after(10):  # (woken, not by the claim's 30 s timeout)
             while (status := await q.get_status("order")) is None or not status.state.terminal:
                 await trio.sleep(0.02)
         assert status.result == {"by": "ann"}
