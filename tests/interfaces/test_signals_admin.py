@@ -5,6 +5,7 @@ item 4)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -67,3 +68,31 @@ async def test_the_dashboard_lists_the_jobs_waiting_for_a_signal() -> None:
             nursery.cancel_scope.cancel()
     assert home.status == 200 and 'data-queue="orders" data-state="waiting_signal">1<' in home.body
     assert page.status == 200 and "order-7" in page.body
+
+
+async def test_a_sync_producer_signals_a_waiting_job(tmp_path: Path) -> None:
+    """From code outside Trio (a web handler's webhook): ``SyncProducer.signal``."""
+    from trioqueue import FileStorage, SyncProducer
+
+    store = tmp_path / "store"
+
+    async def handler(job: Job[Any]) -> Any:
+        return await job.wait_for_signal("paid")
+
+    async with Queue(FileStorage(store), name="jobs", handler=handler, block_timeout=0.5) as q:
+        await q.enqueue("invoice", None)
+        with trio.fail_after(20):
+            await _until_waiting(q, "invoice")
+
+        def webhook() -> list[str]:
+            producer: SyncProducer[Any, Any] = SyncProducer(store, name="jobs")
+            try:
+                return [producer.signal("invoice", "paid", {"eur": 12}), producer.signal("nobody", "paid")]
+            finally:
+                producer.close()
+
+        with trio.fail_after(30):
+            assert await trio.to_thread.run_sync(webhook) == ["delivered", "not_found"]
+            while (status := await q.get_status("invoice")) is None or not status.state.terminal:
+                await trio.sleep(0.02)
+        assert status.result == {"eur": 12}

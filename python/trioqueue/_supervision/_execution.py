@@ -148,7 +148,9 @@ class Attempt:
         run = self.steps.get(token)
         if run is None:
             if self.batch is None:
-                self.steps.clear()  # an earlier job's
+                for old in self.steps:  # an earlier job's (and its park, if it swallowed it)
+                    self.executor.parked.pop(old, None)
+                self.steps.clear()
             else:
                 keep = {t for _, t in self.batch.values()}
                 for old in [t for t in self.steps if t not in keep]:
