@@ -411,3 +411,47 @@ def test_retention_rules() -> None:
     assert R.in_tree(r)
     assert R.retryable(_rec(R.FAILED)) and R.retryable(_rec(R.CANCELLED)) and not R.retryable(_rec(R.COMPLETED))
     assert R.removable(_rec(R.COMPLETED)) and not R.removable(_claimed()) and not R.removable(None)
+
+
+# -- signals -------------------------------------------------------------------------------
+
+
+def test_a_wait_for_a_signal_parks_uncounted_and_its_signal_queues_it() -> None:
+    from trioqueue.storage._steps import encode_step
+
+    r = _claimed()
+    assert r.attempts == 1
+    event = R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1, 5_000).encode(), 3.0)
+    assert event is None and r.kind == R.WAITING_SIGNAL and r.attempts == 0 and not r.started
+    assert r.wait == ("go", 1) and r.state() == "waiting_signal:3000"
+    assert R.parse_job_state(r.state()) == (R.WAITING_SIGNAL, 3_000, None)
+    assert R.signal(r, encode_step("other", b"1"), 4_000) == "delivered" and r.kind == R.WAITING_SIGNAL
+    assert R.signal(r, encode_step("go", b"2"), 4_000) == "woken"
+    assert r.kind == R.QUEUED and r.wait is None and r.ts == 4_000
+    assert R.signal(r, encode_step("go", b"3"), 4_000) == "delivered"  # kept for a later wait
+    assert R.count_signals(r.signals, "go") == 2
+
+
+def test_a_wait_whose_signals_arrived_is_queued_at_once_and_a_cancel_request_wins() -> None:
+    from trioqueue.storage._steps import encode_step
+
+    r = _claimed()
+    R.signal(r, encode_step("go", b"1"), 2_500)
+    assert R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 3.0) == "requeued"
+    assert r.kind == R.QUEUED and r.attempts == 0
+    r = _claimed()
+    R.request_cancel(r)
+    assert R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 3.0) == "cancelled"
+
+
+def test_a_waiting_job_is_promoted_at_its_deadline_cancelled_and_refuses_signals_once_ended() -> None:
+    from trioqueue.storage._steps import encode_step
+
+    r = _claimed()
+    R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1, 5_000).encode(), 3.0)
+    assert R.promote(r, 5_000) == "promoted" and r.kind == R.QUEUED and r.wait is None
+    r = _claimed()
+    R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 3.0)
+    assert R.cancel(r, 4.0) == (CancelStatus.CANCELLED, "cancelled")
+    assert R.signal(r, encode_step("go", b"1"), 4_000) == "not_found" and r.signals is None
+    assert R.signal(None, encode_step("go", b"1"), 4_000) == "not_found"
