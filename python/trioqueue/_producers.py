@@ -247,6 +247,10 @@ class SyncProducer(Generic[P, R]):
         """:meth:`Queue.cancel`, blocking."""
         return self._call("cancel", job_id)  # type: ignore[no-any-return]
 
+    def signal(self, job_id: str, name: str, payload: Any = None) -> str:
+        """:meth:`Queue.signal`, blocking: ``"delivered"`` or ``"not_found"``."""
+        return self._call("signal", job_id, name, payload)  # type: ignore[no-any-return]
+
     def get_status(self, job_id: str) -> JobStatus | None:
         """:meth:`Queue.get_status`, blocking."""
         return self._call("get_status", job_id)  # type: ignore[no-any-return]
@@ -330,6 +334,10 @@ class AsyncioProducer(Generic[P, R]):
     async def cancel(self, job_id: str) -> CancelResult:
         """:meth:`Queue.cancel`."""
         return await self._call("cancel", job_id)  # type: ignore[no-any-return]
+
+    async def signal(self, job_id: str, name: str, payload: Any = None) -> str:
+        """:meth:`Queue.signal`: ``"delivered"`` or ``"not_found"``."""
+        return await self._call("signal", job_id, name, payload)  # type: ignore[no-any-return]
 
     async def get_status(self, job_id: str) -> JobStatus | None:
         """:meth:`Queue.get_status`."""

@@ -18,7 +18,7 @@ from support import Recorder
 from storage_helpers import W1, claim, job, kind, settlement
 
 ERR = b'{"type":"ValueError","message":"bad","traceback":""}'
-ALL_STATES = {"queued", "delayed", "processing", "failing", "completed", "failed", "cancelled", "waiting_children"}
+ALL_STATES = {"queued", "delayed", "processing", "failing", "completed", "failed", "cancelled", "waiting_children", "waiting_signal"}
 
 
 def delayed(job_id: str) -> NewJob:
@@ -64,6 +64,7 @@ async def test_counts_follow_transitions(storage: Storage, queue_name: str) -> N
         "failed": 1,
         "cancelled": 1,
         "waiting_children": 0,
+        "waiting_signal": 0,
     }
 
 

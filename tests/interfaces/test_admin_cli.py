@@ -87,7 +87,7 @@ async def test_admin_commands(target: tuple[Cli, Callable[[], Storage]]) -> None
     stats = await cli.json("stats")
     assert stats[cli.name]["counts"] == {
         "queued": 3, "processing": 0, "failing": 0, "completed": 1, "failed": 1, "cancelled": 0, "delayed": 1,
-        "waiting_children": 0,
+        "waiting_children": 0, "waiting_signal": 0,
     }  # fmt: skip
     table = (await cli.run("stats")).stdout.decode()
     assert table.splitlines()[0].split()[:3] == ["queue", "queued", "processing"] and cli.name in table

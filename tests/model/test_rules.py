@@ -36,15 +36,17 @@ def _snapshot(r: R.Rec) -> dict[str, object]:
 _EXTRA = {None: None, "worker": "host:1:w", "attempts": 3, "due_ms": 1_700_000_000_123}
 
 
-def test_the_rust_codec_knows_exactly_the_kinds_of_the_table_but_waiting_children() -> None:
+def test_the_rust_codec_knows_exactly_the_kinds_of_the_table_but_the_waiting_ones() -> None:
     with pytest.raises(StateError) as err:
         format_state("nope", 1)
     listed = re.search(r"expected one of ([a-z_, ]+)\)", str(err.value))
     assert listed is not None, str(err.value)
     rust_kinds = {k.strip() for k in listed.group(1).split(",")}
-    assert rust_kinds == set(R.STATE_KINDS) - {R.WAITING_CHILDREN}
+    assert rust_kinds == set(R.STATE_KINDS) - {R.WAITING_CHILDREN, R.WAITING_SIGNAL}
     with pytest.raises(StateError):
         parse_state("waiting_children:5")  # read and written by the rules only
+    with pytest.raises(StateError):
+        parse_state("waiting_signal:5")
 
 
 @pytest.mark.parametrize("kind", R.STATE_KINDS)
@@ -52,7 +54,7 @@ def test_every_kind_round_trips_with_the_field_the_table_gives(kind: str) -> Non
     extra = _EXTRA[R.KIND_FIELDS[kind]]
     text = R.format_job_state(kind, 42, extra)
     assert R.parse_job_state(text) == (kind, 42, extra)
-    if kind != R.WAITING_CHILDREN:
+    if kind not in (R.WAITING_CHILDREN, R.WAITING_SIGNAL):
         assert parse_state(format_state(kind, 42, extra)) == (kind, 42, extra)
 
 
@@ -102,7 +104,7 @@ def test_only_a_processing_job_is_settled(kind: str, skind: SettleKind) -> None:
     assert _snapshot(r) == before
 
 
-@pytest.mark.parametrize("kind", [k for k in R.STATE_KINDS if k not in (R.FAILING, R.DELAYED)])
+@pytest.mark.parametrize("kind", [k for k in R.STATE_KINDS if k not in (R.FAILING, R.DELAYED, R.WAITING_SIGNAL)])
 def test_only_a_due_retry_or_delayed_job_is_promoted(kind: str) -> None:
     with pytest.raises(R.TransitionError, match="promote of a"):
         R.promote(_rec(kind), 5_000)
@@ -417,3 +419,47 @@ def test_retention_rules() -> None:
     assert R.in_tree(r)
     assert R.retryable(_rec(R.FAILED)) and R.retryable(_rec(R.CANCELLED)) and not R.retryable(_rec(R.COMPLETED))
     assert R.removable(_rec(R.COMPLETED)) and not R.removable(_claimed()) and not R.removable(None)
+
+
+# -- signals -------------------------------------------------------------------------------
+
+
+def test_a_wait_for_a_signal_parks_uncounted_and_its_signal_queues_it() -> None:
+    from trioqueue.storage._steps import encode_step
+
+    r = _claimed()
+    assert r.attempts == 1
+    event = R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1, 5_000).encode(), 3.0)
+    assert event is None and r.kind == R.WAITING_SIGNAL and r.attempts == 0 and not r.started
+    assert r.wait == ("go", 1) and r.state() == "waiting_signal:3000"
+    assert R.parse_job_state(r.state()) == (R.WAITING_SIGNAL, 3_000, None)
+    assert R.signal(r, encode_step("other", b"1"), 4_000) == "delivered" and r.kind == R.WAITING_SIGNAL
+    assert R.signal(r, encode_step("go", b"2"), 4_000) == "woken"
+    assert r.kind == R.QUEUED and r.wait is None and r.ts == 4_000
+    assert R.signal(r, encode_step("go", b"3"), 4_000) == "delivered"  # kept for a later wait
+    assert R.count_signals(r.signals, "go") == 2
+
+
+def test_a_wait_whose_signals_arrived_is_queued_at_once_and_a_cancel_request_wins() -> None:
+    from trioqueue.storage._steps import encode_step
+
+    r = _claimed()
+    R.signal(r, encode_step("go", b"1"), 2_500)
+    assert R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 3.0) == "requeued"
+    assert r.kind == R.QUEUED and r.attempts == 0
+    r = _claimed()
+    R.request_cancel(r)
+    assert R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 3.0) == "cancelled"
+
+
+def test_a_waiting_job_is_promoted_at_its_deadline_cancelled_and_refuses_signals_once_ended() -> None:
+    from trioqueue.storage._steps import encode_step
+
+    r = _claimed()
+    R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1, 5_000).encode(), 3.0)
+    assert R.promote(r, 5_000) == "promoted" and r.kind == R.QUEUED and r.wait is None
+    r = _claimed()
+    R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 3.0)
+    assert R.cancel(r, 4.0) == (CancelStatus.CANCELLED, "cancelled")
+    assert R.signal(r, encode_step("go", b"1"), 4_000) == "not_found" and r.signals is None
+    assert R.signal(None, encode_step("go", b"1"), 4_000) == "not_found"

@@ -29,6 +29,19 @@ class StorageError(TrioQueueError):
     """The storage backend failed (connection lost, corrupt data, ...)."""
 
 
+class SignalTimeoutError(TrioQueueError, TimeoutError):
+    """Raised by :meth:`Job.wait_for_signal <trioqueue.Job.wait_for_signal>` when no
+    message on ``name`` reached the job within the wait's ``timeout`` (seconds). The
+    timeout is kept as that wait's step: a later run of the job raises it again there."""
+
+    def __init__(self, job_id: str, name: str, timeout: float | None) -> None:
+        after = "" if timeout is None else f" within {timeout:g} s"
+        super().__init__(f"job {job_id!r} received no signal {name!r}{after}")
+        self.job_id = job_id
+        self.name = name
+        self.timeout = timeout
+
+
 class JobTimeoutError(TrioQueueError, TimeoutError):
     """``enqueue_and_wait`` gave up waiting (the job may still run and complete later), or
     a handler exceeded its ``job_timeout`` (stored as that attempt's error)."""

@@ -32,6 +32,8 @@ class _RunningAttempt(Protocol):
 
     async def sleep(self, job: Job[Any], name: str, wake: Callable[[], float]) -> None: ...
 
+    async def wait_for_signal(self, job: Job[Any], name: str, timeout: float | None) -> Any: ...
+
 
 # The attempt the current task runs a handler for, as the worker running it sets it (see
 # ``_supervision._execution.Attempt``): what :meth:`Job.report_progress` reports to and
@@ -50,6 +52,7 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"  # cancelled before it ran (kept for its result TTL)
     DELAYED = "delayed"  # enqueued with a delay: queued once due (``JobStatus.run_at``)
     WAITING_CHILDREN = "waiting_children"  # a parent: queued once every child is terminal
+    WAITING_SIGNAL = "waiting_signal"  # waits for a signal (Job.wait_for_signal): queued once it arrives
 
     @property
     def terminal(self) -> bool:
@@ -265,6 +268,24 @@ class Job(NamedTuple, Generic[T]):
         else:
             until = _instant(f"when of sleep_until {name!r}", when, self.id, "a timezone-aware datetime or a UNIX timestamp")
         await _attempt(self, "sleep_until").sleep(self, name, lambda: until)
+    async def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        """The payload of the next message on ``name`` sent to this job
+        (:meth:`Queue.signal <trioqueue.Queue.signal>`): the k-th call with ``name`` in a
+        run of the job returns the k-th message ever sent to it on ``name`` (a message
+        sent before the job waits is kept for it). The outcome is kept as a step: a later
+        run of the job returns the same payload at once.
+
+        With no such message yet the job *parks*: this call does not return; the run ends
+        (let the internal exception it raises propagate) and the job waits in
+        ``waiting_signal`` (no worker slot, no lease, no attempt used) until the message
+        arrives (then it is queued at once, and its next run replays its steps up to
+        here and returns the payload) or ``timeout`` seconds pass (counted from the
+        first time the job waited here; ``None``: no limit): then the next run raises
+        :class:`~trioqueue.SignalTimeoutError` here. Call it from an async handler's task;
+        needs a storage with the ``Signals`` capability (all four built-in ones)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"signal name of job {self.id!r} must be a non-empty string, got {name!r}")
+        return await _attempt(self, "wait_for_signal").wait_for_signal(self, name, timeout)
 
     @property
     def lease_deadline(self) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import time
 import traceback
@@ -22,7 +23,7 @@ from .._model import _tracing
 from .._model._clock import now as _now
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
-from .._model._errors import JobTimeoutError, TrioQueueError, ValidationError
+from .._model._errors import JobTimeoutError, SignalTimeoutError, TrioQueueError, ValidationError
 from .._model._outcomes import RateLimited, ResultEncodeError, Retry, Sleeping, UnrecoverableError, WaitForChildren
 from .._model._flows import check_on_child_failure as check_policy
 from .._model._options import NO_JOB_OPTIONS, JobOptions
@@ -32,7 +33,8 @@ from ._observers import QueueObserver, notify
 from ._pool import Encoded, HandlerProcessError, ProcessPool
 from .._model._serde import Serde, decode_error, encode_error, error_data
 from ..storage._base import Claim, FlowJob, JobRecord, Settlement, SettleKind, Storage, parse_job_state
-from ..storage._capabilities import Steps, Trees, require
+from ..storage._capabilities import Signals, Steps, Trees, require
+from ..storage._rules import WaitSignal
 
 if TYPE_CHECKING:
     from ._emitter import Emitter
@@ -45,6 +47,7 @@ __all__ = [
     "ExecutionSettings",
     "Executor",
     "Handler",
+    "Parked",
     "RetryIf",
     "RunSteps",
     "check_retry_if",
@@ -164,30 +167,71 @@ class Attempt:
         if found is None:
             raise TrioQueueError(f"{what} of job {job.id!r} called outside that job's handler")
         current, token = found
+        return current, token, in_thread, self._run_steps(token)
+
+    def _run_steps(self, token: str) -> RunSteps:
+        """The :class:`RunSteps` of the run of claim ``token`` (made at its first step)."""
         run = self.steps.get(token)
         if run is None:
             if self.batch is None:
-                self.steps.clear()  # an earlier job's
+                for old in self.steps:  # an earlier job's (and its park, if it swallowed it)
+                    self.executor.parked.pop(old, None)
+                self.steps.clear()
             else:
                 keep = {t for _, t in self.batch.values()}
                 for old in [t for t in self.steps if t not in keep]:
                     del self.steps[old]
             run = self.steps[token] = RunSteps()
-        return current, token, in_thread, run
+        return run
+
+    async def wait_for_signal(self, job: Job[Any], name: str, timeout: float | None) -> Any:
+        """:meth:`Job.wait_for_signal` of the running attempt (an async handler's)."""
+        if self.batch is not None:
+            raise TrioQueueError(f"wait_for_signal {name!r} of job {job.id!r}: not available in a batch handler")
+        current, token = self._current(job, "wait_for_signal")
+        if timeout is not None:
+            timeout = check.non_negative_seconds("timeout", timeout, job=current.id)
+        return await self.executor.wait_for_signal(current.id, token, self._run_steps(token), name, timeout)
 
 
 class RunSteps:
     """The steps of one run of a job (one claim): the values stored (read from the storage
     at its first step, then kept up to date by its saves), a lock that runs its steps
-    one at a time, and ``wake``: when a sleep of the run (:meth:`Job.sleep`) wakes it
-    (seconds since the epoch; ``None``: it does not sleep)."""
+    one at a time, ``wake``: when a sleep of the run (:meth:`Job.sleep`) wakes it
+    (seconds since the epoch; ``None``: it does not sleep), and its waits for signals:
+    how many it made on each name (the k-th takes the k-th message), and ``parked``, the
+    wait that ends the run."""
 
-    __slots__ = ("lock", "values", "wake")
+    __slots__ = ("lock", "parked", "values", "waits", "wake")
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] | None = None
         self.lock = trio.Lock()
         self.wake: float | None = None
+        self.waits: dict[str, int] = {}
+        self.parked: WaitSignal | None = None
+
+
+class Parked(BaseException):
+    """Raised by :meth:`Job.wait_for_signal` when the job must wait: it ends the run (a
+    ``BaseException``, so that ``except Exception`` in a handler lets it through), and the
+    job is settled :attr:`SettleKind.WAIT_SIGNAL`."""
+
+
+# The stored value of a wait for a signal (a step): ``m`` and the payload's JSON, or ``t``
+# (timed out). Its step's name, and its deadline's (epoch ms, as text), are internal (a
+# NUL first: never a name a handler gives); JobStatus.steps leaves them out.
+_MESSAGE, _TIMED_OUT = b"m", b"t"
+
+
+def signal_step(name: str, k: int) -> str:
+    """The internal step name of the ``k``-th (0-based) wait for ``name`` of a run."""
+    return f"\x00signal:{name}:{k}"
+
+
+def deadline_step(name: str, k: int) -> str:
+    """The internal step name of its deadline."""
+    return f"\x00deadline:{name}:{k}"
 
 
 def enter_worker(executor: Executor, leases: Leases | None = None) -> Attempt:
@@ -340,6 +384,8 @@ class Executor:
         # what a lost lease does (``LeaseKeeper.lose``: job id, claim token, why), set by
         # the consumer: a step refused by the storage (fenced) cancels the handler so
         self.lose: Callable[[str, str, str], None] | None = None
+        # the runs that park waiting for a signal (claim token -> the wait), until settled
+        self.parked: dict[str, WaitSignal] = {}
 
     async def call_handler(self, job: Job[Any], token: str, attempt: Attempt, payload: bytes = b"") -> Any:
         """The handler's result for ``job`` (``payload``: its encoded payload, which
@@ -571,6 +617,10 @@ class Executor:
         error = None
         if isinstance(raised, BaseExceptionGroup) and raised.split(WaitForChildren)[1] is None:
             raised = WaitForChildren()  # (raised in a nursery: a group of nothing else)
+        if isinstance(raised, Parked) or (raised is not None and token in self.parked):
+            wait = self.parked.pop(token, None)
+            if wait is not None:  # not an attempt: the job waits for a signal
+                return Settlement(SettleKind.WAIT_SIGNAL, jid, wait.encode(), ttl=ttl, token=token)
         if isinstance(raised, WaitForChildren):
             # Not an attempt: the job waits for its children, then runs again.
             return Settlement(SettleKind.WAIT_CHILDREN, jid, b"", ttl=ttl, token=token)
@@ -665,6 +715,56 @@ class Executor:
             return serde.loads(data)
         except Exception as exc:
             raise TrioQueueError(f"stored value of step {name!r} of job {job_id!r} cannot be decoded: {exc}") from exc
+
+    async def wait_for_signal(self, job_id: str, token: str, run: RunSteps, name: str, timeout: float | None) -> Any:
+        """:meth:`Job.wait_for_signal` in the run of claim ``token``: the ``k``-th wait for
+        ``name`` of the run (``k`` counted in ``run``) takes the ``k``-th message on it.
+        Its outcome is a step (``signal_step``): stored, it is returned (or raised) again.
+        Otherwise the mailbox is read: the message is there, it is stored and returned;
+        its deadline (``deadline_step``, stored at the first wait so that waking up does
+        not move it) has passed, the timeout is stored and raised; else the run parks
+        (:class:`Parked`: settled ``WAIT_SIGNAL``, the storage queues it again at once if
+        the message arrived meanwhile)."""
+        q = self.settings
+        signals = require(self.storage, Signals, f"wait_for_signal {name!r} of job {job_id!r}")
+        k = run.waits.get(name, 0)
+        run.waits[name] = k + 1
+        step, until = signal_step(name, k), deadline_step(name, k)
+        async with run.lock:
+            if run.values is None:
+                run.values = await signals.get_steps(q.queue, job_id)
+            data = run.values.get(step)
+            if data is None:
+                messages = [p for n, p in await signals.get_signals(q.queue, job_id) if n == name]
+                if len(messages) > k:
+                    data = _MESSAGE + messages[k]
+                else:
+                    stored = run.values.get(until)
+                    deadline = None if stored is None else int(stored)
+                    if deadline is None and timeout is not None:
+                        deadline = int((_now() + timeout) * 1000)
+                        await self._save(signals, job_id, token, run, until, b"%d" % deadline)
+                    if deadline is None or deadline > _now() * 1000:
+                        run.parked = self.parked[token] = WaitSignal(name, k + 1, deadline)
+                        raise Parked()
+                    data = _TIMED_OUT
+                await self._save(signals, job_id, token, run, step, data)
+        if data[:1] == _TIMED_OUT:
+            raise SignalTimeoutError(job_id, name, timeout)
+        try:
+            return json.loads(data[1:])
+        except ValueError as exc:
+            raise TrioQueueError(f"stored signal {name!r} of job {job_id!r} cannot be decoded: {exc}") from exc
+
+    async def _save(self, steps: Steps, job_id: str, token: str, run: RunSteps, name: str, data: bytes) -> None:
+        """Store step ``name`` of the run (fenced: a refusal loses the claim)."""
+        assert run.values is not None
+        if not await steps.save_step(self.settings.queue, self.settings.worker_id, job_id, token, name, data):
+            if self.lose is not None:
+                self.lose(job_id, token, "fenced")
+                await trio.lowlevel.checkpoint()  # the handler's scope is cancelled now
+            raise TrioQueueError(f"step {name!r} of job {job_id!r} not stored: this worker no longer holds the job")
+        run.values[name] = data
 
     async def add_children(self, job_id: str, token: str, children: Sequence[Any], policy: str) -> None:
         """Store ``children`` as children of the attempt of claim ``token``."""

@@ -173,6 +173,12 @@ class ProcessJob(Job[Any]):
             "(executor='process'); use an async or a thread handler for a job that sleeps"
         )
 
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> NoReturn:
+        raise TrioQueueError(
+            f"wait_for_signal {name!r} of job {self.id!r}: not available in a handler running in a process pool "
+            "(executor='process'); use an async handler to wait for signals"
+        )
+
 
 # -- inside a pool process ------------------------------------------------------------
 

@@ -391,6 +391,15 @@ class Queue(Generic[P, R]):
         says why."""
         return await self._admin.cancel(job_id)
 
+    async def signal(self, job_id: str, name: str, payload: Any = None) -> Literal["delivered", "not_found"]:
+        """Send a message (``payload``: JSON-serializable, ``None`` by default) on ``name``
+        to the job ``job_id``, for :meth:`Job.wait_for_signal`: ``"delivered"`` when the
+        job is known and not terminal (a message sent before it waits is kept for it; a
+        job waiting for it is queued again at once, on every worker's storage), else
+        ``"not_found"`` (nothing is kept). One atomic step in the storage. A payload that
+        does not serialize raises :class:`ValidationError` naming the job, sending nothing."""
+        return await self._admin.signal(job_id, name, payload)  # type: ignore[return-value]
+
     async def schedule(
         self,
         name: str,

@@ -4,6 +4,7 @@ retention), each an object the :class:`~trioqueue.Queue` builds and delegates to
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import replace
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ from .._model._serde import Serde, decode_error
 from ._listener import level_for
 from ._streams import EventStream, watch
 
-from ..storage._capabilities import Administration, Groups, Schedules, Steps, Trees, require
+from ..storage._capabilities import Administration, Groups, Schedules, Signals, Steps, Trees, require
 from ..storage._records import parse_job_state
 
 if TYPE_CHECKING:
@@ -131,6 +132,18 @@ class QueueAdmin(Generic[P]):
         self.check_running()
         await self.listener.caught_up()
         return CancelResult(jid, await self.storage.cancel(self.name, jid))
+
+    async def signal(self, job_id: str, name: str, payload: Any = None) -> str:
+        jid = check.job_id(job_id)
+        if not isinstance(name, str) or not name:
+            raise ValidationError(f"signal name for job {jid!r} must be a non-empty string, got {name!r}")
+        try:
+            data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"payload of signal {name!r} to job {jid!r} is not JSON-serializable: {exc}") from None
+        self.check_running()
+        signals = require(self.storage, Signals, "Queue.signal")
+        return await signals.signal(self.name, jid, name, data)
 
     async def schedule(
         self,
@@ -245,7 +258,9 @@ class QueueAdmin(Generic[P]):
         status = await self._status(record)
         if isinstance(self.storage, Steps):  # its stored steps (Job.step)
             stored = await self.storage.get_steps(self.name, jid)
-            status = replace(status, steps={name: self.reader.load_result(jid, v) for name, v in stored.items()})
+            # (the internal steps of Job.wait_for_signal, named with a NUL first, are left out)
+            steps = {name: self.reader.load_result(jid, v) for name, v in stored.items() if not name.startswith("\x00")}
+            status = replace(status, steps=steps)
         return status
 
     async def get_statuses(self, job_ids: Iterable[str]) -> list[JobStatus | None]:

@@ -1,5 +1,5 @@
 """The admin commands of the ``trioqueue`` command line: ``stats``, ``list``, ``show``,
-``cancel``, ``retry``, ``remove``, ``purge``, ``clear``, ``pause``, ``resume``, ``enqueue`` and
+``cancel``, ``retry``, ``remove``, ``purge``, ``clear``, ``pause``, ``resume``, ``enqueue``, ``signal`` and
 ``migrate`` (PostgreSQL schema migrations, for teams that run them themselves).
 
 Each opens the storage named by ``--storage`` (see :func:`~trioqueue.storage.from_url`)
@@ -23,7 +23,7 @@ from .._model._types import CancelStatus, JobState, JobStatus
 __all__ = ["ADMIN_COMMANDS", "add_admin_commands", "admin_command"]
 
 ADMIN_COMMANDS = (
-    "stats", "list", "show", "cancel", "retry", "remove", "purge", "clear", "pause", "resume", "enqueue", "migrate",
+    "stats", "list", "show", "cancel", "retry", "remove", "purge", "clear", "pause", "resume", "enqueue", "signal", "migrate",
 )  # fmt: skip
 _STATES = [s.value for s in JobState]
 _TERMINAL = [s.value for s in JobState if s.terminal]
@@ -100,6 +100,10 @@ def add_admin_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) ->
         p.add_argument(flag, type=about.number, default=None, metavar=about.metavar, help=about.text)
     p.add_argument("--wait", action="store_true", help="wait for the job's result and print it")
     p.add_argument("--timeout", type=_seconds, default=30.0, metavar="S", help="how long --wait waits")
+    p = command("signal", "send a message to a job, for its wait_for_signal (its payload is JSON)")
+    p.add_argument("job_id", metavar="ID", help="job id")
+    p.add_argument("signal", metavar="NAME", help="the signal's name")
+    p.add_argument("--payload", default="null", metavar="JSON", help="the message's payload, as JSON (default: null)")
     p = command("migrate", "create or upgrade a PostgreSQL storage's schema (workers do it on start otherwise)")
     p.add_argument("--schema", default=None, help="PostgreSQL schema (default: the URL's ?schema=, else trioqueue)")
 
@@ -366,6 +370,17 @@ async def _pause(args: argparse.Namespace, queue: Any) -> int:
     return 0
 
 
+async def _signal(args: argparse.Namespace, queue: Any) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        raise ValidationError(f"--payload is not valid JSON: {exc}") from None
+    if await queue.signal(args.job_id, args.signal, payload) != "delivered":
+        raise await _refused(queue, args.job_id, "signalled", "only a job that has not ended is")
+    _emit(args, {"id": args.job_id, "signal": args.signal, "status": "delivered"}, f"signal {args.signal!r} delivered to job {args.job_id!r}")
+    return 0
+
+
 async def _enqueue(args: argparse.Namespace, queue: Any) -> int:
     try:
         payload = json.loads(args.payload)
@@ -402,4 +417,5 @@ _COMMANDS = {
     "pause": _pause,
     "resume": _pause,
     "enqueue": _enqueue,
+    "signal": _signal,
 }

@@ -33,6 +33,7 @@ STATES = [s.value for s in (
     JobState.FAILED,
     JobState.COMPLETED,
     JobState.CANCELLED,
+    JobState.WAITING_SIGNAL,
 )]
 ACTIONS = ("retry", "cancel", "remove", "purge", "clear", "pause", "resume", "pause_group", "resume_group")
 PAGE_SIZES = (20, 50, 100)

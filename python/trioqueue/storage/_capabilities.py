@@ -25,6 +25,7 @@ capability                   memory file redis postgres
 :class:`Transactions`                          yes
 :class:`NonBlockingStart`    yes
 :class:`Steps`               yes    yes  yes   yes
+:class:`Signals`             yes    yes  yes   yes
 ============================ ====== ==== ===== ==========
 """
 
@@ -46,6 +47,7 @@ __all__ = [
     "Groups",
     "NonBlockingStart",
     "Schedules",
+    "Signals",
     "Steps",
     "Transactions",
     "Trees",
@@ -395,6 +397,40 @@ class Steps(Storage):
         Atomic: a read. Fenced: no."""
 
 
+class Signals(Steps):
+    """Signals to durable jobs (``Queue.signal``, ``Job.wait_for_signal``): each job has a
+    *mailbox*, the messages ``(name, payload)`` sent to it in order, kept with its record
+    as its steps are; a running job waits for a message by settling
+    :attr:`SettleKind.WAIT_SIGNAL` (its ``data``: ``_rules.WaitSignal.encode()``: the
+    name, how many messages on it the job needs, and a deadline or none), which parks it
+    in ``waiting_signal`` (no slot, no lease, its attempt not counted) until a message
+    makes the count, or its deadline passes (then it is promoted as a delayed job is).
+
+    The mailbox lives as long as the record: a new incarnation starts with an empty one;
+    :meth:`Administration.retry_job` keeps it (with ``reset_steps`` too: the run starts
+    over and its waits take the same messages again); removing, purging, clearing or the
+    expiry of the record forgets it. ``Queue.signal`` and ``Job.wait_for_signal`` need it
+    (and :class:`Steps`, which it extends: a wait's outcome is kept as a step)."""
+
+    @abc.abstractmethod
+    async def signal(self, queue: str, job_id: str, name: str, payload: bytes) -> str:
+        """Send the message ``(name, payload)`` to the job ``job_id``: ``"not_found"``
+        (nothing written) when the id is unknown or its job is terminal; otherwise append
+        it to the job's mailbox and answer ``"delivered"``. A job in ``waiting_signal``
+        for ``name`` that now has the messages it waits for is queued again in the same
+        step (in its lane, publishing ``promoted``, waking the claims of every process).
+
+        Atomic: one step (the check, the append, the wake-up). Fenced: no (anyone may
+        send; a terminal job refuses)."""
+
+    @abc.abstractmethod
+    async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
+        """The mailbox of ``job_id``: ``(name, payload)`` of every message sent to it, in
+        the order they were sent (empty for an unknown id).
+
+        Atomic: a read. Fenced: no."""
+
+
 #: Every capability, in the order the docs list them.
 CAPABILITIES: tuple[type[Storage], ...] = (
     Trees,
@@ -405,6 +441,7 @@ CAPABILITIES: tuple[type[Storage], ...] = (
     Transactions,
     NonBlockingStart,
     Steps,
+    Signals,
 )
 
 _C = TypeVar("_C", bound=Storage)
@@ -418,6 +455,7 @@ _WHAT: dict[object, str] = {
     Transactions: "transactions",
     NonBlockingStart: "a start without I/O",
     Steps: "steps",
+    Signals: "signals",
 }
 
 

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Final, NoReturn
+from typing import Final, NamedTuple, NoReturn
 
 from .._core import format_state, parse_state
 from .._model._serde import decode_error, encode_error
 from .._model._types import DEFAULT_PRIORITY, CancelStatus, JobError, UpdateTTLStatus
+from ._steps import decode_signals
 
 __all__ = [
     "ACTIVE_KINDS",
@@ -98,7 +99,13 @@ __all__ = [
     "ttl_update_status",
     "UNCOUNTED",
     "WAITING_CHILDREN",
+    "WAITING_SIGNAL",
+    "WaitSignal",
     "waiting_state",
+    "signal_state",
+    "signal",
+    "signal_wakes",
+    "park_signal",
 ]
 
 # -- the state grammar -------------------------------------------------------------------
@@ -111,13 +118,14 @@ FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 DELAYED: Final = "delayed"
 WAITING_CHILDREN: Final = "waiting_children"  # a parent whose children are not all terminal
+WAITING_SIGNAL: Final = "waiting_signal"  # a job waiting for a signal (``Job.wait_for_signal``)
 
 # Every state kind, in the order ``counts()`` reports them; the terminal ones may be purged.
-STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED, WAITING_CHILDREN)
+STATE_KINDS = (QUEUED, DELAYED, PROCESSING, FAILING, COMPLETED, FAILED, CANCELLED, WAITING_CHILDREN, WAITING_SIGNAL)
 TERMINAL_KINDS = (COMPLETED, FAILED, CANCELLED)
 ACTIVE_KINDS = tuple(k for k in STATE_KINDS if k not in TERMINAL_KINDS)
 # The kinds a cancel ends at once (a processing job gets a cancel request instead).
-CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN)
+CANCELLABLE = (QUEUED, DELAYED, FAILING, WAITING_CHILDREN, WAITING_SIGNAL)
 
 # The field each kind's state string carries after ``<kind>:<ms>`` (``None``: none):
 # ``processing:<ms>:<worker id>``, ``failing:<ms>:<attempts>``, ``delayed:<ms>:<due ms>``.
@@ -130,6 +138,7 @@ KIND_FIELDS: dict[str, str | None] = {
     FAILED: None,
     CANCELLED: None,
     WAITING_CHILDREN: None,
+    WAITING_SIGNAL: None,
 }
 
 
@@ -138,17 +147,29 @@ def waiting_state(ms: int) -> str:
     return f"{WAITING_CHILDREN}:{ms}"
 
 
+def signal_state(ms: int) -> str:
+    """The state string of a job waiting for a signal."""
+    return f"{WAITING_SIGNAL}:{ms}"
+
+
 def format_job_state(kind: str, ms: int, extra: str | int | None = None) -> str:
-    """A state string (``format_state``, the Rust codec, and ``waiting_children:<ms>``)."""
+    """A state string (``format_state``, the Rust codec, and the kinds Python owns:
+    ``waiting_children:<ms>``, ``waiting_signal:<ms>``)."""
     if kind == WAITING_CHILDREN:
         return waiting_state(ms)
+    if kind == WAITING_SIGNAL:
+        return signal_state(ms)
     return format_state(kind, ms, extra)
 
 
 def parse_job_state(state: str) -> tuple[str, int, str | int | None]:
-    """``parse_state`` (the Rust codec) that also reads ``waiting_children:<ms>``."""
-    if state.startswith("waiting_children:"):
-        return WAITING_CHILDREN, int(state[17:]), None
+    """``parse_state`` (the Rust codec) that also reads ``waiting_children:<ms>`` and
+    ``waiting_signal:<ms>``."""
+    if state.startswith("waiting_"):
+        if state.startswith("waiting_children:"):
+            return WAITING_CHILDREN, int(state[17:]), None
+        if state.startswith("waiting_signal:"):
+            return WAITING_SIGNAL, int(state[15:]), None
     return parse_state(state)
 
 
@@ -171,10 +192,16 @@ class SettleKind(StrEnum):
     # counting the attempt, as ``RATE_LIMITED`` but the queue's claims go on (publishes
     # ``sleeping``)
     SLEEP = "sleep"
+    # the handler waits for a signal (``Job.wait_for_signal``): state ``waiting_signal``
+    # without counting the attempt, queued again once the signal arrives (at once if it
+    # has), or once its deadline passes; ``data`` is :meth:`WaitSignal.encode`
+    WAIT_SIGNAL = "wait_signal"
 
 
-BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # put the job back
-UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # their attempt did not happen
+# put the job back
+BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
+# their attempt did not happen
+UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
 ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
 # the settlements count-based retention (``Settlement.keep``) applies to: the kind they enter
@@ -192,15 +219,17 @@ TRANSITIONS: dict[str, dict[str | None, tuple[str, ...]]] = {
     "claim": {QUEUED: (PROCESSING,)},
     # a reserved claim starts (processing), or goes: cancelled on request, back when paused
     "start": {PROCESSING: (PROCESSING, CANCELLED, QUEUED)},
-    "settle": {PROCESSING: (COMPLETED, FAILED, FAILING, DELAYED, WAITING_CHILDREN, CANCELLED)},
+    "settle": {PROCESSING: (COMPLETED, FAILED, FAILING, DELAYED, WAITING_CHILDREN, WAITING_SIGNAL, CANCELLED, QUEUED)},
     "release": {PROCESSING: (QUEUED, CANCELLED, FAILED)},
     # the reaper: a stalled claim goes back, fails (attempts used up), or ends cancelled
     "recover": {PROCESSING: (QUEUED, FAILED, CANCELLED)},
-    # a due retry or delayed job
-    "promote": {FAILING: (QUEUED,), DELAYED: (QUEUED,)},
+    # a due retry or delayed job, or a job waiting for a signal whose deadline passed
+    "promote": {FAILING: (QUEUED,), DELAYED: (QUEUED,), WAITING_SIGNAL: (QUEUED,)},
     # a cancel: at once unless processing (that one gets a cancel request, and stays)
     "cancel": {QUEUED: (CANCELLED,), DELAYED: (CANCELLED,), FAILING: (CANCELLED,), WAITING_CHILDREN: (CANCELLED,),
-               PROCESSING: (PROCESSING,)},  # fmt: skip
+               WAITING_SIGNAL: (CANCELLED,), PROCESSING: (PROCESSING,)},  # fmt: skip
+    # the signal a waiting job waits for arrived: queued again
+    "signal": {WAITING_SIGNAL: (QUEUED,)},
     # every child of a waiting parent ended: queued again for its next run
     "release_parent": {WAITING_CHILDREN: (QUEUED,)},
     # a child failed under ``cancel``: the parent fails (waiting, or back for a run of its own)
@@ -277,6 +306,8 @@ class Rec:
         "started",
         "progress",
         "steps",
+        "signals",
+        "wait",
         "cancel_requested",
         "priority",
         "parent",
@@ -318,6 +349,8 @@ class Rec:
         self.started = False
         self.progress: bytes | None = None
         self.steps: bytes | None = None  # its stored steps (``_steps``): a new record has none
+        self.signals: bytes | None = None  # its mailbox (``_steps.encode_step`` entries): a new record has none
+        self.wait: tuple[str, int] | None = None  # waiting_signal: (the name, the messages on it needed)
         self.cancel_requested = False
         self.priority = priority
         self.parent: tuple[str, str] | None = None
@@ -337,6 +370,8 @@ class Rec:
             return format_state(DELAYED, self.ts, self.ts if due_ms is None else due_ms)
         if kind == WAITING_CHILDREN:
             return waiting_state(self.ts)
+        if kind == WAITING_SIGNAL:
+            return signal_state(self.ts)
         return format_state(kind, self.ts)
 
 
@@ -471,7 +506,8 @@ def failed_by_children(policy: str, failed: bool) -> bool:
 # The event each settled kind publishes (``None``: none of its own; a parent left waiting
 # is announced by its release or its failure).
 _SETTLED_EVENT = {COMPLETED: "completed", FAILED: "failed", CANCELLED: "cancelled", FAILING: "failing",
-                  DELAYED: "rate_limited", WAITING_CHILDREN: None}  # fmt: skip
+                  DELAYED: "rate_limited", WAITING_CHILDREN: None, WAITING_SIGNAL: None,
+                  QUEUED: "requeued"}  # fmt: skip
 
 
 def settle(
@@ -482,8 +518,10 @@ def settle(
     waiting or sleeping one's), stores the result or error, and moves the job: ``completed``,
     ``failed`` (both kept ``ttl`` seconds), ``failing`` (a retry: the caller files it
     due after the retry delay), ``delayed`` (rate limited: the same, and claims of the
-    queue pause; asleep: the same, event ``sleeping``), ``waiting_children`` (the tree decides next: :func:`parent_verdict`)
-    or ``cancelled`` (a cancel, or a cancel request met by anything that would put it
+    queue pause; asleep: the same, event ``sleeping``), ``waiting_children`` (the tree
+    decides next: :func:`parent_verdict`), ``waiting_signal`` (the caller files it due at
+    the wait's deadline, if any) or ``queued`` (a wait for a signal that has arrived: the
+    caller queues it), or ``cancelled`` (a cancel, or a cancel request met by anything that would put it
     back). ``by_children``: :func:`failed_by_children` (the run's end becomes waiting,
     which fails it). Returns the event kind to publish (``None``: none yet)."""
     _expect(r, "settle")
@@ -510,6 +548,8 @@ def settle(
     elif kind is SettleKind.WAIT_CHILDREN:
         _move(r, "settle", WAITING_CHILDREN)
         r.started = False
+    elif kind is SettleKind.WAIT_SIGNAL:
+        park_signal(r, WaitSignal.decode(data))
     elif kind is SettleKind.RATE_LIMITED:
         _move(r, "settle", DELAYED)
     elif kind is SettleKind.SLEEP:
@@ -571,11 +611,13 @@ def recover(r: Rec, now: float, worker_id: str) -> str:
 
 
 def promote(r: Rec, now_ms: int) -> str:
-    """A due retry (``failing``) or delayed job is queued: the event to publish."""
+    """A due retry (``failing``) or delayed job, or a job waiting for a signal whose
+    deadline passed, is queued: the event to publish."""
     _expect(r, "promote")
     event = "requeued" if r.kind == FAILING else "promoted"
     _move(r, "promote", QUEUED)
     r.ts = now_ms
+    r.wait = None
     return event
 
 
@@ -594,6 +636,7 @@ def cancel(r: Rec | None, now: float) -> tuple[CancelStatus, str | None]:
         r.ts = int(now * 1000)
         r.worker = None
         r.lease = None
+        r.wait = None
         r.exp = now + r.result_ttl
         return CancelStatus.CANCELLED, "cancelled"
     if r.kind == CANCELLED:
@@ -773,3 +816,67 @@ def save_step(r: Rec | None, worker_id: str, token: str, entry: bytes) -> bool:
 def removable(r: Rec | None) -> bool:
     """Whether ``remove_job`` forgets the job: any but a processing one."""
     return r is not None and r.kind != PROCESSING
+
+
+# -- signals -----------------------------------------------------------------------------
+
+
+class WaitSignal(NamedTuple):
+    """What a run waiting for a signal settles with (:attr:`SettleKind.WAIT_SIGNAL`, its
+    ``data``: :meth:`encode`): the signal's ``name``, how many messages on it the job
+    must have to run again (``needed``: the k-th wait on a name takes the k-th message),
+    and its ``deadline_ms`` (epoch ms; ``None``: none), after which it runs again anyway."""
+
+    name: str
+    needed: int
+    deadline_ms: int | None = None
+
+    def encode(self) -> bytes:
+        """The settlement's ``data``: JSON ``[name, needed, deadline_ms]`` (read by the
+        Redis script as it is)."""
+        return json.dumps([self.name, self.needed, self.deadline_ms], separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> WaitSignal:
+        name, count, deadline = json.loads(data)
+        return cls(str(name), int(count), None if deadline is None else int(deadline))
+
+
+def count_signals(mailbox: bytes | None, name: str) -> int:
+    """How many messages on ``name`` the mailbox ``mailbox`` holds."""
+    return sum(1 for n, _ in decode_signals(mailbox) if n == name)
+
+
+def park_signal(r: Rec, wait: WaitSignal) -> None:
+    """The held job settles waiting for ``wait`` (the rest of :func:`settle`): queued
+    again at once when it has the messages already (a signal raced with the settlement),
+    else ``waiting_signal`` (``r.wait`` says for what; the caller files it due at the
+    deadline). Its attempt was not counted."""
+    r.started = False
+    if count_signals(r.signals, wait.name) >= wait.needed:
+        _move(r, "settle", QUEUED)
+        r.wait = None
+    else:
+        _move(r, "settle", WAITING_SIGNAL)
+        r.wait = (wait.name, wait.needed)
+
+
+def signal_wakes(r: Rec) -> bool:
+    """Whether the waiting ``r`` has the messages it waits for now."""
+    return r.kind == WAITING_SIGNAL and r.wait is not None and count_signals(r.signals, r.wait[0]) >= r.wait[1]
+
+
+def signal(r: Rec | None, entry: bytes, now_ms: int) -> str:
+    """A signal (``entry``: its name and payload, ``_steps.encode_step``) sent to the job
+    whose record is ``r``: ``not_found`` (no record, or a terminal one: nothing stored),
+    else appended to its mailbox: ``woken`` when it waited for it (now queued: the caller
+    puts it in its lane and wakes the claims), ``delivered`` otherwise."""
+    if r is None or r.kind in TERMINAL_KINDS:
+        return "not_found"
+    r.signals = entry if r.signals is None else r.signals + entry
+    if not signal_wakes(r):
+        return "delivered"
+    _move(r, "signal", QUEUED)
+    r.ts = now_ms
+    r.wait = None
+    return "woken"

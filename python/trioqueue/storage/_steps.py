@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["decode_steps", "encode_step"]
+__all__ = ["decode_signals", "decode_steps", "encode_step"]
 
 _LENGTHS = struct.Struct(">II")
 
@@ -23,6 +23,28 @@ def encode_step(name: str, value: bytes) -> bytes:
     ``value``."""
     raw = name.encode("utf-8")
     return _LENGTHS.pack(len(raw), len(value)) + raw + value
+
+
+def decode_signals(data: bytes | None) -> list[tuple[str, bytes]]:
+    """A job's mailbox (``Job.wait_for_signal``): the signals sent to it, kept in the
+    steps' form (one :func:`encode_step` entry per message: its name and payload), as
+    ``(name, payload)`` in the order they were sent. ``ValueError`` for a truncated value."""
+    out: list[tuple[str, bytes]] = []
+    if not data:
+        return out
+    view = memoryview(data)
+    at, end = 0, len(data)
+    size = _LENGTHS.size
+    while at < end:
+        if at + size > end:
+            raise ValueError("stored signals are truncated")
+        n, v = _LENGTHS.unpack_from(view, at)
+        at += size
+        if at + n + v > end:
+            raise ValueError("stored signals are truncated")
+        out.append((bytes(view[at : at + n]).decode("utf-8"), bytes(view[at + n : at + n + v])))
+        at += n + v
+    return out
 
 
 def decode_steps(data: bytes | None) -> dict[str, bytes]:

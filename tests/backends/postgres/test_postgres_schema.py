@@ -19,8 +19,9 @@ def _schema() -> str:
 
 
 # Later migrations that only add columns (idempotently, ``IF NOT EXISTS``) which today's
-# statements name: 6, the steps of durable jobs.
-_ADD_COLUMNS = (6,)
+# statements name: 6, the steps of durable jobs; 7, the signals' (it also widens the state
+# check and the delayed set's index, idempotently too).
+_ADD_COLUMNS = (6, 7)
 
 
 def _migrations_up_to(migrations: list[tuple[int, str]], version: int) -> list[tuple[int, str]]:
@@ -209,5 +210,38 @@ async def test_a_version_5_schema_upgrades_and_its_jobs_store_steps(postgres_url
         [claim] = await storage.dequeue("q", W1, 1, 0.0, LEASE)
         assert await storage.save_step("q", W1, "j", claim.token, "a", b"1")
         assert await storage.get_steps("q", "j") == {"a": b"1"}
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(column, old) == 1
+
+
+async def test_a_version_6_schema_upgrades_and_its_jobs_wait_for_signals(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 7 (jobs.signals, wait_name, wait_count; the state waiting_signal) on a
+    schema at version 6: a job parks in waiting_signal and a signal queues it again."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage import Settlement, SettleKind
+    from trioqueue.storage._rules import WaitSignal
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 6])
+        m.setattr(module, "SCHEMA_VERSION", 6)
+        async with await Connection.connect(postgres_url) as conn:
+            assert await migrate(conn, old) == [1, 2, 3, 4, 5, 6]
+    column = "SELECT count(*) FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'jobs' AND column_name = 'signals'"
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(column, old) == 0
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        await storage.enqueue("q", [job("j")])
+        [claim] = await storage.dequeue("q", W1, 1, 0.0, LEASE)
+        park = Settlement(SettleKind.WAIT_SIGNAL, "j", WaitSignal("go", 1).encode(), token=claim.token)
+        assert await storage.settle("q", W1, [park]) == [True]
+        assert (await storage.counts("q"))["waiting_signal"] == 1
+        assert await storage.signal("q", "j", "go", b"1") == "delivered"
+        assert await storage.get_signals("q", "j") == [("go", b"1")]
+        [again] = await storage.dequeue("q", W1, 1, 1.0, LEASE)
+        assert again.id == "j"
     async with await Connection.connect(postgres_url) as conn:
         assert await conn.fetchval(column, old) == 1

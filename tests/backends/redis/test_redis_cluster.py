@@ -30,6 +30,7 @@ from test_clear_retention import *  # noqa: E402,F403 - clear, count-based reten
 from test_groups import *  # noqa: E402,F403 - groups (fair queuing): a queue's group keys share its slot
 from test_steps import *  # noqa: E402,F403 - steps of durable jobs (issue 34)
 from test_sleep import *  # noqa: E402,F403 - durable sleep (issue 34)
+from test_signals import *  # noqa: E402,F403 - signals (Job.wait_for_signal)
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

@@ -103,6 +103,7 @@ class FileAdmin:
                     r.priority = lane
                     r.group = old.group
                     r.steps = R.retried_steps(old, reset_steps)
+                    r.signals = old.signals  # its mailbox is kept (Job.wait_for_signal)
                     lane_fd = q.lane_fds[lane]
                     self._core.commit(q, {enc: r}, fds)
                     self._core.link_marker(q, enc, q.ready, mk)

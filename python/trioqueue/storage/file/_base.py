@@ -514,7 +514,7 @@ class FileCore:
                 next_due = ms / 1000
                 break
             r = self.read(q, enc)
-            if r is None or r.kind not in (_FAILING, _DELAYED) or r.mk != name or enc in items:
+            if r is None or r.kind not in (_FAILING, _DELAYED, R.WAITING_SIGNAL) or r.mk != name or enc in items:
                 unlink_quiet(os.path.join(q.delayed, name))
                 continue
             if nxt < 0:

@@ -207,6 +207,8 @@ class FileClaims:
         dirs = {q.jobs_fd}
         items: dict[str, Rec] = {}
         retries: list[tuple[str, str]] = []
+        queued: list[tuple[str, str]] = []  # (WAIT_SIGNAL of a job whose signal had arrived)
+        nxt = front = -1
         hold = 0.0
         async with self._core.alock(q):
             with close_on_error(fds):
@@ -248,6 +250,18 @@ class FileClaims:
                         r.mk = None
                         r.children = r.children or []
                         self._trees.tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
+                    elif r.kind == R.WAITING_SIGNAL:  # waits for a signal, until its deadline if any
+                        deadline = R.WaitSignal.decode(s.data).deadline_ms
+                        r.mk = None if deadline is None else seq_name(deadline, enc)
+                        if r.mk is not None:
+                            retries.append((enc, r.mk))
+                    elif r.kind == _QUEUED:  # waited for a signal that had arrived: back at once
+                        if nxt < 0:
+                            nxt, front = q.counters()
+                        r.mk = ready_name(nxt, enc, r.priority, r.group)
+                        nxt += 1
+                        queued.append((enc, r.mk))
+                        events.append(StorageEvent("requeued", s.id, worker_id, token=r.token))
                     else:  # failing (a retry) or delayed (rate limited, or asleep): due after the delay
                         mk = seq_name(int((now + s.delay) * 1000), enc)
                         r.mk = mk
@@ -262,6 +276,11 @@ class FileClaims:
                     dirs.add(q.expiry_fd)
                 for enc, mk in retries:
                     self._core.link_marker(q, enc, q.delayed, mk)
+                for enc, mk in queued:
+                    self._core.link_marker(q, enc, q.ready, mk)
+                if nxt >= 0:
+                    q.set_counters(nxt, front)
+                    dirs.update(q.lane_fds)
                 if retries:
                     dirs.add(q.delayed_fd)
                     events.append(due_event(retries))

@@ -147,6 +147,10 @@ def _extras(r: Rec) -> dict[str, object]:
         x["p"] = base64.b64encode(r.progress).decode("ascii")
     if r.steps is not None:
         x["st"] = base64.b64encode(r.steps).decode("ascii")
+    if r.signals is not None:
+        x["sg"] = base64.b64encode(r.signals).decode("ascii")
+    if r.wait is not None:
+        x["ws"] = list(r.wait)
     if r.cancel_requested:
         x["x"] = 1
     if r.priority != DEFAULT_PRIORITY:
@@ -173,6 +177,10 @@ def _set_extras(r: Rec, x: object) -> None:
     r.progress = None if p is None else base64.b64decode(p)
     st = x.get("st")
     r.steps = None if st is None else base64.b64decode(st)
+    sg = x.get("sg")
+    r.signals = None if sg is None else base64.b64decode(sg)
+    ws = x.get("ws")
+    r.wait = None if ws is None else (str(ws[0]), int(ws[1]))
     r.cancel_requested = bool(x.get("x", 0))
     r.priority = int(x.get("pr", DEFAULT_PRIORITY))
     pa = x.get("pa")

@@ -29,7 +29,7 @@ from .._rules import TERMINAL_KINDS as _TERMINAL  # records the cache does not k
 
 
 def _rec_bytes(r: Rec) -> int:
-    return 256 + len(r.envelope) + len(r.result or b"") + len(r.error or b"") + len(r.progress or b"") + len(r.steps or b"")
+    return 256 + len(r.envelope) + len(r.result or b"") + len(r.error or b"") + len(r.progress or b"") + len(r.steps or b"") + len(r.signals or b"")
 
 QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
 

@@ -272,7 +272,7 @@ class FileRecovery:
                         relink.append((enc, r.mk))  # its own place in the FIFO
                         continue
                     items[enc] = r
-                elif r.kind in (_FAILING, _DELAYED):
+                elif r.kind in (_FAILING, _DELAYED, R.WAITING_SIGNAL):
                     if r.mk and not os.path.exists(os.path.join(q.delayed, r.mk)):
                         delayed.append((enc, r.mk))
             for enc, r in sorted(items.items(), key=lambda kv: kv[1].created):

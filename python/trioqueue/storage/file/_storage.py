@@ -32,9 +32,9 @@ from .._base import (
     Settlement,
     StorageEvent,
 )
-from .._capabilities import Administration, Debounce, Groups, Schedules, Steps, Trees
+from .._capabilities import Administration, Debounce, Groups, Schedules, Signals, Trees
 from .. import _rules as R
-from .._steps import decode_steps, encode_step
+from .._steps import decode_signals, decode_steps, encode_step
 from ._admin import FileAdmin
 from ._base import FileCore, FileSettings
 from ._claims import FileClaims
@@ -42,14 +42,14 @@ from ._enqueue import FileJobs
 from ._eventlog import FileEvents
 from ._flows import FileTrees
 from ._fsutil import CorruptRecord, encode_name, read_rec
-from ._layout import EVENTS_MAX, close_on_error
+from ._layout import EVENTS_MAX, close_on_error, ready_name, unlink_quiet
 from ._recovery import FileRecovery
 from ._retention import FileRetention
 
 __all__ = ["FileStorage"]
 
 
-class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Steps):
+class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
     """Durable storage in a directory shared by any number of processes on one machine.
 
     ``fsync=False`` skips the flushes (faster, survives process crashes but not power
@@ -322,3 +322,53 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Steps):
         if r is None or (r.exp is not None and r.exp <= time.time()):
             return {}
         return decode_steps(r.steps)
+
+    # -- signals -----------------------------------------------------------------------
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: bytes) -> str:
+        """One step under the queue's lock: the record re-written with the message
+        appended; a job it wakes gets its ready marker (its deadline's marker goes), which
+        wakes every process's claims (inotify)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        core = self._core
+        q = core.q(queue)
+        enc = encode_name(job_id)
+        entry = encode_step(name, payload)
+        fds: list[int] = []
+        outcome = "not_found"
+        dirs = {q.jobs_fd}
+        async with core.alock(q):
+            with close_on_error(fds):
+                now = time.time()
+                r = core.load(q, enc, now)
+                deadline = None if r is None else r.mk
+                outcome = R.signal(r, entry, int(now * 1000))
+                if r is not None and outcome != "not_found":
+                    if outcome == "woken":
+                        nxt, front = q.counters()
+                        r.mk = ready_name(nxt, enc, r.priority, r.group)
+                    core.commit(q, {enc: r}, fds)
+                    if outcome == "woken":
+                        assert r.mk is not None
+                        if deadline:
+                            unlink_quiet(os.path.join(q.delayed, deadline))
+                        core.link_marker(q, enc, q.ready, r.mk)
+                        q.set_counters(nxt + 1, front)
+                        dirs.update((q.delayed_fd, q.lane_fds[r.priority]))
+                        core.publish(q, [StorageEvent("promoted", job_id, token=r.token)])
+        await core.finish(fds, dirs, outcome != "not_found")
+        return "not_found" if outcome == "not_found" else "delivered"
+
+    async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
+        await trio.lowlevel.checkpoint()
+        core = self._core
+        q = core.q(queue)
+        enc = encode_name(job_id)
+        try:
+            r = read_rec(os.path.join(q.jobs, enc), enc)
+        except CorruptRecord:
+            async with core.alock(q):
+                r = core.read(q, enc)
+        if r is None or (r.exp is not None and r.exp <= time.time()):
+            return []
+        return decode_signals(r.signals)

@@ -82,6 +82,7 @@ class MemoryAdmin:
                 again = NewJob(job_id, old.envelope, old.max_attempts, old.result_ttl, token, None, old.priority, old.group)
                 rec = q.jobs[job_id] = MemRec(again, int(now * 1000), q.index)
                 rec.steps = R.retried_steps(old, reset_steps)
+                rec.signals = old.signals  # its mailbox is kept (Job.wait_for_signal)
                 q.ready.push([rec])  # its own priority's lane
                 q.publish([StorageEvent("enqueued", job_id, token=token)])
                 q.wake()

@@ -25,6 +25,7 @@ from .._rules import PROCESSING as _PROCESSING
 from .._rules import QUEUED as _QUEUED
 
 QUEUED_OUTCOME = EnqueueOutcome(EnqueueStatus.QUEUED)
+_PROMOTED = (R.FAILING, _DELAYED, R.WAITING_SIGNAL)  # the kinds the delayed heap promotes
 
 
 class MemRec(Rec):
@@ -403,7 +404,7 @@ class QueueState:
         due: list[MemRec] = []
         while heap and heap[0][0] <= now:
             run_at, _, rec = heapq.heappop(heap)
-            if rec.kind in (R.FAILING, _DELAYED) and rec.run_at == run_at and self.jobs.get(rec.id) is rec:
+            if rec.kind in _PROMOTED and rec.run_at == run_at and self.jobs.get(rec.id) is rec:
                 old = rec.kind
                 kind = R.promote(rec, int(now * 1000))
                 self.refile(rec, old)

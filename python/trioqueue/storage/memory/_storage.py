@@ -46,7 +46,7 @@ from .._base import (
     ttl_update_status,
     wanted_kinds,
 )
-from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Steps, Trees
+from .._capabilities import Administration, Debounce, Groups, NonBlockingStart, Schedules, Signals, Steps, Trees
 from .._rules import COMPLETED as _COMPLETED
 from .._rules import DELAYED as _DELAYED
 from .._rules import PROCESSING as _PROCESSING
@@ -54,7 +54,7 @@ from .._rules import QUEUED as _QUEUED
 from .._rules import TERMINAL_KINDS as _TERMINAL
 from .._rules import WAITING_CHILDREN as _WAITING
 from .._rules import claim, complete, recover
-from .._steps import decode_steps, encode_step
+from .._steps import decode_signals, decode_steps, encode_step
 from ._admin import MemoryAdmin
 from ._flows import MemoryTrees
 from ._parts import QUEUED_OUTCOME, Blocked, MemoryQueues, MemRec, QueueState, Subscriber, Waiter
@@ -67,7 +67,7 @@ _KEPT = R.KEPT  # the settlements Settlement.keep applies to: the kind they ente
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
 
-class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlockingStart, Steps):
+class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlockingStart, Signals):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
 
     def __init__(self) -> None:
@@ -346,6 +346,17 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 elif rec.kind == _WAITING:
                     q.refile(rec, _PROCESSING)
                     self._trees.parent_check(q, rec, now)
+                elif rec.kind == R.WAITING_SIGNAL:  # waits for a signal, until its deadline if any
+                    q.refile(rec, _PROCESSING)
+                    deadline = R.WaitSignal.decode(data).deadline_ms
+                    if deadline is not None:
+                        q.delay(rec, deadline / 1000, events)
+                        retried = True
+                elif rec.kind == _QUEUED:  # waited for a signal that had arrived: back at once
+                    q.refile(rec, _PROCESSING)
+                    q.ready.push([rec])
+                    events.append(StorageEvent("requeued", sid, worker_id, token=rec.token))
+                    retried = True
                 else:  # failing (a retry) or delayed (rate limited, or asleep): due after the delay
                     q.refile(rec, _PROCESSING)
                     if event == "rate_limited":
@@ -722,6 +733,36 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
             rec = q.jobs.get(job_id)
             data = None if rec is None else rec.steps
         return decode_steps(data)
+
+    # -- signals (each one step under the lock) ----------------------------------------
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: bytes) -> str:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        entry = encode_step(name, payload)
+        with self._lock:
+            q = self._q(queue)
+            now = _now()
+            q.expire(now)
+            rec = q.jobs.get(job_id)
+            outcome = R.signal(rec, entry, int(now * 1000))
+            if outcome == "woken":
+                assert rec is not None
+                q.refile(rec, R.WAITING_SIGNAL)
+                rec.run_at = math.inf  # (its deadline's entry in the delayed heap is stale now)
+                q.ready.push([rec])
+                q.publish([StorageEvent("promoted", job_id, token=rec.token)])
+                q.wake()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return "not_found" if outcome == "not_found" else "delivered"
+
+    async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
+        await trio.lowlevel.checkpoint()
+        with self._lock:
+            q = self._q(queue)
+            q.expire(_now())
+            rec = q.jobs.get(job_id)
+            data = None if rec is None else rec.signals
+        return decode_signals(data)
 
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
         return await self._admin.purge(queue, state, older_than=older_than)

@@ -40,8 +40,8 @@ from .._base import (
     lost_why,
 )
 from .._flowstate import FlowState
-from .._rules import stalled_error
-from .._steps import decode_steps, encode_step
+from .._rules import WaitSignal, count_signals, stalled_error
+from .._steps import decode_signals, decode_steps, encode_step
 from ._common import PgDatabase, PgSettings, now_ms
 from ._flows import PgTrees
 from ._jobs import due_payload
@@ -49,10 +49,10 @@ from ._jobs import due_payload
 __all__ = ["READ_BACK_GRACE_MS", "PgClaims"]
 
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # cancelled instead if requested
+_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)  # cancelled instead if requested
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
 _ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
-_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP)  # their attempt did not happen
+_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)  # their attempt did not happen
 _ENDS = ("completed", "failed", "cancelled")
 _KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
 # A result/error up to this size rides along in its event (NOTIFY's 8000-byte payloads,
@@ -365,13 +365,14 @@ class PgClaims:
                 )
             }
             first_due: int | None = None
-            if any(s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP) for s in settlements):
+            if any(s.kind in (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL) for s in settlements):
                 first_due = await self._first_due(conn, queue)
             out: list[bool] = []
             events: list[StorageEvent] = []
             # per settled row: (id, state, attempts delta, set result, set error, data, expires, run_at)
             updates: list[tuple[str, str, int, bool, bool, bytes | None, int | None, int | None]] = []
             hold = 0
+            parked = False  # a WAIT_SIGNAL settled (its own statement)
             settled: set[str] = set()
             waiting: list[str] = []
             for s in settlements:
@@ -405,6 +406,21 @@ class PgClaims:
                 elif kind is SettleKind.WAIT_CHILDREN:
                     updates.append((s.id, "waiting_children", delta, False, False, None, None, None))
                     waiting.append(s.id)
+                elif kind is SettleKind.WAIT_SIGNAL:  # waits for a signal (queued at once if it arrived)
+                    wait = WaitSignal.decode(s.data)
+                    box = await conn.fetchval(self._db.sql["get_signals"], queue, s.id)  # (locked by settle_read)
+                    due = wait.deadline_ms
+                    if count_signals(box, wait.name) >= wait.needed:
+                        await conn.execute(self._db.sql["park_signal"], queue, s.id, "queued", now, delta, None, None, None)
+                        events.append(StorageEvent("requeued", s.id, worker_id, token=token))
+                    else:
+                        await conn.execute(
+                            self._db.sql["park_signal"], queue, s.id, "waiting_signal", now, delta, due, wait.name, wait.needed
+                        )
+                        if due is not None and (first_due is None or due < first_due):
+                            events.append(StorageEvent("due", "", result=due_payload(due)))
+                            first_due = due
+                    parked = True
                 else:
                     due = now + int(s.delay * 1000)
                     if kind is SettleKind.RATE_LIMITED:
@@ -429,7 +445,7 @@ class PgClaims:
                 )
             if hold:
                 await self._hold(conn, queue, hold)
-            await self._db.publish(conn, queue, events, wake=bool(updates))
+            await self._db.publish(conn, queue, events, wake=bool(updates) or parked)
             await self._trees.tree_ended(conn, queue, [u[0] for u in updates if u[1] in _ENDS], now)
             for job_id in waiting:
                 await self._trees.waited(conn, queue, job_id, now)
@@ -702,6 +718,29 @@ class PgClaims:
         async with self._db.conn() as conn:
             data = await conn.fetchval(self._db.sql["get_steps"], queue, job_id)
         return decode_steps(data)
+
+    # -- signals -----------------------------------------------------------------------
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: bytes) -> str:
+        """One transaction: the row locked, the message appended, a job waiting for it
+        queued again (``promoted``, and a wake-up NOTIFY: every process's claims)."""
+        now = now_ms()
+        async with self._db.tx() as conn:
+            row = await conn.fetchrow(self._db.sql["signal_read"], queue, now, job_id)
+            if row is None or row[0] in _ENDS:
+                return "not_found"
+            state, wait_name, wait_count, box, token = row
+            box = (bytes(box) if box is not None else b"") + encode_step(name, payload)
+            woken = state == "waiting_signal" and wait_name == name and count_signals(box, name) >= (wait_count or 1)
+            await conn.execute(self._db.sql["signal_write"], queue, job_id, box, woken, now)
+            if woken:
+                await self._db.publish(conn, queue, [StorageEvent("promoted", job_id, token=token)], wake=True)
+        return "delivered"
+
+    async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
+        async with self._db.conn() as conn:
+            data = await conn.fetchval(self._db.sql["get_signals"], queue, job_id)
+        return decode_signals(None if data is None else bytes(data))
 
     # -- reaper ------------------------------------------------------------------------
 

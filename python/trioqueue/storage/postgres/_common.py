@@ -24,6 +24,7 @@ from ..._core import format_state
 from ..._drivers.libpq import Connection, Hub, Notification, Pool
 from .._base import NOTICE_KINDS, JobRecord, StorageEvent
 from .._records import waiting_state
+from .._rules import signal_state
 from ._schema import migrate
 from ._sql import statements
 
@@ -52,6 +53,8 @@ def state_string(state: str, state_ms: int, attempts: int, worker: str | None, r
         return str(format_state(state, state_ms, attempts))
     if state == "waiting_children":
         return waiting_state(state_ms)
+    if state == "waiting_signal":
+        return signal_state(state_ms)
     if state == "delayed":
         return str(format_state(state, state_ms, int(run_at_ms or 0)))
     return str(format_state(state, state_ms))

@@ -190,7 +190,7 @@ class PgJobs:
             if row is None:
                 return CancelStatus.NOT_FOUND
             state, worker, token, requested, ttl, policy = row
-            if state in ("queued", "failing", "delayed", "waiting_children"):
+            if state in ("queued", "failing", "delayed", "waiting_children", "waiting_signal"):
                 await conn.execute(
                     self._db.sql["cancel_job"],
                     queue,

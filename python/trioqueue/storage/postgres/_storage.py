@@ -33,7 +33,7 @@ from .._base import (
     select_events,
     wanted_kinds,
 )
-from .._capabilities import Administration, Debounce, Groups, Schedules, Steps, Transactions, Trees
+from .._capabilities import Administration, Debounce, Groups, Schedules, Signals, Transactions, Trees
 from ._admin import PgAdmin
 from ._claims import PgClaims
 from ._common import PgDatabase, PgSettings, decode_events, now_ms
@@ -44,7 +44,7 @@ from ._schema import check_schema_name, migrate, schema_version
 __all__ = ["PostgresStorage"]
 
 
-class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transactions, Steps):
+class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transactions, Signals):
     """Jobs in PostgreSQL: durable, shared by every process that reaches the database.
 
     ``url`` is a libpq URL (``postgresql://user:password@host:port/dbname?...``) or
@@ -466,6 +466,12 @@ class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transa
 
     async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
         return await self._claims.get_steps(queue, job_id)
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: bytes) -> str:
+        return await self._claims.signal(queue, job_id, name, payload)
+
+    async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
+        return await self._claims.get_signals(queue, job_id)
 
     async def workers(self, queue: str, *, include_expired: bool = False) -> dict[str, float]:
         return await self._claims.workers(queue, include_expired=include_expired)

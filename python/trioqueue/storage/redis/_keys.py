@@ -23,6 +23,7 @@ __all__ = [
     "FLOW_KEY_NAMES",
     "QUEUE_KEYS",
     "QUEUE_KEY_NAMES",
+    "SIGNAL_FIELD",
     "STEP_FIELD",
     "flow_keys",
     "hash_slot",
@@ -43,8 +44,9 @@ QUEUE_KEYS: tuple[tuple[str | None, str], ...] = (
     ("ENV", "env"),  # hash id -> envelope (until completed; a failed/cancelled job's until forgotten: retry)
     ("LISTENING", "listening"),  # string with a TTL, present while a subscriber listens to ``events``
     ("ERRORS", "errors"),  # hash id -> serialized error (failing/failed, until expiry)
-    # hash id -> last reported progress; and STEP_FIELD + id -> the job's stored steps
-    # (``storage._steps``, until it is forgotten): a byte no UTF-8 id holds, so no key more
+    # hash id -> last reported progress; STEP_FIELD + id -> the job's stored steps and
+    # SIGNAL_FIELD + id -> its mailbox (``storage._steps``, until it is forgotten): bytes no
+    # UTF-8 id holds, so no key more
     ("PROGRESS", "progress"),
     ("Q", "queue"),  # list: the ready list of entries <entry token>:<id> (the default priority's lane)
     ("D", "delayed"),  # zset id -> due time (ms) of failing and delayed jobs
@@ -82,6 +84,9 @@ QUEUE_KEY_NAMES = tuple(suffix for _, suffix in QUEUE_KEYS)
 FLOW_KEY_NAMES = ("rate", "flow")
 # The field of a job's steps in the PROGRESS hash: this byte (never in UTF-8), then the id.
 STEP_FIELD = b"\xff"
+# The field of a job's mailbox (Job.wait_for_signal) in the PROGRESS hash: this byte (never
+# in UTF-8 either), then the id.
+SIGNAL_FIELD = b"\xfe"
 _SUFFIXES = frozenset(QUEUE_KEY_NAMES + FLOW_KEY_NAMES)
 PROCESSING = "processing"  # a worker's processing list: {prefix:queue}:processing:<worker>
 

@@ -74,6 +74,7 @@ SCRIPT_NAMES = (
     "sweep",
     "progress",
     "step",
+    "signal",
     "pause",
     "schedule_put",
     "schedule_remove",

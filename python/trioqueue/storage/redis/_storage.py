@@ -51,13 +51,13 @@ from .._base import (
     SettleKind,
     StorageEvent,
 )
-from .._capabilities import Administration, Debounce, Groups, Schedules, Steps, Trees
-from .._steps import decode_steps, encode_step
+from .._capabilities import Administration, Debounce, Groups, Schedules, Signals, Trees
+from .._steps import decode_signals, decode_steps, encode_step
 from ._admin import RedisAdmin
 from ._coalesce import Coalescer
 from ._enqueue import enqueue_args, flush, outcome
 from ._events import RedisEvents
-from ._keys import STEP_FIELD
+from ._keys import SIGNAL_FIELD, STEP_FIELD
 from ._flows import RedisTrees
 from ._runner import RedisSettings, ScriptRunner, ms, open_transport, text
 
@@ -71,11 +71,12 @@ _KIND_CODE = {
     SettleKind.RATE_LIMITED: "l",
     SettleKind.WAIT_CHILDREN: "w",
     SettleKind.SLEEP: "s",
+    SettleKind.WAIT_SIGNAL: "g",
 }
 _SWEEP_SLICE = 500  # expired jobs forgotten per script call (repeated while work remains)
 
 
-class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Steps):
+class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
     """Storage on Redis >= 7 or Valkey: standalone, Cluster, or a Sentinel service.
 
     ``url``: ``redis://[user[:password]@]host[:port][/db]`` or ``rediss://`` (TLS; add
@@ -515,6 +516,19 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Steps):
         field = STEP_FIELD + job_id.encode()
         data = await self._runner.transport.command(["HGET", self._runner.key(queue, "progress"), field])
         return decode_steps(data)
+
+    # -- signals -----------------------------------------------------------------------
+
+    async def signal(self, queue: str, job_id: str, name: str, payload: bytes) -> str:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        outcome = text(await self._runner.run("signal", queue, [job_id, name, encode_step(name, payload)]))
+        return "not_found" if outcome == "not_found" else "delivered"
+
+    async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        field = SIGNAL_FIELD + job_id.encode()
+        data = await self._runner.transport.command(["HGET", self._runner.key(queue, "progress"), field])
+        return decode_signals(data)
 
     # -- leader locks ------------------------------------------------------------------
 

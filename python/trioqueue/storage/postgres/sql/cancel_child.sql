@@ -1,1 +1,1 @@
-UPDATE {s}.jobs SET state = 'cancelled', state_ms = $3, run_at_ms = NULL, worker = NULL, lease_ms = NULL, expires_ms = $3 + (result_ttl * 1000)::bigint WHERE queue = $1 AND id = $2 AND state IN ('queued', 'delayed', 'failing', 'waiting_children') RETURNING token
+UPDATE {s}.jobs SET state = 'cancelled', state_ms = $3, run_at_ms = NULL, worker = NULL, lease_ms = NULL, expires_ms = $3 + (result_ttl * 1000)::bigint WHERE queue = $1 AND id = $2 AND state IN ('queued', 'delayed', 'failing', 'waiting_children', 'waiting_signal') RETURNING token

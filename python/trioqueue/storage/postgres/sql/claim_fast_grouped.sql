@@ -7,7 +7,7 @@ WITH q AS (
                     SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
                     FROM {s}.queues WHERE queue = $1),
                 due AS (SELECT min(run_at_ms) AS at FROM {s}.jobs
-                        WHERE queue = $1 AND state IN ('delayed', 'failing')),
+                        WHERE queue = $1 AND state IN ('delayed', 'failing', 'waiting_signal')),
                 ring AS (SELECT (SELECT true FROM {s}.group_ring WHERE queue = $1 ORDER BY queue, priority, grp LIMIT 1) IS NOT NULL
                     OR EXISTS (SELECT 1 FROM {s}.group_sleep WHERE queue = $1 AND due_ms <= $2) AS grouped),
                 gate AS (SELECT NOT coalesce((SELECT paused FROM q), false)

@@ -7,7 +7,8 @@ expired(id, now)
 local st = stpart(redis.call('HGET', JOBS, id))
 if not st then return 'not_found' end
 local m = getm(id)
-if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') or starts(st, 'waiting_children:') then
+if starts(st, 'queued:') or starts(st, 'failing:') or starts(st, 'delayed:') or starts(st, 'waiting_children:')
+    or starts(st, 'waiting_signal:') then
   -- its ready-list entry (if any) no longer matches: dropped when met
   m.k = -1
   redis.call('ZREM', D, id)

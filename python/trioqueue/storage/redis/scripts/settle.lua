@@ -1,5 +1,5 @@
 -- KEYS[QK + 1]: the worker's processing list; the last KEY: the flow hash.
--- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l|w|s>:<ttl_ms>:<delay_ms>:<keep>',
+-- ARGV: worker, call token, then (id, data, '<kind c|f|r|x|l|w|s|g>:<ttl_ms>:<delay_ms>:<keep>',
 -- claim token) per settlement (keep: '' or Settlement.keep, count-based retention: the
 -- completed/failed jobs past the newest <keep> are forgotten at the end of this call).
 -- Returns a list of 1 (settled, or already settled by this claim) / 0 (fenced: the claim
@@ -12,18 +12,20 @@
 --@include cancel
 --@include flow_free
 --@include keep
-local P = KEYS[QK + 1]
+--@include groups
+--@include signal
 local W, CALL = ARGV[1], ARGV[2]
+local ids = {}
+for i = 3, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
+-- (after the first statement: locals of the Function's body, not its upvalues, which Lua
+-- caps at 60; see _lua.library)
+local P = KEYS[QK + 1]
 local now = now_ms()
 local nows = istr(now)
 local out = {}
 local wake = false
 local hold = 0  -- RateLimited: no claim before this (ms)
 local freed = false
-local ids = {}
-for i = 3, #ARGV, 4 do ids[#ids + 1] = ARGV[i] end
--- (after the first statement: a local of the Function's body, not one of its upvalues,
--- which Lua caps at 60; see _lua.library)
 local regroup = {}  -- groups whose slot this call freed while they were full (include groups)
 local sts, metas = {}, {}
 for i = 1, #ids, 1000 do
@@ -74,7 +76,7 @@ for j, id in ipairs(ids) do
       if not keeps[k] or spec[4] < keeps[k] then keeps[k] = spec[4] end
     end
     if m.g and redis.call('HDEL', FLOW, 'b:' .. m.g) == 1 then regroup[#regroup + 1] = m.g end
-    if kind == 'l' or kind == 'w' or kind == 's' then
+    if kind == 'l' or kind == 'w' or kind == 's' or kind == 'g' then
       if m.s == 1 then m.a = m.a - 1 end  -- rate limited, waiting or asleep: the attempt did not happen
     elseif m.s ~= 1 and kind ~= 'x' then
       m.a = m.a + 1  -- settled without start()
@@ -85,7 +87,7 @@ for j, id in ipairs(ids) do
       -- run cut short after add_children runs again once they ended: it must not complete
       kind = 'w'
     end
-    if kind == 'x' or kind == 'l' or kind == 'w' or kind == 's' or m.tr or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
+    if kind == 'x' or kind == 'l' or kind == 'w' or kind == 's' or kind == 'g' or m.tr or (kind == 'r' and m.x == 1) or ((kind == 'c' or kind == 'f') and ttl <= 0) then
       -- the rare paths, one call at a time
       if m.tr then trees = true end
       redis.call('ZREM', L, id)
@@ -120,6 +122,8 @@ for j, id in ipairs(ids) do
         setst(id, 'waiting_children:' .. nows)
         redis.call('SADD', TNOTES, 'w' .. id)
         trees = true
+      elseif kind == 'g' and m.x ~= 1 then
+        park_signal(id, m, now, W, data)  -- waits for a signal (include signal)
       elseif kind == 'r' and m.x ~= 1 then
         -- a tree's job failed an attempt: as the common path below does, one at a time
         m.w = nil

@@ -206,7 +206,7 @@ local function purge(id)
   redis.call('HDEL', META, id)
   redis.call('HDEL', ENV, id)
   redis.call('HDEL', ERRORS, id)
-  redis.call('HDEL', PROGRESS, id, '\255' .. id)  -- its progress and its steps (step.lua)
+  redis.call('HDEL', PROGRESS, id, '\255' .. id, '\254' .. id)  -- its progress, its steps (step.lua), its mailbox (signal.lua)
   redis.call('ZREM', D, id)
   redis.call('ZREM', L, id)
   redis.call('HDEL', TREE, id)
@@ -216,9 +216,9 @@ end
 -- index), so each state is a score range, counted by ZCOUNT and paged by rank. Every
 -- write of an active state string goes through setst/setsts; of a terminal one, terminal.
 local K44 = 17592186044416
--- (waiting_children, a parent of a tree, came last: the terminal kinds are 4..6)
+-- (waiting_children, a parent of a tree, and waiting_signal came last: the terminal kinds are 4..6)
 local KIND = {queued = 0, delayed = 1, processing = 2, failing = 3, completed = 4, failed = 5, cancelled = 6,
-  waiting_children = 7}
+  waiting_children = 7, waiting_signal = 8}
 local function sidx(st)
   local c = string.find(st, ':', 1, true)
   local rest = string.sub(st, c + 1)

@@ -1,11 +1,14 @@
--- Due retries (failing) and delayed jobs go to the ready list.
+-- Due retries (failing) and delayed jobs, and jobs waiting for a signal whose deadline
+-- passed (signal.lua), go to the ready list.
 local function promote(now)
   local ids = redis.call('ZRANGEBYSCORE', D, '-inf', istr(now), 'LIMIT', '0', '1000')
   for _, id in ipairs(ids) do
     redis.call('ZREM', D, id)
     local st = redis.call('HGET', JOBS, id)
-    if starts(st, 'failing:') or starts(st, 'delayed:') then
+    if starts(st, 'failing:') or starts(st, 'delayed:') or starts(st, 'waiting_signal:') then
       local m = getm(id)
+      m.ws = nil
+      m.wc = nil
       local tok = redis.call('INCR', SEQ)
       m.k = istr(tok)
       setm(id, m)
