@@ -1,6 +1,7 @@
-"""Durable jobs under ``kill -9``: multi-step jobs run by worker processes that are killed
-at seeded moments (tests/helpers/queue_worker.py, mode ``durable``), on every backend that
-several processes can share.
+"""Durable jobs under ``kill -9``: multi-step jobs that sleep and wait for signals, run by
+worker processes that are killed at seeded moments (tests/helpers/queue_worker.py, mode
+``durable``), on every backend that several processes can share; and on MemoryStorage,
+whose workers are stopped by force instead.
 
 The proof, from the log every step's effect appends to (``STEP <job> <step> <worker>
 <time>``, one ``O_APPEND`` write each, so the log's order is the order of the effects)
@@ -12,7 +13,11 @@ stored it):
   the one its *last* execution made;
 - a step that ran more than once was in flight when its worker died: every execution
   but the last was made by a killed worker, and was the last step that worker ran for
-  the job.
+  the job;
+- a sleep never wakes early: every run that passed it did so at or after the wake-up
+  time the job stored;
+- signals are taken once each, in the order they were sent: each job returns the
+  payloads sent to it, in order, each once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import trio.testing
 from support import Recorder
 from test_processes import Fleet, fleet, shared_storage, spec_of  # noqa: F401 - fixtures
 from trioqueue import Job, JobState, MemoryStorage, Queue, Storage, Worker
+from trioqueue._model import _clock
 
 STEPS = 5
 
@@ -43,6 +49,18 @@ def step_log(log: Path) -> list[tuple[str, str, str]]:
         if parts[0] == "STEP":
             out.append((parts[1], parts[2], parts[3]))
     return out
+
+
+def woke_log(log: Path) -> list[tuple[str, float]]:
+    """When each run passed its job's sleep: ``(job, time)``."""
+    if not log.exists():
+        return []
+    return [(p[1], float(p[4])) for p in (line.split(" ") for line in log.read_text().splitlines()) if p[0] == "WOKE"]
+
+
+def wake_violations(woke: list[tuple[str, float]], wake_at: dict[str, float]) -> list[str]:
+    """The runs that passed a sleep before its stored wake-up time."""
+    return [f"{job}: passed its sleep at {t!r}, before {wake_at[job]!r}" for job, t in woke if t < wake_at[job]]
 
 
 def violations(effects: list[tuple[str, str, str]], results: dict[str, list[str]], killed: set[str]) -> list[str]:
@@ -79,13 +97,16 @@ def violations(effects: list[tuple[str, str, str]], results: dict[str, list[str]
 
 
 @pytest.mark.parametrize("seed", [7])
-async def test_multi_step_jobs_under_sigkill_run_no_stored_step_twice(
+async def test_durable_jobs_under_sigkill_run_no_stored_step_twice_never_wake_early_and_take_each_signal_once(
     shared_storage: Storage, fleet: Fleet, tmp_path: Path, queue_name: str, seed: int
 ) -> None:
     rng = random.Random(seed)
     log = tmp_path / "steps.log"
     total = 40
-    jobs = [(f"job-{i:03}", {"steps": STEPS, "pause": rng.uniform(0.005, 0.03)}) for i in range(total)]
+    jobs = [
+        (f"job-{i:03}", {"steps": STEPS, "pause": rng.uniform(0.005, 0.03), "nap": rng.uniform(0.05, 0.4), "signals": 2})
+        for i in range(total)
+    ]
     generation = 0
     killed: set[str] = set()
 
@@ -104,9 +125,12 @@ async def test_multi_step_jobs_under_sigkill_run_no_stored_step_twice(
                 await fleet.start("durable", spec(slot), "READY")
                 alive[slot] = spec(slot)["worker_id"]
             await producer.enqueue_many(jobs)
-            for _ in range(5):
+            for round_ in range(5):
                 # a moment in the run: the log is other processes' file, nothing to wait on
                 await trio.sleep(rng.uniform(0.1, 0.4))
+                if round_ in (0, 2):  # the signals, sent while workers die (kept if early)
+                    for job_id, _ in jobs:
+                        assert await producer.signal(job_id, "go", {"job": job_id, "n": round_}) == "delivered"
                 slot = rng.randrange(3)
                 fleet.kill(alive[slot])
                 killed.add(alive[slot])
@@ -115,13 +139,16 @@ async def test_multi_step_jobs_under_sigkill_run_no_stored_step_twice(
                 alive[slot] = spec(slot)["worker_id"]
             await completed.wait_until(lambda evs: len({e.job_id for e in evs}) >= total)
             results: dict[str, list[str]] = {}
+            wake_at: dict[str, float] = {}
             for job_id, _ in jobs:
                 status = await producer.get_status(job_id)
                 assert status is not None and status.state is JobState.COMPLETED, (job_id, status)
-                results[job_id] = status.result
-                assert list(status.steps) == [f"s{k}" for k in range(STEPS)]
+                results[job_id] = status.result["steps"]
+                assert status.result["signals"] == [{"job": job_id, "n": 0}, {"job": job_id, "n": 2}], job_id
+                assert list(status.steps) == ["s0", "s1", "nap", "s2", "s3", "s4"]
+                wake_at[job_id] = status.steps["nap"]
     effects = step_log(log)
-    problems = violations(effects, results, killed)
+    problems = violations(effects, results, killed) + wake_violations(woke_log(log), wake_at)
     assert not problems, f"seed {seed}: " + "; ".join(problems[:10])
     print(f"seed {seed}: {len(killed)} kill -9, {len(effects) - total * STEPS} step effects repeated (in flight at a kill)")
 
@@ -142,7 +169,7 @@ def test_the_check_catches_a_stored_step_that_ran_again() -> None:
 
 
 @pytest.mark.parametrize("seed", [7, 11])
-async def test_multi_step_jobs_under_forced_stops_on_memory_run_no_stored_step_twice(
+async def test_durable_jobs_under_forced_stops_on_memory_run_no_stored_step_twice_never_wake_early_and_take_each_signal_once(
     autojump_clock: trio.testing.MockClock, seed: int
 ) -> None:
     """MemoryStorage cannot span processes: its workers are stopped by force instead (their
@@ -151,20 +178,27 @@ async def test_multi_step_jobs_under_forced_stops_on_memory_run_no_stored_step_t
     rng = random.Random(seed)
     total = 40
     effects: list[tuple[str, str, str]] = []
+    woke: list[tuple[str, float]] = []
     stopped: set[str] = set()
 
     def handler_of(worker_id: str) -> Any:
-        async def handler(job: Job[Any]) -> list[str]:
+        async def handler(job: Job[Any]) -> dict[str, Any]:
             async def effect(name: str) -> str:
                 effects.append((job.id, name, worker_id))
                 await trio.sleep(job.payload["pause"])  # a stop here: the effect happened, not stored
                 return worker_id
 
-            values = []
+            values, signals = [], []
             for i in range(job.payload["steps"]):
                 values.append(await job.step(f"s{i}", effect, f"s{i}"))
                 await trio.sleep(job.payload["pause"])
-            return values
+                if i == 1:
+                    await job.sleep("nap", job.payload["nap"])
+                    woke.append((job.id, _clock.now()))
+                if i == 2:
+                    for _ in range(2):
+                        signals.append(await job.wait_for_signal("go"))
+            return {"steps": values, "signals": signals}
 
         return handler
 
@@ -177,13 +211,19 @@ async def test_multi_step_jobs_under_forced_stops_on_memory_run_no_stored_step_t
 
     completed = Recorder()
     storage = MemoryStorage()
+    ids = [f"job-{i:03}" for i in range(total)]
     async with Queue(storage, name="durable", max_attempts=50) as queue, trio.open_nursery() as nursery:
         queue.on("completed", completed)
         alive = {slot: f"w{slot}-0" for slot in range(3)}
         scopes = {slot: await nursery.start(run_worker, queue, alive[slot]) for slot in range(3)}
-        await queue.enqueue_many([(f"job-{i:03}", {"steps": STEPS, "pause": rng.uniform(0.005, 0.03)}) for i in range(total)])
+        await queue.enqueue_many(
+            [(i, {"steps": STEPS, "pause": rng.uniform(0.005, 0.03), "nap": rng.uniform(0.05, 0.4)}) for i in ids]
+        )
         for generation in range(1, 6):
             await trio.sleep(rng.uniform(0.02, 0.2))
+            if generation in (1, 3):
+                for job_id in ids:
+                    assert await queue.signal(job_id, "go", {"job": job_id, "n": generation}) == "delivered"
             slot = rng.randrange(3)
             scopes[slot].cancel()
             stopped.add(alive[slot])
@@ -191,12 +231,14 @@ async def test_multi_step_jobs_under_forced_stops_on_memory_run_no_stored_step_t
             scopes[slot] = await nursery.start(run_worker, queue, alive[slot])
         with trio.fail_after(600):
             await completed.wait_until(lambda evs: len({e.job_id for e in evs}) >= total)
-        results = {}
-        for i in range(total):
-            status = await queue.get_status(f"job-{i:03}")
+        results, wake_at = {}, {}
+        for job_id in ids:
+            status = await queue.get_status(job_id)
             assert status is not None and status.state is JobState.COMPLETED, status
-            results[status.id] = status.result
+            results[job_id] = status.result["steps"]
+            assert status.result["signals"] == [{"job": job_id, "n": 1}, {"job": job_id, "n": 3}], job_id
+            wake_at[job_id] = status.steps["nap"]
         nursery.cancel_scope.cancel()
-    problems = violations(effects, results, stopped)
+    problems = violations(effects, results, stopped) + wake_violations(woke, wake_at)
     assert not problems, f"seed {seed}: " + "; ".join(problems[:10])
     assert len(effects) > total * STEPS, "no stop landed in a step: the test proved nothing"

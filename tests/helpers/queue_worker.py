@@ -14,8 +14,11 @@ start is appended to: "<job id> <worker id> <attempt> <time.time()>"), optionall
 returns ``{"id", "by"}``; prints ``READY`` once running. ``durable`` runs a Queue whose
 handler runs ``payload["steps"]`` steps ``s0, s1, ...`` (each step's effect appends
 ``STEP <job id> <step> <worker id> <time.time()>`` to the log, then pauses
-``payload["pause"]`` seconds before its value, the worker id, is returned and stored) and
-returns the list of the steps' values. ``reaper`` runs a leader-elected
+``payload["pause"]`` seconds before its value, the worker id, is returned and stored),
+sleeps ``payload["nap"]`` seconds durably after ``s1`` (each run that passes the sleep
+appends ``WOKE <job id> nap <worker id> <time>``), waits for ``payload["signals"]``
+signals named ``go`` after ``s2``, and returns ``{"steps": [the steps' values],
+"signals": [the payloads]}``. ``reaper`` runs a leader-elected
 Reaper and prints ``LEADER <owner>`` / ``FOLLOWER <owner>``. Both stop gracefully on
 SIGTERM and die on SIGKILL, which is the point.
 """
@@ -83,7 +86,7 @@ async def durable(spec: dict[str, Any]) -> None:
     worker_id = spec["worker_id"]
     log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    async def handler(job: Job[Any]) -> list[str]:
+    async def handler(job: Job[Any]) -> dict[str, Any]:
         pause = job.payload.get("pause", 0.0)
 
         async def effect(name: str) -> str:
@@ -91,11 +94,17 @@ async def durable(spec: dict[str, Any]) -> None:
             await trio.sleep(pause)  # a kill here: the effect happened, its value is not stored
             return worker_id
 
-        values = []
+        values, signals = [], []
         for i in range(job.payload["steps"]):
             values.append(await job.step(f"s{i}", effect, f"s{i}"))
             await trio.sleep(pause)  # a kill here: the step is stored, the next not begun
-        return values
+            if i == 1 and "nap" in job.payload:  # a durable sleep after s1
+                await job.sleep("nap", job.payload["nap"])
+                os.write(log_fd, f"WOKE {job.id} nap {worker_id} {time.time()!r}\n".encode())
+            if i == 2:  # then the signals the harness sends, each taken once, in order
+                for _ in range(job.payload.get("signals", 0)):
+                    signals.append(await job.wait_for_signal("go"))
+        return {"steps": values, "signals": signals}
 
     queue: Queue[Any, Any] = Queue(
         make_storage(spec),
