@@ -211,7 +211,7 @@ TRANSITIONS: dict[str, dict[str | None, tuple[str, ...]]] = {
 _ALLOWED = frozenset((step, old, new) for step, table in TRANSITIONS.items() for old, news in table.items() for new in news)
 
 
-def _sources(step: str, new: str) -> frozenset[str]:
+def _sources(step: str, new: str) -> frozenset[str | None]:
     """The kinds from which ``step`` may take a job to ``new``: the table, read once for
     the inline checks of the per-job steps (:func:`claim`, :func:`complete`)."""
     return frozenset(old for old, news in TRANSITIONS[step].items() if new in news)
