@@ -9,6 +9,8 @@ of real time, in order. Each test asserts the virtual time that passed.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +38,26 @@ async def test_the_clock_follows_virtual_time(autojump_clock: trio.testing.MockC
     await trio.sleep(DAY)
     assert _clock.now() - wall == DAY
     assert _clock.monotonic() - mono == DAY
+
+
+def test_the_clock_does_not_import_trio_testing() -> None:
+    """``trio.testing`` is not imported by trioqueue, nor by a Queue and a Worker running
+    on a MemoryStorage (where pytest is installed it imports pytest: some ten thousand
+    objects that every full collection of the garbage collector walks, about 25 ms each
+    time): the clock knows a MockClock only where ``trio.testing`` was imported."""
+    script = (
+        "import sys, trio\n"
+        "from trioqueue import MemoryStorage, Queue\n"
+        "async def noop(job): pass\n"
+        "async def main():\n"
+        "    async with Queue(MemoryStorage(), handler=noop) as q:\n"
+        "        await q.enqueue_and_wait('a', 1)\n"
+        "trio.run(main)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('trio.testing', '_pytest', 'pytest'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 async def test_a_job_delayed_by_a_day_runs_after_a_day_and_before_a_later_one(

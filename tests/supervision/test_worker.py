@@ -53,6 +53,31 @@ async def test_one_worker_consumes_two_queues(storage: Storage, queue_name: str)
     assert not first.running and not second.running  # stopped by the async with, not the worker
 
 
+async def test_a_worker_of_several_queues_runs_concurrency_handlers_on_each(storage: Storage, queue_name: str) -> None:
+    """``concurrency`` is per queue, not one budget shared by the queues (see the Worker's
+    docstring for why): with ``concurrency=1``, a job of one queue that blocks does not
+    hold up the other queue's job."""
+    began = {"a": trio.Event(), "b": trio.Event()}
+    release = trio.Event()
+
+    async def hold(job: Job[str]) -> str:
+        began[job.payload].set()
+        await release.wait()
+        return job.payload
+
+    first: Queue[str, str] = Queue(storage, name=f"{queue_name}-a")
+    second: Queue[str, str] = Queue(storage, name=f"{queue_name}-b")
+    async with first, second, Worker([first, second], handler=hold, concurrency=1, **FAST):
+        await first.enqueue("x", "a")
+        await second.enqueue("y", "b")
+        with trio.fail_after(30):
+            await began["a"].wait()
+            await began["b"].wait()  # both handlers run at once: one on each queue
+            release.set()
+            assert await first.enqueue_and_wait("x", "a") == "a"  # (its stored result)
+            assert await second.enqueue_and_wait("y", "b") == "b"
+
+
 async def test_run_under_nursery_start_and_stop_let_the_running_job_finish(storage: Storage, queue_name: str) -> None:
     began, release = trio.Event(), trio.Event()
 

@@ -27,12 +27,12 @@ filesystem's and the server's.
 
 from __future__ import annotations
 
+import sys
 from time import monotonic as _monotonic
 from time import time as _time
 
 import trio
 from trio.lowlevel import RunVar
-from trio.testing import MockClock
 
 __all__ = ["monotonic", "note_run", "now"]
 
@@ -45,17 +45,26 @@ _EPOCH: RunVar[float | None] = RunVar("trioqueue_clock_epoch")
 _virtual_seen = False
 
 
+def _is_mock_clock(clock: object) -> bool:
+    """Whether ``clock`` is a :class:`trio.testing.MockClock`, without importing
+    ``trio.testing``: it imports pytest where pytest is installed, thousands of objects that
+    every full collection of the garbage collector then walks (a process that never
+    imported ``trio.testing`` has no MockClock)."""
+    testing = sys.modules.get("trio.testing")
+    return testing is not None and isinstance(clock, testing.MockClock)
+
+
 def note_run() -> None:
     """Called where a storage, a Queue or a Worker starts in a Trio run: notices a
     :class:`~trio.testing.MockClock`, after which readings check the run's clock."""
     global _virtual_seen
-    if not _virtual_seen and isinstance(trio.lowlevel.current_clock(), MockClock):
+    if not _virtual_seen and _is_mock_clock(trio.lowlevel.current_clock()):
         _virtual_seen = True
 
 
 def _decide() -> float | None:
     """The first reading of a run: is its clock virtual? Kept for the rest of the run."""
-    epoch = _time() - trio.current_time() if isinstance(trio.lowlevel.current_clock(), MockClock) else None
+    epoch = _time() - trio.current_time() if _is_mock_clock(trio.lowlevel.current_clock()) else None
     _EPOCH.set(epoch)
     return epoch
 
@@ -75,6 +84,8 @@ def _virtual_epoch() -> float | None:
 def now() -> float:
     """Wall time in seconds since the epoch: :func:`time.time`, or virtual under a
     :class:`trio.testing.MockClock` (see the module docstring)."""
+    if not _virtual_seen:  # (_virtual_epoch's first test, inline: the per-job path)
+        return _time()
     epoch = _virtual_epoch()
     return _time() if epoch is None else epoch + trio.current_time()
 
@@ -82,4 +93,6 @@ def now() -> float:
 def monotonic() -> float:
     """Seconds on a monotonic clock: :func:`time.monotonic`, or :func:`trio.current_time`
     under a :class:`trio.testing.MockClock` (see the module docstring)."""
+    if not _virtual_seen:
+        return _monotonic()
     return _monotonic() if _virtual_epoch() is None else trio.current_time()

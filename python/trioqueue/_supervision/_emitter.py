@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
+from collections import deque
 from time import perf_counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,16 +28,21 @@ EventCallback = Callable[[QueueEvent], Awaitable[None] | None]
 class Emitter:
     """Holds ``on()`` callbacks and delivers events to them from one dispatcher task.
 
-    Emitting never blocks and never raises: events go into an unbounded channel that the
+    Emitting never blocks and never raises: events go into an unbounded queue that the
     dispatcher (started with :meth:`run` in the owner's nursery) drains, awaiting async
     callbacks one at a time. A callback that raises is logged and reported as an
-    ``error`` event (an ``error`` callback that raises is only logged).
+    ``error`` event (an ``error`` callback that raises is only logged). Events emitted
+    while no dispatcher runs (before :meth:`run`, after :meth:`close`) reach no callback.
     """
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self._callbacks: dict[str, list[EventCallback]] = {}
-        self._send: trio.MemorySendChannel[QueueEvent] | None = None
+        # the events for the dispatcher (a deque and a parking lot, not a memory channel:
+        # this is the per-job path of a queue with a callback), and whether it takes them
+        self._pending: deque[QueueEvent] = deque()
+        self._open = False
+        self._wakeup = trio.lowlevel.ParkingLot()
         self.streams: list[Any] = []  # EventStream readers (``Queue.events()``)
 
     def on(self, name: str, callback: EventCallback) -> EventCallback:
@@ -77,12 +82,12 @@ class Emitter:
             if name == "error":
                 logger.warning("trioqueue[%s] error: %s", self.queue, data.get("error") or data)
             return
-        if self._send is None:
+        if not self._open:
             return
-        try:
-            self._send.send_nowait(QueueEvent(name, self.queue, job_id, data))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+        pending = self._pending
+        pending.append(QueueEvent(name, self.queue, job_id, data))
+        if len(pending) == 1:  # else the dispatcher was woken already (or runs)
+            self._wakeup.unpark()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Deliver events until :meth:`close`; then drain what is left and return.
@@ -90,26 +95,24 @@ class Emitter:
         Events already queued are delivered back to back, with a schedule point (and a
         cancellation check) at least every :data:`DISPATCH_SLICE` seconds rather than one
         per event: a burst of events costs one trip through the scheduler, not one each."""
-        send, receive = trio.open_memory_channel[QueueEvent](math.inf)
-        self._send = send
+        pending = self._pending
+        callbacks = self._callbacks
+        self._open = True
         task_status.started()
-        async with receive:
+        try:
             yield_at = 0.0
             while True:
-                try:
-                    event = receive.receive_nowait()
-                except trio.WouldBlock:
-                    try:
-                        event = await receive.receive()
-                    except trio.EndOfChannel:
+                if not pending:
+                    if not self._open:
                         return
+                    await self._wakeup.park()
                     yield_at = perf_counter() + DISPATCH_SLICE
-                except trio.EndOfChannel:
-                    return
-                for callback in self._callbacks.get(event.name, ()):
+                    continue
+                event = pending.popleft()
+                for callback in callbacks.get(event.name, ()):
                     try:
                         ret = callback(event)
-                        if inspect.isawaitable(ret):
+                        if ret is not None and inspect.isawaitable(ret):
                             await ret
                     except Exception as exc:
                         logger.exception("trioqueue[%s] %s callback %r failed", self.queue, event.name, callback)
@@ -118,9 +121,11 @@ class Emitter:
                 if perf_counter() >= yield_at:
                     await trio.lowlevel.checkpoint()
                     yield_at = perf_counter() + DISPATCH_SLICE
+        finally:
+            self._open = False  # (cancelled: what is left is dropped, as is what comes)
+            pending.clear()
 
     def close(self) -> None:
         """Stop accepting events; :meth:`run` returns once it has delivered the rest."""
-        if self._send is not None:
-            self._send.close()
-            self._send = None
+        self._open = False
+        self._wakeup.unpark_all()

@@ -1,6 +1,6 @@
-"""A queue's producer calls and request/response (:class:`QueueProducer`: ``enqueue``,
+"""A queue's producer calls and request/response (:class:`QueueProducer`:
 ``enqueue_many`` and ``enqueue_and_wait``), an object the :class:`~trioqueue.Queue`
-builds and delegates to."""
+builds and delegates to (its ``enqueue``, the per-job path, uses the same parts itself)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ R = TypeVar("R")
 
 
 class QueueProducer(Generic[P, R]):
-    """A queue's producer calls (the :class:`~trioqueue.Queue`'s ``enqueue``,
-    ``enqueue_many`` and ``enqueue_and_wait``, documented there): jobs made and stored by
-    its ``maker``, outcomes read by its ``reader``, the ``listener`` waited for (a level
-    asked for, the notices of ``enqueue_and_wait``), ``waiters`` parked until their
-    outcome, ``check_running`` raising unless the queue runs."""
+    """A queue's producer calls (the :class:`~trioqueue.Queue`'s ``enqueue_many`` and
+    ``enqueue_and_wait``, documented there; its ``enqueue`` uses these parts itself): jobs
+    made and stored by its ``maker``, outcomes read by its ``reader``, the ``listener``
+    waited for (a level asked for, the notices of ``enqueue_and_wait``), ``waiters``
+    parked until their outcome, ``check_running`` raising unless the queue runs."""
 
     def __init__(
         self,
@@ -56,24 +56,6 @@ class QueueProducer(Generic[P, R]):
         self.check_running = check_running
 
     # -- producer API ------------------------------------------------------------------
-
-    async def enqueue(
-        self,
-        job_id: str,
-        payload: P,
-        *,
-        transaction: object | None = None,
-        **options: Unpack[EnqueueOptions],
-    ) -> EnqueueResult:
-        trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = self.maker.new_job(job_id, payload, options, trace)
-        tree = self.maker.tree(new, options, trace)
-        self.check_running()
-        await self.listener.caught_up()
-        if transaction is None:
-            return self.maker.enqueue_result(new.id, await self.maker.store(new, tree, options))
-        [outcome] = await self.maker.store_in(transaction, [new], options, tree)
-        return self.maker.enqueue_result(new.id, outcome)
 
     async def enqueue_many(
         self,

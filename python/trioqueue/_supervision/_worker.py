@@ -101,7 +101,14 @@ class Worker:
     ``prefetch``, a process pool of ``processes``, each per queue: not one budget
     shared by the queues), under one ``worker_id``; the handler gets jobs of every queue
     (``job`` does not say which: give each queue its own Worker when the handlers
-    differ).
+    differ). Per queue because each queue's claims come from a claim call of its own,
+    which waits (up to ``block_timeout``, woken by the queue's notices) for that queue's
+    jobs: a budget shared by the queues would have to reserve its slots for each waiting
+    call (an idle queue would keep them from a busy one) or claim more than it can run
+    (jobs held, not running, that another worker could have taken). Per queue, a backlog
+    on one queue never slows another. For a total over the queues, give each a share
+    (``concurrency=total // len(queues)``); to bound the handler's own resources, share a
+    :class:`trio.CapacityLimiter` between its calls (what waits for it is claimed).
 
     The settings are those of the one-object shorthand (``Queue(storage,
     handler=..., concurrency=...)``, see :class:`~trioqueue.Queue` for each): ``handler``

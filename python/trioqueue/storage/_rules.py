@@ -244,6 +244,17 @@ TRANSITIONS: dict[str, dict[str | None, tuple[str, ...]]] = {
 _ALLOWED = frozenset((step, old, new) for step, table in TRANSITIONS.items() for old, news in table.items() for new in news)
 
 
+def _sources(step: str, new: str) -> frozenset[str | None]:
+    """The kinds from which ``step`` may take a job to ``new``: the table, read once for
+    the inline checks of the per-job steps (:func:`claim`, :func:`complete`)."""
+    return frozenset(old for old, news in TRANSITIONS[step].items() if new in news)
+
+
+_CLAIMABLE = _sources("claim", PROCESSING)
+_STARTABLE = frozenset(TRANSITIONS["start"])
+_COMPLETABLE = _sources("settle", COMPLETED)
+
+
 class TransitionError(ValueError):
     """A step tried to move a job where the lifecycle does not go (a backend's bug)."""
 
@@ -412,7 +423,7 @@ def claim(r: Rec, worker_id: str, now_ms: int, deadline: float, start: bool) -> 
     """A queued job claimed by ``worker_id`` until ``deadline``: its new claim token is
     ``<incarnation>.<n>``; ``start``: its attempt is counted now (else by :func:`start`,
     a *reserved* claim). Returns the attempt's number (1-based) either way."""
-    if ("claim", r.kind, PROCESSING) not in _ALLOWED:  # (the table, checked inline: once a job)
+    if r.kind not in _CLAIMABLE:  # (the table, checked inline: once a job)
         _refuse(r, "claim", PROCESSING)
     r.kind = PROCESSING
     r.ts = now_ms
@@ -433,7 +444,8 @@ def start(r: Rec, paused: bool, now: float) -> str:
     cancelled); ``back`` (the queue is paused: a reserved claim goes back to the front of
     its lane, its attempt never counted). The caller files the record and drops its
     claim unless ``run``."""
-    _expect(r, "start")
+    if r.kind not in _STARTABLE:  # (_expect, inline: once a job)
+        _expect(r, "start")
     if not r.started:
         if r.cancel_requested:
             cancel_claimed(r, now, step="start")
@@ -564,7 +576,7 @@ def settle(
 def complete(r: Rec, data: bytes, now: float, now_ms: int, ttl: float) -> None:
     """:func:`settle` ``complete`` of a held job outside a tree with no cancel request:
     the common case, with the clock read once per call by the caller."""
-    if ("settle", r.kind, COMPLETED) not in _ALLOWED:  # (the table, checked inline: once a job)
+    if r.kind not in _COMPLETABLE:  # (the table, checked inline: once a job)
         _refuse(r, "settle", COMPLETED)
     if not r.started:
         r.attempts += 1
