@@ -430,7 +430,7 @@ def test_a_wait_for_a_signal_parks_uncounted_and_its_signal_queues_it() -> None:
     r = _claimed()
     assert r.attempts == 1
     event = R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1, 5_000).encode(), 3.0)
-    assert event is None and r.kind == R.WAITING_SIGNAL and r.attempts == 0 and not r.started
+    assert event == "waiting_signal" and r.kind == R.WAITING_SIGNAL and r.attempts == 0 and not r.started
     assert r.wait == ("go", 1) and r.state() == "waiting_signal:3000"
     assert R.parse_job_state(r.state()) == (R.WAITING_SIGNAL, 3_000, None)
     assert R.signal(r, encode_step("other", b"1"), 4_000) == "delivered" and r.kind == R.WAITING_SIGNAL

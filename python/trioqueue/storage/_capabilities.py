@@ -403,8 +403,10 @@ class Signals(Steps):
     as its steps are; a running job waits for a message by settling
     :attr:`SettleKind.WAIT_SIGNAL` (its ``data``: ``_rules.WaitSignal.encode()``: the
     name, how many messages on it the job needs, and a deadline or none), which parks it
-    in ``waiting_signal`` (no slot, no lease, its attempt not counted) until a message
-    makes the count, or its deadline passes (then it is promoted as a delayed job is).
+    in ``waiting_signal`` (no slot, no lease, its attempt not counted; event
+    ``waiting_signal``, or ``requeued`` when the messages had arrived: queued at once)
+    until a message makes the count, or its deadline passes (then it is promoted as a
+    delayed job is).
 
     The mailbox lives as long as the record: a new incarnation starts with an empty one;
     :meth:`Administration.retry_job` keeps it (with ``reset_steps`` too: the run starts

@@ -504,9 +504,10 @@ def failed_by_children(policy: str, failed: bool) -> bool:
 
 
 # The event each settled kind publishes (``None``: none of its own; a parent left waiting
-# is announced by its release or its failure).
+# is announced by its release or its failure; a job that waits for a signal by
+# ``waiting_signal``, as a sleep by ``sleeping``).
 _SETTLED_EVENT = {COMPLETED: "completed", FAILED: "failed", CANCELLED: "cancelled", FAILING: "failing",
-                  DELAYED: "rate_limited", WAITING_CHILDREN: None, WAITING_SIGNAL: None,
+                  DELAYED: "rate_limited", WAITING_CHILDREN: None, WAITING_SIGNAL: "waiting_signal",
                   QUEUED: "requeued"}  # fmt: skip
 
 
@@ -519,8 +520,8 @@ def settle(
     ``failed`` (both kept ``ttl`` seconds), ``failing`` (a retry: the caller files it
     due after the retry delay), ``delayed`` (rate limited: the same, and claims of the
     queue pause; asleep: the same, event ``sleeping``), ``waiting_children`` (the tree
-    decides next: :func:`parent_verdict`), ``waiting_signal`` (the caller files it due at
-    the wait's deadline, if any) or ``queued`` (a wait for a signal that has arrived: the
+    decides next: :func:`parent_verdict`), ``waiting_signal`` (event ``waiting_signal``;
+    the caller files it due at the wait's deadline, if any) or ``queued`` (a wait for a signal that has arrived: the
     caller queues it), or ``cancelled`` (a cancel, or a cancel request met by anything that would put it
     back). ``by_children``: :func:`failed_by_children` (the run's end becomes waiting,
     which fails it). Returns the event kind to publish (``None``: none yet)."""

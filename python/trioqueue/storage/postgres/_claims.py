@@ -417,6 +417,7 @@ class PgClaims:
                         await conn.execute(
                             self._db.sql["park_signal"], queue, s.id, "waiting_signal", now, delta, due, wait.name, wait.needed
                         )
+                        events.append(StorageEvent("waiting_signal", s.id, worker_id, token=token))
                         if due is not None and (first_due is None or due < first_due):
                             events.append(StorageEvent("due", "", result=due_payload(due)))
                             first_due = due
