@@ -203,7 +203,8 @@ BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, Set
 # their attempt did not happen
 UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
+# (a wait for a signal too: a message could change nothing)
+ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
 # the settlements count-based retention (``Settlement.keep``) applies to: the kind they enter
 KEPT = {SettleKind.COMPLETE: COMPLETED, SettleKind.FAIL: FAILED}
 
@@ -232,11 +233,14 @@ TRANSITIONS: dict[str, dict[str | None, tuple[str, ...]]] = {
     "signal": {WAITING_SIGNAL: (QUEUED,)},
     # every child of a waiting parent ended: queued again for its next run
     "release_parent": {WAITING_CHILDREN: (QUEUED,)},
-    # a child failed under ``cancel``: the parent fails (waiting, or back for a run of its own)
-    "fail_by_children": {WAITING_CHILDREN: (FAILED,), QUEUED: (FAILED,), FAILING: (FAILED,), DELAYED: (FAILED,)},
+    # a child failed under ``cancel``: the parent fails (waiting for its children or for a
+    # signal, or back for a run of its own)
+    "fail_by_children": {WAITING_CHILDREN: (FAILED,), QUEUED: (FAILED,), FAILING: (FAILED,), DELAYED: (FAILED,),
+                         WAITING_SIGNAL: (FAILED,)},  # fmt: skip
     # an ancestor failed or was cancelled: a parent about to be released or failed by its
     # children is cancelled instead (the cascade on its way would cancel it)
-    "cancel_by_ancestor": {WAITING_CHILDREN: (CANCELLED,), QUEUED: (CANCELLED,), FAILING: (CANCELLED,), DELAYED: (CANCELLED,)},
+    "cancel_by_ancestor": {WAITING_CHILDREN: (CANCELLED,), QUEUED: (CANCELLED,), FAILING: (CANCELLED,), DELAYED: (CANCELLED,),
+                           WAITING_SIGNAL: (CANCELLED,)},  # fmt: skip
     # retry_job: a failed or cancelled job runs again (a new incarnation)
     "retry_job": {FAILED: (QUEUED,), CANCELLED: (QUEUED,)},
 }
@@ -677,8 +681,9 @@ def parent_verdict(
     - ``cancel_children``: it runs and a child failed under ``cancel`` (it fails when its
       run ends: :func:`failed_by_children`), or it has a cancel request: its children
       that have not ended are cancelled;
-    - ``fail``: it waits (or is back for a run of its own) and a child failed under
-      ``cancel``: it fails with ``ChildJobFailedError`` (:func:`fail_by_children`);
+    - ``fail``: it waits (for its children or for a signal, or is back for a run of its
+      own) and a child failed under ``cancel``: it fails with ``ChildJobFailedError``
+      (:func:`fail_by_children`);
     - ``release``: it waits and no child is pending: queued again (:func:`release_parent`);
     - ``cancelled``: instead of ``fail`` or ``release`` when an ancestor ended (released,
       it could run after its root's cancel; failed, it would end otherwise than the
@@ -690,7 +695,7 @@ def parent_verdict(
     failing = failed_by_children(policy, failed)
     if kind == PROCESSING:
         return CANCEL_CHILDREN if failing or cancel_requested else NOTHING
-    if kind in (QUEUED, FAILING, DELAYED):
+    if kind in (QUEUED, FAILING, DELAYED, WAITING_SIGNAL):
         return (CANCELLED if ancestor_ended else FAIL) if failing else NOTHING
     if kind != WAITING_CHILDREN:
         return NOTHING
@@ -718,6 +723,7 @@ def fail_by_children(r: Rec, failures: list[tuple[str, bytes]], now: float) -> N
     r.ts = int(now * 1000)
     r.worker = None
     r.lease = None
+    r.wait = None
     r.error = child_failed_error(r.id, failures)
     r.exp = now + r.result_ttl
 
@@ -727,6 +733,7 @@ def cancel_by_ancestor(r: Rec, now: float) -> None:
     was cancelled (event ``cancelled``)."""
     _move(r, "cancel_by_ancestor", CANCELLED)
     r.ts = int(now * 1000)
+    r.wait = None
     r.exp = now + r.result_ttl
 
 
