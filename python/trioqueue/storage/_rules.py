@@ -754,8 +754,11 @@ def child_failed_error(job_id: str, failures: list[tuple[str, bytes]]) -> bytes:
 
 def debounces(r: Rec | None) -> bool:
     """Whether a debounced enqueue updates the job whose record is ``r`` (it has not been
-    claimed yet) rather than enqueueing a new one."""
-    return r is not None and r.kind in (DELAYED, QUEUED)
+    claimed yet) rather than enqueueing a new one. A job that ran and is back ``delayed``
+    or ``queued`` (asleep, rate limited, woken, recovered...) is in the middle of its
+    durable run: not debounced (the enqueue is a duplicate), as one that waits for a
+    signal or runs."""
+    return r is not None and r.kind in (DELAYED, QUEUED) and r.claims == 0
 
 
 def debounce_delay(delay: float, max_wait: float | None) -> float:
