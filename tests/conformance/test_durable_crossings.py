@@ -105,7 +105,9 @@ async def test_a_parent_waiting_for_a_signal_fails_when_its_child_fails(storage:
 
 
 @pytest.mark.capability("Trees", "Signals")
-async def test_a_parent_whose_child_failed_while_it_ran_fails_when_it_waits_for_a_signal(storage: Storage, queue_name: str) -> None:
+async def test_a_parent_whose_child_failed_while_it_ran_fails_when_it_waits_for_a_signal(
+    storage: Storage, queue_name: str
+) -> None:
     """The run of a parent whose child failed under ``cancel`` fails it whatever it ends
     with (a completion, a retry, a sleep...): a wait for a signal too (it would wait for a
     message that can change nothing)."""
@@ -224,7 +226,9 @@ async def test_a_waiting_job_outlives_its_result_ttl_and_count_based_retention(s
 
 
 @pytest.mark.capability("Administration", "Signals")
-async def test_a_waiting_job_past_its_deadline_is_not_claimed_while_the_queue_is_paused(storage: Storage, queue_name: str) -> None:
+async def test_a_waiting_job_past_its_deadline_is_not_claimed_while_the_queue_is_paused(
+    storage: Storage, queue_name: str
+) -> None:
     assert isinstance(storage, Signals) and isinstance(storage, Administration)
     await _parked(storage, queue_name, "w", deadline_ms=1_000)  # (long past)
     assert await storage.set_paused(queue_name, True)
@@ -305,7 +309,9 @@ async def test_a_debounce_of_a_job_that_waits_for_a_signal_or_sleeps_is_a_duplic
 
 
 @pytest.mark.capability("Administration", "Signals")
-async def test_retry_of_a_cancelled_waiting_job_waits_again_and_its_signal_completes_it(storage: Storage, queue_name: str) -> None:
+async def test_retry_of_a_cancelled_waiting_job_waits_again_and_its_signal_completes_it(
+    storage: Storage, queue_name: str
+) -> None:
     runs: list[int] = []
 
     async def handler(job: Job[Any]) -> Any:

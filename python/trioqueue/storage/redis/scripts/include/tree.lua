@@ -10,9 +10,10 @@
 -- child of that parent was removed). tree_settle(now) acts on every note of every
 -- declared queue: a parent is queued once no child is pending, failed
 -- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
--- cancelled; waiting for them or for a signal, or back in the queue for a run of its own; a running one gets
--- m.cf = 1 and settle fails its run whatever it ends with), a parent that ended other than completed cancels its children, and a kept
--- child gets its own TTL back once its parent has ended.
+-- cancelled; waiting for them or for a signal, or back in the queue for a run of its
+-- own; a running one gets m.cf = 1 and settle fails its run whatever it ends with), a
+-- parent that ended other than completed cancels its children, and a kept child gets
+-- its own TTL back once its parent has ended.
 local function tree_info(q, id)
   use_queue(q)
   local raw = redis.call('HGET', TREE, id)
