@@ -206,7 +206,9 @@ class Debounce(Storage):
     ) -> list[EnqueueOutcome]:
         """:meth:`enqueue` with a debounce, atomically for each job in order (storage time):
 
-        - if the id is waiting, ``delayed`` or ``queued`` (not claimed), the waiting job
+        - if the id is waiting, ``delayed`` or ``queued`` and never claimed in this
+          incarnation (one that ran and is back, asleep, rate limited or recovered, is
+          in the middle of its run: a duplicate, as one in ``waiting_signal``), the waiting job
           takes this job's envelope (its payload and options) and max attempts and result
           TTL, keeping its incarnation token, priority and creation time; a delayed one
           becomes due at ``now + delay``, but never later than ``created + max_wait``
