@@ -14,6 +14,7 @@ from trioqueue.storage import Administration, Settlement, SettleKind, Signals
 from trioqueue.storage._rules import WaitSignal
 
 from storage_helpers import LEASE, W1, job
+from support import Recorder
 
 pytestmark = pytest.mark.capability("Signals")
 
@@ -130,6 +131,26 @@ async def test_wait_signal_whose_messages_arrived_is_queued_at_once(storage: Sto
     assert await _state(storage, queue_name, "r") == "processing"
 
 
+async def test_a_park_publishes_waiting_signal_and_one_whose_signal_arrived_requeued(storage: Storage, queue_name: str) -> None:
+    """The settlement that parks a job announces it (``waiting_signal``, as a sleep's
+    ``sleeping``); one whose messages had arrived is queued at once (``requeued``)."""
+    assert isinstance(storage, Signals)
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.enqueue(queue_name, [job("p"), job("r")])
+    seen: list[Any] = []
+    async with storage.subscribe(queue_name) as events:
+        claims = {c.id: c.token for c in await storage.dequeue(queue_name, W1, 2, 0.05, LEASE)}
+        assert await storage.signal(queue_name, "r", "go", b"1") == "delivered"
+        parks = [Settlement(SettleKind.WAIT_SIGNAL, jid, _wait("go", 1), token=claims[jid]) for jid in ("p", "r")]
+        assert await storage.settle(queue_name, W1, parks) == [True, True]
+        await storage.enqueue(queue_name, [job("marker")])
+        with trio.fail_after(10):
+            while not any(e.job_id == "marker" for e in seen):
+                seen.extend(e for e in await events.receive() if e.job_id in ("p", "r", "marker"))
+    assert [(e.kind, e.job_id) for e in seen] == [("waiting_signal", "p"), ("requeued", "r"), ("enqueued", "marker")]
+    assert seen[0].worker_id == W1 and seen[0].token == "t-p"
+
+
 async def test_a_waiting_job_is_queued_again_at_its_deadline(storage: Storage, queue_name: str) -> None:
     assert isinstance(storage, Signals)
     await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
@@ -185,12 +206,6 @@ async def test_a_signal_sent_before_the_wait_is_returned_without_parking(storage
         assert status.steps == {}  # the wait's internal steps are not listed
 
 
-async def _until_waiting(q: Queue[Any], job_id: str) -> None:
-    """Until the job is in ``waiting_signal`` (no event announces it: polled)."""
-    while (status := await q.get_status(job_id)) is None or status.state is not JobState.WAITING_SIGNAL:
-        await trio.sleep(0.02)
-
-
 async def test_a_wait_parks_without_a_slot_and_a_later_signal_resumes_it(storage: Storage, queue_name: str) -> None:
     """Steps before the wait run once; while it waits, the job holds no slot (another job
     runs at concurrency 1) and uses no attempt; a signal from elsewhere resumes it."""
@@ -208,11 +223,13 @@ async def test_a_wait_parks_without_a_slot_and_a_later_signal_resumes_it(storage
         return [charged, approval]
 
     q = Queue(storage, name=queue_name, handler=handler, concurrency=1, **FAST)
+    parked = Recorder()
+    q.on("waiting_signal", parked)
     async with q:
         await q.enqueue("o", None)
         with trio.fail_after(20):
             await seen.event("waiting 1").wait()
-            await _until_waiting(q, "o")
+            await parked.wait_for("waiting_signal", "o")
             status = await q.get_status("o")
             assert status is not None and status.attempts == 0
             assert (await q.counts())[JobState.WAITING_SIGNAL] == 1
@@ -301,11 +318,13 @@ async def test_cancel_a_job_waiting_for_a_signal(storage: Storage, queue_name: s
         return await job.wait_for_signal("approve")
 
     q = Queue(storage, name=queue_name, handler=handler, **FAST)
+    parked = Recorder()
+    q.on("waiting_signal", parked)
     async with q:
         await q.enqueue("c", None)
         with trio.fail_after(20):
             await seen.event("waiting").wait()
-            await _until_waiting(q, "c")
+            await parked.wait_for("waiting_signal", "c")
         result = await q.cancel("c")
         assert result.status == "cancelled"
         assert (await q.get_status("c")).state is JobState.CANCELLED  # type: ignore[union-attr]

@@ -10,16 +10,20 @@ from typing import Any
 
 import trio
 
-from trioqueue import Job, JobState, MemoryStorage, Queue, Storage
+from trioqueue import Job, MemoryStorage, Queue, Storage
 from trioqueue.dashboard import Dashboard
 
 from dashboard_client import Client
+from support import Recorder
 from test_admin_cli import Cli, target  # noqa: F401 - the fixture: file, Redis, PostgreSQL
 
 
-async def _until_waiting(q: Queue[Any], job_id: str) -> None:
-    while (status := await q.get_status(job_id)) is None or status.state is not JobState.WAITING_SIGNAL:
-        await trio.sleep(0.02)
+def _parked(q: Queue[Any]) -> Recorder:
+    """The queue's ``waiting_signal`` (a job parked) and ``completed`` events, recorded."""
+    parked = Recorder()
+    q.on("waiting_signal", parked)
+    q.on("completed", parked)
+    return parked
 
 
 async def test_the_cli_signals_a_waiting_job_and_counts_and_lists_it(target: tuple[Cli, Callable[[], Storage]]) -> None:
@@ -31,10 +35,12 @@ async def test_the_cli_signals_a_waiting_job_and_counts_and_lists_it(target: tup
     async def handler(job: Job[Any]) -> Any:
         return await job.wait_for_signal("approve")
 
-    async with Queue(make_storage(), name=queue_name, handler=handler, block_timeout=30) as q:
+    q = Queue(make_storage(), name=queue_name, handler=handler, block_timeout=30)
+    parked = _parked(q)
+    async with q:
         await q.enqueue("order", None)
         with trio.fail_after(30):
-            await _until_waiting(q, "order")
+            await parked.wait_for("waiting_signal", "order")
         stats = await cli.json("stats")
         assert stats[queue_name]["counts"]["waiting_signal"] == 1
         assert "waiting_signal" in (await cli.run("stats")).stdout.decode().splitlines()[0]
@@ -43,8 +49,9 @@ async def test_the_cli_signals_a_waiting_job_and_counts_and_lists_it(target: tup
         out = await cli.json("signal", "order", "approve", "--payload", '{"by": "ann"}')
         assert out == {"id": "order", "signal": "approve", "status": "delivered"}
         with trio.fail_after(10):  # (woken, not by the claim's 30 s timeout)
-            while (status := await q.get_status("order")) is None or not status.state.terminal:
-                await trio.sleep(0.02)
+            await parked.wait_for("completed", "order")
+        status = await q.get_status("order")
+        assert status is not None
         assert status.result == {"by": "ann"}
     assert "not signalled: it is completed" in await cli.error("signal", "order", "approve")
     assert "not signalled: it is unknown" in await cli.error("signal", "nope", "approve")
@@ -56,10 +63,12 @@ async def test_the_dashboard_lists_the_jobs_waiting_for_a_signal() -> None:
         return await job.wait_for_signal("approve")
 
     storage = MemoryStorage()
-    async with Queue(storage, name="orders", handler=handler, block_timeout=0.5) as q:
+    q = Queue(storage, name="orders", handler=handler, block_timeout=0.5)
+    parked = _parked(q)
+    async with q:
         await q.enqueue("order-7", None)
         with trio.fail_after(20):
-            await _until_waiting(q, "order-7")
+            await parked.wait_for("waiting_signal", "order-7")
         async with trio.open_nursery() as nursery:
             [base] = await nursery.start(Dashboard(storage, port=0, names=["orders"]).run)
             client = Client(base)
@@ -79,10 +88,12 @@ async def test_a_sync_producer_signals_a_waiting_job(tmp_path: Path) -> None:
     async def handler(job: Job[Any]) -> Any:
         return await job.wait_for_signal("paid")
 
-    async with Queue(FileStorage(store), name="jobs", handler=handler, block_timeout=0.5) as q:
+    q = Queue(FileStorage(store), name="jobs", handler=handler, block_timeout=0.5)
+    parked = _parked(q)
+    async with q:
         await q.enqueue("invoice", None)
         with trio.fail_after(20):
-            await _until_waiting(q, "invoice")
+            await parked.wait_for("waiting_signal", "invoice")
 
         def webhook() -> list[str]:
             producer: SyncProducer[Any, Any] = SyncProducer(store, name="jobs")
@@ -93,6 +104,7 @@ async def test_a_sync_producer_signals_a_waiting_job(tmp_path: Path) -> None:
 
         with trio.fail_after(30):
             assert await trio.to_thread.run_sync(webhook) == ["delivered", "not_found"]
-            while (status := await q.get_status("invoice")) is None or not status.state.terminal:
-                await trio.sleep(0.02)
+            await parked.wait_for("completed", "invoice")
+        status = await q.get_status("invoice")
+        assert status is not None
         assert status.result == {"eur": 12}

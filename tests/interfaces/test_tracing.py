@@ -21,6 +21,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from trioqueue import Job, JobFailedError, Queue, Storage
 from trioqueue._core import decode_envelope
 
+from support import Recorder
+
 
 class _Switch(Sampler):
     """Samples everything while a test of this module runs, nothing otherwise: the global
@@ -107,6 +109,35 @@ async def test_sync_handler_runs_in_the_span_too(storage: Storage, queue_name: s
             with trio.fail_after(30):
                 trace_id = await queue.enqueue_and_wait("t", None)
     assert trace_id == format(root.get_span_context().trace_id, "032x")
+
+
+async def test_a_run_that_sleeps_or_waits_for_a_signal_is_not_marked_failed(
+    storage: Storage, queue_name: str, spans: InMemorySpanExporter
+) -> None:
+    """``job.sleep`` and ``job.wait_for_signal`` end a run by an exception of their own:
+    the run did not fail, and its span says nothing of an error."""
+
+    async def handler(job: Job[Any]) -> Any:
+        if job.id == "nap":
+            await job.sleep("nap", 0.05)
+            return "slept"
+        return await job.wait_for_signal("go")
+
+    q = Queue(storage, name=queue_name, handler=handler, block_timeout=0.5)
+    parked = Recorder()
+    q.on("waiting_signal", parked)
+    q.on("completed", parked)
+    async with q:
+        with trio.fail_after(30):
+            assert await q.enqueue_and_wait("nap", None) == "slept"
+            await q.enqueue("wait", None)
+            await parked.wait_for("waiting_signal", "wait")
+            assert await q.signal("wait", "go", "ok") == "delivered"
+            await parked.wait_for("completed", "wait")
+    finished = [s for s in spans.get_finished_spans() if s.name.endswith(" process")]
+    runs = sorted(s.attributes["messaging.message.id"] for s in finished)
+    assert runs == ["nap", "nap", "wait", "wait"]
+    assert [(s.status.status_code, list(s.events)) for s in finished] == [(StatusCode.UNSET, [])] * 4
 
 
 def test_without_opentelemetry_nothing_is_stored_or_called() -> None:

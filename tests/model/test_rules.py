@@ -247,6 +247,17 @@ def test_a_parent_whose_child_failed_under_cancel_cannot_complete() -> None:
     assert r.kind == R.FAILED and r.error == b"own"  # a failure of its own stands
 
 
+def test_a_parent_whose_child_failed_under_cancel_does_not_wait_for_a_signal() -> None:
+    r = _claimed()
+    assert R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 5.0, by_children=True) is None
+    assert r.kind == R.WAITING_CHILDREN and r.wait is None  # the tree fails it
+    r = _claimed()
+    R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1).encode(), 5.0)
+    assert R.parent_verdict(r.kind, "cancel", True, 1) == R.FAIL  # one failed while it waited
+    R.fail_by_children(r, [("c1", b"")], 6.0)
+    assert r.kind == R.FAILED and r.wait is None
+
+
 def test_stalled_jobs_go_back_while_attempts_are_left_then_fail() -> None:
     r = _claimed(max_attempts=2)
     assert R.recover(r, 5.0, "w1") == "requeued"
@@ -353,6 +364,10 @@ def test_enqueue_replaces_only_a_cancelled_or_missing_job() -> None:
         (R.QUEUED, "cancel", True, 0, False, False, R.FAIL),
         (R.FAILING, "cancel", True, 0, False, False, R.FAIL),
         (R.DELAYED, "continue", True, 0, False, False, R.NOTHING),
+        (R.WAITING_SIGNAL, "cancel", True, 1, False, False, R.FAIL),
+        (R.WAITING_SIGNAL, "cancel", True, 1, False, True, R.CANCELLED),
+        (R.WAITING_SIGNAL, "continue", True, 0, False, False, R.NOTHING),
+        (R.WAITING_SIGNAL, "cancel", False, 0, False, False, R.NOTHING),
         (R.COMPLETED, "cancel", True, 0, False, False, R.NOTHING),
         (R.CANCELLED, "cancel", True, 0, False, False, R.NOTHING),
     ],
@@ -430,7 +445,7 @@ def test_a_wait_for_a_signal_parks_uncounted_and_its_signal_queues_it() -> None:
     r = _claimed()
     assert r.attempts == 1
     event = R.settle(r, SettleKind.WAIT_SIGNAL, R.WaitSignal("go", 1, 5_000).encode(), 3.0)
-    assert event is None and r.kind == R.WAITING_SIGNAL and r.attempts == 0 and not r.started
+    assert event == "waiting_signal" and r.kind == R.WAITING_SIGNAL and r.attempts == 0 and not r.started
     assert r.wait == ("go", 1) and r.state() == "waiting_signal:3000"
     assert R.parse_job_state(r.state()) == (R.WAITING_SIGNAL, 3_000, None)
     assert R.signal(r, encode_step("other", b"1"), 4_000) == "delivered" and r.kind == R.WAITING_SIGNAL

@@ -12,7 +12,16 @@ from typing import Any
 from . import _validate as check
 from ._errors import TrioQueueError, ValidationError
 
-__all__ = ["BatchOutcome", "RateLimited", "ResultEncodeError", "Retry", "Sleeping", "UnrecoverableError", "WaitForChildren"]
+__all__ = [
+    "BatchOutcome",
+    "Parked",
+    "RateLimited",
+    "ResultEncodeError",
+    "Retry",
+    "Sleeping",
+    "UnrecoverableError",
+    "WaitForChildren",
+]
 
 
 class UnrecoverableError(Exception):
@@ -73,6 +82,12 @@ class Sleeping(BaseException):
         self.job_id = job_id
         self.name = name
         self.until = until
+
+
+class Parked(BaseException):
+    """Raised by :meth:`Job.wait_for_signal <trioqueue.Job.wait_for_signal>` when the job
+    must wait: it ends the run (a ``BaseException``, so that ``except Exception`` in a
+    handler lets it through), and the job is settled ``SettleKind.WAIT_SIGNAL``."""
 
 
 class BatchOutcome:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ._outcomes import Sleeping, WaitForChildren
+from ._outcomes import Parked, Sleeping, WaitForChildren
 
 try:
     from opentelemetry import context as otel_context
@@ -109,9 +109,9 @@ def start_job_span(queue: str, job: Job[Any], carrier: dict[str, str] | None) ->
 
 def end_job_span(handle: JobSpan, raised: BaseException | None) -> None:
     """End the attempt's span; an attempt that raised (or timed out) is marked failed,
-    not one that went to sleep or waits for its children."""
+    not one that went to sleep or waits for its children or for a signal."""
     otel_context.detach(handle.token)
-    if raised is not None and not isinstance(raised, Sleeping | WaitForChildren):
+    if raised is not None and not isinstance(raised, Sleeping | WaitForChildren | Parked):
         handle.span.record_exception(raised)
         handle.span.set_status(Status(StatusCode.ERROR, f"{type(raised).__qualname__}: {raised}"))
     handle.span.end()

@@ -367,6 +367,7 @@ STORAGE_EVENT_NAMES = frozenset(
         "removed",
         "rate_limited",
         "sleeping",
+        "waiting_signal",
         "cleared",
     }
 )

@@ -24,7 +24,7 @@ from .._model._clock import now as _now
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
 from .._model._errors import JobTimeoutError, SignalTimeoutError, TrioQueueError, ValidationError
-from .._model._outcomes import RateLimited, ResultEncodeError, Retry, Sleeping, UnrecoverableError, WaitForChildren
+from .._model._outcomes import Parked, RateLimited, ResultEncodeError, Retry, Sleeping, UnrecoverableError, WaitForChildren
 from .._model._flows import check_on_child_failure as check_policy
 from .._model._options import NO_JOB_OPTIONS, JobOptions
 from .._model._types import CURRENT_ATTEMPT, ExecutionContext, Job, JobError
@@ -210,12 +210,6 @@ class RunSteps:
         self.wake: float | None = None
         self.waits: dict[str, int] = {}
         self.parked: WaitSignal | None = None
-
-
-class Parked(BaseException):
-    """Raised by :meth:`Job.wait_for_signal` when the job must wait: it ends the run (a
-    ``BaseException``, so that ``except Exception`` in a handler lets it through), and the
-    job is settled :attr:`SettleKind.WAIT_SIGNAL`."""
 
 
 # The stored value of a wait for a signal (a step): ``m`` and the payload's JSON, or ``t``

@@ -249,8 +249,11 @@ class Storage(abc.ABC):
         attempt counter as before this attempt, every claim of the queue held off for
         ``delay`` seconds, publishing ``rate_limited``; for :attr:`SettleKind.SLEEP` (the
         handler went to sleep: ``Job.sleep``), the same without holding off any claim,
-        publishing ``sleeping``. A job with a cancel request that a settlement would put
-        back (``RETRY``, ``RATE_LIMITED``, ``WAIT_CHILDREN``, ``SLEEP``) ends ``cancelled``.
+        publishing ``sleeping``; for :attr:`SettleKind.WAIT_SIGNAL` (``Signals``), state
+        ``waiting_signal`` publishing ``waiting_signal`` (or ``queued`` publishing
+        ``requeued`` if its messages have arrived). A job with a cancel request that a
+        settlement would put back (``RETRY``, ``RATE_LIMITED``, ``WAIT_CHILDREN``,
+        ``SLEEP``, ``WAIT_SIGNAL``) ends ``cancelled``.
 
         Fencing by claim: a settlement whose claim token is not the job's current claim in
         ``worker_id``'s processing list (the reaper recovered it, it was claimed again, or

@@ -206,7 +206,9 @@ class Debounce(Storage):
     ) -> list[EnqueueOutcome]:
         """:meth:`enqueue` with a debounce, atomically for each job in order (storage time):
 
-        - if the id is waiting, ``delayed`` or ``queued`` (not claimed), the waiting job
+        - if the id is waiting, ``delayed`` or ``queued`` and never claimed in this
+          incarnation (one that ran and is back, asleep, rate limited or recovered, is
+          in the middle of its run: a duplicate, as one in ``waiting_signal``), the waiting job
           takes this job's envelope (its payload and options) and max attempts and result
           TTL, keeping its incarnation token, priority and creation time; a delayed one
           becomes due at ``now + delay``, but never later than ``created + max_wait``
@@ -403,8 +405,10 @@ class Signals(Steps):
     as its steps are; a running job waits for a message by settling
     :attr:`SettleKind.WAIT_SIGNAL` (its ``data``: ``_rules.WaitSignal.encode()``: the
     name, how many messages on it the job needs, and a deadline or none), which parks it
-    in ``waiting_signal`` (no slot, no lease, its attempt not counted) until a message
-    makes the count, or its deadline passes (then it is promoted as a delayed job is).
+    in ``waiting_signal`` (no slot, no lease, its attempt not counted; event
+    ``waiting_signal``, or ``requeued`` when the messages had arrived: queued at once)
+    until a message makes the count, or its deadline passes (then it is promoted as a
+    delayed job is).
 
     The mailbox lives as long as the record: a new incarnation starts with an empty one;
     :meth:`Administration.retry_job` keeps it (with ``reset_steps`` too: the run starts

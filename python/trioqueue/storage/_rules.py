@@ -203,7 +203,8 @@ BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, Set
 # their attempt did not happen
 UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
+# (a wait for a signal too: a message could change nothing)
+ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
 # the settlements count-based retention (``Settlement.keep``) applies to: the kind they enter
 KEPT = {SettleKind.COMPLETE: COMPLETED, SettleKind.FAIL: FAILED}
 
@@ -232,11 +233,14 @@ TRANSITIONS: dict[str, dict[str | None, tuple[str, ...]]] = {
     "signal": {WAITING_SIGNAL: (QUEUED,)},
     # every child of a waiting parent ended: queued again for its next run
     "release_parent": {WAITING_CHILDREN: (QUEUED,)},
-    # a child failed under ``cancel``: the parent fails (waiting, or back for a run of its own)
-    "fail_by_children": {WAITING_CHILDREN: (FAILED,), QUEUED: (FAILED,), FAILING: (FAILED,), DELAYED: (FAILED,)},
+    # a child failed under ``cancel``: the parent fails (waiting for its children or for a
+    # signal, or back for a run of its own)
+    "fail_by_children": {WAITING_CHILDREN: (FAILED,), QUEUED: (FAILED,), FAILING: (FAILED,), DELAYED: (FAILED,),
+                         WAITING_SIGNAL: (FAILED,)},  # fmt: skip
     # an ancestor failed or was cancelled: a parent about to be released or failed by its
     # children is cancelled instead (the cascade on its way would cancel it)
-    "cancel_by_ancestor": {WAITING_CHILDREN: (CANCELLED,), QUEUED: (CANCELLED,), FAILING: (CANCELLED,), DELAYED: (CANCELLED,)},
+    "cancel_by_ancestor": {WAITING_CHILDREN: (CANCELLED,), QUEUED: (CANCELLED,), FAILING: (CANCELLED,), DELAYED: (CANCELLED,),
+                           WAITING_SIGNAL: (CANCELLED,)},  # fmt: skip
     # retry_job: a failed or cancelled job runs again (a new incarnation)
     "retry_job": {FAILED: (QUEUED,), CANCELLED: (QUEUED,)},
 }
@@ -516,9 +520,10 @@ def failed_by_children(policy: str, failed: bool) -> bool:
 
 
 # The event each settled kind publishes (``None``: none of its own; a parent left waiting
-# is announced by its release or its failure).
+# is announced by its release or its failure; a job that waits for a signal by
+# ``waiting_signal``, as a sleep by ``sleeping``).
 _SETTLED_EVENT = {COMPLETED: "completed", FAILED: "failed", CANCELLED: "cancelled", FAILING: "failing",
-                  DELAYED: "rate_limited", WAITING_CHILDREN: None, WAITING_SIGNAL: None,
+                  DELAYED: "rate_limited", WAITING_CHILDREN: None, WAITING_SIGNAL: "waiting_signal",
                   QUEUED: "requeued"}  # fmt: skip
 
 
@@ -531,8 +536,8 @@ def settle(
     ``failed`` (both kept ``ttl`` seconds), ``failing`` (a retry: the caller files it
     due after the retry delay), ``delayed`` (rate limited: the same, and claims of the
     queue pause; asleep: the same, event ``sleeping``), ``waiting_children`` (the tree
-    decides next: :func:`parent_verdict`), ``waiting_signal`` (the caller files it due at
-    the wait's deadline, if any) or ``queued`` (a wait for a signal that has arrived: the
+    decides next: :func:`parent_verdict`), ``waiting_signal`` (event ``waiting_signal``;
+    the caller files it due at the wait's deadline, if any) or ``queued`` (a wait for a signal that has arrived: the
     caller queues it), or ``cancelled`` (a cancel, or a cancel request met by anything that would put it
     back). ``by_children``: :func:`failed_by_children` (the run's end becomes waiting,
     which fails it). Returns the event kind to publish (``None``: none yet)."""
@@ -688,8 +693,9 @@ def parent_verdict(
     - ``cancel_children``: it runs and a child failed under ``cancel`` (it fails when its
       run ends: :func:`failed_by_children`), or it has a cancel request: its children
       that have not ended are cancelled;
-    - ``fail``: it waits (or is back for a run of its own) and a child failed under
-      ``cancel``: it fails with ``ChildJobFailedError`` (:func:`fail_by_children`);
+    - ``fail``: it waits (for its children or for a signal, or is back for a run of its
+      own) and a child failed under ``cancel``: it fails with ``ChildJobFailedError``
+      (:func:`fail_by_children`);
     - ``release``: it waits and no child is pending: queued again (:func:`release_parent`);
     - ``cancelled``: instead of ``fail`` or ``release`` when an ancestor ended (released,
       it could run after its root's cancel; failed, it would end otherwise than the
@@ -701,7 +707,7 @@ def parent_verdict(
     failing = failed_by_children(policy, failed)
     if kind == PROCESSING:
         return CANCEL_CHILDREN if failing or cancel_requested else NOTHING
-    if kind in (QUEUED, FAILING, DELAYED):
+    if kind in (QUEUED, FAILING, DELAYED, WAITING_SIGNAL):
         return (CANCELLED if ancestor_ended else FAIL) if failing else NOTHING
     if kind != WAITING_CHILDREN:
         return NOTHING
@@ -729,6 +735,7 @@ def fail_by_children(r: Rec, failures: list[tuple[str, bytes]], now: float) -> N
     r.ts = int(now * 1000)
     r.worker = None
     r.lease = None
+    r.wait = None
     r.error = child_failed_error(r.id, failures)
     r.exp = now + r.result_ttl
 
@@ -738,6 +745,7 @@ def cancel_by_ancestor(r: Rec, now: float) -> None:
     was cancelled (event ``cancelled``)."""
     _move(r, "cancel_by_ancestor", CANCELLED)
     r.ts = int(now * 1000)
+    r.wait = None
     r.exp = now + r.result_ttl
 
 
@@ -758,8 +766,11 @@ def child_failed_error(job_id: str, failures: list[tuple[str, bytes]]) -> bytes:
 
 def debounces(r: Rec | None) -> bool:
     """Whether a debounced enqueue updates the job whose record is ``r`` (it has not been
-    claimed yet) rather than enqueueing a new one."""
-    return r is not None and r.kind in (DELAYED, QUEUED)
+    claimed yet) rather than enqueueing a new one. A job that ran and is back ``delayed``
+    or ``queued`` (asleep, rate limited, woken, recovered...) is in the middle of its
+    durable run: not debounced (the enqueue is a duplicate), as one that waits for a
+    signal or runs."""
+    return r is not None and r.kind in (DELAYED, QUEUED) and r.claims == 0
 
 
 def debounce_delay(delay: float, max_wait: float | None) -> float:

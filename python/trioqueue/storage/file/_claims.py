@@ -251,6 +251,7 @@ class FileClaims:
                         r.children = r.children or []
                         self._trees.tree_ended(q, r)  # re-evaluated: queued at once if nothing is pending
                     elif r.kind == R.WAITING_SIGNAL:  # waits for a signal, until its deadline if any
+                        events.append(StorageEvent("waiting_signal", s.id, worker_id, token=r.token))
                         deadline = R.WaitSignal.decode(s.data).deadline_ms
                         r.mk = None if deadline is None else seq_name(deadline, enc)
                         if r.mk is not None:

@@ -52,7 +52,7 @@ from ..._model._errors import FlowError
 from .. import _rules as R
 from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent
 from .._rules import CANCELLABLE as _CANCELLABLE
-from .._rules import CANCELLED, COMPLETED, DELAYED, FAILED, FAILING, PROCESSING, QUEUED, WAITING_CHILDREN
+from .._rules import CANCELLED, COMPLETED, DELAYED, FAILED, FAILING, PROCESSING, QUEUED, WAITING_CHILDREN, WAITING_SIGNAL
 from .._rules import TERMINAL_KINDS as _TERMINAL
 from ._base import FileCore
 from ._fsutil import CorruptRecord, Rec, encode_name, read_rec, write_atomic
@@ -234,10 +234,11 @@ class FileTrees:
         pending = [(cq, cid) for cq, cid, c in children if c is not None and c.kind not in _TERMINAL]
         marker = None
         failed = bool(failures)
-        if r.kind in (QUEUED, FAILING, DELAYED):
+        if r.kind in (QUEUED, FAILING, DELAYED, WAITING_SIGNAL):
             # Back for another run of its own (the run that added the children was cut
-            # short): a child that failed (not one that is gone: removed after the run
-            # that found them ended) fails it at once, as it would one that waits.
+            # short), or waiting for a signal: a child that failed (not one that is gone:
+            # removed after the run that found them ended) fails it at once, as it would
+            # one that waits for its children.
             failed = any(c is not None and c.kind in (FAILED, CANCELLED) for _, _, c in children)
             marker = os.path.join(q.ready if r.kind == QUEUED else q.delayed, r.mk) if r.mk else None
         verdict = R.parent_verdict(r.kind, r.policy, failed, len(pending), r.cancel_requested)

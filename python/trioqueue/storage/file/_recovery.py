@@ -197,6 +197,8 @@ class FileRecovery:
             events.append(StorageEvent("failing", r.id, worker_id, error=r.error, token=r.token))
         elif r.kind == _DELAYED:
             events.append(StorageEvent("rate_limited", r.id, worker_id, token=r.token))
+        elif r.kind == R.WAITING_SIGNAL:
+            events.append(StorageEvent("waiting_signal", r.id, worker_id, token=r.token))
 
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

@@ -348,6 +348,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     self._trees.parent_check(q, rec, now)
                 elif rec.kind == R.WAITING_SIGNAL:  # waits for a signal, until its deadline if any
                     q.refile(rec, _PROCESSING)
+                    events.append(StorageEvent("waiting_signal", sid, worker_id, token=rec.token))
                     deadline = R.WaitSignal.decode(data).deadline_ms
                     if deadline is not None:
                         q.delay(rec, deadline / 1000, events)

@@ -51,7 +51,7 @@ __all__ = ["READ_BACK_GRACE_MS", "PgClaims"]
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
 _BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)  # cancelled instead if requested
 # the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP)
+_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
 _UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)  # their attempt did not happen
 _ENDS = ("completed", "failed", "cancelled")
 _KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
@@ -417,6 +417,7 @@ class PgClaims:
                         await conn.execute(
                             self._db.sql["park_signal"], queue, s.id, "waiting_signal", now, delta, due, wait.name, wait.needed
                         )
+                        events.append(StorageEvent("waiting_signal", s.id, worker_id, token=token))
                         if due is not None and (first_due is None or due < first_due):
                             events.append(StorageEvent("due", "", result=due_payload(due)))
                             first_due = due

@@ -308,11 +308,13 @@ class PgJobs:
         return outcomes
 
     async def _waiting(self, conn: Connection, queue: str, job_id: str) -> tuple[str, int | None] | None:
-        """The state and due time of ``job_id`` if it waits (``delayed``/``queued``), its
-        row locked until the transaction ends; ``None`` if it is not there or not waiting."""
+        """The state and due time of ``job_id`` if it waits (``delayed``/``queued``, never
+        claimed in this incarnation: one that ran, asleep or rate limited, is in the middle
+        of its run), its row locked until the transaction ends; ``None`` if it is not there
+        or not waiting."""
         found = await conn.fetchrow(
             self._db.sql["waiting"], queue, job_id
         )
-        if found is None or found[0] not in ("delayed", "queued"):
+        if found is None or found[0] not in ("delayed", "queued") or found[2]:
             return None
         return found[0], found[1]

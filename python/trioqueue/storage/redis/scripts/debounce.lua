@@ -1,6 +1,7 @@
 -- ARGV: the debounce (ms), max_wait (ms, or ''), then the call token and one job as
 -- enqueue.lua takes it (id, envelope, '<max_attempts>:<result_ttl_ms>[:<priority>]',
--- incarnation token, ''). A waiting job of that id (delayed, or queued: not claimed)
+-- incarnation token, ''). A waiting job of that id (delayed, or queued: never claimed in
+-- this incarnation; one that ran, asleep or rate limited, is in the middle of its run)
 -- takes the envelope, max attempts and result TTL, keeping its incarnation, priority
 -- and creation time; a delayed one is due at now + debounce, never later than created +
 -- max_wait. Returns {{'b', state, token}}; for any other id, what enqueue.lua returns,
@@ -15,8 +16,8 @@ do
   local raw = redis.call('HGET', JOBS, id)
   if raw and expired(id, now) then raw = false end
   local st = raw and not isrec(raw) and raw or nil
-  if st and (starts(st, 'delayed:') or starts(st, 'queued:')) then
-    local m = getm(id)
+  local m = st and (starts(st, 'delayed:') or starts(st, 'queued:')) and getm(id)
+  if m and (m.n or 0) == 0 then
     local mx, ttl = split(ARGV[A + 3])
     local ttl2, prio = split(ttl)
     if prio then ttl = ttl2 end

@@ -81,7 +81,7 @@ for j, id in ipairs(ids) do
     elseif m.s ~= 1 and kind ~= 'x' then
       m.a = m.a + 1  -- settled without start()
     end
-    if m.cf == 1 and (kind == 'c' or kind == 'r' or kind == 'l' or kind == 's') then
+    if m.cf == 1 and (kind == 'c' or kind == 'r' or kind == 'l' or kind == 's' or kind == 'g') then
       -- a child failed under 'cancel' (include tree): whatever this run ends with (but a
       -- failure of its own, or a cancel) fails it, as waiting for its children does; a
       -- run cut short after add_children runs again once they ended: it must not complete

@@ -29,8 +29,8 @@ local function sig_queue(id, m, now)
 end
 -- the held job id settles waiting for a signal (data: the settlement's JSON
 -- [name, count, deadline ms or null]): queued again at once when its mailbox has the
--- messages already (a signal raced with the settlement), else waiting_signal, due at the
--- deadline if any. Its attempt was not counted (the caller took it back).
+-- messages already (a signal raced with the settlement: event requeued), else
+-- waiting_signal (event waiting_signal), due at the deadline if any. Its attempt was not counted (the caller took it back).
 local function park_signal(id, m, now, W, data)
   local w = cjson.decode(data)
   m.w = nil
@@ -44,5 +44,6 @@ local function park_signal(id, m, now, W, data)
   m.wc = w[2]
   setm(id, m)
   setst(id, 'waiting_signal:' .. istr(now))
+  ev('waiting_signal', id, W, nil, nil, m.i)
   if type(w[3]) == 'number' then to_delayed(id, w[3]) end
 end

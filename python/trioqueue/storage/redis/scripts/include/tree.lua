@@ -10,9 +10,10 @@
 -- child of that parent was removed). tree_settle(now) acts on every note of every
 -- declared queue: a parent is queued once no child is pending, failed
 -- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
--- cancelled; waiting, or back in the queue for a run of its own; a running one gets
--- m.cf = 1 and settle fails its run whatever it ends with), a parent that ended other than completed cancels its children, and a kept
--- child gets its own TTL back once its parent has ended.
+-- cancelled; waiting for them or for a signal, or back in the queue for a run of its
+-- own; a running one gets m.cf = 1 and settle fails its run whatever it ends with), a
+-- parent that ended other than completed cancels its children, and a kept child gets
+-- its own TTL back once its parent has ended.
 local function tree_info(q, id)
   use_queue(q)
   local raw = redis.call('HGET', TREE, id)
@@ -57,7 +58,7 @@ local function tree_cancel(q, c, now)
   if not st then return end
   local kind = state_kind(st)
   local m = getm(c)
-  if kind == 'queued' or kind == 'failing' or kind == 'delayed' or kind == 'waiting_children' then
+  if kind == 'queued' or kind == 'failing' or kind == 'delayed' or kind == 'waiting_children' or kind == 'waiting_signal' then
     m.k = -1
     redis.call('ZREM', D, c)
     ev('cancelled', c, nil, nil, nil, m.i)
@@ -98,8 +99,9 @@ local function tree_eval(q, p, now)
   use_queue(q)
   local pk = tree_kind(redis.call('HGET', JOBS, p))
   if TERMINAL_KIND[pk] then return false end
-  -- back for a run of its own: the run that added its children was cut short
-  local back = pk == 'queued' or pk == 'failing' or pk == 'delayed'
+  -- back for a run of its own (the run that added its children was cut short), or
+  -- waiting for a signal (a child's failure under 'cancel' fails it as well)
+  local back = pk == 'queued' or pk == 'failing' or pk == 'delayed' or pk == 'waiting_signal'
   if pk ~= 'waiting_children' and pk ~= 'processing' and not back then return true end
   local t = tree_info(q, p) or {}
   local failures, pending = {}, {}
