@@ -117,8 +117,9 @@ async def test_durable_jobs_under_sigkill_run_no_stored_step_twice_never_wake_ea
         )  # fmt: skip
 
     completed = Recorder()
-    with trio.fail_after(120):
-        async with Queue(shared_storage, name=queue_name) as producer:
+    with trio.fail_after(150):
+        # (max_attempts is the job's, set by the Queue that enqueues: kills use attempts)
+        async with Queue(shared_storage, name=queue_name, max_attempts=50) as producer:
             producer.on("completed", completed)
             alive: dict[int, str] = {}
             for slot in range(3):
@@ -137,7 +138,12 @@ async def test_durable_jobs_under_sigkill_run_no_stored_step_twice_never_wake_ea
                 generation += 1
                 await fleet.start("durable", spec(slot), "READY")
                 alive[slot] = spec(slot)["worker_id"]
-            await completed.wait_until(lambda evs: len({e.job_id for e in evs}) >= total)
+            with trio.move_on_after(90):
+                await completed.wait_until(lambda evs: len({e.job_id for e in evs}) >= total)
+            late = [s for s in await producer.get_statuses([j for j, _ in jobs]) if s is None or s.state is not JobState.COMPLETED]
+            assert not late, f"seed {seed}: not completed: " + "; ".join(
+                f"{s.id} {s.state} attempts {s.attempts} error {s.error} steps {list(s.steps)}" for s in late if s
+            )
             results: dict[str, list[str]] = {}
             wake_at: dict[str, float] = {}
             for job_id, _ in jobs:

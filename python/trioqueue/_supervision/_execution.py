@@ -11,6 +11,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
@@ -736,7 +737,7 @@ class Executor:
                     stored = run.values.get(until)
                     deadline = None if stored is None else int(stored)
                     if deadline is None and timeout is not None:
-                        deadline = int((_now() + timeout) * 1000)
+                        deadline = math.ceil((_now() + timeout) * 1000)  # (never early)
                         await self._save(signals, job_id, token, run, until, b"%d" % deadline)
                     if deadline is None or deadline > _now() * 1000:
                         run.parked = self.parked[token] = WaitSignal(name, k + 1, deadline)
