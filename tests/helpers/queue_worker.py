@@ -53,20 +53,14 @@ def make_storage(spec: dict[str, Any]) -> Storage:
     raise SystemExit(f"unknown backend {spec['backend']}")
 
 
-async def worker(spec: dict[str, Any]) -> None:
-    worker_id = spec["worker_id"]
-    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    async def handler(job: Job[Any]) -> dict[str, Any]:
-        os.write(log_fd, f"{job.id} {worker_id} {job.attempts} {time.time()!r}\n".encode())
-        await trio.sleep(job.payload.get("seconds", 0))
-        return {"id": job.id, "by": worker_id}
-
+async def serve(spec: dict[str, Any], handler: Any) -> None:
+    """Run a Queue with ``handler`` and the spec's settings until SIGTERM; ``READY`` once
+    it runs."""
     queue: Queue[Any, Any] = Queue(
         make_storage(spec),
         name=spec["queue"],
         handler=handler,
-        worker_id=worker_id,
+        worker_id=spec["worker_id"],
         concurrency=spec.get("concurrency", 4),
         visibility_timeout=spec.get("visibility_timeout", 1.0),
         block_timeout=0.5,
@@ -80,6 +74,18 @@ async def worker(spec: dict[str, Any]) -> None:
             print("READY", flush=True)
             async for _ in signals:
                 break
+
+
+async def worker(spec: dict[str, Any]) -> None:
+    worker_id = spec["worker_id"]
+    log_fd = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def handler(job: Job[Any]) -> dict[str, Any]:
+        os.write(log_fd, f"{job.id} {worker_id} {job.attempts} {time.time()!r}\n".encode())
+        await trio.sleep(job.payload.get("seconds", 0))
+        return {"id": job.id, "by": worker_id}
+
+    await serve(spec, handler)
 
 
 async def durable(spec: dict[str, Any]) -> None:
@@ -106,22 +112,7 @@ async def durable(spec: dict[str, Any]) -> None:
                     signals.append(await job.wait_for_signal("go"))
         return {"steps": values, "signals": signals}
 
-    queue: Queue[Any, Any] = Queue(
-        make_storage(spec),
-        name=spec["queue"],
-        handler=handler,
-        worker_id=worker_id,
-        concurrency=spec.get("concurrency", 4),
-        visibility_timeout=spec.get("visibility_timeout", 1.0),
-        block_timeout=0.5,
-        retry_delay=0,
-        max_attempts=spec.get("max_attempts", 50),
-    )
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
-        async with queue:
-            print("READY", flush=True)
-            async for _ in signals:
-                break
+    await serve(spec, handler)
 
 
 async def reaper(spec: dict[str, Any]) -> None:
