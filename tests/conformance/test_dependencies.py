@@ -196,7 +196,8 @@ async def test_a_dependency_on_another_queue(storage: Storage, queue_name: str, 
         assert list(await q.children("after")) == [JobRef(theirs, "before")]
         if backend == "redis-cluster":  # queues without a common hash tag: refused, nothing written
             plain = f"{queue_name}-plain"
-            await Queue(storage, name=plain).enqueue("x", None)
+            async with Queue(storage, name=plain) as elsewhere:
+                await elsewhere.enqueue("x", None)
             with pytest.raises(FlowError, match="slots.*hash tag"):
                 await q.enqueue("cross", None, depends_on=[JobRef(plain, "x")])
             assert await q.get_status("cross") is None

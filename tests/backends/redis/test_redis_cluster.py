@@ -1,6 +1,6 @@
 """The storage conformance suite again, against a 3-master Valkey cluster (``cluster=True``).
 
-The tests are the ones of tests/conformance/test_storage*.py, test_priorities.py, test_lease_loss.py,
+The tests are the ones of tests/conformance/test_storage*.py, test_priorities.py, test_lease_loss.py, test_dependencies.py,
 test_pause.py, test_flows.py, test_groups.py, test_steps.py and more, imported here; this module's ``storage`` fixture overrides the
 parametrised one so they run once, on the cluster.
 """
@@ -29,6 +29,7 @@ from test_event_results import *  # noqa: E402,F403 - results in events, statuse
 from test_clear_retention import *  # noqa: E402,F403 - clear, count-based retention
 from test_groups import *  # noqa: E402,F403 - groups (fair queuing): a queue's group keys share its slot
 from test_steps import *  # noqa: E402,F403 - steps of durable jobs (issue 34)
+from test_dependencies import *  # noqa: E402,F403 - dependencies (depends_on; across queues: ones sharing a hash tag)
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

@@ -14,9 +14,15 @@ local t = raw and cjson.decode(raw)
 purge(id)
 ev('removed', id, nil, nil, nil, m.i)
 flush()
--- a removed child counts as cancelled for its parent
+-- a removed child counts as cancelled for its parent, a removed dependency for its dependents
+local noted = false
 if t and t.pa then
   redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.pq or '', t.pa}))
-  return 2
+  noted = true
 end
+for k, d in ipairs(t and t.ds or {}) do
+  redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.dsq[k], d}))
+  noted = true
+end
+if noted then return 2 end
 return 1
