@@ -47,7 +47,9 @@ class Child:
     storage; on Redis Cluster queues sharing a hash tag). ``children`` makes it a parent
     in turn (trees of any depth), with its own ``on_child_failure``. ``options`` are its
     enqueue options (:class:`~trioqueue.EnqueueOptions`: ``max_attempts``, ``priority``,
-    ``delay``...). The job's payload is encoded by the enqueueing queue's serde.
+    ``delay``, ``depends_on``: existing jobs it waits for besides its children, ids of its
+    own queue or :class:`JobRef`...). The job's payload is encoded by the enqueueing
+    queue's serde.
 
     A child on another queue is that queue's job: the ``max_attempts`` and ``result_ttl``
     its options do not give are those of the last :class:`~trioqueue.Queue` made for that

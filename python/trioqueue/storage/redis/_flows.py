@@ -186,7 +186,7 @@ class RedisTrees:
 
     async def _tree(self, queue: str, job_id: str) -> dict[str, Any]:
         raw = await self._runner.transport.command(["HGET", self._runner.key(queue, "tree"), job_id])
-        return {} if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+        return {} if raw is None else dict(json.loads(raw))
 
     async def _tree_children(self, queue: str, job_id: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """``(queue, id)`` of each child of the job, in order, and of each dependency."""
