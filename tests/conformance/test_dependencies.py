@@ -183,16 +183,31 @@ async def test_continue_and_ignore_run_the_dependent_which_reads_the_failures(
 
 async def test_a_dependency_on_another_queue(storage: Storage, queue_name: str, backend: str) -> None:
     seen: dict[str, Any] = {}
+    gate = trio.Event()
+
+    async def before(job: Job[Any]) -> str:
+        await gate.wait()
+        return "done before"
+
     mine, theirs = tagged(queue_name, "mine", "theirs")
+    here = Handlers(after=reader(seen, "after"), after2=reader(seen, "after2"))
     async with (
-        Queue(storage, name=mine, handler=Handlers(after=reader(seen, "after")), **FAST) as q,
-        Queue(storage, name=theirs, handler=Handlers(), **FAST) as other,
+        Queue(storage, name=mine, handler=here, **FAST) as q,
+        Queue(storage, name=theirs, handler=Handlers(before=before, same=reader(seen, "same")), **FAST) as other,
     ):
+        events = Recorder()
+        q.on("completed", events)
         with trio.fail_after(10):
             await other.enqueue("before", None)
-            out = await q.enqueue_and_wait("after", None, depends_on=[JobRef(theirs, "before")])
-        assert out == "ran after"
-        assert seen["after"] == ({"before": "done before"}, {})
+            await q.enqueue("after", None, depends_on=[JobRef(theirs, "before")])
+            await q.enqueue("after2", None, depends_on=[JobRef(theirs, "before")])
+            await other.enqueue("same", None, depends_on=["before"])  # (a plain id: its own queue's job)
+            gate.set()
+            out = await other.enqueue_and_wait("same", None)
+            await events.wait_for("completed", "after")
+            await events.wait_for("completed", "after2")
+        assert out == "ran same"
+        assert seen["after"] == seen["after2"] == seen["same"] == ({"before": "done before"}, {})
         assert list(await q.children("after")) == [JobRef(theirs, "before")]
         if backend == "redis-cluster":  # queues without a common hash tag: refused, nothing written
             plain = f"{queue_name}-plain"
