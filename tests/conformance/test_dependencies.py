@@ -220,13 +220,17 @@ async def test_a_dependency_on_another_queue(storage: Storage, queue_name: str, 
 
 async def test_retention_keeps_a_dependency_until_its_dependents_ran(storage: Storage, queue_name: str) -> None:
     seen: dict[str, Any] = {}
-    gate = trio.Event()
+    gate, start = trio.Event(), trio.Event()
 
     async def slow(job: Job[Any]) -> str:
         await gate.wait()
         return "slow"
 
-    handlers = Handlers(slow=slow, dependent=reader(seen, "dependent"), other=reader(seen, "other"))
+    async def quick(job: Job[Any]) -> str:
+        await start.wait()  # (ends once its dependents are enqueued: else it may be gone already)
+        return "done quick"
+
+    handlers = Handlers(slow=slow, quick=quick, dependent=reader(seen, "dependent"), other=reader(seen, "other"))
     async with Queue(storage, name=queue_name, handler=handlers, concurrency=3, keep_completed=0, **FAST) as q:
         events = Recorder()
         q.on("completed", events)
@@ -235,6 +239,7 @@ async def test_retention_keeps_a_dependency_until_its_dependents_ran(storage: St
             await q.enqueue("slow", None)
             await q.enqueue("dependent", None, depends_on=["quick", "slow"])
             await q.enqueue("other", None, depends_on=["quick"])
+            start.set()
             await events.wait_for("completed", "other")
             await events.wait_for("completed", "quick")
             for i in range(3):  # more completions: keep_completed=0 counts out the others
@@ -252,11 +257,11 @@ async def test_children_and_depends_on_combined(storage: Storage, queue_name: st
     seen: dict[str, Any] = {}
     handlers = Handlers(parent2=reader(seen, "parent2"))
     async with Queue(storage, name=queue_name, handler=handlers, **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
         with trio.fail_after(10):
             await q.enqueue("dep", None, delay=3600)
             await q.enqueue("parent", None, depends_on=["dep"], children=[Child("kid")])
-            events = Recorder()
-            q.on("completed", events)
             await events.wait_for("completed", "kid")
             status = await q.get_status("parent")
             assert status is not None and status.state is JobState.WAITING_CHILDREN
