@@ -315,3 +315,28 @@ async def test_children_added_by_a_running_job_cannot_have_dependencies(storage:
         with trio.fail_after(10):
             assert await q.enqueue_and_wait("adder", None) == "checked"
         assert await q.get_status("kid") is None
+
+
+async def test_a_dependency_whose_dependents_are_gone_goes_by_its_own_ttl(storage: Storage, queue_name: str) -> None:
+    gate = trio.Event()
+
+    async def dep(job: Job[Any]) -> str:
+        await gate.wait()
+        return "dep"
+
+    async with Queue(storage, name=queue_name, handler=Handlers(dep1=dep, dep2=dep), concurrency=2, **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
+        with trio.fail_after(10):
+            await q.enqueue("dep1", None, result_ttl=0.05)
+            await q.enqueue("dep2", None, result_ttl=0.05)
+            await q.enqueue("removed", None, depends_on=["dep1"])
+            await q.enqueue("cancelled", None, depends_on=["dep2"])
+            assert await q.remove("removed")
+            assert (await q.cancel("cancelled")).status is CancelStatus.CANCELLED
+            gate.set()
+            await events.wait_for("completed", "dep1")
+            await events.wait_for("completed", "dep2")
+            await trio.sleep(0.3)  # past their own TTL: a timer is what is tested
+            await q.enqueue("sweep", None)  # (a step that forgets what is due)
+        assert await q.get_status("dep1") is None and await q.get_status("dep2") is None

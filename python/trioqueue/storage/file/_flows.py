@@ -102,6 +102,10 @@ class FileTrees:
             kind = "p" if r.kind == COMPLETED else "f"
             waiting = ([r.parent] if r.parent is not None else []) + list(r.dependents or ())
             for i, (pq, pid) in enumerate(waiting):
+                if i > 0 or r.parent is None:  # a dependent: told (and r kept) only while it waits
+                    w = self._peek(q, pq, pid)
+                    if w is None or w.kind in _TERMINAL:
+                        continue
                 r.exp = None  # kept until they have ended (an r- note then gives its TTL)
                 if pq == q.name:
                     self._note(pq, kind, pid)
