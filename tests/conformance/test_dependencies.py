@@ -340,3 +340,17 @@ async def test_a_dependency_whose_dependents_are_gone_goes_by_its_own_ttl(storag
             await trio.sleep(0.3)  # past their own TTL: a timer is what is tested
             await q.enqueue("sweep", None)  # (a step that forgets what is due)
         assert await q.get_status("dep1") is None and await q.get_status("dep2") is None
+
+
+async def test_a_removed_dependent_lets_its_ended_dependencies_go_by_their_ttl(storage: Storage, queue_name: str) -> None:
+    async with Queue(storage, name=queue_name, handler=Handlers(), **FAST) as q:
+        with trio.fail_after(10):
+            assert await q.enqueue_and_wait("ended", None, result_ttl=0.05) == "done ended"
+            await q.enqueue("pending", None, delay=3600)
+            await q.enqueue("dependent", None, depends_on=["ended", "pending"])  # (waits for "pending")
+            assert await q.remove("dependent")
+            await trio.sleep(0.3)  # past the ended one's own TTL: a timer is what is tested
+            await q.enqueue("sweep", None)  # (a step that forgets what is due)
+        assert await q.get_status("ended") is None
+        pending = await q.get_status("pending")
+        assert pending is not None and pending.state is JobState.DELAYED

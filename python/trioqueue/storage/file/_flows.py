@@ -117,6 +117,12 @@ class FileTrees:
         if r.children is not None or r.deps is not None:
             self._note(q.name, "f", r.id)
 
+    def release_deps(self, r: Rec) -> None:
+        """``r`` (a dependent) is being removed: its dependencies, kept for it, are
+        looked at again (``r-`` notes: kept only if another job still waits for them)."""
+        for dq, did in r.deps or ():
+            self._note(dq, "r", did)
+
     def cancel_claimed(self, q: FileQueue, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
         """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
         r.mk = None

@@ -218,7 +218,11 @@ class MemoryTrees:
     def removed(self, rec: MemRec, now: float) -> None:
         """A child or a dependency was removed (``remove_job``): its parent and its
         dependents count it as cancelled, as FileStorage's do (nobody waits for a job
-        that is gone)."""
+        that is gone). A removed dependent no longer needs its dependencies' records."""
+        if rec.flow is not None:
+            for dq, dep in rec.flow.deps:
+                if dep.kind in _TERMINAL and dep.exp is None and self._q(dq).jobs.get(dep.id) is dep and not self._needed(dep):
+                    self._q(dq).keep_for(dep, now + dep.result_ttl)
         if rec.kind in _TERMINAL:
             return  # it had ended (and was counted)
         waiting = [(rec.parent[0], rec.up)] if rec.up is not None and rec.parent is not None else []

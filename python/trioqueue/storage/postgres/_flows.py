@@ -358,6 +358,14 @@ class PgTrees:
                 await self._child_ended(conn, (jid, "cancelled", None, dq, did, dtok), now, events, removed=True, queue=queue)
         await self._flush(conn, events)
 
+    async def removing(self, conn: Connection, queue: str, job_id: str, now: int) -> None:
+        """A job is about to be removed (in the transaction open on ``conn``, before the
+        row goes with its ``job_deps`` rows): a dependent's ended dependencies are no longer
+        kept for it."""
+        token = await conn.fetchval(self._db.sql["removing_dependent"], queue, now, job_id)
+        if token is not None:
+            await conn.execute(self._db.sql["release_deps"], queue, job_id, token, now)
+
     async def cancel_children(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
         """A processing parent was cancelled: so are its children."""
         events = _Events()

@@ -1,7 +1,7 @@
 -- ARGV: id. Forgets a job that is not processing (its ready-list entry no longer matches
 -- any metadata: dropped when met). Returns 1, 2 (forgotten, and it was a child of a tree
--- of jobs: its parent is noted in TNOTES, the caller runs tree_act), or 0 (unknown or
--- processing).
+-- of jobs, a dependency or a dependent: its parent, dependents or dependencies are noted
+-- in TNOTES, the caller runs tree_act), or 0 (unknown or processing).
 --@include prelude
 local id = ARGV[1]
 local now = now_ms()
@@ -22,6 +22,11 @@ if t and t.pa then
 end
 for k, d in ipairs(t and t.ds or {}) do
   redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.dsq[k], d}))
+  noted = true
+end
+-- a removed dependent no longer needs its dependencies kept
+for k, d in ipairs(t and t.dp or {}) do
+  redis.call('SADD', TNOTES, 'r' .. cjson.encode({t.dq[k], d}))
   noted = true
 end
 if noted then return 2 end
