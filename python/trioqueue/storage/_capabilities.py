@@ -99,8 +99,8 @@ class Trees(Storage):
         or removed: a failure, under the dependent's ``policy``), by the same means. A
         dependent's end never cancels its dependencies. A terminal dependency's record
         and result are kept (neither expired by its TTL nor counted out by
-        ``Settlement.keep``) until no dependent (and no parent) of it waits, then for its
-        own TTL. On Redis Cluster, dependencies on other queues follow the rule of trees
+        ``Settlement.keep``) until no dependent (and no parent) of it waits (a removed
+        dependent no longer does), then for its own TTL. On Redis Cluster, dependencies on other queues follow the rule of trees
         across queues (a shared slot).
 
         Atomic: the whole tree is one step. Fenced: no (dedup by the root's id)."""
