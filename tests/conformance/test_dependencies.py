@@ -269,12 +269,12 @@ async def test_children_and_depends_on_combined(storage: Storage, queue_name: st
             with pytest.raises(JobFailedError):
                 await q.enqueue_and_wait("parent", None)
             await q.enqueue("dep2", None)
-            out = await q.enqueue_and_wait(
-                "parent2", None, depends_on=["dep2"], children=[Child("kid2")], on_child_failure="continue"
-            )
+            kids = [Child("kid2"), Child("kid3", options={"depends_on": ["dep2"]})]  # (a child may have dependencies)
+            out = await q.enqueue_and_wait("parent2", None, depends_on=["dep2"], children=kids, on_child_failure="continue")
         assert out == "ran parent2"
-        assert seen["parent2"] == ({"kid2": "done kid2", "dep2": "done dep2"}, {})
-        assert list(await q.children("parent2")) == [JobRef(queue_name, "kid2"), JobRef(queue_name, "dep2")]
+        assert seen["parent2"] == ({"kid2": "done kid2", "kid3": "done kid3", "dep2": "done dep2"}, {})
+        assert list(await q.children("parent2")) == [JobRef(queue_name, k) for k in ("kid2", "kid3", "dep2")]
+        assert handlers.ran.index("dep2") < handlers.ran.index("kid3")
 
 
 async def test_cancelling_a_dependent_leaves_its_dependencies(storage: Storage, queue_name: str) -> None:
