@@ -266,7 +266,9 @@ class PgTrees:
             await conn.execute("RELEASE SAVEPOINT trioqueue_deps")
             break
         else:
-            raise StorageError(f"the dependencies of job {jobs[0].job.id!r} stayed locked by other transactions; nothing was written")
+            raise StorageError(
+                f"the dependencies of job {jobs[0].job.id!r} stayed locked by other transactions; nothing was written"
+            )
         found = {(r[0], r[1]): tuple(r[2:]) for r in rows}
         for fj in jobs:
             for dq, did in fj.depends_on:
