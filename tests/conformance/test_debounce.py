@@ -160,7 +160,7 @@ async def test_an_id_stays_a_duplicate_for_its_dedup_window_after_it_ended(stora
         ({"debounce": 0}, "debounce must be finite and > 0, got 0.0 (job 'x')"),
         ({"max_wait": 5}, "max_wait needs debounce (job 'x')"),
         ({"debounce": 1, "max_wait": -1}, "max_wait must be finite and > 0"),
-        ({"debounce": 1, "delay": 5}, "debounce cannot be combined with delay, at or children (job 'x')"),
+        ({"debounce": 1, "delay": 5}, "debounce cannot be combined with delay, at, children or depends_on (job 'x')"),
         ({"dedup_window": "1m"}, "dedup_window must be a number of seconds, got str (job 'x')"),
     ],
 )

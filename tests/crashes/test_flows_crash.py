@@ -1,4 +1,4 @@
-"""Crash safety of trees of jobs: worker processes SIGKILLed while trees run (FileStorage
+"""Crash safety of trees of jobs (and of dependencies): worker processes SIGKILLed while trees run (FileStorage
 and RedisStorage: memory cannot span processes). No job of a tree is lost,
 and no parent begins before every child of it began (and ended: a parent is queued only
 once its children are terminal). The workers are tests/helpers/queue_worker.py."""
@@ -16,7 +16,7 @@ import trio
 
 from support import Recorder
 from test_processes import Fleet, fleet, shared_storage, spec_of  # noqa: F401 - fixtures
-from trioqueue import Child, JobState, Queue, Storage
+from trioqueue import Child, JobRef, JobState, Queue, Storage
 from trioqueue.storage.file import FileStorage
 
 TREES, CHILDREN = 30, 5
@@ -84,6 +84,54 @@ async def test_workers_killed_while_trees_run_lose_no_job_and_run_no_parent_earl
         tree = [f"t{t}-c{c}" for c in range(CHILDREN - 1)] + [f"t{t}-mid", f"t{t}-leaf"]
         assert all(max(starts[j]) < parent for j in tree), (t, {j: starts[j] for j in tree}, parent)
         assert max(starts[f"t{t}-leaf"]) < min(starts[f"t{t}-mid"])
+
+
+async def test_workers_killed_while_dependencies_run_lose_no_job_and_run_no_dependent_early(
+    shared_storage: Storage, fleet: Fleet, tmp_path: Path, queue_name: str
+) -> None:
+    """Dependencies (``depends_on``) across two queues, fan-out and diamonds, while workers
+    are killed: every dependent runs once its dependencies ended, none runs before."""
+    rng = random.Random(uuid.uuid4().int)
+    log = tmp_path / "executions.log"
+    other = f"{queue_name}-sources"
+    n = 20
+
+    def spec(name: str, queue: str) -> dict[str, Any]:
+        return spec_of(shared_storage, queue=queue, worker_id=name, log=str(log), visibility_timeout=1.0)
+
+    def where(i: int) -> str:
+        return other if i % 2 else queue_name
+
+    deps: dict[str, list[str]] = {}
+    completed = Recorder()
+    with trio.fail_after(60):
+        await fleet.start("worker", spec("victim", queue_name), "READY")
+        await fleet.start("worker", spec("victim-sources", other), "READY")
+        await fleet.start("worker", spec("other", queue_name), "READY")
+        async with Queue(shared_storage, name=queue_name) as producer, Queue(shared_storage, name=other) as sources:
+            producer.on("completed", completed)
+            for i in range(n):
+                await (sources if i % 2 else producer).enqueue(f"s{i}", {"seconds": rng.uniform(0, 0.05)})
+            for i in range(n):  # fan-out: every source has two dependents
+                pair = [i, (i + 1) % n]
+                deps[f"d{i}"] = [f"s{j}" for j in pair]
+                await producer.enqueue(f"d{i}", {"seconds": 0.01}, depends_on=[JobRef(where(j), f"s{j}") for j in pair])
+            for i in range(n):  # diamonds: d{i} and d{i+1} share s{i+1}
+                deps[f"t{i}"] = [f"d{i}", f"d{(i + 1) % n}"]
+                await producer.enqueue(f"t{i}", {"seconds": 0.0}, depends_on=deps[f"t{i}"])
+            await trio.sleep(rng.uniform(0.05, 0.4))  # in flight: claims, settles, notes
+            fleet.kill("victim")
+            fleet.kill("victim-sources")
+            await fleet.start("worker", spec("replacement", queue_name), "READY")
+            await fleet.start("worker", spec("replacement-sources", other), "READY")
+            await completed.wait_until(lambda evs: {f"t{i}" for i in range(n)} <= {e.job_id for e in evs})
+            for i in range(n):
+                for job_id in (f"d{i}", f"t{i}"):
+                    status = await producer.get_status(job_id)
+                    assert status is not None and status.state is JobState.COMPLETED, status
+    starts = _starts(log)
+    for dependent, names in deps.items():
+        assert all(max(starts[d]) < min(starts[dependent]) for d in names), (dependent, {d: starts[d] for d in names})
 
 
 async def test_a_tree_whose_write_was_cut_short_can_be_enqueued_again(file_storage: FileStorage, queue_name: str) -> None:

@@ -84,6 +84,10 @@ async def test_admin_commands(target: tuple[Cli, Callable[[], Storage]]) -> None
     for jid in ("q2", "q3"):
         await cli.run("enqueue", jid, "--payload", "[1, 2]")
     assert (await cli.json("enqueue", "later", "--payload", "null", "--delay", "3600"))["status"] == "queued"
+    assert (await cli.json("enqueue", "after", "--payload", "null", "--depends-on", f'["later", ["{cli.name}", "q1"]]'))["status"] == "queued"
+    assert "'ghost'" in await cli.error("enqueue", "never", "--payload", "null", "--depends-on", '["ghost"]')
+    assert (await cli.json("show", "after"))["state"] == "waiting_children"
+    await cli.run("remove", "after")
     stats = await cli.json("stats")
     assert stats[cli.name]["counts"] == {
         "queued": 3, "processing": 0, "failing": 0, "completed": 1, "failed": 1, "cancelled": 0, "delayed": 1,

@@ -42,7 +42,12 @@ EFFECTS: dict[str, tuple[Any, Any]] = {
     "children": (lambda jid: [Child(f"{jid}-child")], lambda rec, env, opts: rec.state.startswith("waiting_children")),
     # (its effect, on a tree, is tested in test_flows.py: here, that it is taken)
     "on_child_failure": ("continue", lambda rec, env, opts: rec.state.startswith("queued")),
+    # an existing job (PREREQUISITES): the job waits for it (test_dependencies.py tests the rest)
+    "depends_on": (["dep"], lambda rec, env, opts: rec.state.startswith("waiting_children")),
 }
+
+# jobs enqueued first for an option (by every way of enqueueing: same storage)
+PREREQUISITES: dict[str, list[str]] = {"depends_on": ["dep"]}
 
 
 # options that need another one
@@ -64,6 +69,8 @@ def _cli_value(option: str, job_id: str) -> str:
     value = _value(option, job_id)
     if option == "children":
         return json.dumps([{"id": c.id} for c in value])
+    if option == "depends_on":
+        return json.dumps(value)
     return str(value)
 
 
@@ -84,6 +91,8 @@ async def _check_stored(storage: Storage, job_id: str, option: str) -> None:
 async def test_every_queue_method_takes_every_option(option: str) -> None:
     storage = MemoryStorage()
     async with Queue(storage, name=QUEUE, block_timeout=0.1) as q:
+        for first in PREREQUISITES.get(option, []):
+            await q.enqueue(first, 1)
         await q.enqueue("one", 1, **_options(option, "one"))
         await q.enqueue_many([("many", 1)], **_options(option, "many"))
         async with trio.open_nursery() as nursery:  # nobody runs it: the wait times out
@@ -102,6 +111,8 @@ async def _wait_quietly(q: Queue[Any, Any], options: dict[str, Any]) -> None:
 async def test_the_producers_take_every_option(option: str, tmp_path: Path) -> None:
     def sync_side() -> None:
         with SyncProducer(tmp_path / "store", name=QUEUE) as producer:
+            for first in PREREQUISITES.get(option, []):
+                producer.enqueue(first, 1)
             producer.enqueue("sync", 1, **_options(option, "sync"))
             producer.enqueue_many([("sync-many", 1)], **_options(option, "sync-many"))
 
@@ -123,6 +134,9 @@ def test_the_command_line_takes_every_option(option: str, tmp_path: Path, capsys
     flags = [f"--{option.replace('_', '-')}", _cli_value(option, "cli")]
     for other, value in COMPANIONS.get(option, {}).items():
         flags += [f"--{other.replace('_', '-')}", str(value)]
+    for first in PREREQUISITES.get(option, []):
+        assert main(["enqueue", first, "--payload", "1", "--storage", url, "--name", QUEUE]) == 0
+        capsys.readouterr()
     code = main(["enqueue", "cli", "--payload", "1", *flags, "--storage", url, "--name", QUEUE, "--json"])
     assert code == 0, capsys.readouterr()
     assert json.loads(capsys.readouterr().out)["status"] == "queued"

@@ -98,9 +98,11 @@ class ChildJobFailedError(JobFailedError):
 
 
 class FlowError(ValidationError):
-    """A tree of jobs (``children=``) was refused, writing nothing: a duplicate id within
-    the tree, a child id that already exists, a bad ``on_child_failure``, or (Redis
-    Cluster) queues that do not share a hash slot. The message names the job."""
+    """A tree of jobs (``children=``) or a job's dependencies (``depends_on=``) were
+    refused, writing nothing: a duplicate id within the tree, a child id that already
+    exists, a dependency that does not exist (the message names it too), a bad
+    ``on_child_failure``, or (Redis Cluster) queues that do not share a hash slot. The
+    message names the job."""
 
 
 class JobNotFinishedError(TrioQueueError, LookupError):

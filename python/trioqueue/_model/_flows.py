@@ -18,6 +18,8 @@ __all__ = [
     "OnChildFailure",
     "check_on_child_failure",
     "children_from_json",
+    "depends_on_from_json",
+    "dependencies",
     "walk_tree",
 ]
 
@@ -45,7 +47,9 @@ class Child:
     storage; on Redis Cluster queues sharing a hash tag). ``children`` makes it a parent
     in turn (trees of any depth), with its own ``on_child_failure``. ``options`` are its
     enqueue options (:class:`~trioqueue.EnqueueOptions`: ``max_attempts``, ``priority``,
-    ``delay``...). The job's payload is encoded by the enqueueing queue's serde.
+    ``delay``, ``depends_on``: existing jobs it waits for besides its children, ids of its
+    own queue or :class:`JobRef`...). The job's payload is encoded by the enqueueing
+    queue's serde.
 
     A child on another queue is that queue's job: the ``max_attempts`` and ``result_ttl``
     its options do not give are those of the last :class:`~trioqueue.Queue` made for that
@@ -92,6 +96,41 @@ def walk_tree(
         check_on_child_failure(child.on_child_failure, child.id)
         yield parent, child
         yield from walk_tree(ref.queue, child.id, child.children, seen)
+
+
+def dependencies(value: Any, queue: str, job_id: str) -> tuple[tuple[str, str], ...]:
+    """``depends_on`` of job ``job_id`` of ``queue`` as ``((queue, id), ...)`` (a plain id:
+    a job of ``queue``), each named once; :class:`FlowError` naming the job for a value
+    that is not a list of ids and :class:`JobRef`, an empty list, or the job itself."""
+    if isinstance(value, (str, bytes, JobRef)) or not isinstance(value, Sequence):
+        raise FlowError(f"depends_on must be a list of job ids or JobRef, got {value!r} (job {job_id!r})")
+    out: list[tuple[str, str]] = []
+    for dep in value:
+        if isinstance(dep, JobRef) or (isinstance(dep, tuple) and len(dep) == 2):
+            ref = (dep[0], dep[1])
+        else:
+            ref = (queue, dep)
+        if not all(isinstance(x, str) and x for x in ref):
+            raise FlowError(f"a dependency must be a job id (str) or a JobRef, got {dep!r} (job {job_id!r})")
+        if ref == (queue, job_id):
+            raise FlowError(f"job {job_id!r} cannot depend on itself")
+        if ref not in out:
+            out.append(ref)
+    if not out:
+        raise FlowError(f"depends_on of job {job_id!r} is empty: name at least one job, or give no depends_on")
+    return tuple(out)
+
+
+def depends_on_from_json(text: str) -> list[Any]:
+    """``depends_on`` written as JSON (the command line's ``--depends-on``): a list of ids,
+    or of ``[queue, id]`` pairs for jobs of other queues."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise FlowError(f"--depends-on is not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise FlowError(f"depends_on must be a JSON list of ids or [queue, id] pairs, got {data!r}")
+    return [JobRef(str(d[0]), str(d[1])) if isinstance(d, list) and len(d) == 2 else d for d in data]
 
 
 def children_from_json(text: str) -> list[Child]:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypedDict, get_type_hints
 
 from .._core import CodecError
 from . import _validate as check
-from ._flows import Child, OnChildFailure, children_from_json
+from ._flows import Child, JobRef, OnChildFailure, children_from_json, depends_on_from_json
 
 __all__ = ["ENQUEUE_OPTIONS", "NO_JOB_OPTIONS", "EnqueueOptions", "JobOptions", "OptionHelp", "check_enqueue_options"]
 
@@ -67,6 +67,14 @@ class EnqueueOptions(TypedDict, total=False):
     ]
     on_child_failure: Annotated[
         OnChildFailure | None, OptionHelp("cancel (default), continue or ignore: what a failed child does to this job", "P", str)
+    ]
+    depends_on: Annotated[
+        Sequence[str | JobRef] | None,
+        OptionHelp(
+            'jobs it waits for, as JSON: ["id", ["queue", "id"], ...]; it runs once they are terminal',
+            "JSON",
+            depends_on_from_json,
+        ),
     ]
 
 

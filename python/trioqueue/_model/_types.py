@@ -195,13 +195,14 @@ class Job(NamedTuple, Generic[T]):
         await _attempt(self, "add_children").add_children(self, children, on_child_failure)
 
     async def children_results(self) -> dict[str, Any]:
-        """The results of this job's completed children, ``{child id: result}`` (decoded
-        by this queue's result serde). Call it from the handler's task."""
+        """The results of this job's completed children and dependencies (``depends_on``),
+        ``{id: result}`` (decoded by this queue's result serde). Call it from the
+        handler's task."""
         return (await _attempt(self, "children_results").children_outcomes(self))[0]
 
     async def children_failures(self) -> dict[str, JobError]:
-        """The errors of this job's children that failed for good or were cancelled,
-        ``{child id: JobError}`` (``on_child_failure="continue"``; ``"ignore"`` too).
+        """The errors of this job's children and dependencies that failed for good or were
+        cancelled, ``{id: JobError}`` (``on_child_failure="continue"``; ``"ignore"`` too).
         Call it from the handler's task."""
         return (await _attempt(self, "children_failures").children_outcomes(self))[1]
 

@@ -24,7 +24,7 @@ from .._model import _tracing
 from .._model._clock import now as _now
 from .._model import _validate as check
 from .._core import CodecError, decode_envelope
-from .._model._errors import JobTimeoutError, SignalTimeoutError, TrioQueueError, ValidationError
+from .._model._errors import FlowError, JobTimeoutError, SignalTimeoutError, TrioQueueError, ValidationError
 from .._model._outcomes import Parked, RateLimited, ResultEncodeError, Retry, Sleeping, UnrecoverableError, WaitForChildren
 from .._model._flows import check_on_child_failure as check_policy
 from .._model._options import NO_JOB_OPTIONS, JobOptions
@@ -768,6 +768,11 @@ class Executor:
             raise TrioQueueError(f"add_children for job {job_id!r}: this worker cannot make jobs")
         check_policy(policy, job_id)
         jobs = q.subtree(q.queue, job_id, children)
+        for fj in jobs:
+            if fj.depends_on:
+                # (the job adding them exists, and so may a job waiting for it: a child of
+                # it waiting for that job would wait for ever; enqueue such jobs on their own)
+                raise FlowError(f"job {fj.job.id!r}: children added by a running job (job {job_id!r}) cannot have depends_on")
         trees = require(self.storage, Trees, f"add_children for job {job_id!r}")
         if not await trees.add_children(q.queue, q.worker_id, job_id, token, jobs, policy):
             raise TrioQueueError(

@@ -14,7 +14,7 @@ from .._core import encode_envelope
 from .._model import _validate as check
 from .._model._clock import now as _now
 from .._model._errors import FlowError, ValidationError
-from .._model._flows import Child, check_on_child_failure, walk_tree
+from .._model._flows import Child, check_on_child_failure, dependencies, walk_tree
 from .._model._options import EnqueueOptions, JobOptions, check_enqueue_options
 from .._model._types import (
     DEFAULT_MAX_ATTEMPTS,
@@ -112,9 +112,11 @@ class JobMaker:
                 ttl = max(ttl, check.seconds("dedup_window", window, job=jid))
             if options.get("children") is not None:
                 require(self.storage, Trees, f"job {jid!r}: children=")
+            if options.get("depends_on") is not None:
+                require(self.storage, Trees, f"job {jid!r}: depends_on=")
             if debounce_of(options, jid) is not None:
-                if run_at is not None or options.get("children") is not None:
-                    raise ValidationError(f"debounce cannot be combined with delay, at or children (job {jid!r})")
+                if run_at is not None or options.get("children") is not None or options.get("depends_on") is not None:
+                    raise ValidationError(f"debounce cannot be combined with delay, at, children or depends_on (job {jid!r})")
                 require(self.storage, Debounce, f"job {jid!r}: debounce=")
         data = encode_value(self.defaults.payload_serde, payload, "payload of job", ValidationError, jid)
         envelope = encode_envelope(
@@ -142,13 +144,28 @@ class JobMaker:
     # -- trees ---------------------------------------------------------------------------
 
     def tree(self, new: NewJob, options: EnqueueOptions, trace: dict[str, str] | None) -> list[FlowJob] | None:
-        """The jobs of the tree rooted at ``new`` (``None``: no ``children`` option), all
-        validated (:class:`FlowError` naming the job on a refusal, nothing written)."""
-        children = options.get("children") if options else None
-        if children is None:
+        """The jobs of the tree rooted at ``new`` (``None``: no ``children`` nor
+        ``depends_on`` option), all validated (:class:`FlowError` naming the job on a
+        refusal, nothing written). A job with ``depends_on`` alone is a tree of one job."""
+        if not options:
+            return None
+        children, depends_on = options.get("children"), options.get("depends_on")
+        if children is None and depends_on is None:
             return None
         policy = check_on_child_failure(options.get("on_child_failure"), new.id)
-        return [FlowJob(self.name, new, None, policy), *self.subtree(self.name, new.id, children, trace)]
+        deps = () if depends_on is None else dependencies(depends_on, self.name, new.id)
+        jobs = [FlowJob(self.name, new, None, policy, deps)]
+        if children is not None:
+            jobs += self.subtree(self.name, new.id, children, trace)
+        mine = {(fj.queue, fj.job.id) for fj in jobs}
+        for fj in jobs:
+            for dep in fj.depends_on:
+                if dep in mine:
+                    raise FlowError(
+                        f"job {fj.job.id!r} depends on job {dep[1]!r} of queue {dep[0]!r}, of its own tree: "
+                        "a dependency must be a job that exists already"
+                    )
+        return jobs
 
     def subtree(
         self, queue: str, job_id: str, children: Sequence[Child], trace: dict[str, str] | None = None
@@ -162,10 +179,12 @@ class JobMaker:
             if child.queue is not None:
                 check.job_id(child.queue, "queue")
             where = child.queue or parent.queue
+            depends_on = options.pop("depends_on", None)
+            deps = () if depends_on is None else dependencies(depends_on, where, child.id)
             # a job of queue ``where``: its settings, not this queue's (see Child)
             defaults = None if where == self.name else queue_defaults(self.storage, where)
             new = self.new_job(child.id, child.payload, options, trace, defaults)  # type: ignore[arg-type]
-            jobs.append(FlowJob(where, new, (parent.queue, parent.id), child.on_child_failure))
+            jobs.append(FlowJob(where, new, (parent.queue, parent.id), child.on_child_failure, deps))
         if not jobs:
             raise FlowError(f"children of job {job_id!r} is empty: give at least one Child, or no children option")
         return jobs
@@ -177,7 +196,7 @@ class JobMaker:
         elif tree is None:
             [outcome] = await self.store_in(None, [new], options)
         else:
-            trees = require(self.storage, Trees, f"job {new.id!r}: children=")
+            trees = require(self.storage, Trees, f"job {new.id!r}: children= or depends_on=")
             outcome = self._enqueued([await trees.enqueue_flow(tree)])[0]
         return outcome
 

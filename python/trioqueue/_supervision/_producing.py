@@ -68,7 +68,7 @@ class QueueProducer(Generic[P, R]):
         new = [
             self.maker.new_job(jid, payload, options, trace) for jid, payload in jobs
         ]
-        if options.get("children") is not None:  # one tree per job, each atomic
+        if options.get("children") is not None or options.get("depends_on") is not None:  # one tree per job, each atomic
             trees = [self.maker.tree(n, options, trace) for n in new]
             self.check_running()
             await self.listener.caught_up()

@@ -338,7 +338,15 @@ class Queue(Generic[P, R]):
         until every child is terminal, then runs. ``on_child_failure``: ``"cancel"``
         (default) fails it with :class:`~trioqueue.ChildJobFailedError` and cancels the
         other children as soon as one fails for good, ``"continue"`` runs it anyway
-        (:meth:`Job.children_failures`), ``"ignore"`` counts failed children as done."""
+        (:meth:`Job.children_failures`), ``"ignore"`` counts failed children as done.
+
+        ``depends_on`` (a list of ids of this queue and :class:`~trioqueue.JobRef` of any
+        queue of the storage) makes it wait, in ``waiting_children`` too, until every
+        named job is terminal: jobs that exist already (in any state; one terminal counts
+        at once; an unknown id raises :class:`~trioqueue.FlowError`, writing nothing),
+        which it does not own. Their outcomes count as its children's do (the same
+        ``on_child_failure``, ``children_results()``); its end never cancels them. Many
+        jobs may depend on one; a dependency's record is kept until they have ended."""
         # The producer's parts, used here rather than through a QueueProducer method: a
         # call and a coroutine less on the path of every awaited enqueue.
         maker = self._producer.maker
@@ -389,8 +397,9 @@ class Queue(Generic[P, R]):
 
     async def children(self, job_id: str) -> dict[JobRef, JobStatus]:
         """The children of a job (a tree's parent, or a job that added children while it
-        ran), ``{JobRef(queue, id): status}`` in the order they were added; results are
-        decoded by this queue's result serde. ``{}`` for a job without children."""
+        ran), ``{JobRef(queue, id): status}`` in the order they were added, then its
+        dependencies (``depends_on``) in the order given; results are decoded by this
+        queue's result serde. ``{}`` for a job without either."""
         return await self._admin.children(job_id)
 
     async def cancel(self, job_id: str) -> CancelResult:

@@ -60,8 +60,9 @@ class Trees(Storage):
     """Trees of jobs (flows): a parent waits for its children (:meth:`enqueue_flow`), a
     running job adds children (:meth:`add_children`), and every terminal transition of a
     child tells its parent. :meth:`cancel` of a parent cancels its descendants, and
-    :meth:`clear` forgets the links. ``Queue.enqueue(..., children=...)``,
-    ``Queue.children`` and ``JobContext.add_children`` need it."""
+    :meth:`clear` forgets the links. A job may also wait for existing jobs it does not own,
+    its dependencies (:attr:`FlowJob.depends_on`). ``Queue.enqueue(..., children=...)``,
+    ``depends_on=``, ``Queue.children`` and ``JobContext.add_children`` need it."""
 
     @abc.abstractmethod
     async def enqueue_flow(self, jobs: Sequence[FlowJob]) -> EnqueueOutcome:
@@ -88,6 +89,21 @@ class Trees(Storage):
         own parent, level by level. :meth:`cancel` of a parent cancels every descendant.
         A terminal child's result and record are kept until its parent is terminal (and
         then for its own TTL).
+
+        Dependencies: a job with :attr:`FlowJob.depends_on` waits (``waiting_children``,
+        with or without children) until each named job is terminal. They must exist (in
+        any state, on any queue of the storage; not a job of ``jobs``): an unknown one
+        raises :class:`~trioqueue.FlowError` naming the job and the missing id, writing
+        nothing. In the same step each dependency records the dependent (a job may have
+        many) and one already terminal counts at once (the dependent may be queued or
+        failed right after, as a parent is). A dependency's end then counts on each of
+        its dependents as a child's end on its parent (completed: done; failed, cancelled
+        or removed: a failure, under the dependent's ``policy``), by the same means. A
+        dependent's end never cancels its dependencies. A terminal dependency's record
+        and result are kept (neither expired by its TTL nor counted out by
+        ``Settlement.keep``) until no dependent (and no parent) of it waits (a removed
+        dependent no longer does), then for its own TTL. On Redis Cluster, dependencies on other queues follow the rule of trees
+        across queues (a shared slot).
 
         Atomic: the whole tree is one step. Fenced: no (dedup by the root's id)."""
 
@@ -119,7 +135,8 @@ class Trees(Storage):
     @abc.abstractmethod
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         """The records of a job's children, ``(queue, record)`` in the order they were
-        added (children whose record expired or was removed are left out).
+        added, then of its dependencies in the order given (those whose record expired
+        or was removed, or was replaced by another incarnation of the id, are left out).
 
         Atomic: a read. Fenced: no."""
 

@@ -309,12 +309,14 @@ class FlowJob(NamedTuple):
     """One job of a tree (:meth:`Trees.enqueue_flow`, :meth:`Trees.add_children`):
     the job, the queue it lives on, its ``parent`` ``(queue, id)`` (``None`` for the root)
     and ``policy``, its own ``on_child_failure`` (``cancel``, ``continue``, ``ignore``),
-    used when it has children."""
+    used when it has children or dependencies; ``depends_on``, the ``(queue, id)`` of the
+    existing jobs it waits for besides its children (see :meth:`Trees.enqueue_flow`)."""
 
     queue: str
     job: NewJob
     parent: tuple[str, str] | None = None
     policy: str = "cancel"
+    depends_on: tuple[tuple[str, str], ...] = ()
 
 
 def job_record(r: Rec, state: str | None = None) -> JobRecord:

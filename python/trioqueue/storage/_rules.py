@@ -299,7 +299,9 @@ class Rec:
     claim's token, ``claims`` how many this incarnation had; ``started``: the current
     claim's attempt is counted; ``parent``: a child's parent ``(queue, id)``;
     ``children``: a parent's children ``(queue, id)``, ``policy`` its
-    ``on_child_failure``; ``group``: its group (``None``: none)."""
+    ``on_child_failure`` (and of its dependencies); ``deps``: the jobs ``(queue, id)`` it
+    depends on (``depends_on``); ``dependents``: the jobs that depend on it;
+    ``group``: its group (``None``: none)."""
 
     __slots__ = (
         "id",
@@ -329,6 +331,8 @@ class Rec:
         "children",
         "policy",
         "group",
+        "deps",
+        "dependents",
     )
 
     def __init__(
@@ -372,6 +376,8 @@ class Rec:
         self.children: list[tuple[str, str]] | None = None
         self.policy = "cancel"
         self.group = group
+        self.deps: list[tuple[str, str]] | None = None
+        self.dependents: list[tuple[str, str]] | None = None
 
     def state(self, due_ms: int | None = None) -> str:
         """Its state string (``due_ms``: a delayed or failing job's due time, which the
@@ -391,9 +397,10 @@ class Rec:
 
 
 def in_tree(r: Rec) -> bool:
-    """Whether ``r`` is a job of a tree (a child, a parent or both): its record goes by
-    its TTL only, never counted out by ``Settlement.keep`` while its tree may need it."""
-    return r.parent is not None or r.children is not None
+    """Whether ``r`` is a job of a tree (a child, a parent, a dependency or a dependent):
+    its record goes by its TTL only, never counted out by ``Settlement.keep`` while its
+    tree (or a dependent) may need it."""
+    return r.parent is not None or r.children is not None or r.dependents is not None or r.deps is not None
 
 
 def is_expired(r: Rec, now: float) -> bool:

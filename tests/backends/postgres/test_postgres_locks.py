@@ -207,3 +207,55 @@ async def test_batches_across_trees_of_different_depths_lock_in_one_order(
     for jid in ("c", "d", "e", "f"):
         rec = await pg.get_job(q, jid)
         assert rec is not None and rec.state.split(":")[0] == ("completed" if end == "settle" else "queued"), (jid, rec)
+
+
+async def test_a_tree_naming_a_locked_dependency_waits_for_it_without_holding_it(
+    pg: PostgresStorage, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dependency's row locked by another transaction: the enqueue naming it does not
+    wait on the lock (``NOWAIT``: it could be part of a cycle with a dependency's end), but
+    tries again after a pause, and goes through once the row is free."""
+    from trioqueue.storage.postgres import _flows
+
+    await pg.enqueue(queue_name, [job("dep")])
+    paused = trio.Event()
+    real_sleep = trio.sleep
+
+    async def sleep(seconds: float) -> None:
+        paused.set()
+        await real_sleep(seconds)
+
+    monkeypatch.setattr(_flows.trio, "sleep", sleep)
+    async with pg.pool.connection() as conn:
+        await conn.execute("BEGIN")
+        await conn.fetch(f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'dep' FOR UPDATE", queue_name)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pg.enqueue_flow, [FlowJob(queue_name, job("after"), depends_on=((queue_name, "dep"),))])
+            with trio.fail_after(10):
+                await paused.wait()  # refused at once, not waiting on the row
+            await conn.execute("COMMIT")
+    record = await pg.get_job(queue_name, "after")
+    assert record is not None and record.state.startswith("waiting_children:")
+
+
+async def test_a_dependency_ending_while_a_job_naming_it_and_its_dependent_is_written_never_deadlocks(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """``a`` depends on ``b``; ``b`` completes while ``n`` (depending on ``a`` and ``b``)
+    is written: whichever goes first, nothing deadlocks, ``b``'s end is counted once on
+    each dependent, and ``n`` runs only after ``a``."""
+    for r in range(ROUNDS):
+        b, a, n = f"b{r}", f"a{r}", f"n{r}"
+        await pg.enqueue(queue_name, [job(b)])
+        [claim] = await pg.dequeue(queue_name, W1, 1, 0.1, LEASE)
+        await pg.enqueue_flow([FlowJob(queue_name, job(a), depends_on=((queue_name, b),))])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pg.settle, queue_name, W1, [_settlement(claim, False)])
+            nursery.start_soon(pg.enqueue_flow, [FlowJob(queue_name, job(n), depends_on=((queue_name, a), (queue_name, b)))])
+        [again] = await pg.dequeue(queue_name, W1, 5, 0.1, LEASE)
+        assert again.id == a  # released by b's end; n still waits for a
+        assert (await pg.get_job(queue_name, n)).state.startswith("waiting_children:")  # type: ignore[union-attr]
+        assert await pg.settle(queue_name, W1, [_settlement(again, False)]) == [True]
+        [last] = await pg.dequeue(queue_name, W1, 5, 0.1, LEASE)
+        assert last.id == n
+        assert [c.id for _, c in await pg.get_children(queue_name, n)] == [a, b]

@@ -245,3 +245,38 @@ async def test_a_version_6_schema_upgrades_and_its_jobs_wait_for_signals(postgre
         assert again.id == "j"
     async with await Connection.connect(postgres_url) as conn:
         assert await conn.fetchval(column, old) == 1
+
+
+async def test_a_version_6_schema_upgrades_and_its_jobs_take_dependencies(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 8 (jobs.depended, job_deps) on a schema at version 6: a job enqueued before
+    the upgrade can be depended on after it, its dependent waits for it, then is released
+    once it completes, and reads it as its child."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage import Settlement, SettleKind
+    from trioqueue.storage._records import FlowJob
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", _migrations_up_to(module.MIGRATIONS, 6))  # (+ 7: its columns today's enqueue names)
+        m.setattr(module, "SCHEMA_VERSION", 6)
+        async with PostgresStorage(postgres_url, schema=old) as storage:
+            await storage.enqueue("q", [job("before")])
+            assert await storage.schema_version() == 6
+    table = "SELECT to_regclass($1) IS NOT NULL"
+    async with await Connection.connect(postgres_url) as conn:
+        assert not await conn.fetchval(table, f'"{old}".job_deps')
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        await storage.enqueue_flow([FlowJob("q", job("after"), depends_on=(("q", "before"),))])
+        record = await storage.get_job("q", "after")
+        assert record is not None and record.state.startswith("waiting_children")
+        [claim] = await storage.dequeue("q", W1, 5, 0.0, LEASE)
+        assert claim.id == "before"
+        assert await storage.settle("q", W1, [Settlement(SettleKind.COMPLETE, "before", b'"ok"', 60.0, token=claim.token)]) == [True]
+        record = await storage.get_job("q", "after")
+        assert record is not None and record.state.startswith("queued")
+        assert [r.id for _, r in await storage.get_children("q", "after")] == ["before"]
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval(table, f'"{old}".job_deps')

@@ -3,6 +3,9 @@
 The tests are the ones of tests/conformance/test_storage*.py, test_priorities.py, test_lease_loss.py,
 test_pause.py, test_flows.py, test_groups.py, test_steps.py, test_sleep.py, test_signals.py and more, imported here; this
 module's ``storage`` fixture overrides the parametrised one so they run once, on the cluster.
+The tests are the ones of tests/conformance/test_storage*.py, test_priorities.py, test_lease_loss.py, test_dependencies.py,
+test_pause.py, test_flows.py, test_groups.py, test_steps.py and more, imported here; this module's ``storage`` fixture overrides the
+parametrised one so they run once, on the cluster.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from test_steps import *  # noqa: E402,F403 - steps of durable jobs (issue 34)
 from test_sleep import *  # noqa: E402,F403 - durable sleep (issue 34)
 from test_signals import *  # noqa: E402,F403 - signals (Job.wait_for_signal)
 from test_durable_crossings import *  # noqa: E402,F403 - sleep and signals across trees, groups, retention...
+from test_dependencies import *  # noqa: E402,F403 - dependencies (depends_on; across queues: ones sharing a hash tag)
 
 from trioqueue.storage import NewJob, Storage  # noqa: E402
 from trioqueue.storage.redis import RedisStorage  # noqa: E402

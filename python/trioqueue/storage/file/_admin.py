@@ -126,7 +126,10 @@ class FileAdmin:
                 # which start-up repair gives one back (the removal was not acknowledged).
                 if r.mk:
                     unlink_quiet(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
-                if r.parent is not None:  # its parent counts it as cancelled (a note, first)
+                if r.deps:  # its ended dependencies no longer kept for it (r- notes, first)
+                    self._trees.release_deps(r)
+                if r.parent is not None or (r.dependents and r.kind not in R.TERMINAL_KINDS):
+                    # its parent (and its dependents) count it as cancelled (a note, first)
                     r.kind = _CANCELLED
                     self._trees.tree_ended(q, r)
                 unlink_quiet(os.path.join(q.jobs, enc))

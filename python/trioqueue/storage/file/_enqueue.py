@@ -250,7 +250,7 @@ class FileJobs:
                     wrote = True
                     self._core.publish(q, [StorageEvent("cancelled", job_id, token=r.token)])
                 elif r is not None and r.kind == _PROCESSING:
-                    if r.children is not None:
+                    if r.children is not None or r.deps is not None:
                         self._trees.tree_ended(q, r)  # its children (added while it runs) are cancelled
                     if event is not None:  # a cancel request, new
                         self._core.commit(q, {enc: r}, fds)

@@ -33,6 +33,13 @@ the parent's queue once acted on (after the child's record is written): a ``p-``
 queue lock, before the child's record is, and acting on it then (the child still
 pending) would take it for nothing: the parent would wait for ever.
 
+Dependencies (``depends_on``) ride on the same notes: a dependent lists its dependencies
+(``Rec.deps``) and is re-evaluated as a parent is, counting them with its children; a
+dependency lists its dependents (``Rec.dependents``), and its end leaves for each the note
+a child leaves for its parent (a ``u-`` note per dependent on another queue). Its record
+is kept until no parent or dependent of it is waiting (an ``r-`` note checks that). A
+dependent's end never cancels its dependencies.
+
 Acting on a note is idempotent (it reads the records afresh), so a note left by a crash
 (or acted on twice) costs nothing: the step that made it acts on it right after (taking
 one queue lock at a time), and every reaper pass (``recover_stalled``) acts on the notes
@@ -89,19 +96,32 @@ class FileTrees:
 
     def tree_ended(self, q: FileQueue, r: Rec) -> None:
         """``r`` is about to be written terminal, waiting for its children, or with a
-        cancel request (lock of ``q`` held): its parent is to be re-evaluated (and ``r``
-        kept meanwhile), and so is ``r`` as a parent."""
-        if r.parent is not None and r.kind in _TERMINAL:
-            r.exp = None  # kept until the parent has ended (an r- note then gives its TTL)
-            kind, (pq, pid) = "p" if r.kind == COMPLETED else "f", r.parent
-            if pq == q.name:
-                self._note(pq, kind, pid)
-            else:  # carried to the parent's queue once r is written (module docstring)
-                data = json.dumps([kind, pq, pid]).encode()
-                write_atomic(self._tree_dir(q), f"u-{encode_name(r.id)}", data, False)
-                self.dirty.add(q.name)
-        if r.children is not None:
+        cancel request (lock of ``q`` held): its parent and its dependents are to be
+        re-evaluated (and ``r`` kept meanwhile), and so is ``r`` as a parent."""
+        if r.kind in _TERMINAL:
+            kind = "p" if r.kind == COMPLETED else "f"
+            waiting = ([r.parent] if r.parent is not None else []) + list(r.dependents or ())
+            for i, (pq, pid) in enumerate(waiting):
+                if i > 0 or r.parent is None:  # a dependent: told (and r kept) only while it waits
+                    w = self._peek(q, pq, pid)
+                    if w is None or w.kind in _TERMINAL:
+                        continue
+                r.exp = None  # kept until they have ended (an r- note then gives its TTL)
+                if pq == q.name:
+                    self._note(pq, kind, pid)
+                else:  # carried to the parent's queue once r is written (module docstring)
+                    data = json.dumps([kind, pq, pid]).encode()
+                    suffix = "" if i == 0 and r.parent is not None else f".{i}"
+                    write_atomic(self._tree_dir(q), f"u-{encode_name(r.id)}{suffix}", data, False)
+                    self.dirty.add(q.name)
+        if r.children is not None or r.deps is not None:
             self._note(q.name, "f", r.id)
+
+    def release_deps(self, r: Rec) -> None:
+        """``r`` (a dependent) is being removed: its dependencies, kept for it, are
+        looked at again (``r-`` notes: kept only if another job still waits for them)."""
+        for dq, did in r.deps or ():
+            self._note(dq, "r", did)
 
     def cancel_claimed(self, q: FileQueue, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
         """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
@@ -181,6 +201,35 @@ class FileTrees:
             return None
         return c
 
+    def _dep(self, q: FileQueue, queue: str, job_id: str, dependent: str) -> Rec | None:
+        """The record of a dependency of ``(q, dependent)``; ``None`` (counted as
+        cancelled) if it is gone, or is another incarnation of the id."""
+        d = self._peek(q, queue, job_id)
+        if d is None or d.dependents is None or (q.name, dependent) not in [tuple(x) for x in d.dependents]:
+            return None
+        return d
+
+    def _waited(self, q: FileQueue, r: Rec) -> list[tuple[str, str, Rec | None, bool]]:
+        """What ``r`` waits for (lock of ``q`` held): ``(queue, id, record, is a child)``
+        of its children, then of its dependencies."""
+        out = [(cq, cid, self._child(q, cq, cid, r.id), True) for cq, cid in r.children or ()]
+        out += [(dq, did, self._dep(q, dq, did, r.id), False) for dq, did in r.deps or ()]
+        return out
+
+    def _needed(self, q: FileQueue, r: Rec) -> bool:
+        """Whether the ended ``r`` is still needed by its parent or a dependent that has
+        not ended (its record stays kept)."""
+        me = (q.name, r.id)
+        if r.parent is not None:
+            w = self._peek(q, r.parent[0], r.parent[1])
+            if w is not None and w.kind not in _TERMINAL and me in [tuple(c) for c in w.children or ()]:
+                return True
+        for wq, wid in r.dependents or ():
+            w = self._peek(q, wq, wid)
+            if w is not None and w.kind not in _TERMINAL and me in [tuple(d) for d in w.deps or ()]:
+                return True
+        return False
+
     def failed_by_children(self, q: FileQueue, r: Rec) -> bool:
         """Whether a child of the held job ``r`` failed (or was cancelled) under ``cancel`` (lock of ``q`` held): then whatever its run ends with (but a
         failure of its own, or a cancel) fails it with ``ChildJobFailedError``, as waiting
@@ -201,31 +250,37 @@ class FileTrees:
         if r is None:
             return False
         if kind == "r":
-            if r.kind in _TERMINAL and r.exp is None:
+            if r.kind in _TERMINAL and r.exp is None and not self._needed(q, r):
                 r.exp = now + r.result_ttl
                 kept[enc] = r
             return False
         if kind == "c":
             return self._cascade_cancel(q, enc, r, now, fds)
-        if kind not in ("p", "f") or r.children is None:
+        if kind not in ("p", "f") or (r.children is None and r.deps is None):
             return False
         if kind == "p" and r.kind in (WAITING_CHILDREN, PROCESSING):
             # A child completed: nothing to do while another is pending (looked for from
             # the last child: children end about in order). A failure comes with an f- note.
-            for cq, cid in reversed(r.children):
+            for cq, cid in reversed(r.children or ()):
                 c = self._child(q, cq, cid, r.id)
                 if c is not None and c.kind not in _TERMINAL:
                     return False
-        children = [(cq, cid, self._child(q, cq, cid, r.id)) for cq, cid in r.children]
+            for dq, did in r.deps or ():
+                d = self._dep(q, dq, did, r.id)
+                if d is not None and d.kind not in _TERMINAL:
+                    return False
+        waited = self._waited(q, r)
+        children = [(cq, cid, c) for cq, cid, c, _ in waited]
         if r.kind in _TERMINAL:
-            for cq, cid, c in children:
+            for cq, cid, c, is_child in waited:
                 if c is None:
                     continue
-                if c.kind not in _TERMINAL and R.ended_cancels_children(r.kind):
-                    self._note(cq, "c", cid)
+                if c.kind not in _TERMINAL and is_child and R.ended_cancels_children(r.kind):
+                    self._note(cq, "c", cid)  # (its dependencies are not its own: they run on)
                 elif c.kind in _TERMINAL and c.exp is None and cq == q.name:
-                    c.exp = now + c.result_ttl  # (this queue's lock is held: no note needed)
-                    kept[encode_name(cid)] = c
+                    if not self._needed(q, c):  # (this queue's lock is held: no note needed)
+                        c.exp = now + c.result_ttl
+                        kept[encode_name(cid)] = c
                 elif c.kind in _TERMINAL and c.exp is None:
                     self._note(cq, "r", cid)
             return False
@@ -242,6 +297,9 @@ class FileTrees:
             failed = any(c is not None and c.kind in (FAILED, CANCELLED) for _, _, c in children)
             marker = os.path.join(q.ready if r.kind == QUEUED else q.delayed, r.mk) if r.mk else None
         verdict = R.parent_verdict(r.kind, r.policy, failed, len(pending), r.cancel_requested)
+        if verdict == R.CANCEL_CHILDREN:  # (its dependencies are not its own: they run on)
+            mine = {(cq, cid) for cq, cid in r.children or ()}
+            pending = [p for p in pending if p in mine]
         if verdict in (R.RELEASE, R.FAIL) and self.ancestor_ended(q, r):
             # An ancestor failed or was cancelled: its cascade (c- notes, level by level,
             # each a step of its own) is on its way to r. Released now, r could be claimed
@@ -340,7 +398,8 @@ class FileTrees:
         """Write ``jobs`` (a new tree, or with ``held``: children of a held job) under the
         locks of their queues. Returns (the root's outcome if it exists: nothing written;
         ``None`` otherwise, or with ``held`` when it is no longer held; whether written)."""
-        names = sorted({fj.queue for fj in jobs} | ({held[0]} if held else set()))
+        dep_queues = {dq for fj in jobs for dq, _ in fj.depends_on}
+        names = sorted({fj.queue for fj in jobs} | ({held[0]} if held else set()) | dep_queues)
         qs = {n: self._core.q(n) for n in names}
         fds: dict[str, list[int]] = {n: [] for n in names}
         async with AsyncExitStack() as stack:
@@ -370,6 +429,14 @@ class FileTrees:
                 old = self._core.load(qs[fj.queue], encode_name(fj.job.id), now)
                 if old is not None and not R.replaceable(old) and not _leftover(old, fj, recs) or (fj.queue, fj.job.id) in recs:
                     raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
+            mine = {(fj.queue, fj.job.id) for fj in jobs}
+            deps: dict[tuple[str, str], Rec] = {}
+            for fj in jobs:
+                for dq, did in fj.depends_on:
+                    dep = deps.get((dq, did)) or self._core.load(qs[dq], encode_name(did), now)
+                    if dep is None or (dq, did) in mine:
+                        raise FlowError(f"job {fj.job.id!r} depends on job {did!r} of queue {dq!r}, which does not exist")
+                    deps[dq, did] = dep
             parents = {fj.parent for fj in jobs if fj.parent is not None}
             counters = {n: qs[n].counters() for n in names}
             items: dict[str, dict[str, Rec]] = {n: {} for n in names}
@@ -377,7 +444,7 @@ class FileTrees:
             for fj in jobs:
                 job, q = fj.job, qs[fj.queue]
                 enc = encode_name(job.id)
-                if (fj.queue, job.id) in parents:
+                if (fj.queue, job.id) in parents or fj.depends_on:
                     kind, mk = WAITING_CHILDREN, None
                 elif R.enqueue_kind(job.run_at, now) == DELAYED:
                     assert job.run_at is not None
@@ -389,7 +456,20 @@ class FileTrees:
                 r = Rec(job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, mk)
                 r.token, r.priority, r.group = job.token, job.priority, job.group
                 if kind == WAITING_CHILDREN:
-                    r.children, r.policy = [], fj.policy
+                    r.policy = fj.policy
+                    if (fj.queue, job.id) in parents:
+                        r.children = []
+                if fj.depends_on:
+                    # Each dependency lists it (one that ended already is kept for it), and
+                    # an f- note has it evaluated: at once if nothing it waits for is pending.
+                    r.deps = list(fj.depends_on)
+                    for dq, did in fj.depends_on:
+                        dep = deps[dq, did]
+                        dep.dependents = [*(dep.dependents or ()), (fj.queue, job.id)]
+                        if dep.kind in _TERMINAL:
+                            dep.exp = None
+                        items[dq][encode_name(did)] = dep  # written before their dependents
+                    self._note(fj.queue, "f", job.id)
                 if fj.parent is not None:
                     r.parent = fj.parent
                     p = recs[fj.parent]
@@ -400,7 +480,7 @@ class FileTrees:
             if held is not None:
                 items[held[0]][encode_name(held[1])] = recs[held[0], held[1]]  # written last
             # Children before parents, the root's queue last: see the module docstring.
-            order = sorted(names, key=lambda n: n == jobs[0].queue and held is None)
+            order = sorted(names, key=lambda n: (n == jobs[0].queue and held is None, n not in dep_queues))
             for fj in reversed(jobs):
                 items[fj.queue].setdefault(encode_name(fj.job.id), recs[fj.queue, fj.job.id])
             if held is not None:  # the held job after its children
@@ -433,16 +513,22 @@ class FileTrees:
             r = read_rec(os.path.join(q.jobs, encode_name(job_id)), encode_name(job_id))
         except CorruptRecord:
             return []
-        if r is None or r.children is None or (r.exp is not None and r.exp <= now):
+        if r is None or (r.children is None and r.deps is None) or (r.exp is not None and r.exp <= now):
             return []
         out = []
-        for cq, cid in r.children:
+        waited = [(cq, cid, True) for cq, cid in r.children or ()] + [(dq, did, False) for dq, did in r.deps or ()]
+        for cq, cid, is_child in waited:
             try:
                 c = read_rec(os.path.join(self._core.q(cq).jobs, encode_name(cid)), encode_name(cid))
             except CorruptRecord:
                 continue
-            mine = c is not None and c.parent is not None and tuple(c.parent) == (queue, job_id)
-            if c is not None and mine and (c.exp is None or c.exp > now):
+            if c is None:
+                continue
+            if is_child:
+                mine = c.parent is not None and tuple(c.parent) == (queue, job_id)
+            else:
+                mine = (queue, job_id) in [tuple(d) for d in c.dependents or ()]
+            if mine and (c.exp is None or c.exp > now):
                 out.append((cq, to_job_record(c)))
         return out
 

@@ -162,6 +162,11 @@ def _extras(r: Rec) -> dict[str, object]:
         x["po"] = r.policy
     if r.group is not None:
         x["gr"] = r.group
+    if r.deps is not None:
+        x["dp"] = [list(d) for d in r.deps]
+        x["po"] = r.policy
+    if r.dependents is not None:
+        x["ds"] = [list(d) for d in r.dependents]
     return x
 
 
@@ -190,6 +195,10 @@ def _set_extras(r: Rec, x: object) -> None:
     r.policy = str(x.get("po", "cancel"))
     gr = x.get("gr")
     r.group = None if gr is None else str(gr)
+    dp = x.get("dp")
+    r.deps = None if dp is None else [(str(d[0]), str(d[1])) for d in dp]
+    ds = x.get("ds")
+    r.dependents = None if ds is None else [(str(d[0]), str(d[1])) for d in ds]
     if not MIN_PRIORITY <= r.priority <= MAX_PRIORITY:
         raise CorruptRecord(f"bad priority {r.priority!r}")
 

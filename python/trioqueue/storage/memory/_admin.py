@@ -114,7 +114,7 @@ class MemoryAdmin:
                 del q.jobs[job_id]
                 q.index.drop(rec)
                 q.publish([StorageEvent("removed", job_id, token=rec.token)])
-                if rec.parent is not None:
+                if rec.parent is not None or rec.waiters is not None or rec.flow is not None:
                     self._trees.removed(rec, _now())
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ok

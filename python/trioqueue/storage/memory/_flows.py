@@ -1,7 +1,9 @@
 """MemoryStorage's trees of jobs (flows): writing a tree in one locked step, and what a
 job's end does to its tree (a child counted done, the parent queued once none is left, or
-the parent failed and the siblings cancelled under ``cancel``). A part built by the
-storage with the queues it shares; every step runs with the storage's lock held."""
+the parent failed and the siblings cancelled under ``cancel``). Dependencies
+(``depends_on``) are counted as children are, but a job may have many dependents, and a
+dependent's end never cancels its dependencies. A part built by the storage with the
+queues it shares; every step runs with the storage's lock held."""
 
 from __future__ import annotations
 
@@ -79,6 +81,16 @@ class MemoryTrees:
             old = q.jobs.get(fj.job.id)
             if not R.replaceable(old) or (fj.queue, fj.job.id) in recs:
                 raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
+        mine = {(fj.queue, fj.job.id) for fj in jobs}
+        deps: dict[tuple[str, str], MemRec] = {}
+        for fj in jobs:
+            for dq, did in fj.depends_on:
+                d = self._q(dq)
+                d.expire(now)
+                dep = d.jobs.get(did)
+                if dep is None or (dq, did) in mine:
+                    raise FlowError(f"job {fj.job.id!r} depends on job {did!r} of queue {dq!r}, which does not exist")
+                deps[dq, did] = dep
         parents = {fj.parent for fj in jobs if fj.parent is not None}
         for parent in recs.values():
             if parent.flow is None:
@@ -91,7 +103,7 @@ class MemoryTrees:
             old = q.jobs.get(job.id)
             if old is not None:
                 q.index.drop(old)
-            is_parent = (fj.queue, job.id) in parents
+            is_parent = (fj.queue, job.id) in parents or bool(fj.depends_on)
             kind = WAITING_CHILDREN if is_parent else R.enqueue_kind(job.run_at, now)
             rec = q.jobs[job.id] = MemRec(job, now_ms, q.index, kind)
             recs[fj.queue, job.id] = rec
@@ -110,10 +122,37 @@ class MemoryTrees:
                 parent.flow.children.append((fj.queue, rec))
                 parent.children.append((fj.queue, job.id))
                 parent.flow.pending += 1
+        for fj in jobs:
+            if fj.depends_on:
+                self.depend(fj, recs[fj.queue, fj.job.id], deps, now)
         for q, events, ready in touched.values():
             q.ready.push(ready)
             q.publish(events)
             q.wake()
+        for fj in jobs:  # dependencies that had ended counted at once: it may run (or fail) now
+            rec = recs[fj.queue, fj.job.id]
+            if fj.depends_on and rec.kind == WAITING_CHILDREN:
+                self.parent_check(self._q(fj.queue), rec, now)
+
+    def depend(self, fj: FlowJob, rec: MemRec, deps: dict[tuple[str, str], MemRec], now: float) -> None:
+        """``rec`` (just written, waiting) depends on ``fj.depends_on``: each dependency
+        lists it, and one that ended already is counted at once (its record kept)."""
+        assert rec.flow is not None
+        rec.deps = list(fj.depends_on)
+        for key in fj.depends_on:
+            dep = deps[key]
+            rec.flow.deps.append((key[0], dep))
+            if dep.waiters is None:
+                dep.waiters, dep.dependents = [], []
+            assert dep.dependents is not None
+            dep.waiters.append((fj.queue, rec))
+            dep.dependents.append((fj.queue, rec.id))
+            if dep.kind in _TERMINAL:
+                dep.exp = None  # kept until its dependents have ended
+                if dep.kind != COMPLETED:
+                    rec.flow.failures.append((dep.id, dep.error or b""))
+            else:
+                rec.flow.pending += 1
 
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         await trio.lowlevel.checkpoint()
@@ -123,7 +162,7 @@ class MemoryTrees:
             rec = q.jobs.get(job_id)
             if rec is None or rec.flow is None:
                 return []
-            return [(cq, job_record(c)) for cq, c in rec.flow.children if self._q(cq).jobs.get(c.id) is c]
+            return [(cq, job_record(c)) for cq, c in rec.flow.children + rec.flow.deps if self._q(cq).jobs.get(c.id) is c]
 
     # -- a job ended -----------------------------------------------------------------------
 
@@ -131,11 +170,23 @@ class MemoryTrees:
         """A rule just ended ``rec`` (it left kind ``old``): filed under its terminal kind,
         its expiry indexed, and its tree told."""
         q.file_end(rec, old)
-        if rec.parent is not None or rec.flow is not None:
+        if rec.parent is not None or rec.flow is not None or rec.waiters is not None:
             self.tree_ended(rec, now)
 
+    def _waiting_for(self, w: MemRec, wq: str) -> bool:
+        """Whether ``w`` (a parent or a dependent, of queue ``wq``) still counts the jobs
+        it waits for: it has not ended and is still the record of its id."""
+        return w.kind not in _TERMINAL and w.flow is not None and self._q(wq).jobs.get(w.id) is w
+
+    def _needed(self, rec: MemRec) -> bool:
+        """Whether the ended ``rec`` is still needed by a parent or a dependent that has not
+        ended (its record is kept meanwhile)."""
+        if rec.up is not None and rec.parent is not None and self._waiting_for(rec.up, rec.parent[0]):
+            return True
+        return any(self._waiting_for(w, wq) for wq, w in rec.waiters or ())
+
     def tree_ended(self, rec: MemRec, now: float) -> None:
-        """``rec`` (a parent, a child, or both) just became terminal."""
+        """``rec`` (a parent, a child, a dependency, a dependent) just became terminal."""
         flow = rec.flow
         if flow is not None:
             if R.ended_cancels_children(rec.kind):
@@ -143,29 +194,45 @@ class MemoryTrees:
             for cq, child in flow.children:  # their results are no longer needed by rec
                 if child.kind in _TERMINAL and child.exp is None:
                     self._q(cq).keep_for(child, now + child.result_ttl)
+            for dq, dep in flow.deps:  # nor its dependencies' (unless another job needs them)
+                if dep.kind in _TERMINAL and dep.exp is None and self._q(dq).jobs.get(dep.id) is dep and not self._needed(dep):
+                    self._q(dq).keep_for(dep, now + dep.result_ttl)
         parent = rec.up
-        if parent is None or rec.parent is None:
-            return
-        pq = self._q(rec.parent[0])
-        if parent.kind in _TERMINAL or parent.flow is None or pq.jobs.get(parent.id) is not parent:
-            return  # the parent ended first: rec keeps its own TTL
-        rec.exp = None  # kept while the parent may read it
-        parent.flow.pending -= 1
-        if rec.kind != COMPLETED:
-            parent.flow.failures.append((rec.id, rec.error or b""))
-        self.parent_check(pq, parent, now)
+        if parent is not None and rec.parent is not None and self._waiting_for(parent, rec.parent[0]):
+            assert parent.flow is not None
+            rec.exp = None  # kept while the parent may read it
+            parent.flow.pending -= 1
+            if rec.kind != COMPLETED:
+                parent.flow.failures.append((rec.id, rec.error or b""))
+            self.parent_check(self._q(rec.parent[0]), parent, now)
+        for wq, w in rec.waiters or ():  # its dependents count it
+            if self._waiting_for(w, wq) and rec.kind in _TERMINAL:
+                assert w.flow is not None
+                rec.exp = None  # kept while a dependent may read it
+                w.flow.pending -= 1
+                if rec.kind != COMPLETED:
+                    w.flow.failures.append((rec.id, rec.error or b""))
+                self.parent_check(self._q(wq), w, now)
+        # (a parent or a dependent ended first: rec keeps its own TTL)
 
     def removed(self, rec: MemRec, now: float) -> None:
-        """A child was removed (``remove_job``): its parent counts it as cancelled, as
-        FileStorage's does (a parent never waits for a job that is gone)."""
-        parent = rec.up
-        assert parent is not None and rec.parent is not None
-        pq = self._q(rec.parent[0])
-        if rec.kind in _TERMINAL or parent.flow is None or parent.kind in _TERMINAL or pq.jobs.get(parent.id) is not parent:
-            return  # it had ended (and was counted), or its parent has
-        parent.flow.pending -= 1
-        parent.flow.failures.append((rec.id, b""))
-        self.parent_check(pq, parent, now)
+        """A child or a dependency was removed (``remove_job``): its parent and its
+        dependents count it as cancelled, as FileStorage's do (nobody waits for a job
+        that is gone). A removed dependent no longer needs its dependencies' records."""
+        if rec.flow is not None:
+            for dq, dep in rec.flow.deps:
+                if dep.kind in _TERMINAL and dep.exp is None and self._q(dq).jobs.get(dep.id) is dep and not self._needed(dep):
+                    self._q(dq).keep_for(dep, now + dep.result_ttl)
+        if rec.kind in _TERMINAL:
+            return  # it had ended (and was counted)
+        waiting = [(rec.parent[0], rec.up)] if rec.up is not None and rec.parent is not None else []
+        for wq, w in waiting + list(rec.waiters or ()):
+            if not self._waiting_for(w, wq):
+                continue  # it has ended
+            assert w.flow is not None
+            w.flow.pending -= 1
+            w.flow.failures.append((rec.id, b""))
+            self.parent_check(self._q(wq), w, now)
 
     def parent_check(self, pq: QueueState, parent: MemRec, now: float) -> None:
         """Act on the tree's verdict for ``parent`` (see :func:`~.._rules.parent_verdict`)."""

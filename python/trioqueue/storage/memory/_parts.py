@@ -32,10 +32,11 @@ class MemRec(Rec):
     """The lifecycle's record (:class:`~.._rules.Rec`), and where MemoryStorage files it:
     ``iseq``, its entry in the queue's per-state index (0: forgotten); ``run_at``, its
     due time in the delayed heap; ``up``, a child's parent record; ``flow``, a parent's
-    children records and counts. Whoever changes ``kind`` (a rule of ``_rules``) tells
+    (or a dependent's) children and dependencies records and counts; ``waiters``, the
+    records of the jobs that depend on it (``depends_on``). Whoever changes ``kind`` (a rule of ``_rules``) tells
     the index (:meth:`QueueState.refile`)."""
 
-    __slots__ = ("iseq", "run_at", "up", "flow")
+    __slots__ = ("iseq", "run_at", "up", "flow", "waiters")
 
     def __init__(self, job: NewJob, now_ms: int, index: StateIndex, kind: str = _QUEUED) -> None:
         Rec.__init__(
@@ -46,6 +47,7 @@ class MemRec(Rec):
         self.run_at = math.inf
         self.up: MemRec | None = None  # a child of a tree: its parent's record
         self.flow: Flow | None = None  # a parent: its children
+        self.waiters: list[tuple[str, MemRec]] | None = None  # a dependency: its dependents
         index.enter(self, None, kind)
 
     def state(self, due_ms: int | None = None) -> str:
@@ -55,13 +57,15 @@ class MemRec(Rec):
 
 
 class Flow:
-    """A parent's side of a tree: its children ``(queue, record)``, how many have not
-    ended, and the failed ones ``(id, error)``."""
+    """A parent's side of a tree: its children ``(queue, record)``, its dependencies
+    ``(queue, record)``, how many of both have not ended, and the failed ones ``(id,
+    error)``."""
 
-    __slots__ = ("children", "pending", "failures")
+    __slots__ = ("children", "deps", "pending", "failures")
 
     def __init__(self) -> None:
         self.children: list[tuple[str, MemRec]] = []
+        self.deps: list[tuple[str, MemRec]] = []
         self.pending = 0
         self.failures: list[tuple[str, bytes]] = []
 

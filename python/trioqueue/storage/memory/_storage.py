@@ -321,7 +321,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     group.append(rec)
                     completed.append(rec)
                     events.append(_new(StorageEvent, ("completed", sid, worker_id, data, None, rec.token)))
-                    if rec.parent is not None:
+                    if rec.parent is not None or rec.waiters is not None:
                         self._trees.tree_ended(rec, now)
                     continue
                 if rec is None or rec.claim != token:

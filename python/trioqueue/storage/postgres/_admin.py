@@ -109,6 +109,7 @@ class PgAdmin:
         now = now_ms()
         async with self._db.tx() as conn:
             await self._trees.lock_ancestors(conn, queue, [job_id])
+            await self._trees.removing(conn, queue, job_id, now)
             row = await conn.fetchrow(
                 self._db.sql["remove_job"],
                 queue,

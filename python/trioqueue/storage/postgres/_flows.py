@@ -12,6 +12,15 @@ concurrent ends of one tree serialise on the root row (``SELECT ... FOR UPDATE``
 calls spanning several trees take their rows in the same order, instead of deadlocking.
 A heartbeat, which takes no ancestor, never waits on a row while holding others
 (``SKIP LOCKED``, then the skipped rows one at a time).
+
+Dependencies (``depends_on``, schema version 8): a dependent's row counts its dependencies
+with its children (``pending``, ``failed_ids``), ``job_deps`` links the two (with their
+incarnation tokens), and a dependency's row is ``depended``: its end, in its transaction,
+counts down on each dependent (locked in (queue, id) order) as a child's does on its
+parent, and keeps its record until no dependent waits for it. A tree naming dependencies
+locks their rows in (queue, id) order without waiting (``NOWAIT``, retried after a pause,
+under a savepoint): a dependency's end locks its dependents, which may be the writer's
+other dependencies, so the writer must never wait for one while holding another.
 """
 
 from __future__ import annotations
@@ -20,8 +29,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..._drivers.libpq import Connection
-from ..._model._errors import FlowError
+import trio
+
+from ..._drivers.libpq import Connection, PostgresError
+from ..._model._errors import FlowError, StorageError
 from ..._model._types import EnqueueStatus
 from .._base import EnqueueOutcome, FlowJob, JobRecord, StorageEvent, child_failed_error
 from ._common import PgDatabase, now_ms, record
@@ -29,6 +40,8 @@ from ._common import PgDatabase, now_ms, record
 __all__ = ["PgTrees", "TreeJobTaken"]
 
 _TERMINAL = ("completed", "failed", "cancelled")
+_LOCKED = "55P03"  # lock_not_available: a dependency's row is locked (NOWAIT)
+_LOCK_ROUNDS = 200  # tries at locking a tree's dependencies (pauses of up to 50 ms)
 
 
 class TreeJobTaken(Exception):
@@ -169,6 +182,7 @@ class PgTrees:
             if key in taken or key in seen:
                 raise FlowError(f"job {fj.job.id!r} already exists on queue {fj.queue!r}: a tree's jobs must be new")
             seen.add(key)
+        deps = await self.lock_deps(conn, jobs, now)
         queues = list(dict.fromkeys(fj.queue for fj in jobs))
         await conn.execute(
             self._db.sql["queue_rows"], queues
@@ -192,13 +206,14 @@ class PgTrees:
         for fj in jobs:
             job, key = fj.job, (fj.queue, fj.job.id)
             run_at = None
-            if key in counts:
+            if key in counts or fj.depends_on:
                 state = "waiting_children"
             elif job.run_at is not None and job.run_at * 1000 > now:
                 state, run_at = "delayed", math.ceil(job.run_at * 1000)
             else:
                 state = "queued"
             n = counts.get(key)
+            waits = None if n is None and not fj.depends_on else (n or 0) + len(fj.depends_on)
             # (a job committed since the check is left alone; a replaced row takes its place in the tree)
             written = await conn.fetchval(
                 self._db.sql["insert_tree_jobs"],
@@ -215,25 +230,87 @@ class PgTrees:
                 None if fj.parent is None else fj.parent[0],
                 None if fj.parent is None else fj.parent[1],
                 None if fj.parent is None else tokens[fj.parent],
-                fj.policy if n else None,
-                n,
+                fj.policy if waits else None,
+                waits,
                 job.group,
+                n,
             )
             if not written:
                 raise TreeJobTaken(key)
             events.add(fj.queue, StorageEvent("enqueued", job.id, token=job.token), wake=state == "queued")
             if run_at is not None:
                 events.add(fj.queue, StorageEvent("due", "", result=b"%d" % run_at))
+        if deps:
+            await self._depend(conn, jobs, deps, now, events)
         await self._flush(conn, events)
 
+    async def lock_deps(self, conn: Connection, jobs: Sequence[FlowJob], now: int) -> dict[tuple[str, str], tuple[Any, ...]]:
+        """The rows ``(state, token, error)`` of the dependencies the jobs name, locked
+        (in (queue, id) order, never waiting: a locked row is tried again after a pause,
+        see the module's docstring); :class:`FlowError` naming the job and the unknown id."""
+        keys = list(dict.fromkeys(dep for fj in jobs for dep in fj.depends_on))
+        if not keys:
+            return {}
+        pause = 0.001
+        for _ in range(_LOCK_ROUNDS):
+            await conn.execute("SAVEPOINT trioqueue_deps")
+            try:
+                rows = await conn.fetch(self._db.sql["lock_deps"], [q for q, _ in keys], [i for _, i in keys], now)
+            except PostgresError as exc:
+                if exc.sqlstate != _LOCKED or conn.closed:
+                    raise
+                await conn.execute("ROLLBACK TO SAVEPOINT trioqueue_deps")
+                await trio.sleep(pause)
+                pause = min(pause * 2, 0.05)
+                continue
+            await conn.execute("RELEASE SAVEPOINT trioqueue_deps")
+            break
+        else:
+            raise StorageError(
+                f"the dependencies of job {jobs[0].job.id!r} stayed locked by other transactions; nothing was written"
+            )
+        found = {(r[0], r[1]): tuple(r[2:]) for r in rows}
+        for fj in jobs:
+            for dq, did in fj.depends_on:
+                if (dq, did) not in found:
+                    raise FlowError(f"job {fj.job.id!r} depends on job {did!r} of queue {dq!r}, which does not exist")
+        return found
+
+    async def _depend(
+        self, conn: Connection, jobs: Sequence[FlowJob], deps: dict[tuple[str, str], tuple[Any, ...]], now: int, events: _Events
+    ) -> None:
+        """The jobs just written (waiting) depend on their ``depends_on``: linked, each
+        dependency marked ``depended``, and one that ended already counted at once (its
+        record kept), as the end of a child is."""
+        await conn.execute(self._db.sql["mark_depended"], [q for q, _ in deps], [i for _, i in deps])
+        for fj in jobs:
+            if not fj.depends_on:
+                continue
+            await conn.execute(
+                self._db.sql["insert_deps"],
+                fj.queue,
+                fj.job.id,
+                fj.job.token,
+                [q for q, _ in fj.depends_on],
+                [i for _, i in fj.depends_on],
+                [deps[d][1] for d in fj.depends_on],
+            )
+        for fj in jobs:
+            for dq, did in fj.depends_on:
+                state, _, error = deps[dq, did]
+                if state in _TERMINAL:
+                    await self._child_ended(conn, (did, state, error, fj.queue, fj.job.id, fj.job.token), now, events, queue=dq)
+
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
+        now = now_ms()
         async with self._db.conn() as conn:
             rows = await conn.fetch(
                 self._db.sql["get_children"],
                 queue,
-                now_ms(),
+                now,
                 job_id,
             )
+            rows += await conn.fetch(self._db.sql["get_deps"], queue, now, job_id)
         return [(r[0], record(r[1:])) for r in rows]
 
     # -- a job of a tree ended -----------------------------------------------------------
@@ -272,13 +349,24 @@ class PgTrees:
         """A job was removed (``row``: its id, state, parent queue, id and token, policy,
         token): its parent counts it as cancelled; a removed parent's ended children go
         by their own TTLs."""
-        jid, state, pq, pid, ptok, policy, token = row
+        jid, state, pq, pid, ptok, policy, token, depended = row
         events = _Events()
         if policy is not None:
             await self._release_results(conn, queue, jid, token, now)
         if pid is not None and state not in _TERMINAL:
             await self._child_ended(conn, (jid, "cancelled", None, pq, pid, ptok), now, events, removed=True, queue=queue)
+        if depended and state not in _TERMINAL:  # its dependents count it as cancelled
+            for dq, did, dtok in await conn.fetch(self._db.sql["dependents"], queue, jid, token):
+                await self._child_ended(conn, (jid, "cancelled", None, dq, did, dtok), now, events, removed=True, queue=queue)
         await self._flush(conn, events)
+
+    async def removing(self, conn: Connection, queue: str, job_id: str, now: int) -> None:
+        """A job is about to be removed (in the transaction open on ``conn``, before the
+        row goes with its ``job_deps`` rows): a dependent's ended dependencies are no longer
+        kept for it."""
+        token = await conn.fetchval(self._db.sql["removing_dependent"], queue, now, job_id)
+        if token is not None:
+            await conn.execute(self._db.sql["release_deps"], queue, job_id, token, now)
 
     async def cancel_children(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
         """A processing parent was cancelled: so are its children."""
@@ -317,13 +405,18 @@ class PgTrees:
             queue,
             list(ids),
         )
-        for jid, state, error, pq, pid, ptok, policy, token in rows:
+        for jid, state, error, pq, pid, ptok, policy, token, depended in rows:
             if policy is not None:
                 if state != "completed":
                     await self._cancel_children(conn, queue, jid, token, now, events)  # none of them may run on
                 await self._release_results(conn, queue, jid, token, now)
+                await conn.execute(self._db.sql["release_deps"], queue, jid, token, now)  # (never cancelled by it)
             if pid is not None:
                 await self._child_ended(conn, (jid, state, error, pq, pid, ptok), now, events, queue=queue)
+            if depended:  # its dependents count it as a parent counts a child
+                for dq, did, dtok in await conn.fetch(self._db.sql["dependents"], queue, jid, token):
+                    await self.lock_ancestors(conn, dq, [did])  # (a dependent in a tree: its tree's order)
+                    await self._child_ended(conn, (jid, state, error, dq, did, dtok), now, events, queue=queue)
 
     async def _release_results(self, conn: Connection, queue: str, job_id: str, token: str, now: int) -> None:
         """The parent ended: its ended children's results go by their own TTLs."""

@@ -35,14 +35,16 @@ _NEED_ROUNDS = 32  # tree_act calls learning more queues before giving up (never
 
 
 def tree_of(jobs: Sequence[FlowJob], first: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The tree's description for the scripts, ``{id, q, pa, pq, ch, cq, po, t}`` per job
-    in order (``q``: the index, from 1, of its queue in the names; ``pq``, ``cq``: its
-    parent's and children's queues where they differ from its own), and the names of
-    the queues it spans (``first`` first)."""
+    """The tree's description for the scripts, ``{id, q, pa, pq, ch, cq, po, t, dp, dq}``
+    per job in order (``q``: the index, from 1, of its queue in the names; ``pq``, ``cq``:
+    its parent's and children's queues where they differ from its own; ``dp``, ``dq``: its
+    dependencies and their queues), and the names of the queues it spans, its
+    dependencies' included (``first`` first)."""
     names = [first]
     for fj in jobs:
-        if fj.queue not in names:
-            names.append(fj.queue)
+        for q in [fj.queue, *(dq for dq, _ in fj.depends_on)]:
+            if q not in names:
+                names.append(q)
     kids: dict[tuple[str, str], list[FlowJob]] = {}
     for fj in jobs:
         if fj.parent is not None:
@@ -59,6 +61,10 @@ def tree_of(jobs: Sequence[FlowJob], first: str) -> tuple[list[dict[str, Any]], 
             d["ch"] = [c.job.id for c in mine]
             if any(c.queue != fj.queue for c in mine):
                 d["cq"] = [c.queue for c in mine]
+            d["po"] = fj.policy
+        if fj.depends_on:
+            d["dp"] = [did for _, did in fj.depends_on]
+            d["dq"] = [dq for dq, _ in fj.depends_on]
             d["po"] = fj.policy
         out.append(d)
     return out, names
@@ -114,6 +120,11 @@ class RedisTrees:
             job_id = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             where = next((fj.queue for fj in jobs if fj.job.id == job_id), queue)
             raise FlowError(f"job {job_id!r} already exists on queue {where!r}: a tree's jobs must be new")
+        if code == b"nodep":
+            job_id, dep, where = (text(x) for x in reply[1:4])
+            raise FlowError(f"job {job_id!r} depends on job {dep!r} of queue {where!r}, which does not exist")
+        if any(fj.depends_on for fj in jobs):  # its dependents are evaluated now (those ended count at once)
+            await self.act(queue)
         return QUEUED
 
     async def add_children(
@@ -159,21 +170,36 @@ class RedisTrees:
     async def get_children(self, queue: str, job_id: str) -> list[tuple[str, JobRecord]]:
         await trio.lowlevel.checkpoint_if_cancelled()
         rec = await self._get_job(queue, job_id)
-        if rec is None or not rec.children:
+        if rec is None:
             return []
+        children, deps = await self._tree_children(queue, job_id)
         out = []
-        for cq, cid in await self._tree_children(queue, job_id):
+        for cq, cid in children:
             c = await self._get_job(cq, cid)
             if c is not None and c.parent == (queue, job_id):  # (not a job of its own that took its id)
                 out.append((cq, c))
+        for dq, did in deps:
+            d = await self._get_job(dq, did)
+            if d is not None and (queue, job_id) in await self._dependents(dq, did):
+                out.append((dq, d))
         return out
 
-    async def _tree_children(self, queue: str, job_id: str) -> list[tuple[str, str]]:
-        """``(queue, id)`` of each child of the job, in order."""
+    async def _tree(self, queue: str, job_id: str) -> dict[str, Any]:
         raw = await self._runner.transport.command(["HGET", self._runner.key(queue, "tree"), job_id])
-        if raw is None:
-            return []
-        t = json.loads(raw)
+        return {} if raw is None else dict(json.loads(raw))
+
+    async def _tree_children(self, queue: str, job_id: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """``(queue, id)`` of each child of the job, in order, and of each dependency."""
+        t = await self._tree(queue, job_id)
         ch = [str(c) for c in t.get("ch", [])]
-        return list(zip(t.get("cq") or [queue] * len(ch), ch, strict=True))
+        dp = [str(d) for d in t.get("dp", [])]
+        return (
+            list(zip(t.get("cq") or [queue] * len(ch), ch, strict=True)),
+            list(zip((str(q) for q in t.get("dq", [])), dp, strict=True)),
+        )
+
+    async def _dependents(self, queue: str, job_id: str) -> list[tuple[str, str]]:
+        """``(queue, id)`` of each dependent of the job."""
+        t = await self._tree(queue, job_id)
+        return list(zip((str(q) for q in t.get("dsq", [])), (str(d) for d in t.get("ds", [])), strict=True))
 

@@ -8,7 +8,7 @@ WITH s AS (
                         error = CASE WHEN s.kind = 'failed' THEN s.data ELSE j.error END,
                         expires_ms = $2 + (s.ttl * 1000)::bigint, worker = NULL, lease_ms = NULL
                     FROM s WHERE j.queue = $1 AND j.id = s.id AND j.state = 'processing' AND j.worker = $8
-                        AND j.claim = s.claim AND j.parent_id IS NULL AND j.policy IS NULL  -- (trees: the general path)
+                        AND j.claim = s.claim AND j.parent_id IS NULL AND j.policy IS NULL AND NOT j.depended  -- (trees, dependencies: the general path)
                     RETURNING j.id, j.token, s.kind, s.data, s.ord),
                 events AS (  -- each event's entry: with its result/error if it fits, else without, else a resync
                     SELECT e.ord, CASE WHEN octet_length(e.full) < 7900 THEN e.full

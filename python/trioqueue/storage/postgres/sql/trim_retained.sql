@@ -5,8 +5,8 @@ WITH past AS (
                                 ORDER BY state_ms DESC, id DESC OFFSET $3),
                             gone AS (
                                 DELETE FROM {s}.jobs j USING past p
-                                WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL AND j.nchildren = 0
+                                WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL AND j.nchildren = 0 AND j.policy IS NULL AND NOT j.depended
                                     AND (p.size <= $4 OR p.state_ms <= $5 - $6))
                             UPDATE {s}.jobs j SET expires_ms = least(j.expires_ms, p.state_ms + $6)
                             FROM past p WHERE j.queue = $1 AND j.id = p.id AND j.parent_id IS NULL
-                                AND j.nchildren = 0 AND p.size > $4 AND p.state_ms > $5 - $6
+                                AND j.nchildren = 0 AND j.policy IS NULL AND NOT j.depended AND p.size > $4 AND p.state_ms > $5 - $6

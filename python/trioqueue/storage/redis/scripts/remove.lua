@@ -1,7 +1,7 @@
 -- ARGV: id. Forgets a job that is not processing (its ready-list entry no longer matches
 -- any metadata: dropped when met). Returns 1, 2 (forgotten, and it was a child of a tree
--- of jobs: its parent is noted in TNOTES, the caller runs tree_act), or 0 (unknown or
--- processing).
+-- of jobs, a dependency or a dependent: its parent, dependents or dependencies are noted
+-- in TNOTES, the caller runs tree_act), or 0 (unknown or processing).
 --@include prelude
 local id = ARGV[1]
 local now = now_ms()
@@ -14,9 +14,20 @@ local t = raw and cjson.decode(raw)
 purge(id)
 ev('removed', id, nil, nil, nil, m.i)
 flush()
--- a removed child counts as cancelled for its parent
+-- a removed child counts as cancelled for its parent, a removed dependency for its dependents
+local noted = false
 if t and t.pa then
   redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.pq or '', t.pa}))
-  return 2
+  noted = true
 end
+for k, d in ipairs(t and t.ds or {}) do
+  redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.dsq[k], d}))
+  noted = true
+end
+-- a removed dependent no longer needs its dependencies kept
+for k, d in ipairs(t and t.dp or {}) do
+  redis.call('SADD', TNOTES, 'r' .. cjson.encode({t.dq[k], d}))
+  noted = true
+end
+if noted then return 2 end
 return 1

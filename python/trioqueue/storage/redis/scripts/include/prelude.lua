@@ -291,12 +291,12 @@ end
 local TREED = false  -- a job of a tree ended: the caller runs tree_act (include tree)
 local function terminal(id, m, now, ttl, st, payload)
   if m.tr then
-    -- a job of a tree of jobs (m.tr: 1 a parent, 2 a child): noted for tree_settle
+    -- a job of a tree of jobs (m.tr: 1 a parent, 2 a child, 3 a dependency only): noted for tree_settle
     -- (include tree, which tree_act runs after the script); a child is kept (its STATES
     -- score at the end of time) until its parent has ended
     redis.call('SADD', TNOTES, 'e' .. id)
     TREED = true
-    if m.tr == 2 then ttl = K44 end
+    if m.tr == 2 or m.dd then ttl = K44 end  -- (m.dd: a dependency, kept for its dependents)
   end
   redis.call('ZREM', L, id)
   if ttl <= 0 then purge(id) return end

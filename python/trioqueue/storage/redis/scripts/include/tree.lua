@@ -7,13 +7,17 @@
 -- runs tree_act (TNOTES of a crashed caller: the reaper's recover finds them). A note:
 -- 'e' .. id (the job ended), 'w' .. id (it waits for its children), 'c' .. id (it was
 -- cancelled while running: its children are), 'u' .. JSON [queue or '', parent] (a
--- child of that parent was removed). tree_settle(now) acts on every note of every
+-- child or a dependency of that job was removed), 'r' .. JSON [queue, id] (a dependent
+-- of that job was removed). tree_settle(now) acts on every note of every
 -- declared queue: a parent is queued once no child is pending, failed
 -- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
 -- cancelled; waiting for them or for a signal, or back in the queue for a run of its
 -- own; a running one gets m.cf = 1 and settle fails its run whatever it ends with), a
 -- parent that ended other than completed cancels its children, and a kept child gets
--- its own TTL back once its parent has ended.
+-- its own TTL back once its parent has ended. Dependencies (depends_on): a dependent's
+-- entry has dp (their ids) and dq (their queues), a dependency's ds (its dependents) and
+-- dsq (their queues); a dependent counts its dependencies as its children (but never
+-- cancels them), and a dependency is kept until no parent or dependent of it is waiting.
 local function tree_info(q, id)
   use_queue(q)
   local raw = redis.call('HGET', TREE, id)
@@ -34,6 +38,40 @@ local function still_kid(cq, c, q, p)
   local ct = tree_info(cq, c)
   return ct ~= nil and ct.pa == p and (ct.pq or cq) == q
 end
+-- whether job d of queue dq still lists job p of queue q as a dependent (depends_on): a
+-- dependency removed, or cancelled and enqueued again as a job of its own, does not
+local function still_dep(dq, d, q, p)
+  local dt = tree_info(dq, d)
+  if not dt or not dt.ds then return false end
+  for k, x in ipairs(dt.ds) do
+    if x == p and dt.dsq[k] == q then return true end
+  end
+  return false
+end
+-- whether job p of queue q (a parent or a dependent) has not ended and still waits for
+-- job c of queue cq: as a child (kid), or as a dependency
+local function waits_for(q, p, cq, c, kid)
+  local pt = tree_info(q, p)
+  if not pt then return false end
+  local pk = tree_kind(redis.call('HGET', JOBS, p))
+  if TERMINAL_KIND[pk] then return false end
+  local list, qs = pt.ch, pt.cq
+  if not kid then list, qs = pt.dp, pt.dq end
+  for k, x in ipairs(list or {}) do
+    if x == c and ((qs and qs[k]) or q) == cq then return true end
+  end
+  return false
+end
+-- whether the ended job c of queue cq is still needed (kept) by its parent or a dependent
+local function still_needed(cq, c)
+  local ct = tree_info(cq, c)
+  if not ct then return false end
+  if ct.pa and waits_for(ct.pq or cq, ct.pa, cq, c, true) then return true end
+  for k, d in ipairs(ct.ds or {}) do
+    if waits_for(ct.dsq[k], d, cq, c, false) then return true end
+  end
+  return false
+end
 -- the registry values of the children of t (job p, on queue q), in order; false for a
 -- child that is no longer of the tree (it counts as cancelled, as a removed one)
 local function kid_states(t, q, p)
@@ -44,8 +82,10 @@ local function kid_states(t, q, p)
   end
   return sts
 end
--- a kept child's record gets its TTL (from now)
+-- a kept child's (or dependency's) record gets its TTL (from now), unless a parent or a
+-- dependent of it still needs it
 local function tree_release(q, c, st, now)
+  if still_needed(q, c) then return end
   local t = tree_info(q, c)
   local ttl = t and t.t or 0
   redis.call('ZADD', STATES, xidx(st, now + ttl), c)
@@ -114,6 +154,16 @@ local function tree_eval(q, p, now)
       if sts[k] then present = true end
     elseif kind ~= 'completed' then pending[#pending + 1] = {c, kid_q(t, k, q)} end
   end
+  local waiting = #pending  -- its dependencies count as its children do (never cancelled by it)
+  for k, d in ipairs(t.dp or {}) do
+    local dq = t.dq[k]
+    local v = still_dep(dq, d, q, p) and redis.call('HGET', JOBS, d) or false
+    local kind = tree_kind(v)
+    if kind == 'failed' or kind == 'cancelled' then
+      failures[#failures + 1] = {d, kind, dq}
+      if v then present = true end
+    elseif kind ~= 'completed' then waiting = waiting + 1 end
+  end
   local failing = #failures > 0 and (t.po or 'cancel') == 'cancel'
   if pk == 'processing' then
     if failing then
@@ -137,7 +187,7 @@ local function tree_eval(q, p, now)
     redis.call('HSET', ERRORS, p, err)
     ev('failed', p, nil, nil, small(err), m.i)
     terminal(p, m, now, m.t or 0, 'failed:' .. istr(now), '')
-  elseif #pending == 0 then
+  elseif waiting == 0 then
     use_queue(q)
     local m = getm(p)
     m.k = istr(redis.call('INCR', SEQ))
@@ -157,6 +207,16 @@ local function tree_note(q, note, now)
     tree_eval(d[1] ~= '' and d[1] or q, d[2], now)
     return
   end
+  if kind == 'r' then  -- a dependent of job d[2] of queue d[1] was removed: kept only if still needed
+    local d = cjson.decode(id)
+    use_queue(d[1])
+    local st = stpart(redis.call('HGET', JOBS, d[2]))
+    local s = tonumber(redis.call('ZSCORE', STATES, d[2]) or '0')
+    if st and TERMINAL_KIND[state_kind(st)] and s % K44 == K44 - 1 then  -- (kept: at the end of time)
+      tree_release(d[1], d[2], st, now)
+    end
+    return
+  end
   local t = tree_info(q, id)
   if not t then return end
   if t.ch and #t.ch > 0 then
@@ -171,10 +231,21 @@ local function tree_note(q, note, now)
       end
     end
   end
-  if kind == 'e' and t.pa and not tree_eval(t.pq or q, t.pa, now) then
+  if kind == 'e' and t.dp then  -- its dependencies are no longer needed by it
+    for k, d in ipairs(t.dp) do
+      local dq = t.dq[k]
+      if still_dep(dq, d, q, id) then
+        local st = stpart(redis.call('HGET', JOBS, d))
+        if st and TERMINAL_KIND[state_kind(st)] then tree_release(dq, d, st, now) end
+      end
+    end
+  end
+  if kind == 'e' and (t.pa or t.ds) then
+    if t.pa then tree_eval(t.pq or q, t.pa, now) end
+    for k, d in ipairs(t.ds or {}) do tree_eval(t.dsq[k], d, now) end
     use_queue(q)
     local st = stpart(redis.call('HGET', JOBS, id))
-    if st then tree_release(q, id, st, now) end  -- its parent has ended: nobody needs it kept
+    if st then tree_release(q, id, st, now) end  -- kept only while a parent or a dependent needs it
   end
 end
 local function tree_settle(now)
