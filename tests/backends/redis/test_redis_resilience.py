@@ -18,7 +18,7 @@ import trio
 from redis_helpers import _done, _is_blocked, _job, _not_blocked, _port, _prefix, _raw, _wait_until
 from redis_server import RedisServer, free_port
 
-from trioqueue.storage import Settlement, SettleKind
+from trioqueue.storage import NewJob, Settlement, SettleKind
 from trioqueue.storage.redis import RedisStorage
 from support import HELPERS
 
@@ -316,3 +316,63 @@ async def test_a_batch_of_reads_waits_out_a_server_that_cannot_serve_yet(lean: b
             await transport.close()
     finally:
         server.close()
+
+
+def _delayed(i: str, delay: float) -> NewJob:
+    return NewJob(i, f"env-{i}".encode(), 3, 60.0, f"t-{i}", run_at=time.time() + delay)
+
+
+async def test_a_blocked_claim_is_woken_at_a_due_time_not_by_its_timeout(redis_url: str) -> None:
+    """A claim blocked while a delayed job is pending keeps its whole block chunk (a
+    blocking command's own timeout fires at the server's next cron tick, up to 100 ms
+    late on an idle server); a marker pushed at the due time wakes it, and its claim
+    promotes and claims the job, dropping the marker."""
+    st = RedisStorage(redis_url, prefix=_prefix(), block_chunk=5.0)
+    blocks: list[float] = []
+    async with st:
+        move = st._transport.blocking_move_then
+
+        async def recorded(src, dst, timeout, *rest):  # type: ignore[no-untyped-def]
+            blocks.append(timeout)
+            return await move(src, dst, timeout, *rest)
+
+        st._transport.blocking_move_then = recorded  # type: ignore[method-assign]
+        assert await st.dequeue("q", "w", 10, 0, 30) == []  # drained: the next dequeue blocks at once
+        await st.enqueue("q", [_delayed("later", 0.2)])
+        with trio.fail_after(10):
+            claims = await st.dequeue("q", "w", 10, 10, 30)
+        assert [(c.id, c.attempts) for c in claims] == [("later", 1)]
+        assert len(blocks) >= 2 and all(b == 5.0 for b in blocks)  # none cut to the due time
+        assert await _raw_list(st, "q", "queue") == []  # the marker went with the claim
+        assert await st.held_jobs("q", "w") == ["later"]
+        assert await st.settle("q", "w", [_done(claims[0])]) == [True]
+
+
+async def test_a_claim_cancelled_before_the_due_time_pushes_no_marker(st: RedisStorage) -> None:
+    """Cancelled while waiting for a due time: the timer goes with it (no marker is pushed
+    later), nothing is claimed, and another worker claims the job once it is due."""
+    await st.enqueue("q", [_delayed("soon", 0.15)])
+    assert await st.dequeue("q", "w1", 10, 0, 30) == []
+    with trio.CancelScope() as cs:
+
+        async def cancel_when_blocked() -> None:
+            await _wait_until(lambda: _is_blocked(st))
+            cs.cancel()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(cancel_when_blocked)
+            await st.dequeue("q", "w1", 10, 10, 30)
+    assert cs.cancelled_caught
+    await _wait_until(lambda: _not_blocked(st))
+    with trio.fail_after(10):
+        claims: list = []
+        while not claims:  # due in 0.15 s: the second worker's blocking claim wakes for it
+            claims = await st.dequeue("q", "w2", 10, 5, 30)
+    assert [(c.id, c.attempts) for c in claims] == [("soon", 1)]
+    assert await _raw_list(st, "q", "queue") == []  # no marker from the cancelled claim's timer
+    assert await st.held_jobs("q", "w1") == []
+    assert await st.settle("q", "w2", [_done(claims[0])]) == [True]
+
+
+async def _raw_list(st: RedisStorage, queue: str, name: str) -> list[bytes]:
+    return list(await st._transport.command(["LRANGE", st._runner.key(queue, name), "0", "-1"]) or [])

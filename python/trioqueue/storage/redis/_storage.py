@@ -360,11 +360,16 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
             if remaining <= 0:
                 return []
             block = min(self._settings.block_chunk, remaining)
-            if next_due is not None:
-                block = min(block, max(next_due - time.time(), 0.0) + 0.002)
+            # A job due before the wait would end: a timer wakes the blocked move at its
+            # due time (a blocking command's own timeout fires only at the server's next
+            # cron tick, up to 100 ms late on an idle server).
+            wake_at = next_due if next_due is not None and next_due - time.time() < block else None
             if paused is not None:
                 # Paused: wait for a resume notice on the control stream (no blocking move,
-                # which would only take jobs to put them back), then claim again.
+                # which would only take jobs to put them back), then claim again; at the
+                # latest when the next job is due, or the flow control's hold ends.
+                if next_due is not None:
+                    block = min(block, max(next_due - time.time(), 0.0) + 0.002)
                 try:
                     await self._transport.blocking_call(
                         ["XREAD", "BLOCK", str(max(1, ms(block))), "STREAMS", runner.key(queue, "ctl"), text(paused)], block
@@ -380,8 +385,8 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
             # the server claims the moved job (and more) with no extra round trip.
             args = self._claim_args(queue, worker_id, max_jobs, lease, b"*", start, limits)
             try:
-                moved, reply = await self._transport.blocking_move_then(
-                    src, dst, block, runner.scripts["claim"], runner.script_keys("claim", queue, worker_id), args
+                moved, reply = await self._move_then_claim(
+                    src, dst, block, wake_at, runner.scripts["claim"], runner.script_keys("claim", queue, worker_id), args
                 )
                 backoff = 0.05
             except Exception:  # StorageError: the server is away; retry within the timeout
@@ -401,6 +406,39 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
                     claims, next_due, paused = self._claimed(queue, worker_id, args, reply)
             if claims:
                 return claims
+
+    async def _move_then_claim(
+        self, src: str, dst: str, block: float, wake_at: float | None, script: Any, keys: list[str], args: list[Any]
+    ) -> tuple[bytes | None, Any]:
+        """The blocking move with the claim pipelined behind it; with ``wake_at`` (a due
+        time, seconds since the epoch), a timer pushes a wake-up marker to the ready list
+        ``src`` at that time, so the move returns then and the claim promotes and claims
+        what became due."""
+        if wake_at is None:
+            return await self._transport.blocking_move_then(src, dst, block, script, keys, args)
+        result: tuple[bytes | None, Any] | None = None
+        error: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._wake_at, src, wake_at)
+            try:
+                result = await self._transport.blocking_move_then(src, dst, block, script, keys, args)
+            except BaseException as exc:  # raised as it is below, not in an exception group
+                error = exc
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
+
+    async def _wake_at(self, src: str, at: float) -> None:
+        """At ``at`` (seconds since the epoch), push a marker to the ready list ``src``: it
+        wakes a claimer blocked on it, whose claim drops it (a stale entry) and promotes
+        the jobs due by then. A failure here only leaves the wait to its block chunk."""
+        await trio.sleep(max(at - time.time(), 0.0))
+        try:
+            await self._transport.command(["RPUSH", src, "~"])
+        except Exception:  # noqa: BLE001 - the blocked move ends with its chunk anyway
+            pass
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
