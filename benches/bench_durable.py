@@ -24,6 +24,7 @@ ratios.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -42,6 +43,7 @@ from trioqueue.storage import NewJob, Steps
 CONCURRENCY = 32
 SAVE_JOBS = 200
 CONCURRENT_JOBS = 100  # jobs saving their steps at once (concurrent saves)
+CONCURRENT_STEPS = 40  # steps each of them saves
 SIGNAL_WARMUP = 5
 DAY = 86400.0
 WORKER = "bench-worker"
@@ -80,11 +82,13 @@ async def saves(storage: Storage, steps: int) -> tuple[float, float]:
     return save * 1e6, read * 1e6
 
 
-async def concurrent_saves(storage: Storage, steps: int, single: bool = False) -> float:
-    """Saves a second when CONCURRENT_JOBS claimed jobs save their ``steps`` steps at once
-    (one task a job, each save awaited before the next, as a handler does). ``single``
-    (Redis, PostgreSQL): each save its own call (one script call, one statement and
-    commit), as before the saves of a queue were coalesced."""
+async def concurrent_saves(storage: Storage, steps: int, single: bool = False,
+                           server_pids: Callable[[], list[int]] = list) -> tuple[float, float, float]:
+    """(saves a second, this process's CPU µs a save, the server's CPU µs a save) when
+    CONCURRENT_JOBS claimed jobs save their ``steps`` steps at once (one task a job, each
+    save awaited before the next, as a handler does). ``single`` (Redis, PostgreSQL): each
+    save its own call (one script call, one statement and commit), as before the saves of
+    a queue were coalesced."""
     from trioqueue._core import encode_envelope
 
     assert isinstance(storage, Steps)
@@ -104,13 +108,27 @@ async def concurrent_saves(storage: Storage, steps: int, single: bool = False) -
         for i in range(steps):
             assert await save(q, WORKER, c.id, c.token, f"s{i}", value)
 
-    t0 = time.perf_counter()
+    t0, c0, s0 = time.perf_counter(), time.process_time(), server_cpu(server_pids)
     async with trio.open_nursery() as nursery:
         for c in claims:
             nursery.start_soon(one_job, c)
-    elapsed = time.perf_counter() - t0
+    elapsed, client, server = time.perf_counter() - t0, time.process_time() - c0, server_cpu(server_pids) - s0
     await storage.release(q, WORKER, [c.id for c in claims])
-    return n * steps / elapsed
+    saves = n * steps
+    return saves / elapsed, client / saves * 1e6, server / saves * 1e6
+
+
+def server_cpu(pids: Callable[[], list[int]]) -> float:
+    """CPU seconds (user + system) used so far by the processes ``pids()`` (the server's)."""
+    total = 0
+    for pid in pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (ended meanwhile)
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def single_save(storage: Storage) -> Callable[..., Any]:
@@ -206,7 +224,7 @@ async def jobs_run(storage: Storage, n: int, steps: int, with_steps: bool) -> fl
 
 
 async def measure(make: Callable[[], Storage], name: str, rounds: int, n: int, steps: int,
-                  signals: int) -> dict[str, h.Spread]:
+                  signals: int, server_pids: Callable[[], list[int]] = list) -> dict[str, h.Spread]:
     runs: dict[str, list[float]] = {"save": [], "read": [], "plain": [], "steps": [], "concurrent": [],
                                     "signal_p50": [], "signal_p99": [], "send_p50": []}
     single = name in ("redis", "postgres")
@@ -214,15 +232,23 @@ async def measure(make: Callable[[], Storage], name: str, rounds: int, n: int, s
         runs["concurrent_single"] = []
     async with make() as storage:
         await jobs_run(storage, min(n, 200), steps, True)  # warm-up
-        for _, side in h.interleaved(rounds, ["plain", "steps"]):
-            runs[side].append(await jobs_run(storage, n, steps, side == "steps"))
+        for _, side in h.interleaved(rounds, ["plain", "steps", "steps_single"] if single else ["plain", "steps"]):
+            if side == "steps_single":  # each save its own call, as before coalescing
+                storage.save_step = single_save(storage)  # type: ignore[method-assign]
+            try:
+                runs.setdefault(side, []).append(await jobs_run(storage, n, steps, side != "plain"))
+            finally:
+                vars(storage).pop("save_step", None)
         for _ in range(rounds):
             save, read = await saves(storage, steps)
             runs["save"].append(save)
             runs["read"].append(read)
-        await concurrent_saves(storage, steps)  # warm-up
+        await concurrent_saves(storage, CONCURRENT_STEPS)  # warm-up
         for _, side in h.interleaved(rounds, ["concurrent", "concurrent_single"] if single else ["concurrent"]):
-            runs[side].append(await concurrent_saves(storage, steps, side == "concurrent_single"))
+            rate, client, server = await concurrent_saves(storage, CONCURRENT_STEPS, side == "concurrent_single", server_pids)
+            runs[side].append(rate)
+            runs.setdefault(f"{side}_client", []).append(client)
+            runs.setdefault(f"{side}_server", []).append(server)
         for _ in range(rounds):
             latency, send = await signal_latency(storage, signals)
             runs["signal_p50"].append(percentile(latency, 50))
@@ -298,7 +324,8 @@ def main() -> None:
     notes: list[str] = []
     peer: dict[str, Any] | str | None = None
     for target in h.each_storage(args.storages):
-        results[target.name] = trio.run(measure, target.make, target.name, args.rounds, n, steps, args.signals)
+        results[target.name] = trio.run(measure, target.make, target.name, args.rounds, n, steps, args.signals,
+                                        target.server_pids)
         notes.append(target.note)
         if target.name == "postgres" and args.dbos is not None:
             peer = dbos(args.dbos, target.url, n, steps, args.rounds, args.signals)
@@ -325,19 +352,27 @@ def main() -> None:
         "",
         "## Step saves of many jobs at once",
         "",
-        f"{CONCURRENT_JOBS} claimed jobs save their {steps} steps at once (a task a job, each save awaited",
-        "before the next, as a handler does), straight on the storage: saves a second. Coalesced: the",
-        "storage's `save_step` (Redis: the concurrent saves of a queue in one `step.lua` call;",
+        f"{CONCURRENT_JOBS} claimed jobs save {CONCURRENT_STEPS} steps each at once (a task a job, each save",
+        "awaited before the next, as a handler does), straight on the storage: saves a second, and",
+        "the CPU time a save costs this process (client) and the server (Redis, PostgreSQL). Coalesced:",
+        "the storage's `save_step` (Redis: the concurrent saves of a queue in one `step.lua` call;",
         "PostgreSQL: in one statement and one commit); one call a save: each save its own script",
-        "call (pipelined on the connection) or statement and commit, as before.",
+        "call (pipelined on the connection) or statement and commit, as before. At one core each:",
+        "the rate if the client and the server each had a core to themselves (1 / the larger CPU",
+        "time a save), what a loaded machine hides.",
         "",
     ]
     rows = []
     for storage, r in results.items():
-        single = r.get("concurrent_single")
-        rows.append([storage, r["concurrent"].fmt(",.0f"), single.fmt(",.0f") if single else "–",
-                     f"{r['concurrent'].median / single.median:.1f}x" if single else "–"])
-    lines += h.table(["storage", "saves/s, coalesced", "saves/s, one call a save", "ratio"], rows)
+        for side, label in (("concurrent", "coalesced"), ("concurrent_single", "one call a save")):
+            if side not in r:
+                continue
+            client, server = r[f"{side}_client"].median, r[f"{side}_server"].median
+            rows.append([storage, label, r[side].fmt(",.0f"), f"{client:,.1f} µs",
+                         f"{server:,.1f} µs" if storage in ("redis", "postgres") else "–",
+                         f"{1e6 / max(client, server):,.0f}"])
+    lines += h.table(["storage", "saves", "saves/s", "client CPU a save", "server CPU a save", "saves/s at one core each"],
+                     rows)
     lines += [
         "",
         "## A signal to a parked job",
@@ -363,17 +398,20 @@ def main() -> None:
         "",
         f"The same handler, taking its {steps} steps with `await job.step(f\"s{{i}}\", one, i)` or calling",
         "`one(i)` directly; from the first enqueue to the last completion. Added a step: the wall",
-        "time the steps add, per step, at this concurrency.",
+        "time the steps add, per step, at this concurrency. One call a save (Redis, PostgreSQL): the same",
+        "jobs with each step saved by a call of its own, as before the saves were coalesced.",
         "",
     ]
     rows = []
     for storage, r in results.items():
         plain_rate, steps_rate = n / r["plain"].median, n / r["steps"].median
         added = (r["steps"].median - r["plain"].median) / (n * steps) * 1e6
+        single = r.get("steps_single")
         rows.append([storage, f"{plain_rate:,.0f}", f"{steps_rate:,.0f}", f"{steps_rate / plain_rate:.2f}",
-                     f"{n * steps / r['steps'].median:,.0f}", f"{added:,.1f} µs"])
+                     f"{n * steps / r['steps'].median:,.0f}", f"{added:,.1f} µs",
+                     f"{n * steps / single.median:,.0f}" if single else "–"])
     lines += h.table(["storage", "jobs/s without steps", f"jobs/s with {steps} steps", "ratio", "steps/s",
-                      "added a step"], rows)
+                      "added a step", "steps/s, one call a save"], rows)
     real = h.Spread.of(v[0] for v in virt)
     virtual_s = statistics_median([v[1] for v in virt])
     hours = n * 2 * DAY / 3600
@@ -403,13 +441,17 @@ def main() -> None:
                 "",
             ]
             rows = [["trioqueue (Queue, PostgresStorage)", f"{n / r['plain'].median:,.0f}", f"{n / r['steps'].median:,.0f}",
-                     f"{n * steps / r['steps'].median:,.0f}", "1.00"]]
+                     f"{n * steps / r['steps'].median:,.0f}", "1.00", "–"]]
+            single = r["steps_single"]
+            rows.append(["trioqueue, one call a save (before coalescing)", "–", f"{n / single.median:,.0f}",
+                         f"{n * steps / single.median:,.0f}", f"{single.median / r['steps'].median:.2f}", "1.00"])
             for mode in ("queued", "direct"):
                 plain, with_steps = peer[f"{mode}/plain"], peer[f"{mode}/steps"]
                 rows.append([f"DBOS, {mode}", f"{n / plain.median:,.0f}", f"{n / with_steps.median:,.0f}",
-                             f"{n * steps / with_steps.median:,.0f}", f"{with_steps.median / r['steps'].median:.2f}"])
+                             f"{n * steps / with_steps.median:,.0f}", f"{with_steps.median / r['steps'].median:.2f}",
+                             f"{with_steps.median / single.median:.2f}"])
             lines += h.table(["", "jobs/s without steps", f"jobs/s with {steps} steps", "steps/s",
-                              "trioqueue / this (with steps)"], rows)
+                              "trioqueue / this (with steps)", "trioqueue before / this"], rows)
     h.write(args, "Durable jobs: steps and sleeps", lines)
 
 
