@@ -4,6 +4,13 @@ storage, measured in one run. Writes ``results/durable.md``.
 - **saves**: ``Steps.save_step`` straight on the storage, one after another, ``--steps``
   steps for each of 200 claimed jobs (µs a save, saves a second), and ``get_steps`` once a
   job (µs a read);
+- **concurrent saves**: 100 claimed jobs save 40 steps each at once, straight on the
+  storage: saves a second and the CPU a save costs the client and the server; on Redis
+  and PostgreSQL also with each save a call of its own (the path before the saves of a
+  queue were coalesced), in the same run;
+- **signals**: ``--signals`` jobs a round, one at a time, each parked in ``waiting_signal``
+  (its event seen), then ``queue.signal``: the time until the resumed handler's next line
+  runs (p50, p99), and the send alone;
 - **jobs**: a Queue (no-op async handler, concurrency 32) runs ``--jobs`` jobs whose handler
   takes ``--steps`` steps (``await job.step(f"s{i}", one, i)``) and the same handler
   calling ``one(i)`` directly: jobs a second each way, their ratio, and the wall time a
@@ -13,12 +20,13 @@ storage, measured in one run. Writes ``results/durable.md``.
   ``MockClock(autojump_threshold=0)``: simulated job-hours (48 a job) per real second;
 - **DBOS** (``--dbos VENV``, PostgreSQL only): ``dbos_peer.py``, run by that virtualenv's
   Python on the same embedded server, runs the same workload as DBOS workflows of
-  ``--steps`` steps (and without steps), queued and started directly.
+  ``--steps`` steps (and without steps), queued and started directly, and the latency of
+  DBOS's ``send`` to a workflow waiting in ``recv`` (``--signals`` a round).
 
 Median (min–max) of ``--rounds`` interleaved rounds. The machine is noisy: compare the
 ratios.
 
-    python benches/bench_durable.py [--rounds 3] [--jobs 1000] [--steps 10] [--dbos /tmp/dbosvenv]
+    python benches/bench_durable.py [--rounds 3] [--jobs 1000] [--steps 10] [--signals 100] [--dbos /tmp/dbosvenv]
 """
 
 from __future__ import annotations
