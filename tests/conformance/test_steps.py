@@ -60,6 +60,43 @@ async def test_save_step_is_fenced_by_the_claim_token(storage: Storage, queue_na
     assert await storage.get_steps(queue_name, "unknown") == {}
 
 
+async def test_concurrent_saves_of_many_jobs_are_each_fenced_by_their_own_claim(storage: Storage, queue_name: str) -> None:
+    """Saves of many jobs at once (Redis and PostgreSQL send the concurrent saves of a queue
+    together): each is stored or refused by its own claim, a job's saves keep their order,
+    and two saves of one job at once are both stored."""
+    assert isinstance(storage, Steps)
+    await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)
+    await storage.enqueue(queue_name, [job(f"c{i}") for i in range(24)])
+    claims = []
+    while len(claims) < 24:
+        claims += await storage.dequeue(queue_name, W1, 24 - len(claims), 0.05, LEASE)
+    claims.sort(key=lambda c: int(c.id[1:]))
+    refused: list[tuple[str, int]] = []
+
+    async def save_three(i: int) -> None:
+        c = claims[i]
+        worker, token = [(W1, c.token), (W2, c.token), (W1, "stale")][i % 3]  # held, another worker, a stale claim
+        for k in range(3):
+            if not await storage.save_step(queue_name, worker, c.id, token, f"s{k}", b"%d" % k):
+                refused.append((c.id, k))
+
+    async def save_one(i: int, name: str) -> None:
+        assert await storage.save_step(queue_name, W1, claims[i].id, claims[i].token, name, name.encode())
+
+    async with trio.open_nursery() as nursery:
+        for i in range(21):
+            nursery.start_soon(save_three, i)
+        for i in range(21, 24):
+            nursery.start_soon(save_one, i, "x")
+            nursery.start_soon(save_one, i, "y")
+    assert sorted(refused) == sorted((f"c{i}", k) for i in range(21) if i % 3 for k in range(3))
+    for i in range(21):
+        expected = [("s0", b"0"), ("s1", b"1"), ("s2", b"2")] if i % 3 == 0 else []
+        assert list((await storage.get_steps(queue_name, f"c{i}")).items()) == expected, f"c{i}"
+    for i in range(21, 24):
+        assert await storage.get_steps(queue_name, f"c{i}") == {"x": b"x", "y": b"y"}, f"c{i}"
+
+
 async def test_retry_job_keeps_steps_unless_reset_and_a_new_incarnation_has_none(storage: Storage, queue_name: str) -> None:
     assert isinstance(storage, Steps) and isinstance(storage, Administration)
     await storage.heartbeat(queue_name, W1, 30.0, [], LEASE)

@@ -20,6 +20,7 @@ reads the record back.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ from .._base import (
     StorageEvent,
     lost_why,
 )
+from .._coalesce import Coalescer, Slot
 from .._flowstate import FlowState
 from .._rules import WaitSignal, count_signals, stalled_error
 from .._steps import decode_signals, decode_steps, encode_step
@@ -79,6 +81,7 @@ class PgClaims:
         self._db = db
         self._settings = settings
         self._trees = trees
+        self._step_coalescers: dict[str, Coalescer] = {}  # per queue: its concurrent step saves
         self._grouped_queues: set[str] = set()  # queues whose ring had groups at the last claim
         # per (queue, worker): the wake-ups heard when its last claim came back short, and
         # when something changes by itself (due job), or None
@@ -709,11 +712,51 @@ class PgClaims:
     # -- steps -------------------------------------------------------------------------
 
     async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
-        async with self._db.conn() as conn:  # one statement, fenced by the claim
-            saved = await conn.fetchval(
-                self._db.sql["save_step"], queue, token, worker_id, job_id, encode_step(name, value)
-            )
-        return bool(saved)
+        """One statement, fenced by the claim; the concurrent saves of one queue share it
+        and its commit (see :class:`~trioqueue.storage._coalesce.Coalescer`)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        co = self._step_coalescers.get(queue)
+        if co is None:
+            co = self._step_coalescers[queue] = Coalescer(functools.partial(self._flush_steps, queue))
+        [saved] = await co.submit([(worker_id, job_id, token, encode_step(name, value))])
+        return saved
+
+    async def _flush_steps(self, queue: str, batch: list[Slot]) -> None:
+        """Store the step saves of ``batch``: one ``save_steps`` statement (autocommit: one
+        commit), shielded so that a cancelled carrier does not lose the others' outcomes,
+        and hand each its outcome. (A job saves one step at a time; should an id come
+        twice, its saves go in statements of their own, in order.)"""
+        entries = [entry for slot in batch for entry in slot.jobs]
+        rounds: list[list[int]] = []  # the n-th save of an id in the batch: in round n
+        seen: dict[str, int] = {}
+        for i, (_, job_id, _, _) in enumerate(entries):
+            n = seen[job_id] = seen.get(job_id, -1) + 1
+            if n == len(rounds):
+                rounds.append([])
+            rounds[n].append(i)
+        saved = [False] * len(entries)
+        try:
+            with trio.CancelScope(shield=True):
+                for r in rounds:
+                    rows = await self._db.one_statement(
+                        self._db.sql["save_steps"],
+                        queue,
+                        [entries[k][1] for k in r],
+                        [entries[k][2] for k in r],
+                        [entries[k][0] for k in r],
+                        [entries[k][3] for k in r],
+                    )
+                    done = {row[0] for row in rows}
+                    for k in r:
+                        saved[k] = entries[k][1] in done
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            for slot in batch:
+                slot.error = exc
+                slot.wake()
+            return
+        for slot, ok in zip(batch, saved, strict=True):
+            slot.result = [ok]
+            slot.wake()
 
     async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
         async with self._db.conn() as conn:

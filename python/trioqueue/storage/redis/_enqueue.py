@@ -13,7 +13,7 @@ import trio
 from ..._model._errors import StorageError
 from ..._model._types import DEFAULT_PRIORITY, EnqueueStatus
 from .._base import EnqueueOutcome, NewJob
-from ._coalesce import Slot
+from .._coalesce import Slot
 from ._runner import ScriptRunner, ms, text
 
 __all__ = ["QUEUED", "enqueue_args", "flush", "outcome"]

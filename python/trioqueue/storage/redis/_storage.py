@@ -36,7 +36,7 @@ from typing import Any
 import trio
 
 from ..._drivers.resp import ConnParams, Transport, parse_url, sentinel_url
-from ..._model._errors import ValidationError
+from ..._model._errors import StorageError, ValidationError
 from ..._model._types import CancelStatus, UpdateTTLStatus
 from .._base import (
     Claim,
@@ -52,9 +52,9 @@ from .._base import (
     StorageEvent,
 )
 from .._capabilities import Administration, Debounce, Groups, Schedules, Signals, Trees
+from .._coalesce import Coalescer, Slot
 from .._steps import decode_signals, decode_steps, encode_step
 from ._admin import RedisAdmin
-from ._coalesce import Coalescer
 from ._enqueue import enqueue_args, flush, outcome
 from ._events import RedisEvents
 from ._keys import SIGNAL_FIELD, STEP_FIELD
@@ -138,6 +138,7 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
         self._trees = RedisTrees(self._runner, self._settings, enqueue=self.enqueue, get_job=self.get_job)
         self._admin = RedisAdmin(self._runner, self._trees)
         self._coalescers: dict[str, Coalescer] = {}  # per queue: its concurrent enqueue calls
+        self._step_coalescers: dict[str, Coalescer] = {}  # per queue: its concurrent step saves
         # (queue, worker) whose blocking move failed or was cancelled: the server may have
         # moved a job into the worker's list anyway; its next claim adopts such entries.
         self._drained: set[tuple[str, str]] = set()
@@ -546,8 +547,33 @@ class RedisStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
     # -- steps -------------------------------------------------------------------------
 
     async def save_step(self, queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        """One ``step.lua`` call; the concurrent saves of one queue share it (see
+        :class:`~trioqueue.storage._coalesce.Coalescer`), each fenced by its own claim."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        return bool(await self._runner.run("step", queue, [worker_id, job_id, token, encode_step(name, value)]))
+        co = self._step_coalescers.get(queue)
+        if co is None:
+            co = self._step_coalescers[queue] = Coalescer(functools.partial(self._flush_steps, queue))
+        [saved] = await co.submit([(worker_id, job_id, token, encode_step(name, value))])
+        return bool(saved)
+
+    async def _flush_steps(self, queue: str, batch: list[Slot]) -> None:
+        """Send the step saves of ``batch`` in one script call (shielded: a cancelled
+        carrier does not lose the others' outcomes) and hand each its outcome."""
+        args = [x for slot in batch for entry in slot.jobs for x in entry]
+        try:
+            reply = await self._runner.run_shielded("step", queue, args)
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            for slot in batch:
+                slot.error = exc if not isinstance(exc, trio.Cancelled) else StorageError(
+                    "step save interrupted: the server did not answer in time"
+                )
+                slot.wake()
+            if isinstance(exc, trio.Cancelled):
+                raise
+            return
+        for slot, saved in zip(batch, reply, strict=True):
+            slot.result = [int(saved)]
+            slot.wake()
 
     async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
         await trio.lowlevel.checkpoint_if_cancelled()
