@@ -255,6 +255,45 @@ async def _wait_result(q: Queue[Any], job_id: str) -> Any:
     return status.result
 
 
+async def test_a_resumed_wait_takes_its_message_from_the_mailbox_and_writes_no_step(
+    storage: Storage, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mailbox only grows while the job lives, so the k-th message is the same on
+    every run: a wait that finds it writes nothing (the run a signal resumes pays no
+    write of its own), and a later run returns the same payloads, in order."""
+    assert isinstance(storage, Signals)
+    saved: list[str] = []
+    inner = storage.save_step
+
+    async def counted(queue: str, worker_id: str, job_id: str, token: str, name: str, value: bytes) -> bool:
+        saved.append(name)
+        return await inner(queue, worker_id, job_id, token, name, value)
+
+    monkeypatch.setattr(storage, "save_step", counted)
+    attempts: list[int] = []
+
+    async def handler(job: Job[Any]) -> Any:
+        first = await job.wait_for_signal("go")
+        second = await job.wait_for_signal("go")
+        attempts.append(job.attempts)
+        if job.attempts == 1:
+            raise ValueError("the rerun replays both waits")
+        return [first, second]
+
+    async with Queue(storage, name=queue_name, handler=handler, max_attempts=2, **FAST) as q:
+        parked = Recorder()
+        q.on("waiting_signal", parked)
+        await q.enqueue("m", None)
+        with trio.fail_after(20):
+            await parked.wait_for("waiting_signal", "m")
+            assert await q.signal("m", "go", 1) == "delivered"
+            await parked.wait_for("waiting_signal", "m", count=2)
+            assert await q.signal("m", "go", 2) == "delivered"
+            assert await _wait_result(q, "m") == [1, 2]
+    assert attempts == [1, 2]
+    assert saved == []
+
+
 async def test_two_waits_on_one_name_take_two_messages_in_order(storage: Storage, queue_name: str) -> None:
     seen = Seen()
 

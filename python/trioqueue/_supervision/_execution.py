@@ -200,21 +200,23 @@ class RunSteps:
     at its first step, then kept up to date by its saves), a lock that runs its steps
     one at a time, ``wake``: when a sleep of the run (:meth:`Job.sleep`) wakes it
     (seconds since the epoch; ``None``: it does not sleep), and its waits for signals:
-    how many it made on each name (the k-th takes the k-th message), and ``parked``, the
-    wait that ends the run."""
+    how many it made on each name (the k-th takes the k-th message), the job's mailbox as
+    this run read it (``name -> payloads``, in the order sent; ``None``: not read yet),
+    and ``parked``, the wait that ends the run."""
 
-    __slots__ = ("lock", "parked", "values", "waits", "wake")
+    __slots__ = ("lock", "mailbox", "parked", "values", "waits", "wake")
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] | None = None
         self.lock = trio.Lock()
         self.wake: float | None = None
         self.waits: dict[str, int] = {}
+        self.mailbox: dict[str, list[bytes]] | None = None
         self.parked: WaitSignal | None = None
 
 
-# The stored value of a wait for a signal (a step): ``m`` and the payload's JSON, or ``t``
-# (timed out). Its step's name, and its deadline's (epoch ms, as text), are internal (a
+# The value of a wait for a signal: ``m`` and the payload's JSON (read from the mailbox,
+# not stored), or ``t`` (timed out: stored as a step). Its step's name, and its deadline's (epoch ms, as text), are internal (a
 # NUL first: never a name a handler gives); JobStatus.steps leaves them out.
 _MESSAGE, _TIMED_OUT = b"m", b"t"
 
@@ -714,12 +716,14 @@ class Executor:
     async def wait_for_signal(self, job_id: str, token: str, run: RunSteps, name: str, timeout: float | None) -> Any:
         """:meth:`Job.wait_for_signal` in the run of claim ``token``: the ``k``-th wait for
         ``name`` of the run (``k`` counted in ``run``) takes the ``k``-th message on it.
-        Its outcome is a step (``signal_step``): stored, it is returned (or raised) again.
-        Otherwise the mailbox is read: the message is there, it is stored and returned;
-        its deadline (``deadline_step``, stored at the first wait so that waking up does
-        not move it) has passed, the timeout is stored and raised; else the run parks
-        (:class:`Parked`: settled ``WAIT_SIGNAL``, the storage queues it again at once if
-        the message arrived meanwhile)."""
+        The mailbox only grows while the incarnation lives, so the ``k``-th message is the
+        same on every run: it is returned without being copied into a step (a resume pays
+        no write), from the mailbox read once a run (read again when the message is not
+        in it yet). A timeout is a step (``signal_step``, stored: raised again, whatever
+        arrives later). Else its deadline (``deadline_step``, stored at the first wait so
+        that waking up does not move it) has passed: the timeout is stored and raised;
+        or the run parks (:class:`Parked`: settled ``WAIT_SIGNAL``, the storage queues it
+        again at once if the message arrived meanwhile)."""
         q = self.settings
         signals = require(self.storage, Signals, f"wait_for_signal {name!r} of job {job_id!r}")
         k = run.waits.get(name, 0)
@@ -730,7 +734,11 @@ class Executor:
                 run.values = await signals.get_steps(q.queue, job_id)
             data = run.values.get(step)
             if data is None:
-                messages = [p for n, p in await signals.get_signals(q.queue, job_id) if n == name]
+                if run.mailbox is None or len(run.mailbox.get(name, ())) <= k:
+                    run.mailbox = {}
+                    for n, payload in await signals.get_signals(q.queue, job_id):
+                        run.mailbox.setdefault(n, []).append(payload)
+                messages = run.mailbox.get(name, [])
                 if len(messages) > k:
                     data = _MESSAGE + messages[k]
                 else:
@@ -743,7 +751,7 @@ class Executor:
                         run.parked = self.parked[token] = WaitSignal(name, k + 1, deadline)
                         raise Parked()
                     data = _TIMED_OUT
-                await self._save(signals, job_id, token, run, step, data)
+                    await self._save(signals, job_id, token, run, step, data)
         if data[:1] == _TIMED_OUT:
             raise SignalTimeoutError(job_id, name, timeout)
         try:
