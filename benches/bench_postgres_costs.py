@@ -10,20 +10,29 @@ fresh database a workload, the workloads of ``trioqueue bench`` run in this proc
   WAL writer, checkpointer...) from ``/proc``, per job;
 - client CPU: this process's time, per job.
 
-    python benches/bench_postgres_costs.py [--jobs 5000] [--workloads A-batch,A-100,A-seq,B]
+``--peer pgboss``: the same workloads by pg-boss (``benches/pgpeers/pgboss.mjs``, ``--peer
+pgboss-quiet``: without NOTIFY) in a Node process, its server CPU and its client CPU
+(the Node process's), per job; no round trips (they are the peer's driver's).
+
+    python benches/bench_postgres_costs.py [--jobs 5000] [--batch-jobs 50000]
+                                           [--workloads A-batch,A-100,A-seq,B] [--peer pgboss]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 import trio
 
-import _harness as h  # noqa: F401 - (puts the tests' servers on the path)
+import _harness as h  # (also puts the tests' servers on the path)
 from postgres_server import PostgresServer
 from trioqueue._drivers.libpq import _conn
 from trioqueue.cli._bench import _Bench, payload_of_size
@@ -49,6 +58,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--workloads", default="A-batch,A-100,A-seq,B")
     ap.add_argument("--batch-jobs", type=int, default=50000, help="A-batch's jobs (its CPU is measured in clock ticks)")
+    ap.add_argument("--peer", choices=("pgboss", "pgboss-quiet"), help="measure this peer instead of trioqueue")
     args = ap.parse_args()
     trips = [0]
     original = _conn.Connection._wait_results
@@ -77,9 +87,26 @@ def main() -> None:
                         return (time.perf_counter() - t0, time.process_time() - c0, server_cpu(server) - s0,
                                 trips[0] - r0, result.rate)
 
-                wall, client, srv, rt, rate = trio.run(run)
+                def peer(w: str = w, url: str = url, n: int = n) -> tuple[float, float, float, int, float]:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        out = Path(tmp) / "out.json"
+                        cmd = ["node", str(h.HERE / "pgpeers" / "pgboss.mjs"), "--url", url,
+                               *h.peer_options(out, jobs=n, workloads=w)]
+                        if args.peer == "pgboss-quiet":
+                            cmd.append("--no-notify")
+                        admin.execute("CHECKPOINT")
+                        c0, s0 = resource.getrusage(resource.RUSAGE_CHILDREN), server_cpu(server)
+                        subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+                        c1, srv = resource.getrusage(resource.RUSAGE_CHILDREN), server_cpu(server) - s0
+                        result = json.loads(out.read_text())["results"][0]
+                    client = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
+                    # (the Node process's CPU includes its start and pg-boss's own setup)
+                    return result["seconds"], client, srv, -1, result["rate"]
+
+                wall, client, srv, rt, rate = peer() if args.peer else trio.run(run)
                 calls = n / 1000 if w == "A-batch" else n
-                print(f"{w:8} {rate:9,.0f} jobs/s  round trips {rt / calls:7.2f} per {'batch' if w == 'A-batch' else 'job'}"
+                trips_text = "      –" if rt < 0 else f"{rt / calls:7.2f}"
+                print(f"{args.peer or 'trioqueue'} {w:8} {rate:9,.0f} jobs/s  round trips {trips_text} per {'batch' if w == 'A-batch' else 'job'}"
                       f"  server CPU {srv / n * 1e6:6.1f} us/job  client CPU {client / n * 1e6:6.1f} us/job"
                       f"  (wall {wall:.2f} s)", flush=True)
                 admin.execute(f"DROP DATABASE {db} WITH (FORCE)")

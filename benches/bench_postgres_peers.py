@@ -148,7 +148,7 @@ def main() -> None:
         with psycopg.connect(server.url, autocommit=True) as admin, tempfile.TemporaryDirectory() as tmp:
             pg_version = admin.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
             for r, tool in h.interleaved(args.rounds, tools):
-                db = f"bench_{tool}_{r}"
+                db = f"bench_{tool.replace('-', '_')}_{r}"
                 admin.execute(f"CREATE DATABASE {db}")
                 admin.execute("CHECKPOINT")
                 url = server.url.rsplit("/", 1)[0] + f"/{db}"

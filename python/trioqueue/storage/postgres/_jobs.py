@@ -205,23 +205,23 @@ class PgJobs:
                 [j.envelope for j in new],
                 [j.max_attempts for j in new],
                 [float(j.result_ttl) for j in new],
-                [j.group for j in new],
+                [j.group for j in new] if any(j.group is not None for j in new) else None,
                 self._db.nonce(),
                 self._db.channel(queue, "e"),
                 self._db.channel(queue, "w"),
             )
-            inserted = {r[0] for r in rows}
+            missing = {r[0] for r in rows if r[0] is not None}
             existing: dict[str, Sequence[Any]] = {}
-            if len(inserted) < len(new):  # duplicates of live jobs (or rows cancelled meanwhile)
-                missing = [i for i in first if i not in inserted]
-                existing = {row[0]: row for row in await conn.fetch(self._db.sql["live_jobs"], queue, now, missing)}
+            if missing:  # duplicates of live jobs (or rows cancelled meanwhile)
+                existing = {row[0]: row for row in await conn.fetch(self._db.sql["live_jobs"], queue, now, list(missing))}
         outcomes: list[EnqueueOutcome | None] = []
         seen: set[str] = set()
         for j in jobs:
-            if j.id in inserted and j.id not in seen:
+            inserted = j.id not in missing
+            if inserted and j.id not in seen:
                 seen.add(j.id)
                 outcomes.append(EnqueueOutcome(EnqueueStatus.QUEUED))
-            elif j.id in inserted:  # the same id twice in one batch
+            elif inserted:  # the same id twice in one batch
                 state = state_string("queued", now, 0, None, None)
                 outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, state, token=first[j.id].token))
             elif j.id in existing:

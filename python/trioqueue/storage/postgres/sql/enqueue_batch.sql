@@ -2,7 +2,9 @@
 -- and the claims' wake-up: the inserts (and replacements of cancelled/expired
 -- incarnations) as in enqueue_rows, each written job's 'enqueued' event packed in SQL,
 -- several to a NOTIFY payload (at most about 7.8 KB each), in the batch's order, then one
--- wake-up; nothing sent if nothing was written. Returns the ids written.
+-- wake-up; nothing sent if nothing was written. Returns the ids not written (beside a row
+-- of NULL), so that a batch written whole sends back one row. $9 (the groups): NULL when
+-- no job has one (unnest pads it with NULLs).
 WITH ins AS (
                     INSERT INTO {s}.jobs AS j (queue, id, state, state_ms, created_ms, priority, seq,
                         token, envelope, max_attempts, result_ttl, grp)
@@ -28,5 +30,8 @@ WITH ins AS (
                     FROM packed GROUP BY chunk),
                 sent AS (  -- (volatile: materialized, so evaluated, in order)
                     SELECT pg_notify($11, n.payload) FROM (SELECT * FROM notes ORDER BY first) n),
-                woke AS (SELECT pg_notify($12, '') FROM (SELECT 1 FROM ins LIMIT 1) x)
-                SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM ins
+                woke AS (SELECT pg_notify($12, '') FROM (SELECT 1 FROM ins LIMIT 1) x),
+                missed AS (  -- the ids not written (a NULL row first: the NOTIFYs go with it)
+                    SELECT NULL::text AS id UNION ALL
+                    SELECT u.id FROM unnest($3::text[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.id = u.id))
+                SELECT id, (SELECT count(*) FROM sent) + (SELECT count(*) FROM woke) FROM missed
