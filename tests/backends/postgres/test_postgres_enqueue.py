@@ -110,6 +110,32 @@ async def test_a_waiting_single_enqueue_cancelled_is_not_written_and_the_others_
     assert pg._jobs._gatherings[queue_name].in_flight == 0 and not pg._jobs._gatherings[queue_name].waiting
 
 
+async def test_a_bad_job_among_gathered_enqueues_fails_its_own_call_only(pg: PostgresStorage, queue_name: str) -> None:
+    await pg.enqueue(queue_name, [job("first")])
+    outcomes: dict[str, Any] = {}
+
+    async def one(job_id: str) -> None:
+        try:
+            [outcomes[job_id]] = await pg.enqueue(queue_name, [job(job_id)])
+        except Exception as exc:  # noqa: BLE001 - (the bad id's call: its own error)
+            outcomes[job_id] = exc
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            async with pg.transaction() as tx:  # the first two statements wait: the rest gather
+                await tx.execute(f'LOCK TABLE "{pg.schema}".jobs IN SHARE MODE')
+                for job_id in "ab":
+                    nursery.start_soon(one, job_id)
+                await trio.testing.wait_all_tasks_blocked()
+                for job_id in ("c", "bad\0id", "d"):
+                    nursery.start_soon(one, job_id)
+                await trio.testing.wait_all_tasks_blocked()
+                assert len(pg._jobs._gatherings[queue_name].waiting) == 3
+    assert isinstance(outcomes.pop("bad\0id"), Exception)
+    assert {k: o.status.value for k, o in outcomes.items()} == {k: "queued" for k in "abcd"}
+    assert sorted(c.id for c in await pg.dequeue(queue_name, W1, 10, 0.05, LEASE)) == ["a", "b", "c", "d", "first"]
+
+
 async def test_a_batch_s_events_are_packed_and_long_ids_still_reach_subscribers(pg: PostgresStorage, queue_name: str) -> None:
     await pg.enqueue(queue_name, [job("first")])
     short = [f"s{k}" for k in range(300)]

@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from ..._drivers.libpq import Connection
+from ..._drivers.libpq import Connection, ConnectionLost
 from ..._model._types import CancelStatus, EnqueueStatus, UpdateTTLStatus
 from .._base import EnqueueOutcome, JobRecord, NewJob, StorageEvent, ttl_update_status
 from ._common import PgDatabase, now_ms, record, state_string
@@ -173,9 +173,14 @@ class PgJobs:
                     outcomes = [await self._enqueue_one(queue, jobs[0], now)]
                 else:
                     outcomes = await self._write_ready(queue, jobs, now)
-        except Exception as exc:
+        except ConnectionLost as exc:  # (a timeout too) the same for every call
             for w in batch:
                 w.error = exc
+        except Exception as exc:
+            if len(batch) == 1:
+                leader.error = exc
+            # else one job's data failed the statement (nothing written): each call takes
+            # the general path on its own (outcome None), and only that job's call fails
         else:
             for w, o in zip(batch, outcomes, strict=True):
                 w.outcome = o
