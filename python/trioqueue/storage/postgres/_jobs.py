@@ -5,15 +5,16 @@ Each method is one transaction (``BEGIN`` ... ``COMMIT``, committed shielded fro
 cancellation; a cancellation before that rolls everything back). Events are ``NOTIFY``
 sent inside the transaction, so they are delivered if and only if it commits, in order.
 
-Enqueues of jobs ready now (the common ones) are one statement each, autocommit, its
-events packed into it (``enqueue_batch``: one round trip for a batch of 1,000). Single
-enqueues running at the same time on one queue are written together (group commit): a
-call that finds another's statement in flight waits for it, and the calls that gathered
-meanwhile go as one statement (one commit, one WAL flush, one set of NOTIFYs: PostgreSQL
-serialises the commits of transactions that NOTIFY, so separate statements would cost a
-flush each). A call's job is written or not with the others of its statement; once its
-statement is sent, a cancellation of the call waits for the outcome (bounded by the call
-timeout), which stands, as a ``COMMIT`` does.
+Enqueues of jobs ready now (the common ones) are one statement each, autocommit, their
+events packed into it (``enqueue_batch``: one round trip, one transaction, however many
+jobs). Single enqueues running at the same time on one queue are written together (group
+commit): a call that finds the queue's statements in flight waits for one to end, and the
+calls that gathered meanwhile go as one statement (one commit, one WAL flush, one set of
+NOTIFYs: PostgreSQL serialises the commits of transactions that NOTIFY, so separate
+statements would cost a flush each). Once its statement is sent, a cancellation of the
+call waits for the outcome (bounded by the call timeout), which stands, as a ``COMMIT``
+does. A statement refused for one job's data writes nothing: each of its calls then takes
+the general path alone, so only that job's call fails.
 
 Debounce: one transaction per call, the waiting job's row locked while it is debounced.
 Two producers debouncing the same new id together: the second's insert waits for the
@@ -39,7 +40,7 @@ from ._flows import PgTrees
 
 __all__ = ["PgJobs", "due_payload", "existing_outcome"]
 
-_BATCH_MAX = 1000  # jobs a statement of enqueue_batch at most
+_BATCH_MAX = 1000  # gathered single enqueues a statement at most
 _COMBINED_IN_FLIGHT = 2  # statements of gathered single enqueues in flight per queue at most
 
 
@@ -100,10 +101,8 @@ class PgJobs:
                 self._db.known_queues.add(queue)
             if len(jobs) == 1:
                 found = [await self._gathered(queue, jobs[0])]
-            else:
-                found = []
-                for s in range(0, len(jobs), _BATCH_MAX):
-                    found += await self._write_ready(queue, jobs[s : s + _BATCH_MAX], now)
+            else:  # (one statement, however many: one transaction, as the general path)
+                found = await self._write_ready(queue, jobs, now)
             rest = [j for j, o in zip(jobs, found, strict=True) if o is None]
             if not rest:
                 return found  # type: ignore[return-value]
