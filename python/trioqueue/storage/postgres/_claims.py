@@ -738,6 +738,11 @@ class PgClaims:
         try:
             with trio.CancelScope(shield=True):
                 for r in rounds:
+                    if len(r) == 1:  # a save alone (the sequential case): the one-row statement
+                        worker_id, job_id, token, entry = entries[r[0]]
+                        rows = await self._db.one_statement(self._db.sql["save_step"], queue, token, worker_id, job_id, entry)
+                        saved[r[0]] = bool(rows)
+                        continue
                     rows = await self._db.one_statement(
                         self._db.sql["save_steps"],
                         queue,

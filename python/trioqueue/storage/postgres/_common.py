@@ -216,9 +216,13 @@ class PgDatabase:
             out.extend(self._chunks(run_channel, run))
         if wake:
             out.append((self.channel(queue, "w"), ""))
-            if queue in self.wakes_heard:  # (before the commit: a claim may run early, never late)
-                self.wakes_heard[queue] += 1
+            self.wake_sent(queue)  # (before the commit: a claim may run early, never late)
         return out
+
+    def wake_sent(self, queue: str) -> None:
+        """Count a claim wake-up of ``queue`` this process is sending (see :meth:`count_wakes`)."""
+        if queue in self.wakes_heard:
+            self.wakes_heard[queue] += 1
 
     def _chunks(self, channel: str, events: list[StorageEvent]) -> list[tuple[str, str]]:
         payload = _encode(events)
