@@ -521,8 +521,11 @@ class Consumer:
                 continue
             batch, self.ledger.pending = self.ledger.pending, []
             try:
-                with trio.CancelScope(shield=self.ledger.draining):
-                    # refusals (fenced) come back as events on the stream, reported there
+                # refusals (fenced) come back as events on the stream, reported there
+                if self.ledger.draining:
+                    with trio.CancelScope(shield=True):
+                        await self.storage.settle(q.queue, q.worker_id, batch)
+                else:  # (no cancel scope a batch: it costs more than settling a few jobs)
                     await self.storage.settle(q.queue, q.worker_id, batch)
             except BaseException as exc:
                 # Not stored, or not known to be: keep them, for the next try or for the
