@@ -310,9 +310,10 @@ class Listener:
         events = self.events
         waiters = self.waiters
         consumers = self.consumers
+        waiting = bool(waiters)  # (once a batch: no waiter comes or goes while it is dispatched)
         for ev in batch:
             kind = ev.kind
-            if waiters:
+            if waiting:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
                 elif kind == "resync" or kind == "cleared":  # re-read: a cleared job is gone
