@@ -38,7 +38,7 @@ from typing import TypeVar, cast
 
 from .._model._errors import ValidationError
 from ._base import Storage
-from ._records import EnqueueOutcome, FlowJob, JobRecord, NewJob
+from ._records import EnqueueOutcome, FlowJob, JobRecord, NewJob, Settlement
 
 __all__ = [
     "CAPABILITIES",
@@ -354,8 +354,10 @@ class Transactions(Storage):
 
 
 class NonBlockingStart(Storage):
-    """A backend that needs no I/O to count a reserved claim's attempt (memory): the
-    consumer then starts each claim right before its handler, with no batch and no wait."""
+    """A backend that needs no I/O to count a reserved claim's attempt or to store a
+    settlement (memory): the consumer then starts each claim right before its handler,
+    with no batch and no wait, and a worker about to go idle stores the settlements
+    waiting to be stored itself (no trip through the scheduler to the settler task)."""
 
     @abc.abstractmethod
     def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
@@ -364,6 +366,11 @@ class NonBlockingStart(Storage):
         its handler, with no batch and no wait.
 
         Atomic: one step, as :meth:`~Storage.start`. Fenced: by the claim token."""
+
+    @abc.abstractmethod
+    def settle_nowait(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        """:meth:`~Storage.settle` as a plain call (no checkpoint), for a backend that
+        needs no I/O for it (memory). Atomic and fenced as :meth:`~Storage.settle`."""
 
 
 class Steps(Storage):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -118,6 +119,89 @@ async def test_start_nowait_counts_a_reserved_claim_like_start() -> None:
     await trio.sleep(0.25)  # c's lease runs out: the reaper takes it back
     assert await storage.recover_stalled("q") == ([("a", "requeued"), ("c", "requeued")], None)
     assert not storage.start_nowait("q", W1, "c", c.token)
+
+
+async def test_settle_nowait_settles_and_fences_like_settle() -> None:
+    """The consumer's plain-call settle (no checkpoint) stores like settle(): the job
+    completes once with its result and event; a forged token is refused (a ``fenced``
+    event), and the same settlement sent again is answered True without a second event."""
+    from storage_helpers import W1, job
+
+    storage = MemoryStorage()
+    assert isinstance(storage, NonBlockingStart)
+    await storage.heartbeat("q", W1, 30.0, [], 30.0)
+    await storage.enqueue("q", [job("a"), job("b")])
+    a, b = await storage.dequeue("q", W1, 2, 0.05, 30.0)
+    done = Settlement(SettleKind.COMPLETE, "a", b"1", ttl=60.0, token=a.token)
+    async with storage.subscribe("q") as events:
+        assert storage.settle_nowait("q", W1, [done, Settlement(SettleKind.COMPLETE, "b", b"2", ttl=60.0, token="forged")]) == [
+            True,
+            False,
+        ]
+        assert storage.settle_nowait("q", W1, [done]) == [True]
+        seen = [(e.kind, e.job_id, e.result) for e in await events.receive()]
+    assert seen == [("completed", "a", b"1"), ("fenced", "b", None)]
+    rec = await storage.get_job("q", "a")
+    assert rec is not None and rec.state.startswith("completed") and rec.result == b"1" and rec.attempts == 1
+    rec = await storage.get_job("q", "b")
+    assert rec is not None and rec.state.startswith("processing")
+
+
+async def test_a_worker_about_to_idle_settles_without_the_settler() -> None:
+    """A worker whose buffer is empty after a job stores the settlements itself (a plain
+    call): with the storage's async settle() failing, the jobs still complete, once, and
+    nothing stays held."""
+    storage = MemoryStorage()
+
+    async def broken_settle(*args: Any) -> list[bool]:
+        raise AssertionError("settled through the settler task")
+
+    storage.settle = broken_settle  # type: ignore[method-assign]
+
+    async def handler(job: Job[Any]) -> int:
+        return job.payload + 1
+
+    async with Queue(storage, name="inline", handler=handler, concurrency=4) as q:
+        for i in range(20):
+            assert await q.enqueue_and_wait(f"j{i}", i, timeout=10) == i + 1
+    assert await storage.held_jobs("inline", "x") == []
+    counts = await storage.counts("inline")
+    assert counts["completed"] == 20 and counts["processing"] == 0
+
+
+async def test_awaited_enqueues_are_cancellation_points_and_yield_within_a_slice() -> None:
+    """An enqueue is a cancellation point every call (a cancelled scope writes nothing)
+    and lets the run's other tasks go first at least every ENQUEUE_SLICE seconds: a loop
+    of enqueues never starves a task that waits for its turn."""
+    from storage_helpers import job
+
+    from trioqueue.storage.memory._storage import ENQUEUE_SLICE
+
+    storage = MemoryStorage()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await storage.enqueue("q", [job("never")])
+    assert await storage.get_job("q", "never") is None
+
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()
+        before = turns
+        deadline = time.perf_counter() + 20 * ENQUEUE_SLICE
+        i = 0
+        while time.perf_counter() < deadline:
+            await storage.enqueue("q", [job(f"j{i}")])
+            i += 1
+        assert turns > before  # the other task ran while this one only enqueued
+        nursery.cancel_scope.cancel()
 
 
 async def test_results_of_one_settle_call_expire_by_their_own_ttl() -> None:

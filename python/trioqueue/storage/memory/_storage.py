@@ -319,6 +319,15 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        out = self._settle(queue, worker_id, settlements)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    def settle_nowait(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        return self._settle(queue, worker_id, settlements)
+
+    def _settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        """The step of :meth:`settle` and :meth:`settle_nowait`."""
         now = _now()
         out: list[bool] = []
         events: list[StorageEvent] = []
@@ -399,7 +408,6 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
             q.publish(events)
             if retried or (any(out) and q.flow.freed()):
                 q.wake()  # waiters recompute when the next retry is due
-        await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
