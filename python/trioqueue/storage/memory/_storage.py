@@ -88,15 +88,6 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         self._locks: dict[str, tuple[str, float]] = {}  # leader locks: name -> (owner, expiry)
         self._slice = threading.local()  # per thread (one Trio run): when an enqueue next yields
 
-    async def _yield_by_slice(self) -> None:
-        """The schedule point of :meth:`enqueue` (see :data:`ENQUEUE_SLICE`); shielded: the
-        call already made its change."""
-        local = self._slice
-        now = perf_counter()
-        if now >= getattr(local, "at", 0.0):
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            local.at = perf_counter() + ENQUEUE_SLICE
-
     # -- producers ---------------------------------------------------------------------
 
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
@@ -105,7 +96,10 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
             outcomes = self._enqueue_locked(self._q(queue), jobs, _now())
-        await self._yield_by_slice()
+        local = self._slice
+        if perf_counter() >= getattr(local, "at", 0.0):  # (shielded: the change is made)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            local.at = perf_counter() + ENQUEUE_SLICE
         return outcomes
 
     def _enqueue_locked(self, q: QueueState, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
