@@ -310,9 +310,20 @@ class Listener:
         events = self.events
         waiters = self.waiters
         consumers = self.consumers
-        waiting = bool(waiters)  # (once a batch: no waiter comes or goes while it is dispatched)
+        # (once a batch: no waiter comes or goes, no callback is registered, while it is dispatched)
+        waiting = bool(waiters)
+        wants_completed = events.wants("completed")
+        serde = self.result_serde
         for ev in batch:
             kind = ev.kind
+            if kind == "completed":  # the most frequent kind first: what the branches below do with it
+                if waiting:
+                    waiters.offer(ev)
+                if wants_completed:  # its result is decoded when a callback reads it
+                    completed = CompletedData(worker_id=ev.worker_id)  # (CompletedData.of, inline)
+                    completed._pending = (ev, serde)
+                    events.emit_data(kind, ev.job_id or None, completed)
+                continue
             if waiting:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
