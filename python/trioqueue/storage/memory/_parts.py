@@ -8,6 +8,7 @@ import heapq
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from itertools import count
 
 import trio
@@ -88,19 +89,40 @@ class Waiter:
 
 
 class Subscriber:
-    __slots__ = ("thread", "token", "send", "kinds")
+    """A subscription: its events go to the channel ``send`` or, for
+    :meth:`~trioqueue.storage.MemoryStorage.subscribe_nowait`, to the plain call ``call``
+    (in the publishing step when the subscriber's Trio run made it, else soon after in
+    that run)."""
 
-    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]], kinds: frozenset[str] | None = None) -> None:
+    __slots__ = ("thread", "token", "send", "kinds", "call")
+
+    def __init__(
+        self,
+        send: trio.MemorySendChannel[list[StorageEvent]] | None,
+        kinds: frozenset[str] | None = None,
+        call: Callable[[list[StorageEvent]], None] | None = None,
+    ) -> None:
         self.thread = threading.get_ident()
         self.token = trio.lowlevel.current_trio_token()
         self.send = send
         self.kinds = kinds  # the kinds it asked for (None: all); see Storage.subscribe
+        self.call = call
 
     def deliver(self, events: list[StorageEvent]) -> None:
         if self.kinds is not None:
             events = select_events(events, self.kinds)
             if not events:
                 return
+        if self.call is not None:
+            if self.thread == threading.get_ident():
+                self.call(events)
+            else:
+                try:
+                    self.token.run_sync_soon(self.call, events)
+                except trio.RunFinishedError:
+                    pass
+            return
+        assert self.send is not None
         if self.thread == threading.get_ident():
             _send_quietly(self.send, events)
         else:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import heapq
 import math
 import threading
-from collections.abc import AsyncIterator, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from time import perf_counter
 
 import trio
@@ -549,6 +549,20 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 q.subscribers = [s for s in q.subscribers if s is not sub]
             send.close()
             receive.close()
+
+    @contextmanager
+    def subscribe_nowait(
+        self, queue: str, kinds: Collection[str] | None, deliver: Callable[[list[StorageEvent]], None]
+    ) -> Iterator[None]:
+        sub = Subscriber(None, wanted_kinds(kinds), deliver)
+        with self._lock:
+            q = self._q(queue)
+            q.subscribers = [*q.subscribers, sub]
+        try:
+            yield
+        finally:
+            with self._lock:
+                q.subscribers = [s for s in q.subscribers if s is not sub]
 
     # -- groups ------------------------------------------------------------------------
 
