@@ -220,3 +220,73 @@ async def test_results_of_one_settle_call_expire_by_their_own_ttl() -> None:
     await trio.sleep(0.1)  # the short TTLs run out
     assert [await storage.get_job("q", f"j{i}") is not None for i in range(4)] == [False, True, True, False]
     assert (await storage.counts("q"))["completed"] == 2
+
+
+async def test_subscribe_nowait_hands_the_events_over_in_the_publishing_step() -> None:
+    """The plain-call subscription gets what subscribe() gets, in order: within the
+    publishing step in its own Trio run (before the call that published returns), and
+    soon after from a publisher in another thread; none once it is left."""
+    from storage_helpers import job
+
+    storage = MemoryStorage()
+    assert isinstance(storage, NonBlockingStart)
+    got: list[tuple[str, str]] = []
+    arrived = trio.Event()
+
+    def deliver(batch: list[Any]) -> None:
+        got.extend((e.kind, e.job_id) for e in batch)
+        if ("enqueued", "t") in got:
+            arrived.set()
+
+    async with storage.subscribe("q") as stream:
+        with storage.subscribe_nowait("q", None, deliver):
+            await storage.enqueue("q", [job("a"), job("b")])
+            assert got == [("enqueued", "a"), ("enqueued", "b")]  # before enqueue returned
+            await storage.cancel("q", "a")
+            assert got[2:] == [("cancelled", "a")]
+
+            def other_thread() -> None:
+                trio.run(storage.enqueue, "q", [job("t")])
+
+            await trio.to_thread.run_sync(other_thread)
+            with trio.fail_after(10):
+                await arrived.wait()
+        await storage.enqueue("q", [job("after")])
+        seen: list[tuple[str, str]] = []
+        while len(seen) < 5:
+            seen += [(e.kind, e.job_id) for e in await stream.receive()]
+    assert got == seen[:4] and seen[4] == ("enqueued", "after")
+
+
+async def test_a_completed_event_without_its_result_keeps_the_order_of_the_events() -> None:
+    """A ``completed`` event that comes without its result (read back from the registry,
+    which takes the listener's task) is heard with its result, and the events published
+    after it are heard after it."""
+
+    class Stripping(MemoryStorage):
+        def subscribe_nowait(self, queue: str, kinds: Any, deliver: Any) -> Any:
+            def strip(batch: list[Any]) -> None:
+                deliver([e._replace(result=None) if e.kind == "completed" and e.job_id == "big" else e for e in batch])
+
+            return super().subscribe_nowait(queue, kinds, strip)
+
+    storage = Stripping()
+    heard: list[tuple[str, str | None, Any]] = []
+    done = trio.Event()
+
+    async def handler(job: Job[Any]) -> str:
+        return f"r-{job.id}"
+
+    async with Queue(storage, name="strip", handler=handler, concurrency=1) as q:
+
+        @q.on("completed")
+        def completed(event: Any) -> None:
+            heard.append((event.name, event.job_id, event.data["result"]))
+            if event.job_id == "small":
+                done.set()
+
+        assert await q.enqueue_and_wait("big", 1, timeout=10) == "r-big"
+        await q.enqueue("small", 2)
+        with trio.fail_after(10):
+            await done.wait()
+    assert heard == [("completed", "big", "r-big"), ("completed", "small", "r-small")]
