@@ -66,6 +66,42 @@ async def channel_baseline(n: int, consumers: int = 100) -> float:
     return rate
 
 
+async def channel_awaited_send(n: int) -> float:
+    """Items/s of one task's awaited ``send`` into a Trio memory channel (nobody waiting to
+    receive): the floor of an awaited call that is a schedule point every time."""
+    send, receive = trio.open_memory_channel[int](math.inf)
+    t0 = time.perf_counter()
+    for i in range(n):
+        await send.send(i)
+    rate = n / (time.perf_counter() - t0)
+    send.close()
+    receive.close()
+    return rate
+
+
+async def channel_round_trip(n: int) -> float:
+    """p50 seconds of a request answered through two Trio memory channels by a server task
+    (send the request, await the reply): the floor of a request/response within one run."""
+    requests, serve = trio.open_memory_channel[int](math.inf)
+    answer, replies = trio.open_memory_channel[int](math.inf)
+    latencies: list[float] = []
+
+    async def server() -> None:
+        async for item in serve:
+            answer.send_nowait(item)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server)
+        for i in range(n):
+            t = time.perf_counter()
+            await requests.send(i)
+            await replies.receive()
+            latencies.append(time.perf_counter() - t)
+        nursery.cancel_scope.cancel()
+    latencies.sort()
+    return latencies[len(latencies) // 2]
+
+
 def redis_ceiling(url: str, n: int) -> str:
     """The server's own LPUSH/RPOP rate (redis-benchmark, 50 clients, no pipelining)."""
     from redis_server import benchmark_binary
@@ -82,27 +118,39 @@ def redis_ceiling(url: str, n: int) -> str:
 async def measure(target: h.Target, n: int, rounds: int) -> tuple[h.Spread, dict[str, dict[str, h.Spread]]]:
     """The baseline's rate and the workloads' figures, interleaved round by round."""
     base: list[float] = []
+    sends: list[float] = []
+    trips: list[float] = []
     docs: list[dict[str, Any]] = []
     for _, side in h.interleaved(rounds, ["baseline", "queue"]):
         if side == "baseline":
             base.append(await channel_baseline(n))
+            sends.append(await channel_awaited_send(n))
+            trips.append(await channel_round_trip(max(100, n // 20)) * 1000)
         else:
             results = await run_bench(target.make(), WORKLOADS, jobs=n)
             docs.append({"results": [vars(r) for r in results]})
-    return h.Spread.of(base), h.by_workload(docs)
+    m = h.by_workload(docs)
+    m["channel"] = {"send": h.Spread.of(sends), "trip": h.Spread.of(trips)}
+    return h.Spread.of(base), m
 
 
 def section(target: h.Target, n: int, base: h.Spread, m: dict[str, dict[str, h.Spread]], ceiling: str) -> list[str]:
     t_many, t_proc = TARGETS.get(target.name, ("", ""))
     targets = {"A-batch": t_many, "B": t_proc}
-    rows = [["baseline: trio memory channel, 1 producer -> 100 consumer tasks", base.fmt(",.0f", " items/s"), "1.00"]]
+    send, trip = m["channel"]["send"], m["channel"]["trip"]
+    rows = [["baseline: trio memory channel, 1 producer -> 100 consumer tasks", base.fmt(",.0f", " items/s"), "1.00"],
+            ["baseline: trio memory channel, awaited send, one task", send.fmt(",.0f", " items/s"),
+             f"{send / base:.3f}"],
+            ["baseline: trio memory channel round trip (request, server task, reply): p50", trip.fmt(".3f", " ms"), ""]]
     for w, title in TITLES.items():
         label = f"{title} ({targets[w]})" if targets.get(w) else title
-        rows.append([f"{w}: {label}", m[w]["rate"].fmt(",.0f", " jobs/s"), f"{m[w]['rate'] / base:.3f}"])
+        extra = f"; {m[w]['rate'] / send:.3f} x the awaited send" if w in ("A-seq", "A-100") else ""
+        rows.append([f"{w}: {label}", m[w]["rate"].fmt(",.0f", " jobs/s"), f"{m[w]['rate'] / base:.3f}{extra}"])
     for w, callers in (("C-1", 1), ("C-50", 50)):
+        ratio = f"; p50 {m[w]['p50_ms'] / trip:.2f} x the round trip" if callers == 1 else ""
         rows.append([f"{w}: enqueue_and_wait, concurrency {callers}: p50 / p99",
                      f"{m[w]['p50_ms'].fmt('.3f')} / {m[w]['p99_ms'].median:.3f} ms",
-                     f"{m[w]['rate'].median:,.0f} req/s"])
+                     f"{m[w]['rate'].median:,.0f} req/s{ratio}"])
     if ceiling:
         rows.append(["ceiling: the server's own LPUSH/RPOP (redis-benchmark, 50 clients)", ceiling, ""])
     return [f"## {target.name}", "", f"{target.note}; {n:,} jobs per throughput figure.", "",

@@ -20,10 +20,11 @@ from trioqueue import (
     Queue,
     QueueStoppedError,
     Storage,
+    StorageError,
     TrioQueueError,
     ValidationError,
 )
-from trioqueue.storage import StorageEvent
+from trioqueue.storage import NonBlockingStart, StorageEvent
 
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
@@ -34,6 +35,18 @@ def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(kind)[0] is not None
     return False
+
+
+def _through_the_settler(storage: Storage) -> None:
+    """Settlements go through the settler task's ``settle()`` call (the one these tests
+    hold in flight): on a storage where a worker about to go idle stores them itself with
+    a plain call (:class:`NonBlockingStart`), that call is refused, so they go there."""
+    if isinstance(storage, NonBlockingStart):
+
+        def refuse(*args: Any) -> list[bool]:
+            raise StorageError("not now")
+
+        storage.settle_nowait = refuse  # type: ignore[method-assign]
 
 
 async def test_forced_stop_keeps_settlements_that_were_in_flight(storage: Storage, queue_name: str) -> None:
@@ -53,6 +66,7 @@ async def test_forced_stop_keeps_settlements_that_were_in_flight(storage: Storag
         return await real_settle(*args)
 
     storage.settle = stuck_settle  # type: ignore[method-assign]
+    _through_the_settler(storage)
 
     async def handler(job: Job[Any]) -> str:
         runs.append(job.attempts)
@@ -90,6 +104,7 @@ async def test_forced_stop_after_settlement_landed_reports_no_fencing(storage: S
         return out
 
     storage.settle = lost_reply  # type: ignore[method-assign]
+    _through_the_settler(storage)
 
     async def handler(job: Job[Any]) -> str:
         return "ok"

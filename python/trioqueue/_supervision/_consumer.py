@@ -127,6 +127,8 @@ class Consumer:
         executor.lose = self.leases.lose  # a step refused by the storage loses the claim
         # Counting a reserved claim's attempt without I/O (MemoryStorage): no batch, no wait.
         self.start_nowait = self.storage.start_nowait if isinstance(self.storage, NonBlockingStart) else None
+        # ... and storing settlements without I/O: a worker about to go idle stores them
+        self.settle_nowait = self.storage.settle_nowait if isinstance(self.storage, NonBlockingStart) else None
         self.start_wakeup = trio.lowlevel.ParkingLot()
         self.start_batch = _StartBatch()
         self.pace = 0.0  # jobs settled per second over the last window (0: not known)
@@ -405,6 +407,7 @@ class Consumer:
         running = ledger.running
         executor = self.executor
         start_nowait = self.start_nowait
+        settle_now = self._settle_now if self.settle_nowait is not None else None
         spent = ledger.spent_scopes
         lost = ledger.lost
         claim: Claim | None = None
@@ -468,7 +471,9 @@ class Consumer:
                 else:
                     pending = ledger.pending
                     pending.append(settlement)
-                    if len(pending) == 1:  # else the settler was woken already (or runs)
+                    if settle_now is not None and not buffer:
+                        settle_now()  # about to go idle: store them here, not a scheduler trip away
+                    elif len(pending) == 1:  # else the settler was woken already (or runs)
                         ledger.settle_wakeup.unpark()
                 if spent and scope in spent:
                     spent.discard(scope)
@@ -491,6 +496,23 @@ class Consumer:
                 ledger.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
                 ledger.settle_wakeup.unpark()
         return True
+
+    def _settle_now(self) -> None:
+        """Store the pending settlements in this task, as a plain call (a storage that
+        needs no I/O for it: :meth:`NonBlockingStart.settle_nowait`): what the settler
+        would do a trip through the scheduler later. A failure leaves them to the settler
+        (which reports it and tries again)."""
+        assert self.settle_nowait is not None
+        ledger = self.ledger
+        batch, ledger.pending = ledger.pending, []
+        try:
+            self.settle_nowait(self.q.queue, self.q.worker_id, batch)
+        except Exception:  # noqa: BLE001 - the settler tries again and reports it
+            ledger.pending[:0] = batch
+            ledger.settle_wakeup.unpark()
+            return
+        self._paced(len(batch))
+        ledger.unhold(len(batch))
 
     def _pace_ahead(self) -> int:
         """How many new claims (behind the buffer) the workers' recent pace says will
@@ -521,8 +543,11 @@ class Consumer:
                 continue
             batch, self.ledger.pending = self.ledger.pending, []
             try:
-                with trio.CancelScope(shield=self.ledger.draining):
-                    # refusals (fenced) come back as events on the stream, reported there
+                # refusals (fenced) come back as events on the stream, reported there
+                if self.ledger.draining:
+                    with trio.CancelScope(shield=True):
+                        await self.storage.settle(q.queue, q.worker_id, batch)
+                else:  # (no cancel scope a batch: it costs more than settling a few jobs)
                     await self.storage.settle(q.queue, q.worker_id, batch)
             except BaseException as exc:
                 # Not stored, or not known to be: keep them, for the next try or for the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import weakref
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from itertools import count
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,7 @@ from .._model._types import (
 )
 from ..storage._base import EnqueueOutcome, FlowJob, JobRecord, NewJob, Storage, parse_job_state
 from ..storage._capabilities import Debounce, Groups, Transactions, Trees, require
-from ._execution import encode_value
+from ._execution import encode_failure, encode_value
 from ._observers import QueueObserver, notify
 
 if TYPE_CHECKING:
@@ -123,6 +123,34 @@ class JobMaker:
             jid, data, int(_now() * 1000), 0, attempts, int(ttl * 1000), None, None if stored is None else stored.encode()
         )
         return _new(NewJob, (jid, envelope, attempts, ttl, self.new_token(), run_at, prio, group))  # (all fields)
+
+    def new_jobs(self, jobs: Iterable[tuple[Any, Any]], options: EnqueueOptions, trace: dict[str, str] | None) -> list[NewJob]:
+        """:meth:`new_job` of each ``(id, payload)`` of ``jobs`` (``enqueue_many``): with no
+        options and no trace (the common case) its steps inline, one clock reading and
+        the queue's settings looked up once for the batch."""
+        if options or trace:
+            return [self.new_job(jid, payload, options, trace) for jid, payload in jobs]
+        defaults = self.defaults
+        attempts, ttl = defaults.max_attempts, defaults.result_ttl
+        ttl_ms = int(ttl * 1000)
+        serde = defaults.payload_serde
+        dumps = serde.dumps
+        valid_id = check.job_id
+        now_ms = int(_now() * 1000)
+        prefix, seq = self._token_prefix, self._token_seq
+        out: list[NewJob] = []
+        append = out.append
+        for job_id, payload in jobs:
+            jid = valid_id(job_id)
+            try:
+                data = dumps(payload)
+            except Exception as exc:
+                raise encode_failure(serde, "payload of job", ValidationError, jid, exc) from exc
+            if type(data) is not bytes and not isinstance(data, bytes):
+                raise encode_failure(serde, "payload of job", ValidationError, jid, data)
+            envelope = encode_envelope(jid, data, now_ms, 0, attempts, ttl_ms, None, None)
+            append(_new(NewJob, (jid, envelope, attempts, ttl, f"{prefix}{next(seq):x}", None, DEFAULT_PRIORITY, None)))
+        return out
 
     def new_token(self) -> str:
         return f"{self._token_prefix}{next(self._token_seq):x}"

@@ -22,6 +22,7 @@ Each subscriber still sees its events in publication order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +33,7 @@ from .._model._types import STORAGE_EVENT_NAMES
 from .._model._serde import Serde, decode_error
 from ._waiters import Waiters
 from ..storage._base import NOTICE_KINDS, Storage, StorageEvent
+from ..storage._capabilities import NonBlockingStart
 
 if TYPE_CHECKING:
     from ._emitter import Emitter
@@ -134,6 +136,14 @@ for _name in (
     "setdefault", "update", "values",
 ):
     setattr(CompletedData, _name, _filling(_name))
+
+
+def _missing_results(batch: list[StorageEvent]) -> bool:
+    """Whether a ``completed`` event of ``batch`` came without its result (see
+    :meth:`Listener._with_results`)."""
+    if None not in map(_RESULT, batch):
+        return False
+    return any(ev.result is None and ev.kind == "completed" and ev.job_id for ev in batch)
 
 
 def level_for(kinds: Collection[str] | None) -> int:
@@ -259,6 +269,9 @@ class Listener:
     async def _subscribed(
         self, level: int, kinds: frozenset[str] | None, closed: trio.Event, task_status: trio.TaskStatus[None]
     ) -> None:
+        if isinstance(self.storage, NonBlockingStart):
+            await self._subscribed_nowait(self.storage, level, kinds, closed, task_status)
+            return
         with trio.CancelScope() as scope:
             async with self.storage.subscribe(self.queue, kinds) as receive:
                 # Live: from now on every event reaches this subscription. Take over from
@@ -277,6 +290,50 @@ class Listener:
                     if self.events.wants("completed"):
                         batch = await self._with_results(batch)
                     self._dispatch(batch)
+
+    async def _subscribed_nowait(
+        self,
+        storage: NonBlockingStart,
+        level: int,
+        kinds: frozenset[str] | None,
+        closed: trio.Event,
+        task_status: trio.TaskStatus[None],
+    ) -> None:
+        """:meth:`_subscribed` on a storage that hands its events over as a plain call
+        (:meth:`NonBlockingStart.subscribe_nowait`): each batch is dispatched as it is
+        published, with no trip through the scheduler to this task, but a batch whose
+        ``completed`` events need their results read back (and every batch after it,
+        to keep the order) goes through this task."""
+        backlog, later = trio.open_memory_channel[list[StorageEvent]](math.inf)
+        waiting = [0]  # batches in the backlog
+        with trio.CancelScope() as scope:
+
+            def deliver(batch: list[StorageEvent]) -> None:
+                if self._scope is not scope:
+                    return  # superseded (the cancellation is on its way)
+                if waiting[0] or (self.events.wants("completed") and _missing_results(batch)):
+                    waiting[0] += 1
+                    backlog.send_nowait(batch)
+                    return
+                try:
+                    self._dispatch(batch)
+                except Exception as exc:  # noqa: BLE001 - not the publishing step's failure
+                    self.events.emit("error", error=exc, where="dispatching storage events")
+
+            with storage.subscribe_nowait(self.queue, kinds, deliver):
+                old, self._scope, self._closed = self._scope, scope, closed
+                had = self.level
+                self.level = level
+                if old is not None:
+                    old.cancel()
+                if had > NONE:
+                    self._resync()
+                task_status.started()
+                async for batch in later:
+                    if self._scope is not scope:
+                        return
+                    self._dispatch(await self._with_results(batch))
+                    waiting[0] -= 1
 
     async def _with_results(self, batch: list[StorageEvent]) -> list[StorageEvent]:
         """``batch`` with the result of each ``completed`` event that came without it
@@ -310,9 +367,21 @@ class Listener:
         events = self.events
         waiters = self.waiters
         consumers = self.consumers
+        # (once a batch: no waiter comes or goes, no callback is registered, while it is dispatched)
+        waiting = bool(waiters)
+        wants_completed = events.wants("completed")
+        serde = self.result_serde
         for ev in batch:
             kind = ev.kind
-            if waiters:
+            if kind == "completed":  # the most frequent kind first: what the branches below do with it
+                if waiting:
+                    waiters.offer(ev)
+                if wants_completed:  # its result is decoded when a callback reads it
+                    completed = CompletedData(worker_id=ev.worker_id)  # (CompletedData.of, inline)
+                    completed._pending = (ev, serde)
+                    events.emit_data(kind, ev.job_id or None, completed)
+                continue
+            if waiting:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
                 elif kind == "resync" or kind == "cleared":  # re-read: a cleared job is gone

@@ -65,9 +65,7 @@ class QueueProducer(Generic[P, R]):
         **options: Unpack[EnqueueOptions],
     ) -> list[EnqueueResult]:
         trace = _tracing.current_context() if _tracing.ENABLED else None
-        new = [
-            self.maker.new_job(jid, payload, options, trace) for jid, payload in jobs
-        ]
+        new = self.maker.new_jobs(jobs, options, trace)
         if options.get("children") is not None or options.get("depends_on") is not None:  # one tree per job, each atomic
             trees = [self.maker.tree(n, options, trace) for n in new]
             self.check_running()
@@ -84,7 +82,12 @@ class QueueProducer(Generic[P, R]):
             return []
         await self.listener.caught_up()
         outcomes = await self.maker.store_in(transaction, new, options)
-        return [self.maker.enqueue_result(n.id, o) for n, o in zip(new, outcomes, strict=True)]
+        result = self.maker.enqueue_result
+        queued = EnqueueStatus.QUEUED
+        # (a queued job's result, enqueue_result's common case, built here: a call less a job)
+        return [
+            EnqueueResult(n.id, queued) if o.status is queued else result(n.id, o) for n, o in zip(new, outcomes, strict=True)
+        ]
 
     async def enqueue_and_wait(
         self,

@@ -352,9 +352,11 @@ class Queue(Generic[P, R]):
         maker = self._producer.maker
         trace = _tracing.current_context() if _tracing.ENABLED else None
         new = maker.new_job(job_id, payload, options, trace)
-        tree = maker.tree(new, options, trace)
+        tree = maker.tree(new, options, trace) if options else None
         self._check_running()
-        await self._listener.caught_up()
+        listener = self._listener
+        if listener.pending > listener.level:  # (caught_up()'s test, inline: no coroutine a job)
+            await listener.caught_up()
         if transaction is None:
             return maker.enqueue_result(new.id, await maker.store(new, tree, options))
         [outcome] = await maker.store_in(transaction, [new], options, tree)

@@ -32,13 +32,13 @@ capability                   memory file redis postgres
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TypeVar, cast
 
 from .._model._errors import ValidationError
-from ._base import Storage
-from ._records import EnqueueOutcome, FlowJob, JobRecord, NewJob
+from ._base import Storage, StorageEvent
+from ._records import EnqueueOutcome, FlowJob, JobRecord, NewJob, Settlement
 
 __all__ = [
     "CAPABILITIES",
@@ -373,8 +373,12 @@ class Transactions(Storage):
 
 
 class NonBlockingStart(Storage):
-    """A backend that needs no I/O to count a reserved claim's attempt (memory): the
-    consumer then starts each claim right before its handler, with no batch and no wait."""
+    """A backend that needs no I/O to count a reserved claim's attempt, to store a
+    settlement or to deliver its events (memory): the consumer then starts each claim
+    right before its handler, with no batch and no wait; a worker about to go idle stores
+    the settlements waiting to be stored itself (no trip through the scheduler to the
+    settler task); a Queue's listener takes the events as they are published (no trip to
+    its task before a waiter hears of its job's end)."""
 
     @abc.abstractmethod
     def start_nowait(self, queue: str, worker_id: str, job_id: str, token: str) -> bool:
@@ -383,6 +387,20 @@ class NonBlockingStart(Storage):
         its handler, with no batch and no wait.
 
         Atomic: one step, as :meth:`~Storage.start`. Fenced: by the claim token."""
+
+    @abc.abstractmethod
+    def settle_nowait(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        """:meth:`~Storage.settle` as a plain call (no checkpoint), for a backend that
+        needs no I/O for it (memory). Atomic and fenced as :meth:`~Storage.settle`."""
+
+    @abc.abstractmethod
+    def subscribe_nowait(
+        self, queue: str, kinds: Collection[str] | None, deliver: Callable[[list[StorageEvent]], None]
+    ) -> AbstractContextManager[None]:
+        """:meth:`~Storage.subscribe` with each batch of events handed to ``deliver`` as a
+        plain call, in the Trio run that subscribed: within the publishing step when that
+        run made it (``deliver`` must not raise, block or call the storage), soon after
+        otherwise. The same events, in the same order, as :meth:`~Storage.subscribe`."""
 
 
 class Steps(Storage):

@@ -73,6 +73,21 @@ class StateIndex:
         log.recs.append(rec)
         self._maybe_compact(new)
 
+    def add(self, recs: list[Any], kind: str) -> None:
+        """The new records ``recs`` enter state ``kind``, in order (a batch of
+        :meth:`enter` with no old state)."""
+        if not recs:
+            return
+        first = self.seq + 1
+        seq = self.seq = self.seq + len(recs)
+        for s, rec in zip(range(first, seq + 1), recs):
+            rec.iseq = s
+        log = self.logs[kind]
+        log.seqs.extend(range(first, seq + 1))
+        log.recs.extend(recs)
+        self.live[kind] += len(recs)
+        self._maybe_compact(kind)
+
     def move(self, recs: list[Any], old: str, new: str) -> None:
         """Each of ``recs`` moved from state ``old`` into ``new`` (a batch of
         :meth:`enter`, for records whose kinds the caller has already set)."""

@@ -8,6 +8,7 @@ import heapq
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 from itertools import count
 
 import trio
@@ -38,7 +39,7 @@ class MemRec(Rec):
 
     __slots__ = ("iseq", "run_at", "up", "flow", "waiters")
 
-    def __init__(self, job: NewJob, now_ms: int, index: StateIndex, kind: str = _QUEUED) -> None:
+    def __init__(self, job: NewJob, now_ms: int, index: StateIndex | None, kind: str = _QUEUED) -> None:
         Rec.__init__(
             self, job.id, kind, now_ms, 0, job.max_attempts, job.result_ttl, now_ms, job.envelope, job.token,
             job.priority, job.group,
@@ -48,7 +49,8 @@ class MemRec(Rec):
         self.up: MemRec | None = None  # a child of a tree: its parent's record
         self.flow: Flow | None = None  # a parent: its children
         self.waiters: list[tuple[str, MemRec]] | None = None  # a dependency: its dependents
-        index.enter(self, None, kind)
+        if index is not None:  # (None: the caller files a batch of new records at once, StateIndex.add)
+            index.enter(self, None, kind)
 
     def state(self, due_ms: int | None = None) -> str:
         if due_ms is None and self.kind == _DELAYED:
@@ -91,19 +93,40 @@ class Waiter:
 
 
 class Subscriber:
-    __slots__ = ("thread", "token", "send", "kinds")
+    """A subscription: its events go to the channel ``send`` or, for
+    :meth:`~trioqueue.storage.MemoryStorage.subscribe_nowait`, to the plain call ``call``
+    (in the publishing step when the subscriber's Trio run made it, else soon after in
+    that run)."""
 
-    def __init__(self, send: trio.MemorySendChannel[list[StorageEvent]], kinds: frozenset[str] | None = None) -> None:
+    __slots__ = ("thread", "token", "send", "kinds", "call")
+
+    def __init__(
+        self,
+        send: trio.MemorySendChannel[list[StorageEvent]] | None,
+        kinds: frozenset[str] | None = None,
+        call: Callable[[list[StorageEvent]], None] | None = None,
+    ) -> None:
         self.thread = threading.get_ident()
         self.token = trio.lowlevel.current_trio_token()
         self.send = send
         self.kinds = kinds  # the kinds it asked for (None: all); see Storage.subscribe
+        self.call = call
 
     def deliver(self, events: list[StorageEvent]) -> None:
         if self.kinds is not None:
             events = select_events(events, self.kinds)
             if not events:
                 return
+        if self.call is not None:
+            if self.thread == threading.get_ident():
+                self.call(events)
+            else:
+                try:
+                    self.token.run_sync_soon(self.call, events)
+                except trio.RunFinishedError:
+                    pass
+            return
+        assert self.send is not None
         if self.thread == threading.get_ident():
             _send_quietly(self.send, events)
         else:
@@ -131,10 +154,13 @@ class Lanes:
     themselves; a stale one (its job cancelled, or forgotten: ``iseq`` 0) is skipped at
     claim time."""
 
-    __slots__ = ("lanes", "fronts", "glanes", "rings", "ringed")
+    __slots__ = ("lanes", "sizes", "fronts", "glanes", "rings", "ringed")
 
     def __init__(self) -> None:
         self.lanes: list[ObjectQueue[MemRec]] = [ObjectQueue() for _ in range(MAX_PRIORITY + 1)]
+        # the entries in each FIFO (kept here: a claim skips the empty priorities without
+        # a call into the Rust queue per priority)
+        self.sizes: list[int] = [0] * (MAX_PRIORITY + 1)
         self.fronts: list[deque[MemRec]] = [deque() for _ in range(MAX_PRIORITY + 1)]
         self.glanes: dict[tuple[int, str], deque[MemRec]] = {}  # (priority, group) -> its ready jobs
         self.rings: list[deque[str | None]] = [deque() for _ in range(MAX_PRIORITY + 1)]
@@ -151,8 +177,12 @@ class Lanes:
         if not recs:
             return
         first = recs[0].priority
-        if all(r.priority == first and r.group is None for r in recs):
+        for r in recs:  # (a loop, not all() of a generator: no frame per job)
+            if r.priority != first or r.group is not None:
+                break
+        else:
             self.lanes[first].push_many(recs)
+            self.sizes[first] += len(recs)
             return
         by: dict[int, list[MemRec]] = {}
         for r in recs:
@@ -162,6 +192,7 @@ class Lanes:
                 self._gpush(r, False)
         for p, part in by.items():
             self.lanes[p].push_many(part)
+            self.sizes[p] += len(part)
 
     def _gpush(self, r: MemRec, front: bool) -> None:
         key = (r.priority, r.group)
@@ -194,34 +225,45 @@ class Lanes:
         its ring (see the class docstring), each lane's front before its FIFO. Entries of
         a group ``blocked`` refuses leave the ring (not taken)."""
         out: list[MemRec] = []
+        rings, fronts, sizes = self.rings, self.fronts, self.sizes
         for p in range(MAX_PRIORITY + 1):
-            if self.rings[p]:
+            if rings[p]:
                 self._pop_ring(p, want, out, blocked)
-            else:
-                front = self.fronts[p]
+            elif sizes[p] or fronts[p]:
+                front = fronts[p]
                 while front and len(out) < want:
                     out.append(front.popleft())
-                if len(out) < want:
-                    out.extend(self.lanes[p].pop_many(want - len(out)))
+                if sizes[p] and len(out) < want:
+                    got = self.lanes[p].pop_many(want - len(out))
+                    sizes[p] -= len(got)
+                    out.extend(got)
+            else:
+                continue
             if len(out) >= want:
                 break
         return out
 
     def _pop_ring(self, p: int, want: int, out: list[MemRec], blocked: Blocked | None) -> None:
-        ring, ringed, front, lane = self.rings[p], self.ringed[p], self.fronts[p], self.lanes[p]
-        if None not in ringed and (front or len(lane)):
+        ring, ringed, front, lane, sizes = self.rings[p], self.ringed[p], self.fronts[p], self.lanes[p], self.sizes
+        if None not in ringed and (front or sizes[p]):
             ringed.add(None)  # ungrouped jobs arrived while groups were ready: their turn comes
             ring.append(None)
         while ring and len(out) < want:
             group = ring.popleft()
             if group is None:
                 while True:
-                    rec = front.popleft() if front else next(iter(lane.pop_many(1)), None)
+                    if front:
+                        rec = front.popleft()
+                    elif sizes[p]:
+                        [rec] = lane.pop_many(1)
+                        sizes[p] -= 1
+                    else:
+                        rec = None
                     if rec is None or (rec.kind == _QUEUED and rec.iseq):
                         break  # (stale entries are dropped without using the turn)
                 if rec is not None:
                     out.append(rec)
-                if rec is not None and (front or len(lane)):
+                if rec is not None and (front or sizes[p]):
                     ring.append(None)
                 else:
                     ringed.discard(None)
@@ -243,8 +285,12 @@ class Lanes:
                 ringed.discard(group)
                 del self.glanes[(p, group)]
 
+    def empty(self) -> bool:
+        """Nothing ready, in any lane (cheaper than ``len``: no sum)."""
+        return not (any(self.sizes) or any(self.fronts) or self.glanes)
+
     def __len__(self) -> int:
-        return sum(len(x) for x in self.lanes) + sum(len(f) for f in self.fronts) + sum(map(len, self.glanes.values()))
+        return sum(self.sizes) + sum(len(f) for f in self.fronts) + sum(map(len, self.glanes.values()))
 
 
 class Blocked:

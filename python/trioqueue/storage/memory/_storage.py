@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import AsyncIterator, Collection, Sequence
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from time import perf_counter
 
 import trio
 
@@ -66,6 +68,11 @@ _KEPT = R.KEPT  # the settlements Settlement.keep applies to: the kind they ente
 # Claims and events by the thousand: built as the tuples they are, without the keyword
 # handling of a NamedTuple's constructor.
 _new = tuple.__new__
+# An enqueue is a cancellation point every time, and a schedule point (it lets the other
+# tasks of its Trio run go first) when the run's tasks have gone that long without one
+# from this storage: a loop of awaited enqueues pays a scheduler trip a millisecond, not
+# one a job (as a worker runs jobs whose handlers never block back to back).
+ENQUEUE_SLICE = 0.001
 
 class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlockingStart, Signals):
     """In-process storage. Fast, thread-safe, and gone when the process exits."""
@@ -79,14 +86,20 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         self._trees = MemoryTrees(self._queues)
         self._admin = MemoryAdmin(self._queues, self._trees)
         self._locks: dict[str, tuple[str, float]] = {}  # leader locks: name -> (owner, expiry)
+        self._slice = threading.local()  # per thread (one Trio run): when an enqueue next yields
 
     # -- producers ---------------------------------------------------------------------
 
     async def enqueue(self, queue: str, jobs: Sequence[NewJob]) -> list[EnqueueOutcome]:
+        """:meth:`Storage.enqueue`: a cancellation point every call, a schedule point at
+        least every :data:`ENQUEUE_SLICE` seconds of a run's enqueues (not every call)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
             outcomes = self._enqueue_locked(self._q(queue), jobs, _now())
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        local = self._slice
+        if perf_counter() >= getattr(local, "at", 0.0):  # (shielded: the change is made)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            local.at = perf_counter() + ENQUEUE_SLICE
         return outcomes
 
     def _enqueue_locked(self, q: QueueState, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
@@ -95,21 +108,22 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         outcomes: list[EnqueueOutcome] = []
         events: list[StorageEvent] = []
         envelopes: list[MemRec] = []
-        delayed = False
+        delayed: list[MemRec] = []
         q.expire(now)
         table = q.jobs
+        replaceable, enqueue_kind = R.replaceable, R.enqueue_kind
         for job in jobs:
             rec = table.get(job.id)
-            if rec is None or R.replaceable(rec):
+            if rec is None or replaceable(rec):
                 if rec is not None:
                     q.index.drop(rec)
-                kind = R.enqueue_kind(job.run_at, now)
-                rec = table[job.id] = MemRec(job, now_ms, q.index, kind)
+                kind = enqueue_kind(job.run_at, now)
+                rec = table[job.id] = MemRec(job, now_ms, None, kind)  # (indexed below, in batches)
                 events.append(_new(StorageEvent, ("enqueued", job.id, None, None, None, job.token)))
                 if kind == _DELAYED:
                     assert job.run_at is not None
                     q.delay(rec, job.run_at, events)
-                    delayed = True
+                    delayed.append(rec)
                 else:
                     envelopes.append(rec)
                 outcomes.append(QUEUED_OUTCOME)
@@ -117,6 +131,9 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 outcomes.append(EnqueueOutcome(EnqueueStatus.COMPLETED, rec.state(), result, rec.token))
             else:
                 outcomes.append(EnqueueOutcome(EnqueueStatus.DUPLICATE, rec.state(), token=rec.token))
+        q.index.add(envelopes, _QUEUED)
+        if delayed:
+            q.index.add(delayed, _DELAYED)
         q.ready.push(envelopes)
         if envelopes or delayed:
             q.publish(events)
@@ -212,8 +229,8 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         claims: list[Claim] = []
         held = sum(map(len, q.processing.values())) if limits is not None and limits.concurrency else 0
         max_jobs = q.flow.allowance(limits, now, max_jobs, held)
-        if q.paused or not max_jobs:
-            q.publish(events)
+        if q.paused or not max_jobs or (limits is None and q.ready.empty()):
+            q.publish(events)  # (nothing ready: an idle worker's claim takes and counts nothing)
             return claims
         proc = q.processing.get(worker_id)
         if proc is None:
@@ -262,6 +279,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         await trio.lowlevel.checkpoint_if_cancelled()
         start = max_jobs if start is None else start
         give_up = trio.current_time() + timeout
+        waited = False
         while True:
             waiter = None
             with self._lock:
@@ -274,9 +292,13 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
-                # never dropped by a cancellation after the fact.
-                await trio.lowlevel.cancel_shielded_checkpoint()
+                # never dropped by a cancellation after the fact; a call that waited
+                # has had its schedule point (the wait), and returns at once: the
+                # claimer hands the jobs to its workers in the same turn.
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
+            waited = True
             try:
                 with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
                     await waiter.event.wait()
@@ -291,6 +313,15 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
+        out = self._settle(queue, worker_id, settlements)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return out
+
+    def settle_nowait(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        return self._settle(queue, worker_id, settlements)
+
+    def _settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
+        """The step of :meth:`settle` and :meth:`settle_nowait`."""
         now = _now()
         out: list[bool] = []
         events: list[StorageEvent] = []
@@ -372,7 +403,6 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
             q.publish(events)
             if retried or (any(out) and q.flow.freed()):
                 q.wake()  # waiters recompute when the next retry is due
-        await trio.lowlevel.cancel_shielded_checkpoint()
         return out
 
     async def release(self, queue: str, worker_id: str, job_ids: Sequence[str], *, refund: bool = False) -> int:
@@ -520,6 +550,20 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 q.subscribers = [s for s in q.subscribers if s is not sub]
             send.close()
             receive.close()
+
+    @contextmanager
+    def subscribe_nowait(
+        self, queue: str, kinds: Collection[str] | None, deliver: Callable[[list[StorageEvent]], None]
+    ) -> Iterator[None]:
+        sub = Subscriber(None, wanted_kinds(kinds), deliver)
+        with self._lock:
+            q = self._q(queue)
+            q.subscribers = [*q.subscribers, sub]
+        try:
+            yield
+        finally:
+            with self._lock:
+                q.subscribers = [s for s in q.subscribers if s is not sub]
 
     # -- groups ------------------------------------------------------------------------
 
