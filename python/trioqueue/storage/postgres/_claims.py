@@ -719,7 +719,7 @@ class PgClaims:
         if co is None:
             co = self._step_coalescers[queue] = Coalescer(functools.partial(self._flush_steps, queue))
         [saved] = await co.submit([(worker_id, job_id, token, encode_step(name, value))])
-        return saved
+        return bool(saved)
 
     async def _flush_steps(self, queue: str, batch: list[Slot]) -> None:
         """Store the step saves of ``batch``: one ``save_steps`` statement (autocommit: one
