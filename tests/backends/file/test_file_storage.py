@@ -229,6 +229,27 @@ async def test_start_cleans_temp_files_and_restores_missing_markers(tmp_path: Pa
         assert sorted(c.id for c in await st.dequeue("q", "w", 10, 0, 30)) == ["a", "b"]
 
 
+
+async def test_markers_an_enqueue_does_not_flush_are_restored_at_start(tmp_path: Path) -> None:
+    # An enqueue's group commit flushes the segment and jobs/, not the lanes nor delayed/:
+    # a power cut may lose a marker (never the record naming it), and the start-up repair
+    # puts it back from the record, in its place in the FIFO.
+    d = tmp_path / "store"
+    later = time.time() + 3600
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("a"), job("b")._replace(priority=2), job("c")._replace(group="g1"), job("late")._replace(run_at=later)])
+    qdir = d / "q" / encode_name("q")
+    lost = [m for m in all_files(qdir / "ready") + all_files(qdir / "delayed") if m.is_file() and "ring" not in m.parts]
+    assert len(lost) == 4
+    for m in lost:
+        os.unlink(m)
+    async with FileStorage(d) as st:
+        got = [c.id for c in await st.dequeue("q", "w", 10, 0, 30)]
+        assert got[0] == "b" and sorted(got) == ["a", "b", "c"]  # priority 2 first
+        assert (await st.get_job("q", "late")).state.startswith("delayed")
+        assert len([m for m in all_files(qdir / "delayed") if m.is_file()]) == 1
+
+
 # -- cross-process notifications and locks ----------------------------------------------
 
 
