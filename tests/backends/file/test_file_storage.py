@@ -237,7 +237,8 @@ async def test_markers_an_enqueue_does_not_flush_are_restored_at_start(tmp_path:
     d = tmp_path / "store"
     later = time.time() + 3600
     async with FileStorage(d) as st:
-        await st.enqueue("q", [job("a"), job("b")._replace(priority=2), job("c")._replace(group="g1"), job("late")._replace(run_at=later)])
+        jobs = [job("a"), job("b")._replace(priority=2), job("c")._replace(group="g1"), job("late")._replace(run_at=later)]
+        await st.enqueue("q", jobs)
     qdir = d / "q" / encode_name("q")
     lost = [m for m in all_files(qdir / "ready") + all_files(qdir / "delayed") if m.is_file() and "ring" not in m.parts]
     assert len(lost) == 4
