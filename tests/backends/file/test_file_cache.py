@@ -305,11 +305,12 @@ async def test_two_writers_follow_each_others_log_rotations(tmp_path: Path) -> N
     assert ("resync", "", None) not in seen
 
 
-async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(
+async def test_an_enqueue_flushes_jobs_and_not_the_directories_of_its_markers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Acknowledged = on disk: the group commit fsyncs jobs/ and every directory that got
-    a marker (the job's lane, delayed/), and no other."""
+    """Acknowledged = on disk: the group commit fsyncs the segment and jobs/, and no other
+    directory; a marker a power cut loses is linked back from its record at start
+    (test_markers_an_enqueue_does_not_flush_are_restored_at_start)."""
     import time
 
     from trioqueue.storage.file import _groupcommit
@@ -327,7 +328,7 @@ async def test_an_enqueue_flushes_the_directories_it_named_jobs_in(
         await st.enqueue("q", [job("a")])
         await st.enqueue("q", [job("b")._replace(priority=2)])
         await st.enqueue("q", [job("c")._replace(run_at=time.time() + 60), job("d")._replace(priority=0)])
-    assert flushed == [{"jobs", "ready"}, {"jobs", "ready/p2"}, {"jobs", "delayed", "ready/p0", "ready"}]
+    assert flushed == [{"jobs"}, {"jobs"}, {"jobs"}]
 
 
 async def test_a_subscriber_of_some_kinds_skips_the_others_but_not_a_torn_line(tmp_path: Path) -> None:

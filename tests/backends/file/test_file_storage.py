@@ -229,6 +229,57 @@ async def test_start_cleans_temp_files_and_restores_missing_markers(tmp_path: Pa
         assert sorted(c.id for c in await st.dequeue("q", "w", 10, 0, 30)) == ["a", "b"]
 
 
+
+async def test_markers_an_enqueue_does_not_flush_are_restored_at_start(tmp_path: Path) -> None:
+    # An enqueue's group commit flushes the segment and jobs/, not the lanes nor delayed/:
+    # a power cut may lose a marker (never the record naming it), and the start-up repair
+    # puts it back from the record, in its place in the FIFO.
+    d = tmp_path / "store"
+    later = time.time() + 3600
+    async with FileStorage(d) as st:
+        jobs = [job("a"), job("b")._replace(priority=2), job("c")._replace(group="g1"), job("late")._replace(run_at=later)]
+        await st.enqueue("q", jobs)
+    qdir = d / "q" / encode_name("q")
+    lost = [m for m in all_files(qdir / "ready") + all_files(qdir / "delayed") if m.is_file() and "ring" not in m.parts]
+    assert len(lost) == 4
+    for m in lost:
+        os.unlink(m)
+    async with FileStorage(d) as st:
+        got = [c.id for c in await st.dequeue("q", "w", 10, 0, 30)]
+        assert got[0] == "b" and sorted(got) == ["a", "b", "c"]  # priority 2 first
+        assert (await st.get_job("q", "late")).state.startswith("delayed")
+        assert len([m for m in all_files(qdir / "delayed") if m.is_file()]) == 1
+
+
+
+async def test_an_expiry_entry_a_power_cut_lost_is_rebuilt_at_start(tmp_path: Path) -> None:
+    # A settlement flushes its segment and jobs/, not expiry/: a power cut may lose the
+    # expiry entry of a result with a TTL (never the record). The start-up repair links it
+    # back, so the result still goes once due.
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("a"), job("b")])
+        claims = await st.dequeue("q", "w", 2, 0, 30)
+        assert await st.settle("q", "w", [Settlement(SettleKind.COMPLETE, c.id, b"1", ttl=600, token=c.token) for c in claims])
+    qdir = d / "q" / encode_name("q")
+    entries = os.listdir(qdir / "expiry")
+    assert len(entries) == 1
+    os.unlink(qdir / "expiry" / entries[0])
+    async with FileStorage(d) as st:
+        (entry,) = os.listdir(qdir / "expiry")
+        ino = os.stat(qdir / "expiry" / entry).st_ino
+        assert ino == os.stat(qdir / "jobs" / encode_name("a")).st_ino == os.stat(qdir / "jobs" / encode_name("b")).st_ino
+        assert (await st.get_job("q", "a")).state.startswith("completed")
+        q = st._core.q("q")
+        with st._core.locked(q):
+            q.begin()
+            try:
+                st._core.clean_expired(q, time.time() + 3600)  # an hour later: both results are due
+            finally:
+                q.end()
+        assert await st.get_job("q", "a") is None and await st.get_job("q", "b") is None
+
+
 # -- cross-process notifications and locks ----------------------------------------------
 
 

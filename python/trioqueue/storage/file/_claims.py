@@ -273,8 +273,9 @@ class FileClaims:
                         error = s.data if r.kind != _DELAYED else None
                         events.append(StorageEvent(event, s.id, worker_id, error=error, token=r.token))
                     items[enc] = r
-                if self._core.commit(q, items, fds):
-                    dirs.add(q.expiry_fd)
+                # (expiry/ is not flushed: the start-up repair links back an entry a
+                # power cut lost, from the records, which are; see _restore_expiry)
+                self._core.commit(q, items, fds)
                 for enc, mk in retries:
                     self._core.link_marker(q, enc, q.delayed, mk)
                 for enc, mk in queued:

@@ -53,12 +53,12 @@ __all__ = ["FileJobs"]
 
 
 def _named_dirs(q: FileQueue, jobs: Sequence[NewJob]) -> set[int]:
-    """The directories an enqueue of ``jobs`` may have given names: ``jobs/``, the lanes
-    used, and ``delayed/`` only if a job may have gone there."""
-    dirs = {q.jobs_fd, *(q.lane_fds[j.priority] for j in jobs)}
-    if any(j.run_at is not None for j in jobs):
-        dirs.add(q.delayed_fd)
-    return dirs
+    """The directories an enqueue of ``jobs`` flushes: ``jobs/`` only. Its markers (in the
+    lanes, the group lanes or ``delayed/``) are not flushed: each job's record names its
+    marker, and the start-up repair (which every process runs on every queue when it opens
+    the directory, as all do after a power cut) links back a marker the cut lost, in its
+    place in the FIFO. One flush of the disk's cache fewer per group: 2 instead of 3."""
+    return {q.jobs_fd}
 
 
 class FileJobs:

@@ -24,8 +24,11 @@ from .._base import (
     StorageEvent,
 )
 from ._fsutil import (
+    CorruptRecord,
     Rec,
+    Segment,
     clean_tmp,
+    load_fd,
     encode_name,
     write_atomic,
 )
@@ -38,6 +41,7 @@ from ._layout import (
     close_on_error,
     mtime_of,
     ready_name,
+    seq_name,
     split_marker,
     split_ready,
     unlink_quiet,
@@ -253,6 +257,7 @@ class FileRecovery:
             items: dict[str, Rec] = {}
             relink: list[tuple[str, str]] = []
             delayed: list[tuple[str, str]] = []
+            expiring: list[str] = []  # records with a TTL still to run
             for enc in os.listdir(q.jobs):
                 if enc.startswith("."):
                     continue
@@ -262,6 +267,8 @@ class FileRecovery:
                 if r.exp is not None and r.exp <= now:
                     unlink_quiet(os.path.join(q.jobs, enc))
                     continue
+                if r.exp is not None:
+                    expiring.append(enc)
                 if r.kind == _QUEUED:
                     parsed = split_ready(r.mk) if r.mk else None
                     if parsed is not None and parsed[1] == enc:
@@ -294,8 +301,59 @@ class FileRecovery:
             q.set_counters(nxt, front)
             if fixed:
                 log.warning("trioqueue FileStorage: restored %d ready markers in %s", fixed, q.path)
+            if expiring and (n := self._restore_expiry(q, expiring)):
+                log.warning("trioqueue FileStorage: restored %d expiry entries in %s", n, q.path)
             if self._settings.fsync:
-                sync_now(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd})
+                sync_now(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd})
+
+    @staticmethod
+    def _restore_expiry(q: FileQueue, expiring: list[str]) -> int:
+        """Link back ``expiry/<ms>-s<segment id>`` for each segment holding records with a
+        TTL (``expiring``, encoded ids) that no expiry entry names: settlements do not
+        flush ``expiry/``, so a power cut may lose an entry, never the record (lock held).
+        Returns how many entries were made."""
+        have: set[int] = set()
+        for name in os.listdir(q.expiry):
+            try:
+                have.add(os.stat(os.path.join(q.expiry, name)).st_ino)
+            except FileNotFoundError:
+                pass
+        made = 0
+        for enc in expiring:
+            path = os.path.join(q.jobs, enc)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                ino = os.fstat(fd).st_ino
+                if ino in have:
+                    continue
+                seg = load_fd(fd)
+            except CorruptRecord:
+                continue  # (read() has quarantined what it could not parse)
+            finally:
+                os.close(fd)
+            have.add(ino)
+            if not isinstance(seg, Segment):
+                continue  # a single record of the older layout: its own entries, if any
+            exps = []
+            for e in seg.encs():
+                try:
+                    x = seg.rec(e).exp
+                except CorruptRecord:
+                    continue
+                if x is not None:
+                    exps.append(x)
+            if not exps:
+                continue
+            ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
+            try:
+                os.link(path, os.path.join(q.expiry, seq_name(ms, "s" + seg.uid.hex())))
+                made += 1
+            except FileExistsError:
+                pass
+        return made
 
     @contextmanager
     def _locks_locked(self) -> Iterator[None]:
