@@ -274,15 +274,8 @@ class Listener:
             return
         with trio.CancelScope() as scope:
             async with self.storage.subscribe(self.queue, kinds) as receive:
-                # Live: from now on every event reaches this subscription. Take over from
-                # the narrower one; what it still had in flight is dropped (a resync).
-                old, self._scope, self._closed = self._scope, scope, closed
-                had = self.level
-                self.level = level
-                if old is not None:
-                    old.cancel()
-                if had > NONE:
-                    self._resync()
+                # Live: from now on every event reaches this subscription.
+                self._take_over(scope, closed, level)
                 task_status.started()
                 async for batch in receive:
                     if self._scope is not scope:
@@ -290,6 +283,17 @@ class Listener:
                     if self.events.wants("completed"):
                         batch = await self._with_results(batch)
                     self._dispatch(batch)
+
+    def _take_over(self, scope: trio.CancelScope, closed: trio.Event, level: int) -> None:
+        """A subscription at ``level``, live now, takes over from the narrower one: what
+        that one still had in flight is dropped (a resync)."""
+        old, self._scope, self._closed = self._scope, scope, closed
+        had = self.level
+        self.level = level
+        if old is not None:
+            old.cancel()
+        if had > NONE:
+            self._resync()
 
     async def _subscribed_nowait(
         self,
@@ -321,13 +325,7 @@ class Listener:
                     self.events.emit("error", error=exc, where="dispatching storage events")
 
             with storage.subscribe_nowait(self.queue, kinds, deliver):
-                old, self._scope, self._closed = self._scope, scope, closed
-                had = self.level
-                self.level = level
-                if old is not None:
-                    old.cancel()
-                if had > NONE:
-                    self._resync()
+                self._take_over(scope, closed, level)
                 task_status.started()
                 async for batch in later:
                     if self._scope is not scope:

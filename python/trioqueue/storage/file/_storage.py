@@ -41,7 +41,7 @@ from ._claims import FileClaims
 from ._enqueue import FileJobs
 from ._eventlog import FileEvents
 from ._flows import FileTrees
-from ._fsutil import CorruptRecord, encode_name, read_rec
+from ._fsutil import CorruptRecord, Rec, encode_name, read_rec
 from ._layout import EVENTS_MAX, close_on_error, ready_name, unlink_quiet
 from ._recovery import FileRecovery
 from ._retention import FileRetention
@@ -310,6 +310,12 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
         return ok
 
     async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
+        r = await self._live_record(queue, job_id)
+        return {} if r is None else decode_steps(r.steps)
+
+    async def _live_record(self, queue: str, job_id: str) -> Rec | None:
+        """``job_id``'s record, read without the queue's lock (taken only to quarantine a
+        corrupt one); ``None`` when unknown or expired."""
         await trio.lowlevel.checkpoint()
         core = self._core
         q = core.q(queue)
@@ -320,8 +326,8 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
             async with core.alock(q):
                 r = core.read(q, enc)  # quarantines it if still corrupt
         if r is None or (r.exp is not None and r.exp <= time.time()):
-            return {}
-        return decode_steps(r.steps)
+            return None
+        return r
 
     # -- signals -----------------------------------------------------------------------
 
@@ -360,15 +366,5 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
         return "not_found" if outcome == "not_found" else "delivered"
 
     async def get_signals(self, queue: str, job_id: str) -> list[tuple[str, bytes]]:
-        await trio.lowlevel.checkpoint()
-        core = self._core
-        q = core.q(queue)
-        enc = encode_name(job_id)
-        try:
-            r = read_rec(os.path.join(q.jobs, enc), enc)
-        except CorruptRecord:
-            async with core.alock(q):
-                r = core.read(q, enc)
-        if r is None or (r.exp is not None and r.exp <= time.time()):
-            return []
-        return decode_signals(r.signals)
+        r = await self._live_record(queue, job_id)
+        return [] if r is None else decode_signals(r.signals)
