@@ -644,14 +644,6 @@ class Walk(RecordChecks):
             elif kind == "signal":
                 self.check_waits(job_id, runs, status if len(incs) == 1 else None)
         await self.check_dependents()
-        if os.environ.get("WALK_STATS"):
-            kinds = [i[0].kind for i in self.incarnations.values()]
-            waits = [w.outcome for r in self.runs for w in r.waits]
-            print("STATS", self.seed, {k: kinds.count(k) for k in ("steps", "sleep", "signal")},
-                  "effects", len(self.effects), "passed", sum(r.passed_sleep is not None for r in self.runs),
-                  "waits", {o: waits.count(o) for o in set(waits)}, "sent", sum(map(len, self.sent.values())),
-                  "dependents", len(self.dependents), "ran", sum(r.seen_deps is not None for r in self.runs),
-                  "saves", len(self.calls("save_step")))
 
     def check_steps(self, job_id: str, n: int | None, steps: dict[str, Any], status: Any) -> None:
         """Each stored step's value came from the last call of its function (a call after
