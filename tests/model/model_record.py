@@ -54,7 +54,8 @@ class Recording(FaultyStorage):
     RECORDED = frozenset(
         {
             "enqueue", "enqueue_flow", "tick_schedule", "dequeue", "settle", "release", "start", "recover_stalled", "cancel", "set_paused",
-            "held_jobs", "heartbeat", "unregister_worker", "save_step",
+            "held_jobs", "heartbeat", "unregister_worker",
+            "save_step",
         }
     )  # fmt: skip
 

@@ -18,8 +18,8 @@ first attempt may fail after a step, so a retry replays), a durable sleep (``sle
 ``sleep_until``, 0.05-0.3 s) between two steps, or one or two waits for a signal with a
 timeout, the producer sending their messages as the walk goes (some before the first
 wait, some after, fewer than the waits for some: a timeout); and some jobs are enqueued
-with ``depends_on`` (1-3 jobs of the walk, under a random ``on_child_failure``). Under the faulty layers a pass-through (:class:`Recording`) records every
-storage call that moves a job, with what it returned. After every step and at the end it
+with ``depends_on`` (1-3 jobs of the walk, under a random ``on_child_failure``). Under
+the faulty layers a pass-through (:class:`Recording`) records every storage call that moves a job, with what it returned. After every step and at the end it
 checks the invariants of a reliable queue:
 
 - attempts of an incarnation never decrease, but for a refund: a holder handing back
@@ -663,7 +663,10 @@ class Walk(RecordChecks):
                 wake = steps.get("nap")
                 for run in runs:
                     if run.passed_sleep is not None and (wake is None or run.passed_sleep < wake - DUE_SLACK):
-                        self.fail(f"job {job_id} (attempt {run.attempt}) passed its sleep at {run.passed_sleep:.3f}, stored wake-up {wake}")
+                        self.fail(
+                            f"job {job_id} (attempt {run.attempt}) passed its sleep at {run.passed_sleep:.3f}, "
+                            f"stored wake-up {wake}"
+                        )
             elif kind == "signal":
                 self.check_waits(job_id, runs, status if len(incs) == 1 else None)
         await self.check_dependents()
@@ -708,17 +711,24 @@ class Walk(RecordChecks):
                     if w.k >= len(sent) or w.value != sent[w.k][0]:
                         self.fail(f"job {job_id}: wait {w.k} took {w.value}, the messages delivered are {[p for p, _ in sent]}")
                 elif w.outcome == "Parked" and there:
-                    self.fail(f"job {job_id}: wait {w.k} parked (attempt {run.attempt}), its message {sent[w.k][0]} was delivered before")
+                    self.fail(
+                        f"job {job_id}: wait {w.k} parked (attempt {run.attempt}), its message {sent[w.k][0]} was delivered before"
+                    )
                 elif w.outcome == "timeout":
                     if there and w.k not in stored:  # (not a replay of a stored timeout)
-                        self.fail(f"job {job_id}: wait {w.k} timed out (attempt {run.attempt}), its message {sent[w.k][0]} was delivered before")
+                        self.fail(
+                            f"job {job_id}: wait {w.k} timed out (attempt {run.attempt}), "
+                            f"its message {sent[w.k][0]} was delivered before"
+                        )
                     timed_out.setdefault(w.k, w.at)
                 if w.outcome not in ("msg", "Parked"):  # timed out, or a save that raised: maybe stored
                     stored.add(w.k)
         timeout = self.timeouts[job_id]
         for k, at in timed_out.items():
             if at < first[k] + timeout - DUE_SLACK:
-                self.fail(f"job {job_id}: wait {k} timed out {first[k] + timeout - at:.3f} s before its timeout ({timeout:.3f} s)")
+                self.fail(
+                    f"job {job_id}: wait {k} timed out {first[k] + timeout - at:.3f} s before its timeout ({timeout:.3f} s)"
+                )
         if status is not None and status.state.value == "completed":
             for k, got in enumerate(status.result):
                 if got != "timeout" and (k >= len(sent) or got != sent[k][0]):
@@ -761,7 +771,9 @@ class Walk(RecordChecks):
                     else:
                         ok = d not in results and d in failures
                     if not ok:
-                        self.fail(f"dependent {job_id} saw results {results}, failures {failures}; dependency {d} ended {rec.state}")
+                        self.fail(
+                            f"dependent {job_id} saw results {results}, failures {failures}; dependency {d} ended {rec.state}"
+                        )
 
 
 async def _walk(storage: Storage, seed: int) -> None:
