@@ -19,8 +19,8 @@ first attempt may fail after a step, so a retry replays), a durable sleep (``sle
 timeout, the producer sending their messages as the walk goes (some before the first
 wait, some after, fewer than the waits for some: a timeout); and some jobs are enqueued
 with ``depends_on`` (1-3 jobs of the walk, under a random ``on_child_failure``). Under
-the faulty layers a pass-through (:class:`Recording`) records every storage call that moves a job, with what it returned. After every step and at the end it
-checks the invariants of a reliable queue:
+the faulty layers a pass-through (:class:`Recording`) records every storage call that
+moves a job, with what it returned. After every step and at the end it checks the invariants of a reliable queue:
 
 - attempts of an incarnation never decrease, but for a refund: a holder handing back
   claims that never reached a handler (at a stop) takes back the attempts it counted at
@@ -712,7 +712,8 @@ class Walk(RecordChecks):
                         self.fail(f"job {job_id}: wait {w.k} took {w.value}, the messages delivered are {[p for p, _ in sent]}")
                 elif w.outcome == "Parked" and there:
                     self.fail(
-                        f"job {job_id}: wait {w.k} parked (attempt {run.attempt}), its message {sent[w.k][0]} was delivered before"
+                        f"job {job_id}: wait {w.k} parked (attempt {run.attempt}), "
+                        f"its message {sent[w.k][0]} was delivered before"
                     )
                 elif w.outcome == "timeout":
                     if there and w.k not in stored:  # (not a replay of a stored timeout)
