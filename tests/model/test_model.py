@@ -20,7 +20,8 @@ timeout, the producer sending their messages as the walk goes (some before the f
 wait, some after, fewer than the waits for some: a timeout); and some jobs are enqueued
 with ``depends_on`` (1-3 jobs of the walk, under a random ``on_child_failure``). Under
 the faulty layers a pass-through (:class:`Recording`) records every storage call that
-moves a job, with what it returned. After every step and at the end it checks the invariants of a reliable queue:
+moves a job, with what it returned. After every step and at the end it checks the
+invariants of a reliable queue:
 
 - attempts of an incarnation never decrease, but for a refund: a holder handing back
   claims that never reached a handler (at a stop) takes back the attempts it counted at
