@@ -185,28 +185,25 @@ async def test_a_job_enqueued_in_an_open_transaction_holds_up_nothing_of_its_gro
     assert got == ["next", "tx-job", "other"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: group_pick drops a group's ring entry on a snapshot that misses a job of the group being queued "
-    "by a transaction still open, whose group_moved trigger found the entry there (ON CONFLICT DO NOTHING)",
-)
 async def test_a_job_of_a_group_queued_while_a_claim_empties_its_ring_entry_is_claimed(
     pg: PostgresStorage, queue_name: str
 ) -> None:
     """A job of group G becomes queued in a transaction T2 whose ``group_moved`` trigger
     already ran (``SET CONSTRAINTS ALL IMMEDIATE``: as a settlement's retry does in its
-    own statement) while T2 is still open; meanwhile a claim takes G's only visible job
-    and, seeing no other, removes G from the ring. Once T2 commits, its job must still be
-    claimed. (Found by the model walks, seed 37 on postgres: a retried job of a group
-    stayed ``queued`` for ever while a claim of another job of its group ran.)"""
+    own statement) while T2 is still open; meanwhile a claim runs, which may take G's only
+    visible job. Once T2 commits, its job is claimed too. (Found by the model walks, seed
+    37 on postgres: a retried job of a group stayed ``queued`` for ever, its group out of
+    the rings, removed by a claim of the group's other job that did not see it yet.)"""
     from storage_helpers import job
 
     q = queue_name
     await pg.enqueue(q, [job("first")._replace(group="g")])  # G in the ring
     async with pg.transaction() as tx:
         await pg.enqueue_in_transaction(q, [job("late")._replace(group="g")], tx)
-        await tx.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the ring entry: there already, nothing done
-        assert [c.id for c in await pg.dequeue(q, W1, 5, 0.05, LEASE)] == ["first"]
+        await tx.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the trigger runs now: G's entry is there already
+        with trio.fail_after(10):
+            got = [c.id for c in await pg.dequeue(q, W1, 5, 0.05, LEASE)]  # (G may be passed over: [])
+        assert got in ([], ["first"])
     with trio.fail_after(10):
-        got = [c.id for c in await pg.dequeue(q, W1, 5, 0.05, LEASE)]
-    assert got == ["late"]
+        got += [c.id for c in await pg.dequeue(q, W1, 5, 0.05, LEASE)]
+    assert got == ["first", "late"]
