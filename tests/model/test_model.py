@@ -25,7 +25,8 @@ invariants of a reliable queue:
 
 - attempts of an incarnation never decrease, but for a refund: a holder handing back
   claims that never reached a handler (at a stop) takes back the attempts it counted at
-  claim time; they never fall below an attempt a handler ran;
+  claim time; they never fall below an attempt a handler ran (but for a durable sleep or
+  wait for a signal, whose run gives its attempt back);
 - every acknowledged enqueue (and every tick a reaper enqueued) ends ``completed``,
   ``failed`` or ``cancelled`` (once healthy consumers run);
 - a handler that returned never runs again for the same incarnation unless a storage call
