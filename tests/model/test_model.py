@@ -661,7 +661,7 @@ class Walk(RecordChecks):
             # (enqueued again after a cancel: the record is another incarnation's)
             steps = (status.steps or {}) if len(incs) == 1 else {}
             self.check_steps(job_id, n, steps, status)
-            if kind == "sleep":
+            if kind == "sleep" and len(incs) == 1:
                 wake = steps.get("nap")
                 for run in runs:
                     if run.passed_sleep is not None and (wake is None or run.passed_sleep < wake - DUE_SLACK):
