@@ -35,6 +35,47 @@ class Run:
     began: float = 0.0  # wall clock
     not_before: float | None = None  # a delayed job's due time (at the latest)
     ended: float = math.inf  # wall clock: when the handler returned, raised or was cancelled
+    n: int | None = None  # the payload's "n": which enqueue made the incarnation it runs
+    passed_sleep: float | None = None  # wall clock: when its durable sleep returned
+    waits: list[Wait] = field(default_factory=list)  # its waits for signals, in order
+    # a dependent's view of its dependencies: (children_results(), children_failures() as id -> error type)
+    seen_deps: tuple[dict[str, Any], dict[str, str]] | None = None
+
+
+@dataclass
+class Wait:
+    """One ``wait_for_signal`` call of a run: the k-th wait of the run, when it began, how
+    it ended (``msg`` with ``value``, ``timeout`` at ``at``, or the name of the
+    BaseException that ended it: ``Parked``, ``Cancelled``)."""
+
+    k: int
+    began: float
+    outcome: str | None = None
+    value: Any = None
+    at: float = math.inf
+
+
+@dataclass
+class Effect:
+    """One call of a step's function: the incarnation (job id, payload ``n``), the step's
+    name, the value it returned (unique in the walk), when it was called."""
+
+    job_id: str
+    n: int
+    name: str
+    value: str
+    t: float
+
+
+@dataclass
+class Dependent:
+    """A job enqueued with ``depends_on``: its incarnation, its dependencies (each with its
+    incarnation then), and its ``on_child_failure``."""
+
+    inc: Incarnation
+    n: int
+    deps: list[tuple[str, Incarnation]]
+    policy: str
 
 
 @dataclass

@@ -55,6 +55,7 @@ class Recording(FaultyStorage):
         {
             "enqueue", "enqueue_flow", "tick_schedule", "dequeue", "settle", "release", "start", "recover_stalled", "cancel", "set_paused",
             "held_jobs", "heartbeat", "unregister_worker",
+            "save_step",
         }
     )  # fmt: skip
 

@@ -11,13 +11,22 @@ the walk's consumers all share a ``rate_limit`` and/or a ``global_concurrency``,
 whether a periodic schedule is registered, whose ticks the consumers' (leader-elected)
 reapers enqueue, whether the consumers run batch handlers (each job of a batch settled
 on its own), and whether jobs have groups (fair queuing), at most one of a group
-running at a time in some walks. Under the faulty layers a pass-through (:class:`Recording`) records every
-storage call that moves a job, with what it returned. After every step and at the end it
-checks the invariants of a reliable queue:
+running at a time in some walks. With draws of their own too, some walks' jobs are
+durable (not in batch walks: a batch handler cannot take steps, sleep or wait): steps
+(each call of a step's function recorded, returning a value no other call returns; the
+first attempt may fail after a step, so a retry replays), a durable sleep (``sleep`` or
+``sleep_until``, 0.05-0.3 s) between two steps, or one or two waits for a signal with a
+timeout, the producer sending their messages as the walk goes (some before the first
+wait, some after, fewer than the waits for some: a timeout); and some jobs are enqueued
+with ``depends_on`` (1-3 jobs of the walk, under a random ``on_child_failure``). Under
+the faulty layers a pass-through (:class:`Recording`) records every storage call that
+moves a job, with what it returned. After every step and at the end it checks the
+invariants of a reliable queue:
 
 - attempts of an incarnation never decrease, but for a refund: a holder handing back
   claims that never reached a handler (at a stop) takes back the attempts it counted at
-  claim time; they never fall below an attempt a handler ran;
+  claim time; they never fall below an attempt a handler ran (but for a durable sleep or
+  wait for a signal, whose run gives its attempt back);
 - every acknowledged enqueue (and every tick a reaper enqueued) ends ``completed``,
   ``failed`` or ``cancelled`` (once healthy consumers run);
 - a handler that returned never runs again for the same incarnation unless a storage call
@@ -47,6 +56,22 @@ checks the invariants of a reliable queue:
 - no task is left running after the queues' nurseries exit;
 - trees of jobs: a parent never begins before every child of it ended,
   and no job of a tree is lost (every one ends terminal, as above);
+- steps: a step whose value was stored (a ``save_step`` the storage acknowledged, or
+  read back in ``JobStatus.steps`` at the end) never runs again for that incarnation (a
+  save whose reply was lost was stored all the same: the next run replays it; only a
+  step whose save never landed runs again), and a completed job's result is its stored
+  values;
+- durable sleeps: no run passes a sleep before the wake-up time stored for it (a few ms
+  of clock granularity aside);
+- signals: the k-th wait of every run takes the k-th message delivered (each message
+  once, in send order, the same on a replay); a wait whose message was delivered before
+  it began neither parks nor times out (but for a replay of a timeout stored by an
+  earlier run); a timeout never comes before ``timeout`` seconds from the first time the
+  job waited there; a completed job returns what its waits took;
+- dependencies: a dependent's handler never begins before every run of its dependencies
+  ended, it sees their outcomes (``children_results``/``children_failures`` against
+  their final records), and under ``on_child_failure="cancel"`` it never runs with a
+  failed one;
 - nothing stays behind once the results expire (registry empty, dead workers gone).
 
 ``TRIOQUEUE_FUZZ_EXAMPLES=5000`` runs that many walks per storage instead of the CI's few.
@@ -56,6 +81,8 @@ A failing walk prints its seed; rerun it with ``TRIOQUEUE_FUZZ_SEED=<seed>``. A 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import time
@@ -76,13 +103,14 @@ from trioqueue import (
     Queue,
     QueueStoppedError,
     RateLimit,
+    SignalTimeoutError,
     Storage,
     StorageError,
 )
 from trioqueue.testing import FaultPlan, FaultyStorage
 
-from model_parts import Consumer, Flow, Incarnation, Run, live_tasks
-from model_record import LEASE, SCHEDULE, Call, RecordChecks, Recording
+from model_parts import Consumer, Dependent, Effect, Flow, Incarnation, Run, Wait, live_tasks
+from model_record import DUE_SLACK, LEASE, SCHEDULE, Call, RecordChecks, Recording
 
 TERMINAL = ("completed", "failed", "cancelled")
 CI_EXAMPLES = {"memory": 20, "file": 10, "redis": 10, "postgres": 10}
@@ -148,6 +176,18 @@ class Walk(RecordChecks):
         batches = random.Random(f"{seed}-batch")  # (its own draws: the other choices of a seed stay)
         self.batch_size = batches.randint(2, 4) if batches.random() < 0.25 else 0
         self.schedule_created: float | None = None
+        # Durable jobs and dependencies: their own draws too. Batch handlers cannot take
+        # steps, sleep or wait for signals: those walks have dependencies only.
+        self.drng = random.Random(f"{seed}-durable")
+        self.durable = not self.batch_size and self.drng.random() < 0.6
+        self.depending = self.drng.random() < 0.5
+        self.effects: list[Effect] = []  # every call of a step's function
+        self.sent: dict[str, list[tuple[Any, float]]] = {}  # a signal job's delivered messages (payload, when)
+        self.to_send: dict[str, int] = {}  # messages a signal job is still to get
+        self.unsure_signals: set[str] = set()  # a send raised: its mailbox is unknown
+        self.dependents: dict[str, Dependent] = {}
+        self.first_n: dict[str, int] = {}  # a job id's first payload "n"
+        self.timeouts: dict[str, float] = {}  # a signal job's timeout
 
     def fail(self, message: str) -> None:
         pytest.fail(f"seed {self.seed} ({self.name}): {message}")
@@ -164,6 +204,7 @@ class Walk(RecordChecks):
             group=job.payload.get("g"),
             began=time.time(),
             not_before=job.payload.get("due"),
+            n=job.payload.get("n"),
         )
         self.runs.append(run)
         return run
@@ -188,18 +229,77 @@ class Walk(RecordChecks):
             for run in runs:
                 run.ended = ended
 
-    async def handler(self, job: Job[Any]) -> int:
+    async def handler(self, job: Job[Any]) -> Any:
         run = self._run_of(job)
         try:
-            kind = job.payload["kind"]
-            if kind == "slow":
-                await trio.sleep(0.15)
-            if kind == "fail" or (kind == "flaky" and job.attempts == 1):
-                raise ValueError(f"{kind} job {job.id}")
+            kind, payload = job.payload["kind"], job.payload
+            if "deps" in payload:
+                results = await job.children_results()
+                failures = await job.children_failures()
+                run.seen_deps = (results, {j: e.type for j, e in failures.items()})
+            if kind == "steps":
+                result: Any = await self._steps(job)
+            elif kind == "sleep":
+                result = await self._sleep(job, run)
+            elif kind == "signal":
+                result = await self._waits(job, run)
+            else:
+                if kind == "slow":
+                    await trio.sleep(0.15)
+                if kind == "fail" or (kind == "flaky" and job.attempts == 1):
+                    raise ValueError(f"{kind} job {job.id}")
+                result = int(payload["n"])
             run.returned = True
-            return int(job.payload["n"])
+            return result
         finally:
             run.ended = time.time()
+
+    def _effect(self, job: Job[Any], name: str) -> str:
+        """A step's function: records the call, returns a value no other call returns."""
+        value = f"{name}#{len(self.effects)}"
+        self.effects.append(Effect(job.id, job.payload["n"], name, value, time.time()))
+        return value
+
+    async def _steps(self, job: Job[Any]) -> list[str]:
+        """Steps ``s0``..: the first attempt fails after step ``fail`` (a retry replays the
+        stored ones), ``slow`` ones take time between steps (for faults to land there)."""
+        values = []
+        for i in range(job.payload["steps"]):
+            values.append(await job.step(f"s{i}", self._effect, job, f"s{i}"))
+            if i == job.payload["fail"] and job.attempts == 1:
+                raise ValueError(f"steps job {job.id} fails after step {i}")
+            if job.payload["slow"]:
+                await trio.sleep(0.05)
+        return values
+
+    async def _sleep(self, job: Job[Any], run: Run) -> list[str]:
+        """A step, a durable sleep (``sleep`` or ``sleep_until``), a step."""
+        before = await job.step("pre", self._effect, job, "pre")
+        nap = job.payload["nap"]
+        if job.payload["until"]:
+            await job.sleep_until("nap", time.time() + nap)  # (only the first run's time is stored)
+        else:
+            await job.sleep("nap", nap)
+        run.passed_sleep = time.time()
+        return [before, await job.step("post", self._effect, job, "post")]
+
+    async def _waits(self, job: Job[Any], run: Run) -> list[Any]:
+        """``waits`` waits for signal ``go``, each with the job's timeout (a timeout is
+        the outcome ``"timeout"``)."""
+        got = []
+        for k in range(job.payload["waits"]):
+            wait = Wait(k, time.time())
+            run.waits.append(wait)
+            try:
+                wait.value = await job.wait_for_signal("go", timeout=job.payload["timeout"])
+                wait.outcome = "msg"
+            except SignalTimeoutError:
+                wait.at, wait.outcome, wait.value = time.time(), "timeout", "timeout"
+            except BaseException as exc:  # parked (the run ends), or cancelled
+                wait.outcome = type(exc).__name__
+                raise
+            got.append(wait.value)
+        return got
 
     # -- operations --------------------------------------------------------------------
 
@@ -273,7 +373,29 @@ class Walk(RecordChecks):
             else:
                 when["at"] = due if how == "at" else datetime.fromtimestamp(due, UTC)
             when["due"] = due
-        await self._enqueue(producer, nursery, job_id, kind, wait, **when)
+        extra: dict[str, Any] = {}
+        if self.durable and self.drng.random() < 0.4:
+            kind = self.drng.choice(["steps", "sleep", "signal"])
+            if kind == "steps":
+                steps = self.drng.randint(2, 4)
+                extra = {"steps": steps, "fail": self.drng.randrange(-1, steps), "slow": self.drng.random() < 0.3}
+            elif kind == "sleep":
+                extra = {"nap": self.drng.uniform(0.05, 0.3), "until": self.drng.random() < 0.5}
+            else:
+                waits = self.drng.randint(1, 2)
+                extra = {"waits": waits, "timeout": self.drng.uniform(0.1, 1.0)}
+                self.to_send[job_id] = self.drng.randint(0, waits)  # fewer than waits: a timeout
+                self.timeouts[job_id] = extra["timeout"]
+        deps: list[str] = []
+        if not wait and self.depending and self.drng.random() < 0.3:
+            # jobs of the walk with one incarnation (their record is the one named)
+            known = sorted(j for j, incs in self.incarnations.items() if len(incs) == 1)
+            if known:
+                deps = self.drng.sample(known, min(len(known), self.drng.randint(1, 3)))
+                when = {}  # (a dependent's delay is not used: it runs once released)
+        await self._enqueue(producer, nursery, job_id, kind, wait, extra=extra, deps=deps, **when)
+        if kind == "signal" and self.drng.random() < 0.5:
+            await self.send_signal(producer, job_id)  # (maybe before its first wait)
 
     async def _enqueue(
         self,
@@ -283,13 +405,20 @@ class Walk(RecordChecks):
         kind: str,
         wait: bool,
         due: float | None = None,
+        extra: dict[str, Any] | None = None,
+        deps: list[str] | None = None,
         **when: Any,
     ) -> None:
         since = time.time()  # (before the call: a new incarnation's runs begin after it)
-        payload: dict[str, Any] = {"kind": kind, "n": self.next_id}
+        payload: dict[str, Any] = {"kind": kind, "n": self.next_id, **(extra or {})}
+        self.first_n.setdefault(job_id, self.next_id)
         if due is not None:
             payload["due"] = due
         options = {"priority": self.priorities[job_id], **when}
+        policy = self.drng.choice(["continue", "ignore", "cancel"]) if deps else None
+        if deps:
+            payload["deps"] = deps
+            options |= {"depends_on": deps, "on_child_failure": policy}
         if self.grouped and (group := self.grng.choice(["g1", "g2", "g3", None])) is not None:
             payload["g"] = options["group"] = self.job_groups[job_id] = group
         if wait:
@@ -314,10 +443,12 @@ class Walk(RecordChecks):
         try:
             result = await producer.enqueue(job_id, payload, **options)
         except StorageError:
-            await self._learn(job_id, kind, since)  # landed or not: the registry says
-            return
-        if result.status.value == "queued":
-            await self._learn(job_id, kind, since)
+            inc = await self._learn(job_id, kind, since)  # landed or not: the registry says
+        else:
+            inc = await self._learn(job_id, kind, since) if result.status.value == "queued" else None
+        if inc is not None and deps:
+            assert policy is not None
+            self.dependents[job_id] = Dependent(inc, payload["n"], [(d, self.incarnations[d][-1]) for d in deps], policy)
 
     async def tree(self, producer: Queue[Any, Any]) -> None:
         """A parent with 1 to 3 children (of any kind), under a random on_child_failure."""
@@ -365,6 +496,31 @@ class Walk(RecordChecks):
         if result.status.value == "cancelled":
             self.incarnations[job_id][-1].cancel_requested = True
 
+    async def send_signal(self, producer: Queue[Any, Any], job_id: str) -> None:
+        """The next message to signal job ``job_id`` (while its first incarnation is the
+        one its id names: a new one, enqueued again, waits for nothing)."""
+        if self.to_send.get(job_id, 0) <= 0 or len(self.incarnations.get(job_id, ())) != 1:
+            return
+        self.to_send[job_id] -= 1
+        sent = self.sent.setdefault(job_id, [])
+        payload = {"job": job_id, "i": len(sent)}
+        try:
+            answer = await producer.signal(job_id, "go", payload)
+        except StorageError:
+            self.unsure_signals.add(job_id)
+            self.to_send[job_id] = 0
+            return
+        if answer == "delivered":
+            sent.append((payload, time.time()))
+        else:
+            self.to_send[job_id] = 0  # ended (cancelled): no more
+
+    async def send_signals(self, producer: Queue[Any, Any]) -> None:
+        """After each step of the walk, some signal jobs get their next message."""
+        for job_id in sorted(self.to_send):
+            if self.to_send[job_id] > 0 and self.drng.random() < 0.3:
+                await self.send_signal(producer, job_id)
+
     async def reenqueue(self, producer: Queue[Any, Any], nursery: trio.Nursery) -> None:
         for job_id in sorted(self.incarnations):
             rec = await self.inner.get_job(self.name, job_id)
@@ -403,7 +559,8 @@ class Walk(RecordChecks):
                 # a refund (a claim handed back unstarted: pause, stop), never below an
                 # attempt that ran; the job may have moved on since (cancelled while queued)
                 ran = max((r.attempt for r in self.runs if r.incarnation is inc), default=0)
-                if rec.attempts < ran:
+                # (a durable sleep or wait gives its attempt back: attempts <= ran there)
+                if rec.attempts < ran and inc.kind not in ("sleep", "signal"):
                     self.fail(
                         f"attempts of {job_id} went down: {inc.attempts_seen} -> {rec.attempts} ({rec.state}), "
                         f"an attempt {ran} ran"
@@ -475,6 +632,153 @@ class Walk(RecordChecks):
                 self.fail(f"waiter of {job_id} ({inc.token}) got {what}, its incarnation ended {final}")
 
 
+    # -- durable jobs and dependencies ---------------------------------------------------
+
+    async def check_durable(self, producer: Queue[Any, Any]) -> None:
+        """The steps, sleeps, signals and dependencies of the walk's jobs (their final
+        records read back: terminal now)."""
+        effects: dict[str, Effect] = {e.value: e for e in self.effects}
+        for c in self.calls("save_step"):
+            # a save the storage surely stored: no call of that step afterwards
+            if not (c.ok and c.result):
+                continue
+            job_id, name, data = c.args[2], c.args[4], c.args[5]
+            value = json.loads(data) if not name.startswith("\x00") else None
+            stored = effects.get(value) if isinstance(value, str) else None
+            if stored is None:
+                continue  # a sleep's wake-up time, a signal's outcome
+            again = [e for e in self.effects if (e.job_id, e.n, e.name) == (job_id, stored.n, name) and e.t > c.t1]
+            if again:
+                self.fail(f"job {job_id}: step {name} stored ({stored.value}, save ended at {c.t1:.3f}) ran again: {again}")
+        for job_id, incs in self.incarnations.items():
+            kind = incs[0].kind
+            if kind not in ("steps", "sleep", "signal"):
+                continue
+            status = await producer.get_status(job_id)
+            assert status is not None
+            n = self.first_n[job_id]  # its payload's n: the durable incarnation's runs
+            runs = [r for r in self.runs if r.job_id == job_id and r.n == n]
+            # (enqueued again after a cancel: the record is another incarnation's)
+            steps = (status.steps or {}) if len(incs) == 1 else {}
+            self.check_steps(job_id, n, steps, status)
+            if kind == "sleep" and len(incs) == 1:
+                wake = steps.get("nap")
+                for run in runs:
+                    if run.passed_sleep is not None and (wake is None or run.passed_sleep < wake - DUE_SLACK):
+                        self.fail(
+                            f"job {job_id} (attempt {run.attempt}) passed its sleep at {run.passed_sleep:.3f}, "
+                            f"stored wake-up {wake}"
+                        )
+            elif kind == "signal":
+                self.check_waits(job_id, runs, status if len(incs) == 1 else None)
+        await self.check_dependents()
+
+    def check_steps(self, job_id: str, n: int | None, steps: dict[str, Any], status: Any) -> None:
+        """Each stored step's value came from the last call of its function (a call after
+        the one stored would have run a stored step again), and a completed steps job's
+        result is its stored values."""
+        calls = [e for e in self.effects if e.job_id == job_id and e.n == n]
+        for name, value in steps.items():
+            of_step = [e for e in calls if e.name == name]
+            if not of_step:
+                continue  # a sleep's wake-up time
+            if of_step[-1].value != value:
+                later = of_step[[e.value for e in of_step].index(value) + 1 :] if value in [e.value for e in of_step] else of_step
+                self.fail(f"job {job_id}: step {name} stored {value!r}, then its function ran again: {later}")
+        if status.state.value == "completed" and len(self.incarnations[job_id]) == 1:
+            kind = self.incarnations[job_id][0].kind
+            if kind == "steps":
+                expected = [steps[f"s{i}"] for i in range(len(status.result))]
+                if status.result != expected or len(steps) != len(expected):
+                    self.fail(f"steps job {job_id} returned {status.result}, its stored steps are {steps}")
+            elif kind == "sleep" and status.result != [steps.get("pre"), steps.get("post")]:
+                self.fail(f"sleep job {job_id} returned {status.result}, its stored steps are {steps}")
+
+    def check_waits(self, job_id: str, runs: list[Run], status: Any) -> None:
+        """The k-th wait of a run takes the k-th message delivered (so each once, in send
+        order); a wait never parks nor (first) times out when its message had been
+        delivered before it began; a timeout never comes before ``timeout`` seconds from
+        the first time the job waited there; a completed job returns what its waits took."""
+        if job_id in self.unsure_signals:
+            return
+        sent = self.sent.get(job_id, [])
+        first: dict[int, float] = {}
+        timed_out: dict[int, float] = {}  # k -> when a run first timed out there
+        stored: set[int] = set()  # waits whose timeout an earlier run may have stored
+        for run in sorted(runs, key=lambda r: r.began):
+            for w in run.waits:
+                first.setdefault(w.k, w.began)
+                there = w.k < len(sent) and sent[w.k][1] < w.began
+                if w.outcome == "msg":
+                    if w.k >= len(sent) or w.value != sent[w.k][0]:
+                        self.fail(f"job {job_id}: wait {w.k} took {w.value}, the messages delivered are {[p for p, _ in sent]}")
+                elif w.outcome == "Parked" and there:
+                    self.fail(
+                        f"job {job_id}: wait {w.k} parked (attempt {run.attempt}), "
+                        f"its message {sent[w.k][0]} was delivered before"
+                    )
+                elif w.outcome == "timeout":
+                    if there and w.k not in stored:  # (not a replay of a stored timeout)
+                        self.fail(
+                            f"job {job_id}: wait {w.k} timed out (attempt {run.attempt}), "
+                            f"its message {sent[w.k][0]} was delivered before"
+                        )
+                    timed_out.setdefault(w.k, w.at)
+                if w.outcome not in ("msg", "Parked"):  # timed out, or a save that raised: maybe stored
+                    stored.add(w.k)
+        timeout = self.timeouts[job_id]
+        for k, at in timed_out.items():
+            if at < first[k] + timeout - DUE_SLACK:
+                self.fail(
+                    f"job {job_id}: wait {k} timed out {first[k] + timeout - at:.3f} s before its timeout ({timeout:.3f} s)"
+                )
+        if status is not None and status.state.value == "completed":
+            for k, got in enumerate(status.result):
+                if got != "timeout" and (k >= len(sent) or got != sent[k][0]):
+                    self.fail(f"signal job {job_id} returned {status.result}, the messages delivered are {[p for p, _ in sent]}")
+
+    async def check_dependents(self) -> None:
+        """A dependent's handler never begins before every dependency (its incarnation
+        when the dependent was enqueued) ended, and it sees their outcomes; under
+        ``on_child_failure="cancel"`` it never runs with a failed one."""
+        for job_id, dep in self.dependents.items():
+            runs = [r for r in self.runs if r.job_id == job_id and r.n == dep.n and r.seen_deps is not None]
+            if not runs:
+                continue
+            began = min(r.began for r in runs)
+            for d, inc in dep.deps:
+                incs = self.incarnations[d]
+                again = incs[incs.index(inc) + 1].since if incs[-1] is not inc else math.inf
+                for run in self.runs:
+                    if run.job_id == d and run.incarnation is inc and run.began < again and run.ended > began + DUE_SLACK:
+                        self.fail(
+                            f"dependent {job_id} began {run.ended - began:.3f} s before its dependency {d} "
+                            f"(attempt {run.attempt} on {run.worker}) ended"
+                        )
+            for run in runs:
+                assert run.seen_deps is not None
+                results, failures = run.seen_deps
+                if dep.policy == "cancel" and failures:
+                    self.fail(f"dependent {job_id} (on_child_failure='cancel') ran with failed dependencies {failures}")
+                for d, inc in dep.deps:
+                    if self.incarnations[d][-1] is not inc:
+                        continue  # enqueued again since: its record is another's
+                    rec = await self.inner.get_job(self.name, d)
+                    assert rec is not None
+                    final = rec.state.split(":")[0]
+                    if final == "completed":
+                        ok = d in results and d not in failures
+                        ok = ok and (rec.result is None or results[d] == json.loads(rec.result))
+                    elif final == "cancelled":
+                        ok = d not in results and failures.get(d) == "JobCancelledError"
+                    else:
+                        ok = d not in results and d in failures
+                    if not ok:
+                        self.fail(
+                            f"dependent {job_id} saw results {results}, failures {failures}; dependency {d} ended {rec.state}"
+                        )
+
+
 async def _walk(storage: Storage, seed: int) -> None:
     name = f"model-{seed}"
     walk = Walk(storage, seed, name)
@@ -518,6 +822,7 @@ async def _walk(storage: Storage, seed: int) -> None:
                     walk.fail(f"re-registering the schedule moved its grid: {walk.schedule_created} -> {again.created_at}")
             else:
                 await trio.sleep(walk.rng.uniform(0.01, 0.3))
+            await walk.send_signals(producer)
             await walk.check_attempts()
             await walk.check_processing_cap()
         # Quiesce: resumed, no more ticks, a healthy consumer (and reaper) finishes everything.
@@ -556,6 +861,7 @@ async def _walk(storage: Storage, seed: int) -> None:
             await walk.check_processing_cap()
             walk.check_ticks()
             await walk.check_final(ticks)
+            await walk.check_durable(producer)
         while walk.consumers:
             await walk.stop_consumer("graceful")
         producer.stop()

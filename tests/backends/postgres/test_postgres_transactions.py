@@ -183,3 +183,40 @@ async def test_a_job_enqueued_in_an_open_transaction_holds_up_nothing_of_its_gro
         assert await pg.get_job(q, "tx-job") is None
     got = [c.id for _ in range(4) for c in await pg.dequeue(q, W1, 1, 0.05, LEASE, limits=ClaimLimits())]
     assert got == ["next", "tx-job", "other"]
+
+
+async def test_a_job_of_a_group_queued_while_a_claim_empties_its_ring_entry_is_claimed(
+    pg: PostgresStorage, queue_name: str
+) -> None:
+    """A job of group G becomes queued in a transaction T2 whose ``group_moved`` trigger
+    already ran (``SET CONSTRAINTS ALL IMMEDIATE``: as a settlement's retry does in its
+    own statement) while T2 is still open; meanwhile a claim runs, which may take G's only
+    visible job. Once T2 commits, its job is claimed too. (Found by the model walks, seed
+    37 on postgres: a retried job of a group stayed ``queued`` for ever, its group out of
+    the rings, removed by a claim of the group's other job that did not see it yet.)"""
+    from storage_helpers import job
+
+    q = queue_name
+    await pg.enqueue(q, [job("first")._replace(group="g")])  # G in the ring
+    got: list[str] = []
+    claimed = trio.Event()
+
+    async def claim() -> None:
+        got.extend(c.id for c in await pg.dequeue(q, W1, 5, 0.05, LEASE))
+        claimed.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            async with pg.transaction() as tx:
+                await pg.enqueue_in_transaction(q, [job("late")._replace(group="g")], tx)
+                await tx.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the trigger runs now: G's entry is there already
+                nursery.start_soon(claim)
+                # the claim takes "first"; it ends, or waits for this transaction before it
+                # removes G's entry (then it sees "late" and keeps it)
+                async with pg.pool.connection() as conn:
+                    while not claimed.is_set() and not await conn.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                    ):
+                        await trio.sleep(0.01)
+        got += [c.id for c in await pg.dequeue(q, W1, 5, 0.05, LEASE)]
+    assert got == ["first", "late"]
