@@ -201,10 +201,10 @@ class RunSteps:
     one at a time, ``wake``: when a sleep of the run (:meth:`Job.sleep`) wakes it
     (seconds since the epoch; ``None``: it does not sleep), and its waits for signals:
     how many it made on each name (the k-th takes the k-th message), the job's mailbox as
-    this run read it (``name -> payloads``, in the order sent; ``None``: not read yet),
-    and ``parked``, the wait that ends the run."""
+    this run read it (``name -> payloads``, in the order sent; ``None``: not read yet). (The
+    wait that ends a run is the executor's, by claim token: ``Executor.parked``.)"""
 
-    __slots__ = ("lock", "mailbox", "parked", "values", "waits", "wake")
+    __slots__ = ("lock", "mailbox", "values", "waits", "wake")
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] | None = None
@@ -212,7 +212,6 @@ class RunSteps:
         self.wake: float | None = None
         self.waits: dict[str, int] = {}
         self.mailbox: dict[str, list[bytes]] | None = None
-        self.parked: WaitSignal | None = None
 
 
 # The value of a wait for a signal: ``m`` and the payload's JSON (read from the mailbox,
@@ -748,7 +747,7 @@ class Executor:
                         deadline = math.ceil((_now() + timeout) * 1000)  # (never early)
                         await self._save(signals, job_id, token, run, until, b"%d" % deadline)
                     if deadline is None or deadline > _now() * 1000:
-                        run.parked = self.parked[token] = WaitSignal(name, k + 1, deadline)
+                        self.parked[token] = WaitSignal(name, k + 1, deadline)
                         raise Parked()
                     data = _TIMED_OUT
                     await self._save(signals, job_id, token, run, step, data)

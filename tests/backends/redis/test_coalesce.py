@@ -9,7 +9,7 @@ import trio.testing
 
 from trioqueue import EnqueueStatus
 from trioqueue.storage import EnqueueOutcome, NewJob
-from trioqueue.storage.redis._coalesce import PIPELINE, Coalescer, Slot
+from trioqueue.storage._coalesce import PIPELINE, Coalescer, Slot
 
 
 class FakeServer:

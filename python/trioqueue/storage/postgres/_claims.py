@@ -42,6 +42,7 @@ from .._base import (
 )
 from .._coalesce import Coalescer, Slot
 from .._flowstate import FlowState
+from .. import _rules as R
 from .._rules import WaitSignal, count_signals, stalled_error
 from .._steps import decode_signals, decode_steps, encode_step
 from ._common import PgDatabase, PgSettings, now_ms
@@ -51,12 +52,10 @@ from ._jobs import due_payload
 __all__ = ["READ_BACK_GRACE_MS", "PgClaims"]
 
 _FRONT = 1_000_000  # a release puts back at most this many jobs at once, in order
-_BACK = (SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)  # cancelled instead if requested
-# the ends of a run that a child failed under ``cancel`` turns into the parent's failure
-_ENDS_BY_CHILDREN = (SettleKind.COMPLETE, SettleKind.RETRY, SettleKind.RATE_LIMITED, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)
-_UNCOUNTED = (SettleKind.RATE_LIMITED, SettleKind.WAIT_CHILDREN, SettleKind.SLEEP, SettleKind.WAIT_SIGNAL)  # their attempt did not happen
-_ENDS = ("completed", "failed", "cancelled")
-_KEPT = {SettleKind.COMPLETE: "completed", SettleKind.FAIL: "failed"}
+# the settle kinds' tables are the rules' (put back: cancelled instead if requested; the
+# ends of a run a child's failure under ``cancel`` turns into the parent's; uncounted)
+_BACK, _ENDS_BY_CHILDREN, _UNCOUNTED, _KEPT = R.BACK, R.ENDS_BY_CHILDREN, R.UNCOUNTED, R.KEPT
+_ENDS = R.TERMINAL_KINDS
 # A result/error up to this size rides along in its event (NOTIFY's 8000-byte payloads,
 # base64: an event carries up to about 5 KB of it, whichever path settled it); a larger
 # one is read back from the record by its waiter, so count-based retention leaves the
