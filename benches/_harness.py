@@ -13,7 +13,10 @@
   history);
 - :func:`run_json`, :func:`bench_command`, :func:`by_workload`: ``trioqueue bench`` (and a
   peer's twin of it) as a subprocess writing JSON, and its figures by workload;
-- :func:`checkout`: a git revision's ``python/`` with the working tree's Rust extension.
+- :func:`checkout`: a git revision's ``python/`` with the working tree's Rust extension;
+- :func:`cpu_seconds`, :func:`machine_cpu`, :func:`cpu_use`: CPU seconds of processes (a
+  server's, workers') and of the whole machine, from ``/proc``, for figures that do not
+  move with the machine's load (CPU per job).
 
 The machine the figures come from is noisy: compare ratios measured in one run.
 """
@@ -201,7 +204,7 @@ def _target(name: str) -> Iterator[Target]:
         pg.start()
         try:
             yield Target("postgres", pg.url, "postgres: an embedded server started by the bench (fsync and "
-                         "synchronous commit on)", pg._processes)
+                         "synchronous commit on)", pg.processes)
         finally:
             pg.close()
     else:
@@ -248,6 +251,50 @@ def figure(path: Path, *subplots: int, size: tuple[float, float] = (6, 4)) -> It
         fig.savefig(path, dpi=100)
     finally:
         plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds (user + system, every thread) the processes ``pids`` have used so far,
+    with their ended children's (``cutime``/``cstime``: the backends of a PostgreSQL
+    server's closed connections count in the postmaster's), from ``/proc/<pid>/stat``; a
+    process that has ended meanwhile counts nothing. Before/after differences of the same
+    ``pids()`` are what a measure wants (a backend that ends between them moves its CPU
+    from its own line to the postmaster's, which keeps the sum)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (ended meanwhile)
+        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine so far, every core, every program (the
+    first line of ``/proc/stat``: all but idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_use(parts: dict[str, Callable[[], float]]) -> Callable[[], dict[str, float]]:
+    """A stopwatch of CPU: call the result at the end of what is measured; it gives the
+    CPU seconds each of ``parts`` (name -> a function of the CPU seconds used so far,
+    e.g. ``lambda: cpu_seconds(pids)``, or ``time.process_time`` for this process) used
+    since ``cpu_use`` was called, the whole machine's (``"machine"``) and the wall time
+    (``"wall"``)."""
+    clocks = {**parts, "machine": machine_cpu, "wall": time.perf_counter}
+    start = {name: clock() for name, clock in clocks.items()}
+
+    def stop() -> dict[str, float]:
+        return {name: clock() - start[name] for name, clock in clocks.items()}
+
+    return stop
 
 
 # ---------------------------------------------------- trioqueue bench as a subprocess

@@ -32,7 +32,6 @@ ratios.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -128,15 +127,7 @@ async def concurrent_saves(storage: Storage, steps: int, single: bool = False,
 
 def server_cpu(pids: Callable[[], list[int]]) -> float:
     """CPU seconds (user + system) used so far by the processes ``pids()`` (the server's)."""
-    total = 0
-    for pid in pids():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # (ended meanwhile)
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return h.cpu_seconds(pids())
 
 
 def single_save(storage: Storage) -> Callable[..., Any]:

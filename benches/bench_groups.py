@@ -18,8 +18,6 @@ FileStorage writes to a temporary directory (fsync on).
 
 from __future__ import annotations
 
-import os
-import resource
 import time
 import uuid
 from collections.abc import Callable
@@ -38,23 +36,9 @@ def _job(job_id: str, group: str) -> NewJob:
     return NewJob(job_id, env, 3, 60.0, f"t-{job_id}", None, 5, group)
 
 
-def _server_cpu(pids: Callable[[], list[int]]) -> float:
-    """CPU seconds (user + system) used so far by the processes ``pids()`` (the server's)."""
-    total = 0
-    for pid in pids():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # (ended meanwhile)
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def _cpu(pids: Callable[[], list[int]]) -> float:
     """This process's CPU seconds (every thread) and the server's."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime + _server_cpu(pids)
+    return time.process_time() + h.cpu_seconds(pids())
 
 
 def _no_server() -> list[int]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import tempfile
@@ -38,19 +37,10 @@ from trioqueue._drivers.libpq import _conn
 from trioqueue.cli._bench import _Bench, payload_of_size
 from trioqueue.storage.postgres import PostgresStorage
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
 
 def server_cpu(server: PostgresServer) -> float:
     """Seconds of CPU (user + system) used so far by the server's processes."""
-    total = 0
-    for pid in server._processes():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])  # utime stime cutime cstime
-    return total / _TICK
+    return h.cpu_seconds(server.processes())
 
 
 def main() -> None:

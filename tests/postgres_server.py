@@ -141,15 +141,15 @@ class PostgresServer:
     def freeze(self) -> None:
         """SIGSTOP the postmaster and every process of it: the server stops answering
         (connections stay open, new ones are accepted by the kernel and never served)."""
-        for pid in self._processes():
+        for pid in self.processes():
             os.kill(pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
         """SIGCONT what :meth:`freeze` stopped: the server answers again."""
-        for pid in self._processes():
+        for pid in self.processes():
             os.kill(pid, signal.SIGCONT)
 
-    def _processes(self) -> list[int]:
+    def processes(self) -> list[int]:
         """The postmaster and its children (backends, background processes), from /proc."""
         assert self.proc is not None and self.proc.poll() is None, "not running"
         pids = [self.proc.pid]
