@@ -5,7 +5,9 @@ Figures: enqueue throughput (A-seq: ``enqueue`` one by one; A-100: concurrent ``
 from 100 tasks; A-batch: ``enqueue_many``), processing throughput at concurrency 100 (B),
 and ``enqueue_and_wait`` latency p50/p99 at concurrency 1 and 50 (C-1, C-50). Baseline,
 interleaved with them round by round: a bare Trio memory channel moving the same number of
-items producer -> 100 consumer tasks (the floor of any Trio queue in one process); for
+items producer -> 100 consumer tasks (the floor of any Trio queue in one process), one
+task's awaited ``send`` (the floor of an awaited call) and a request/reply round trip
+through a server task (the floor of ``enqueue_and_wait``); for
 Redis also the server's own LPUSH/RPOP rate measured by ``valkey-benchmark`` /
 ``redis-benchmark`` against the same server (the ceiling).
 

