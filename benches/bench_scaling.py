@@ -54,6 +54,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import trio
 
@@ -95,6 +96,7 @@ class Server:
     pids: Callable[[], list[int]]
     queues: list[str]
     namespace: str  # the option naming a run's own keys or tables: prefix / schema
+    calls: Callable[[], int]  # the server's count of calls so far: Redis script calls, PostgreSQL write transactions
 
     def options(self) -> dict[str, str]:
         return {self.namespace: f"s{uuid.uuid4().hex[:8]}"}
@@ -103,7 +105,11 @@ class Server:
 def servers(wanted: list[str]) -> Iterator[Server]:
     """Each target of ``wanted`` in turn, its server started here and stopped after."""
     for t in h.each_storage([w for w in wanted if w in h.STORAGES]):
-        yield Server(t.name, t.url, t.note, t.server_pids, ["scale"], "prefix" if t.name == "redis" else "schema")
+        if t.name == "redis":
+            port = urlsplit(t.url).port or 6379
+            yield Server(t.name, t.url, t.note, t.server_pids, ["scale"], "prefix", lambda: redis_scripts([port]))
+        else:
+            yield Server(t.name, t.url, t.note, t.server_pids, ["scale"], "schema", lambda: postgres_xids(t.url))
     if "redis-cluster" in wanted:
         binary = valkey_server_binary()
         if binary is None:
@@ -111,18 +117,47 @@ def servers(wanted: list[str]) -> Iterator[Server]:
         cluster = RedisCluster(3, binary).start()
         try:
             pids = [n.proc.pid for n in cluster.nodes if n.proc is not None]
+            ports = [n.port for n in cluster.nodes]
             yield Server("redis-cluster", cluster.url.replace("redis://", "redis+cluster://"),
                          f"redis-cluster: 3 masters of {h.server_version(binary)} on 127.0.0.1, no persistence, "
                          "one queue per shard, every worker process serving the three",
-                         lambda: pids, [f"shard{i}" for i in range(3)], "prefix")
+                         lambda: pids, [f"shard{i}" for i in range(3)], "prefix", lambda: redis_scripts(ports))
         finally:
             cluster.close()
+
+
+SCRIPT_CALLS = ("cmdstat_fcall:", "cmdstat_fcall_ro:", "cmdstat_evalsha:", "cmdstat_evalsha_ro:",
+                "cmdstat_eval:", "cmdstat_eval_ro:")
+
+
+def redis_scripts(ports: list[int]) -> int:
+    """The script calls (FCALL, EVALSHA...: every call of the queue's claims, starts,
+    settlements, heartbeats, enqueues) the servers on ``ports`` have run so far
+    (``INFO commandstats``)."""
+    total = 0
+    for port in ports:
+        for line in raw_command(port, "INFO", "commandstats").decode(errors="replace").split("\r\n"):
+            if line.startswith(SCRIPT_CALLS):
+                total += int(line.split("calls=", 1)[1].split(",", 1)[0])
+    return total
+
+
+def postgres_xids(url: str) -> int:
+    """The next transaction id the server will assign: write transactions so far (a
+    read-only one takes none)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 @dataclass
 class Run:
     rate: float  # jobs/s from the resume to the last completion
     jobs: int
+    calls: int  # the server's calls over the drain (Redis script calls, PostgreSQL write transactions)
     cpu: dict[str, float]  # CPU seconds over the drain: server, workers, producer, machine; wall
     enqueue: dict[str, float]  # the same over the enqueue (producer and server only)
 
@@ -158,13 +193,14 @@ async def one_run(server: Server, procs: int, jobs: int, concurrency: int, app_d
                     await p.enqueue_many(items[s : s + 1000])
             enqueue = enqueued()
             pids = [w.pid for w in workers]
+            calls = server.calls()
             drained = h.cpu_use({**producer_and_server, "workers": lambda: h.cpu_seconds(pids)})
             for p in producers:
                 await p.resume()
             with trio.fail_after(600):
                 await _all_completed(producers, total)
             cpu = drained()
-            return Run(total / cpu["wall"], total, cpu, enqueue)
+            return Run(total / cpu["wall"], total, server.calls() - calls, cpu, enqueue)
         finally:
             for w in workers:
                 w.terminate()
@@ -283,6 +319,7 @@ class Step:
     per_1k: dict[str, h.Spread]  # CPU seconds per 1,000 jobs: server, workers, producer
     share: dict[str, h.Spread]  # % of the machine's cores: server, workers, producer, machine (every program)
     worker_core: h.Spread  # % of one core, per worker process
+    calls: h.Spread  # the server's calls a job
 
     @classmethod
     def of(cls, procs: int, runs: list[Run]) -> Step:
@@ -293,6 +330,7 @@ class Step:
             {k: h.Spread.of(r.cpu[k] / r.jobs * 1000 for r in runs) for k in parts},
             {k: h.Spread.of(100 * r.cpu[k] / r.cpu["wall"] / CORES for r in runs) for k in (*parts, "machine")},
             h.Spread.of(100 * r.cpu["workers"] / r.cpu["wall"] / procs for r in runs),
+            h.Spread.of(r.calls / r.jobs for r in runs),
         )
 
     def limit(self, server_cores: int) -> str:
@@ -322,6 +360,8 @@ class Step:
 
 # the cores a server can use at most: Valkey runs commands on one thread; 3 masters on the cores there are
 SERVER_CORES = {"redis": 1, "redis-cluster": min(3, CORES), "postgres": CORES}
+CALLS = {"redis": "script calls a job", "redis-cluster": "script calls a job",
+         "postgres": "write transactions a job"}
 
 
 def step_table(name: str, steps: list[Step]) -> list[str]:
@@ -332,12 +372,12 @@ def step_table(name: str, steps: list[Step]) -> list[str]:
         others = max(0.0, s.share["machine"].median - sum(s.share[k].median for k in ("server", "workers", "producer")))
         shares = " / ".join([*(f"{s.share[k].median:.0f}" for k in ("server", "workers", "producer")), f"{others:.0f}"])
         rows.append([s.procs, s.rate.fmt(",.0f", "/s"), f"{s.rate / base:.2f}",
-                     *(s.per_1k[k].fmt(".3f") for k in ("server", "workers", "producer")), shares,
+                     *(s.per_1k[k].fmt(".3f") for k in ("server", "workers", "producer")), s.calls.fmt(".3f"), shares,
                      f"{s.worker_core.median:.0f} %", s.limit(cores), "{:,.0f}/s ({})".format(*s.ceiling(cores))])
     return h.table(["worker processes", "jobs/s", "× 1 process", "server CPU s / 1,000 jobs",
-                    "workers CPU s / 1,000 jobs", "producer CPU s / 1,000 jobs",
+                    "workers CPU s / 1,000 jobs", "producer CPU s / 1,000 jobs", CALLS[name],
                     f"% of the {CORES} cores: server / workers / producer / other programs",
-                    "a worker, % of one core", "limit, measured", "CPU ceiling"], rows, "rrrrrrrrll")
+                    "a worker, % of one core", "limit, measured", "CPU ceiling"], rows, "rrrrrrrrrll")
 
 
 def enqueue_line(name: str, runs: list[Run]) -> str:
@@ -455,7 +495,11 @@ async def measure(args: argparse.Namespace) -> None:
         "processes (PostgreSQL: the postmaster and every backend and background process, with the backends",
         "that ended), the worker processes, the producer (this process: it polls the queue's counts), and the",
         "whole machine's busy time (every program, `/proc/stat`: the other programs' share is the rest).",
-        "CPU seconds per 1,000 jobs moves little with the machine's load; the rates do.",
+        "CPU seconds per 1,000 jobs moves little with the machine's load; the rates do. The server's calls",
+        "a job over the drain show how the work was batched: the script calls Valkey ran (FCALL and",
+        "EVALSHA in `INFO commandstats`: claims, starts, settlements, heartbeats, idle claims, each one round",
+        "trip or part of a pipeline) or the write transactions PostgreSQL gave an id (`pg_current_snapshot()`:",
+        "claims, starts, settlements, heartbeats; each one commit).",
         "",
         "*limit, measured* applies this rule to the medians: the server when it uses ≥ 85 % of the cores it",
         f"can use (Valkey runs the commands on one thread; the cluster's 3 masters have {CORES} cores here;",
