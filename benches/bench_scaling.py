@@ -169,7 +169,7 @@ async def one_run(server: Server, procs: int, jobs: int, concurrency: int, app_d
            "BENCH_QUEUES": ",".join(server.queues), "BENCH_CONCURRENCY": str(concurrency),
            "PYTHONPATH": os.pathsep.join([app_dir, *filter(None, [os.environ.get("PYTHONPATH")])])}
     storage = from_url(server.url, **options)
-    producers = [Queue(storage, name=q) for q in server.queues]
+    producers: list[Queue[Any, Any]] = [Queue(storage, name=q) for q in server.queues]
     per_queue = jobs // len(producers)
     total = per_queue * len(producers)  # what is enqueued (``jobs`` may not divide evenly)
     specs = [f"bench_app:q{i}" for i in range(len(producers))]
