@@ -16,7 +16,7 @@ the server, the workers and the producer at each step, and Redis memory per fini
    seconds (user + system) of the server (every process of it: PostgreSQL's postmaster
    and backends, with the backends that ended), of the worker processes and of the
    producer (this process), from ``/proc``, and the busy time of the whole machine (every
-   program, ``/proc/stat``): per 1,000 jobs (which the machine's load moves little) and as
+   program, ``/proc/stat``): per 1,000 jobs (which the machine's load moves much less than the rates) and as
    a share of the machine's cores, so that what limits each step shows (the server's core,
    the workers' CPU, or the machine's cores).
 2. Redis memory against the number of finished jobs kept (with a small result each):
@@ -495,7 +495,7 @@ async def measure(args: argparse.Namespace) -> None:
         "processes (PostgreSQL: the postmaster and every backend and background process, with the backends",
         "that ended), the worker processes, the producer (this process: it polls the queue's counts), and the",
         "whole machine's busy time (every program, `/proc/stat`: the other programs' share is the rest).",
-        "CPU seconds per 1,000 jobs moves little with the machine's load; the rates do. The server's calls",
+        "CPU seconds per 1,000 jobs moves much less with the machine's load than the rates. The server's calls",
         "a job over the drain show how the work was batched: the script calls Valkey ran (FCALL and",
         "EVALSHA in `INFO commandstats`: claims, starts, settlements, heartbeats, idle claims, each one round",
         "trip or part of a pipeline) or the write transactions PostgreSQL gave an id (`pg_current_snapshot()`:",
