@@ -65,6 +65,11 @@ DRIVER = textwrap.dedent(
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def machine():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)  # busy (all but idle and iowait), total; in ticks
+
     def script_calls():
         from redis_server import raw_command
         info = raw_command(int(url.rsplit(":", 1)[1].split("/")[0]), "INFO", "commandstats").decode()
@@ -90,6 +95,7 @@ DRIVER = textwrap.dedent(
                         await trio.sleep(0.1)
                 calls0 = script_calls()
                 before = [cpu(server_pid)] + [cpu(w.pid) for w in workers]
+                m0 = machine()
                 t0 = time.perf_counter()
                 await q.resume()
                 polls = 0
@@ -99,6 +105,7 @@ DRIVER = textwrap.dedent(
                         await trio.sleep(0.02)
                 wall = time.perf_counter() - t0
                 after = [cpu(server_pid)] + [cpu(w.pid) for w in workers]
+                m1 = machine()
                 calls = script_calls() - calls0 - polls - 2  # (the polls, the resume, the last count)
             finally:
                 for w in workers:
@@ -106,7 +113,8 @@ DRIVER = textwrap.dedent(
                 for w in workers:
                     w.wait(30)
         used = [a - b for a, b in zip(after, before)]
-        print(json.dumps({"rate": jobs / wall, "wall": wall, "server": used[0], "workers": used[1:], "calls": calls}))
+        print(json.dumps({"rate": jobs / wall, "wall": wall, "server": used[0], "workers": used[1:], "calls": calls,
+                          "machine": (m1[0] - m0[0]) / max(1, m1[1] - m0[1])}))
 
     trio.run(main)
     """
@@ -146,27 +154,29 @@ def main() -> None:
             doc = _run(trees[side], server, f"p{r}{side}{procs}", procs, args.jobs, app_dir)
             runs[(side, procs)].append(doc)
             print(f"{side} {procs} procs: {doc['rate']:,.0f} jobs/s, server {doc['server'] / doc['wall']:.0%}, workers "
-                  + ", ".join(f"{w / doc['wall']:.0%}" for w in doc["workers"]), file=sys.stderr)
+                  + ", ".join(f"{w / doc['wall']:.0%}" for w in doc["workers"]) + f", machine {doc['machine']:.0%}",
+                  file=sys.stderr)
     rows = []
     for (side, procs), docs in runs.items():
         rate = h.Spread.of([d["rate"] for d in docs])
         server_pct = h.Spread.of([100 * d["server"] / d["wall"] for d in docs])
         worker_pct = h.Spread.of([100 * sum(d["workers"]) / d["wall"] / procs for d in docs])
-        machine = h.Spread.of([100 * (d["server"] + sum(d["workers"])) / d["wall"] for d in docs])
+        ours = h.Spread.of([100 * (d["server"] + sum(d["workers"])) / d["wall"] for d in docs])
+        busy = h.Spread.of([100 * d["machine"] for d in docs])
         server_us = h.Spread.of([1e6 * d["server"] / args.jobs for d in docs])
         worker_us = h.Spread.of([1e6 * sum(d["workers"]) / args.jobs for d in docs])
         trips = h.Spread.of([d["calls"] / args.jobs for d in docs])
         label = "working tree" if side == "new" else f"base ({args.base})"
         rows.append([label, procs, rate.fmt(",.0f", "/s"), server_pct.fmt(".0f", " %"), worker_pct.fmt(".0f", " %"),
-                     machine.fmt(".0f", " %"), server_us.fmt(".1f"), worker_us.fmt(".1f"), trips.fmt(".4f")])
+                     ours.fmt(".0f", " %"), busy.fmt(".0f", " %"), server_us.fmt(".1f"), worker_us.fmt(".1f"), trips.fmt(".4f")])
     lines = [
         f"valkey {h.server_version(binary)}, {args.jobs:,} jobs a run, noop handler, concurrency 100 a process; "
         f"medians (min–max) of {args.rounds} interleaved rounds. CPU from `/proc/<pid>/stat` over the drain "
         "(the resume to the last completion); 100 % is one core, the machine has "
-        f"{os.cpu_count()}. Round trips: the server's script calls (claims, settles) per job.",
+        f"{os.cpu_count()}; machine busy: all its cores, any process's (`/proc/stat`), of 100 %. Round trips: the server's script calls (claims, settles) per job.",
         "",
         *h.table(["tree", "worker processes", "jobs/s", "server CPU", "CPU per worker", "server + workers",
-                  "server µs/job", "workers µs/job", "round trips/job"], rows, "lrrrrrrrr"),
+                  "machine busy", "server µs/job", "workers µs/job", "round trips/job"], rows, "lrrrrrrrrr"),
         "",
     ]
     h.write(args, "B on Redis with 1 and 2 worker processes: throughput and CPU", lines)
