@@ -352,6 +352,23 @@ class QueueEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+_new_object = object.__new__
+_EVENT_SLOTS = tuple(QueueEvent.__dict__[f].__set__ for f in ("name", "queue", "job_id", "data"))
+
+
+def queue_event(name: str, queue: str, job_id: str | None, data: dict[str, Any]) -> QueueEvent:
+    """``QueueEvent(name, queue, job_id, data)``, built by its slots directly: the frozen
+    dataclass's ``__init__`` goes through ``object.__setattr__`` a field, and this runs
+    once a job for a queue with a ``completed`` callback."""
+    event = _new_object(QueueEvent)
+    set_name, set_queue, set_job_id, set_data = _EVENT_SLOTS
+    set_name(event, name)
+    set_queue(event, queue)
+    set_job_id(event, job_id)
+    set_data(event, data)
+    return event
+
+
 # The job events the storages publish that reach ``Queue.on`` as they are.
 STORAGE_EVENT_NAMES = frozenset(
     {

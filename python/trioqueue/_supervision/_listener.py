@@ -369,6 +369,7 @@ class Listener:
         waiting = bool(waiters)
         wants_completed = events.wants("completed")
         serde = self.result_serde
+        done: list[tuple[str | None, dict[str, Any]]] = []  # completed events, emitted in runs
         for ev in batch:
             kind = ev.kind
             if kind == "completed":  # the most frequent kind first: what the branches below do with it
@@ -377,8 +378,11 @@ class Listener:
                 if wants_completed:  # its result is decoded when a callback reads it
                     completed = CompletedData(worker_id=ev.worker_id)  # (CompletedData.of, inline)
                     completed._pending = (ev, serde)
-                    events.emit_data(kind, ev.job_id or None, completed)
+                    done.append((ev.job_id or None, completed))
                 continue
+            if done:  # the run of completed events before this one goes first (in order)
+                events.emit_each("completed", done)
+                done = []
             if waiting:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
@@ -433,3 +437,5 @@ class Listener:
                 )
             elif kind == "error":
                 events.emit("error", ev.job_id or None, error=ev.error.decode() if ev.error else "storage error")
+        if done:
+            events.emit_each("completed", done)
