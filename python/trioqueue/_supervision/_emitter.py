@@ -90,10 +90,10 @@ class Emitter:
         if len(pending) == 1:  # else the dispatcher was woken already (or runs)
             self._wakeup.unpark()
 
-    def emit_each(self, name: str, items: list[tuple[str | None, dict[str, Any]]]) -> None:
-        """:meth:`emit_data` of each ``(job_id, data)`` of ``items``, in order, with the
-        checks made once for the batch (a batch of settlements' ``completed`` events).
-        ``name`` is a job event's, never ``error``."""
+    def emit_each(self, name: str, job_ids: list[str | None], datas: list[dict[str, Any]]) -> None:
+        """:meth:`emit_data` of each job id of ``job_ids`` with its data in ``datas``, in
+        order, with the checks made once for the batch (a batch of settlements'
+        ``completed`` events). ``name`` is a job event's, never ``error``."""
         streams = self.streams
         wanted = self._open and name in self._callbacks
         if not streams and not wanted:
@@ -102,7 +102,7 @@ class Emitter:
         pending = self._pending
         idle = not pending
         append = pending.append
-        for job_id, data in items:
+        for job_id, data in zip(job_ids, datas, strict=True):
             event = queue_event(name, queue, job_id, data)
             for stream in streams:
                 stream.push(event)
