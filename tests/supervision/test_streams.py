@@ -7,8 +7,12 @@ from typing import Any
 import pytest
 import trio
 
-from trioqueue import Job, JobState, Queue, QueueEvent, Storage, ValidationError
+from trioqueue import Job, JobError, JobState, Queue, QueueEvent, Storage, ValidationError
+from trioqueue._model._serde import encode_error
 from trioqueue._supervision._streams import EventStream
+from trioqueue.storage import SettleKind
+
+from storage_helpers import W1, claim, job, settlement
 
 FAST = {"retry_delay": 0, "block_timeout": 0.5}
 
@@ -89,3 +93,40 @@ async def test_watch_follows_a_job_until_it_is_terminal(storage: Storage, queue_
     assert states[-1][0] is JobState.COMPLETED
     assert (JobState.PROCESSING, 50) in states
     assert [s for s, _ in states].count(JobState.COMPLETED) == 1
+
+
+async def test_callbacks_and_streams_see_a_settlement_batch_s_events_in_its_order(storage: Storage, queue_name: str) -> None:
+    """The completed events of a batch reach ``on()`` callbacks and ``events()`` in runs
+    (one call for the run): a failure between two runs still comes between them."""
+    order = ["a", "b", "c", "d", "e"]
+    fails = {"c"}
+    seen: list[tuple[str, str | None]] = []
+    all_seen = trio.Event()
+
+    def record(e: QueueEvent) -> None:
+        seen.append((e.name, e.job_id))
+        if len(seen) == len(order):
+            all_seen.set()
+
+    async with Queue(storage, name=queue_name, **FAST) as q:
+        for name in ("completed", "failed"):
+            q.on(name, record)
+        async with q.events("completed", "failed") as stream:
+            await storage.enqueue(queue_name, [job(j, max_attempts=1) for j in order])
+            claimed = await claim(storage, queue_name, W1, n=len(order))
+            assert sorted(c.id for c in claimed) == order
+            batch = [
+                settlement(SettleKind.FAIL if j in fails else SettleKind.COMPLETE, queue_name, j, encode_error(JobError("E", "m")) if j in fails else b"1", ttl=60)
+                for j in order
+            ]
+            assert await storage.settle(queue_name, W1, batch) == [True] * len(order)
+            streamed: list[tuple[str, str | None]] = []
+            with trio.fail_after(10):
+                async for event in stream:
+                    streamed.append((event.name, event.job_id))
+                    if len(streamed) == len(order):
+                        break
+                await all_seen.wait()
+    expected = [("failed" if j in fails else "completed", j) for j in order]
+    assert streamed == expected
+    assert seen == expected

@@ -352,6 +352,42 @@ class QueueEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+# Two frozen dataclasses built once a job on the hot paths, by their slots directly: the
+# generated ``__init__`` goes through ``object.__setattr__`` a field.
+_new_object = object.__new__
+
+
+def _slot_setters(cls: type, *names: str) -> tuple[Any, ...]:
+    return tuple(cls.__dict__[name].__set__ for name in names)
+
+
+_EVENT_SLOTS = _slot_setters(QueueEvent, "name", "queue", "job_id", "data")
+_RESULT_SLOTS = _slot_setters(EnqueueResult, "id", "status", "existing_state", "result")
+
+
+def queue_event(name: str, queue: str, job_id: str | None, data: dict[str, Any]) -> QueueEvent:
+    """``QueueEvent(name, queue, job_id, data)`` (once a job for a queue with a
+    ``completed`` callback)."""
+    event = _new_object(QueueEvent)
+    set_name, set_queue, set_job_id, set_data = _EVENT_SLOTS
+    set_name(event, name)
+    set_queue(event, queue)
+    set_job_id(event, job_id)
+    set_data(event, data)
+    return event
+
+
+def queued_result(job_id: str) -> EnqueueResult:
+    """``EnqueueResult(job_id, EnqueueStatus.QUEUED)`` (once a job of ``enqueue_many``)."""
+    result = _new_object(EnqueueResult)
+    set_id, set_status, set_state, set_result = _RESULT_SLOTS
+    set_id(result, job_id)
+    set_status(result, EnqueueStatus.QUEUED)
+    set_state(result, None)
+    set_result(result, None)
+    return result
+
+
 # The job events the storages publish that reach ``Queue.on`` as they are.
 STORAGE_EVENT_NAMES = frozenset(
     {

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from .._model._errors import ValidationError
-from .._model._types import EVENT_NAMES, QueueEvent
+from .._model._types import EVENT_NAMES, QueueEvent, queue_event
 
 __all__ = ["EventCallback", "Emitter"]
 
@@ -74,8 +74,9 @@ class Emitter:
     def emit_data(self, name: str, job_id: str | None, data: dict[str, Any]) -> None:
         """:meth:`emit` of the event's ``data`` dict as it is (not copied: the listener's
         lazily decoded ``completed`` data)."""
+        event = None
         if self.streams:
-            event = QueueEvent(name, self.queue, job_id, data)
+            event = queue_event(name, self.queue, job_id, data)
             for stream in self.streams:
                 stream.push(event)
         if name not in self._callbacks:
@@ -85,8 +86,29 @@ class Emitter:
         if not self._open:
             return
         pending = self._pending
-        pending.append(QueueEvent(name, self.queue, job_id, data))
+        pending.append(queue_event(name, self.queue, job_id, data) if event is None else event)
         if len(pending) == 1:  # else the dispatcher was woken already (or runs)
+            self._wakeup.unpark()
+
+    def emit_each(self, name: str, job_ids: list[str | None], datas: list[dict[str, Any]]) -> None:
+        """:meth:`emit_data` of each job id of ``job_ids`` with its data in ``datas``, in
+        order, with the checks made once for the batch (a batch of settlements'
+        ``completed`` events). ``name`` is a job event's, never ``error``."""
+        streams = self.streams
+        wanted = self._open and name in self._callbacks
+        if not streams and not wanted:
+            return
+        queue = self.queue
+        pending = self._pending
+        idle = not pending
+        append = pending.append
+        for job_id, data in zip(job_ids, datas, strict=True):
+            event = queue_event(name, queue, job_id, data)
+            for stream in streams:
+                stream.push(event)
+            if wanted:
+                append(event)
+        if idle and pending:  # else the dispatcher was woken already (or runs)
             self._wakeup.unpark()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

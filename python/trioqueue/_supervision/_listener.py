@@ -72,8 +72,9 @@ class CompletedData(dict[str, Any]):
     ``None`` too, and ``result_error`` says why). Reads and writes see it filled; a copy
     or a pickle is a plain dict."""
 
-    __slots__ = ("_pending",)
-    _pending: tuple[StorageEvent, Serde] | None
+    __slots__ = ("_pending", "_serde")
+    _pending: StorageEvent | None  # the event whose result and error are still to read
+    _serde: Serde
 
     @staticmethod
     def of(ev: StorageEvent, serde: Serde) -> CompletedData:
@@ -81,18 +82,19 @@ class CompletedData(dict[str, Any]):
         # worker_id now (by dict's own __init__: no frame), the rest when first read;
         # never empty, so that json.dumps (which skips an empty dict's items()) fills it
         data = CompletedData(worker_id=ev.worker_id)
-        data._pending = (ev, serde)
+        data._pending = ev
+        data._serde = serde
         return data
 
     def _fill(self) -> None:
         try:
-            pending = self._pending
+            ev = self._pending
         except AttributeError:  # made empty, not by of()
-            pending = None
-        if pending is None:
+            ev = None
+        if ev is None:
             return
         self._pending = None
-        ev, serde = pending
+        serde = self._serde
         put = dict.__setitem__
         if ev.error is not None:
             put(self, "error", decode_error(ev.error))
@@ -369,6 +371,9 @@ class Listener:
         waiting = bool(waiters)
         wants_completed = events.wants("completed")
         serde = self.result_serde
+        # the completed events' job ids and data, emitted in runs (two lists: no tuple a job)
+        done_ids: list[str | None] = []
+        done: list[dict[str, Any]] = []
         for ev in batch:
             kind = ev.kind
             if kind == "completed":  # the most frequent kind first: what the branches below do with it
@@ -376,9 +381,14 @@ class Listener:
                     waiters.offer(ev)
                 if wants_completed:  # its result is decoded when a callback reads it
                     completed = CompletedData(worker_id=ev.worker_id)  # (CompletedData.of, inline)
-                    completed._pending = (ev, serde)
-                    events.emit_data(kind, ev.job_id or None, completed)
+                    completed._pending = ev
+                    completed._serde = serde
+                    done_ids.append(ev.job_id or None)
+                    done.append(completed)
                 continue
+            if done:  # the run of completed events before this one goes first (in order)
+                events.emit_each("completed", done_ids, done)
+                done_ids, done = [], []
             if waiting:
                 if kind in _TERMINAL_EVENTS:
                     waiters.offer(ev)
@@ -414,11 +424,6 @@ class Listener:
                 continue
             if kind in STORAGE_EVENT_NAMES:
                 if events.wants(kind):
-                    if kind == "completed":  # its result is decoded when a callback reads it
-                        completed = CompletedData(worker_id=ev.worker_id)  # (CompletedData.of, inline)
-                        completed._pending = (ev, self.result_serde)
-                        events.emit_data(kind, ev.job_id or None, completed)
-                        continue
                     data: dict[str, Any] = {"worker_id": ev.worker_id}
                     if ev.error is not None:
                         data["error"] = decode_error(ev.error)
@@ -433,3 +438,5 @@ class Listener:
                 )
             elif kind == "error":
                 events.emit("error", ev.job_id or None, error=ev.error.decode() if ev.error else "storage error")
+        if done:
+            events.emit_each("completed", done_ids, done)

@@ -13,7 +13,7 @@ from .._model import _tracing
 from .._model import _validate as check
 from .._model._errors import JobCancelledError, JobTimeoutError, QueueStoppedError, TrioQueueError
 from .._model._options import EnqueueOptions
-from .._model._types import EnqueueResult, EnqueueStatus
+from .._model._types import EnqueueResult, EnqueueStatus, queued_result
 from ..storage._base import Storage, StorageEvent
 from ._listener import NOTICES
 from ._waiters import terminal_from_record
@@ -86,7 +86,7 @@ class QueueProducer(Generic[P, R]):
         queued = EnqueueStatus.QUEUED
         # (a queued job's result, enqueue_result's common case, built here: a call less a job)
         return [
-            EnqueueResult(n.id, queued) if o.status is queued else result(n.id, o) for n, o in zip(new, outcomes, strict=True)
+            queued_result(n.id) if o.status is queued else result(n.id, o) for n, o in zip(new, outcomes, strict=True)
         ]
 
     async def enqueue_and_wait(
