@@ -386,12 +386,8 @@ class FileJobs:
 
     def _write_schedule(self, q: FileQueue, name: str, spec: bytes, last: float | None) -> None:
         data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
-        fd = write_atomic(q.schedules, encode_name(name), data, self._settings.fsync)
-        if fd is not None:
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        write_atomic(q.schedules, encode_name(name), data, self._settings.fsync)
+        if self._settings.fsync:
             dfd = os.open(q.schedules, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 os.fsync(dfd)

@@ -478,21 +478,21 @@ def tmp_name() -> str:
     return f".tmp-{_pid}-{threading.get_ident() & 0xFFFF:x}-{n}"
 
 
-def write_atomic(directory: str, name: str, data: bytes, keep_fd: bool) -> int | None:
-    """Write ``directory/name`` atomically (temp file + rename). With ``keep_fd`` the open
-    descriptor is returned (the caller fsyncs and closes it), else ``None``."""
+def write_atomic(directory: str, name: str, data: bytes, durable: bool) -> None:
+    """Write ``directory/name`` atomically (temp file + rename). ``durable``: the data is
+    flushed before the rename names it (a power cut never leaves the name on data that
+    did not reach the disk); the caller flushes ``directory`` if the name must survive."""
     tmp = os.path.join(directory, tmp_name())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         _write_all(fd, data)
+        if durable:
+            os.fdatasync(fd)
         os.rename(tmp, os.path.join(directory, name))
     except BaseException:
         _discard(fd, tmp)
         raise
-    if keep_fd:
-        return fd
     os.close(fd)
-    return None
 
 
 def pid_alive(pid: int) -> bool:
