@@ -154,6 +154,26 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
                 Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60, token=claims[1].token),
             ],
         )
+    elif scenario == "sleep-after-records":
+        # A sleep and a rate limit: records re-pointed, the events not written.
+        await st.heartbeat(queue, "wc", 0.2, [], 0.2)
+        claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
+        assert [c.id for c in claims] == ["s1", "l1"], claims
+        orig_commit = FileCore.commit
+
+        def commit(*a, **k):  # type: ignore[no-untyped-def]
+            orig_commit(*a, **k)
+            _die()
+
+        FileCore.commit = commit  # type: ignore[method-assign]
+        await st.settle(
+            queue,
+            "wc",
+            [
+                Settlement(SettleKind.SLEEP, "s1", b"", delay=60.0, token=claims[0].token),
+                Settlement(SettleKind.RATE_LIMITED, "l1", b"", delay=60.0, token=claims[1].token),
+            ],
+        )
     elif scenario == "settle-after-events":
         # Records re-pointed and the events written, the proc/ entries not yet unlinked.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
