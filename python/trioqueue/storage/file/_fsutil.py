@@ -70,9 +70,10 @@ class Rec(JobRec):
     """A job's registry entry as stored in ``jobs/<encoded id>``: the lifecycle's record
     (:class:`~.._rules.Rec`) and ``mk``, the name of the marker that files it (its ready
     marker, relative to ``ready/``; or its ``delayed/`` marker, which starts with its due
-    time)."""
+    time); ``asleep``: a delayed record that a sleep (``SettleKind.SLEEP``) filed, not a
+    rate limit (the event the reaper announces again if its settler died)."""
 
-    __slots__ = ("mk",)
+    __slots__ = ("mk", "asleep")
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class Rec(JobRec):
     ) -> None:
         JobRec.__init__(self, id, kind, ts, attempts, max_attempts, result_ttl, created, envelope)
         self.mk = mk
+        self.asleep = False
         self.worker = worker
         self.exp = exp
         self.result = result
@@ -167,6 +169,8 @@ def _extras(r: Rec) -> dict[str, object]:
         x["po"] = r.policy
     if r.dependents is not None:
         x["ds"] = [list(d) for d in r.dependents]
+    if r.asleep:
+        x["sl"] = 1
     return x
 
 
@@ -199,6 +203,7 @@ def _set_extras(r: Rec, x: object) -> None:
     r.deps = None if dp is None else [(str(d[0]), str(d[1])) for d in dp]
     ds = x.get("ds")
     r.dependents = None if ds is None else [(str(d[0]), str(d[1])) for d in ds]
+    r.asleep = bool(x.get("sl", 0))
     if not MIN_PRIORITY <= r.priority <= MAX_PRIORITY:
         raise CorruptRecord(f"bad priority {r.priority!r}")
 
