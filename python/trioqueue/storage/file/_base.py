@@ -233,14 +233,28 @@ class FileCore:
                 os.close(fd)
             return
         try:
-            token = trio.lowlevel.current_trio_token()
+            syncer = self._syncer()
         except RuntimeError:
             sync_now(fds, dirs)
             return
+        await syncer.sync(fds, dirs)
+
+    def _syncer(self) -> Syncer:
+        token = trio.lowlevel.current_trio_token()
         syncer = self._syncers.get(token)
         if syncer is None:
             syncer = self._syncers[token] = Syncer(self._root_fd)
-        await syncer.sync(fds, dirs)
+        return syncer
+
+    def _fill_spares(self, q: FileQueue) -> None:
+        """Have the flusher thread make ``q``'s spare segment files (outside Trio, e.g.
+        the start-up repair: none are made, segments create their files)."""
+        try:
+            flusher = self._syncer().flusher
+        except RuntimeError:
+            q.spares.filling = False
+            return
+        flusher.post(q.spares.fill)
 
     def read(self, q: FileQueue, enc_id: str) -> Rec | None:
         """The record, or None if absent. Corrupt records are quarantined (and None).
@@ -310,7 +324,9 @@ class FileCore:
         if not items:
             return False
         q.bump()
-        tmp, fd, seg = write_segment(q.tmp, list(items.items()))
+        tmp, fd, seg = write_segment(q.tmp, list(items.items()), q.spares)
+        if q.spares.wanted():
+            self._fill_spares(q)
         try:
             if self.settings.fsync:
                 os.fdatasync(fd)
