@@ -132,20 +132,23 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
     elif scenario == "claim-before-records":
         # Jobs renamed into proc/<worker>/, records not yet rewritten as processing.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
-        FileCore.commit = lambda *a, **k: _die()  # type: ignore[method-assign]
+        async def die(*a, **k):  # type: ignore[no-untyped-def]
+            _die()
+
+        FileCore.acommit = die  # type: ignore[method-assign]
         await st.dequeue(queue, "wc", 10, 0, 30.0)
     elif scenario == "settle-after-records":
         # Records re-pointed to the settlement, delayed/ link and proc/ unlinks not done.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
         assert [c.id for c in claims] == ["r1", "c1"], claims
-        orig_commit = FileCore.commit
+        orig_commit = FileCore.acommit
 
-        def commit(*a, **k):  # type: ignore[no-untyped-def]
-            orig_commit(*a, **k)
+        async def commit(*a, **k):  # type: ignore[no-untyped-def]
+            await orig_commit(*a, **k)
             _die()
 
-        FileCore.commit = commit  # type: ignore[method-assign]
+        FileCore.acommit = commit  # type: ignore[method-assign]
         await st.settle(
             queue,
             "wc",
@@ -159,13 +162,13 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
         assert [c.id for c in claims] == ["s1", "l1"], claims
-        orig_commit = FileCore.commit
+        orig_commit = FileCore.acommit
 
-        def commit(*a, **k):  # type: ignore[no-untyped-def]
-            orig_commit(*a, **k)
+        async def commit(*a, **k):  # type: ignore[no-untyped-def]
+            await orig_commit(*a, **k)
             _die()
 
-        FileCore.commit = commit  # type: ignore[method-assign]
+        FileCore.acommit = commit  # type: ignore[method-assign]
         await st.settle(
             queue,
             "wc",

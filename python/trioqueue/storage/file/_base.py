@@ -59,6 +59,12 @@ __all__ = ["FileCore", "FileSettings"]
 _event_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def _drop(tmp: str, fd: int) -> None:
+    """Remove a staged segment nothing names yet (its flush failed or was interrupted)."""
+    os.close(fd)
+    unlink_quiet(tmp)
+
+
 @dataclass(frozen=True)
 class FileSettings:
     """The options of a :class:`~trioqueue.storage.FileStorage` (see its docstring), read
@@ -323,13 +329,57 @@ class FileCore:
         record is not cached): the caller's duplicate."""
         if not items:
             return False
+        tmp, fd, seg = self._stage(q, items)
+        if self.settings.fsync:
+            try:
+                os.fdatasync(fd)
+            except BaseException:
+                _drop(tmp, fd)
+                raise
+        return self._link(q, items, tmp, fd, seg, new, exists)
+
+    async def acommit(
+        self,
+        q: FileQueue,
+        items: dict[str, Rec],
+        new: set[str] | None = None,
+        exists: Callable[[str], bool] | None = None,
+    ) -> bool:
+        """:meth:`commit`, from a Trio task holding the queue's lock (:meth:`alock`): the
+        segment's data flush runs in the group commit's flusher thread, the event loop
+        free meanwhile (the lock stays held; shielded: a section that wrote its segment
+        finishes). The claims, settlements and enqueues commit this way."""
+        if not items:
+            return False
+        tmp, fd, seg = self._stage(q, items)
+        if self.settings.fsync:
+            try:
+                with trio.CancelScope(shield=True):
+                    await self._syncer().flusher.run(lambda: os.fdatasync(fd))
+            except BaseException:
+                _drop(tmp, fd)
+                raise
+        return self._link(q, items, tmp, fd, seg, new, exists)
+
+    def _stage(self, q: FileQueue, items: dict[str, Rec]) -> tuple[str, int, Segment]:
         q.bump()
-        tmp, fd, seg = write_segment(q.tmp, list(items.items()), q.spares)
+        staged = write_segment(q.tmp, list(items.items()), q.spares)
         if q.spares.wanted():
             self._fill_spares(q)
+        return staged
+
+    def _link(
+        self,
+        q: FileQueue,
+        items: dict[str, Rec],
+        tmp: str,
+        fd: int,
+        seg: Segment,
+        new: set[str] | None,
+        exists: Callable[[str], bool] | None,
+    ) -> bool:
+        """Steps (2) and (3) of :meth:`commit`: the names, once the data is flushed."""
         try:
-            if self.settings.fsync:
-                os.fdatasync(fd)
             exps = [r.exp for r in items.values() if r.exp is not None]
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)

@@ -61,7 +61,7 @@ class FileClaims:
         self._trees = trees
         self._retention = retention
 
-    def _claim_locked(
+    async def _claim_locked(
         self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
     ) -> tuple[list[Claim], float]:
         claims: list[Claim] = []
@@ -140,7 +140,7 @@ class FileClaims:
         # The renames above are the claims; then one segment of processing records
         # (attempts, worker, lease). A crash between leaves proc entries whose record is
         # still queued: recover_stalled puts them back in ready/ (no attempt counted).
-        self._core.commit(q, items, None)
+        await self._core.acommit(q, items)
         count_claims(q, flow, limits, now, len(claims))
         self._core.publish(q, events)
         self._core.maybe_clean(q, now)
@@ -162,7 +162,7 @@ class FileClaims:
         self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
     ) -> tuple[list[Claim], float]:
         async with self._core.alock(q):
-            return self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
+            return await self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
 
     async def dequeue(
         self,
@@ -276,7 +276,7 @@ class FileClaims:
                     items[enc] = r
                 # (expiry/ is not flushed: the start-up repair links back an entry a
                 # power cut lost, from the records, which are; see _restore_expiry)
-                self._core.commit(q, items, fds)
+                await self._core.acommit(q, items)
                 for enc, mk in retries:
                     self._core.link_marker(q, enc, q.delayed, mk)
                 for enc, mk in queued:

@@ -125,7 +125,7 @@ class FileJobs:
                 try:
                     try:
                         flat = [j for r in group for j in r.jobs]
-                        outcomes, fds, any_new = self._enqueue_locked(q, flat)
+                        outcomes, fds, any_new = await self._enqueue_locked(q, flat)
                     finally:
                         await lock.__aexit__(None, None, None)
                     pos = 0
@@ -145,7 +145,7 @@ class FileJobs:
             st.running = False
             st.idle.set()
 
-    def _enqueue_locked(self, q: FileQueue, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
+    async def _enqueue_locked(self, q: FileQueue, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
         """One segment for every new job, then its ``jobs/`` and ``ready/`` (or
         ``delayed/``) links (lock held).
 
@@ -208,7 +208,7 @@ class FileJobs:
                 if enc in places:
                     places[enc].append(len(outcomes) - 1)
             if items:
-                self._core.commit(q, items, fds, new=set(items), exists=exists)
+                await self._core.acommit(q, items, new=set(items), exists=exists)
                 for enc, r0 in found.items():  # duplicates after all: every place says so
                     del items[enc], events[enc]
                     for i in places.get(enc, ()):
@@ -357,7 +357,7 @@ class FileJobs:
             ok = entry is not None and (entry[1] is None or tick > entry[1])
             if entry is not None and ok:
                 if job is not None:
-                    _, fds, new = self._enqueue_locked(q, [job])
+                    _, fds, new = await self._enqueue_locked(q, [job])
                     if new and self._settings.fsync:
                         sync_now(fds, _named_dirs(q, [job]))  # (closes them)
                     else:
@@ -410,7 +410,7 @@ class FileJobs:
                     enc = encode_name(job.id)
                     r = self._core.load(q, enc, now)
                     if r is None or not R.debounces(r):
-                        out, more, new = self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))])
+                        out, more, new = await self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))])
                         fds += more
                         wrote |= new
                         outcomes += out
