@@ -345,7 +345,7 @@ class FileClaims:
             front = self._requeue_records(todo, items, front)
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).
-            self._core.commit(q, items, None)
+            await self._core.acommit(q, items)
             for enc in cancelled:
                 unlink_quiet(os.path.join(pdir, enc))
             n = self._requeue_markers(q, todo, worker_id, events)
@@ -442,7 +442,7 @@ class FileClaims:
                 if back:
                     nxt, front = q.counters()
                     front = self._requeue_records(back, items, front)
-                expiring = self._core.commit(q, items, fds)
+                expiring = await self._core.acommit(q, items)
                 if back:
                     self._requeue_markers(q, back, worker_id, events)
                     q.set_counters(nxt, front)
@@ -497,7 +497,7 @@ class FileClaims:
                     items[enc] = r
                     if r.cancel_requested:
                         reply.cancel_requested.append(job_id)
-                self._core.commit(q, items, None)
+                await self._core.acommit(q, items)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return reply
 
@@ -539,7 +539,7 @@ class FileClaims:
             if found is not None:
                 enc, r = found
                 r.progress = progress
-                self._core.commit(q, {enc: r}, None)
+                await self._core.acommit(q, {enc: r})
                 self._core.publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=r.token)])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return found is not None

@@ -244,7 +244,7 @@ class FileJobs:
                     r.mk = None
                     if R.in_tree(r):
                         self._trees.tree_ended(q, r)  # its parent re-evaluated, its children cancelled
-                    self._core.commit(q, {enc: r}, fds)
+                    await self._core.acommit(q, {enc: r})
                     if marker:
                         unlink_quiet(os.path.join(folder, marker))
                     wrote = True
@@ -253,7 +253,7 @@ class FileJobs:
                     if r.children is not None or r.deps is not None:
                         self._trees.tree_ended(q, r)  # its children (added while it runs) are cancelled
                     if event is not None:  # a cancel request, new
-                        self._core.commit(q, {enc: r}, fds)
+                        await self._core.acommit(q, {enc: r})
                         wrote = True
                         self._core.publish(q, [StorageEvent(event, job_id, r.worker, token=r.token)])
         await self._core.finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
@@ -291,7 +291,7 @@ class FileJobs:
             else:
                 assert r is not None
                 r.exp = now + ttl
-                self._core.commit(q, {enc: r}, fds)
+                await self._core.acommit(q, {enc: r})
                 status = UpdateTTLStatus.UPDATED
         await self._core.finish(fds, {q.jobs_fd, q.expiry_fd}, status is UpdateTTLStatus.UPDATED)
         return status
@@ -419,7 +419,7 @@ class FileJobs:
                     old = mk = r.mk
                     if run_at is not None:  # a delayed job: due later (its marker's name says when)
                         r.mk = mk = seq_name(int(run_at * 1000), enc)
-                    self._core.commit(q, {enc: r}, fds)
+                    await self._core.acommit(q, {enc: r})
                     if old is not None and mk is not None and mk != old:  # a new due time: a new marker
                         self._core.link_marker(q, enc, q.delayed, mk)
                         unlink_quiet(os.path.join(q.delayed, old))

@@ -305,7 +305,7 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
                     enc, r = found
                     ok = R.save_step(r, worker_id, token, entry)
                     if ok:
-                        core.commit(q, {enc: r}, fds)
+                        await core.acommit(q, {enc: r})
         await core.finish(fds, {q.jobs_fd}, ok)
         return ok
 
@@ -353,7 +353,7 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
                     if outcome == "woken":
                         nxt, front = q.counters()
                         r.mk = ready_name(nxt, enc, r.priority, r.group)
-                    core.commit(q, {enc: r}, fds)
+                    await core.acommit(q, {enc: r})
                     if outcome == "woken":
                         assert r.mk is not None
                         if deadline:
