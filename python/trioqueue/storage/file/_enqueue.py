@@ -150,7 +150,7 @@ class FileJobs:
         ``delayed/``) links (lock held).
 
         Order: segment (temp name) -> ``jobs/<id>`` links -> ``ready/<seq>-<id>`` links ->
-        temp name unlinked; the group commit then fdatasyncs the segment and fsyncs
+        temp name unlinked (the segment's data flushed before the first link); the group commit then fsyncs
         ``jobs/`` and ``ready/`` before any caller returns. A crash after a ``jobs/`` link
         but before its ``ready/`` link leaves a queued record without a marker: start-up
         repair links a new marker (the job was not acknowledged, but it is not lost). The
