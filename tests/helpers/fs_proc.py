@@ -197,13 +197,13 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         assert [c.id for c in claims] == ["s1"], claims
         while (await st.workers(queue)).get("wc"):
             await trio.sleep(0.02)  # the lease and the heartbeat expire (what is simulated)
-        orig_commit = FileCore.commit
+        orig_commit = FileCore.acommit
 
-        def commit(*a, **k):  # type: ignore[no-untyped-def]
-            orig_commit(*a, **k)
+        async def commit(*a, **k):  # type: ignore[no-untyped-def]
+            await orig_commit(*a, **k)
             _die()
 
-        FileCore.commit = commit  # type: ignore[method-assign]
+        FileCore.acommit = commit  # type: ignore[method-assign]
         await st.recover_stalled(queue)
     raise SystemExit(f"scenario {scenario} did not crash")
 
