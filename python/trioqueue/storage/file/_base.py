@@ -59,6 +59,15 @@ __all__ = ["FileCore", "FileSettings"]
 _event_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def _ident(q: FileQueue, enc: str) -> tuple[int, int, int] | None:
+    """What ``jobs/<enc>`` names (inode, size, mtime), ``None`` if absent."""
+    try:
+        st = os.stat(enc, dir_fd=q.jobs_fd)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _drop(tmp: str, fd: int) -> None:
     """Remove a staged segment nothing names yet (its flush failed or was interrupted)."""
     os.close(fd)
@@ -360,6 +369,48 @@ class FileCore:
                 _drop(tmp, fd)
                 raise
         return self._link(q, items, tmp, fd, seg, new, exists)
+
+    async def commit_outside(
+        self, q: FileQueue, plan: Callable[[], dict[str, Rec]], apply: Callable[[dict[str, Rec]], None] | None = None
+    ) -> dict[str, Rec]:
+        """A step whose segment's data is flushed *without* the queue's lock held: for the
+        frequent steps of running jobs (heartbeats, stored steps), so that a slow flush
+        never holds up the other processes' steps, their heartbeats first (a lease that
+        runs out while a heartbeat waits for the lock hands a live job to another worker).
+
+        Under the lock, ``plan()`` reads the records and returns the changed ones (no
+        other change); their segment is written; the lock is let go while its data is
+        flushed; then, under the lock again, if no process changed records meanwhile (the
+        generation is the one seen, and each ``jobs/<id>`` still names the segment it
+        named) the names are linked and ``apply`` runs, else the segment is dropped and
+        ``plan`` runs again on the records as they now are. Returns what was committed."""
+        while True:
+            async with self.alock(q):
+                items = plan()
+                if not items or not self.settings.fsync:
+                    self.commit(q, items, None)
+                    if apply is not None:
+                        apply(items)
+                    return items
+                gen = q.gen
+                seen = {enc: _ident(q, enc) for enc in items}
+                tmp, fd, seg = write_segment(q.tmp, list(items.items()), q.spares)
+                if q.spares.wanted():
+                    self._fill_spares(q)
+            try:
+                with trio.CancelScope(shield=True):
+                    await self._syncer().flusher.run(lambda: os.fdatasync(fd))
+                async with self.alock(q):
+                    if q.gen == gen and all(_ident(q, enc) == ident for enc, ident in seen.items()):
+                        q.bump()
+                        self._link(q, items, tmp, fd, seg, None, None)
+                        if apply is not None:
+                            apply(items)
+                        return items
+            except BaseException:
+                _drop(tmp, fd)
+                raise
+            _drop(tmp, fd)  # changed meanwhile: planned again
 
     def _stage(self, q: FileQueue, items: dict[str, Rec]) -> tuple[str, int, Segment]:
         q.bump()

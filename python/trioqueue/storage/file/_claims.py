@@ -477,11 +477,15 @@ class FileClaims:
             os.rename(tmp, wpath)
         reply = HeartbeatReply([], [])
         if claims:
-            # The lease lives in the processing record: one new segment for all of them.
+            # The lease lives in the processing record: one new segment for all of them,
+            # flushed without the lock held (see FileCore.commit_outside).
             pdir = os.path.join(q.proc, enc_w)
             deadline = now + lease
-            items: dict[str, Rec] = {}
-            async with self._core.alock(q):
+
+            def plan() -> dict[str, Rec]:
+                reply.lost.clear()
+                reply.cancel_requested.clear()
+                items: dict[str, Rec] = {}
                 for job_id, token in claims:
                     found = self._core.held(q, pdir, worker_id, job_id, token)
                     if found is None:
@@ -497,7 +501,9 @@ class FileClaims:
                     items[enc] = r
                     if r.cancel_requested:
                         reply.cancel_requested.append(job_id)
-                await self._core.acommit(q, items)
+                return items
+
+            await self._core.commit_outside(q, plan)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return reply
 

@@ -295,18 +295,18 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
         core = self._core
         q = core.q(queue)
         entry = encode_step(name, value)
-        fds: list[int] = []
-        ok = False
-        async with core.alock(q):
-            with close_on_error(fds):
-                pdir = os.path.join(q.proc, core.worker_enc(q, worker_id))
-                found = core.held(q, pdir, worker_id, job_id, token)
-                if found is not None:
-                    enc, r = found
-                    ok = R.save_step(r, worker_id, token, entry)
-                    if ok:
-                        await core.acommit(q, {enc: r})
-        await core.finish(fds, {q.jobs_fd}, ok)
+        pdir = os.path.join(q.proc, core.worker_enc(q, worker_id))
+
+        def plan() -> dict[str, Rec]:
+            found = core.held(q, pdir, worker_id, job_id, token)
+            if found is None:
+                return {}
+            enc, r = found
+            return {enc: r} if R.save_step(r, worker_id, token, entry) else {}
+
+        # flushed without the lock held (see FileCore.commit_outside): a running job's step
+        ok = bool(await core.commit_outside(q, plan))
+        await core.finish([], {q.jobs_fd}, ok)
         return ok
 
     async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
