@@ -222,21 +222,21 @@ async def test_a_childs_note_taken_by_another_process_before_its_record_is_writt
     thread = threading.Thread(target=meanwhile)
     thread.start()
     await trio.to_thread.run_sync(ready.wait, 30)
-    commit = st._core.acommit
+    commit = st._core.commit
     seen: list[str] = []
 
-    async def commit_then_someone_acts(q, items, *a, **k):  # type: ignore[no-untyped-def]
+    def commit_then_someone_acts(q, items, fds):  # type: ignore[no-untyped-def]
         if q.name == "kids" and not seen:  # the settle: its note is made, its record not yet
             seen.append(q.name)
             go.set()
             done.wait(30)
-        return await commit(q, items, *a, **k)
+        return commit(q, items, fds)
 
-    st._core.acommit = commit_then_someone_acts  # type: ignore[method-assign]
+    st._core.commit = commit_then_someone_acts  # type: ignore[method-assign]
     try:
         assert await st.settle("kids", "w", [_done(claim, b"r")]) == [True]
     finally:
-        del st._core.acommit
+        del st._core.commit
         go.set()
         thread.join(30)
     assert seen and not errors, errors

@@ -132,23 +132,20 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
     elif scenario == "claim-before-records":
         # Jobs renamed into proc/<worker>/, records not yet rewritten as processing.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
-        async def die(*a, **k):  # type: ignore[no-untyped-def]
-            _die()
-
-        FileCore.acommit = die  # type: ignore[method-assign]
+        FileCore.commit = lambda *a, **k: _die()  # type: ignore[method-assign]
         await st.dequeue(queue, "wc", 10, 0, 30.0)
     elif scenario == "settle-after-records":
         # Records re-pointed to the settlement, delayed/ link and proc/ unlinks not done.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
         assert [c.id for c in claims] == ["r1", "c1"], claims
-        orig_commit = FileCore.acommit
+        orig_commit = FileCore.commit
 
-        async def commit(*a, **k):  # type: ignore[no-untyped-def]
-            await orig_commit(*a, **k)
+        def commit(*a, **k):  # type: ignore[no-untyped-def]
+            orig_commit(*a, **k)
             _die()
 
-        FileCore.acommit = commit  # type: ignore[method-assign]
+        FileCore.commit = commit  # type: ignore[method-assign]
         await st.settle(
             queue,
             "wc",
@@ -162,13 +159,13 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
         assert [c.id for c in claims] == ["s1", "l1"], claims
-        orig_commit = FileCore.acommit
+        orig_commit = FileCore.commit
 
-        async def commit(*a, **k):  # type: ignore[no-untyped-def]
-            await orig_commit(*a, **k)
+        def commit(*a, **k):  # type: ignore[no-untyped-def]
+            orig_commit(*a, **k)
             _die()
 
-        FileCore.acommit = commit  # type: ignore[method-assign]
+        FileCore.commit = commit  # type: ignore[method-assign]
         await st.settle(
             queue,
             "wc",
@@ -197,13 +194,13 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         assert [c.id for c in claims] == ["s1"], claims
         while (await st.workers(queue)).get("wc"):
             await trio.sleep(0.02)  # the lease and the heartbeat expire (what is simulated)
-        orig_commit = FileCore.acommit
+        orig_commit = FileCore.commit
 
-        async def commit(*a, **k):  # type: ignore[no-untyped-def]
-            await orig_commit(*a, **k)
+        def commit(*a, **k):  # type: ignore[no-untyped-def]
+            orig_commit(*a, **k)
             _die()
 
-        FileCore.acommit = commit  # type: ignore[method-assign]
+        FileCore.commit = commit  # type: ignore[method-assign]
         await st.recover_stalled(queue)
     raise SystemExit(f"scenario {scenario} did not crash")
 

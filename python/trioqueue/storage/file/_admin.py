@@ -105,7 +105,7 @@ class FileAdmin:
                     r.steps = R.retried_steps(old, reset_steps)
                     r.signals = old.signals  # its mailbox is kept (Job.wait_for_signal)
                     lane_fd = q.lane_fds[lane]
-                    await self._core.acommit(q, {enc: r})
+                    self._core.commit(q, {enc: r}, fds)
                     self._core.link_marker(q, enc, q.ready, mk)
                     q.set_counters(nxt + 1, front)
                     self._core.publish(q, [StorageEvent("enqueued", job_id, token=token)])

@@ -59,21 +59,6 @@ __all__ = ["FileCore", "FileSettings"]
 _event_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _ident(q: FileQueue, enc: str) -> tuple[int, int, int] | None:
-    """What ``jobs/<enc>`` names (inode, size, mtime), ``None`` if absent."""
-    try:
-        st = os.stat(enc, dir_fd=q.jobs_fd)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _drop(tmp: str, fd: int) -> None:
-    """Remove a staged segment nothing names yet (its flush failed or was interrupted)."""
-    os.close(fd)
-    unlink_quiet(tmp)
-
-
 @dataclass(frozen=True)
 class FileSettings:
     """The options of a :class:`~trioqueue.storage.FileStorage` (see its docstring), read
@@ -338,99 +323,13 @@ class FileCore:
         record is not cached): the caller's duplicate."""
         if not items:
             return False
-        tmp, fd, seg = self._stage(q, items)
-        if self.settings.fsync:
-            try:
-                os.fdatasync(fd)
-            except BaseException:
-                _drop(tmp, fd)
-                raise
-        return self._link(q, items, tmp, fd, seg, new, exists)
-
-    async def acommit(
-        self,
-        q: FileQueue,
-        items: dict[str, Rec],
-        new: set[str] | None = None,
-        exists: Callable[[str], bool] | None = None,
-    ) -> bool:
-        """:meth:`commit`, from a Trio task holding the queue's lock (:meth:`alock`): the
-        segment's data flush runs in the group commit's flusher thread, the event loop
-        free meanwhile (the lock stays held; shielded: a section that wrote its segment
-        finishes). The claims, settlements and enqueues commit this way."""
-        if not items:
-            return False
-        tmp, fd, seg = self._stage(q, items)
-        if self.settings.fsync:
-            try:
-                with trio.CancelScope(shield=True):
-                    await self._syncer().flusher.run(lambda: os.fdatasync(fd))
-            except BaseException:
-                _drop(tmp, fd)
-                raise
-        return self._link(q, items, tmp, fd, seg, new, exists)
-
-    async def commit_outside(
-        self, q: FileQueue, plan: Callable[[], dict[str, Rec]], apply: Callable[[dict[str, Rec]], None] | None = None
-    ) -> dict[str, Rec]:
-        """A step whose segment's data is flushed *without* the queue's lock held: for the
-        frequent steps of running jobs (heartbeats, stored steps), so that a slow flush
-        never holds up the other processes' steps, their heartbeats first (a lease that
-        runs out while a heartbeat waits for the lock hands a live job to another worker).
-
-        Under the lock, ``plan()`` reads the records and returns the changed ones (no
-        other change); their segment is written; the lock is let go while its data is
-        flushed; then, under the lock again, if no process changed records meanwhile (the
-        generation is the one seen, and each ``jobs/<id>`` still names the segment it
-        named) the names are linked and ``apply`` runs, else the segment is dropped and
-        ``plan`` runs again on the records as they now are. Returns what was committed."""
-        while True:
-            async with self.alock(q):
-                items = plan()
-                if not items or not self.settings.fsync:
-                    self.commit(q, items, None)
-                    if apply is not None:
-                        apply(items)
-                    return items
-                gen = q.gen
-                seen = {enc: _ident(q, enc) for enc in items}
-                tmp, fd, seg = write_segment(q.tmp, list(items.items()), q.spares)
-                if q.spares.wanted():
-                    self._fill_spares(q)
-            try:
-                with trio.CancelScope(shield=True):
-                    await self._syncer().flusher.run(lambda: os.fdatasync(fd))
-                async with self.alock(q):
-                    if q.gen == gen and all(_ident(q, enc) == ident for enc, ident in seen.items()):
-                        q.bump()
-                        self._link(q, items, tmp, fd, seg, None, None)
-                        if apply is not None:
-                            apply(items)
-                        return items
-            except BaseException:
-                _drop(tmp, fd)
-                raise
-            _drop(tmp, fd)  # changed meanwhile: planned again
-
-    def _stage(self, q: FileQueue, items: dict[str, Rec]) -> tuple[str, int, Segment]:
         q.bump()
-        staged = write_segment(q.tmp, list(items.items()), q.spares)
+        tmp, fd, seg = write_segment(q.tmp, list(items.items()), q.spares)
         if q.spares.wanted():
             self._fill_spares(q)
-        return staged
-
-    def _link(
-        self,
-        q: FileQueue,
-        items: dict[str, Rec],
-        tmp: str,
-        fd: int,
-        seg: Segment,
-        new: set[str] | None,
-        exists: Callable[[str], bool] | None,
-    ) -> bool:
-        """Steps (2) and (3) of :meth:`commit`: the names, once the data is flushed."""
         try:
+            if self.settings.fsync:
+                os.fdatasync(fd)
             exps = [r.exp for r in items.values() if r.exp is not None]
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)

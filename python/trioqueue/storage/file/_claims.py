@@ -61,7 +61,7 @@ class FileClaims:
         self._trees = trees
         self._retention = retention
 
-    async def _claim_locked(
+    def _claim_locked(
         self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None = None
     ) -> tuple[list[Claim], float]:
         claims: list[Claim] = []
@@ -140,7 +140,7 @@ class FileClaims:
         # The renames above are the claims; then one segment of processing records
         # (attempts, worker, lease). A crash between leaves proc entries whose record is
         # still queued: recover_stalled puts them back in ready/ (no attempt counted).
-        await self._core.acommit(q, items)
+        self._core.commit(q, items, None)
         count_claims(q, flow, limits, now, len(claims))
         self._core.publish(q, events)
         self._core.maybe_clean(q, now)
@@ -162,7 +162,7 @@ class FileClaims:
         self, q: FileQueue, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
     ) -> tuple[list[Claim], float]:
         async with self._core.alock(q):
-            return await self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
+            return self._claim_locked(q, worker_id, max_jobs, lease, start, limits)
 
     async def dequeue(
         self,
@@ -276,7 +276,7 @@ class FileClaims:
                     items[enc] = r
                 # (expiry/ is not flushed: the start-up repair links back an entry a
                 # power cut lost, from the records, which are; see _restore_expiry)
-                await self._core.acommit(q, items)
+                self._core.commit(q, items, fds)
                 for enc, mk in retries:
                     self._core.link_marker(q, enc, q.delayed, mk)
                 for enc, mk in queued:
@@ -345,7 +345,7 @@ class FileClaims:
             front = self._requeue_records(todo, items, front)
             # Records first, then the markers move back (a crash between: the reaper sees a
             # queued record whose marker is still in proc/ and moves it to ready/).
-            await self._core.acommit(q, items)
+            self._core.commit(q, items, None)
             for enc in cancelled:
                 unlink_quiet(os.path.join(pdir, enc))
             n = self._requeue_markers(q, todo, worker_id, events)
@@ -442,7 +442,7 @@ class FileClaims:
                 if back:
                     nxt, front = q.counters()
                     front = self._requeue_records(back, items, front)
-                expiring = await self._core.acommit(q, items)
+                expiring = self._core.commit(q, items, fds)
                 if back:
                     self._requeue_markers(q, back, worker_id, events)
                     q.set_counters(nxt, front)
@@ -477,15 +477,11 @@ class FileClaims:
             os.rename(tmp, wpath)
         reply = HeartbeatReply([], [])
         if claims:
-            # The lease lives in the processing record: one new segment for all of them,
-            # flushed without the lock held (see FileCore.commit_outside).
+            # The lease lives in the processing record: one new segment for all of them.
             pdir = os.path.join(q.proc, enc_w)
             deadline = now + lease
-
-            def plan() -> dict[str, Rec]:
-                reply.lost.clear()
-                reply.cancel_requested.clear()
-                items: dict[str, Rec] = {}
+            items: dict[str, Rec] = {}
+            async with self._core.alock(q):
                 for job_id, token in claims:
                     found = self._core.held(q, pdir, worker_id, job_id, token)
                     if found is None:
@@ -501,9 +497,7 @@ class FileClaims:
                     items[enc] = r
                     if r.cancel_requested:
                         reply.cancel_requested.append(job_id)
-                return items
-
-            await self._core.commit_outside(q, plan)
+                self._core.commit(q, items, None)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return reply
 
@@ -545,7 +539,7 @@ class FileClaims:
             if found is not None:
                 enc, r = found
                 r.progress = progress
-                await self._core.acommit(q, {enc: r})
+                self._core.commit(q, {enc: r}, None)
                 self._core.publish(q, [StorageEvent("progress", job_id, worker_id, result=progress, token=r.token)])
         await trio.lowlevel.cancel_shielded_checkpoint()
         return found is not None

@@ -125,7 +125,7 @@ class FileJobs:
                 try:
                     try:
                         flat = [j for r in group for j in r.jobs]
-                        outcomes, fds, any_new = await self._enqueue_locked(q, flat)
+                        outcomes, fds, any_new = self._enqueue_locked(q, flat)
                     finally:
                         await lock.__aexit__(None, None, None)
                     pos = 0
@@ -145,7 +145,7 @@ class FileJobs:
             st.running = False
             st.idle.set()
 
-    async def _enqueue_locked(self, q: FileQueue, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
+    def _enqueue_locked(self, q: FileQueue, jobs: Sequence[NewJob]) -> tuple[list[EnqueueOutcome], list[int], bool]:
         """One segment for every new job, then its ``jobs/`` and ``ready/`` (or
         ``delayed/``) links (lock held).
 
@@ -208,7 +208,7 @@ class FileJobs:
                 if enc in places:
                     places[enc].append(len(outcomes) - 1)
             if items:
-                await self._core.acommit(q, items, new=set(items), exists=exists)
+                self._core.commit(q, items, fds, new=set(items), exists=exists)
                 for enc, r0 in found.items():  # duplicates after all: every place says so
                     del items[enc], events[enc]
                     for i in places.get(enc, ()):
@@ -244,7 +244,7 @@ class FileJobs:
                     r.mk = None
                     if R.in_tree(r):
                         self._trees.tree_ended(q, r)  # its parent re-evaluated, its children cancelled
-                    await self._core.acommit(q, {enc: r})
+                    self._core.commit(q, {enc: r}, fds)
                     if marker:
                         unlink_quiet(os.path.join(folder, marker))
                     wrote = True
@@ -253,7 +253,7 @@ class FileJobs:
                     if r.children is not None or r.deps is not None:
                         self._trees.tree_ended(q, r)  # its children (added while it runs) are cancelled
                     if event is not None:  # a cancel request, new
-                        await self._core.acommit(q, {enc: r})
+                        self._core.commit(q, {enc: r}, fds)
                         wrote = True
                         self._core.publish(q, [StorageEvent(event, job_id, r.worker, token=r.token)])
         await self._core.finish(fds, {q.jobs_fd, q.ready_fd, q.delayed_fd, q.expiry_fd}, wrote)
@@ -291,7 +291,7 @@ class FileJobs:
             else:
                 assert r is not None
                 r.exp = now + ttl
-                await self._core.acommit(q, {enc: r})
+                self._core.commit(q, {enc: r}, fds)
                 status = UpdateTTLStatus.UPDATED
         await self._core.finish(fds, {q.jobs_fd, q.expiry_fd}, status is UpdateTTLStatus.UPDATED)
         return status
@@ -357,7 +357,7 @@ class FileJobs:
             ok = entry is not None and (entry[1] is None or tick > entry[1])
             if entry is not None and ok:
                 if job is not None:
-                    _, fds, new = await self._enqueue_locked(q, [job])
+                    _, fds, new = self._enqueue_locked(q, [job])
                     if new and self._settings.fsync:
                         sync_now(fds, _named_dirs(q, [job]))  # (closes them)
                     else:
@@ -410,7 +410,7 @@ class FileJobs:
                     enc = encode_name(job.id)
                     r = self._core.load(q, enc, now)
                     if r is None or not R.debounces(r):
-                        out, more, new = await self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))])
+                        out, more, new = self._enqueue_locked(q, [job._replace(run_at=now + R.debounce_delay(delay, max_wait))])
                         fds += more
                         wrote |= new
                         outcomes += out
@@ -419,7 +419,7 @@ class FileJobs:
                     old = mk = r.mk
                     if run_at is not None:  # a delayed job: due later (its marker's name says when)
                         r.mk = mk = seq_name(int(run_at * 1000), enc)
-                    await self._core.acommit(q, {enc: r})
+                    self._core.commit(q, {enc: r}, fds)
                     if old is not None and mk is not None and mk != old:  # a new due time: a new marker
                         self._core.link_marker(q, enc, q.delayed, mk)
                         unlink_quiet(os.path.join(q.delayed, old))

@@ -167,7 +167,7 @@ class FileTrees:
                         wrote |= self._act(q, kind, enc, now, fds, kept)
                     unlink_quiet(os.path.join(folder, work))
                 if kept:
-                    await self._core.acommit(q, kept)
+                    self._core.commit(q, kept, fds)
                     wrote = True
         await self._core.finish(fds, {q.jobs_fd, *q.lane_fds, q.delayed_fd, q.expiry_fd}, wrote)
 
@@ -489,7 +489,7 @@ class FileTrees:
             for n in order:
                 q = qs[n]
                 with close_on_error(fds[n]):
-                    await self._core.acommit(q, items[n])
+                    self._core.commit(q, items[n], fds[n])
                     delayed = []
                     for enc, r in items[n].items():
                         if r.mk and r.kind in (QUEUED, DELAYED):

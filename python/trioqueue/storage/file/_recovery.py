@@ -143,7 +143,7 @@ class FileRecovery:
                 # between leaves queued records whose entry is still in proc/, which the
                 # next pass moves back ("claim interrupted"), and failed records whose stale
                 # entry it drops.
-                if await self._core.acommit(q, items):
+                if self._core.commit(q, items, fds):
                     dirs.add(q.expiry_fd)
                 for marker, mk in requeue:
                     q.lane_filled(mk)

@@ -295,18 +295,18 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
         core = self._core
         q = core.q(queue)
         entry = encode_step(name, value)
-        pdir = os.path.join(q.proc, core.worker_enc(q, worker_id))
-
-        def plan() -> dict[str, Rec]:
-            found = core.held(q, pdir, worker_id, job_id, token)
-            if found is None:
-                return {}
-            enc, r = found
-            return {enc: r} if R.save_step(r, worker_id, token, entry) else {}
-
-        # flushed without the lock held (see FileCore.commit_outside): a running job's step
-        ok = bool(await core.commit_outside(q, plan))
-        await core.finish([], {q.jobs_fd}, ok)
+        fds: list[int] = []
+        ok = False
+        async with core.alock(q):
+            with close_on_error(fds):
+                pdir = os.path.join(q.proc, core.worker_enc(q, worker_id))
+                found = core.held(q, pdir, worker_id, job_id, token)
+                if found is not None:
+                    enc, r = found
+                    ok = R.save_step(r, worker_id, token, entry)
+                    if ok:
+                        core.commit(q, {enc: r}, fds)
+        await core.finish(fds, {q.jobs_fd}, ok)
         return ok
 
     async def get_steps(self, queue: str, job_id: str) -> dict[str, bytes]:
@@ -353,7 +353,7 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
                     if outcome == "woken":
                         nxt, front = q.counters()
                         r.mk = ready_name(nxt, enc, r.priority, r.group)
-                    await core.acommit(q, {enc: r})
+                    core.commit(q, {enc: r}, fds)
                     if outcome == "woken":
                         assert r.mk is not None
                         if deadline:
