@@ -40,9 +40,8 @@ link, so readers (other processes too, without the lock) only ever see complete 
 processes cache parsed segments by their random id. The file system frees a segment when
 its last link goes: no garbage collection.
 
-**Data before names.** Every step flushes a new segment's data (``fdatasync``, in the
-group commit's flusher thread for the steps of Trio tasks, the queue's lock held) before
-any name links to it: a flush of ``jobs/`` made later by any step commits the file
+**Data before names.** Every step flushes a new segment's data (``fdatasync``, in its
+locked section) before any name links to it: a flush of ``jobs/`` made later by any step commits the file
 system's journal, names included, and a name must never survive a power cut without the
 data it names (``tests/backends/file/test_file_power_loss.py`` checks every crash state
 of a run). Acknowledged steps (enqueues, settlements...) then flush the directory of the
