@@ -1,18 +1,26 @@
 """FileStorage throughput and latency, with a plain fsynced-file-per-job baseline.
 
-    python benches/bench_file.py [--jobs 5000] [--rounds 1]
+    python benches/bench_file.py [--jobs 5000] [--rounds 1] [--base REV]
 
-Writes benches/results/file.md. Every figure is measured in this run on this machine, in
+Writes benches/results/file.md. With ``--base``, the sequential enqueue, the concurrent
+enqueue and the processing loop also run on that git revision's ``python/`` (exported), each
+run of either side in a fresh process, interleaved: a before/after section in the same run,
+with the system calls, flushes and Python calls per job of each side (``strace -c``, cProfile). Every figure is measured in this run on this machine, in
 a temporary directory on the same file system as the repository (not tmpfs); with several
 rounds, the baseline and each measure are interleaved and the medians (min–max) kept.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import re
 import shutil
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -425,9 +433,122 @@ def sqlite_processing(d: Path, n: int, batch: int = 100) -> float:
     return n / el
 
 
+# -- before/after: a workload run in a fresh process, by the tree on its PYTHONPATH ---------
+
+_CHILD = {
+    "seq": lambda d, n: trio.run(bench_sequential, d, n),
+    "conc": lambda d, n: trio.run(bench_concurrent, d, n),
+    "proc": lambda d, n: trio.run(bench_processing, d, n * 2),
+}
+
+
+def child(key: str, d: Path, n: int, profile: bool) -> None:
+    """Run one workload and print its rate, the p50 of a call (sequential) and, with
+    ``profile``, the Python calls per processed job."""
+    out: dict[str, float] = {}
+    if profile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        out["rate"] = _CHILD[key](d, n)
+        pr.disable()
+        out["calls"] = pstats.Stats(pr).total_calls / (n * 2)  # type: ignore[attr-defined]
+    else:
+        out["rate"] = _CHILD[key](d, n)
+    if _LAST:
+        out["p50"] = statistics.median(_LAST) * 1e6
+    print(json.dumps(out))
+
+
+def _run_child(tree: Path, key: str, d: Path, n: int, *, profile: bool = False, strace: Path | None = None) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{h.HERE}")
+    cmd = [sys.executable, __file__, "--child", key, "--dir", str(d), "--jobs", str(n), *(["--profile"] if profile else [])]
+    if strace is not None:
+        cmd = ["strace", "-f", "-c", "-o", str(strace), *cmd]
+    res = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+_SYSCALLS = ("link", "rename", "unlink", "unlinkat", "newfstatat", "openat", "fdatasync", "fsync")
+
+
+def _strace_counts(path: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", line)
+        if m:
+            counts[m.group(2)] = int(m.group(1))
+    return counts
+
+
+def before_after(base: str, rounds: int, n: int, work: Path) -> list[str]:
+    """The base revision against this tree, interleaved, each run in a fresh process."""
+    titles = {"seq": "enqueue, 1 job per call, sequential", "conc": "enqueue, 1 job per call, 50 concurrent tasks",
+              "proc": "processing: dequeue 100 + settle (complete), sequential"}
+    with h.checkout(base) as old:
+        trees = {"before": old / "python", "after": h.ROOT / "python"}
+        rates: dict[str, list[float]] = {}
+        p50s: dict[str, list[float]] = {}
+        sides = [(k, t) for k in titles for t in trees]
+        for r, (key, side) in h.interleaved(rounds, sides):
+            got = _run_child(trees[side], key, work / f"ab-{key}-{side}-{r}", n)
+            rates.setdefault(f"{key}@{side}", []).append(got["rate"])
+            if "p50" in got:
+                p50s.setdefault(f"{key}@{side}", []).append(got["p50"])
+        counts: dict[str, dict[str, float]] = {}
+        small = 50  # a short run's counts (process start, imports, the enqueue) are taken off
+        for side, tree in trees.items():
+            got = []
+            for k in (n, small):
+                trace = work / f"strace-{side}-{k}.txt"
+                _run_child(tree, "proc", work / f"st-{side}-{k}", k, strace=trace)
+                got.append(_strace_counts(trace))
+            c = {k: got[0].get(k, 0) - got[1].get(k, 0) for k in got[0]}
+            jobs = (n - small) * 2
+            prof = _run_child(tree, "proc", work / f"pr-{side}", n, profile=True)
+            counts[side] = {**{k: max(c.get(k, 0), 0) / jobs for k in _SYSCALLS}, "calls": prof["calls"],
+                            "flushes": (c.get("fdatasync", 0) + c.get("fsync", 0)) / (jobs / 100)}
+    m = h.spreads(rates)
+    lat = h.spreads(p50s)
+    rows = []
+    for key, title in titles.items():
+        b, a = m[f"{key}@before"], m[f"{key}@after"]
+        rows.append([title, b.fmt(), a.fmt(), f"{a.median / b.median:.2f}"])
+    for key in ("seq",):
+        b, a = lat[f"{key}@before"], lat[f"{key}@after"]
+        rows.append([titles[key] + ": p50 of a call, µs", b.fmt(",.0f"), a.fmt(",.0f"), f"{a.median / b.median:.2f}"])
+    per_job = [[k, f"{counts['before'][k]:.2f}", f"{counts['after'][k]:.2f}"] for k in (*_SYSCALLS, "flushes", "calls")]
+    return [
+        "",
+        f"## Before / after ({time.strftime('%Y-%m-%d')}): `{base}` against this tree, same run",
+        "",
+        f"{rounds} round(s), interleaved, each run a fresh process; medians (min–max); n = {n} "
+        f"({n * 2} processed).",
+        "",
+        *h.table(["what", f"before ({base}), jobs/s", "after, jobs/s", "after / before"], rows, "lrrr"),
+        "",
+        f"Per processed job of the processing loop (claim 100 + settle 100), each side once: system calls "
+        f"(`strace -f -c`; a run of {n * 2} jobs less a run of 100, so the process start and imports, "
+        "fixed costs are taken off; the batched enqueue's 2 links a job stay in), flushes (`fdatasync` + `fsync`) per 100 jobs, Python calls "
+        "(cProfile, the whole run incl. its enqueue). These do not move with the load.",
+        "",
+        *h.table(["per job", "before", "after"], per_job, "lrr"),
+    ]
+
+
 def main() -> None:
-    args = h.parser(__doc__, out="file.md", rounds=1, jobs=5000).parse_args()
+    p = h.parser(__doc__, out="file.md", rounds=1, jobs=5000)
+    p.add_argument("--base", help="a git revision to compare this tree with (before/after section)")
+    p.add_argument("--child", choices=sorted(_CHILD), help=argparse.SUPPRESS)
+    p.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
     n = args.jobs
+    if args.child:
+        child(args.child, args.dir, n, args.profile)
+        return
     sides: dict[str, tuple[str, Callable[[Path], float]]] = {
         "base": ("baseline: plain loop, one fsynced file per job", lambda d: baseline(d, n)),
         "seq": ("enqueue, 1 job per call, sequential", lambda d: trio.run(bench_sequential, d, n)),
@@ -462,6 +583,7 @@ def main() -> None:
             if _LAST:
                 p50s.setdefault(key, []).append(statistics.median(_LAST) * 1e6)
         p50, p99 = trio.run(bench_latency, work / "lat", max(20, n // 16))
+        ab = before_after(args.base, args.rounds, n, work) if args.base else []
     finally:
         shutil.rmtree(work, ignore_errors=True)
     m = h.spreads(rates)
@@ -484,6 +606,7 @@ def main() -> None:
         "",
         f"- p50: {p50:.2f} ms",
         f"- p99: {p99:.2f} ms",
+        *ab,
     ]
     h.write(args, "FileStorage benchmark", lines)
 

@@ -95,6 +95,29 @@ def _die() -> None:
     os._exit(137)
 
 
+_SETTLE_PAIRS = {
+    "settle-after-records": (
+        (SettleKind.RETRY, "r1", b"err", 0.0, 0.0),
+        (SettleKind.COMPLETE, "c1", b"42", 60, 0.0),
+    ),
+    "sleep-after-records": (
+        (SettleKind.SLEEP, "s1", b"", 0.0, 60.0),
+        (SettleKind.RATE_LIMITED, "l1", b"", 0.0, 60.0),
+    ),
+}  # scenario -> (kind, job, data, ttl, delay) of its two settlements
+
+
+def _die_after_commit() -> None:
+    """Die right after the next step's records are committed (re-pointed)."""
+    orig_commit = FileCore.commit
+
+    def commit(*a, **k):  # type: ignore[no-untyped-def]
+        orig_commit(*a, **k)
+        _die()
+
+    FileCore.commit = commit  # type: ignore[method-assign]
+
+
 async def crash(scenario: str, directory: str, queue: str) -> None:
     """Die inside a write. The parent prepared the queue (see test_file_storage.py)."""
     import trioqueue.storage.file._base as fmod  # where segments are written and linked
@@ -134,25 +157,16 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         FileCore.commit = lambda *a, **k: _die()  # type: ignore[method-assign]
         await st.dequeue(queue, "wc", 10, 0, 30.0)
-    elif scenario == "settle-after-records":
-        # Records re-pointed to the settlement, delayed/ link and proc/ unlinks not done.
+    elif scenario in _SETTLE_PAIRS:
+        # Records re-pointed to the settlement, delayed/ link, events and proc/ unlinks
+        # not done: a retry and a completion, or a sleep and a rate limit.
         await st.heartbeat(queue, "wc", 0.2, [], 0.2)
         claims = await st.dequeue(queue, "wc", 10, 0, 30.0)
-        assert [c.id for c in claims] == ["r1", "c1"], claims
-        orig_commit = FileCore.commit
-
-        def commit(*a, **k):  # type: ignore[no-untyped-def]
-            orig_commit(*a, **k)
-            _die()
-
-        FileCore.commit = commit  # type: ignore[method-assign]
+        kinds = _SETTLE_PAIRS[scenario]
+        assert [c.id for c in claims] == [k[1] for k in kinds], claims
+        _die_after_commit()
         await st.settle(
-            queue,
-            "wc",
-            [
-                Settlement(SettleKind.RETRY, "r1", b"err", delay=0.0, token=claims[0].token),
-                Settlement(SettleKind.COMPLETE, "c1", b"42", ttl=60, token=claims[1].token),
-            ],
+            queue, "wc", [Settlement(*k, token=c.token) for k, c in zip(kinds, claims)]  # type: ignore[misc]
         )
     elif scenario == "settle-after-events":
         # Records re-pointed and the events written, the proc/ entries not yet unlinked.
@@ -174,13 +188,7 @@ async def crash(scenario: str, directory: str, queue: str) -> None:
         assert [c.id for c in claims] == ["s1"], claims
         while (await st.workers(queue)).get("wc"):
             await trio.sleep(0.02)  # the lease and the heartbeat expire (what is simulated)
-        orig_commit = FileCore.commit
-
-        def commit(*a, **k):  # type: ignore[no-untyped-def]
-            orig_commit(*a, **k)
-            _die()
-
-        FileCore.commit = commit  # type: ignore[method-assign]
+        _die_after_commit()
         await st.recover_stalled(queue)
     raise SystemExit(f"scenario {scenario} did not crash")
 

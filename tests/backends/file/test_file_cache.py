@@ -53,6 +53,20 @@ async def test_settler_killed_before_its_events_the_reaper_announces_them(tmp_pa
         assert [k for k in seen if k[0] in ("completed", "requeued")] == []
 
 
+async def test_a_sleep_whose_settler_died_is_announced_as_sleeping_not_rate_limited(tmp_path: Path) -> None:
+    """The reaper announced every delayed record a dead settler left as ``rate_limited``:
+    a durable sleep (``SettleKind.SLEEP``) came back as a rate limit after a restart. The
+    record now says which it was."""
+    d = tmp_path / "store"
+    async with FileStorage(d) as st:
+        await st.enqueue("q", [job("s1"), job("l1")])
+    crash("sleep-after-records", d)
+    async with FileStorage(d) as st, st.subscribe("q") as events:
+        await st.recover_stalled("q")
+        seen = await events_until(events, lambda s: {"s1", "l1"} <= {j for _, j, _ in s})
+    assert [(k, j) for k, j, _ in seen if j in ("s1", "l1")] == [("sleeping", "s1"), ("rate_limited", "l1")]
+
+
 async def test_settler_killed_after_its_events_announced_again(tmp_path: Path) -> None:
     """Killed after writing the events but before dropping the proc entries: the reaper
     announces the settlement a second time (events are at-least-once)."""
@@ -196,6 +210,11 @@ def count_lane_listings(st: FileStorage, monkeypatch: pytest.MonkeyPatch) -> lis
 
 
 async def test_claims_do_not_list_lanes_known_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trioqueue.storage.file import _turns
+
+    # (the safety re-listing after LANE_RECHECK is out of the way: claims that flush their
+    # records' data take longer than 50 ms on a busy disk)
+    monkeypatch.setattr(_turns, "LANE_RECHECK", 3600.0)
     async with FileStorage(tmp_path / "d") as st:
         await st.enqueue("q", [job(f"j{i}") for i in range(4)])
         listed = count_lane_listings(st, monkeypatch)

@@ -10,7 +10,8 @@ Layout (every queue name, job id and worker id is encoded with
                               sequence counters (next FIFO number, next front number) and,
                               after them, the generation (see "Caches" below)
         tmp/                  temp names: segments being written, re-points in progress
-                              (``.tmp-<pid>-*``; a small directory is cheaper to add to)
+                              (``.tmp-<pid>-*``; a small directory is cheaper to add to),
+                              and empty files made ahead for segments (``.spare-<pid>-*``)
         events                append-only event log (JSON lines), rotated when large
         jobs/<id>             the job registry: a hard link to the segment holding the
                               job's current record (state, attempts, lease, TTLs, envelope,
@@ -39,13 +40,20 @@ link, so readers (other processes too, without the lock) only ever see complete 
 processes cache parsed segments by their random id. The file system frees a segment when
 its last link goes: no garbage collection.
 
+**Data before names.** Every step flushes a new segment's data (``fdatasync``, in its
+locked section) before any name links to it: a flush of ``jobs/`` made later by any step commits the file
+system's journal, names included, and a name must never survive a power cut without the
+data it names (``tests/backends/file/test_file_power_loss.py`` checks every crash state
+of a run). Acknowledged steps (enqueues, settlements...) then flush the directory of the
+names that must survive (``jobs/``) before they return.
+
 **Write order** (all under the queue's ``flock``; the temp names are ``tmp/.tmp-<pid>-*``
 (``jobs/.tmp-*`` in the older layout), removed at start when their process is dead):
 
 - enqueue: segment (temp name) -> ``jobs/<id>`` links -> ``ready/`` links -> temp name
   unlinked -> counters. An id this process has no record of is linked without reading
   ``jobs/<id>`` first: if the link finds one, it is read then (a duplicate, or replaced
-  if cancelled or expired), and its record in the segment stays unlinked. Then the group commit fdatasyncs the segment and fsyncs
+  if cancelled or expired), and its record in the segment stays unlinked. The segment's data is flushed before the first link; the group commit fsyncs
   ``jobs/`` and ``ready/`` before the call returns (acknowledged = on disk). Crash before
   a ``jobs/`` link: the job does not exist (it was not acknowledged). After it but before
   its ``ready/`` link: start-up repair re-links the marker under its original name.

@@ -233,14 +233,28 @@ class FileCore:
                 os.close(fd)
             return
         try:
-            token = trio.lowlevel.current_trio_token()
+            syncer = self._syncer()
         except RuntimeError:
             sync_now(fds, dirs)
             return
+        await syncer.sync(fds, dirs)
+
+    def _syncer(self) -> Syncer:
+        token = trio.lowlevel.current_trio_token()
         syncer = self._syncers.get(token)
         if syncer is None:
             syncer = self._syncers[token] = Syncer(self._root_fd)
-        await syncer.sync(fds, dirs)
+        return syncer
+
+    def _fill_spares(self, q: FileQueue) -> None:
+        """Have the flusher thread make ``q``'s spare segment files (outside Trio, e.g.
+        the start-up repair: none are made, segments create their files)."""
+        try:
+            flusher = self._syncer().flusher
+        except RuntimeError:
+            q.spares.filling = False
+            return
+        flusher.post(q.spares.fill)
 
     def read(self, q: FileQueue, enc_id: str) -> Rec | None:
         """The record, or None if absent. Corrupt records are quarantined (and None).
@@ -292,23 +306,30 @@ class FileCore:
         ``jobs/<id>`` a link to it (lock held). Returns whether an expiry entry was made.
 
         Order: (0) the generation is bumped (see :meth:`FileQueue.bump`); (1) the segment is
-        written under a temp name in ``tmp/``; (2) if a record
+        written under a temp name in ``tmp/`` and, with fsync on, its data flushed
+        (``fdatasync``) before anything names it: any later flush (this step's, or another
+        step's or process's flush of ``jobs/``) may make the names below durable, and a
+        name must never survive a power cut without the data it names; (2) if a record
         has an expiry, ``expiry/<min ms>-s<segment id>`` is linked to it; (3) each
         ``jobs/<id>`` is linked (new ids) or atomically re-pointed (link to a temp name +
         rename over), the last one by renaming the temp name itself over it; (4) on an
         error, the temp name is unlinked. A crash before (3) leaves only a temp
         file (removed at start) and perhaps an expiry entry whose records nobody points to
         (dropped by the cleaner); during (3) each job has either its old or its new record.
-        With ``fds`` (and fsync on) the descriptor is handed to the caller's group commit,
-        else closed. A ``new`` id whose ``jobs/<id>`` exists is re-pointed if
+        The names become durable with the caller's flush of ``jobs/`` (its group commit),
+        where the change must survive (``fds``: kept for the callers' descriptors of other
+        files; the segment's is closed here). A ``new`` id whose ``jobs/<id>`` exists is re-pointed if
         ``exists(id)`` says so (or there is no ``exists``), else left as it is (and its
         record is not cached): the caller's duplicate."""
         if not items:
             return False
         q.bump()
-        tmp, fd, seg = write_segment(q.tmp, list(items.items()))
-        keep = False
+        tmp, fd, seg = write_segment(q.tmp, list(items.items()), q.spares)
+        if q.spares.wanted():
+            self._fill_spares(q)
         try:
+            if self.settings.fsync:
+                os.fdatasync(fd)
             exps = [r.exp for r in items.values() if r.exp is not None]
             if exps:
                 ms = min(max(int(min(exps) * 1000), 0), (1 << 64) - 1)
@@ -338,15 +359,10 @@ class FileCore:
                 for enc, r in items.items():
                     if enc not in kept:
                         q.remember(enc, r, st.st_ino, st.st_size, st.st_mtime_ns)
-            keep = fds is not None and self.settings.fsync
         finally:
             if tmp:
                 unlink_quiet(tmp)
-            if keep:
-                assert fds is not None
-                fds.append(fd)
-            else:
-                os.close(fd)
+            os.close(fd)
         return bool(exps)
 
     def link_marker(self, q: FileQueue, enc: str, directory: str, name: str) -> None:

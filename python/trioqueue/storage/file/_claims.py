@@ -239,6 +239,7 @@ class FileClaims:
                     # a child failed under cancel: the run's end fails it (see _failed_by_children)
                     by_children = bool(r.children) and s.kind in R.ENDS_BY_CHILDREN and self._trees.failed_by_children(q, r)
                     event = R.settle(r, s.kind, s.data, now, s.ttl, by_children)
+                    r.asleep = event == "sleeping"  # (a delayed record: which event to announce again)
                     if r.kind == _CANCELLED:
                         self._trees.cancel_claimed(q, r, worker_id, events)
                     elif r.kind in (_COMPLETED, _FAILED):

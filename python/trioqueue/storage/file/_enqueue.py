@@ -150,7 +150,7 @@ class FileJobs:
         ``delayed/``) links (lock held).
 
         Order: segment (temp name) -> ``jobs/<id>`` links -> ``ready/<seq>-<id>`` links ->
-        temp name unlinked; the group commit then fdatasyncs the segment and fsyncs
+        temp name unlinked (the segment's data flushed before the first link); the group commit then fsyncs
         ``jobs/`` and ``ready/`` before any caller returns. A crash after a ``jobs/`` link
         but before its ``ready/`` link leaves a queued record without a marker: start-up
         repair links a new marker (the job was not acknowledged, but it is not lost). The
@@ -386,12 +386,8 @@ class FileJobs:
 
     def _write_schedule(self, q: FileQueue, name: str, spec: bytes, last: float | None) -> None:
         data = json.dumps({"name": name, "spec": base64.b64encode(spec).decode("ascii"), "last": last}).encode()
-        fd = write_atomic(q.schedules, encode_name(name), data, self._settings.fsync)
-        if fd is not None:
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        write_atomic(q.schedules, encode_name(name), data, self._settings.fsync)
+        if self._settings.fsync:
             dfd = os.open(q.schedules, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 os.fsync(dfd)

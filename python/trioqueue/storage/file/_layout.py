@@ -18,7 +18,7 @@ import trio
 from ..._model._types import DEFAULT_PRIORITY, MAX_PRIORITY, EnqueueStatus
 from .. import _rules as R
 from .._base import JobRecord, EnqueueOutcome, NewJob, StorageEvent, job_record
-from ._fsutil import Rec
+from ._fsutil import Rec, Spares
 from ._fsutil import unlink_quiet as unlink_quiet  # re-exported: the parts import it from here
 from ._groups import GroupDisk, group_marker
 from ._inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, Watch
@@ -212,6 +212,7 @@ class FileQueue:
         "events_ino",
         "head",
         "grp",
+        "spares",
     )
 
     def __init__(self, name: str, path: str) -> None:
@@ -297,6 +298,7 @@ class FileQueue:
         # send none). The older code's pread/pwrite of the counters see the same pages.
         self.head: mmap.mmap | None = None
         self.grp = GroupDisk(path, self.ready)  # groups: rings, group lanes (see _groups)
+        self.spares = Spares(self.tmp)  # empty files for segments, made ahead (see Spares)
 
     # -- the locked section (call with the lock held) -----------------------------------
 
@@ -405,6 +407,7 @@ class FileQueue:
         return w
 
     def close(self) -> None:
+        self.spares.close()
         for w in self.watches.values():
             w.close()
         self.watches.clear()

@@ -200,7 +200,7 @@ class FileRecovery:
         elif r.kind == _FAILING:
             events.append(StorageEvent("failing", r.id, worker_id, error=r.error, token=r.token))
         elif r.kind == _DELAYED:
-            events.append(StorageEvent("rate_limited", r.id, worker_id, token=r.token))
+            events.append(StorageEvent("sleeping" if r.asleep else "rate_limited", r.id, worker_id, token=r.token))
         elif r.kind == R.WAITING_SIGNAL:
             events.append(StorageEvent("waiting_signal", r.id, worker_id, token=r.token))
 
