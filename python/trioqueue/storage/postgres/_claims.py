@@ -128,6 +128,10 @@ class PgClaims:
             row = await conn.fetchrow(
                 self._db.sql["queue_flow_for_update" if limited else "queue_flow"], queue
             )
+            if limited:
+                # The rate counts a claim from when it holds the queue's flow lock: the
+                # time read before may be a lock wait (another claimer's transaction) old
+                now = now_ms()
             paused, flow_data = row if row is not None else (False, None)
             flow = FlowState.loads(flow_data)
             held = 0
