@@ -354,3 +354,23 @@ async def test_a_removed_dependent_lets_its_ended_dependencies_go_by_their_ttl(s
         assert await q.get_status("ended") is None
         pending = await q.get_status("pending")
         assert pending is not None and pending.state is JobState.DELAYED
+
+
+async def test_an_id_enqueued_again_after_its_dependency_was_cancelled_is_retained_as_any_job(
+    storage: Storage, queue_name: str
+) -> None:
+    """A cancelled dependency's id enqueued again is a job of its own, depended on by
+    nobody: count-based retention counts it out like any other finished job."""
+    if hasattr(storage, "keep_every"):
+        storage.keep_every = 1  # FileStorage trims in batches: at every settled job here
+    async with Queue(storage, name=queue_name, handler=Handlers(), keep_completed=1, **FAST) as q:
+        with trio.fail_after(10):
+            await q.enqueue("dep", None, delay=3600)
+            await q.enqueue("dependent", None, depends_on=["dep"])
+            assert (await q.cancel("dep")).status is CancelStatus.CANCELLED
+            assert (await q.get_status("dependent")).state is JobState.FAILED  # type: ignore[union-attr]
+            assert await q.enqueue_and_wait("dep", None) == "done dep"  # the id again: a new job
+            assert await q.enqueue_and_wait("later", None) == "done later"
+    async with Queue(storage, name=queue_name) as q:
+        assert await q.get_status("dep") is None  # counted out: "later" is the one kept
+        assert (await q.get_status("later")).state is JobState.COMPLETED  # type: ignore[union-attr]
