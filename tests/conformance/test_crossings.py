@@ -1,0 +1,87 @@
+"""Where trees and dependencies cross the other features (retry, groups, priorities,
+durable sleep, cancel, removal): conformance, every backend with the capabilities each
+test names. (Durable sleep and signals with the rest: test_durable_crossings.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from trioqueue import Child, ChildJobFailedError, Job, JobState, Queue, Storage
+
+from support import Recorder
+from test_flows import FAST, Handlers, fail
+
+pytestmark = pytest.mark.capability("Trees")
+
+
+async def test_a_retried_parent_dependent_or_child_is_a_job_of_its_own(storage: Storage, queue_name: str) -> None:
+    """``Queue.retry`` of a parent failed by its child, of a dependent failed by its
+    dependency, and of that child, makes each a new job outside the tree: the parent and
+    the dependent run and read no children, and the child names no parent."""
+    seen: dict[str, Any] = {}
+
+    async def reads(job: Job[Any]) -> str:
+        seen[job.id] = (await job.children_results(), await job.children_failures())
+        return f"ran {job.id}"
+
+    async with Queue(storage, name=queue_name, handler=Handlers(dep=fail, kid=fail, parent=reads, dependent=reads), **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
+        q.on("failed", events)
+        with trio.fail_after(10):
+            await q.enqueue("dep", None, max_attempts=1)
+            await events.wait_for("failed", "dep")
+            with pytest.raises(ChildJobFailedError):
+                await q.enqueue_and_wait("dependent", None, depends_on=["dep"])
+            with pytest.raises(ChildJobFailedError):
+                await q.enqueue_and_wait("parent", None, children=[Child("kid", options={"max_attempts": 1})])
+            for job_id in ("parent", "dependent", "kid"):
+                assert await q.retry(job_id)
+            await events.wait_for("completed", "parent")
+            await events.wait_for("completed", "dependent")
+            await events.wait_for("failed", "kid", count=2)  # (it fails again: its own run)
+        assert seen == {"parent": ({}, {}), "dependent": ({}, {})}
+        for job_id in ("parent", "dependent", "kid"):
+            status = await q.get_status(job_id)
+            assert status is not None and status.parent is None and status.children is None, status
+            assert await q.children(job_id) == {}
+
+
+@pytest.mark.capability("Trees", "Groups")
+@pytest.mark.parametrize("waits_for", ["children", "depends_on"])
+async def test_a_released_parent_or_dependent_runs_in_its_group(storage: Storage, queue_name: str, waits_for: str) -> None:
+    """A grouped job that waited for its children or its dependencies is released into
+    its group: with ``group_concurrency=1`` it does not run while another job of the
+    group runs (a job without a group enqueued after it runs meanwhile), then it does."""
+    started, gate = trio.Event(), trio.Event()
+
+    async def blocker(job: Job[Any]) -> str:
+        started.set()
+        await gate.wait()
+        return "blocker"
+
+    handlers = Handlers(blocker=blocker)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=3, group_concurrency=1, **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
+        q.on("promoted", events)
+        with trio.fail_after(10):
+            await q.enqueue("blocker", None, group="g")
+            await started.wait()
+            if waits_for == "children":
+                await q.enqueue("waiter", None, group="g", children=[Child("first")])
+            else:
+                await q.enqueue_and_wait("first", None)
+                await q.enqueue("waiter", None, group="g", depends_on=["first"])
+            await events.wait_for("completed", "first")
+            await events.wait_for("promoted", "waiter")  # released: queued in group "g"
+            assert await q.enqueue_and_wait("probe", None) == "done probe"  # a free slot meanwhile
+            assert "waiter" not in handlers.ran  # the group's one slot is the blocker's
+            status = await q.get_status("waiter")
+            assert status is not None and status.state is JobState.QUEUED and status.group == "g"
+            gate.set()
+            await events.wait_for("completed", "waiter")
+        assert handlers.ran.index("waiter") > handlers.ran.index("probe")
