@@ -85,3 +85,70 @@ async def test_a_released_parent_or_dependent_runs_in_its_group(storage: Storage
             gate.set()
             await events.wait_for("completed", "waiter")
         assert handlers.ran.index("waiter") > handlers.ran.index("probe")
+
+
+@pytest.mark.capability("Trees", "Signals")
+async def test_a_dependency_waiting_for_a_signal_holds_its_dependent_until_it_ends(storage: Storage, queue_name: str) -> None:
+    """A dependency that waits for a signal (its run parked) has not ended: its dependent
+    waits on; the signal completes it and the dependent runs with its result. One
+    cancelled while it waits fails its dependent (under ``cancel``)."""
+    seen: dict[str, Any] = {}
+
+    async def dep(job: Job[Any]) -> Any:
+        return await job.wait_for_signal("go")
+
+    async def reads(job: Job[Any]) -> str:
+        seen[job.id] = await job.children_results()
+        return "ran"
+
+    async with Queue(storage, name=queue_name, handler=Handlers(dep=dep, lost=dep, dependent=reads), **FAST) as q:
+        events = Recorder()
+        for name in ("waiting_signal", "completed", "failed", "cancelled"):
+            q.on(name, events)
+        with trio.fail_after(10):
+            await q.enqueue("dep", None)
+            await q.enqueue("lost", None)
+            await q.enqueue("dependent", None, depends_on=["dep"])
+            await q.enqueue("orphan", None, depends_on=["lost"])
+            await events.wait_for("waiting_signal", "dep")
+            await events.wait_for("waiting_signal", "lost")
+            assert (await q.get_status("dependent")).state is JobState.WAITING_CHILDREN  # type: ignore[union-attr]
+            assert await q.signal("dep", "go", {"n": 1}) == "delivered"
+            await events.wait_for("completed", "dependent")
+            await q.cancel("lost")
+            await events.wait_for("failed", "orphan")
+        assert seen == {"dependent": {"dep": {"n": 1}}}
+        orphan = await q.get_status("orphan")
+        assert orphan is not None and orphan.error is not None and orphan.error.type == "ChildJobFailedError"
+
+
+@pytest.mark.capability("Trees", "Debounce")
+@pytest.mark.parametrize("waits_for", ["children", "depends_on"])
+async def test_a_debounce_of_a_waiting_parent_or_dependent_is_a_duplicate(
+    storage: Storage, queue_name: str, waits_for: str
+) -> None:
+    """A debounced enqueue of the id of a job waiting for its children or dependencies
+    changes nothing: it is a duplicate, and the job keeps its payload and keeps waiting."""
+    async with Queue(storage, name=queue_name, **FAST) as q:
+        await q.enqueue("first", None, delay=3600)
+        if waits_for == "children":
+            await q.enqueue("waiter", "old", children=[Child("kid", options={"delay": 3600})])
+        else:
+            await q.enqueue("waiter", "old", depends_on=["first"])
+        result = await q.enqueue("waiter", "new", debounce=1.0)
+        assert result.status.value == "duplicate"
+        status = await q.get_status("waiter")
+        assert status is not None and status.state is JobState.WAITING_CHILDREN
+    seen: list[Any] = []
+
+    async def record(job: Job[Any]) -> None:
+        seen.append(job.payload)
+
+    async with Queue(storage, name=queue_name, handler=Handlers(waiter=record), **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
+        with trio.fail_after(10):
+            await q.cancel("kid" if waits_for == "children" else "first")  # (under cancel: it fails)
+            await q.retry("waiter")
+            await events.wait_for("completed", "waiter")
+    assert seen == ["old"]
