@@ -152,3 +152,45 @@ async def test_a_debounce_of_a_waiting_parent_or_dependent_is_a_duplicate(
             await q.retry("waiter")
             await events.wait_for("completed", "waiter")
     assert seen == ["old"]
+
+
+@pytest.mark.capability("Trees", "Administration")
+async def test_purge_spares_the_ended_jobs_a_waiting_parent_or_dependent_will_read(storage: Storage, queue_name: str) -> None:
+    """``purge`` forgets finished jobs as if their TTL had run out; a child or dependency
+    kept for a parent or dependent still waiting has no TTL running, so it is spared, and
+    they read its result when they run (it was forgotten, and then read as cancelled on
+    some storages and not at all on others)."""
+    seen: dict[str, Any] = {}
+    gate = trio.Event()
+
+    async def last(job: Job[Any]) -> str:
+        await gate.wait()
+        return "last"
+
+    async def reads(job: Job[Any]) -> None:
+        seen[job.id] = (await job.children_results(), sorted(await job.children_failures()))
+
+    handlers = Handlers(last=last, dependent=reads, parent=reads)
+    async with Queue(storage, name=queue_name, handler=handlers, concurrency=3, **FAST) as q:
+        events = Recorder()
+        q.on("completed", events)
+        with trio.fail_after(10):
+            await q.enqueue("dep", None)
+            await q.enqueue("last", None)
+            await q.enqueue("dependent", None, depends_on=["dep", "last"])
+            await q.enqueue(
+                "parent", None, children=[Child("kid"), Child("kid2", options={"delay": 3600})], on_child_failure="continue"
+            )
+            await events.wait_for("completed", "dep")
+            await events.wait_for("completed", "kid")
+            await q.enqueue_and_wait("plain", None)
+            assert await q.purge(JobState.COMPLETED) == 1  # "plain" only
+            assert await q.get_status("dep") is not None and await q.get_status("kid") is not None
+            gate.set()
+            await q.cancel("kid2")
+            await events.wait_for("completed", "dependent")
+            await events.wait_for("completed", "parent")
+    assert seen == {
+        "dependent": ({"dep": "done dep", "last": "last"}, []),
+        "parent": ({"kid": "done kid"}, ["kid2"]),
+    }

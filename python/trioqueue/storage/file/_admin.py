@@ -146,8 +146,8 @@ class FileAdmin:
         now = time.time()
         cutoff = None if older_than is None else int((now - older_than) * 1000)
 
-        def matches(r: Rec | None) -> bool:
-            return r is not None and r.kind == state and (cutoff is None or r.ts <= cutoff)
+        def matches(r: Rec | None) -> bool:  # (not one kept for a parent or dependent: no TTL runs)
+            return r is not None and r.kind == state and r.exp is not None and (cutoff is None or r.ts <= cutoff)
 
         def run() -> int:
             n = 0
