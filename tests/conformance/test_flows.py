@@ -161,6 +161,17 @@ async def test_a_child_on_another_queue_follows_that_queues_settings(storage: St
     del b_queue
 
 
+async def only_the_pending_one_is_left(q: Queue[Any]) -> None:
+    """Past the TTL of job ``ended`` (0.05 s), no longer kept for a parent or dependent,
+    it is forgotten; job ``pending`` (delayed) is still there."""
+    with trio.fail_after(10):
+        await trio.sleep(0.3)  # past the ended one's own TTL: a timer is what is tested
+        await q.enqueue("sweep", None)  # (a step that forgets what is due)
+    assert await q.get_status("ended") is None
+    pending = await q.get_status("pending")
+    assert pending is not None and pending.state is JobState.DELAYED
+
+
 def tagged(queue_name: str, *names: str) -> list[str]:
     """Queues sharing the hash tag ``{queue_name}`` (one Redis Cluster slot; elsewhere
     just names): a tree across them is possible on every backend."""
@@ -534,6 +545,31 @@ async def test_a_removed_child_counts_as_cancelled(storage: Storage, queue_name:
         status = await producer.get_status("parent")
         assert status is not None and status.state is JobState.COMPLETED
     assert seen["failures"] == {}  # (its record is gone: nothing to read)
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["same-queue", "across-queues"])
+async def test_a_removed_waiting_parent_lets_its_ended_children_go_by_their_ttl(
+    storage: Storage, queue_name: str, across: bool
+) -> None:
+    """A waiting parent keeps its ended children's records for it to read; once it is
+    removed nobody will, so they go by their own TTLs (the unended ones carry on)."""
+    parents, kids = tagged(queue_name, "parents", "kids") if across else [queue_name, queue_name]
+    async with Queue(storage, name=parents, **FAST) as p, Queue(storage, name=kids, handler=Handlers(), **FAST) as k:
+        events = Recorder()
+        k.on("completed", events)
+        with trio.fail_after(10):
+            await p.enqueue(
+                "parent",
+                None,
+                children=[
+                    Child("ended", queue=kids, options={"result_ttl": 0.05}),
+                    Child("pending", queue=kids, options={"delay": 3600}),
+                ],
+            )
+            await events.wait_for("completed", "ended")
+            assert (await p.get_status("parent")).state is JobState.WAITING_CHILDREN  # type: ignore[union-attr]
+            assert await p.remove("parent")
+        await only_the_pending_one_is_left(k)
 
 
 async def test_a_removed_child_on_another_queue_counts_as_cancelled(storage: Storage, queue_name: str) -> None:

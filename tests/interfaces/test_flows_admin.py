@@ -66,3 +66,41 @@ async def test_the_job_page_shows_parent_and_children() -> None:
         assert child.status == 200 and 'id="job-parent"' in child.body and f"/job?queue={QUEUE}&amp;id=report" in child.body
         nursery.cancel_scope.cancel()
 
+
+
+async def _enqueue_dependent(storage: FileStorage | MemoryStorage) -> None:
+    async with Queue(storage, name=QUEUE) as q:
+        await q.enqueue("load", None, delay=3600)
+        await q.enqueue("report", None, children=[Child("fetch-a")], depends_on=["load"])
+
+
+def test_show_lists_what_a_dependent_waits_for(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job waiting for its dependencies shows them (apart from its children), so that
+    ``waiting_children`` says what it waits for."""
+    trio.run(_enqueue_dependent, FileStorage(tmp_path / "store"))
+    url = f"file://{tmp_path / 'store'}"
+    assert main(["show", "report", "--storage", url, "--name", QUEUE, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["children"] == [{"queue": QUEUE, "id": "fetch-a", "state": "queued"}]
+    assert data["depends_on"] == [{"queue": QUEUE, "id": "load", "state": "delayed"}]
+    assert main(["show", "report", "--storage", url, "--name", QUEUE]) == 0
+    human = capsys.readouterr().out
+    assert "children:   1 queued" in human and "depends on: 1 delayed" in human and f"load ({QUEUE}): delayed" in human
+    assert main(["show", "load", "--storage", url, "--name", QUEUE, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["depends_on"] is None
+
+
+async def test_the_job_page_shows_what_a_dependent_waits_for() -> None:
+    storage = MemoryStorage()
+    await _enqueue_dependent(storage)
+    async with trio.open_nursery() as nursery:
+        dashboard = Dashboard(storage, port=0, names=[QUEUE])
+        [base] = await nursery.start(dashboard.run)
+        client = Client(base)
+        page = await _in_thread(lambda: client.get(f"/job?queue={QUEUE}&id=report"))
+        assert page.status == 200
+        children = page.body.split('id="job-children"')[1].split("</table>")[0]
+        depends = page.body.split('id="job-depends-on"')[1].split("</table>")[0]
+        assert "fetch-a" in children and "load" not in children
+        assert "load" in depends and "fetch-a" not in depends
+        nursery.cancel_scope.cancel()

@@ -7,9 +7,12 @@ import json
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ._errors import FlowError
+
+if TYPE_CHECKING:
+    from ._types import JobStatus
 
 __all__ = [
     "ON_CHILD_FAILURE",
@@ -20,6 +23,7 @@ __all__ = [
     "children_from_json",
     "depends_on_from_json",
     "dependencies",
+    "split_links",
     "walk_tree",
 ]
 
@@ -162,3 +166,12 @@ def _children(data: Any) -> list[Child]:
             )
         )
     return out
+
+
+def split_links(
+    ref: JobRef, links: Mapping[JobRef, JobStatus]
+) -> tuple[dict[JobRef, JobStatus], dict[JobRef, JobStatus]]:
+    """:meth:`Queue.children`'s listing of job ``ref`` split in two: its children (the
+    jobs naming it as their parent) and its dependencies (``depends_on``: the others)."""
+    children = {r: s for r, s in links.items() if s.parent == ref}
+    return children, {r: s for r, s in links.items() if r not in children}

@@ -549,7 +549,9 @@ class Queue(Generic[P, R]):
 
     async def purge(self, state: JobState | str, *, older_than: float | None = None) -> int:
         """Forget the ``completed``, ``failed`` or ``cancelled`` jobs that entered that
-        state more than ``older_than`` seconds ago (all when ``None``); returns how many."""
+        state more than ``older_than`` seconds ago (all when ``None``); returns how many.
+        A child or dependency kept for a parent or dependent that still waits is spared
+        (it goes by its TTL once they have ended)."""
         return await self._admin.purge(state, older_than=older_than)
 
     async def remove(self, job_id: str) -> bool:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from .._model._errors import JobFailedError, TrioQueueError, ValidationError
+from .._model._flows import JobRef, split_links
 from .._model._options import ENQUEUE_OPTIONS
 from .._model._types import CancelStatus, JobState, JobStatus
 
@@ -293,12 +294,19 @@ async def _show(args: argparse.Namespace, queue: Any) -> int:
         lines.append(f"steps:      {len(s.steps)}")
         lines.extend(f"  {name}: {_one_line(json.dumps(value, default=repr, ensure_ascii=False), 200)}" for name, value in s.steps.items())
     data = _status_json(s)
+    kids, deps = split_links(JobRef(queue.name, s.id), await queue.children(s.id))
     if s.children is not None:
-        kids = await queue.children(s.id)
         data["children"] = [{"queue": r.queue, "id": r.id, "state": c.state.value} for r, c in kids.items()]
         counts = ", ".join(f"{n} {k.value}" for k, n in s.children.items() if n)
         lines.append(f"children:   {counts or 'none'}")
         lines.extend(f"  {r.id} ({r.queue}): {c.state.value}" for r, c in kids.items())
+    data["depends_on"] = [{"queue": r.queue, "id": r.id, "state": c.state.value} for r, c in deps.items()] or None
+    if deps:
+        by_state: dict[str, int] = {}
+        for c in deps.values():
+            by_state[c.state.value] = by_state.get(c.state.value, 0) + 1
+        lines.append("depends on: " + ", ".join(f"{n} {state}" for state, n in by_state.items()))
+        lines.extend(f"  {r.id} ({r.queue}): {c.state.value}" for r, c in deps.items())
     if s.state is JobState.COMPLETED:
         lines.append(f"result:     {json.dumps(s.result, default=repr, ensure_ascii=False)}")
     if s.error is not None:

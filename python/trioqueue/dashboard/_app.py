@@ -15,6 +15,7 @@ import trio
 
 from .._core import decode_envelope
 from .._model._errors import TrioQueueError, ValidationError
+from .._model._flows import JobRef, split_links
 from .._model._types import JobState
 from ._http import HTTPError, Receive, Request, Response, Scope, Send, local_path, redirect
 from ._hub import Hub
@@ -278,7 +279,7 @@ class DashboardApp:
                 request, session, "job.html", status=404, queue=queue.name, job_id=job_id, job=None, has_payload=False
             )
         has_payload, payload = await self._payload(queue, job_id)
-        children = await queue.children(job_id) if status.children else {}
+        children, dependencies = split_links(JobRef(queue.name, job_id), await queue.children(job_id))
         return self._render(
             request,
             session,
@@ -289,6 +290,7 @@ class DashboardApp:
             has_payload=has_payload,
             payload=payload,
             children=children,
+            dependencies=dependencies,
         )
 
     async def _payload(self, queue: Any, job_id: str) -> tuple[bool, Any]:

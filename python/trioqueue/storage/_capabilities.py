@@ -289,7 +289,9 @@ class Administration(Storage):
     async def purge(self, queue: str, state: str, *, older_than: float | None = None) -> int:
         """Forget the jobs in terminal state kind ``state`` (completed, failed, cancelled)
         that entered it more than ``older_than`` seconds ago (all when ``None``), as if
-        their TTL had run out. Returns how many. Redis works in bounded slices.
+        their TTL had run out: a job kept for a parent or dependent that waits (no TTL
+        runs for it, see :meth:`Trees.enqueue_flow`) is spared. Returns how many. Redis
+        works in bounded slices.
 
         Atomic: each job's removal (a purge cut short has removed some). Fenced: by
         the state: a job that left ``state`` meanwhile stays."""

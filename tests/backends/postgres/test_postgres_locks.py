@@ -3,7 +3,8 @@ rows top-down (ancestors first, root first; siblings in the order they were adde
 one order shared by every transaction (by depth from the root, then queue and id), so
 concurrent ends, starts, heartbeats and cancels of one tree, and batches spanning
 several trees, wait for each other instead of deadlocking. The races run many times
-and fail on the first ``40P01``; the batches across trees are driven step by step."""
+and fail on the first ``40P01``; the batches across trees are driven step by step. A
+rate-limited claim counts from when it holds the queue's flow lock."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import trio
 pytest.importorskip("psycopg")
 
 from storage_helpers import LEASE, W1, job
-from trioqueue.storage import Claim, SettleKind, Settlement
+from trioqueue.storage import Claim, ClaimLimits, SettleKind, Settlement
 from trioqueue.storage._base import FlowJob
 from trioqueue.storage.postgres import PostgresStorage
 
@@ -259,3 +260,32 @@ async def test_a_dependency_ending_while_a_job_naming_it_and_its_dependent_is_wr
         [last] = await pg.dequeue(queue_name, W1, 5, 0.1, LEASE)
         assert last.id == n
         assert [c.id for _, c in await pg.get_children(queue_name, n)] == [a, b]
+
+
+async def test_a_rate_limited_claim_counts_from_when_it_holds_the_queue_lock(pg: PostgresStorage, queue_name: str) -> None:
+    """A rate-limited claim that waited for the queue's flow lock (held here as another
+    claimer's transaction would hold it) longer than the rate's window counts against
+    the rate from when it claimed, not from when it was called: the next claim, right
+    after it, is refused. (Counted from the call, its claim had already left the window,
+    and two jobs were claimed together against a rate of one a window.)"""
+    per = 1.0
+    limits = ClaimLimits(rate=1, per=per)
+    await pg.enqueue(queue_name, [job("a"), job("b")])
+    first: list[str] = []
+
+    async def claim_first() -> None:
+        first.extend(c.id for c in await pg.dequeue(queue_name, W1, 1, 0, LEASE, limits=limits))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            async with pg.transaction() as tx:
+                await tx.execute(f"SELECT 1 FROM {pg.schema}.queues WHERE queue = $1 FOR UPDATE", queue_name)
+                holder = await tx.fetchval("SELECT pg_backend_pid()")
+                nursery.start_soon(claim_first)
+                async with pg.pool.connection() as conn:
+                    blocked = "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))"
+                    while not await conn.fetchval(blocked, holder):
+                        await trio.sleep(0.01)  # another session's lock wait: nothing to wait on
+                await trio.sleep(per)  # the window passes while the claim waits for the lock
+    assert first == ["a"]
+    assert await pg.dequeue(queue_name, "w2", 1, 0, LEASE, limits=limits) == []

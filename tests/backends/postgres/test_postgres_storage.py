@@ -250,23 +250,43 @@ async def test_one_job_enqueue_notifies_and_wakes(pg: PostgresStorage, queue_nam
     assert dup.status.value == "duplicate" and dup.token == "t-second"
 
 
-async def test_closing_the_storage_ends_a_blocked_claim(postgres_url: str, queue_name: str) -> None:
-    storage = PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}")
-    await storage.open()
+@pytest.mark.parametrize("phase", ["waiting", "listening", "claiming"])
+async def test_closing_the_storage_ends_a_blocked_claim(postgres_url: str, queue_name: str, phase: str) -> None:
+    """Whatever phase of the claim the close lands in, the claim ends with the storage's
+    "not open" error, never the closed connection's ``ConnectionLost``: wherever the claim
+    first blocks (mostly its wait for a wake-up), with its ``LISTEN`` in flight, or with
+    its claim statement in flight (those two held in flight by a black-holed network, so
+    the close lands there every time)."""
+    from urllib.parse import urlsplit
+
+    from tcp_proxy import BlackHoleProxy
+
+    target = urlsplit(postgres_url)
+    proxy = BlackHoleProxy(target.hostname or "127.0.0.1", target.port or 5432)
     outcome: list[str] = []
+    async with trio.open_nursery() as servers:
+        await servers.start(proxy.serve)
+        proxied = target._replace(netloc=f"{target.username or 'postgres'}@127.0.0.1:{proxy.port}").geturl()
+        storage = PostgresStorage(postgres_url if phase == "waiting" else proxied, schema=f"t_{uuid.uuid4().hex[:12]}")
+        await storage.open()
+        # the listening connection is open; "claiming": this queue's LISTEN is in force too
+        await storage.dequeue(queue_name if phase == "claiming" else "other", W1, 1, 0, LEASE)
+        if phase != "waiting":
+            proxy.black_hole()
 
-    async def claimer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        try:
-            await storage.dequeue(queue_name, W1, 1, 30.0, LEASE)
-        except RuntimeError as exc:
-            outcome.append(str(exc))
+        async def claimer(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            task_status.started()
+            try:
+                await storage.dequeue(queue_name, W1, 1, 30.0, LEASE)
+            except RuntimeError as exc:
+                outcome.append(str(exc))
 
-    with trio.fail_after(10):  # not the claim's 30 s
-        async with trio.open_nursery() as nursery:
-            await nursery.start(claimer)
-            await trio.testing.wait_all_tasks_blocked()
-            await storage.aclose()
+        with trio.fail_after(10):  # not the claim's 30 s
+            async with trio.open_nursery() as nursery:
+                await nursery.start(claimer)
+                await trio.testing.wait_all_tasks_blocked()
+                await storage.aclose()
+        servers.cancel_scope.cancel()
     assert outcome == ["PostgresStorage is not open: use `async with storage:`"]
 
 

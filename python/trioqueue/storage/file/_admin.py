@@ -126,8 +126,8 @@ class FileAdmin:
                 # which start-up repair gives one back (the removal was not acknowledged).
                 if r.mk:
                     unlink_quiet(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
-                if r.deps:  # its ended dependencies no longer kept for it (r- notes, first)
-                    self._trees.release_deps(r)
+                if r.deps or r.children:  # its ended children and dependencies no longer kept for it (r- notes, first)
+                    self._trees.let_go(r)
                 if r.parent is not None or (r.dependents and r.kind not in R.TERMINAL_KINDS):
                     # its parent (and its dependents) count it as cancelled (a note, first)
                     r.kind = _CANCELLED
@@ -146,8 +146,8 @@ class FileAdmin:
         now = time.time()
         cutoff = None if older_than is None else int((now - older_than) * 1000)
 
-        def matches(r: Rec | None) -> bool:
-            return r is not None and r.kind == state and (cutoff is None or r.ts <= cutoff)
+        def matches(r: Rec | None) -> bool:  # (not one kept for a parent or dependent: no TTL runs)
+            return r is not None and r.kind == state and r.exp is not None and (cutoff is None or r.ts <= cutoff)
 
         def run() -> int:
             n = 0

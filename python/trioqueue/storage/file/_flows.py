@@ -21,7 +21,8 @@ carried by **notes**: empty files in the queue directory's ``tree/`` folder, cre
   the same once no child is pending (a quick look until then);
 - ``c-<job>``: cancel the job (a cascade): at once if it waits, a cancel request if it
   runs;
-- ``r-<job>``: the job's record, kept while its parent might read it, gets its TTL;
+- ``r-<job>``: the job's record, kept while its parent might read it, gets its TTL
+  (unless a parent or dependent of it still waits: made when either ends or is removed);
 - ``u-<job>``: the job ended and its parent is on another queue: the note for the parent
   (its kind, queue and id are the note's content) is made there.
 
@@ -117,11 +118,12 @@ class FileTrees:
         if r.children is not None or r.deps is not None:
             self._note(q.name, "f", r.id)
 
-    def release_deps(self, r: Rec) -> None:
-        """``r`` (a dependent) is being removed: its dependencies, kept for it, are
-        looked at again (``r-`` notes: kept only if another job still waits for them)."""
-        for dq, did in r.deps or ():
-            self._note(dq, "r", did)
+    def let_go(self, r: Rec) -> None:
+        """``r`` (a parent or a dependent) is being removed: its children and its
+        dependencies, kept for it once ended, are looked at again (``r-`` notes: kept only
+        if another job still waits for them; else they go by their own TTLs)."""
+        for kq, kid in [*(r.children or ()), *(r.deps or ())]:
+            self._note(kq, "r", kid)
 
     def cancel_claimed(self, q: FileQueue, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
         """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""

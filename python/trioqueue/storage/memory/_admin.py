@@ -97,7 +97,7 @@ class MemoryAdmin:
             q = self._q(queue)
             q.expire(now)
             cutoff = None if older_than is None else int((now - older_than) * 1000)
-            n = q.index.purge(state, cutoff, q.forget)
+            n = q.index.purge(state, cutoff, q.forget, lambda rec: rec.exp is None)  # (kept for a parent or dependent)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return n
 

@@ -191,12 +191,7 @@ class MemoryTrees:
         if flow is not None:
             if R.ended_cancels_children(rec.kind):
                 self.cancel_children(rec, now)  # cancelled or failed: none of them may run on
-            for cq, child in flow.children:  # their results are no longer needed by rec
-                if child.kind in _TERMINAL and child.exp is None:
-                    self._q(cq).keep_for(child, now + child.result_ttl)
-            for dq, dep in flow.deps:  # nor its dependencies' (unless another job needs them)
-                if dep.kind in _TERMINAL and dep.exp is None and self._q(dq).jobs.get(dep.id) is dep and not self._needed(dep):
-                    self._q(dq).keep_for(dep, now + dep.result_ttl)
+            self._let_go(flow, now)  # their results are no longer needed by rec
         parent = rec.up
         if parent is not None and rec.parent is not None and self._waiting_for(parent, rec.parent[0]):
             assert parent.flow is not None
@@ -218,11 +213,10 @@ class MemoryTrees:
     def removed(self, rec: MemRec, now: float) -> None:
         """A child or a dependency was removed (``remove_job``): its parent and its
         dependents count it as cancelled, as FileStorage's do (nobody waits for a job
-        that is gone). A removed dependent no longer needs its dependencies' records."""
+        that is gone). A removed parent or dependent no longer needs the records of its
+        ended children and dependencies: they go by their own TTLs."""
         if rec.flow is not None:
-            for dq, dep in rec.flow.deps:
-                if dep.kind in _TERMINAL and dep.exp is None and self._q(dq).jobs.get(dep.id) is dep and not self._needed(dep):
-                    self._q(dq).keep_for(dep, now + dep.result_ttl)
+            self._let_go(rec.flow, now)
         if rec.kind in _TERMINAL:
             return  # it had ended (and was counted)
         waiting = [(rec.parent[0], rec.up)] if rec.up is not None and rec.parent is not None else []
@@ -233,6 +227,14 @@ class MemoryTrees:
             w.flow.pending -= 1
             w.flow.failures.append((rec.id, b""))
             self.parent_check(self._q(wq), w, now)
+
+    def _let_go(self, flow: Flow, now: float) -> None:
+        """The owner of ``flow`` (ended or removed) no longer needs the records of its
+        ended children and dependencies: each goes by its own TTL from ``now``, unless
+        another job still needs it."""
+        for kq, kept in flow.children + flow.deps:
+            if kept.kind in _TERMINAL and kept.exp is None and self._q(kq).jobs.get(kept.id) is kept and not self._needed(kept):
+                self._q(kq).keep_for(kept, now + kept.result_ttl)
 
     def parent_check(self, pq: QueueState, parent: MemRec, now: float) -> None:
         """Act on the tree's verdict for ``parent`` (see :func:`~.._rules.parent_verdict`)."""

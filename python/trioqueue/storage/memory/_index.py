@@ -159,9 +159,10 @@ class StateIndex:
                 return rec.ts  # type: ignore[no-any-return]
         return None
 
-    def purge(self, kind: str, cutoff_ms: int | None, forget: Callable[[Any], None]) -> int:
+    def purge(self, kind: str, cutoff_ms: int | None, forget: Callable[[Any], None], spare: Callable[[Any], bool]) -> int:
         """Forget (``forget(rec)``, which must :meth:`drop` it) the live records of ``kind``
-        that entered it at or before ``cutoff_ms`` (all when ``None``), oldest first."""
+        that entered it at or before ``cutoff_ms`` (all when ``None``), oldest first,
+        except those ``spare(rec)`` keeps."""
         log = self.logs[kind]
         n = 0
         for seq, rec in list(zip(log.seqs, log.recs)):
@@ -169,6 +170,8 @@ class StateIndex:
                 continue
             if cutoff_ms is not None and rec.ts > cutoff_ms:
                 break
+            if spare(rec):
+                continue
             forget(rec)
             n += 1
         return n

@@ -128,6 +128,10 @@ class PgClaims:
             row = await conn.fetchrow(
                 self._db.sql["queue_flow_for_update" if limited else "queue_flow"], queue
             )
+            if limited:
+                # The rate counts a claim from when it holds the queue's flow lock: the
+                # time read before may be a lock wait (another claimer's transaction) old
+                now = now_ms()
             paused, flow_data = row if row is not None else (False, None)
             flow = FlowState.loads(flow_data)
             held = 0
@@ -239,7 +243,7 @@ class PgClaims:
 
         channel = self._db.channel(queue, "w")
         await self._db.count_wakes(queue, channel)
-        await self._db.hub.listen(channel, wake)
+        hub = await self._db.listen(channel, wake)
         # This worker's last claim came back short (no more ready jobs) and no wake-up came
         # since it was sent: wait for one (or for a due job) instead of an empty claim now
         # (which would be in flight, a round trip to wait for, when the next job comes).
@@ -265,9 +269,9 @@ class PgClaims:
                 wait = min(remaining, self._settings.poll_interval)
                 if wake_at is not None:
                     wait = min(wait, max(wake_at - time.time(), 0.0) + 0.001)
-                await self._db.hub.wait(woken.is_set, wait)
+                await hub.wait(woken.is_set, wait)
         finally:
-            self._db.hub.unlisten(channel, wake)
+            hub.unlisten(channel, wake)
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         async with self._db.conn() as conn:

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from ..._core import format_state
-from ..._drivers.libpq import Connection, Hub, Notification, Pool
+from ..._drivers.libpq import CallTimeout, Connection, ConnectionLost, Hub, Notification, Pool
 from .._base import NOTICE_KINDS, JobRecord, StorageEvent
 from .._records import waiting_state
 from .._rules import signal_state
@@ -39,6 +39,7 @@ JOB_COLUMNS = (
 _PAYLOAD_MAX = 7000  # NOTIFY payloads must stay under 8000 bytes
 _EVENTS_MAX = 80  # events a payload at most (fewer when they are longer: halved to fit)
 _nonce = itertools.count()
+_NOT_OPEN = "PostgresStorage is not open: use `async with storage:`"
 _PROCESS = os.urandom(4).hex()
 
 
@@ -149,13 +150,13 @@ class PgDatabase:
     def pool(self) -> Pool:
         """The connection pool (open while the storage is)."""
         if self._pool is None:
-            raise RuntimeError("PostgresStorage is not open: use `async with storage:`")
+            raise RuntimeError(_NOT_OPEN)
         return self._pool
 
     @property
     def hub(self) -> Hub:
         if self._hub is None:
-            raise RuntimeError("PostgresStorage is not open: use `async with storage:`")
+            raise RuntimeError(_NOT_OPEN)
         return self._hub
 
     async def connect(self) -> None:
@@ -182,11 +183,35 @@ class PgDatabase:
         self.wakes_heard.clear()  # (their listeners were the old hub's)
 
     async def close(self) -> None:
-        if self._hub is not None:
-            self._hub.close()
-        if self._pool is not None:
-            await self._pool.aclose()
+        # Not open from the first moment: a call its close cuts short raises the "not
+        # open" error (see closes_calls), as every call after it does.
+        hub, pool = self._hub, self._pool
         self._pool = self._hub = None
+        if hub is not None:
+            hub.close()
+        if pool is not None:
+            await pool.aclose()
+
+    @contextmanager
+    def closes_calls(self) -> Iterator[None]:
+        """The block is a storage call: if :meth:`close` cuts it short (its connection
+        closed under it), it raises the storage's "not open" :class:`RuntimeError`, as a
+        call made after the close does, not the closed connection's
+        :class:`ConnectionLost` (or a :class:`CallTimeout`)."""
+        try:
+            yield
+        except (ConnectionLost, CallTimeout) as exc:
+            if self._pool is None:
+                raise RuntimeError(_NOT_OPEN) from exc
+            raise
+
+    async def listen(self, channel: str, callback: Callable[[Notification | None], None]) -> Hub:
+        """Register ``callback`` for ``channel`` on the hub (see :meth:`Hub.listen`); the
+        hub, for the caller's ``unlisten`` (which stays possible once the storage closed)."""
+        hub = self.hub
+        with self.closes_calls():
+            await hub.listen(channel, callback)
+        return hub
 
     # -- channels and events ------------------------------------------------------------
 
@@ -252,6 +277,12 @@ class PgDatabase:
         """A transaction on a pooled connection: committed (shielded: once the block is
         done, the outcome stands) when the block ends normally, rolled back when it raises
         or is cancelled. ``queue``: make sure its row in ``queues`` exists."""
+        with self.closes_calls():
+            async with self._transaction(queue) as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def _transaction(self, queue: str | None) -> AsyncIterator[Connection]:
         async with self.pool.connection(deadline=self.call_deadline()) as conn:
             await conn.execute("BEGIN")
             try:
@@ -274,8 +305,9 @@ class PgDatabase:
     @asynccontextmanager
     async def conn(self) -> AsyncIterator[Connection]:
         """A pooled connection for a read (autocommit)."""
-        async with self.pool.connection(deadline=self.call_deadline()) as conn:
-            yield conn
+        with self.closes_calls():
+            async with self.pool.connection(deadline=self.call_deadline()) as conn:
+                yield conn
 
     def call_deadline(self) -> float:
         """The Trio time by which a storage call starting now must be done."""
@@ -308,4 +340,4 @@ class PgDatabase:
             if note is None or note.payload != "s":
                 self.wakes_heard[queue] += 1
 
-        await self.hub.listen(channel, heard)
+        await self.listen(channel, heard)

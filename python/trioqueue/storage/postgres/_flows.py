@@ -15,7 +15,10 @@ A heartbeat, which takes no ancestor, never waits on a row while holding others
 
 Dependencies (``depends_on``, schema version 8): a dependent's row counts its dependencies
 with its children (``pending``, ``failed_ids``), ``job_deps`` links the two (with their
-incarnation tokens), and a dependency's row is ``depended``: its end, in its transaction,
+incarnation tokens), and a dependency's row is ``depended`` (a hint, never cleared:
+read with ``job_deps``, whose rows name this incarnation's token, where it matters, as
+count-based retention does; an id enqueued again only costs the general settle path): its
+end, in its transaction,
 counts down on each dependent (locked in (queue, id) order) as a child's does on its
 parent, and keeps its record until no dependent waits for it. A tree naming dependencies
 locks their rows in (queue, id) order without waiting (``NOWAIT``, retried after a pause,

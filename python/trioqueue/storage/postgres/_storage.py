@@ -280,7 +280,7 @@ class PostgresStorage(Trees, Schedules, Groups, Debounce, Administration, Transa
         done = False
         try:
             for ch in channels:
-                await hub.listen(ch, deliver)
+                await self._db.listen(ch, deliver)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hub.wait, lambda: done)
                 try:

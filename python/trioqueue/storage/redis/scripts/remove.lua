@@ -1,6 +1,6 @@
 -- ARGV: id. Forgets a job that is not processing (its ready-list entry no longer matches
 -- any metadata: dropped when met). Returns 1, 2 (forgotten, and it was a child of a tree
--- of jobs, a dependency or a dependent: its parent, dependents or dependencies are noted
+-- of jobs, a parent, a dependency or a dependent: its parent, children, dependents or dependencies are noted
 -- in TNOTES, the caller runs tree_act), or 0 (unknown or processing).
 --@include prelude
 local id = ARGV[1]
@@ -24,9 +24,13 @@ for k, d in ipairs(t and t.ds or {}) do
   redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.dsq[k], d}))
   noted = true
 end
--- a removed dependent no longer needs its dependencies kept
+-- a removed dependent no longer needs its dependencies kept, a removed parent its children
 for k, d in ipairs(t and t.dp or {}) do
   redis.call('SADD', TNOTES, 'r' .. cjson.encode({t.dq[k], d}))
+  noted = true
+end
+for k, c in ipairs(t and t.ch or {}) do
+  redis.call('SADD', TNOTES, 'r' .. cjson.encode({t.cq and t.cq[k] or '', c}))
   noted = true
 end
 if noted then return 2 end

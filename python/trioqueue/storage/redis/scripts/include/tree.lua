@@ -7,8 +7,8 @@
 -- runs tree_act (TNOTES of a crashed caller: the reaper's recover finds them). A note:
 -- 'e' .. id (the job ended), 'w' .. id (it waits for its children), 'c' .. id (it was
 -- cancelled while running: its children are), 'u' .. JSON [queue or '', parent] (a
--- child or a dependency of that job was removed), 'r' .. JSON [queue, id] (a dependent
--- of that job was removed). tree_settle(now) acts on every note of every
+-- child or a dependency of that job was removed), 'r' .. JSON [queue or '', id] (a parent
+-- or a dependent of that job was removed). tree_settle(now) acts on every note of every
 -- declared queue: a parent is queued once no child is pending, failed
 -- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
 -- cancelled; waiting for them or for a signal, or back in the queue for a run of its
@@ -207,13 +207,14 @@ local function tree_note(q, note, now)
     tree_eval(d[1] ~= '' and d[1] or q, d[2], now)
     return
   end
-  if kind == 'r' then  -- a dependent of job d[2] of queue d[1] was removed: kept only if still needed
+  if kind == 'r' then  -- a parent or dependent of job d[2] of queue d[1] (or q) was removed: kept only if still needed
     local d = cjson.decode(id)
-    use_queue(d[1])
+    local dq = d[1] ~= '' and d[1] or q
+    use_queue(dq)
     local st = stpart(redis.call('HGET', JOBS, d[2]))
     local s = tonumber(redis.call('ZSCORE', STATES, d[2]) or '0')
     if st and TERMINAL_KIND[state_kind(st)] and s % K44 == K44 - 1 then  -- (kept: at the end of time)
-      tree_release(d[1], d[2], st, now)
+      tree_release(dq, d[2], st, now)
     end
     return
   end
