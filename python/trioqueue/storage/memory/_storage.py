@@ -304,9 +304,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 now = _now()
                 claims = self._claim(q, worker_id, max_jobs, lease, now, start, limits)
                 if not claims:
-                    waiter = Waiter()
-                    q.waiters.add(waiter)
-                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
+                    waiter, next_due = self._parked(q, now)
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
                 # never dropped by a cancellation after the fact; a call that waited
@@ -316,12 +314,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
             waited = True
-            try:
-                with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
-                    await waiter.event.wait()
-            finally:
-                with self._lock:
-                    q.waiters.discard(waiter)
+            await self._wait(q, waiter, give_up, next_due)
             if trio.current_time() >= give_up:
                 with self._lock:
                     claims = self._claim(q, worker_id, max_jobs, lease, _now(), start, limits)
@@ -352,9 +345,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     now = _now()
                     claims = self._claim(q, worker_id, want[0], lease, now, want[1], limits)
                     if not claims and not last:
-                        waiter = Waiter(hand)
-                        q.waiters.add(waiter)
-                        next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
+                        waiter, next_due = self._parked(q, now, hand)
             if waiter is None:
                 if claims:
                     take(claims)  # in the claiming step: a cancellation never drops them
@@ -362,13 +353,25 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return
             waited = True
-            try:
-                with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
-                    await waiter.event.wait()
-            finally:
-                with self._lock:
-                    q.waiters.discard(waiter)
+            await self._wait(q, waiter, give_up, next_due)
             last = trio.current_time() >= give_up
+
+    def _parked(self, q: QueueState, now: float, hand: Hand | None = None) -> tuple[Waiter, float]:
+        """(Lock held.) A claim that found nothing parks on ``q``: its waiter, and in how
+        many seconds it must look again at the latest (a delayed job, a flow or group
+        limit's end)."""
+        waiter = Waiter(hand)
+        q.waiters.add(waiter)
+        return waiter, min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
+
+    async def _wait(self, q: QueueState, waiter: Waiter, give_up: float, next_due: float) -> None:
+        """A parked claim's wait: until it is woken, ``give_up`` or ``next_due`` seconds."""
+        try:
+            with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
+                await waiter.event.wait()
+        finally:
+            with self._lock:
+                q.waiters.discard(waiter)
 
     def _hand_off(self, q: QueueState, served: list[Waiter]) -> None:
         """Claims for the ``dequeue_into`` calls of this Trio run parked on ``q``, made in
