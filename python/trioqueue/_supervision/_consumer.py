@@ -132,6 +132,7 @@ class Consumer:
         # ... and claiming without I/O: an enqueue in this run hands its jobs to our workers
         self.dequeue_into = self.storage.dequeue_into if isinstance(self.storage, NonBlockingStart) else None
         self.claim_called = 0.0  # (dequeue_into) when the latest claim was asked for
+        self.settler_parked = False  # the settler waits for settlements
         self.start_wakeup = trio.lowlevel.ParkingLot()
         self.start_batch = _StartBatch()
         self.pace = 0.0  # jobs settled per second over the last window (0: not known)
@@ -508,6 +509,10 @@ class Consumer:
                     pending.append(settlement)
                     if settle_now is not None and not buffer:
                         settle_now()  # about to go idle: store them here, not a scheduler trip away
+                    elif len(pending) == 1 and not buffer and not running and self.settler_parked:
+                        # the consumer goes idle with this one settlement: send it from
+                        # here, not a scheduler trip away (nothing to batch it with)
+                        await self._settle_alone()
                     elif len(pending) == 1:  # else the settler was woken already (or runs)
                         ledger.settle_wakeup.unpark()
                 if spent and scope in spent:
@@ -531,6 +536,25 @@ class Consumer:
                 ledger.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
                 ledger.settle_wakeup.unpark()
         return True
+
+    async def _settle_alone(self) -> None:
+        """Store the one pending settlement in this worker (the consumer is idle, the
+        settler parked): the settler's work without its trip through the scheduler. Not
+        stored, or not known to be (a failure, a cancellation): it goes back to the
+        settler, which reports a failure and tries again (a forced stop's cleanup stores
+        it), as for its own batches."""
+        ledger = self.ledger
+        batch, ledger.pending = ledger.pending, []
+        try:
+            await self.storage.settle(self.q.queue, self.q.worker_id, batch)
+        except BaseException as exc:
+            ledger.pending[:0] = batch
+            ledger.settle_wakeup.unpark()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._paced(len(batch))
+        ledger.unhold(len(batch))
 
     def _settle_now(self) -> None:
         """Store the pending settlements in this task, as a plain call (a storage that
@@ -574,7 +598,11 @@ class Consumer:
                 if self.workers_left == 0:
                     self.settled_all.set()
                     return
-                await self.ledger.settle_wakeup.park()
+                self.settler_parked = True
+                try:
+                    await self.ledger.settle_wakeup.park()
+                finally:
+                    self.settler_parked = False
                 continue
             batch, self.ledger.pending = self.ledger.pending, []
             try:
