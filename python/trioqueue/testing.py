@@ -65,8 +65,9 @@ def _calls_of(interface: type) -> tuple[str, ...]:
 
 
 # The storage calls that are wrapped: every public coroutine method of the core interface
-# and of every capability (a wrapper has those of the capabilities its storage has).
-_INTERFACES: tuple[type, ...] = (Storage, *CAPABILITIES)
+# and of every capability (a wrapper has those of the capabilities its storage has), but
+# NonBlockingStart's, which a wrapper never has.
+_INTERFACES: tuple[type, ...] = (Storage, *(c for c in CAPABILITIES if c is not NonBlockingStart))
 STORAGE_METHODS: tuple[str, ...] = tuple(sorted({name for i in _INTERFACES for name in _calls_of(i)}))
 
 

@@ -124,14 +124,16 @@ async def test_claims_landing_after_a_graceful_stop_go_back_at_once(reply: str) 
     this worker) and whose reply was on its way left them held, unseen, as long (seen on
     Postgres in CI). The call is let finish; its jobs go back at once."""
     from trioqueue.storage import MemoryStorage
+    from trioqueue.testing import FaultyStorage
 
-    class SlowReplies(MemoryStorage):
-        """MemoryStorage whose armed claim, once it took its jobs, waits for ``land``
-        before returning: uncancellable (a request sent), or cancellable (a reply on its
-        way, lost if the call is cancelled)."""
+    class SlowReplies(FaultyStorage):
+        """MemoryStorage (wrapped, without its claims handed over in process:
+        FaultyStorage withholds NonBlockingStart) whose armed claim, once it took its
+        jobs, waits for ``land`` before returning: uncancellable (a request sent), or
+        cancellable (a reply on its way, lost if the call is cancelled)."""
 
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__(MemoryStorage())
             self.armed = False
             self.in_flight, self.land = trio.Event(), trio.Event()
 
@@ -175,13 +177,16 @@ async def test_a_claim_cancelled_in_flight_by_a_forced_stop_gives_its_attempts_b
     their attempts taken back, as the buffered ones do. (They went back with one attempt
     spent: seen on Postgres in CI.)"""
     from trioqueue.storage import MemoryStorage
+    from trioqueue.testing import FaultyStorage
 
-    class LostReplies(MemoryStorage):
-        """MemoryStorage whose armed claim, once a call that starts its claims is waiting,
-        takes its jobs, then waits (cancellably) for a reply that never comes."""
+    class LostReplies(FaultyStorage):
+        """MemoryStorage (wrapped, without its claims handed over in process:
+        FaultyStorage withholds NonBlockingStart) whose armed claim, once a call that
+        starts its claims is waiting, takes its jobs, then waits (cancellably) for a reply
+        that never comes."""
 
         def __init__(self) -> None:
-            super().__init__()
+            super().__init__(MemoryStorage())
             self.armed = False
             self.starting, self.in_flight = trio.Event(), trio.Event()
 

@@ -129,6 +129,10 @@ class Consumer:
         self.start_nowait = self.storage.start_nowait if isinstance(self.storage, NonBlockingStart) else None
         # ... and storing settlements without I/O: a worker about to go idle stores them
         self.settle_nowait = self.storage.settle_nowait if isinstance(self.storage, NonBlockingStart) else None
+        # ... and claiming without I/O: an enqueue in this run hands its jobs to our workers
+        self.dequeue_into = self.storage.dequeue_into if isinstance(self.storage, NonBlockingStart) else None
+        self.claim_called = 0.0  # (dequeue_into) when the latest claim was asked for
+        self.settler_parked = False  # the settler waits for settlements
         self.start_wakeup = trio.lowlevel.ParkingLot()
         self.start_batch = _StartBatch()
         self.pace = 0.0  # jobs settled per second over the last window (0: not known)
@@ -299,16 +303,19 @@ class Consumer:
                 await self.ledger.capacity.park()
             if self.ledger.draining:
                 break
-            want = self.limit - self.ledger.held
-            # Workers idle now take the first claims at once: count those attempts at
-            # claim time; the rest wait in the buffer, reserved.
-            start = min(want, max(0, len(self.ledger.work) * self.per_worker - len(self.ledger.buffer)))
-            ahead = self._pace_ahead()
-            if ahead > start:
-                start = min(want, ahead)
+            if self.dequeue_into is not None:  # claims handed to _take as they are made
+                try:
+                    await self.dequeue_into(
+                        q.queue, q.worker_id, q.block_timeout, q.visibility_timeout, q.claim_limits, self._wanted, self._take
+                    )
+                    backoff = RETRY_BACKOFF[0]
+                except Exception as exc:
+                    self.events.emit("error", error=exc, where="claiming jobs")
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, RETRY_BACKOFF[1])
+                continue
+            want, start = self._claim_size()
             limits = q.claim_limits
-            if limits is not None:
-                start = want  # no prefetch: every claim has a worker
             pauses = self.pauses
             called = monotonic()
             try:
@@ -331,15 +338,44 @@ class Consumer:
                 self.ledger.held += len(claims)
                 await self._hand_back(claims)
             elif claims:
-                self.ledger.held += len(claims)
-                self.ledger.buffer.extend(claims)
-                self.leases.claimed(claims, called)
-                self.ledger.wake_worker()
-                if self.per_worker > 1:
-                    self.ledger.filled.unpark_all()
+                self._accept(claims, called)
         # A claim cancelled mid-flight (a forced stop, or the end of a graceful one while a
         # call still blocks) may have moved jobs we never saw (a server served the
         # request): run()'s final reconcile gives them back, their attempts refunded.
+
+    def _claim_size(self) -> tuple[int, int]:
+        """How many jobs to claim, and how many of them to start at claim time."""
+        want = self.limit - self.ledger.held
+        # Workers idle now take the first claims at once: count those attempts at
+        # claim time; the rest wait in the buffer, reserved.
+        start = min(want, max(0, len(self.ledger.work) * self.per_worker - len(self.ledger.buffer)))
+        ahead = self._pace_ahead()
+        if ahead > start:
+            start = min(want, ahead)
+        if self.q.claim_limits is not None:
+            start = want  # no prefetch: every claim has a worker
+        return want, start
+
+    def _accept(self, claims: list[Claim], called: float) -> None:
+        """Claims made (the claim asked for at ``called``): held, buffered, a worker woken."""
+        self.ledger.held += len(claims)
+        self.ledger.buffer.extend(claims)
+        self.leases.claimed(claims, called)
+        self.ledger.wake_worker()
+        if self.per_worker > 1:
+            self.ledger.filled.unpark_all()
+
+    def _wanted(self) -> tuple[int, int] | None:
+        """``dequeue_into``'s question before each claim: None while draining or full
+        (the fetch loop then waits for room)."""
+        if self.ledger.draining or self.ledger.held >= self.limit:
+            return None
+        self.claim_called = monotonic()
+        return self._claim_size()
+
+    def _take(self, claims: list[Claim]) -> None:
+        """``dequeue_into``'s claims, in the step that made them."""
+        self._accept(claims, self.claim_called)
 
     async def _begin(self, claim: Claim) -> bool:
         """Count a reserved claim's attempt before its handler runs (batched with the other
@@ -473,6 +509,10 @@ class Consumer:
                     pending.append(settlement)
                     if settle_now is not None and not buffer:
                         settle_now()  # about to go idle: store them here, not a scheduler trip away
+                    elif len(pending) == 1 and not buffer and not running and self.settler_parked:
+                        # the consumer goes idle with this one settlement: send it from
+                        # here, not a scheduler trip away (nothing to batch it with)
+                        await self._settle_alone()
                     elif len(pending) == 1:  # else the settler was woken already (or runs)
                         ledger.settle_wakeup.unpark()
                 if spent and scope in spent:
@@ -496,6 +536,25 @@ class Consumer:
                 ledger.pending.append(executor.cancelled(claim, perf_counter() - began if began else None))
                 ledger.settle_wakeup.unpark()
         return True
+
+    async def _settle_alone(self) -> None:
+        """Store the one pending settlement in this worker (the consumer is idle, the
+        settler parked): the settler's work without its trip through the scheduler. Not
+        stored, or not known to be (a failure, a cancellation): it goes back to the
+        settler, which reports a failure and tries again (a forced stop's cleanup stores
+        it), as for its own batches."""
+        ledger = self.ledger
+        batch, ledger.pending = ledger.pending, []
+        try:
+            await self.storage.settle(self.q.queue, self.q.worker_id, batch)
+        except BaseException as exc:
+            ledger.pending[:0] = batch
+            ledger.settle_wakeup.unpark()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._paced(len(batch))
+        ledger.unhold(len(batch))
 
     def _settle_now(self) -> None:
         """Store the pending settlements in this task, as a plain call (a storage that
@@ -539,7 +598,11 @@ class Consumer:
                 if self.workers_left == 0:
                     self.settled_all.set()
                     return
-                await self.ledger.settle_wakeup.park()
+                self.settler_parked = True
+                try:
+                    await self.ledger.settle_wakeup.park()
+                finally:
+                    self.settler_parked = False
                 continue
             batch, self.ledger.pending = self.ledger.pending, []
             try:

@@ -127,8 +127,8 @@ class QueueProducer(Generic[P, R]):
                         if waiter.outcome is None:
                             waiter.outcome = terminal_from_record(jid, record, waiter.token)
                         continue
-                    waiter.event = trio.Event()
-                    await waiter.event.wait()
+                    event = waiter.event = trio.Event()
+                    await event.wait()
             raise JobTimeoutError(jid, timeout)
         finally:
             self.waiters.remove(jid, waiter)

@@ -18,7 +18,7 @@ class Waiter:
     __slots__ = ("event", "token", "early", "outcome", "resync", "stopped")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
+        self.event: trio.Event | None = None  # made when the caller parks (most never wait twice)
         self.token: str | None = None
         self.early: list[StorageEvent] | None = []
         self.outcome: StorageEvent | None = None
@@ -32,7 +32,8 @@ class Waiter:
             self.early.append(ev)
         elif ev.token is None or self.token is None or ev.token == self.token:
             self.outcome = ev
-            self.event.set()
+            if self.event is not None:
+                self.event.set()
 
     def bind(self, token: str | None) -> None:
         self.token = token
@@ -45,7 +46,8 @@ class Waiter:
             self.stopped = True
         else:
             self.resync = True
-        self.event.set()
+        if self.event is not None:
+            self.event.set()
 
 
 class Waiters:

@@ -38,7 +38,7 @@ from typing import TypeVar, cast
 
 from .._model._errors import ValidationError
 from ._base import Storage, StorageEvent
-from ._records import EnqueueOutcome, FlowJob, JobRecord, NewJob, Settlement
+from ._records import Claim, ClaimLimits, EnqueueOutcome, FlowJob, JobRecord, NewJob, Settlement
 
 __all__ = [
     "CAPABILITIES",
@@ -394,6 +394,30 @@ class NonBlockingStart(Storage):
     def settle_nowait(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         """:meth:`~Storage.settle` as a plain call (no checkpoint), for a backend that
         needs no I/O for it (memory). Atomic and fenced as :meth:`~Storage.settle`."""
+
+    @abc.abstractmethod
+    async def dequeue_into(
+        self,
+        queue: str,
+        worker_id: str,
+        timeout: float,
+        lease: float,
+        limits: ClaimLimits | None,
+        wanted: Callable[[], tuple[int, int] | None],
+        take: Callable[[list[Claim]], None],
+    ) -> None:
+        """:meth:`~Storage.dequeue` whose claims go to ``take`` as a plain call, for a
+        backend that needs no I/O to claim (memory). ``wanted()``, asked right before each
+        claim, gives ``(max_jobs, start)`` as :meth:`~Storage.dequeue` takes them, or
+        ``None`` when no claim is wanted now (the call then returns). While the call waits,
+        an :meth:`~Storage.enqueue` made in the same Trio run claims for it in the
+        enqueuing step and hands the claims over there (no trip through the scheduler to
+        the claiming task); the call itself goes on waiting. It returns once it handed
+        claims over from its own step, when ``wanted()`` says ``None``, or at ``timeout``.
+        ``take`` must not raise, block or call the storage.
+
+        Atomic and fenced as :meth:`~Storage.dequeue`: claims reach ``take`` in the step
+        that made them (a cancellation never drops them)."""
 
     @abc.abstractmethod
     def subscribe_nowait(

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import trio
+import trio.testing
 
 from trioqueue import Job, MemoryStorage, Queue, UpdateTTLStatus
 from trioqueue.storage import NonBlockingStart, Settlement, SettleKind
@@ -256,6 +257,55 @@ async def test_subscribe_nowait_hands_the_events_over_in_the_publishing_step() -
         while len(seen) < 5:
             seen += [(e.kind, e.job_id) for e in await stream.receive()]
     assert got == seen[:4] and seen[4] == ("enqueued", "after")
+
+
+async def test_an_enqueue_hands_its_jobs_to_a_parked_dequeue_into_in_the_enqueuing_step() -> None:
+    """A ``dequeue_into`` parked in the same Trio run gets the claims of an enqueue's jobs
+    before that enqueue returns (no trip through the scheduler to the claiming task), as
+    many as ``wanted()`` asks for; jobs left over wake it and it claims them itself. An
+    enqueue from another thread wakes it as any claimer."""
+    from storage_helpers import W1, job
+
+    storage = MemoryStorage()
+    taken: list[str] = []
+    room = [1]  # jobs the claimer wants
+    returned = trio.Event()
+
+    def wanted() -> tuple[int, int] | None:
+        return (room[0], room[0]) if room[0] else None
+
+    def take(claims: list[Any]) -> None:
+        assert all(c.started for c in claims)
+        taken.extend(c.id for c in claims)
+        room[0] -= len(claims)
+
+    async def claimer() -> None:
+        await storage.dequeue_into("q", W1, 60.0, 30.0, None, wanted, take)
+        returned.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(claimer)
+            await trio.testing.wait_all_tasks_blocked()
+            await storage.enqueue("q", [job("a")])
+            assert taken == ["a"]  # in the enqueuing step
+            await trio.testing.wait_all_tasks_blocked()
+            assert not returned.is_set()  # it goes on waiting, unwoken
+            room[0] = 1
+            await storage.enqueue("q", [job("b"), job("c")])
+            assert taken == ["a", "b"]  # as many as it wanted; "c" is left and wakes it
+            room[0] = 1
+            await returned.wait()
+            assert taken == ["a", "b", "c"]
+            room[0] = 1
+            nursery.start_soon(claimer)
+            await trio.testing.wait_all_tasks_blocked()
+            returned = trio.Event()
+            await trio.to_thread.run_sync(lambda: trio.run(storage.enqueue, "q", [job("t")]))
+            await returned.wait()
+            assert taken == ["a", "b", "c", "t"]
+    held = await storage.held_jobs("q", W1)
+    assert sorted(held) == ["a", "b", "c", "t"]
 
 
 async def test_a_completed_event_without_its_result_keeps_the_order_of_the_events() -> None:

@@ -15,7 +15,7 @@ import trio
 
 from ..._core import ObjectQueue
 from ..._model._types import MAX_PRIORITY, EnqueueStatus
-from .._base import EnqueueOutcome, NewJob, StorageEvent, select_events
+from .._base import Claim, ClaimLimits, EnqueueOutcome, NewJob, StorageEvent, select_events
 from .. import _rules as R
 from .._rules import Rec
 from ._index import StateIndex
@@ -72,15 +72,38 @@ class Flow:
         self.failures: list[tuple[str, bytes]] = []
 
 
+class Hand:
+    """What a claim parked by :meth:`~trioqueue.storage.MemoryStorage.dequeue_into`
+    needs so that an enqueue in its Trio run can claim for it and hand the claims over."""
+
+    __slots__ = ("worker_id", "lease", "limits", "wanted", "take")
+
+    def __init__(
+        self,
+        worker_id: str,
+        lease: float,
+        limits: ClaimLimits | None,
+        wanted: Callable[[], tuple[int, int] | None],
+        take: Callable[[list[Claim]], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self.lease = lease
+        self.limits = limits
+        self.wanted = wanted
+        self.take = take
+
+
 class Waiter:
-    """A Trio task parked in one thread, woken from any thread."""
+    """A Trio task parked in one thread, woken from any thread (a parked
+    ``dequeue_into`` also has its :class:`Hand`)."""
 
-    __slots__ = ("thread", "token", "event")
+    __slots__ = ("thread", "token", "event", "hand")
 
-    def __init__(self) -> None:
+    def __init__(self, hand: Hand | None = None) -> None:
         self.thread = threading.get_ident()
         self.token = trio.lowlevel.current_trio_token()
         self.event = trio.Event()
+        self.hand = hand
 
     def wake(self) -> None:
         if self.thread == threading.get_ident():

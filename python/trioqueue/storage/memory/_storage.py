@@ -59,7 +59,7 @@ from .._rules import claim, complete, recover
 from .._steps import decode_signals, decode_steps, encode_step
 from ._admin import MemoryAdmin
 from ._flows import MemoryTrees
-from ._parts import QUEUED_OUTCOME, Blocked, MemoryQueues, MemRec, QueueState, Subscriber, Waiter
+from ._parts import QUEUED_OUTCOME, Blocked, Hand, MemoryQueues, MemRec, QueueState, Subscriber, Waiter
 
 __all__ = ["MemoryStorage"]
 
@@ -95,15 +95,24 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         least every :data:`ENQUEUE_SLICE` seconds of a run's enqueues (not every call)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         with self._lock:
-            outcomes = self._enqueue_locked(self._q(queue), jobs, _now())
+            q = self._q(queue)
+            served: list[Waiter] = []
+            outcomes = self._enqueue_locked(q, jobs, _now(), served)
+        if served:
+            self._hand_off(q, served)
         local = self._slice
         if perf_counter() >= getattr(local, "at", 0.0):  # (shielded: the change is made)
             await trio.lowlevel.cancel_shielded_checkpoint()
             local.at = perf_counter() + ENQUEUE_SLICE
         return outcomes
 
-    def _enqueue_locked(self, q: QueueState, jobs: Sequence[NewJob], now: float) -> list[EnqueueOutcome]:
-        """The step of :meth:`enqueue` (lock held); :meth:`tick_schedule` runs it too."""
+    def _enqueue_locked(
+        self, q: QueueState, jobs: Sequence[NewJob], now: float, served: list[Waiter] | None = None
+    ) -> list[EnqueueOutcome]:
+        """The step of :meth:`enqueue` (lock held); :meth:`tick_schedule` runs it too.
+        With ``served``, the ``dequeue_into`` calls of this thread parked without flow
+        limits are not woken when only ready jobs came: they go to ``served``, for
+        :meth:`_hand_off` once the lock is released."""
         now_ms = int(now * 1000)
         outcomes: list[EnqueueOutcome] = []
         events: list[StorageEvent] = []
@@ -137,7 +146,15 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
         q.ready.push(envelopes)
         if envelopes or delayed:
             q.publish(events)
-            q.wake()  # claimers take the new jobs, or recompute their wake-up
+            if served is None or delayed or not q.waiters:
+                q.wake()  # claimers take the new jobs, or recompute their wake-up
+            else:
+                me = threading.get_ident()
+                for w in q.waiters:
+                    if w.hand is not None and w.hand.limits is None and w.thread == me:
+                        served.append(w)
+                    else:
+                        w.wake()
         return outcomes
 
     async def cancel(self, queue: str, job_id: str) -> CancelStatus:
@@ -287,9 +304,7 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                 now = _now()
                 claims = self._claim(q, worker_id, max_jobs, lease, now, start, limits)
                 if not claims:
-                    waiter = Waiter()
-                    q.waiters.add(waiter)
-                    next_due = min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
+                    waiter, next_due = self._parked(q, now)
             if waiter is None:
                 # Claimed: return without a cancellable checkpoint, so the claims are
                 # never dropped by a cancellation after the fact; a call that waited
@@ -299,17 +314,84 @@ class MemoryStorage(Trees, Schedules, Groups, Debounce, Administration, NonBlock
                     await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
             waited = True
-            try:
-                with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
-                    await waiter.event.wait()
-            finally:
-                with self._lock:
-                    q.waiters.discard(waiter)
+            await self._wait(q, waiter, give_up, next_due)
             if trio.current_time() >= give_up:
                 with self._lock:
                     claims = self._claim(q, worker_id, max_jobs, lease, _now(), start, limits)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return claims
+
+    async def dequeue_into(
+        self,
+        queue: str,
+        worker_id: str,
+        timeout: float,
+        lease: float,
+        limits: ClaimLimits | None,
+        wanted: Callable[[], tuple[int, int] | None],
+        take: Callable[[list[Claim]], None],
+    ) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        give_up = trio.current_time() + timeout
+        hand = Hand(worker_id, lease, limits, wanted, take)
+        waited = last = False
+        while True:
+            want = wanted()
+            waiter = None
+            claims: list[Claim] = []
+            if want is not None:
+                with self._lock:
+                    q = self._q(queue)
+                    now = _now()
+                    claims = self._claim(q, worker_id, want[0], lease, now, want[1], limits)
+                    if not claims and not last:
+                        waiter, next_due = self._parked(q, now, hand)
+            if waiter is None:
+                if claims:
+                    take(claims)  # in the claiming step: a cancellation never drops them
+                if not waited:  # (a call that waited has had its schedule point)
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            waited = True
+            await self._wait(q, waiter, give_up, next_due)
+            last = trio.current_time() >= give_up
+
+    def _parked(self, q: QueueState, now: float, hand: Hand | None = None) -> tuple[Waiter, float]:
+        """(Lock held.) A claim that found nothing parks on ``q``: its waiter, and in how
+        many seconds it must look again at the latest (a delayed job, a flow or group
+        limit's end)."""
+        waiter = Waiter(hand)
+        q.waiters.add(waiter)
+        return waiter, min(q.delayed[0][0] if q.delayed else math.inf, q.flow.wake, q.group_wake()) - now
+
+    async def _wait(self, q: QueueState, waiter: Waiter, give_up: float, next_due: float) -> None:
+        """A parked claim's wait: until it is woken, ``give_up`` or ``next_due`` seconds."""
+        try:
+            with trio.move_on_at(min(give_up, trio.current_time() + max(next_due, 0.0))):
+                await waiter.event.wait()
+        finally:
+            with self._lock:
+                q.waiters.discard(waiter)
+
+    def _hand_off(self, q: QueueState, served: list[Waiter]) -> None:
+        """Claims for the ``dequeue_into`` calls of this Trio run parked on ``q``, made in
+        the step of the enqueue that readied jobs and handed over as they are made. A
+        call stays parked (unwoken) only if its claim left nothing ready; otherwise it is
+        woken, as any claimer, to claim again or to return (no room)."""
+        for waiter in served:
+            hand = waiter.hand
+            assert hand is not None
+            want = hand.wanted()
+            claims: list[Claim] = []
+            left = True
+            if want is not None:
+                with self._lock:
+                    claims = self._claim(q, hand.worker_id, want[0], hand.lease, _now(), want[1], None)
+                    left = not q.ready.empty()
+            if claims:
+                hand.take(claims)
+            if left or not claims:
+                waiter.wake()
 
     async def settle(self, queue: str, worker_id: str, settlements: Sequence[Settlement]) -> list[bool]:
         await trio.lowlevel.checkpoint_if_cancelled()
