@@ -14,6 +14,12 @@ in a process of its own from this interpreter: ``pip install procrastinate`` fir
 
     python benches/bench_postgres_peers.py [--jobs 5000] [--rounds 3]
                                            [--tools trioqueue,pgboss,pgboss-quiet,procrastinate,platformatic]
+                                           [--base-tree DIR]
+
+``--base-tree DIR``: also run ``trioqueue bench`` from another revision's tree (its
+``python/``, e.g. ``git worktree add DIR <commit>``), interleaved with the rest, as the
+column "trioqueue, base tree": its ratio is this tree's speedup over that revision, in
+the same run as the peers.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ TOOLS = {
     "procrastinate": "procrastinate",
     "platformatic": "platformatic PgStorage",
 }
+BASE = "trioqueue-base"  # --base-tree: another revision of trioqueue, run beside this one
+TITLES = {**TOOLS, BASE: "trioqueue, base tree"}
 NOTES = [
     (
         "**pg-boss**: queues created with `notify: true` on an instance with `useListenNotify` (a worker is woken "
@@ -82,8 +90,9 @@ NOTES = [
 
 def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
     workloads = ",".join(w for w in WORKLOADS if w not in SKIPPED.get(tool, ()))
-    if tool == "trioqueue":
-        return h.bench_command(url, out, jobs=args.jobs, concurrency=args.concurrency, workloads=workloads)
+    if tool in ("trioqueue", BASE):
+        return h.bench_command(url, out, jobs=args.jobs, concurrency=args.concurrency, workloads=workloads,
+                               tree=args.base_tree if tool == BASE else None)
     common = h.peer_options(out, jobs=args.jobs, concurrency=args.concurrency, workloads=workloads)
     if tool == "procrastinate":
         return [sys.executable, str(NODE / "procrastinate_bench.py"), "--url", url, *common]
@@ -93,7 +102,7 @@ def _command(tool: str, url: str, args: Any, out: Path) -> list[str]:
 
 def _table(tools: list[str], med: dict[str, dict[str, dict[str, h.Spread]]]) -> list[str]:
     peers = [t for t in tools if t != "trioqueue"]
-    head = "| " + " | ".join(["workload", *(TOOLS[t] for t in tools), *(f"× {TOOLS[p]}" for p in peers)]) + " |"
+    head = "| " + " | ".join(["workload", *(TITLES[t] for t in tools), *(f"× {TITLES[p]}" for p in peers)]) + " |"
     lines = [head, "|---|" + "---:|" * (len(tools) + len(peers))]
     for w in WORKLOADS:
         latency = w == "C-1"
@@ -114,7 +123,7 @@ def _table(tools: list[str], med: dict[str, dict[str, dict[str, h.Spread]]]) -> 
 def _versions(docs: dict[str, list[dict]]) -> str:
     out = []
     for tool, ds in docs.items():
-        if tool not in ("trioqueue", "pgboss-quiet") and ds:
+        if tool not in ("trioqueue", "pgboss-quiet", BASE) and ds:
             out.append(f"{TOOLS[tool]} {ds[0]['version']}")
     return ", ".join(out)
 
@@ -132,8 +141,9 @@ def main() -> None:
     ap = h.parser(__doc__, out="vs-peers-postgres.md", rounds=3, jobs=5000)
     ap.add_argument("--concurrency", type=int, default=100)
     ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--base-tree", type=Path, help="also run trioqueue from this tree (another revision's checkout)")
     args = ap.parse_args()
-    tools = h.names(args.tools, TOOLS, "tool")
+    tools = h.names(args.tools, TOOLS, "tool") + ([BASE] if args.base_tree else [])
     if {"pgboss", "pgboss-quiet", "platformatic"} & set(tools):
         if shutil.which("node") is None:
             sys.exit("node is required (pg-boss and @platformatic/job-queue run on Node.js)")

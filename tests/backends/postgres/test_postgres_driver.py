@@ -45,9 +45,10 @@ async def test_typed_parameters_and_results(postgres_url: str) -> None:
 
 
 async def test_array_parameters_keep_every_value(postgres_url: str) -> None:
-    """Lists of str, bytes and float (the storage's batches, encoded as binary arrays)
-    come back as they went, NULLs, escapes, NULs in bytes and non-finite floats too;
-    other lists (ints, mixed, empty) still go through psycopg; each in an unnest."""
+    """Lists of str, bytes, float and int (the storage's batches, encoded as binary
+    arrays; ints as int8, cast by the statement) come back as they went, NULLs, escapes,
+    NULs in bytes, non-finite floats and the ends of int2 and int8 too; other lists
+    (bools, mixed, empty, ints past int8) still go through psycopg; each in an unnest."""
     texts = ["it's", 'a\\b"{,}', "", None, "héllo ✓", "NULL"]
     blobs = [b"\x00\xff", None, b"", b'{"a":1}' * 300]
     floats = [1.5, None, float("inf"), -0.0, 1e-300]
@@ -55,6 +56,10 @@ async def test_array_parameters_keep_every_value(postgres_url: str) -> None:
         for _ in range(3):  # (the second run prepares the statement)
             row = await conn.fetchrow("SELECT $1::text[], $2::bytea[], $3::float8[], $4::int[], $5::text[]", texts, blobs, floats, [1, None, 2**31 - 1], [])
             assert row == (texts, blobs, floats, [1, None, 2**31 - 1], [])
+            ints = await conn.fetchrow("SELECT $1::int2[], $2::int8[], $3::bool[], $4::numeric[]", [-32768, None, 32767], [-(2**63), 2**63 - 1], [True, False], [2**70])
+            assert ints == ([-32768, None, 32767], [-(2**63), 2**63 - 1], [True, False], [2**70])
+        with pytest.raises(PostgresError):  # past int2: the server's cast says so, the connection stays
+            await conn.fetchval("SELECT $1::int2[]", [40000])
         nan = await conn.fetchval("SELECT $1::float8[]", [float("nan")])
         assert nan[0] != nan[0]
         rows = await conn.fetch("SELECT * FROM unnest($1::text[], $2::float8[]) WITH ORDINALITY", ["a", "b"], [0.5, 2.0])

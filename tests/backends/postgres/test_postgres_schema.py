@@ -280,3 +280,50 @@ async def test_a_version_6_schema_upgrades_and_its_jobs_take_dependencies(postgr
         assert [r.id for _, r in await storage.get_children("q", "after")] == ["before"]
     async with await Connection.connect(postgres_url) as conn:
         assert await conn.fetchval(table, f'"{old}".job_deps')
+
+
+async def test_a_version_9_schema_upgrades_and_its_held_and_ended_jobs_are_listed_and_recovered(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 10 (jobs_lease dropped, jobs_by_state without the processing jobs, the
+    table's fillfactor) on a schema at version 9 with queued, processing and completed
+    jobs: they are listed and counted as before, the oldest processing job is found, and
+    a claim whose lease ran out is recovered."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage import Settlement, SettleKind
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", [mig for mig in module.MIGRATIONS if mig[0] <= 9])
+        m.setattr(module, "SCHEMA_VERSION", 9)
+        async with PostgresStorage(postgres_url, schema=old) as storage:
+            await storage.enqueue("q", [job(f"j{i}") for i in range(4)])
+            first, second = await storage.dequeue("q", W1, 2, 0.0, 0.05)  # (a lease about to run out)
+            done = Settlement(SettleKind.COMPLETE, second.id, b'"ok"', 60.0, token=second.token)
+            assert await storage.settle("q", W1, [done]) == [True]
+            assert await storage.schema_version() == 9
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        assert [r.id for r in (await storage.list_jobs("q", "processing"))[0]] == [first.id]
+        assert [r.id for r in (await storage.list_jobs("q", "completed"))[0]] == [second.id]
+        assert [r.id for r in (await storage.list_jobs("q", "queued"))[0]] == ["j3", "j2"]
+        assert await storage.oldest("q", "processing") is not None
+        counts = await storage.counts("q")
+        assert (counts["queued"], counts["processing"], counts["completed"]) == (2, 1, 1)
+        await trio.sleep(0.1)  # (the lease, set in ms of the wall clock, runs out)
+        recovered, _ = await storage.recover_stalled("q")
+        assert recovered == [(first.id, "requeued")]
+        claims = await storage.dequeue("q", W1, 3, 0.0, LEASE)
+        assert sorted(c.id for c in claims) == sorted([first.id, "j2", "j3"])
+    async with await Connection.connect(postgres_url) as conn:
+        assert await conn.fetchval("SELECT to_regclass($1) IS NULL", f'"{old}".jobs_lease')
+        where = await conn.fetchval(
+            "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
+            f'"{old}".jobs_by_state',
+        )
+        assert "processing" in where
+        assert await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", f'"{old}".jobs') == [
+            "fillfactor=90"
+        ]

@@ -87,3 +87,31 @@ def test_the_migrations_are_one_file_each_in_version_order() -> None:
     for version, text in _schema.MIGRATIONS:
         assert "{s}" in text, version
         text.format(s='"x"')  # (a str.format template: literal braces doubled)
+
+
+_STATE_READS = {  # name: the parameters' types and values (a terminal state's read)
+    "oldest": ("text, text", "'q', 'completed'"),
+    "list_jobs": ("text, int8, text, int8", "'q', 0, 'completed', 10"),
+    "list_jobs_after": ("text, int8, text, int8, int8, text", "'q', 0, 'completed', 10, 0, ''"),
+    "trim_retained": ("text, text, int8, int8, int8, int8", "'q', 'completed', 10, 0, 0, 0"),
+    "purge": ("text, text, int8", "'q', 'completed', 0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_STATE_READS))
+async def test_the_reads_of_a_state_use_jobs_by_state_under_a_generic_plan(postgres_url: str, name: str) -> None:
+    """jobs_by_state leaves out the processing jobs: a statement naming its state as a
+    parameter still reads a state's jobs on it once prepared (a generic plan cannot prove
+    the index's condition from ``state = $n``: each says it in a constant)."""
+    from trioqueue.storage.postgres import Connection, PostgresStorage
+
+    schema = "tq_generic_" + name
+    types, values = _STATE_READS[name]
+    async with PostgresStorage(postgres_url, schema=schema):
+        pass  # (migrated)
+    async with await Connection.connect(postgres_url) as conn:
+        await conn.execute("SET enable_seqscan = off")  # (an empty table: any index over a scan)
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute_script(f"PREPARE read_state ({types}) AS {_sql.statements(schema)[name]}")
+        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE read_state ({values})"))
+    assert "jobs_by_state" in plan, plan

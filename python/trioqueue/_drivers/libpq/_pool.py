@@ -141,10 +141,17 @@ class Pool:
         short discards its connection)."""
         if self._closed:
             raise ConnectionLost("the pool is closed", sqlstate="08003")
+        # a free slot: taken without the scheduler pass of ``acquire`` (the block's first
+        # statement waits on its socket: the checkpoint); none free: queue up FIFO
+        await trio.lowlevel.checkpoint_if_cancelled()
         acquired = False
-        with trio.move_on_at(deadline):
-            await self._slots.acquire()
+        try:
+            self._slots.acquire_nowait()
             acquired = True
+        except trio.WouldBlock:
+            with trio.move_on_at(deadline):
+                await self._slots.acquire()
+                acquired = True
         if not acquired:
             raise CallTimeout("no connection of the pool came free in time")
         try:

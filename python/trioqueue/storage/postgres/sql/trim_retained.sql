@@ -4,7 +4,7 @@
 WITH past AS (
                                 SELECT id, state_ms, coalesce(octet_length(
                                     CASE WHEN state = 'completed' THEN result ELSE error END), 0) AS size
-                                FROM {s}.jobs WHERE queue = $1 AND state = $2
+                                FROM {s}.jobs WHERE queue = $1 AND state = $2 AND state <> 'processing'  -- (a terminal state: see jobs_by_state)
                                 ORDER BY state_ms DESC, id DESC OFFSET $3),
                             gone AS (
                                 DELETE FROM {s}.jobs j USING past p
