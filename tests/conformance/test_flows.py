@@ -625,7 +625,7 @@ async def test_a_completed_child_removed_while_its_parent_waits_does_not_fail_it
             gate.set()
             await events.wait_until(lambda evs: any(e.job_id == "parent" for e in evs))  # it ended
         status = await p.get_status("parent")
-        assert status is not None and status.state is JobState.COMPLETED, status
+        assert status is not None and status.state is JobState.COMPLETED, status.error
 
 
 async def test_a_cancelled_child_enqueued_again_is_a_job_of_its_own(storage: Storage, queue_name: str) -> None:

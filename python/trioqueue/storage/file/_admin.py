@@ -118,6 +118,7 @@ class FileAdmin:
         q = self._core.q(queue)
         enc = encode_name(job_id)
         ok = False
+        await self._trees.forget_completed(queue, job_id)  # (before it goes: not counted as cancelled)
         async with self._core.alock(q):
             r = self._core.load(q, enc, time.time())
             if r is not None and R.removable(r):
