@@ -125,6 +125,23 @@ class FileTrees:
         for kq, kid in [*(r.children or ()), *(r.deps or ())]:
             self._note(kq, "r", kid)
 
+    @staticmethod
+    def outcome_known(r: Rec) -> bool:
+        """Whether ``r`` completed and a parent or dependent may list it
+        (:meth:`forget_completed` is for it before it is removed)."""
+        return r.kind == COMPLETED and (r.parent is not None or bool(r.dependents))
+
+    def removing(self, q: FileQueue, r: Rec) -> None:
+        """``r`` is being removed, alone or by a clear of its queue (lock of ``q`` held):
+        its ended children and dependencies are no longer kept for it (``r-`` notes), and
+        if it had not ended, its parent and its dependents count it as cancelled (notes,
+        made before its record goes)."""
+        if r.deps or r.children:
+            self.let_go(r)
+        if r.kind not in _TERMINAL and (r.parent is not None or r.dependents):
+            r.kind = CANCELLED
+            self.tree_ended(q, r)
+
     async def forget_completed(self, queue: str, job_id: str) -> None:
         """Job ``job_id`` of ``queue`` is about to be removed: if it completed, its parent
         and its dependents that still wait stop listing it (each under its own queue's
@@ -133,7 +150,7 @@ class FileTrees:
         PostgreSQL count it); a completed one's outcome was counted when it ended. (A
         failed or cancelled one counts as cancelled either way: a failure.)"""
         r = self._peek(self._core.q(queue), queue, job_id)
-        if r is None or r.kind != COMPLETED or (r.parent is None and not r.dependents):
+        if r is None or not self.outcome_known(r):
             return
         me = [queue, job_id]
         waiting = ([r.parent] if r.parent is not None else []) + list(r.dependents or ())
