@@ -8,7 +8,6 @@ until every dependent has ended; a dependent's end never cancels its dependencie
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -384,36 +383,3 @@ async def test_an_id_enqueued_again_after_its_dependency_was_cancelled_is_retain
         assert await q.get_status("dep") is None  # counted out: "later" is the one kept
         assert (await q.get_status("later")).state is JobState.COMPLETED  # type: ignore[union-attr]
 
-
-@pytest.mark.parametrize("across", [False, True], ids=["same-queue", "across-queues"])
-async def test_a_completed_dependency_removed_while_its_dependent_waits_does_not_fail_it(
-    storage: Storage, queue_name: str, across: bool
-) -> None:
-    """Only a dependency removed before it ended counts as cancelled: one that had
-    completed was counted then (file and Redis failed the dependent under "cancel")."""
-    deps, waits = tagged(queue_name, "deps", "waits") if across else [queue_name, queue_name]
-    gate = trio.Event()
-
-    async def later(job: Job[Any]) -> str:
-        await gate.wait()
-        return "later"
-
-    events = Recorder()
-    d = Queue(storage, name=deps, handler=Handlers(later=later), **FAST)
-    w = Queue(storage, name=waits, handler=Handlers(), **FAST) if across else d
-    for q in {id(d): d, id(w): w}.values():
-        q.on("completed", events)  # before it starts
-        q.on("failed", events)
-    async with AsyncExitStack() as stack:
-        for q in {id(d): d, id(w): w}.values():
-            await stack.enter_async_context(q)
-        with trio.fail_after(10):
-            await d.enqueue("done", None)
-            await d.enqueue("later", None)
-            await events.wait_for("completed", "done")
-            await w.enqueue("dependent", None, depends_on=[JobRef(deps, "done"), JobRef(deps, "later")])
-            assert await d.remove("done")
-            gate.set()
-            await events.wait_until(lambda evs: any(e.job_id == "dependent" for e in evs))  # it ended
-        status = await w.get_status("dependent")
-        assert status is not None and status.state is JobState.COMPLETED, status.error
