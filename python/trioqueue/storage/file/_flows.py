@@ -152,7 +152,7 @@ class FileTrees:
         r = self._peek(self._core.q(queue), queue, job_id)
         if r is None or not self.outcome_known(r):
             return
-        me = [queue, job_id]
+        me = (queue, job_id)
         waiting = ([r.parent] if r.parent is not None else []) + list(r.dependents or ())
         for wq, wid in waiting:
             wqs = self._core.q(wq)
@@ -163,11 +163,10 @@ class FileTrees:
                 with close_on_error(fds):
                     w = self._core.load(wqs, enc, time.time())
                     if w is not None and w.kind not in _TERMINAL:
-                        kids = [list(c) for c in w.children or ()]
-                        deps = [list(d) for d in w.deps or ()]
-                        if me in kids or me in deps:
-                            w.children = None if w.children is None else [c for c in kids if c != me]
-                            w.deps = None if w.deps is None else [d for d in deps if d != me]
+                        listed = [tuple(x) for x in [*(w.children or ()), *(w.deps or ())]]
+                        if me in listed:
+                            w.children = None if w.children is None else [c for c in w.children if tuple(c) != me]
+                            w.deps = None if w.deps is None else [d for d in w.deps if tuple(d) != me]
                             self._core.commit(wqs, {enc: w}, fds)
                             wrote = True
             await self._core.finish(fds, {wqs.jobs_fd}, wrote)
