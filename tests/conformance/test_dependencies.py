@@ -382,4 +382,3 @@ async def test_an_id_enqueued_again_after_its_dependency_was_cancelled_is_retain
     async with Queue(storage, name=queue_name) as q:
         assert await q.get_status("dep") is None  # counted out: "later" is the one kept
         assert (await q.get_status("later")).state is JobState.COMPLETED  # type: ignore[union-attr]
-
