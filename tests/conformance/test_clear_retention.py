@@ -291,3 +291,28 @@ async def test_clearing_a_parents_queue_leaves_its_children_elsewhere_working(st
         assert (await kq.get_status("kid")).state is JobState.COMPLETED  # type: ignore[union-attr]
         assert await pq.get_status("parent") is None
         assert (await kq.enqueue_and_wait("after", 2, timeout=20)) == 2
+
+
+@pytest.mark.capability("Administration", "Trees")
+async def test_clearing_a_queue_settles_parents_and_dependents_on_other_queues(storage: Storage, queue_name: str) -> None:
+    """A cleared queue's unfinished jobs count as cancelled for their parents and their
+    dependents on other queues, as ``remove`` counts one (they waited in
+    ``waiting_children`` for ever on every backend): under the default "cancel" both fail
+    with ChildJobFailedError."""
+    from trioqueue import Child, JobRef
+
+    parents, kids = f"p{{{queue_name}}}", f"k{{{queue_name}}}"  # (one Cluster slot)
+    ended = Recorder()
+    async with Queue(storage, name=kids, **FAST) as kq, Queue(storage, name=parents, **FAST) as pq:
+        pq.on("failed", ended)
+        await pq.enqueue("parent", 0, children=[Child("kid", 1, queue=kids, options={"delay": 3600})])
+        await kq.enqueue("dep", 2, delay=3600)
+        await pq.enqueue("dependent", 3, depends_on=[JobRef(kids, "dep")])
+        assert await kq.clear() == 2
+        with trio.fail_after(10):
+            await ended.wait_for("failed", "parent")
+            await ended.wait_for("failed", "dependent")
+        for job_id in ("parent", "dependent"):
+            status = await pq.get_status(job_id)
+            assert status is not None and status.state is JobState.FAILED, (job_id, status)
+            assert status.error is not None and status.error.type == "ChildJobFailedError", status.error

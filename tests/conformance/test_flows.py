@@ -6,6 +6,8 @@ decides what a failed child does (``cancel``: fail the parent, cancel the siblin
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 from collections.abc import Callable
 from typing import Any
 
@@ -591,6 +593,47 @@ async def test_a_removed_child_on_another_queue_counts_as_cancelled(storage: Sto
             with trio.fail_after(10):
                 await events.wait_for("completed", "parent")
     assert seen["failures"] == {}
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["same-queue", "across-queues"])
+@pytest.mark.parametrize("as_dependency", [False, True], ids=["child", "dependency"])
+async def test_a_completed_child_removed_while_its_parent_waits_does_not_fail_it(
+    storage: Storage, queue_name: str, across: bool, as_dependency: bool
+) -> None:
+    """A completed child's (or dependency's) outcome was known when it ended: removing its
+    record afterwards does not turn it into a cancellation (file and Redis failed the
+    parent or dependent with ChildJobFailedError under the default "cancel"; memory and
+    PostgreSQL completed it). Only one removed before it ended counts as cancelled."""
+    parents, kids = tagged(queue_name, "parents", "kids") if across else [queue_name, queue_name]
+    gate = trio.Event()
+
+    async def later(job: Job[Any]) -> str:
+        await gate.wait()
+        return "later"
+
+    events = Recorder()
+    k = Queue(storage, name=kids, handler=Handlers(later=later), **FAST)
+    p = Queue(storage, name=parents, handler=Handlers(), **FAST) if across else k
+    for q in {id(k): k, id(p): p}.values():
+        q.on("completed", events)  # before it starts
+        q.on("failed", events)
+    async with AsyncExitStack() as stack:
+        for q in {id(k): k, id(p): p}.values():
+            await stack.enter_async_context(q)
+        with trio.fail_after(10):
+            if as_dependency:
+                await k.enqueue("done", None)
+                await k.enqueue("later", None)
+                await events.wait_for("completed", "done")
+                await p.enqueue("parent", None, depends_on=[JobRef(kids, "done"), JobRef(kids, "later")])
+            else:
+                await p.enqueue("parent", None, children=[Child("done", queue=kids), Child("later", queue=kids)])
+                await events.wait_for("completed", "done")
+            assert await k.remove("done")
+            gate.set()
+            await events.wait_until(lambda evs: any(e.job_id == "parent" for e in evs))  # it ended
+        status = await p.get_status("parent")
+        assert status is not None and status.state is JobState.COMPLETED, status.error
 
 
 async def test_a_cancelled_child_enqueued_again_is_a_job_of_its_own(storage: Storage, queue_name: str) -> None:

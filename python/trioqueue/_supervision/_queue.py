@@ -568,7 +568,10 @@ class Queue(Generic[P, R]):
         always are). Returns how many jobs were forgotten. A worker running one of the jobs does
         not crash: its outcome is refused (fenced, an ``error`` event) and its heartbeat
         gives the claim up (``lease_lost``); waiters of ``enqueue_and_wait`` get
-        :class:`JobCancelledError`; every subscriber gets a ``cleared`` event."""
+        :class:`JobCancelledError`; every subscriber gets a ``cleared`` event. Parents and
+        dependents on other queues count the jobs cleared as :meth:`remove` has them count a
+        removed one: an unfinished job as cancelled (their ``on_child_failure`` applies), a
+        completed one as completed."""
         return await self._admin.clear(schedules=schedules)
 
     async def get_result(self, job_id: str) -> Any:

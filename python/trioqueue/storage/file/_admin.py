@@ -18,7 +18,6 @@ from collections.abc import Sequence
 import trio
 
 from .. import _rules as R
-from .._base import CANCELLED as _CANCELLED
 from .._base import PROCESSING as _PROCESSING
 from .._base import QUEUED as _QUEUED
 from .._base import STATE_KINDS, JobRecord, StorageEvent, check_active_kind, check_state_kind
@@ -118,6 +117,7 @@ class FileAdmin:
         q = self._core.q(queue)
         enc = encode_name(job_id)
         ok = False
+        await self._trees.forget_completed(queue, job_id)  # (before it goes: not counted as cancelled)
         async with self._core.alock(q):
             r = self._core.load(q, enc, time.time())
             if r is not None and R.removable(r):
@@ -126,12 +126,7 @@ class FileAdmin:
                 # which start-up repair gives one back (the removal was not acknowledged).
                 if r.mk:
                     unlink_quiet(os.path.join(q.ready if r.kind == _QUEUED else q.delayed, r.mk))
-                if r.deps or r.children:  # its ended children and dependencies no longer kept for it (r- notes, first)
-                    self._trees.let_go(r)
-                if r.parent is not None or (r.dependents and r.kind not in R.TERMINAL_KINDS):
-                    # its parent (and its dependents) count it as cancelled (a note, first)
-                    r.kind = _CANCELLED
-                    self._trees.tree_ended(q, r)
+                self._trees.removing(q, r)  # its tree told (notes, first)
                 unlink_quiet(os.path.join(q.jobs, enc))
                 self._core.publish(q, [StorageEvent("removed", job_id, token=r.token)])
                 ok = True

@@ -125,6 +125,52 @@ class FileTrees:
         for kq, kid in [*(r.children or ()), *(r.deps or ())]:
             self._note(kq, "r", kid)
 
+    @staticmethod
+    def outcome_known(r: Rec) -> bool:
+        """Whether ``r`` completed and a parent or dependent may list it
+        (:meth:`forget_completed` is for it before it is removed)."""
+        return r.kind == COMPLETED and (r.parent is not None or bool(r.dependents))
+
+    def removing(self, q: FileQueue, r: Rec) -> None:
+        """``r`` is being removed, alone or by a clear of its queue (lock of ``q`` held):
+        its ended children and dependencies are no longer kept for it (``r-`` notes), and
+        if it had not ended, its parent and its dependents count it as cancelled (notes,
+        made before its record goes)."""
+        if r.deps or r.children:
+            self.let_go(r)
+        if r.kind not in _TERMINAL and (r.parent is not None or r.dependents):
+            r.kind = CANCELLED
+            self.tree_ended(q, r)
+
+    async def forget_completed(self, queue: str, job_id: str) -> None:
+        """Job ``job_id`` of ``queue`` is about to be removed: if it completed, its parent
+        and its dependents that still wait stop listing it (each under its own queue's
+        lock, one at a time, before it goes). A job they list that is gone counts as
+        cancelled, which only one removed before it ended is (as MemoryStorage and
+        PostgreSQL count it); a completed one's outcome was counted when it ended. (A
+        failed or cancelled one counts as cancelled either way: a failure.)"""
+        r = self._peek(self._core.q(queue), queue, job_id)
+        if r is None or not self.outcome_known(r):
+            return
+        me = (queue, job_id)
+        waiting = ([r.parent] if r.parent is not None else []) + list(r.dependents or ())
+        for wq, wid in waiting:
+            wqs = self._core.q(wq)
+            enc = encode_name(wid)
+            fds: list[int] = []
+            wrote = False
+            async with self._core.alock(wqs):
+                with close_on_error(fds):
+                    w = self._core.load(wqs, enc, time.time())
+                    if w is not None and w.kind not in _TERMINAL:
+                        listed = [tuple(x) for x in [*(w.children or ()), *(w.deps or ())]]
+                        if me in listed:
+                            w.children = None if w.children is None else [c for c in w.children if tuple(c) != me]
+                            w.deps = None if w.deps is None else [d for d in w.deps if tuple(d) != me]
+                            self._core.commit(wqs, {enc: w}, fds)
+                            wrote = True
+            await self._core.finish(fds, {wqs.jobs_fd}, wrote)
+
     def cancel_claimed(self, q: FileQueue, r: Rec, worker_id: str, events: list[StorageEvent]) -> None:
         """A rule ended a claimed job cancelled (its proc entry is the caller's to remove)."""
         r.mk = None

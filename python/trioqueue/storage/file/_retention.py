@@ -35,6 +35,7 @@ import trio
 from .. import _rules as R
 from .._base import CLEARED, Settlement, StorageEvent
 from ._base import FileCore
+from ._flows import FileTrees
 from ._layout import FileQueue, unlink_quiet
 
 __all__ = ["FileRetention"]
@@ -62,8 +63,9 @@ class FileRetention:
     """``clear`` and count-based retention of :class:`~trioqueue.storage.FileStorage`. A
     part built by the storage with the core it shares."""
 
-    def __init__(self, core: FileCore) -> None:
+    def __init__(self, core: FileCore, trees: FileTrees) -> None:
         self._core = core
+        self._trees = trees
         #: Jobs a process's settlements add to a state with a ``keep`` between two trims
         #: of it (at least; ``keep // 4`` when larger): the growth past ``keep`` each
         #: process allows.
@@ -121,9 +123,17 @@ class FileRetention:
     async def clear(self, queue: str, *, schedules: bool = False) -> int:
         await trio.lowlevel.checkpoint_if_cancelled()
         q = self._core.q(queue)
+        # Its jobs' parents and dependents on other queues count them as remove_job has
+        # them count a removed job: a completed one first stops being listed by them...
+        done = await trio.to_thread.run_sync(lambda: [r.id for _, r in self._core.records(q, time.time()) if self._trees.outcome_known(r)])
+        for job_id in done:
+            await self._trees.forget_completed(queue, job_id)
 
         def run() -> int:
             with self._core.locked(q):
+                # ... and an unfinished one counts as cancelled (notes, before the records go)
+                for _, r in self._core.records(q, time.time()):
+                    self._trees.removing(q, r)
                 q.bump()
                 for lane in q.lanes:
                     _unlink_entries(lane)
@@ -144,6 +154,8 @@ class FileRetention:
 
         n = await trio.to_thread.run_sync(run)
         await self._core.finish([], self._cleared_dirs(q), True)
+        if self._trees.dirty:
+            await self._trees.act_on_notes()
         return n
 
     def _cleared_dirs(self, q: FileQueue) -> set[int]:

@@ -73,7 +73,7 @@ class FileStorage(Trees, Schedules, Groups, Debounce, Administration, Signals):
         # The parts, each handed what it needs.
         self._core = core = FileCore(settings)
         self._trees = FileTrees(core)
-        self._retention = FileRetention(core)
+        self._retention = FileRetention(core, self._trees)
         self._jobs = FileJobs(core, settings, self._trees)
         self._claims = FileClaims(core, settings, self._trees, self._retention)
         self._recovery = FileRecovery(core, settings, self._trees)

@@ -125,8 +125,11 @@ class MemoryAdmin:
         with self._lock:
             q = self._q(queue)
             q.expire(now)
+            treed = [rec for rec in q.jobs.values() if rec.parent is not None or rec.waiters is not None or rec.flow is not None]
             n = q.clear(schedules)
             q.publish([StorageEvent(CLEARED, "")])
+            for rec in treed:  # as remove_job: parents and dependents on other queues count them
+                self._trees.removed(rec, now)
             q.wake()  # claims waiting for a slot or a due job look again
         await trio.lowlevel.cancel_shielded_checkpoint()
         return n

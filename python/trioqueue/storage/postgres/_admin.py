@@ -144,8 +144,20 @@ class PgAdmin:
         return out
 
     async def clear(self, queue: str, *, schedules: bool = False) -> int:
+        now = now_ms()
         async with self._db.tx() as conn:  # one transaction: all or nothing, with its event
+            # Its jobs of trees go as remove_job removes one: their parents and dependents
+            # on other queues count an unfinished one as cancelled (those of this queue go
+            # with it), its parents and dependents let their kept jobs go by their TTLs.
+            treed = [r[0] for r in await conn.fetch(self._db.sql["clear_tree_jobs"], queue)]
+            if treed:
+                await self._trees.lock_ancestors(conn, queue, treed)
+                for job_id in treed:
+                    await self._trees.removing(conn, queue, job_id, now)
+            gone = await conn.fetch(self._db.sql["clear_tree_rows"], queue, treed) if treed else []
             res = await conn.execute(self._db.sql["clear_jobs"], queue)
+            for row in gone:
+                await self._trees.tree_removed(conn, queue, row, now)
             await conn.execute(self._db.sql["clear_queue_flow"], queue)
             # the groups' rows (paused groups are kept)
             for name in ("clear_group_ring", "clear_full_groups", "clear_group_claims", "clear_group_sleep"):
@@ -154,4 +166,4 @@ class PgAdmin:
                 await conn.execute(self._db.sql["clear_schedules"], queue)
             # (a wake-up too: claims waiting for a concurrency slot look again)
             await self._db.publish(conn, queue, [StorageEvent(CLEARED, "")], wake=True)
-        return res.rowcount
+        return len(gone) + res.rowcount

@@ -115,9 +115,12 @@ class RedisAdmin:
             runner = self._runner
             workers = sorted(text(w) for w in await runner.transport.command(["SMEMBERS", procs_key]) or ())
             keys = runner.keys("clear", queue, *(runner.plist(queue, w) for w in workers), *runner.flow_keys(queue))
-            n = int(await runner.transport.script(runner.scripts["clear"], keys, ["1" if schedules else "0", *workers]))
-            if n >= 0:
-                return n
+            res = await runner.transport.script(runner.scripts["clear"], keys, ["1" if schedules else "0", *workers])
+            if isinstance(res, list):  # jobs of trees were cleared: their parents and dependents next
+                await self._trees.act(queue)
+                return int(res[0])
+            if int(res) >= 0:
+                return int(res)
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
         await trio.lowlevel.checkpoint_if_cancelled()

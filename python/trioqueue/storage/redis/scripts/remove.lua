@@ -9,19 +9,23 @@ if expired(id, now) then return 0 end
 local st = redis.call('HGET', JOBS, id)
 if not st or starts(st, 'processing:') then return 0 end
 local m = getm(id) or {}
-local raw = m.tr and redis.call('HGET', TREE, id)
+local raw = (m.tr or isrec(st)) and redis.call('HGET', TREE, id)  -- (an ended job's record has no META)
 local t = raw and cjson.decode(raw)
 purge(id)
 ev('removed', id, nil, nil, nil, m.i)
 flush()
--- a removed child counts as cancelled for its parent, a removed dependency for its dependents
+-- a removed child counts as cancelled for its parent, a removed dependency for its
+-- dependents ('u'); one that had completed no longer counts at all ('d': its outcome was
+-- counted when it ended; the note drops it from their lists, and until then tree_eval
+-- finds the note and counts it completed)
 local noted = false
+local u = starts(stpart(st), 'completed:') and 'd' or 'u'
 if t and t.pa then
-  redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.pq or '', t.pa}))
+  redis.call('SADD', TNOTES, u .. cjson.encode(u == 'd' and {t.pq or '', t.pa, id} or {t.pq or '', t.pa}))
   noted = true
 end
 for k, d in ipairs(t and t.ds or {}) do
-  redis.call('SADD', TNOTES, 'u' .. cjson.encode({t.dsq[k], d}))
+  redis.call('SADD', TNOTES, u .. cjson.encode(u == 'd' and {t.dsq[k], d, id} or {t.dsq[k], d}))
   noted = true
 end
 -- a removed dependent no longer needs its dependencies kept, a removed parent its children

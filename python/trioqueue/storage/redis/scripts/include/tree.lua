@@ -7,7 +7,8 @@
 -- runs tree_act (TNOTES of a crashed caller: the reaper's recover finds them). A note:
 -- 'e' .. id (the job ended), 'w' .. id (it waits for its children), 'c' .. id (it was
 -- cancelled while running: its children are), 'u' .. JSON [queue or '', parent] (a
--- child or a dependency of that job was removed), 'r' .. JSON [queue or '', id] (a parent
+-- child or a dependency of that job was removed), 'd' .. JSON [queue or '', parent, id] (as
+-- 'u', but job id of this queue had completed: it is dropped from the parent's lists), 'r' .. JSON [queue or '', id] (a parent
 -- or a dependent of that job was removed). tree_settle(now) acts on every note of every
 -- declared queue: a parent is queued once no child is pending, failed
 -- (ChildJobFailedError) at a child's failure under 'cancel' (its other children
@@ -72,6 +73,15 @@ local function still_needed(cq, c)
   end
   return false
 end
+-- whether job c of queue cq, a child (kid) or a dependency of job p of queue q, was
+-- removed after it completed and the 'd' note that drops it from p's lists waits in cq's
+-- TNOTES (it counts as completed meanwhile)
+local function removed_done(cq, c, q, p, kid)
+  use_queue(cq)
+  local pq = q
+  if kid and q == cq then pq = '' end
+  return redis.call('SISMEMBER', TNOTES, 'd' .. cjson.encode({pq, p, c})) == 1
+end
 -- the registry values of the children of t (job p, on queue q), in order; false for a
 -- child that is no longer of the tree (it counts as cancelled, as a removed one)
 local function kid_states(t, q, p)
@@ -81,6 +91,30 @@ local function kid_states(t, q, p)
     sts[k] = still_kid(cq, c, q, p) and redis.call('HGET', JOBS, c) or false
   end
   return sts
+end
+-- job c of queue cq, removed after it completed, is no longer listed by job p of queue pq
+-- (its parent or a dependent)
+local function drop_done(pq, p, cq, c)
+  local t = tree_info(pq, p)
+  if not t then return end
+  local function drop(list, qs, own)
+    if not list then return list, qs end
+    local l2, q2 = {}, {}
+    for k, x in ipairs(list) do
+      local xq = qs and qs[k] or own
+      if not (x == c and xq == cq) then
+        l2[#l2 + 1] = x
+        if qs then q2[#q2 + 1] = qs[k] end
+      end
+    end
+    if not qs then q2 = nil end
+    if #l2 == 0 then return nil, nil end
+    return l2, q2
+  end
+  t.ch, t.cq = drop(t.ch, t.cq, pq)
+  t.dp, t.dq = drop(t.dp, t.dq, nil)
+  use_queue(pq)
+  redis.call('HSET', TREE, p, cjson.encode(t))
 end
 -- a kept child's (or dependency's) record gets its TTL (from now), unless a parent or a
 -- dependent of it still needs it
@@ -149,6 +183,7 @@ local function tree_eval(q, p, now)
   local sts = kid_states(t, q, p)
   for k, c in ipairs(t.ch or {}) do
     local kind = tree_kind(sts[k])
+    if not sts[k] and removed_done(kid_q(t, k, q), c, q, p, true) then kind = 'completed' end
     if kind == 'failed' or kind == 'cancelled' then
       failures[#failures + 1] = {c, kind, kid_q(t, k, q)}
       if sts[k] then present = true end
@@ -159,6 +194,7 @@ local function tree_eval(q, p, now)
     local dq = t.dq[k]
     local v = still_dep(dq, d, q, p) and redis.call('HGET', JOBS, d) or false
     local kind = tree_kind(v)
+    if not v and removed_done(dq, d, q, p, false) then kind = 'completed' end
     if kind == 'failed' or kind == 'cancelled' then
       failures[#failures + 1] = {d, kind, dq}
       if v then present = true end
@@ -205,6 +241,13 @@ local function tree_note(q, note, now)
   if kind == 'u' then
     local d = cjson.decode(id)
     tree_eval(d[1] ~= '' and d[1] or q, d[2], now)
+    return
+  end
+  if kind == 'd' then  -- job d[3] of q, removed after it completed, is no longer listed by d[2] of queue d[1] (or q)
+    local d = cjson.decode(id)
+    local pq = d[1] ~= '' and d[1] or q
+    drop_done(pq, d[2], q, d[3])
+    tree_eval(pq, d[2], now)
     return
   end
   if kind == 'r' then  -- a parent or dependent of job d[2] of queue d[1] (or q) was removed: kept only if still needed
