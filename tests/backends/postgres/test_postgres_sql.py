@@ -9,6 +9,7 @@ import ast
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,21 +119,20 @@ async def test_the_reads_of_a_state_use_jobs_by_state_under_a_generic_plan(postg
     assert "jobs_by_state" in plan, plan
 
 
-def _read_by(node: dict[str, object], relation: str) -> int:
+def _read_by(node: dict[str, Any], relation: str) -> int:
     """Rows the scans of ``relation`` in ``node``'s own tree returned (actual rows times
     loops), leaving out its InitPlans and SubPlans (the CTEs it reads)."""
     own = 0
     if node.get("Relation Name") == relation and "Scan" in str(node.get("Node Type")):
-        own = int(float(str(node["Actual Rows"])) * int(str(node["Actual Loops"])))
+        own = int(float(node["Actual Rows"]) * int(node["Actual Loops"]))
     children = node.get("Plans", [])
-    assert isinstance(children, list)
     return own + sum(_read_by(c, relation) for c in children if c.get("Parent Relationship") not in ("InitPlan", "SubPlan"))
 
 
-def _modify_table(node: dict[str, object]) -> dict[str, object] | None:
+def _modify_table(node: dict[str, Any]) -> dict[str, Any] | None:
     if node.get("Node Type") == "ModifyTable":
         return node
-    for child in node.get("Plans", []):  # type: ignore[union-attr]
+    for child in node.get("Plans", []):
         found = _modify_table(child)
         if found is not None:
             return found
@@ -153,11 +153,11 @@ async def test_a_claim_updates_its_jobs_by_key_when_the_statistics_have_not_seen
 
     schema = "tq_claim_plan_" + name
     async with PostgresStorage(postgres_url, schema=schema) as storage:
-        async with Queue(storage, name="seen") as seen:
+        async with Queue[int, None](storage, name="seen") as seen:
             await seen.enqueue_many([(f"s{i}", i) for i in range(2000)])
         async with await Connection.connect(postgres_url) as conn:
             await conn.execute(f'ANALYZE "{schema}".jobs')
-        async with Queue(storage, name="new") as new:
+        async with Queue[int, None](storage, name="new") as new:
             await new.enqueue_many([(f"n{i}", i) for i in range(1000)])
     async with await Connection.connect(postgres_url) as conn:
         await conn.execute_script(
