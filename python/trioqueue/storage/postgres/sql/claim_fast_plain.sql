@@ -17,13 +17,14 @@ WITH q AS (
                     SELECT id, priority, seq FROM {s}.jobs WHERE queue = $1 AND state = 'queued'
                         AND grp IS NULL AND (SELECT open FROM gate) AND NOT (SELECT grouped FROM ring)
                     ORDER BY priority, seq LIMIT $3 FOR UPDATE SKIP LOCKED),
-                numbered AS (SELECT id, priority, seq, row_number() OVER (ORDER BY priority, seq) AS rn FROM picked),
+                ordered AS (SELECT array_agg(id ORDER BY priority, seq) AS ids FROM picked),
                 claimed AS (
                     UPDATE {s}.jobs j SET state = 'processing', state_ms = $2, worker = $4, lease_ms = $5,
                         claims = j.claims + 1, claim = j.token || '.' || (j.claims + 1),
-                        started = n.rn <= $6, attempts = j.attempts + (n.rn <= $6)::int
-                    FROM numbered n WHERE j.queue = $1 AND j.id = n.id
-                    RETURNING n.rn, n.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
+                        started = array_position((SELECT ids FROM ordered), j.id) <= $6,
+                        attempts = j.attempts + (array_position((SELECT ids FROM ordered), j.id) <= $6)::int
+                    WHERE j.queue = $1 AND j.id = ANY ((SELECT ids FROM ordered)::text[])
+                    RETURNING array_position((SELECT ids FROM ordered), j.id) AS rn, j.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
                 SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
