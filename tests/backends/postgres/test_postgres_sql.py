@@ -139,6 +139,28 @@ def _modify_table(node: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+async def _unseen_queue(postgres_url: str, schema: str) -> None:
+    """Schema ``schema`` with queue "seen" (2,000 jobs) in the table's statistics and
+    queue "new" (1,000 ready jobs) filled after the ANALYZE: estimated at about one row."""
+    from trioqueue import Queue
+    from trioqueue.storage.postgres import Connection, PostgresStorage
+
+    async with PostgresStorage(postgres_url, schema=schema) as storage:
+        async with Queue[int, None](storage, name="seen") as seen:
+            await seen.enqueue_many([(f"s{i}", i) for i in range(2000)])
+        async with await Connection.connect(postgres_url) as conn:
+            await conn.execute(f'ANALYZE "{schema}".jobs')
+        async with Queue[int, None](storage, name="new") as new:
+            await new.enqueue_many([(f"n{i}", i) for i in range(1000)])
+
+
+def _update_of(doc: Any) -> dict[str, Any]:
+    plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
+    update = _modify_table(plan)
+    assert update is not None, plan
+    return update
+
+
 @pytest.mark.parametrize("name", ["claim_fast_plain", "claim_plain"])
 async def test_a_claim_updates_its_jobs_by_key_when_the_statistics_have_not_seen_the_queue(
     postgres_url: str, name: str
@@ -148,17 +170,10 @@ async def test_a_claim_updates_its_jobs_by_key_when_the_statistics_have_not_seen
     job it picked by its key, not read every job of the queue once per picked job (a
     nested loop that made a 5,000-job drain take 10 s: each claim of 100 read 500,000
     rows)."""
-    from trioqueue import Queue
-    from trioqueue.storage.postgres import Connection, PostgresStorage
+    from trioqueue.storage.postgres import Connection
 
     schema = "tq_claim_plan_" + name
-    async with PostgresStorage(postgres_url, schema=schema) as storage:
-        async with Queue[int, None](storage, name="seen") as seen:
-            await seen.enqueue_many([(f"s{i}", i) for i in range(2000)])
-        async with await Connection.connect(postgres_url) as conn:
-            await conn.execute(f'ANALYZE "{schema}".jobs')
-        async with Queue[int, None](storage, name="new") as new:
-            await new.enqueue_many([(f"n{i}", i) for i in range(1000)])
+    await _unseen_queue(postgres_url, schema)
     async with await Connection.connect(postgres_url) as conn:
         await conn.execute_script(
             f"PREPARE claim (text, int8, int8, text, int8, int8) AS {_sql.statements(schema)[name]}"
@@ -166,8 +181,35 @@ async def test_a_claim_updates_its_jobs_by_key_when_the_statistics_have_not_seen
         await conn.execute("BEGIN")
         rows = await conn.fetch("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim ('new', 0, 100, 'w', 60000, 100)")
         await conn.execute("ROLLBACK")
-    doc = rows[0][0]
-    plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
-    update = _modify_table(plan)
-    assert update is not None, plan
+    update = _update_of(rows[0][0])
+    assert _read_by(update, "jobs") <= 100, json.dumps(update, indent=1)
+
+
+async def test_a_settle_updates_its_jobs_by_key_when_the_statistics_have_not_seen_the_queue(
+    postgres_url: str,
+) -> None:
+    """Settling a batch of a queue the statistics have not seen reads the batch's jobs by
+    key, not every job of the queue into a hash joined with the batch (all 5,000 jobs,
+    1,188 buffers, to settle 100)."""
+    from trioqueue.storage.postgres import Connection
+
+    schema = "tq_settle_plan"
+    await _unseen_queue(postgres_url, schema)
+    statements = _sql.statements(schema)
+    async with await Connection.connect(postgres_url) as conn:
+        await conn.execute_script(f"PREPARE claim (text, int8, int8, text, int8, int8) AS {statements['claim_plain']}")
+        await conn.execute_script(
+            "PREPARE settle (text, int8, text[], text[], int4[], bool[], bool[], bytea[], int8[], int8[]) AS "
+            + statements["settle_jobs"]
+        )
+        await conn.execute("BEGIN")
+        ids = ",".join(f"'{row[2]}'" for row in await conn.fetch("EXECUTE claim ('new', 0, 100, 'w', 60000, 0)"))
+        rows = await conn.fetch(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE settle ('new', 1, ARRAY[{ids}],"
+            " array_fill('completed'::text, ARRAY[100]), array_fill(0, ARRAY[100]), array_fill(true, ARRAY[100]),"
+            " array_fill(false, ARRAY[100]), array_fill(NULL::bytea, ARRAY[100]), array_fill(NULL::int8, ARRAY[100]),"
+            " array_fill(NULL::int8, ARRAY[100]))"
+        )
+        await conn.execute("ROLLBACK")
+    update = _update_of(rows[0][0])
     assert _read_by(update, "jobs") <= 100, json.dumps(update, indent=1)
