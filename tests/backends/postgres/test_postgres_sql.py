@@ -169,7 +169,8 @@ async def test_a_claim_updates_its_jobs_by_key_when_the_statistics_have_not_seen
     last ANALYZE) is estimated at about one row: the claim's UPDATE must still find each
     job it picked by its key, not read every job of the queue once per picked job (a
     nested loop that made a 5,000-job drain take 10 s: each claim of 100 read 500,000
-    rows)."""
+    rows); and its pick reads the ready jobs in order up to the batch (jobs_ready_plain),
+    not all of them to sort."""
     from trioqueue.storage.postgres import Connection
 
     schema = "tq_claim_plan_" + name
@@ -183,6 +184,16 @@ async def test_a_claim_updates_its_jobs_by_key_when_the_statistics_have_not_seen
         await conn.execute("ROLLBACK")
     update = _update_of(rows[0][0])
     assert _read_by(update, "jobs") <= 100, json.dumps(update, indent=1)
+    plan = (json.loads(rows[0][0]) if isinstance(rows[0][0], str) else rows[0][0])[0]["Plan"]
+    assert _read_anywhere(plan, "jobs") <= 200, json.dumps(plan, indent=1)  # (picked, then updated)
+
+
+def _read_anywhere(node: dict[str, Any], relation: str) -> int:
+    """Rows the scans of ``relation`` anywhere in ``node`` returned, its CTEs included."""
+    own = 0
+    if node.get("Relation Name") == relation and "Scan" in str(node.get("Node Type")):
+        own = int(float(node["Actual Rows"]) * int(node["Actual Loops"]))
+    return own + sum(_read_anywhere(c, relation) for c in node.get("Plans", []))
 
 
 # Statements that update a batch of jobs named by id, joined with unnest() of their
