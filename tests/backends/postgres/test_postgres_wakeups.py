@@ -4,6 +4,7 @@ the others (an unlimited claim would only run an empty claim statement)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -69,3 +70,54 @@ async def test_a_completion_wakes_a_claim_waiting_for_a_slot(pg: PostgresStorage
             assert got == []  # the one slot is held
             await pg.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "a", b"1", 60, token=held.token)])
     assert got == ["b"]
+
+
+def _after_claims(pg: PostgresStorage) -> list[trio.Event]:
+    """Events set as the claim attempts (statements) of ``pg`` return, one per attempt."""
+    done: list[trio.Event] = [trio.Event() for _ in range(8)]
+    count = [0]
+    claim = pg._claims.claim
+
+    async def counted(*args: Any) -> Any:
+        try:
+            return await claim(*args)
+        finally:
+            done[count[0]].set()
+            count[0] += 1
+
+    pg._claims.claim = counted  # type: ignore[method-assign]
+    return done
+
+
+@pytest.mark.parametrize("end", ["ROLLBACK", "COMMIT"])
+@pytest.mark.parametrize("short", [False, True], ids=["empty", "short"])
+@pytest.mark.parametrize("limits", [None, ClaimLimits(concurrency=5)], ids=["one_statement", "limited"])
+async def test_a_ready_job_skipped_while_locked_is_claimed_when_the_lock_ends_without_polling(
+    postgres_url: str, queue_name: str, end: str, short: bool, limits: ClaimLimits | None
+) -> None:
+    """A claim skips a ready job another transaction holds locked (SKIP LOCKED); that
+    transaction then ends without changing the job (a rollback, or a commit of a row lock
+    only: no wake-up NOTIFY). The waiting claim takes the job then, not at its next poll
+    (an hour away here: the bound below is only reached if the wake-up is lost), in
+    the one-statement claim and in the general one (a limited claim)."""
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
+        await pg.enqueue(queue_name, [job("a"), job("b")] if short else [job("a")])
+        claimed = _after_claims(pg)
+        got: list[list[str]] = []
+
+        async def claims() -> None:
+            got.append([c.id for c in await pg.dequeue(queue_name, W1, 2, 3600.0, LEASE, None, limits)])
+            if short:  # the next call of the worker's loop
+                got.append([c.id for c in await pg.dequeue(queue_name, W1, 2, 3600.0, LEASE, None, limits)])
+
+        async with pg.pool.connection() as locker:
+            await locker.execute("BEGIN")
+            await locker.execute(
+                f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name
+            )
+            with trio.fail_after(30):  # a lost wake-up waits an hour
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(claims)
+                    await claimed[0].wait()  # the claim ran while 'a' was locked
+                    await locker.execute(end)
+        assert got == ([["b"], ["a"]] if short else [["a"]])
