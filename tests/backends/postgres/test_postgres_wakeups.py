@@ -20,15 +20,25 @@ from trioqueue.storage.postgres import PostgresStorage
 
 def _count_claims(pg: PostgresStorage) -> list[int]:
     """Count the claim attempts (statements) of ``pg`` from now on."""
+    return _watch_claims(pg)[0]
+
+
+def _watch_claims(pg: PostgresStorage) -> tuple[list[int], list[trio.Event]]:
+    """Count the claim attempts (statements) of ``pg`` from now on; with an event set as
+    each of the first eight returns."""
     count = [0]
+    done = [trio.Event() for _ in range(8)]
     claim = pg._claims.claim
 
     async def counted(*args: Any) -> Any:
         count[0] += 1
-        return await claim(*args)
+        try:
+            return await claim(*args)
+        finally:
+            done[count[0] - 1].set()
 
-    pg._claims.claim = counted  # type: ignore[method-assign]
-    return count
+    pg._claims.claim = counted  # type: ignore[method-assign,assignment]
+    return count, done
 
 
 async def test_a_completion_does_not_wake_an_unlimited_claim(pg: PostgresStorage, queue_name: str) -> None:
@@ -72,23 +82,6 @@ async def test_a_completion_wakes_a_claim_waiting_for_a_slot(pg: PostgresStorage
     assert got == ["b"]
 
 
-def _after_claims(pg: PostgresStorage) -> list[trio.Event]:
-    """Events set as the claim attempts (statements) of ``pg`` return, one per attempt."""
-    done: list[trio.Event] = [trio.Event() for _ in range(8)]
-    count = [0]
-    claim = pg._claims.claim
-
-    async def counted(*args: Any) -> Any:
-        try:
-            return await claim(*args)
-        finally:
-            done[count[0]].set()
-            count[0] += 1
-
-    pg._claims.claim = counted  # type: ignore[method-assign]
-    return done
-
-
 @pytest.mark.parametrize("end", ["ROLLBACK", "COMMIT"])
 @pytest.mark.parametrize("short", [False, True], ids=["empty", "short"])
 @pytest.mark.parametrize("limits", [None, ClaimLimits(concurrency=5)], ids=["one_statement", "limited"])
@@ -102,7 +95,7 @@ async def test_a_ready_job_skipped_while_locked_is_claimed_when_the_lock_ends_wi
     the one-statement claim and in the general one (a limited claim)."""
     async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
         await pg.enqueue(queue_name, [job("a"), job("b")] if short else [job("a")])
-        claimed = _after_claims(pg)
+        _, claimed = _watch_claims(pg)
         got: list[list[str]] = []
 
         async def claims() -> None:
