@@ -85,6 +85,9 @@ class PgClaims:
         # per (queue, worker): the wake-ups heard when its last claim came back short, and
         # when something changes by itself (due job), or None
         self._short_claims: dict[tuple[str, str], tuple[int, float | None]] = {}
+        # per (queue, job): the end of the one wait on the server for its lock (shared by
+        # every claim of this storage that skipped it: one pooled connection, not one each)
+        self._unlock_waits: dict[tuple[str, str], trio.Event] = {}
 
     def reset(self) -> None:
         """Forget what was learnt on the last connection (its listeners are gone)."""
@@ -291,15 +294,28 @@ class PgClaims:
 
     async def _until_unlocked(self, queue: str, job_id: str, then: trio.CancelScope) -> None:
         """Wait until no other transaction holds the ready job ``job_id`` (a claim skipped
-        it), then cancel ``then``. Each wait on the server stays within half the call
-        timeout (cut short, it is cancelled on the server and the connection kept), and
-        is made again until the job is free."""
-        while True:
-            with trio.move_on_after(self._settings.call_timeout / 2):
-                async with self._db.conn() as conn:
-                    await conn.fetch(self._db.sql["wait_unlocked"], queue, job_id)
-                then.cancel()
-                return
+        it), then cancel ``then``. One wait on the server a job, shared by this storage's
+        claims (the others wait for its end, or for its being cut short: then they claim
+        again, and one of them waits anew). Each wait on the server stays within half the
+        call timeout (cut short, it is cancelled on the server and the connection kept),
+        and is made again until the job is free."""
+        key = (queue, job_id)
+        ended = self._unlock_waits.get(key)
+        if ended is not None:
+            await ended.wait()
+            then.cancel()
+            return
+        ended = self._unlock_waits[key] = trio.Event()
+        try:
+            while True:
+                with trio.move_on_after(self._settings.call_timeout / 2):
+                    async with self._db.conn() as conn:
+                        await conn.fetch(self._db.sql["wait_unlocked"], queue, job_id)
+                    then.cancel()
+                    return
+        finally:
+            del self._unlock_waits[key]
+            ended.set()
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         async with self._db.conn() as conn:
