@@ -1,9 +1,12 @@
 """PostgresStorage: which wake-ups reach a blocked claim. A completion frees a
 concurrency slot: its wake-up reaches the claims waiting for one (a limited claim), not
-the others (an unlimited claim would only run an empty claim statement)."""
+the others (an unlimited claim would only run an empty claim statement). A ready job a
+claim skipped because another transaction held it is claimed when that transaction ends,
+even without a wake-up (a rollback)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -19,15 +22,25 @@ from trioqueue.storage.postgres import PostgresStorage
 
 def _count_claims(pg: PostgresStorage) -> list[int]:
     """Count the claim attempts (statements) of ``pg`` from now on."""
+    return _watch_claims(pg)[0]
+
+
+def _watch_claims(pg: PostgresStorage) -> tuple[list[int], list[trio.Event]]:
+    """Count the claim attempts (statements) of ``pg`` from now on; with an event set as
+    each of the first eight returns."""
     count = [0]
+    done = [trio.Event() for _ in range(8)]
     claim = pg._claims.claim
 
     async def counted(*args: Any) -> Any:
         count[0] += 1
-        return await claim(*args)
+        try:
+            return await claim(*args)
+        finally:
+            done[count[0] - 1].set()
 
-    pg._claims.claim = counted  # type: ignore[method-assign]
-    return count
+    pg._claims.claim = counted  # type: ignore[method-assign,assignment]
+    return count, done
 
 
 async def test_a_completion_does_not_wake_an_unlimited_claim(pg: PostgresStorage, queue_name: str) -> None:
@@ -69,3 +82,73 @@ async def test_a_completion_wakes_a_claim_waiting_for_a_slot(pg: PostgresStorage
             assert got == []  # the one slot is held
             await pg.settle(queue_name, W1, [Settlement(SettleKind.COMPLETE, "a", b"1", 60, token=held.token)])
     assert got == ["b"]
+
+
+@pytest.mark.parametrize("end", ["ROLLBACK", "COMMIT"])
+@pytest.mark.parametrize("short", [False, True], ids=["empty", "short"])
+@pytest.mark.parametrize("limits", [None, ClaimLimits(concurrency=5)], ids=["one_statement", "limited"])
+async def test_a_ready_job_skipped_while_locked_is_claimed_when_the_lock_ends_without_polling(
+    postgres_url: str, queue_name: str, end: str, short: bool, limits: ClaimLimits | None
+) -> None:
+    """A claim skips a ready job another transaction holds locked (SKIP LOCKED); that
+    transaction then ends without changing the job (a rollback, or a commit of a row lock
+    only: no wake-up NOTIFY). The waiting claim takes the job then, not at its next poll
+    (an hour away here: the bound below is only reached if the wake-up is lost), in
+    the one-statement claim and in the general one (a limited claim)."""
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
+        await pg.enqueue(queue_name, [job("a"), job("b")] if short else [job("a")])
+        _, claimed = _watch_claims(pg)
+        got: list[list[str]] = []
+
+        async def claims() -> None:
+            got.append([c.id for c in await pg.dequeue(queue_name, W1, 2, 3600.0, LEASE, None, limits)])
+            if short:  # the next call of the worker's loop
+                got.append([c.id for c in await pg.dequeue(queue_name, W1, 2, 3600.0, LEASE, None, limits)])
+
+        async with pg.pool.connection() as locker:
+            await locker.execute("BEGIN")
+            await locker.execute(
+                f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name
+            )
+            with trio.fail_after(30):  # a lost wake-up waits an hour
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(claims)
+                    await claimed[0].wait()  # the claim ran while 'a' was locked
+                    await locker.execute(end)
+        assert got == ([["b"], ["a"]] if short else [["a"]])
+
+
+async def test_claims_that_skipped_one_locked_job_wait_for_it_on_one_connection(
+    postgres_url: str, queue_name: str
+) -> None:
+    """Two idle claims of one storage that skipped the same held job wait for its lock
+    through one statement on the server (not a pooled connection each); when the lock
+    ends, one claims the job and the other waits on for the next wake-up."""
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
+        schema = pg._settings.quoted_schema
+        await pg.enqueue(queue_name, [job("a")])
+        _, claimed = _watch_claims(pg)
+        got: list[str] = []
+
+        async def claim(worker: str) -> None:
+            got.extend(c.id for c in await pg.dequeue(queue_name, worker, 1, 3600.0, LEASE))
+
+        async with pg.pool.connection() as locker, pg.pool.connection() as watcher:
+            await locker.execute("BEGIN")
+            await locker.execute(f"SELECT 1 FROM {schema}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name)
+            with trio.fail_after(30):  # a lost wake-up waits an hour
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(claim, W1)
+                    nursery.start_soon(claim, W2)
+                    await claimed[1].wait()  # both claims skipped 'a'
+                    waits = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND position($1 in query) > 0"
+                    while not await watcher.fetchval(waits, schema):  # (a lock wait has no event to await)
+                        await trio.sleep(0.01)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert await watcher.fetchval(waits, schema) == 1
+                    await locker.execute("ROLLBACK")
+                    while not got:
+                        await trio.sleep(0.01)
+                    assert got == ["a"]
+                    await pg.enqueue(queue_name, [job("b")])  # the other claim's wake-up
+        assert sorted(got) == ["a", "b"]

@@ -85,6 +85,9 @@ class PgClaims:
         # per (queue, worker): the wake-ups heard when its last claim came back short, and
         # when something changes by itself (due job), or None
         self._short_claims: dict[tuple[str, str], tuple[int, float | None]] = {}
+        # per (queue, job): the end of the one wait on the server for its lock (shared by
+        # every claim of this storage that skipped it: one pooled connection, not one each)
+        self._unlock_waits: dict[tuple[str, str], trio.Event] = {}
 
     def reset(self) -> None:
         """Forget what was learnt on the last connection (its listeners are gone)."""
@@ -105,10 +108,12 @@ class PgClaims:
 
     async def claim(
         self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, limits: ClaimLimits | None
-    ) -> tuple[list[Claim], float | None]:
-        """One claim attempt; ``([], wake_at)`` when nothing may be claimed now, ``wake_at``
-        (epoch seconds) the earliest time something changes by itself (a due job, the end
-        of a hold, the next rate token), or ``None``."""
+    ) -> tuple[list[Claim], float | None, str | None]:
+        """One claim attempt; ``([], wake_at, skipped)`` when nothing may be claimed now,
+        ``wake_at`` (epoch seconds) the earliest time something changes by itself (a due
+        job, the end of a hold, the next rate token), or ``None``; ``skipped``: when the
+        claim came back short, a ready job it skipped because another transaction held
+        it (whose end may come without a wake-up: see :meth:`_until_unlocked`), or ``None``."""
         now = now_ms()
         if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._db.known_queues:
             # Two forms: (priority, seq) order while no group has ready jobs, the groups'
@@ -170,6 +175,9 @@ class PgClaims:
                     )
             await self._db.publish(conn, queue, events)
             wake_at: float | None = 0.0 if claims else None  # (claimed: not known, see dequeue)
+            skipped = None
+            if allow and not grouped and len(claims) < allow:
+                skipped = await conn.fetchval(self._db.sql["skipped_ready"], queue)
             if not claims:
                 due = await conn.fetchval(
                     self._db.sql["first_due"],
@@ -182,18 +190,20 @@ class PgClaims:
                     if t is not None and t != math.inf
                 ]
                 wake_at = min(candidates) if candidates else None
-        return claims, wake_at
+        return claims, wake_at, skipped
 
     async def _claim_fast(
         self, queue: str, worker_id: str, max_jobs: int, lease: float, start: int, now: int, limits: ClaimLimits | None,
         grouped: bool,
-    ) -> tuple[tuple[list[Claim], float | None] | None, bool]:
+    ) -> tuple[tuple[list[Claim], float | None, str | None] | None, bool]:
         """A claim without rate or concurrency limits in one statement (one round trip),
         when nothing in the delayed set is due (``None`` otherwise: promoting due jobs
         first is the general path's work). Pause and a ``RateLimited`` hold are honoured.
         ``grouped``: ``group_pick`` picks in the groups' turn order (with the group limits
         of ``limits``), else jobs without a group in (priority, seq) order, and nothing
-        while groups have ready jobs. Also returns whether the queue's ring has groups."""
+        while groups have ready jobs. Also returns whether the queue's ring has groups.
+        A short plain claim also names a ready job it skipped (held by another
+        transaction), as :meth:`claim` does."""
         rows = await self._db.one_statement(
             self._db.sql["claim_fast_grouped" if grouped else "claim_fast_plain"],  # (group_claim: see the schema)
             queue,
@@ -207,17 +217,18 @@ class PgClaims:
         info = rows[-1]
         due, hold, paused, ring = info[7], info[8] or 0.0, info[9], bool(info[10])
         claimed = [r for r in rows if r[2] is not None]
+        skipped = info[12]
         if claimed:
             claimed.sort(key=lambda r: r[0])
             # (the gate was open: nothing due now and no hold; ``due`` is a later job's time)
             return ([Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in claimed], (
                 None if due is None else due / 1000
-            )), ring
+            ), skipped), ring
         if due is not None and due <= now and not paused:
             return None, ring  # due jobs to promote: the general path
         rest = None if info[11] is None else info[11] / 1000  # a group over its rate may be claimed then
         candidates = [t for t in (None if due is None else due / 1000, hold if hold * 1000 > now else None, rest) if t]
-        return ([], min(candidates) if candidates else None), ring
+        return ([], min(candidates) if candidates else None, skipped), ring
 
     async def dequeue(
         self,
@@ -254,13 +265,15 @@ class PgClaims:
                 woken = trio.Event()  # a NOTIFY during the claim below counts: no lost wake-up
                 heard = self._db.wakes_heard[queue]
                 claims: list[Claim]
+                skipped: str | None = None
                 if short is not None and short[0] == heard and unlimited and timeout > 0:
                     claims, wake_at = [], short[1]
                 else:
-                    claims, wake_at = await self.claim(queue, worker_id, max_jobs, lease, start, limits)
+                    claims, wake_at, skipped = await self.claim(queue, worker_id, max_jobs, lease, start, limits)
                 short = None
                 if claims:
-                    if unlimited and len(claims) < max_jobs and wake_at != 0.0:
+                    # (a skipped job: the next call claims again, see below)
+                    if unlimited and len(claims) < max_jobs and wake_at != 0.0 and skipped is None:
                         self._short_claims[queue, worker_id] = (heard, wake_at)
                     return claims
                 remaining = give_up - trio.current_time()
@@ -269,9 +282,40 @@ class PgClaims:
                 wait = min(remaining, self._settings.poll_interval)
                 if wake_at is not None:
                     wait = min(wait, max(wake_at - time.time(), 0.0) + 0.001)
-                await hub.wait(woken.is_set, wait)
+                async with trio.open_nursery() as nursery:
+                    if skipped is not None:
+                        # The job's holder may end without a wake-up (a rollback): its end
+                        # is one, heard by waiting for its lock.
+                        nursery.start_soon(self._until_unlocked, queue, skipped, nursery.cancel_scope)
+                    await hub.wait(woken.is_set, wait)
+                    nursery.cancel_scope.cancel()
         finally:
             hub.unlisten(channel, wake)
+
+    async def _until_unlocked(self, queue: str, job_id: str, then: trio.CancelScope) -> None:
+        """Wait until no other transaction holds the ready job ``job_id`` (a claim skipped
+        it), then cancel ``then``. One wait on the server a job, shared by this storage's
+        claims (the others wait for its end, or for its being cut short: then they claim
+        again, and one of them waits anew). Each wait on the server stays within half the
+        call timeout (cut short, it is cancelled on the server and the connection kept),
+        and is made again until the job is free."""
+        key = (queue, job_id)
+        ended = self._unlock_waits.get(key)
+        if ended is not None:
+            await ended.wait()
+            then.cancel()
+            return
+        ended = self._unlock_waits[key] = trio.Event()
+        try:
+            while True:
+                with trio.move_on_after(self._settings.call_timeout / 2):
+                    async with self._db.conn() as conn:
+                        await conn.fetch(self._db.sql["wait_unlocked"], queue, job_id)
+                    then.cancel()
+                    return
+        finally:
+            del self._unlock_waits[key]
+            ended.set()
 
     async def held_jobs(self, queue: str, worker_id: str) -> list[str]:
         async with self._db.conn() as conn:

@@ -17,8 +17,8 @@ WITH q AS (
                     SELECT g.rn, 0::bigint AS seq, g.id, g.envelope, g.attempts, g.claim, g.started
                     FROM {s}.group_claim($1, CASE WHEN (SELECT open FROM gate) THEN $3::int ELSE 0 END, $7::int,
                         $2, $4, $5, $6::int, $8::int, $9::int8) g)
-                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
+                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
                     (SELECT paused FROM q), (SELECT grouped FROM ring),
-                    (SELECT min(due_ms) FROM {s}.group_sleep WHERE queue = $1)
+                    (SELECT min(due_ms) FROM {s}.group_sleep WHERE queue = $1), NULL

@@ -2,7 +2,9 @@
 -- queue, priority, grp LIMIT 1): EXISTS may be planned as a sequential scan (through
 -- other queues' rows) or on group_ring_turn, whose front is the dead entries the turns
 -- left since the last VACUUM (many pages with thousands of groups); no other index gives
--- this order.
+-- this order. The last column, when the claim came back short: the first ready job it
+-- skipped (SKIP LOCKED: another transaction held it; this statement's snapshot, read
+-- without locks, still shows it queued), or NULL.
 WITH q AS (
                     SELECT paused, coalesce((convert_from(flow, 'UTF8')::json ->> 'hold')::float8, 0) AS hold
                     FROM {s}.queues WHERE queue = $1),
@@ -25,8 +27,13 @@ WITH q AS (
                         attempts = j.attempts + (array_position((SELECT ids FROM ordered), j.id) <= $6)::int
                     WHERE j.queue = $1 AND j.id = ANY ((SELECT ids FROM ordered)::text[])
                     RETURNING array_position((SELECT ids FROM ordered), j.id) AS rn, j.seq, j.id, j.envelope, j.attempts, j.claim, j.started)
-                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL FROM claimed
+                SELECT rn, seq, id, envelope, attempts, claim, started, NULL, NULL, NULL, NULL, NULL, NULL FROM claimed
                 UNION ALL
                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT at FROM due), (SELECT hold FROM q),
                     (SELECT paused FROM q), (SELECT grouped FROM ring),
-                    (SELECT min(due_ms) FROM {s}.group_sleep WHERE queue = $1)
+                    (SELECT min(due_ms) FROM {s}.group_sleep WHERE queue = $1),
+                    CASE WHEN (SELECT count(*) FROM picked) < $3 THEN (
+                        SELECT k.id FROM {s}.jobs k WHERE k.queue = $1 AND k.state = 'queued' AND k.grp IS NULL
+                            AND (SELECT open FROM gate) AND NOT (SELECT grouped FROM ring)
+                            AND k.id <> ALL (coalesce((SELECT ids FROM ordered), '{}')::text[])
+                        ORDER BY k.priority, k.seq LIMIT 1) END
