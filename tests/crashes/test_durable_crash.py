@@ -11,9 +11,12 @@ stored it):
 - every job completes, and its steps ran in order;
 - a step whose value was stored never ran again: the value a job returns for a step is
   the one its *last* execution made;
-- a step that ran more than once was in flight when its worker died: every execution
-  but the last was made by a killed worker, and was the last step that worker ran for
-  the job;
+- a step that ran more than once was in flight when its run ended: every execution but
+  the last was the last step of its run, a run whose worker was killed or gave up its
+  claim (lease lost: under load a heartbeat may come too late, and the worker stops the
+  handler before the reaper may hand the job on; ``LOST`` in the log). A run is a
+  worker's effects for a job up to its next ``LOST`` for that job (the same worker may
+  claim the job again);
 - a sleep never wakes early: every run that passed it did so at or after the wake-up
   time the job stored;
 - signals are taken once each, in the order they were sent: each job returns the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +43,26 @@ from trioqueue._model import _clock
 STEPS = 5
 
 
-def step_log(log: Path) -> list[tuple[str, str, str]]:
-    """The steps' effects in the order they happened: ``(job, step, worker)``."""
+Effect = tuple[str, str, str, int]  # (job, step, worker, run): the worker's run-th run of the job
+
+
+def step_log(log: Path) -> tuple[list[Effect], set[tuple[str, str, int]]]:
+    """The steps' effects in the order they happened, and the runs that ended with their
+    lease lost: ``(job, worker, run)``."""
     if not log.exists():
-        return []
-    out = []
+        return [], set()
+    effects: list[Effect] = []
+    lost: set[tuple[str, str, int]] = set()
+    runs: dict[tuple[str, str], int] = defaultdict(int)  # (job, worker) -> its current run
     for line in log.read_text().splitlines():
         parts = line.split(" ")
         if parts[0] == "STEP":
-            out.append((parts[1], parts[2], parts[3]))
-    return out
+            effects.append((parts[1], parts[2], parts[3], runs[parts[1], parts[3]]))
+        elif parts[0] == "LOST":
+            job, worker = parts[1], parts[3]
+            lost.add((job, worker, runs[job, worker]))
+            runs[job, worker] += 1
+    return effects, lost
 
 
 def woke_log(log: Path) -> list[tuple[str, float]]:
@@ -63,14 +77,17 @@ def wake_violations(woke: list[tuple[str, float]], wake_at: dict[str, float]) ->
     return [f"{job}: passed its sleep at {t!r}, before {wake_at[job]!r}" for job, t in woke if t < wake_at[job]]
 
 
-def violations(effects: list[tuple[str, str, str]], results: dict[str, list[str]], killed: set[str]) -> list[str]:
-    """What the durable-steps promise rules out in this run (empty: nothing)."""
+def violations(
+    effects: list[Effect], results: dict[str, list[str]], killed: set[str], lost: Collection[tuple[str, str, int]] = ()
+) -> list[str]:
+    """What the durable-steps promise rules out in this run (empty: nothing); ``lost``:
+    the runs ``(job, worker, run)`` that ended with their lease lost."""
     problems: list[str] = []
     by_step: dict[tuple[str, str], list[int]] = defaultdict(list)  # (job, step) -> indexes in the log
-    last_of_run: dict[tuple[str, str], int] = {}  # (job, worker) -> index of that run's last effect
-    for i, (job, step, worker) in enumerate(effects):
+    last_of_run: dict[tuple[str, str, int], int] = {}  # (job, worker, run) -> index of that run's last effect
+    for i, (job, step, worker, run) in enumerate(effects):
         by_step[(job, step)].append(i)
-        last_of_run[(job, worker)] = i
+        last_of_run[(job, worker, run)] = i
     for job, values in results.items():
         if len(values) != STEPS:
             problems.append(f"{job}: {len(values)} step values, expected {STEPS}")
@@ -88,11 +105,11 @@ def violations(effects: list[tuple[str, str, str]], results: dict[str, list[str]
                 problems.append(f"{job}: s{k} ran before s{k - 1}'s value was stored")
             previous_end = last
             for i in runs[:-1]:
-                worker = effects[i][2]
-                if worker not in killed:
-                    problems.append(f"{job}: s{k} ran again after {worker!r}, which was not killed, ran it")
-                elif last_of_run[(job, worker)] != i:
-                    problems.append(f"{job}: s{k} ran again though {worker!r} went on to later steps")
+                _, _, worker, run = effects[i]
+                if worker not in killed and (job, worker, run) not in lost:
+                    problems.append(f"{job}: s{k} ran again after {worker!r}, which was not killed nor lost the job, ran it")
+                elif last_of_run[(job, worker, run)] != i:
+                    problems.append(f"{job}: s{k} ran again though {worker!r} went on to later steps in that run")
     return problems
 
 
@@ -153,25 +170,33 @@ async def test_durable_jobs_under_sigkill_run_no_stored_step_twice_never_wake_ea
                 assert status.result["signals"] == [{"job": job_id, "n": 0}, {"job": job_id, "n": 2}], job_id
                 assert list(status.steps) == ["s0", "s1", "nap", "s2", "s3", "s4"]
                 wake_at[job_id] = status.steps["nap"]
-    effects = step_log(log)
-    problems = violations(effects, results, killed) + wake_violations(woke_log(log), wake_at)
+    effects, lost = step_log(log)
+    problems = violations(effects, results, killed, lost) + wake_violations(woke_log(log), wake_at)
     assert not problems, f"seed {seed}: " + "; ".join(problems[:10])
-    print(f"seed {seed}: {len(killed)} kill -9, {len(effects) - total * STEPS} step effects repeated (in flight at a kill)")
+    print(
+        f"seed {seed}: {len(killed)} kill -9, {len(lost)} runs lost their lease, "
+        f"{len(effects) - total * STEPS} step effects repeated (in flight when their run ended)"
+    )
 
 
 def test_the_check_catches_a_stored_step_that_ran_again() -> None:
     """The checker itself: a step run twice by a worker that was not killed, or by a
     killed one that had gone on to later steps, or whose stored value is not its last
     execution's, is reported."""
-    ok = [("j", f"s{k}", "a") for k in range(STEPS)]
+    ok = [("j", f"s{k}", "a", 0) for k in range(STEPS)]
     assert violations(ok, {"j": ["a"] * STEPS}, set()) == []
     # a killed in flight at s2: b runs s2 again and the rest
-    crash = ok[:3] + [("j", "s2", "b"), ("j", "s3", "b"), ("j", "s4", "b")]
+    crash = ok[:3] + [("j", "s2", "b", 0), ("j", "s3", "b", 0), ("j", "s4", "b", 0)]
     assert violations(crash, {"j": ["a", "a", "b", "b", "b"]}, {"a"}) == []
     assert violations(crash, {"j": ["a", "a", "b", "b", "b"]}, set()) != []  # a was not killed
     assert violations(crash, {"j": ["a", "a", "a", "b", "b"]}, {"a"}) != []  # stored a stale value
-    late = ok[:4] + [("j", "s2", "b"), ("j", "s3", "b"), ("j", "s4", "b")]
+    late = ok[:4] + [("j", "s2", "b", 0), ("j", "s3", "b", 0), ("j", "s4", "b", 0)]
     assert violations(late, {"j": ["a", "a", "b", "b", "b"]}, {"a"}) != []  # a had gone on to s3
+    # a lost its lease in flight at s2 and claimed the job again later: its next run runs s2
+    again = ok[:3] + [("j", "s2", "a", 1), ("j", "s3", "a", 1), ("j", "s4", "a", 1)]
+    assert violations(again, {"j": ["a"] * STEPS}, set(), {("j", "a", 0)}) == []
+    assert violations(again, {"j": ["a"] * STEPS}, set()) != []  # no lease lost, no kill
+    assert violations(late, {"j": ["a", "a", "b", "b", "b"]}, set(), {("j", "a", 0)}) != []  # run 0 went on to s3
 
 
 @pytest.mark.parametrize("seed", [7, 11])
@@ -183,14 +208,14 @@ async def test_durable_jobs_under_forced_stops_on_memory_run_no_stored_step_twic
     and replaced. Under the virtual clock the run is the same on every replay of a seed."""
     rng = random.Random(seed)
     total = 40
-    effects: list[tuple[str, str, str]] = []
+    effects: list[Effect] = []
     woke: list[tuple[str, float]] = []
     stopped: set[str] = set()
 
     def handler_of(worker_id: str) -> Any:
         async def handler(job: Job[Any]) -> dict[str, Any]:
             async def effect(name: str) -> str:
-                effects.append((job.id, name, worker_id))
+                effects.append((job.id, name, worker_id, 0))  # (a stopped worker never comes back)
                 await trio.sleep(job.payload["pause"])  # a stop here: the effect happened, not stored
                 return worker_id
 

@@ -16,7 +16,8 @@ handler runs ``payload["steps"]`` steps ``s0, s1, ...`` (each step's effect appe
 ``STEP <job id> <step> <worker id> <time.time()>`` to the log, then pauses
 ``payload["pause"]`` seconds before its value, the worker id, is returned and stored),
 sleeps ``payload["nap"]`` seconds durably after ``s1`` (each run that passes the sleep
-appends ``WOKE <job id> nap <worker id> <time>``), waits for ``payload["signals"]``
+appends ``WOKE <job id> nap <worker id> <time>``; a claim the worker gives up, its lease
+lost, appends ``LOST <job id> <why> <worker id> <time>``), waits for ``payload["signals"]``
 signals named ``go`` after ``s2``, and returns ``{"steps": [the steps' values],
 "signals": [the payloads]}``. ``reaper`` runs a leader-elected
 Reaper and prints ``LEADER <owner>`` / ``FOLLOWER <owner>``. Both stop gracefully on
@@ -53,9 +54,9 @@ def make_storage(spec: dict[str, Any]) -> Storage:
     raise SystemExit(f"unknown backend {spec['backend']}")
 
 
-async def serve(spec: dict[str, Any], handler: Any) -> None:
+async def serve(spec: dict[str, Any], handler: Any, on_lease_lost: Any = None) -> None:
     """Run a Queue with ``handler`` and the spec's settings until SIGTERM; ``READY`` once
-    it runs."""
+    it runs. ``on_lease_lost``: called with each ``lease_lost`` event."""
     queue: Queue[Any, Any] = Queue(
         make_storage(spec),
         name=spec["queue"],
@@ -69,6 +70,8 @@ async def serve(spec: dict[str, Any], handler: Any) -> None:
         rate_limit=RateLimit(*spec["rate_limit"]) if "rate_limit" in spec else None,
         global_concurrency=spec.get("global_concurrency"),
     )
+    if on_lease_lost is not None:
+        queue.on("lease_lost", on_lease_lost)
     with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async with queue:
             print("READY", flush=True)
@@ -112,7 +115,10 @@ async def durable(spec: dict[str, Any]) -> None:
                     signals.append(await job.wait_for_signal("go"))
         return {"steps": values, "signals": signals}
 
-    await serve(spec, handler)
+    def lease_lost(event: Any) -> None:  # the run of that job ends here (its handler is cancelled)
+        os.write(log_fd, f"LOST {event.job_id} {event.data['why']} {worker_id} {time.time()!r}\n".encode())
+
+    await serve(spec, handler, lease_lost)
 
 
 async def reaper(spec: dict[str, Any]) -> None:
