@@ -87,16 +87,21 @@ async def test_a_completion_wakes_a_claim_waiting_for_a_slot(pg: PostgresStorage
 @pytest.mark.parametrize("end", ["ROLLBACK", "COMMIT"])
 @pytest.mark.parametrize("short", [False, True], ids=["empty", "short"])
 @pytest.mark.parametrize("limits", [None, ClaimLimits(concurrency=5)], ids=["one_statement", "limited"])
+@pytest.mark.parametrize("groups", [None, ("g", "g"), ("g", "h"), ("g", None)], ids=["plain", "one_group", "two_groups", "mixed"])
 async def test_a_ready_job_skipped_while_locked_is_claimed_when_the_lock_ends_without_polling(
-    postgres_url: str, queue_name: str, end: str, short: bool, limits: ClaimLimits | None
+    postgres_url: str, queue_name: str, end: str, short: bool, limits: ClaimLimits | None,
+    groups: tuple[str | None, str | None] | None,
 ) -> None:
     """A claim skips a ready job another transaction holds locked (SKIP LOCKED); that
     transaction then ends without changing the job (a rollback, or a commit of a row lock
     only: no wake-up NOTIFY). The waiting claim takes the job then, not at its next poll
     (an hour away here: the bound below is only reached if the wake-up is lost), in
-    the one-statement claim and in the general one (a limited claim)."""
+    the one-statement claim and in the general one (a limited claim), on a queue without
+    groups and on one whose jobs have groups (claimed in the groups' turns)."""
     async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
-        await pg.enqueue(queue_name, [job("a"), job("b")] if short else [job("a")])
+        ga, gb = groups or (None, None)
+        a, b = job("a")._replace(group=ga), job("b")._replace(group=gb)
+        await pg.enqueue(queue_name, [a, b] if short else [a])
         _, claimed = _watch_claims(pg)
         got: list[list[str]] = []
 

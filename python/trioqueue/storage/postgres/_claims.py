@@ -146,6 +146,7 @@ class PgClaims:
                 )
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
+            skipped: str | None = None
             grouped = await conn.fetchval(
                 self._db.sql["queue_grouped"],
                 queue,
@@ -167,6 +168,8 @@ class PgClaims:
                     *(_group_args(limits) if grouped else []),
                 )
                 rows.sort(key=lambda r: r[0])
+                if rows and rows[0][0] == 0:  # (group_claim: a ready job it skipped, see the schema)
+                    skipped = rows.pop(0)[2]
                 claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
                 if claims and limits is not None and limits.rate:
                     flow.claimed(limits, now / 1000, len(claims))
@@ -175,7 +178,6 @@ class PgClaims:
                     )
             await self._db.publish(conn, queue, events)
             wake_at: float | None = 0.0 if claims else None  # (claimed: not known, see dequeue)
-            skipped = None
             if allow and not grouped and len(claims) < allow:
                 skipped = await conn.fetchval(self._db.sql["skipped_ready"], queue)
             if not claims:
