@@ -113,7 +113,8 @@ class PgClaims:
         ``wake_at`` (epoch seconds) the earliest time something changes by itself (a due
         job, the end of a hold, the next rate token), or ``None``; ``skipped``: when the
         claim came back short, a ready job it skipped because another transaction held
-        it (whose end may come without a wake-up: see :meth:`_until_unlocked`), or ``None``."""
+        it (whose end may come without a wake-up: see :meth:`_until_unlocked`), or a due
+        job its promotion skipped so, or ``None``."""
         now = now_ms()
         if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._db.known_queues:
             # Two forms: (priority, seq) order while no group has ready jobs, the groups'
@@ -185,6 +186,12 @@ class PgClaims:
                     self._db.sql["first_due"],
                     queue,
                 )
+                if due is not None and due <= now:
+                    # due but not promoted: held by another transaction (whose end may come
+                    # without a wake-up); waited for as a skipped ready job, not claimed
+                    # again every millisecond for a due time in the past
+                    held_due, due = await conn.fetchrow(self._db.sql["held_due"], queue, now)
+                    skipped = skipped or held_due
                 rest = await conn.fetchval(self._db.sql["group_sleep_first"], queue)
                 candidates = [
                     t
@@ -904,6 +911,7 @@ class PgClaims:
             deadline = await conn.fetchval(
                 self._db.sql["next_recovery"],
                 queue,
+                now,
             )
             await self._db.publish(conn, queue, events, wake=bool(recovered) or promoted)
             await self._trees.tree_ended(conn, queue, cancel_ids + [f[0] for f in failed], now)
