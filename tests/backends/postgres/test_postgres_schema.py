@@ -327,3 +327,36 @@ async def test_a_version_9_schema_upgrades_and_its_held_and_ended_jobs_are_liste
         assert await conn.fetchval("SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)", f'"{old}".jobs') == [
             "fillfactor=90"
         ]
+
+
+async def test_a_version_11_schema_upgrades_and_its_grouped_claims_name_a_held_job(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 12 (group_pick and group_claim name a ready job they skipped for being
+    held) on a schema at version 11 with groups in its rings: the groups' jobs are
+    claimed in turn, and a job another transaction holds is named, not claimed."""
+    from storage_helpers import LEASE, W1, job
+    from trioqueue.storage.postgres import PostgresStorage
+    from trioqueue.storage.postgres import _schema as module
+
+    old = _schema()
+    with monkeypatch.context() as m:
+        m.setattr(module, "MIGRATIONS", _migrations_up_to(module.MIGRATIONS, 11))
+        m.setattr(module, "SCHEMA_VERSION", 11)
+        async with PostgresStorage(postgres_url, schema=old) as storage:
+            await storage.enqueue("q", [job(f"{g}{i}")._replace(group=g) for g in "ab" for i in range(2)])
+            assert await storage.schema_version() == 11
+    async with PostgresStorage(postgres_url, schema=old) as storage:
+        assert await storage.schema_version() == SCHEMA_VERSION
+        async with storage.pool.connection() as locker:
+            await locker.execute("BEGIN")
+            await locker.execute(f"SELECT 1 FROM \"{old}\".jobs WHERE queue = 'q' AND id = 'b1' FOR UPDATE")
+            got = [c.id for _ in range(4) for c in await storage.dequeue("q", W1, 1, 0.0, LEASE)]
+            assert sorted(got) == ["a0", "a1", "b0"]
+            async with storage.pool.connection() as conn:
+                rows = await conn.fetch(
+                    f'SELECT rn, id FROM "{old}".group_claim($1, 5, 0, $2, $3, 0, 0, 0, 0)', "q", 0, W1
+                )
+            assert [tuple(r) for r in rows] == [(0, "b1")]
+            await locker.execute("ROLLBACK")
+        assert [c.id for c in await storage.dequeue("q", W1, 5, 0.0, LEASE)] == ["b1"]

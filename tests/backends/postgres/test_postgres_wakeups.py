@@ -6,6 +6,7 @@ even without a wake-up (a rollback)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -37,7 +38,8 @@ def _watch_claims(pg: PostgresStorage) -> tuple[list[int], list[trio.Event]]:
         try:
             return await claim(*args)
         finally:
-            done[count[0] - 1].set()
+            if count[0] <= len(done):
+                done[count[0] - 1].set()
 
     pg._claims.claim = counted  # type: ignore[method-assign,assignment]
     return count, done
@@ -87,16 +89,21 @@ async def test_a_completion_wakes_a_claim_waiting_for_a_slot(pg: PostgresStorage
 @pytest.mark.parametrize("end", ["ROLLBACK", "COMMIT"])
 @pytest.mark.parametrize("short", [False, True], ids=["empty", "short"])
 @pytest.mark.parametrize("limits", [None, ClaimLimits(concurrency=5)], ids=["one_statement", "limited"])
+@pytest.mark.parametrize("groups", [None, ("g", "g"), ("g", "h"), ("g", None)], ids=["plain", "one_group", "two_groups", "mixed"])
 async def test_a_ready_job_skipped_while_locked_is_claimed_when_the_lock_ends_without_polling(
-    postgres_url: str, queue_name: str, end: str, short: bool, limits: ClaimLimits | None
+    postgres_url: str, queue_name: str, end: str, short: bool, limits: ClaimLimits | None,
+    groups: tuple[str | None, str | None] | None,
 ) -> None:
     """A claim skips a ready job another transaction holds locked (SKIP LOCKED); that
     transaction then ends without changing the job (a rollback, or a commit of a row lock
     only: no wake-up NOTIFY). The waiting claim takes the job then, not at its next poll
     (an hour away here: the bound below is only reached if the wake-up is lost), in
-    the one-statement claim and in the general one (a limited claim)."""
+    the one-statement claim and in the general one (a limited claim), on a queue without
+    groups and on one whose jobs have groups (claimed in the groups' turns)."""
     async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
-        await pg.enqueue(queue_name, [job("a"), job("b")] if short else [job("a")])
+        ga, gb = groups or (None, None)
+        a, b = job("a")._replace(group=ga), job("b")._replace(group=gb)
+        await pg.enqueue(queue_name, [a, b] if short else [a])
         _, claimed = _watch_claims(pg)
         got: list[list[str]] = []
 
@@ -152,3 +159,60 @@ async def test_claims_that_skipped_one_locked_job_wait_for_it_on_one_connection(
                     assert got == ["a"]
                     await pg.enqueue(queue_name, [job("b")])  # the other claim's wake-up
         assert sorted(got) == ["a", "b"]
+
+
+@pytest.mark.parametrize("end", ["ROLLBACK", "COMMIT"])
+async def test_a_due_job_held_by_another_transaction_is_waited_for_not_claimed_again_and_again(
+    postgres_url: str, queue_name: str, end: str
+) -> None:
+    """A delayed job comes due while another transaction holds its row: the claim's
+    promotion skips it (SKIP LOCKED), so it stays due, in the past. The waiting claim
+    waits for that row's lock (a few claims while it is held, not one a millisecond),
+    and promotes and claims the job when the lock ends without a wake-up."""
+    async with PostgresStorage(postgres_url, schema=f"t_{uuid.uuid4().hex[:12]}", poll_interval=3600.0) as pg:
+        await pg.enqueue(queue_name, [job("a")._replace(run_at=time.time() + 0.05)])
+        async with pg.pool.connection() as locker:
+            await locker.execute("BEGIN")
+            await locker.execute(
+                f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name
+            )
+            await trio.sleep(0.1)  # (wall clock: the job's time, in ms of it, passes)
+            attempts, claimed = _watch_claims(pg)
+            got: list[str] = []
+
+            async def claim() -> None:
+                got.extend(c.id for c in await pg.dequeue(queue_name, W1, 1, 3600.0, LEASE))
+
+            with trio.fail_after(30):  # a lost wake-up waits an hour
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(claim)
+                    await claimed[0].wait()  # the claim ran while 'a' was held and due
+                    await trio.sleep(0.5)  # the row stays held a while (no event: time is the point)
+                    during = attempts[0]
+                    await locker.execute(end)
+        assert got == ["a"]
+        assert during <= 3  # (a claim spinning on the past due time makes hundreds)
+
+
+@pytest.mark.parametrize("held", ["due", "stalled"])
+async def test_a_recovery_scan_that_skipped_a_held_job_names_no_deadline_in_the_past(
+    pg: PostgresStorage, queue_name: str, held: str
+) -> None:
+    """A recovery scan skips a due or stalled job another transaction holds (SKIP
+    LOCKED); the next deadline it returns is not that job's time, already past (the
+    reaper would scan again at once, and again, for as long as the row is held): the
+    job is seen at the scan after the next deadline or the scan interval."""
+    if held == "due":
+        await pg.enqueue(queue_name, [job("a")._replace(run_at=time.time() + 0.05)])
+    else:
+        await pg.enqueue(queue_name, [job("a")])
+        assert [c.id for c in await pg.dequeue(queue_name, W1, 1, 0.0, 0.05)] == ["a"]
+    await trio.sleep(0.1)  # (wall clock: the job's time or lease, in ms of it, passes)
+    async with pg.pool.connection() as locker:
+        await locker.execute("BEGIN")
+        await locker.execute(
+            f"SELECT 1 FROM {pg._settings.quoted_schema}.jobs WHERE queue = $1 AND id = 'a' FOR UPDATE", queue_name
+        )
+        recovered, deadline = await pg.recover_stalled(queue_name)
+        await locker.execute("ROLLBACK")
+    assert (recovered, deadline) == ([], None)  # (no other job: no other deadline)

@@ -113,7 +113,8 @@ class PgClaims:
         ``wake_at`` (epoch seconds) the earliest time something changes by itself (a due
         job, the end of a hold, the next rate token), or ``None``; ``skipped``: when the
         claim came back short, a ready job it skipped because another transaction held
-        it (whose end may come without a wake-up: see :meth:`_until_unlocked`), or ``None``."""
+        it (whose end may come without a wake-up: see :meth:`_until_unlocked`), or a due
+        job its promotion skipped so, or ``None``."""
         now = now_ms()
         if (limits is None or not (limits.rate or limits.concurrency)) and queue in self._db.known_queues:
             # Two forms: (priority, seq) order while no group has ready jobs, the groups'
@@ -146,6 +147,7 @@ class PgClaims:
                 )
             allow = 0 if paused else flow.allowance(limits, now / 1000, max_jobs, held)
             claims: list[Claim] = []
+            skipped: str | None = None
             grouped = await conn.fetchval(
                 self._db.sql["queue_grouped"],
                 queue,
@@ -167,6 +169,8 @@ class PgClaims:
                     *(_group_args(limits) if grouped else []),
                 )
                 rows.sort(key=lambda r: r[0])
+                if rows and rows[0][0] == 0:  # (group_claim: a ready job it skipped, see the schema)
+                    skipped = rows.pop(0)[2]
                 claims = [Claim(r[2], r[3], r[4] if r[6] else r[4] + 1, r[5], r[6]) for r in rows]
                 if claims and limits is not None and limits.rate:
                     flow.claimed(limits, now / 1000, len(claims))
@@ -175,7 +179,6 @@ class PgClaims:
                     )
             await self._db.publish(conn, queue, events)
             wake_at: float | None = 0.0 if claims else None  # (claimed: not known, see dequeue)
-            skipped = None
             if allow and not grouped and len(claims) < allow:
                 skipped = await conn.fetchval(self._db.sql["skipped_ready"], queue)
             if not claims:
@@ -183,6 +186,12 @@ class PgClaims:
                     self._db.sql["first_due"],
                     queue,
                 )
+                if due is not None and due <= now:
+                    # due but not promoted: held by another transaction (whose end may come
+                    # without a wake-up); waited for as a skipped ready job, not claimed
+                    # again every millisecond for a due time in the past
+                    held_due, due = await conn.fetchrow(self._db.sql["held_due"], queue, now)
+                    skipped = skipped or held_due
                 rest = await conn.fetchval(self._db.sql["group_sleep_first"], queue)
                 candidates = [
                     t
@@ -902,6 +911,7 @@ class PgClaims:
             deadline = await conn.fetchval(
                 self._db.sql["next_recovery"],
                 queue,
+                now,
             )
             await self._db.publish(conn, queue, events, wake=bool(recovered) or promoted)
             await self._trees.tree_ended(conn, queue, cancel_ids + [f[0] for f in failed], now)
