@@ -190,7 +190,8 @@ class PgClaims:
                     # due but not promoted: held by another transaction (whose end may come
                     # without a wake-up); waited for as a skipped ready job, not claimed
                     # again every millisecond for a due time in the past
-                    held_due, due = await conn.fetchrow(self._db.sql["held_due"], queue, now)
+                    row = await conn.fetchrow(self._db.sql["held_due"], queue, now)
+                    held_due, due = (None, None) if row is None else row  # (one row: two subqueries)
                     skipped = skipped or held_due
                 rest = await conn.fetchval(self._db.sql["group_sleep_first"], queue)
                 candidates = [
