@@ -614,3 +614,34 @@ async def test_enqueues_carried_by_a_cancelled_group_all_return(tmp_path: Path) 
                         scope.cancel()
         assert all([await st.get_job("q", f"c{r}-{i}") is None for r in range(20) for i in range(3)])
         assert (await st.enqueue("q", [job("after")]))[0].status.value == "queued"
+
+
+async def test_tree_notes_a_cancelled_call_was_waiting_to_act_on_are_acted_on_by_the_next_call(tmp_path: Path) -> None:
+    """A settle cancelled while it waits for the parent's queue lock to act on the note
+    its child's end left there leaves that queue to the next call, not to the reaper."""
+    from trioqueue.storage._base import FlowJob
+
+    st = FileStorage(tmp_path / "d", fsync=False)
+    async with st:
+        await st.enqueue_flow([FlowJob("P", job("parent")), FlowJob("C", job("child"), ("P", "parent"))])
+        [c] = await st.dequeue("C", "w", 1, 0, 30)
+        p = st._core.q("P")
+        waiting = p.trio_lock().statistics
+        async with trio.open_nursery() as nursery:
+            async with st._core.alock(p):  # the parent's queue is busy
+                settled = trio.Event()
+
+                async def settle() -> None:
+                    await st.settle("C", "w", [Settlement(SettleKind.COMPLETE, c.id, b"r", ttl=60, token=c.token)])
+                    settled.set()
+
+                nursery.start_soon(settle)
+                while waiting().tasks_waiting == 0:  # until the settle waits for P's lock
+                    await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+        assert not settled.is_set()
+        rec = await st.get_job("C", "child")
+        assert rec is not None and rec.state.startswith("completed"), rec  # the child's end was written
+        assert await st.dequeue("other", "w", 1, 0, 30) == []  # a next call: no reaper pass in between
+        rec = await st.get_job("P", "parent")
+        assert rec is not None and rec.state.startswith("queued"), rec

@@ -184,7 +184,12 @@ class FileTrees:
         if queue is not None:
             self.dirty.add(queue)
         while self.dirty:
-            await self.act_on_queue(self.dirty.pop())
+            name = self.dirty.pop()
+            try:
+                await self.act_on_queue(name)
+            except BaseException:  # cancelled or failed (waiting for the lock, or the flush):
+                self.dirty.add(name)  # its notes are the next call's, not the reaper's
+                raise
 
     async def act_on_queue(self, queue: str) -> None:
         q = self._core.q(queue)
