@@ -303,25 +303,19 @@ class Consumer:
                 await self.ledger.capacity.park()
             if self.ledger.draining:
                 break
-            if self.dequeue_into is not None:  # claims handed to _take as they are made
-                try:
-                    await self.dequeue_into(
-                        q.queue, q.worker_id, q.block_timeout, q.visibility_timeout, q.claim_limits, self._wanted, self._take
-                    )
-                    backoff = RETRY_BACKOFF[0]
-                except Exception as exc:
-                    self.events.emit("error", error=exc, where="claiming jobs")
-                    await trio.sleep(backoff)
-                    backoff = min(backoff * 2, RETRY_BACKOFF[1])
-                continue
-            want, start = self._claim_size()
-            limits = q.claim_limits
             pauses = self.pauses
             called = monotonic()
             try:
-                claims = await self.storage.dequeue(
-                    q.queue, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, limits
-                )
+                if self.dequeue_into is not None:  # claims handed to _take as they are made
+                    await self.dequeue_into(
+                        q.queue, q.worker_id, q.block_timeout, q.visibility_timeout, q.claim_limits, self._wanted, self._take
+                    )
+                    claims = []
+                else:
+                    want, start = self._claim_size()
+                    claims = await self.storage.dequeue(
+                        q.queue, q.worker_id, want, q.block_timeout, q.visibility_timeout, start, q.claim_limits
+                    )
             except Exception as exc:
                 self.events.emit("error", error=exc, where="claiming jobs")
                 await trio.sleep(backoff)

@@ -5,78 +5,48 @@ flushes them together in a worker thread; every caller learns the batch's outcom
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Callable
 
+import outcome
 import trio
 
 __all__ = ["Flusher", "Syncer", "sync_now"]
 
-_IDLE = 1.0  # seconds a flusher thread waits for work before it ends (started again on demand)
-
 
 class Flusher:
-    """One dedicated thread that runs a Trio run's flushes (and, between them, chores
-    such as making spare segment files): handing a call to it through a queue and being
-    woken through the run's token costs less than ``trio.to_thread.run_sync`` (no thread
-    pool, no context copy). The thread ends after a second without work and starts again
-    on demand, so none outlives its use."""
-
-    def __init__(self) -> None:
-        self._inbox: queue.SimpleQueue[tuple[Callable[[], object], Callable[[], None] | None]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+    """Runs a Trio run's flushes (and, between them, chores such as making spare segment
+    files) in Trio's cached threads through :func:`trio.lowlevel.start_thread_soon`:
+    cheaper than ``trio.to_thread.run_sync`` (no capacity limiter, no context copy, no
+    cancellation machinery), and no thread of its own to start, idle out or outlive
+    its use."""
 
     def post(self, fn: Callable[[], object], done: Callable[[], None] | None = None) -> None:
-        """Run ``fn`` in the thread, then ``done`` (a chore: errors are ``done``'s to learn)."""
-        self._inbox.put((fn, done))
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._main, name="trioqueue-file-flusher", daemon=True)
-                self._thread.start()
+        """Run ``fn`` in a thread, then ``done`` there (a chore: a failure, such as a
+        spare file not made, is retried by a later chore)."""
+
+        def deliver(result: object) -> None:
+            if done is not None:
+                done()
+
+        trio.lowlevel.start_thread_soon(fn, deliver)
 
     async def run(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` in the thread and wait for it (not cancellable: callers shield);
-        what it raises is raised here."""
+        """Run ``fn`` in a thread and wait for it (not cancellable: callers shield); what
+        it raises is raised here."""
         token = trio.lowlevel.current_trio_token()
         finished = trio.Event()
-        box: list[BaseException | None] = []
+        box: list[outcome.Outcome[object]] = []
 
-        def call() -> None:
-            try:
-                fn()
-                box.append(None)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting task
-                box.append(exc)
-
-        def wake() -> None:
+        def deliver(result: outcome.Outcome[object]) -> None:
+            box.append(result)
             try:
                 token.run_sync_soon(finished.set)
             except trio.RunFinishedError:
                 pass
 
-        self.post(call, wake)
+        trio.lowlevel.start_thread_soon(fn, deliver)
         await finished.wait()
-        if box[0] is not None:
-            raise box[0]
-
-    def _main(self) -> None:
-        while True:
-            try:
-                fn, done = self._inbox.get(timeout=_IDLE)
-            except queue.Empty:
-                with self._lock:
-                    if self._inbox.empty():
-                        self._thread = None
-                        return
-                continue
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - a chore that failed (a spare file not made) is retried later
-                pass
-            if done is not None:
-                done()
+        box[0].unwrap()
 
 
 class _Batch:
