@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 from .._model._errors import JobFailedError, TrioQueueError, ValidationError
@@ -302,9 +303,7 @@ async def _show(args: argparse.Namespace, queue: Any) -> int:
         lines.extend(f"  {r.id} ({r.queue}): {c.state.value}" for r, c in kids.items())
     data["depends_on"] = [{"queue": r.queue, "id": r.id, "state": c.state.value} for r, c in deps.items()] or None
     if deps:
-        by_state: dict[str, int] = {}
-        for c in deps.values():
-            by_state[c.state.value] = by_state.get(c.state.value, 0) + 1
+        by_state = Counter(c.state.value for c in deps.values())
         lines.append("depends on: " + ", ".join(f"{n} {state}" for state, n in by_state.items()))
         lines.extend(f"  {r.id} ({r.queue}): {c.state.value}" for r, c in deps.items())
     if s.state is JobState.COMPLETED:
